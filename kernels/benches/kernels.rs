@@ -1,0 +1,129 @@
+//! Kernel benchmarks over named real shapes, each with the default config and the best config
+//! of a small sweep.
+//!
+//! `cargo bench -p kerntune-kernels` runs everything; a filter picks shapes, e.g.
+//! `cargo bench -p kerntune-kernels -- llama70b_tp8_qkv`. Throughput is reported in FLOP/s
+//! (criterion's "elements" are FLOPs) or bytes/s for memory-bound shapes. `bench/peers.py` times
+//! numpy and PyTorch on the same shapes.
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::kernel::Scratch;
+use kerntune_kernels::shapes::{
+    llama70b_tp8_decode, llama70b_tp8_prefill, LLAMA70B_TP8_GEMMS, TOKEN_COUNTS,
+};
+use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, DType, Device, Problem, Space};
+
+/// Named problems: `(name, spec)`.
+fn shapes() -> Vec<(String, String)> {
+    let mut out = vec![(
+        "gemm_f32_2048".to_string(),
+        "gemm:m=2048,n=2048,k=2048,b=kn".to_string(),
+    )];
+    for dtype in [DType::F32, DType::Bf16] {
+        for (name, n, k) in LLAMA70B_TP8_GEMMS {
+            for m in TOKEN_COUNTS {
+                out.push((
+                    format!("llama70b_tp8_{name}_m{m}_{dtype}"),
+                    format!("gemm:m={m},n={n},k={k},dtype={dtype},b=nk"),
+                ));
+            }
+        }
+        out.push((
+            format!("llama70b_tp8_prefill_{dtype}"),
+            llama70b_tp8_prefill(dtype),
+        ));
+        out.push((
+            format!("llama70b_tp8_decode_{dtype}"),
+            llama70b_tp8_decode(dtype),
+        ));
+    }
+    out
+}
+
+fn time_once(
+    problem: &Problem,
+    config: &Config,
+    data: &mut ProblemData,
+    scratch: &mut Scratch,
+) -> Duration {
+    let buf = scratch.get(CpuBackend.scratch_len(problem, config));
+    let start = Instant::now();
+    CpuBackend
+        .run(problem, config, data.args(), buf)
+        .expect("benchmarked configs are valid");
+    start.elapsed()
+}
+
+/// Best of a small sweep: the heuristic plus an even sample of the candidates, each timed
+/// by the fastest of a few runs (a sweep, not a measurement: the measurement is criterion's).
+fn small_sweep(
+    problem: &Problem,
+    device: &Device,
+    data: &mut ProblemData,
+    scratch: &mut Scratch,
+) -> Config {
+    let candidates = CpuSpace.candidates(problem, device);
+    let step = (candidates.len() / 12).max(1);
+    let mut pool: Vec<Config> = candidates.into_iter().step_by(step).collect();
+    pool.push(CpuSpace.heuristic(problem, device));
+    pool.push(CpuSpace.default_config(problem, device));
+    let reps = if problem.flops() > 5e10 { 1 } else { 3 };
+    pool.into_iter()
+        .map(|c| {
+            let t = (0..reps)
+                .map(|_| time_once(problem, &c, data, scratch))
+                .min()
+                .unwrap();
+            (t, c)
+        })
+        .min_by_key(|(t, _)| *t)
+        .map(|(_, c)| c)
+        .unwrap()
+}
+
+fn kernels(c: &mut Criterion) {
+    let device = Device::host();
+    eprintln!("device: {device}");
+    for (name, spec) in shapes() {
+        // Skip the sweep for shapes the filter excludes; criterion applies it to ids only.
+        if let Some(filter) = std::env::args().skip(1).find(|a| !a.starts_with('-')) {
+            if !name.contains(&filter) {
+                continue;
+            }
+        }
+        let problem: Problem = spec.parse().unwrap();
+        let mut data = ProblemData::random(&problem, 1);
+        let mut scratch = Scratch::new();
+        let best = small_sweep(&problem, &device, &mut data, &mut scratch);
+        let default = CpuSpace.default_config(&problem, &device);
+        eprintln!("{name}: best of sweep = {best}");
+        let mut group = c.benchmark_group(&name);
+        if problem.memory_bound() {
+            group.throughput(Throughput::Bytes(problem.min_bytes() as u64));
+        } else {
+            group.throughput(Throughput::Elements(problem.flops() as u64));
+        }
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_millis(300));
+        group.measurement_time(Duration::from_secs(if problem.flops() > 5e10 {
+            8
+        } else {
+            2
+        }));
+        for (label, config) in [("default", &default), ("best", &best)] {
+            group.bench_function(BenchmarkId::from_parameter(label), |b| {
+                b.iter(|| {
+                    let buf = scratch.get(CpuBackend.scratch_len(&problem, config));
+                    CpuBackend.run(&problem, config, data.args(), buf).unwrap();
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

@@ -1,0 +1,288 @@
+//! Flash attention forward on the CPU.
+//!
+//! A task owns a tile of query rows (with `group_heads`, the positions × query heads that share
+//! one KV head) and walks the key/value tiles in order with the online softmax: scores in
+//! `S = Q·Kᵀ`, running row max `m` and sum `l`, accumulator `O ← O·2^(m_old − m_new) + P·V`. Both
+//! products run on the GEMM microkernels. Scores carry a factor `log2(e)` folded into Q so the
+//! softmax uses `exp2`. Causal tiles entirely above the diagonal are never visited; only tiles
+//! crossing it are masked.
+
+use super::parallel::{for_each_task, SharedMut};
+use super::table::{table, Table, TableElem, UkrFn};
+use crate::config::{FlashConfig, FlashSplit};
+use crate::problem::FlashProblem;
+
+/// The microkernel shape both products use: rows up to 8, two vectors wide.
+fn shape(t: &Table) -> (usize, usize) {
+    t.shapes
+        .iter()
+        .copied()
+        .filter(|&(mr, nr)| nr == 2 * t.lanes && mr <= 8)
+        .max_by_key(|&(mr, _)| mr)
+        .unwrap_or(t.shapes[0])
+}
+
+/// Sizes of one worker's buffers, in f32 values.
+struct Layout {
+    rows_pad: usize,
+    dp: usize,
+    bcp: usize,
+}
+
+impl Layout {
+    fn new(p: &FlashProblem, c: &FlashConfig) -> Self {
+        let (mr, nr) = shape(table(c.isa));
+        let rows = c.br * if c.group_heads { p.group() } else { 1 };
+        Layout {
+            rows_pad: rows.next_multiple_of(mr),
+            dp: p.head_dim.next_multiple_of(nr),
+            bcp: c.bc.next_multiple_of(nr),
+        }
+    }
+    /// Q tile, O tile, S tile, Kᵀ tile, V tile, row max, row sum.
+    fn per_worker(&self) -> usize {
+        2 * self.rows_pad * self.dp
+            + self.rows_pad * self.bcp
+            + 2 * self.bcp * self.dp
+            + 2 * self.rows_pad
+    }
+}
+
+pub fn scratch_len(p: &FlashProblem, c: &FlashConfig) -> usize {
+    c.threads * Layout::new(p, c).per_worker()
+}
+
+pub fn run<T: TableElem>(
+    p: &FlashProblem,
+    c: &FlashConfig,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let t = table(c.isa);
+    let (mr, nr) = shape(t);
+    let ukr = t.ukr(mr, nr).expect("flash shapes come from the table");
+    let lay = Layout::new(p, c);
+    let per_worker = lay.per_worker();
+    let rows_per_pos = if c.group_heads { p.group() } else { 1 };
+    let units = p.batch * if c.group_heads { p.kv_heads } else { p.q_heads };
+    let q_blocks = p.q_len.div_ceil(c.br);
+    let tasks = match c.split {
+        FlashSplit::Heads => units,
+        FlashSplit::Blocks => units * q_blocks,
+    };
+    let scratch = SharedMut(scratch.as_mut_ptr());
+    let out = SharedMut(out.as_mut_ptr());
+    for_each_task(c.threads, tasks, |task, worker| {
+        // SAFETY: one task per worker at a time, so worker slices are disjoint.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(scratch.get().add(worker * per_worker), per_worker)
+        };
+        let (unit, blocks) = match c.split {
+            FlashSplit::Heads => (task, 0..q_blocks),
+            FlashSplit::Blocks => (task / q_blocks, task % q_blocks..task % q_blocks + 1),
+        };
+        let batch = unit / (units / p.batch);
+        let head = unit % (units / p.batch);
+        // First query head of this unit and the KV head it reads.
+        let (h0, kvh) = if c.group_heads {
+            (head * p.group(), head)
+        } else {
+            (head, head / p.group())
+        };
+        let tile = Tile {
+            p,
+            c,
+            t,
+            ukr,
+            mr,
+            nr,
+            lay: &lay,
+            rows_per_pos,
+            batch,
+            h0,
+            kvh,
+        };
+        for blk in blocks {
+            // SAFETY: query blocks of distinct tasks write disjoint rows of `out`.
+            unsafe { tile.run(q, k, v, out.get(), blk, buf) };
+        }
+    });
+}
+
+/// One task's fixed context.
+struct Tile<'a> {
+    p: &'a FlashProblem,
+    c: &'a FlashConfig,
+    t: &'static Table,
+    ukr: UkrFn,
+    mr: usize,
+    nr: usize,
+    lay: &'a Layout,
+    rows_per_pos: usize,
+    batch: usize,
+    h0: usize,
+    kvh: usize,
+}
+
+impl Tile<'_> {
+    /// Computes query block `blk` of this task's heads into `out`.
+    ///
+    /// # Safety
+    /// `out` is the full output buffer; no other task writes these rows concurrently.
+    unsafe fn run<T: TableElem>(
+        &self,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: *mut f32,
+        blk: usize,
+        buf: &mut [f32],
+    ) {
+        let (p, c, lay) = (self.p, self.c, self.lay);
+        let d = p.head_dim;
+        let fns = T::fns(self.t);
+        let i0 = blk * c.br;
+        let i1 = (i0 + c.br).min(p.q_len);
+        let rows = (i1 - i0) * self.rows_per_pos;
+        let (qt, rest) = buf.split_at_mut(lay.rows_pad * lay.dp);
+        let (ot, rest) = rest.split_at_mut(lay.rows_pad * lay.dp);
+        let (st, rest) = rest.split_at_mut(lay.rows_pad * lay.bcp);
+        let (kt, rest) = rest.split_at_mut(lay.bcp * lay.dp);
+        let (vt, rest) = rest.split_at_mut(lay.bcp * lay.dp);
+        let (mx, rest) = rest.split_at_mut(lay.rows_pad);
+        let sum = &mut rest[..lay.rows_pad];
+
+        // Gather Q rows, pre-scaled by scale·log2(e), and reset the accumulators.
+        let qscale = p.scale.get() * std::f32::consts::LOG2_E;
+        for r in 0..rows {
+            let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
+            let src = ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * d;
+            // SAFETY: row `src..src + d` lies in q; the destination row holds dp >= d values.
+            unsafe {
+                (fns.widen)(
+                    q.as_ptr().add(src),
+                    qt.as_mut_ptr().add(r * lay.dp),
+                    d,
+                    qscale,
+                )
+            };
+        }
+        ot[..rows * lay.dp].fill(0.0);
+        mx[..rows].fill(f32::NEG_INFINITY);
+        sum[..rows].fill(0.0);
+
+        // Query i sees keys 0..=i + off when causal.
+        let off = p.kv_len - p.q_len;
+        let kv_end = if p.causal {
+            (i1 + off).min(p.kv_len)
+        } else {
+            p.kv_len
+        };
+        let kv_stride = p.kv_heads * d;
+        let kv_base = (self.batch * p.kv_len * p.kv_heads + self.kvh) * d;
+        for j0 in (0..kv_end).step_by(c.bc) {
+            let w = c.bc.min(kv_end - j0);
+            let wp = w.next_multiple_of(self.nr);
+            // Kᵀ tile [d][bcp] and V tile [w][dp], widened, zero-padded where the
+            // microkernel reads past the live columns.
+            for j in 0..w {
+                let row = &k[kv_base + (j0 + j) * kv_stride..][..d];
+                for (x, val) in row.iter().enumerate() {
+                    kt[x * lay.bcp + j] = val.to_f32();
+                }
+                // SAFETY: V row of d values; destination row holds dp values.
+                unsafe {
+                    (fns.widen)(
+                        v.as_ptr().add(kv_base + (j0 + j) * kv_stride),
+                        vt.as_mut_ptr().add(j * lay.dp),
+                        d,
+                        1.0,
+                    )
+                };
+                vt[j * lay.dp + d..(j + 1) * lay.dp].fill(0.0);
+            }
+            for x in 0..d {
+                kt[x * lay.bcp + w..x * lay.bcp + wp].fill(0.0);
+            }
+
+            // S = Q·Kᵀ
+            for ir in (0..rows).step_by(self.mr) {
+                for jr in (0..w).step_by(self.nr) {
+                    // SAFETY: Q rows padded to rows_pad, Kᵀ columns to wp, S sized rows_pad×bcp.
+                    unsafe {
+                        (self.ukr)(
+                            d,
+                            qt.as_ptr().add(ir * lay.dp),
+                            lay.dp,
+                            1,
+                            kt.as_ptr().add(jr),
+                            lay.bcp,
+                            st.as_mut_ptr().add(ir * lay.bcp + jr),
+                            lay.bcp,
+                            self.mr.min(rows - ir),
+                            self.nr.min(w - jr),
+                            false,
+                        )
+                    };
+                }
+            }
+
+            // Mask the part of a diagonal-crossing tile above the diagonal, then the online
+            // softmax update per row.
+            let crosses = p.causal && j0 + w > i0 + off + 1;
+            for r in 0..rows {
+                let srow = &mut st[r * lay.bcp..r * lay.bcp + w];
+                if crosses {
+                    let limit = i0 + r / self.rows_per_pos + off;
+                    let first_masked = (limit + 1).saturating_sub(j0).min(w);
+                    srow[first_masked..].fill(f32::NEG_INFINITY);
+                }
+                let m_new = mx[r].max((self.t.row_max)(srow));
+                let alpha = super::leaf::exp2_approx(mx[r] - m_new);
+                let s = (self.t.exp2_sum)(srow, m_new);
+                sum[r] = sum[r] * alpha + s;
+                mx[r] = m_new;
+                if alpha != 1.0 {
+                    for o in &mut ot[r * lay.dp..r * lay.dp + d] {
+                        *o *= alpha;
+                    }
+                }
+            }
+
+            // O += P·V
+            for ir in (0..rows).step_by(self.mr) {
+                for jr in (0..d).step_by(self.nr) {
+                    // SAFETY: P rows padded to rows_pad, V columns to dp, O sized rows_pad×dp.
+                    unsafe {
+                        (self.ukr)(
+                            w,
+                            st.as_ptr().add(ir * lay.bcp),
+                            lay.bcp,
+                            1,
+                            vt.as_ptr().add(jr),
+                            lay.dp,
+                            ot.as_mut_ptr().add(ir * lay.dp + jr),
+                            lay.dp,
+                            self.mr.min(rows - ir),
+                            self.nr.min(d - jr),
+                            true,
+                        )
+                    };
+                }
+            }
+        }
+
+        for r in 0..rows {
+            let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
+            let dst = ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * d;
+            let inv = 1.0 / sum[r];
+            for x in 0..d {
+                // SAFETY: caller contract: this row of out belongs to this task.
+                unsafe { *out.add(dst + x) = ot[r * lay.dp + x] * inv };
+            }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! GEMM on the CPU: the packed BLIS loop nest for compute-bound shapes and a streaming path for
+//! decode shapes.
+//!
+//! Packed: for each `nc`-wide panel of B and `kc`-deep slice, B is packed into `nr`-wide slivers
+//! (converted to f32 as it is packed), then each `mc`-tall block of A into `mr`-tall slivers, and
+//! the microkernel sweeps the block. Threads own disjoint ranges of M or N (the `split`
+//! parameter) and each packs what it reads, so threads never wait on each other.
+//!
+//! Stream: with 1 to 16 rows of A the work is reading B once at memory bandwidth; B is read in
+//! place (no packing pass, which would read it twice) and widened in registers.
+
+use super::parallel::{for_each_task, SharedMut};
+use super::table::{table, TableElem, STREAM_KN_VECTORS, STREAM_ROWS};
+use crate::config::{GemmConfig, GemmVariant, Split};
+use crate::problem::{BLayout, GemmProblem};
+
+/// Scratch (f32 values) a GEMM call needs.
+pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
+    match c.variant {
+        GemmVariant::Packed => {
+            let mc = c.mc.min(p.m.next_multiple_of(c.mr));
+            let kc = c.kc.min(p.k);
+            let nc = c.nc.min(p.n.next_multiple_of(c.nr));
+            c.threads * (mc * kc + kc * nc)
+        }
+        GemmVariant::Stream => p.m * p.k,
+    }
+}
+
+/// Runs a validated config; buffers and scratch sizes were checked by the caller.
+pub fn run<T: TableElem>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[T],
+    b: &[T],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    match c.variant {
+        GemmVariant::Packed => packed(p, c, a, b, out, scratch),
+        GemmVariant::Stream => stream(p, c, a, b, out, scratch),
+    }
+}
+
+fn packed<T: TableElem>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[T],
+    b: &[T],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (mr, nr) = (c.mr, c.nr);
+    let (units, unit) = match c.split {
+        Split::N => (p.n.div_ceil(nr), nr),
+        Split::M => (p.m.div_ceil(mr), mr),
+    };
+    let chunks = c.threads.min(units).max(1);
+    let per_thread = scratch.len() / c.threads;
+    let scratch = SharedMut(scratch.as_mut_ptr());
+    let out = SharedMut(out.as_mut_ptr());
+    for_each_task(c.threads, chunks, |i, worker| {
+        let lo = units * i / chunks * unit;
+        let hi = (units * (i + 1) / chunks * unit).min(match c.split {
+            Split::N => p.n,
+            Split::M => p.m,
+        });
+        let (rows, cols) = match c.split {
+            Split::N => (0..p.m, lo..hi),
+            Split::M => (lo..hi, 0..p.n),
+        };
+        // SAFETY: workers of one pool run one task at a time, so `worker` slices are disjoint;
+        // chunks cover disjoint rows or columns of C.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(scratch.get().add(worker * per_thread), per_thread)
+        };
+        block(p, c, a, b, out.get(), rows, cols, buf);
+    });
+}
+
+/// One thread's share of the packed loop nest: C rows × cols.
+#[allow(clippy::too_many_arguments)]
+fn block<T: TableElem>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[T],
+    b: &[T],
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    buf: &mut [f32],
+) {
+    let (mr, nr) = (c.mr, c.nr);
+    let ukr = table(c.isa)
+        .ukr_packed(mr, nr)
+        .expect("validated configs have a microkernel");
+    let mc_max = c.mc.min(p.m.next_multiple_of(mr));
+    let kc_max = c.kc.min(p.k);
+    let (ap_buf, bp_buf) = buf.split_at_mut(mc_max * kc_max);
+    for jc in cols.clone().step_by(c.nc) {
+        let ncur = c.nc.min(cols.end - jc);
+        for pc in (0..p.k).step_by(c.kc) {
+            let kcur = c.kc.min(p.k - pc);
+            pack_b(p, b, pc, kcur, jc, ncur, nr, bp_buf);
+            for ic in rows.clone().step_by(c.mc) {
+                let mcur = c.mc.min(rows.end - ic);
+                pack_a(p, a, ic, mcur, pc, kcur, mr, ap_buf);
+                for jr in (0..ncur).step_by(nr) {
+                    let bp = bp_buf[jr / nr * kcur * nr..].as_ptr();
+                    for ir in (0..mcur).step_by(mr) {
+                        let ap = ap_buf[ir / mr * kcur * mr..].as_ptr();
+                        // SAFETY: packed slivers are zero-padded to full mr/nr and kcur deep;
+                        // the C corner lies inside this thread's rows and columns.
+                        unsafe {
+                            ukr(
+                                kcur,
+                                ap,
+                                1,
+                                mr,
+                                bp,
+                                nr,
+                                out.add((ic + ir) * p.n + jc + jr),
+                                p.n,
+                                mr.min(mcur - ir),
+                                nr.min(ncur - jr),
+                                pc > 0,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Packs `mcur` rows × `kcur` columns of A into `mr`-row slivers, `[kcur][mr]` each.
+#[allow(clippy::too_many_arguments)]
+fn pack_a<T: TableElem>(
+    p: &GemmProblem,
+    a: &[T],
+    ic: usize,
+    mcur: usize,
+    pc: usize,
+    kcur: usize,
+    mr: usize,
+    dst: &mut [f32],
+) {
+    for (s, sliver) in dst[..mcur.next_multiple_of(mr) * kcur]
+        .chunks_exact_mut(mr * kcur)
+        .enumerate()
+    {
+        let r0 = ic + s * mr;
+        let live = mr.min(ic + mcur - r0);
+        for i in 0..mr {
+            if i < live {
+                let row = &a[(r0 + i) * p.k + pc..(r0 + i) * p.k + pc + kcur];
+                for (q, v) in row.iter().enumerate() {
+                    sliver[q * mr + i] = v.to_f32();
+                }
+            } else {
+                for q in 0..kcur {
+                    sliver[q * mr + i] = 0.0;
+                }
+            }
+        }
+    }
+}
+
+/// Packs `kcur` rows × `ncur` columns of B into `nr`-column slivers, `[kcur][nr]` each.
+#[allow(clippy::too_many_arguments)]
+fn pack_b<T: TableElem>(
+    p: &GemmProblem,
+    b: &[T],
+    pc: usize,
+    kcur: usize,
+    jc: usize,
+    ncur: usize,
+    nr: usize,
+    dst: &mut [f32],
+) {
+    for (s, sliver) in dst[..ncur.next_multiple_of(nr) * kcur]
+        .chunks_exact_mut(nr * kcur)
+        .enumerate()
+    {
+        let j0 = jc + s * nr;
+        let live = nr.min(jc + ncur - j0);
+        match p.b_layout {
+            BLayout::Kn => {
+                for (q, dst_row) in sliver.chunks_exact_mut(nr).enumerate() {
+                    let src = &b[(pc + q) * p.n + j0..(pc + q) * p.n + j0 + live];
+                    for (d, v) in dst_row.iter_mut().zip(src) {
+                        *d = v.to_f32();
+                    }
+                    dst_row[live..].fill(0.0);
+                }
+            }
+            BLayout::Nk => {
+                for j in 0..nr {
+                    if j < live {
+                        let src = &b[(j0 + j) * p.k + pc..(j0 + j) * p.k + pc + kcur];
+                        for (q, v) in src.iter().enumerate() {
+                            sliver[q * nr + j] = v.to_f32();
+                        }
+                    } else {
+                        for q in 0..kcur {
+                            sliver[q * nr + j] = 0.0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn stream<T: TableElem>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[T],
+    b: &[T],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let t = table(c.isa);
+    let fns = T::fns(t);
+    let widen = T::fns(t).widen;
+    // A is tiny next to B: widen it once so the inner loops read f32.
+    let a32: &[f32] = {
+        let dst = &mut scratch[..p.m * p.k];
+        // SAFETY: both hold m·k values.
+        unsafe { widen(a.as_ptr(), dst.as_mut_ptr(), p.m * p.k, 1.0) };
+        dst
+    };
+    let chunk = match p.b_layout {
+        BLayout::Nk => c.nc,
+        BLayout::Kn => c.nc.next_multiple_of(STREAM_KN_VECTORS * t.lanes),
+    };
+    let tasks = p.n.div_ceil(chunk);
+    let out = SharedMut(out.as_mut_ptr());
+    let (m, n, k) = (p.m, p.n, p.k);
+    for_each_task(c.threads, tasks, |task, _| {
+        let (c0, c1) = (task * chunk, ((task + 1) * chunk).min(n));
+        // Row groups: as many rows per pass as the config allows, then the remainder.
+        match p.b_layout {
+            BLayout::Nk => {
+                for j0 in (c0..c1).step_by(4) {
+                    let cols = 4.min(c1 - j0);
+                    for (i0, r) in row_groups(m, c.mr) {
+                        let f = fns.stream_nk[STREAM_ROWS.iter().position(|&x| x == r).unwrap()];
+                        // SAFETY: rows i0..i0+r of A and C, columns j0..j0+cols of B and C
+                        // exist; tasks write disjoint columns.
+                        unsafe {
+                            f(
+                                k,
+                                a32.as_ptr().add(i0 * k),
+                                k,
+                                b.as_ptr().add(j0 * k),
+                                k,
+                                cols,
+                                out.get().add(i0 * n + j0),
+                                n,
+                            )
+                        };
+                    }
+                }
+            }
+            BLayout::Kn => {
+                let w = STREAM_KN_VECTORS * t.lanes;
+                for (i0, r) in row_groups(m, c.mr) {
+                    let f = fns.stream_kn[STREAM_ROWS.iter().position(|&x| x == r).unwrap()];
+                    for j0 in (c0..c1).step_by(w) {
+                        let width = w.min(c1 - j0);
+                        // SAFETY: as above; the kernel reads `width` columns of each B row.
+                        unsafe {
+                            f(
+                                k,
+                                a32.as_ptr().add(i0 * k),
+                                k,
+                                b.as_ptr().add(j0),
+                                n,
+                                width,
+                                out.get().add(i0 * n + j0),
+                                n,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Splits `m` rows into passes of at most `max_rows`, each a size some kernel has.
+fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let rows_at = move |i: usize| {
+        STREAM_ROWS
+            .iter()
+            .rev()
+            .copied()
+            .find(|&r| r <= max_rows && r <= m - i)
+            .unwrap_or(1)
+    };
+    std::iter::successors((m > 0).then(|| (0, rows_at(0))), move |&(i, r)| {
+        (i + r < m).then(|| (i + r, rows_at(i + r)))
+    })
+}

@@ -1,0 +1,338 @@
+//! Innermost loops, written once over [`Simd`] and instantiated per ISA by [`super::table`].
+//!
+//! Everything here is `#[inline(always)]` so the body lands inside a `#[target_feature]`
+//! function; a call that was not inlined would compile without the ISA's instructions.
+
+use super::simd::{Elem, Simd};
+
+/// Register-blocked product of an `MR × k` block of A and a `k × (NV·LANES)` block of B into C.
+///
+/// A element `(i, p)` is at `a + i·rsa + p·csa` (packed A: `rsa = 1, csa = MR`; a row-major tile:
+/// `rsa = lda, csa = 1`). B row `p` starts at `b + p·ldb` and must hold `NV·LANES` readable values
+/// (callers pad). Only the `mr × nr` corner of C is touched; `accumulate` adds to C instead of
+/// overwriting it.
+///
+/// # Safety
+/// A must be readable for `MR` rows (callers pad short edges), B as above, C writable for the
+/// `mr × nr` corner with row stride `ldc`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    rsa: usize,
+    csa: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    accumulate: bool,
+) {
+    let l = S::LANES;
+    let mut acc = [[S::zero(); NV]; MR];
+    let mut ap = a;
+    let mut bp = b;
+    for _ in 0..k {
+        // SAFETY: caller contract: B row readable for NV·LANES, A readable for MR rows.
+        unsafe {
+            let bv: [S::V; NV] = std::array::from_fn(|v| S::load(bp.add(v * l)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*ap.add(i * rsa));
+                for (accv, bvv) in row.iter_mut().zip(bv.iter()) {
+                    *accv = S::fma(av, *bvv, *accv);
+                }
+            }
+            ap = ap.add(csa);
+            bp = bp.add(ldb);
+        }
+    }
+    // SAFETY: caller contract on C.
+    unsafe {
+        if mr == MR && nr == NV * l {
+            for (i, row) in acc.iter().enumerate() {
+                let cp = c.add(i * ldc);
+                for (v, accv) in row.iter().enumerate() {
+                    let out = if accumulate {
+                        S::add(S::load(cp.add(v * l)), *accv)
+                    } else {
+                        *accv
+                    };
+                    S::store(cp.add(v * l), out);
+                }
+            }
+        } else {
+            store_edge::<S, MR, NV>(&acc, c, ldc, mr, nr, accumulate);
+        }
+    }
+}
+
+/// Writes the `mr × nr` corner of a tile through a stack buffer.
+#[inline(always)]
+unsafe fn store_edge<S: Simd, const MR: usize, const NV: usize>(
+    acc: &[[S::V; NV]; MR],
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    accumulate: bool,
+) {
+    let l = S::LANES;
+    let mut tmp = [0f32; 64];
+    for (i, row) in acc.iter().enumerate().take(mr) {
+        for (v, accv) in row.iter().enumerate() {
+            // SAFETY: `tmp` holds 64 values and NV·LANES <= 64 for every instantiated shape.
+            unsafe { S::store(tmp.as_mut_ptr().add(v * l), *accv) };
+        }
+        for (j, t) in tmp.iter().enumerate().take(nr) {
+            // SAFETY: caller contract on C.
+            unsafe {
+                let cp = c.add(i * ldc + j);
+                *cp = if accumulate { *cp + t } else { *t };
+            }
+        }
+    }
+}
+
+/// Decode-shaped GEMM with B stored `[N, K]`: `C[i, j] = A_i · B_j` for `R` rows of A (f32,
+/// row stride `lda`) against 4 rows of B (row stride `ldb`), streaming B once.
+///
+/// # Safety
+/// A readable for `R` rows of `k`, B for `cols <= 4` rows of `k`, C writable for `R × cols`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn stream_nk<S: Simd, T: Elem, const R: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const T,
+    ldb: usize,
+    cols: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let l = S::LANES;
+    let full = k / l * l;
+    let mut acc = [[S::zero(); 4]; R];
+    // Unused columns read row 0 again; their sums are never stored.
+    let rows: [*const T; 4] = std::array::from_fn(|j| {
+        if j < cols {
+            unsafe { b.add(j * ldb) }
+        } else {
+            b
+        }
+    });
+    let mut p = 0;
+    while p < full {
+        // SAFETY: p + LANES <= k within each row.
+        unsafe {
+            let bv: [S::V; 4] = std::array::from_fn(|j| T::load::<S>(rows[j].add(p)));
+            for (i, acc_row) in acc.iter_mut().enumerate() {
+                let av = S::load(a.add(i * lda + p));
+                for (accv, bvv) in acc_row.iter_mut().zip(bv.iter()) {
+                    *accv = S::fma(av, *bvv, *accv);
+                }
+            }
+        }
+        p += l;
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        for j in 0..cols {
+            let mut s = S::hsum(acc_row[j]);
+            for q in full..k {
+                // SAFETY: q < k.
+                unsafe { s += *a.add(i * lda + q) * (*rows[j].add(q)).to_f32() };
+            }
+            // SAFETY: caller contract on C.
+            unsafe { *c.add(i * ldc + j) = s };
+        }
+    }
+}
+
+/// Decode-shaped GEMM with B stored `[K, N]`: `R` rows of C over a `width`-column strip,
+/// streaming the strip of B row by row. `width <= NV·LANES`; a short strip is finished in
+/// scalar code so no read runs past the row.
+///
+/// # Safety
+/// A readable for `R` rows of `k`, B for `k` rows of `width` with stride `ldb`, C writable.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn stream_kn<S: Simd, T: Elem, const R: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const T,
+    ldb: usize,
+    width: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let l = S::LANES;
+    let nv = (width / l).min(NV);
+    let mut acc = [[S::zero(); NV]; R];
+    if nv == NV {
+        for p in 0..k {
+            // SAFETY: NV·LANES <= width columns readable in row p.
+            unsafe {
+                let bv: [S::V; NV] = std::array::from_fn(|v| T::load::<S>(b.add(p * ldb + v * l)));
+                for (i, acc_row) in acc.iter_mut().enumerate() {
+                    let av = S::splat(*a.add(i * lda + p));
+                    for (accv, bvv) in acc_row.iter_mut().zip(bv.iter()) {
+                        *accv = S::fma(av, *bvv, *accv);
+                    }
+                }
+            }
+        }
+        for (i, acc_row) in acc.iter().enumerate() {
+            for (v, accv) in acc_row.iter().enumerate() {
+                // SAFETY: caller contract on C.
+                unsafe { S::store(c.add(i * ldc + v * l), *accv) };
+            }
+        }
+    } else {
+        for i in 0..R {
+            for j in 0..width {
+                let mut s = 0f32;
+                for p in 0..k {
+                    // SAFETY: caller contract.
+                    unsafe { s += *a.add(i * lda + p) * (*b.add(p * ldb + j)).to_f32() };
+                }
+                // SAFETY: caller contract on C.
+                unsafe { *c.add(i * ldc + j) = s };
+            }
+        }
+    }
+}
+
+/// `x · y` over `n` values, y widened from its element type.
+///
+/// # Safety
+/// Both readable for `n` values.
+#[inline(always)]
+pub unsafe fn dot<S: Simd, T: Elem>(x: *const f32, y: *const T, n: usize) -> f32 {
+    let l = S::LANES;
+    let full = n / (2 * l) * (2 * l);
+    let (mut a0, mut a1) = (S::zero(), S::zero());
+    let mut p = 0;
+    while p < full {
+        // SAFETY: p + 2·LANES <= n.
+        unsafe {
+            a0 = S::fma(S::load(x.add(p)), T::load::<S>(y.add(p)), a0);
+            a1 = S::fma(S::load(x.add(p + l)), T::load::<S>(y.add(p + l)), a1);
+        }
+        p += 2 * l;
+    }
+    let mut s = S::hsum(S::add(a0, a1));
+    while p < n {
+        // SAFETY: p < n.
+        unsafe { s += *x.add(p) * (*y.add(p)).to_f32() };
+        p += 1;
+    }
+    s
+}
+
+/// `out[i] += alpha · x[i]` over `n` values, x widened from its element type.
+///
+/// # Safety
+/// `out` writable and `x` readable for `n` values.
+#[inline(always)]
+pub unsafe fn axpy<S: Simd, T: Elem>(out: *mut f32, alpha: f32, x: *const T, n: usize) {
+    let l = S::LANES;
+    let full = n / l * l;
+    let av = S::splat(alpha);
+    let mut p = 0;
+    while p < full {
+        // SAFETY: p + LANES <= n.
+        unsafe {
+            S::store(
+                out.add(p),
+                S::fma(av, T::load::<S>(x.add(p)), S::load(out.add(p))),
+            )
+        };
+        p += l;
+    }
+    while p < n {
+        // SAFETY: p < n.
+        unsafe { *out.add(p) += alpha * (*x.add(p)).to_f32() };
+        p += 1;
+    }
+}
+
+/// Widens `n` values of `src` into `dst` scaled by `scale`.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `n` values.
+#[inline(always)]
+pub unsafe fn widen<S: Simd, T: Elem>(src: *const T, dst: *mut f32, n: usize, scale: f32) {
+    let l = S::LANES;
+    let full = n / l * l;
+    let sv = S::splat(scale);
+    let mut p = 0;
+    while p < full {
+        // SAFETY: p + LANES <= n.
+        unsafe { S::store(dst.add(p), S::mul(sv, T::load::<S>(src.add(p)))) };
+        p += l;
+    }
+    while p < n {
+        // SAFETY: p < n.
+        unsafe { *dst.add(p) = scale * (*src.add(p)).to_f32() };
+        p += 1;
+    }
+}
+
+/// Largest value of a row (`-inf` for an empty row).
+#[inline(always)]
+pub fn row_max<S: Simd>(row: &[f32]) -> f32 {
+    let l = S::LANES;
+    let chunks = row.chunks_exact(l);
+    let rest = chunks.remainder();
+    let mut m = S::splat(f32::NEG_INFINITY);
+    for c in chunks {
+        // SAFETY: each chunk holds LANES values.
+        m = S::max(m, unsafe { S::load(c.as_ptr()) });
+    }
+    let mut tmp = [f32::NEG_INFINITY; 64];
+    // SAFETY: LANES <= 64.
+    unsafe { S::store(tmp.as_mut_ptr(), m) };
+    tmp[..l]
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+}
+
+/// Replaces each value `x` by `2^(x - sub)` and returns their sum. Inputs are scores already
+/// multiplied by `log2(e)`, so this is the softmax numerator.
+#[inline(always)]
+pub fn exp2_sum(row: &mut [f32], sub: f32) -> f32 {
+    let mut sum = 0f32;
+    for x in row.iter_mut() {
+        *x = exp2_approx(*x - sub);
+        sum += *x;
+    }
+    sum
+}
+
+/// `2^x` for `x <= 0` with about 1 ulp of error in f32 (degree-6 minimax polynomial on the
+/// fraction, exponent built by integer add); flushes to 0 below 2^-126. Written in scalar code
+/// that LLVM vectorises with the surrounding loop, so every ISA gets a branch-free vector exp.
+#[inline(always)]
+pub fn exp2_approx(x_in: f32) -> f32 {
+    let x = x_in.max(-126.0);
+    let xi = x.floor();
+    let f = x - xi;
+    // Minimax coefficients of 2^f on [0, 1).
+    let p = 1.535_336_2e-4f32;
+    let p = p * f + 1.339_887_4e-3;
+    let p = p * f + 9.618_437e-3;
+    let p = p * f + 5.550_332_8e-2;
+    let p = p * f + 2.402_264_7e-1;
+    let p = p * f + 6.931_472e-1;
+    let p = p * f + 1.0;
+    let r = f32::from_bits(p.to_bits().wrapping_add(((xi as i32) << 23) as u32));
+    if x_in < -126.0 {
+        0.0
+    } else {
+        r
+    }
+}

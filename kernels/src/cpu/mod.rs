@@ -1,0 +1,218 @@
+//! The CPU backend, the default: runs everywhere, SIMD chosen at run time.
+//!
+//! Module map: [`simd`] is the vector vocabulary, [`leaf`] the innermost loops written over it,
+//! [`table`] their per-ISA instantiation, [`parallel`] the thread pools; [`gemm`], [`flash`] and
+//! [`paged`] are the three kernel drivers.
+
+mod flash;
+mod gemm;
+mod leaf;
+mod paged;
+pub(crate) mod parallel;
+pub(crate) mod simd;
+pub(crate) mod table;
+
+use half::{bf16, f16};
+
+use crate::kernel::{check_dtype, check_len, Args, Backend, FlashArgs, GemmArgs, PagedArgs};
+use crate::space::{CpuSpace, Space};
+use crate::{Config, Device, KernelError, Problem, Result, Tensor};
+
+/// Runs kernels on the host CPU.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn scratch_len(&self, problem: &Problem, config: &Config) -> usize {
+        match (problem, config) {
+            (Problem::Gemm(p), Config::Gemm(c)) => gemm::scratch_len(p, c),
+            (Problem::Flash(p), Config::Flash(c)) => flash::scratch_len(p, c),
+            (Problem::Paged(p), Config::Paged(c)) => paged::scratch_len(p, c),
+            _ => 0,
+        }
+    }
+
+    fn run(
+        &self,
+        problem: &Problem,
+        config: &Config,
+        args: Args<'_>,
+        scratch: &mut [f32],
+    ) -> Result<()> {
+        let host = crate::device::CpuInfo::detect();
+        CpuSpace.validate(config, problem, &Device::Cpu(host.clone()))?;
+        let needed = self.scratch_len(problem, config);
+        if scratch.len() < needed {
+            return Err(KernelError::ScratchTooSmall {
+                needed,
+                got: scratch.len(),
+            });
+        }
+        match (problem, config, args) {
+            (Problem::Gemm(p), Config::Gemm(c), Args::Gemm(GemmArgs { a, b, c: out })) => {
+                check_dtype("a", &a, p.dtype)?;
+                check_dtype("b", &b, p.dtype)?;
+                check_len("a", a.len(), p.a_len())?;
+                check_len("b", b.len(), p.b_len())?;
+                check_len("c", out.len(), p.c_len())?;
+                match (a, b) {
+                    (Tensor::F32(a), Tensor::F32(b)) => gemm::run(p, c, a, b, out, scratch),
+                    (Tensor::F16(a), Tensor::F16(b)) => gemm::run::<f16>(p, c, a, b, out, scratch),
+                    (Tensor::Bf16(a), Tensor::Bf16(b)) => {
+                        gemm::run::<bf16>(p, c, a, b, out, scratch)
+                    }
+                    _ => unreachable!("dtypes checked above"),
+                }
+            }
+            (Problem::Flash(p), Config::Flash(c), Args::Flash(FlashArgs { q, k, v, out })) => {
+                for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
+                    check_dtype(name, t, p.dtype)?;
+                }
+                check_len("q", q.len(), p.q_len_elems())?;
+                check_len("k", k.len(), p.kv_len_elems())?;
+                check_len("v", v.len(), p.kv_len_elems())?;
+                check_len("out", out.len(), p.q_len_elems())?;
+                match (q, k, v) {
+                    (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => {
+                        flash::run(p, c, q, k, v, out, scratch)
+                    }
+                    (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => {
+                        flash::run(p, c, q, k, v, out, scratch)
+                    }
+                    (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => {
+                        flash::run(p, c, q, k, v, out, scratch)
+                    }
+                    _ => unreachable!("dtypes checked above"),
+                }
+            }
+            (Problem::Paged(p), Config::Paged(c), Args::Paged(a)) => run_paged(p, c, a, scratch)?,
+            (problem, config, _) => {
+                return Err(KernelError::BadBuffer {
+                    name: "args",
+                    reason: format!(
+                        "{} buffers given for a {} problem with a {} config",
+                        "other-family",
+                        problem.family(),
+                        config.family()
+                    ),
+                })
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_paged(
+    p: &crate::PagedProblem,
+    c: &crate::config::PagedConfig,
+    a: PagedArgs<'_>,
+    scratch: &mut [f32],
+) -> Result<()> {
+    for (name, t) in [
+        ("query", &a.query),
+        ("key_cache", &a.key_cache),
+        ("value_cache", &a.value_cache),
+    ] {
+        check_dtype(name, t, p.dtype)?;
+    }
+    check_len("query", a.query.len(), p.query_len())?;
+    check_len("out", a.out.len(), p.query_len())?;
+    check_len("context_lens", a.context_lens.len(), p.num_seqs)?;
+    let row = p.block_size * p.kv_heads * p.head_dim;
+    if !a.key_cache.len().is_multiple_of(row) || a.key_cache.len() != a.value_cache.len() {
+        return Err(KernelError::BadBuffer {
+            name: "key_cache",
+            reason: format!(
+                "K ({}) and V ({}) caches must be equal whole blocks of block_size·kv_heads·head_dim = {row}",
+                a.key_cache.len(),
+                a.value_cache.len()
+            ),
+        });
+    }
+    let num_blocks = a.key_cache.len() / row;
+    if a.max_blocks_per_seq < p.max_blocks_per_seq() {
+        return Err(KernelError::BadBuffer {
+            name: "block_tables",
+            reason: format!(
+                "max_blocks_per_seq = {} cannot cover context_len = {} in blocks of {}",
+                a.max_blocks_per_seq, p.context_len, p.block_size
+            ),
+        });
+    }
+    check_len(
+        "block_tables",
+        a.block_tables.len(),
+        p.num_seqs * a.max_blocks_per_seq,
+    )?;
+    for (s, &len) in a.context_lens.iter().enumerate() {
+        let len = len as usize;
+        if len == 0 || len > p.context_len {
+            return Err(KernelError::BadBuffer {
+                name: "context_lens",
+                reason: format!(
+                    "sequence {s} has context length {len}; must be 1..={}",
+                    p.context_len
+                ),
+            });
+        }
+        let used = &a.block_tables[s * a.max_blocks_per_seq..][..len.div_ceil(p.block_size)];
+        if let Some(&bad) = used.iter().find(|&&b| b as usize >= num_blocks) {
+            return Err(KernelError::BadBuffer {
+                name: "block_tables",
+                reason: format!(
+                    "sequence {s} refers to block {bad}; the caches hold {num_blocks} blocks"
+                ),
+            });
+        }
+    }
+    let mb = a.max_blocks_per_seq;
+    match (a.query, a.key_cache, a.value_cache) {
+        (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => paged::run(
+            p,
+            c,
+            q,
+            k,
+            v,
+            a.block_tables,
+            mb,
+            a.context_lens,
+            a.out,
+            scratch,
+        ),
+        (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => paged::run(
+            p,
+            c,
+            q,
+            k,
+            v,
+            a.block_tables,
+            mb,
+            a.context_lens,
+            a.out,
+            scratch,
+        ),
+        (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => paged::run(
+            p,
+            c,
+            q,
+            k,
+            v,
+            a.block_tables,
+            mb,
+            a.context_lens,
+            a.out,
+            scratch,
+        ),
+        _ => unreachable!("dtypes checked above"),
+    }
+    Ok(())
+}
+
+/// Microkernel shapes (MR, NR) available for an ISA level, as GEMM configs name them.
+pub fn microkernel_shapes(isa: crate::Isa) -> Vec<(usize, usize)> {
+    table::table(isa).shapes.to_vec()
+}

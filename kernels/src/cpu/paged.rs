@@ -1,0 +1,203 @@
+//! Paged attention decode on the CPU.
+//!
+//! Work is divided into tasks of (sequence, head unit, partition): a head unit is one KV head
+//! with all its query heads (`group_heads`) or a single query head. A task reads its
+//! partition's keys and values through the block table once, keeps the scores in scratch, and
+//! leaves an unnormalised partial output with its row max and sum. A second pass combines the
+//! partitions of each head by log-sum-exp; with a single partition the first pass writes the
+//! output directly.
+
+use super::parallel::{for_each_task, SharedMut};
+use super::table::{table, TableElem};
+use crate::config::PagedConfig;
+use crate::problem::PagedProblem;
+
+struct Layout {
+    /// Query rows per task.
+    rows: usize,
+    /// Head units per sequence.
+    units: usize,
+    /// Context tokens per partition.
+    part_len: usize,
+    parts: usize,
+}
+
+impl Layout {
+    fn new(p: &PagedProblem, c: &PagedConfig) -> Self {
+        let (rows, units) = if c.group_heads {
+            (p.group(), p.kv_heads)
+        } else {
+            (1, p.q_heads)
+        };
+        let part_len = if c.partition == 0 {
+            p.context_len
+        } else {
+            c.partition.min(p.context_len)
+        };
+        Layout {
+            rows,
+            units,
+            part_len,
+            parts: p.context_len.div_ceil(part_len),
+        }
+    }
+    /// Query rows, scores, and each row's max and sum, of one task.
+    fn per_worker(&self, d: usize) -> usize {
+        self.rows * (d + self.part_len + 2)
+    }
+    /// Partial results of every (sequence, query head, partition): output row, max, sum.
+    fn partials(&self, p: &PagedProblem) -> usize {
+        if self.parts == 1 {
+            0
+        } else {
+            p.num_seqs * p.q_heads * self.parts * (p.head_dim + 2)
+        }
+    }
+}
+
+pub fn scratch_len(p: &PagedProblem, c: &PagedConfig) -> usize {
+    let lay = Layout::new(p, c);
+    lay.partials(p) + c.threads * lay.per_worker(p.head_dim)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn run<T: TableElem>(
+    p: &PagedProblem,
+    c: &PagedConfig,
+    query: &[T],
+    key_cache: &[T],
+    value_cache: &[T],
+    block_tables: &[u32],
+    max_blocks: usize,
+    context_lens: &[u32],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let t = table(c.isa);
+    let fns = T::fns(t);
+    let lay = Layout::new(p, c);
+    let d = p.head_dim;
+    let (partials, workers) = scratch.split_at_mut(lay.partials(p));
+    let per_worker = lay.per_worker(d);
+    let partials = SharedMut(partials.as_mut_ptr());
+    let workers = SharedMut(workers.as_mut_ptr());
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    let qscale = p.scale.get() * std::f32::consts::LOG2_E;
+    let tasks = p.num_seqs * lay.units * lay.parts;
+    for_each_task(c.threads, tasks, |task, worker| {
+        let part = task % lay.parts;
+        let unit = task / lay.parts % lay.units;
+        let seq = task / lay.parts / lay.units;
+        let (h0, kvh) = if c.group_heads {
+            (unit * p.group(), unit)
+        } else {
+            (unit, unit / p.group())
+        };
+        let ctx = context_lens[seq] as usize;
+        let t0 = part * lay.part_len;
+        let t1 = (t0 + lay.part_len).min(ctx);
+        // SAFETY: one task per worker at a time.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(workers.get().add(worker * per_worker), per_worker)
+        };
+        let (qbuf, rest) = buf.split_at_mut(lay.rows * d);
+        let (scores, stats) = rest.split_at_mut(lay.rows * lay.part_len);
+        let n = t1.saturating_sub(t0);
+        for r in 0..lay.rows {
+            // SAFETY: the query row lies inside `query`; qbuf holds rows·d values.
+            unsafe {
+                (fns.widen)(
+                    query.as_ptr().add((seq * p.q_heads + h0 + r) * d),
+                    qbuf.as_mut_ptr().add(r * d),
+                    d,
+                    qscale,
+                )
+            };
+        }
+        let kv_offset = |tok: usize| {
+            let block = block_tables[seq * max_blocks + tok / p.block_size] as usize;
+            ((block * p.block_size + tok % p.block_size) * p.kv_heads + kvh) * d
+        };
+        for i in 0..n {
+            let kp = key_cache[kv_offset(t0 + i)..].as_ptr();
+            for r in 0..lay.rows {
+                // SAFETY: block indices were checked against the cache size by the caller.
+                scores[r * lay.part_len + i] =
+                    unsafe { (fns.dot)(qbuf.as_ptr().add(r * d), kp, d) };
+            }
+        }
+        // The query rows are no longer needed: reuse them as the output accumulators.
+        let acc = qbuf;
+        acc.fill(0.0);
+        for r in 0..lay.rows {
+            let row = &mut scores[r * lay.part_len..r * lay.part_len + n];
+            let m = (t.row_max)(row);
+            stats[2 * r] = m;
+            stats[2 * r + 1] = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };
+        }
+        for i in 0..n {
+            let vp = value_cache[kv_offset(t0 + i)..].as_ptr();
+            for r in 0..lay.rows {
+                let w = scores[r * lay.part_len + i];
+                // SAFETY: acc rows hold d values; vp reads d values of the cache.
+                unsafe { (fns.axpy)(acc.as_mut_ptr().add(r * d), w, vp, d) };
+            }
+        }
+        for r in 0..lay.rows {
+            let (m, l) = (stats[2 * r], stats[2 * r + 1]);
+            let head = h0 + r;
+            if lay.parts == 1 {
+                let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+                for x in 0..d {
+                    // SAFETY: each (seq, head) output row is written by exactly one task.
+                    unsafe {
+                        *out_ptr.get().add((seq * p.q_heads + head) * d + x) = acc[r * d + x] * inv
+                    };
+                }
+            } else {
+                let base = ((seq * p.q_heads + head) * lay.parts + part) * (d + 2);
+                // SAFETY: each (seq, head, part) partial slot is written by exactly one task.
+                unsafe {
+                    let dst = partials.get().add(base);
+                    std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * d), dst, d);
+                    *dst.add(d) = m;
+                    *dst.add(d + 1) = l;
+                }
+            }
+        }
+    });
+    if lay.parts > 1 {
+        combine(p, &lay, &scratch[..lay.partials(p)], out, c.threads);
+    }
+}
+
+/// Log-sum-exp reduction of each head's partitions into the output.
+fn combine(p: &PagedProblem, lay: &Layout, partials: &[f32], out: &mut [f32], threads: usize) {
+    let d = p.head_dim;
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    for_each_task(threads, p.num_seqs * p.q_heads, |row, _| {
+        let slots = &partials[row * lay.parts * (d + 2)..(row + 1) * lay.parts * (d + 2)];
+        let m = slots
+            .chunks_exact(d + 2)
+            .map(|s| s[d])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let mut l = 0f32;
+        // SAFETY: each output row is written by exactly one task.
+        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * d), d) };
+        o.fill(0.0);
+        for s in slots.chunks_exact(d + 2) {
+            if s[d + 1] == 0.0 {
+                continue;
+            }
+            let w = super::leaf::exp2_approx(s[d] - m);
+            l += s[d + 1] * w;
+            for (ov, sv) in o.iter_mut().zip(&s[..d]) {
+                *ov += sv * w;
+            }
+        }
+        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        for ov in o.iter_mut() {
+            *ov *= inv;
+        }
+    });
+}

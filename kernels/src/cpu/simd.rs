@@ -1,0 +1,274 @@
+//! The SIMD vocabulary every CPU kernel is written in, once, and its implementations per ISA.
+//!
+//! Kernel bodies are generic over [`Simd`] and `#[inline(always)]`; [`super::table`] instantiates
+//! them inside `#[target_feature]` functions per ISA, so each body compiles to that ISA's
+//! instructions and the choice is made once per call through a table of function pointers.
+//! Hand-written because the crates that do this (pulp, simd abstractions in gemm crates) either
+//! pin nightly features or bring far more than the dozen operations needed here.
+
+use half::{bf16, f16};
+
+/// One vector of f32 lanes and the operations kernels use on it.
+pub trait Simd: Copy + 'static {
+    type V: Copy;
+    const LANES: usize;
+
+    fn zero() -> Self::V;
+    fn splat(v: f32) -> Self::V;
+    /// # Safety
+    /// `p` must be valid for `LANES` reads.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// # Safety
+    /// `p` must be valid for `LANES` reads of 16-bit values.
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// # Safety
+    /// `p` must be valid for `LANES` reads of 16-bit values.
+    unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// # Safety
+    /// `p` must be valid for `LANES` writes.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a * b + c`
+    fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    fn add(a: Self::V, b: Self::V) -> Self::V;
+    fn mul(a: Self::V, b: Self::V) -> Self::V;
+    fn max(a: Self::V, b: Self::V) -> Self::V;
+    fn hsum(v: Self::V) -> f32;
+}
+
+/// Input element types a kernel widens to f32 as it loads.
+pub trait Elem: Copy + Send + Sync + 'static {
+    /// # Safety
+    /// `p` must be valid for `S::LANES` reads.
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+    fn to_f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f32) -> S::V {
+        // SAFETY: forwarded caller contract.
+        unsafe { S::load(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const bf16) -> S::V {
+        // SAFETY: bf16 is a transparent u16; forwarded caller contract.
+        unsafe { S::load_bf16(p.cast()) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const f16) -> S::V {
+        // SAFETY: f16 is a transparent u16; forwarded caller contract.
+        unsafe { S::load_f16(p.cast()) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+/// Plain Rust over 8 lanes; the compiler vectorises it for whatever the baseline target has.
+#[derive(Debug, Clone, Copy)]
+pub struct Portable;
+
+impl Simd for Portable {
+    type V = [f32; 8];
+    const LANES: usize = 8;
+
+    #[inline(always)]
+    fn zero() -> Self::V {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    fn splat(v: f32) -> Self::V {
+        [v; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: caller guarantees 8 readable values.
+        unsafe { p.cast::<[f32; 8]>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self::V {
+        // SAFETY: caller guarantees 8 readable values.
+        let raw = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
+        raw.map(|b| f32::from_bits((b as u32) << 16))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> Self::V {
+        // SAFETY: caller guarantees 8 readable values.
+        let raw = unsafe { p.cast::<[u16; 8]>().read_unaligned() };
+        raw.map(|b| f16::from_bits(b).to_f32())
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: caller guarantees 8 writable values.
+        unsafe { p.cast::<[f32; 8]>().write_unaligned(v) }
+    }
+    #[inline(always)]
+    fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    fn add(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    fn mul(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    fn max(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i].max(b[i]))
+    }
+    #[inline(always)]
+    fn hsum(v: Self::V) -> f32 {
+        ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use x86::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::Simd;
+
+    /// AVX2 + FMA + F16C, 8 lanes.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Avx2;
+
+    // SAFETY (whole impl): these bodies only run inside functions compiled with
+    // `target_feature(enable = "avx2,fma,f16c")`, entered after run-time detection.
+    impl Simd for Avx2 {
+        type V = __m256;
+        const LANES: usize = 8;
+
+        #[inline(always)]
+        fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(v: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m256 {
+            unsafe {
+                let h = _mm_loadu_si128(p.cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m256 {
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn max(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn hsum(v: __m256) -> f32 {
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+                _mm_cvtss_f32(s)
+            }
+        }
+    }
+
+    /// AVX-512 F/BW/VL/DQ, 16 lanes.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Avx512;
+
+    // SAFETY (whole impl): these bodies only run inside functions compiled with
+    // `target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")`, entered after
+    // run-time detection.
+    impl Simd for Avx512 {
+        type V = __m512;
+        const LANES: usize = 16;
+
+        #[inline(always)]
+        fn zero() -> __m512 {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        fn splat(v: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m512 {
+            unsafe {
+                let h = _mm256_loadu_si256(p.cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m512 {
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn add(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn max(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn hsum(v: __m512) -> f32 {
+            unsafe { _mm512_reduce_add_ps(v) }
+        }
+    }
+}

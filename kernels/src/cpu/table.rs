@@ -1,0 +1,263 @@
+//! Per-ISA dispatch tables: the leaf kernels of [`super::leaf`] compiled for each SIMD level,
+//! chosen once per call from the config's ISA (the pattern rav1e uses for its assembly).
+
+use half::{bf16, f16};
+
+use super::leaf;
+use super::simd::{Elem, Portable, Simd};
+use crate::device::Isa;
+
+/// A register-blocked microkernel, see [`leaf::ukr`].
+pub type UkrFn = unsafe fn(
+    usize,
+    *const f32,
+    usize,
+    usize,
+    *const f32,
+    usize,
+    *mut f32,
+    usize,
+    usize,
+    usize,
+    bool,
+);
+
+pub type StreamFn<T> = unsafe fn(usize, *const f32, usize, *const T, usize, usize, *mut f32, usize);
+pub type DotFn<T> = unsafe fn(*const f32, *const T, usize) -> f32;
+pub type AxpyFn<T> = unsafe fn(*mut f32, f32, *const T, usize);
+pub type WidenFn<T> = unsafe fn(*const T, *mut f32, usize, f32);
+
+/// Row counts the decode-shaped GEMM kernels come in.
+pub const STREAM_ROWS: [usize; 3] = [1, 2, 4];
+/// Vectors per strip of the `[K, N]` decode kernel.
+pub const STREAM_KN_VECTORS: usize = 4;
+
+/// The leaf kernels of one input element type.
+#[derive(Debug)]
+pub struct ElemFns<T: 'static> {
+    /// Indexed like [`STREAM_ROWS`].
+    pub stream_nk: [StreamFn<T>; 3],
+    pub stream_kn: [StreamFn<T>; 3],
+    pub dot: DotFn<T>,
+    pub axpy: AxpyFn<T>,
+    pub widen: WidenFn<T>,
+}
+
+/// Everything one ISA level offers.
+#[derive(Debug)]
+pub struct Table {
+    pub lanes: usize,
+    /// Microkernel shapes as (MR, NR) in elements.
+    pub shapes: &'static [(usize, usize)],
+    ukr: fn(usize, usize, bool) -> Option<UkrFn>,
+    pub row_max: fn(&[f32]) -> f32,
+    pub exp2_sum: fn(&mut [f32], f32) -> f32,
+    pub f32: ElemFns<f32>,
+    pub bf16: ElemFns<bf16>,
+    pub f16: ElemFns<f16>,
+}
+
+impl Table {
+    /// The microkernel for an (MR, NR) shape with A at any strides, if this level has one.
+    pub fn ukr(&self, mr: usize, nr: usize) -> Option<UkrFn> {
+        nr.is_multiple_of(self.lanes)
+            .then(|| (self.ukr)(mr, nr / self.lanes, false))?
+    }
+
+    /// The same microkernel specialised for A packed in `[k][MR]` slivers.
+    pub fn ukr_packed(&self, mr: usize, nr: usize) -> Option<UkrFn> {
+        nr.is_multiple_of(self.lanes)
+            .then(|| (self.ukr)(mr, nr / self.lanes, true))?
+    }
+}
+
+/// Picks the [`ElemFns`] of an element type out of a table.
+pub trait TableElem: Elem {
+    fn fns(t: &Table) -> &ElemFns<Self>;
+}
+impl TableElem for f32 {
+    fn fns(t: &Table) -> &ElemFns<f32> {
+        &t.f32
+    }
+}
+impl TableElem for bf16 {
+    fn fns(t: &Table) -> &ElemFns<bf16> {
+        &t.bf16
+    }
+}
+impl TableElem for f16 {
+    fn fns(t: &Table) -> &ElemFns<f16> {
+        &t.f16
+    }
+}
+
+/// Instantiates every leaf kernel for one SIMD type inside functions carrying its target
+/// features, and gathers them into a `static TABLE`.
+macro_rules! isa_table {
+    ($module:ident, $simd:ty, [$(($mr:literal, $nv:literal)),*] $(, $feature:literal)?) => {
+        mod $module {
+            use super::*;
+            type S = $simd;
+
+            $(#[target_feature(enable = $feature)])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn ukr<const MR: usize, const NV: usize>(
+                k: usize, a: *const f32, rsa: usize, csa: usize, b: *const f32, ldb: usize,
+                c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool,
+            ) {
+                // SAFETY: forwarded caller contract; the table is only reachable when the host
+                // supports this ISA.
+                unsafe { leaf::ukr::<S, MR, NV>(k, a, rsa, csa, b, ldb, c, ldc, mr, nr, acc) }
+            }
+
+            /// Packed A (`rsa = 1`, `csa = MR`) as constants, so each row's broadcast is a fixed
+            /// offset instead of a chain of pointer additions.
+            $(#[target_feature(enable = $feature)])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn ukr_packed<const MR: usize, const NV: usize>(
+                k: usize, a: *const f32, _rsa: usize, _csa: usize, b: *const f32, ldb: usize,
+                c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool,
+            ) {
+                // SAFETY: as `ukr`.
+                unsafe { leaf::ukr::<S, MR, NV>(k, a, 1, MR, b, ldb, c, ldc, mr, nr, acc) }
+            }
+
+            fn pick(mr: usize, nv: usize, packed: bool) -> Option<UkrFn> {
+                match (mr, nv, packed) {
+                    $(($mr, $nv, false) => Some(ukr::<$mr, $nv> as UkrFn),)*
+                    $(($mr, $nv, true) => Some(ukr_packed::<$mr, $nv> as UkrFn),)*
+                    _ => None,
+                }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn stream_nk<T: Elem, const R: usize>(
+                k: usize, a: *const f32, lda: usize, b: *const T, ldb: usize, cols: usize,
+                c: *mut f32, ldc: usize,
+            ) {
+                // SAFETY: forwarded caller contract.
+                unsafe { leaf::stream_nk::<S, T, R>(k, a, lda, b, ldb, cols, c, ldc) }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn stream_kn<T: Elem, const R: usize>(
+                k: usize, a: *const f32, lda: usize, b: *const T, ldb: usize, width: usize,
+                c: *mut f32, ldc: usize,
+            ) {
+                // SAFETY: forwarded caller contract.
+                unsafe {
+                    leaf::stream_kn::<S, T, R, STREAM_KN_VECTORS>(k, a, lda, b, ldb, width, c, ldc)
+                }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn dot<T: Elem>(x: *const f32, y: *const T, n: usize) -> f32 {
+                // SAFETY: forwarded caller contract.
+                unsafe { leaf::dot::<S, T>(x, y, n) }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn axpy<T: Elem>(out: *mut f32, alpha: f32, x: *const T, n: usize) {
+                // SAFETY: forwarded caller contract.
+                unsafe { leaf::axpy::<S, T>(out, alpha, x, n) }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn widen<T: Elem>(src: *const T, dst: *mut f32, n: usize, scale: f32) {
+                // SAFETY: forwarded caller contract.
+                unsafe { leaf::widen::<S, T>(src, dst, n, scale) }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn row_max_tf(row: &[f32]) -> f32 {
+                leaf::row_max::<S>(row)
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn exp2_sum_tf(row: &mut [f32], sub: f32) -> f32 {
+                leaf::exp2_sum(row, sub)
+            }
+
+            fn row_max(row: &[f32]) -> f32 {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { row_max_tf(row) }
+            }
+
+            fn exp2_sum(row: &mut [f32], sub: f32) -> f32 {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { exp2_sum_tf(row, sub) }
+            }
+
+            const fn elem_fns<T: Elem>() -> ElemFns<T> {
+                ElemFns {
+                    stream_nk: [stream_nk::<T, 1>, stream_nk::<T, 2>, stream_nk::<T, 4>],
+                    stream_kn: [stream_kn::<T, 1>, stream_kn::<T, 2>, stream_kn::<T, 4>],
+                    dot: dot::<T>,
+                    axpy: axpy::<T>,
+                    widen: widen::<T>,
+                }
+            }
+
+            pub static TABLE: Table = Table {
+                lanes: <S as Simd>::LANES,
+                shapes: &[$(($mr, $nv * <S as Simd>::LANES)),*],
+                ukr: pick,
+                row_max,
+                exp2_sum,
+                f32: elem_fns::<f32>(),
+                bf16: elem_fns::<bf16>(),
+                f16: elem_fns::<f16>(),
+            };
+        }
+    };
+}
+
+isa_table!(portable, Portable, [(4, 1), (4, 2), (8, 1)]);
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+isa_table!(
+    avx2,
+    Avx2,
+    [(4, 2), (6, 2), (4, 3), (8, 1)],
+    "avx2,fma,f16c"
+);
+
+#[cfg(target_arch = "x86_64")]
+isa_table!(
+    avx512,
+    Avx512,
+    [
+        (4, 2),
+        (6, 2),
+        (8, 2),
+        (12, 2),
+        (14, 2),
+        (4, 4),
+        (6, 4),
+        (8, 3)
+    ],
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+
+/// The table for an ISA level. Levels without kernels of their own use the nearest lower one:
+/// NEON runs the portable kernels (which LLVM vectorises to NEON), AMX machines the AVX-512 ones.
+///
+/// A level the host cannot run falls back to the portable table, so no path can execute an
+/// instruction the CPU lacks; the space validation rejects such configs before they get here.
+pub fn table(isa: Isa) -> &'static Table {
+    if !isa.runs_on(crate::device::CpuInfo::detect().isa) {
+        return &portable::TABLE;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx512Amx => &avx512::TABLE,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => &avx2::TABLE,
+        _ => &portable::TABLE,
+    }
+}

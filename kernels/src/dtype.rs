@@ -1,0 +1,168 @@
+//! Element types of kernel inputs and the borrowed tensors that carry them.
+//!
+//! Inputs may be f32, f16 or bf16; every kernel accumulates in f32 and writes f32 outputs, which
+//! is what a serving stack's next op (a residual add, a norm) reads at full precision.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// The element type of a kernel's inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+
+    /// Relative tolerance for comparing a kernel's f32 output with the f64 reference. The
+    /// reference sees the same rounded inputs, so the error comes from f32 accumulation order
+    /// alone; half-precision inputs only widen it where a kernel rounds intermediates (the
+    /// attention probabilities) back to the input type.
+    pub fn tolerance(self) -> f64 {
+        match self {
+            DType::F32 => 1e-4,
+            DType::F16 | DType::Bf16 => 2e-3,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "float" => Ok(DType::F32),
+            "f16" | "float16" | "half" => Ok(DType::F16),
+            "bf16" | "bfloat16" => Ok(DType::Bf16),
+            _ => Err(format!("unknown dtype `{s}` (expected f32, f16 or bf16)")),
+        }
+    }
+}
+
+/// A borrowed input tensor of any supported element type.
+#[derive(Debug, Clone, Copy)]
+pub enum Tensor<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Tensor<'a> {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tensor::F32(_) => DType::F32,
+            Tensor::F16(_) => DType::F16,
+            Tensor::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Tensor::F32(s) => s.len(),
+            Tensor::F16(s) => s.len(),
+            Tensor::Bf16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` widened to f32.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Tensor::F32(s) => s[i],
+            Tensor::F16(s) => s[i].to_f32(),
+            Tensor::Bf16(s) => s[i].to_f32(),
+        }
+    }
+
+    /// Widens `len` elements starting at `start` into `out`.
+    #[inline]
+    pub fn read_into(&self, start: usize, out: &mut [f32]) {
+        let len = out.len();
+        match self {
+            Tensor::F32(s) => out.copy_from_slice(&s[start..start + len]),
+            Tensor::F16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + len]) {
+                    *o = v.to_f32();
+                }
+            }
+            Tensor::Bf16(s) => {
+                for (o, v) in out.iter_mut().zip(&s[start..start + len]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// An owned input tensor; tests, benchmarks and the tuner allocate these.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TensorBuf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl TensorBuf {
+    /// Converts f32 values to `dtype`, rounding to nearest.
+    pub fn from_f32(dtype: DType, values: &[f32]) -> Self {
+        match dtype {
+            DType::F32 => TensorBuf::F32(values.to_vec()),
+            DType::F16 => TensorBuf::F16(values.iter().map(|&v| f16::from_f32(v)).collect()),
+            DType::Bf16 => TensorBuf::Bf16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
+        }
+    }
+
+    pub fn view(&self) -> Tensor<'_> {
+        match self {
+            TensorBuf::F32(v) => Tensor::F32(v),
+            TensorBuf::F16(v) => Tensor::F16(v),
+            TensorBuf::Bf16(v) => Tensor::Bf16(v),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.view().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values widened to f64, for the references.
+    pub fn to_f64(&self) -> Vec<f64> {
+        let t = self.view();
+        (0..t.len()).map(|i| t.get(i) as f64).collect()
+    }
+}

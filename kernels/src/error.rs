@@ -1,0 +1,47 @@
+//! The one error type of `kerntune-kernels`.
+//!
+//! Every variant carries the values involved, so a message printed by the `tune` binary or logged
+//! by a server names the offending input and what would be accepted instead.
+
+use crate::Family;
+
+/// Everything that can go wrong while describing or running a kernel.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// A problem field is out of range or inconsistent with another field.
+    #[error("invalid {family} problem: {field} = {value}: {reason}")]
+    InvalidProblem {
+        family: Family,
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// A problem spec (`gemm:m=1,n=1280,...`) could not be parsed.
+    #[error("cannot parse problem spec `{spec}`: {reason}")]
+    BadSpec { spec: String, reason: String },
+    /// A configuration is outside its parameter space for this problem and device.
+    #[error("invalid {family} config: {reason}")]
+    InvalidConfig { family: Family, reason: String },
+    /// The config belongs to another kernel family than the problem.
+    #[error("a {config} config cannot run a {problem} problem")]
+    FamilyMismatch { problem: Family, config: Family },
+    /// A caller's buffer has the wrong length or element type.
+    #[error("buffer `{name}`: {reason}")]
+    BadBuffer { name: &'static str, reason: String },
+    /// The scratch buffer is smaller than [`crate::Backend::scratch_len`] asked for.
+    #[error("scratch buffer holds {got} f32 values but this config needs {needed}")]
+    ScratchTooSmall { needed: usize, got: usize },
+    /// A device name matched nothing in the catalog.
+    #[error("unknown device `{name}`; known devices: {known}")]
+    UnknownDevice { name: String, known: String },
+    /// The backend this call needs was not compiled in or finds no device.
+    #[error("{backend} backend unavailable: {reason}")]
+    BackendUnavailable {
+        backend: &'static str,
+        reason: String,
+    },
+}
+
+/// Shorthand for results in this crate.
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;

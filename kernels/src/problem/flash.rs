@@ -1,0 +1,187 @@
+//! Flash attention forward (prefill).
+//!
+//! Layouts follow the flash-attention and vLLM convention: Q and O are
+//! `[batch, q_len, q_heads, head_dim]`, K and V `[batch, kv_len, kv_heads, head_dim]`. With
+//! `causal` and `q_len < kv_len` the query block is aligned to the end of the keys (query `i` sees
+//! keys `0..=i + kv_len - q_len`), as a chunked prefill continuing a cached prefix needs.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_dim, spec::Fields, Family, Scale};
+use crate::{DType, KernelError, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "FlashFields")]
+pub struct FlashProblem {
+    pub batch: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub scale: Scale,
+    pub dtype: DType,
+}
+
+#[derive(Deserialize)]
+struct FlashFields {
+    batch: usize,
+    q_len: usize,
+    kv_len: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: Scale,
+    dtype: DType,
+}
+
+impl TryFrom<FlashFields> for FlashProblem {
+    type Error = KernelError;
+    fn try_from(f: FlashFields) -> Result<Self> {
+        FlashProblem::new(
+            f.batch, f.q_len, f.kv_len, f.q_heads, f.kv_heads, f.head_dim, f.causal, f.scale,
+            f.dtype,
+        )
+    }
+}
+
+pub(crate) fn invalid(field: &'static str, value: impl ToString, reason: &str) -> KernelError {
+    KernelError::InvalidProblem {
+        family: Family::Flash,
+        field,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl FlashProblem {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        batch: usize,
+        q_len: usize,
+        kv_len: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        causal: bool,
+        scale: Scale,
+        dtype: DType,
+    ) -> Result<Self> {
+        let f = Family::Flash;
+        check_dim(f, "batch", batch, 1 << 16)?;
+        check_dim(f, "q_len", q_len, 1 << 22)?;
+        check_dim(f, "kv_len", kv_len, 1 << 22)?;
+        check_dim(f, "q_heads", q_heads, 1024)?;
+        check_dim(f, "kv_heads", kv_heads, 1024)?;
+        check_dim(f, "head_dim", head_dim, 512)?;
+        if !q_heads.is_multiple_of(kv_heads) {
+            return Err(invalid(
+                "kv_heads",
+                kv_heads,
+                &format!("must divide q_heads = {q_heads} (MHA, GQA or MQA)"),
+            ));
+        }
+        if causal && q_len > kv_len {
+            return Err(invalid(
+                "q_len",
+                q_len,
+                &format!("a causal problem needs q_len <= kv_len = {kv_len}; the first queries would see no key"),
+            ));
+        }
+        Ok(FlashProblem {
+            batch,
+            q_len,
+            kv_len,
+            q_heads,
+            kv_heads,
+            head_dim,
+            causal,
+            scale,
+            dtype,
+        })
+    }
+
+    /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
+    /// `kv_heads` (q_heads), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32).
+    pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
+        let q_len: usize = f.req("q_len")?;
+        let q_heads: usize = f.req("q_heads")?;
+        let head_dim: usize = f.req("head_dim")?;
+        let scale = match f.opt::<f32>("scale")? {
+            None => Scale::default_for(head_dim.max(1)),
+            Some(v) => {
+                Scale::new(v).ok_or_else(|| invalid("scale", v, "must be finite and positive"))?
+            }
+        };
+        let p = FlashProblem::new(
+            f.opt("batch")?.unwrap_or(1),
+            q_len,
+            f.opt("kv_len")?.unwrap_or(q_len),
+            q_heads,
+            f.opt("kv_heads")?.unwrap_or(q_heads),
+            head_dim,
+            f.opt("causal")?.unwrap_or(true),
+            scale,
+            f.opt("dtype")?.unwrap_or(DType::F32),
+        )?;
+        f.finish(&[
+            "batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "scale",
+            "dtype",
+        ])?;
+        Ok(p)
+    }
+
+    pub fn key(&self) -> String {
+        let mut key = format!(
+            "flash:batch={},q_len={},kv_len={},q_heads={},kv_heads={},head_dim={},causal={},dtype={}",
+            self.batch,
+            self.q_len,
+            self.kv_len,
+            self.q_heads,
+            self.kv_heads,
+            self.head_dim,
+            self.causal,
+            self.dtype
+        );
+        if self.scale != Scale::default_for(self.head_dim) {
+            key.push_str(&format!(",scale={}", self.scale.get()));
+        }
+        key
+    }
+
+    /// Query rows per KV head (1 for MHA).
+    pub fn group(&self) -> usize {
+        self.q_heads / self.kv_heads
+    }
+
+    /// Number of (query, key) pairs that are not masked, per head and batch item.
+    pub fn visible_pairs(&self) -> f64 {
+        if !self.causal {
+            return self.q_len as f64 * self.kv_len as f64;
+        }
+        let offset = (self.kv_len - self.q_len) as f64;
+        let q = self.q_len as f64;
+        q * offset + q * (q + 1.0) / 2.0
+    }
+
+    /// Two matrix products (QKᵀ and PV) over the visible pairs.
+    pub fn flops(&self) -> f64 {
+        4.0 * self.batch as f64 * self.q_heads as f64 * self.head_dim as f64 * self.visible_pairs()
+    }
+
+    pub fn min_bytes(&self) -> f64 {
+        let e = self.dtype.size() as f64;
+        let q = (self.batch * self.q_len * self.q_heads * self.head_dim) as f64;
+        let kv = (2 * self.batch * self.kv_len * self.kv_heads * self.head_dim) as f64;
+        (q + kv) * e + q * 4.0
+    }
+
+    pub fn q_len_elems(&self) -> usize {
+        self.batch * self.q_len * self.q_heads * self.head_dim
+    }
+    pub fn kv_len_elems(&self) -> usize {
+        self.batch * self.kv_len * self.kv_heads * self.head_dim
+    }
+}

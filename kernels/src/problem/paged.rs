@@ -1,0 +1,185 @@
+//! Paged attention decode: one new query token per sequence against a paged KV cache.
+//!
+//! The cache layout is the one vLLM and TGI use: K and V are each
+//! `[num_blocks, block_size, kv_heads, head_dim]`, and sequence `s` finds its `t`-th token in
+//! block `block_tables[s * max_blocks + t / block_size]` at slot `t % block_size`. The query and
+//! output are `[num_seqs, q_heads, head_dim]`.
+//!
+//! The problem's `context_len` is the longest context a call may carry; each call passes its
+//! sequences' own lengths (`1..=context_len`). Tuning uses every sequence at `context_len`.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_dim, spec::Fields, Family, Scale};
+use crate::{DType, KernelError, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "PagedFields")]
+pub struct PagedProblem {
+    pub num_seqs: usize,
+    pub context_len: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub scale: Scale,
+    pub dtype: DType,
+}
+
+#[derive(Deserialize)]
+struct PagedFields {
+    num_seqs: usize,
+    context_len: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    scale: Scale,
+    dtype: DType,
+}
+
+impl TryFrom<PagedFields> for PagedProblem {
+    type Error = KernelError;
+    fn try_from(f: PagedFields) -> Result<Self> {
+        PagedProblem::new(
+            f.num_seqs,
+            f.context_len,
+            f.q_heads,
+            f.kv_heads,
+            f.head_dim,
+            f.block_size,
+            f.scale,
+            f.dtype,
+        )
+    }
+}
+
+/// Block sizes vLLM and TGI allocate caches with.
+pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
+
+fn invalid(field: &'static str, value: impl ToString, reason: &str) -> KernelError {
+    KernelError::InvalidProblem {
+        family: Family::Paged,
+        field,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl PagedProblem {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        num_seqs: usize,
+        context_len: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        scale: Scale,
+        dtype: DType,
+    ) -> Result<Self> {
+        let f = Family::Paged;
+        check_dim(f, "num_seqs", num_seqs, 1 << 16)?;
+        check_dim(f, "context_len", context_len, 1 << 22)?;
+        check_dim(f, "q_heads", q_heads, 1024)?;
+        check_dim(f, "kv_heads", kv_heads, 1024)?;
+        check_dim(f, "head_dim", head_dim, 512)?;
+        if !q_heads.is_multiple_of(kv_heads) {
+            return Err(invalid(
+                "kv_heads",
+                kv_heads,
+                &format!("must divide q_heads = {q_heads}"),
+            ));
+        }
+        if !BLOCK_SIZES.contains(&block_size) {
+            return Err(invalid("block_size", block_size, "must be 8, 16 or 32"));
+        }
+        Ok(PagedProblem {
+            num_seqs,
+            context_len,
+            q_heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            scale,
+            dtype,
+        })
+    }
+
+    /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
+    /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32).
+    pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
+        let context_len = f.req("context_len")?;
+        let q_heads: usize = f.req("q_heads")?;
+        let head_dim: usize = f.req("head_dim")?;
+        let scale = match f.opt::<f32>("scale")? {
+            None => Scale::default_for(head_dim.max(1)),
+            Some(v) => {
+                Scale::new(v).ok_or_else(|| invalid("scale", v, "must be finite and positive"))?
+            }
+        };
+        let p = PagedProblem::new(
+            f.opt("num_seqs")?.unwrap_or(1),
+            context_len,
+            q_heads,
+            f.opt("kv_heads")?.unwrap_or(q_heads),
+            head_dim,
+            f.opt("block_size")?.unwrap_or(16),
+            scale,
+            f.opt("dtype")?.unwrap_or(DType::F32),
+        )?;
+        f.finish(&[
+            "num_seqs",
+            "context_len",
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+            "block_size",
+            "scale",
+            "dtype",
+        ])?;
+        Ok(p)
+    }
+
+    pub fn key(&self) -> String {
+        let mut key = format!(
+            "paged:num_seqs={},context_len={},q_heads={},kv_heads={},head_dim={},block_size={},dtype={}",
+            self.num_seqs,
+            self.context_len,
+            self.q_heads,
+            self.kv_heads,
+            self.head_dim,
+            self.block_size,
+            self.dtype
+        );
+        if self.scale != Scale::default_for(self.head_dim) {
+            key.push_str(&format!(",scale={}", self.scale.get()));
+        }
+        key
+    }
+
+    pub fn group(&self) -> usize {
+        self.q_heads / self.kv_heads
+    }
+
+    /// Blocks one sequence needs at `context_len`.
+    pub fn max_blocks_per_seq(&self) -> usize {
+        self.context_len.div_ceil(self.block_size)
+    }
+
+    pub fn flops(&self) -> f64 {
+        4.0 * (self.num_seqs * self.q_heads * self.head_dim) as f64 * self.context_len as f64
+    }
+
+    /// Decode is bound by reading every sequence's K and V once.
+    pub fn min_bytes(&self) -> f64 {
+        let e = self.dtype.size() as f64;
+        let kv = 2.0 * (self.num_seqs * self.context_len * self.kv_heads * self.head_dim) as f64;
+        let q = (self.num_seqs * self.q_heads * self.head_dim) as f64;
+        (kv + q) * e + q * 4.0
+    }
+
+    pub fn query_len(&self) -> usize {
+        self.num_seqs * self.q_heads * self.head_dim
+    }
+}

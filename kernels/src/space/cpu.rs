@@ -1,0 +1,509 @@
+//! The CPU backend's parameter spaces.
+//!
+//! Constraints come from the kernels themselves: a microkernel shape exists only for the ISA
+//! that has it, blocks are multiples of the register tile, the thread count is capped by the
+//! host's threads, and working sets stay within what the scratch allocator will hand out.
+
+use crate::config::{FlashConfig, FlashSplit, GemmConfig, GemmVariant, PagedConfig, Split};
+use crate::cpu::table::{table, STREAM_ROWS};
+use crate::device::{CpuInfo, Isa};
+use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
+use crate::{Config, Device, Family, KernelError, Problem};
+
+use super::Space;
+
+/// Largest scratch one config may ask for, in f32 values per thread (256 MiB).
+const MAX_SCRATCH_PER_THREAD: usize = 64 << 20;
+/// M up to which the decode-shaped GEMM may run.
+pub const STREAM_MAX_M: usize = 64;
+const MAX_BLOCK: usize = 1 << 16;
+
+/// Parameter spaces of the CPU backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuSpace;
+
+fn invalid(family: Family, reason: impl Into<String>) -> KernelError {
+    KernelError::InvalidConfig {
+        family,
+        reason: reason.into(),
+    }
+}
+
+fn host_of(device: &Device, family: Family) -> Result<&CpuInfo, KernelError> {
+    match device {
+        Device::Cpu(c) => Ok(c),
+        Device::Gpu(g) => Err(invalid(
+            family,
+            format!("the CPU space does not apply to GPU device {}", g.name),
+        )),
+    }
+}
+
+/// ISA levels worth sweeping on a host: its best and the one below (AVX2 can beat AVX-512 on
+/// cores that split 512-bit operations), never the portable fallback when SIMD exists.
+fn isa_levels(host: Isa) -> Vec<Isa> {
+    let levels: Vec<Isa> = Isa::supported_by(host)
+        .into_iter()
+        .filter(|&i| i != Isa::Avx512Amx)
+        .collect();
+    if levels.len() <= 1 {
+        return levels;
+    }
+    levels
+        .into_iter()
+        .filter(|&i| i != Isa::Portable)
+        .rev()
+        .take(2)
+        .collect()
+}
+
+/// The ISA whose tables run a config's ISA (AMX machines use the AVX-512 kernels).
+fn kernel_isa(isa: Isa) -> Isa {
+    if isa == Isa::Avx512Amx {
+        Isa::Avx512
+    } else {
+        isa
+    }
+}
+
+/// Thread counts to sweep: powers of two up to the host's threads, and the host's threads.
+fn thread_counts(host: &CpuInfo) -> Vec<usize> {
+    let mut t: Vec<usize> = (0..)
+        .map(|s| 1usize << s)
+        .take_while(|&t| t < host.threads)
+        .collect();
+    t.push(host.threads.max(1));
+    t
+}
+
+fn check_common(
+    family: Family,
+    isa: Isa,
+    threads: usize,
+    host: &CpuInfo,
+) -> Result<(), KernelError> {
+    if !isa.runs_on(host.isa) {
+        return Err(invalid(
+            family,
+            format!("ISA {isa} does not run on this host ({})", host.isa),
+        ));
+    }
+    if threads == 0 || threads > host.threads.max(1) {
+        return Err(invalid(
+            family,
+            format!(
+                "threads = {threads}: must be between 1 and the host's {}",
+                host.threads
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl CpuSpace {
+    fn gemm_candidates(&self, p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
+        let mut out = Vec::new();
+        for isa in isa_levels(host.isa) {
+            let t = table(kernel_isa(isa));
+            for &threads in &thread_counts(host) {
+                if p.m <= STREAM_MAX_M {
+                    for &rows in &STREAM_ROWS {
+                        for nc in [64, 256, 1024] {
+                            out.push(GemmConfig {
+                                variant: GemmVariant::Stream,
+                                isa,
+                                mr: rows,
+                                nr: t.lanes,
+                                mc: rows,
+                                kc: p.k,
+                                nc,
+                                split: Split::N,
+                                threads,
+                            });
+                        }
+                    }
+                }
+                for &(mr, nr) in t.shapes {
+                    for mc_tiles in [8, 16] {
+                        for kc in [256, 512, 768] {
+                            for nc_tiles in [32, 128] {
+                                for split in [Split::M, Split::N] {
+                                    if threads == 1 && split == Split::M {
+                                        continue;
+                                    }
+                                    out.push(GemmConfig {
+                                        variant: GemmVariant::Packed,
+                                        isa,
+                                        mr,
+                                        nr,
+                                        mc: mr * mc_tiles,
+                                        kc,
+                                        nc: nr * nc_tiles,
+                                        split,
+                                        threads,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn validate_gemm(
+        &self,
+        c: &GemmConfig,
+        p: &GemmProblem,
+        host: &CpuInfo,
+    ) -> Result<(), KernelError> {
+        let f = Family::Gemm;
+        check_common(f, c.isa, c.threads, host)?;
+        let t = table(kernel_isa(c.isa));
+        match c.variant {
+            GemmVariant::Stream => {
+                if p.m > STREAM_MAX_M {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "the stream variant is for decode shapes, M <= {STREAM_MAX_M}; M = {}",
+                            p.m
+                        ),
+                    ));
+                }
+                if !STREAM_ROWS.contains(&c.mr) {
+                    return Err(invalid(
+                        f,
+                        format!("stream rows mr = {} must be one of {STREAM_ROWS:?}", c.mr),
+                    ));
+                }
+                if c.nc == 0 || c.nc > MAX_BLOCK || !c.nc.is_multiple_of(4) {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "stream nc = {} must be a multiple of 4 in 4..={MAX_BLOCK}",
+                            c.nc
+                        ),
+                    ));
+                }
+            }
+            GemmVariant::Packed => {
+                if t.ukr(c.mr, c.nr).is_none() {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "no {}x{} microkernel for {}; shapes: {:?}",
+                            c.mr, c.nr, c.isa, t.shapes
+                        ),
+                    ));
+                }
+                if c.mc == 0 || !c.mc.is_multiple_of(c.mr) || c.mc > MAX_BLOCK {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "mc = {} must be a positive multiple of mr = {} up to {MAX_BLOCK}",
+                            c.mc, c.mr
+                        ),
+                    ));
+                }
+                if c.nc == 0 || !c.nc.is_multiple_of(c.nr) || c.nc > MAX_BLOCK {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "nc = {} must be a positive multiple of nr = {} up to {MAX_BLOCK}",
+                            c.nc, c.nr
+                        ),
+                    ));
+                }
+                if c.kc == 0 || c.kc > MAX_BLOCK {
+                    return Err(invalid(
+                        f,
+                        format!("kc = {} must be between 1 and {MAX_BLOCK}", c.kc),
+                    ));
+                }
+                if c.mc * c.kc + c.kc * c.nc > MAX_SCRATCH_PER_THREAD {
+                    return Err(invalid(f, format!("packing buffers of mc·kc + kc·nc = {} values exceed {MAX_SCRATCH_PER_THREAD}", c.mc * c.kc + c.kc * c.nc)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn default_gemm(&self, host: &CpuInfo) -> GemmConfig {
+        let t = table(kernel_isa(host.isa));
+        let (mr, nr) = t.shapes[t.shapes.len().min(2) - 1];
+        GemmConfig {
+            variant: GemmVariant::Packed,
+            isa: host.isa,
+            mr,
+            nr,
+            mc: mr * 16,
+            kc: 256,
+            nc: nr * 32,
+            split: Split::N,
+            threads: host.threads.max(1),
+        }
+    }
+
+    fn heuristic_gemm(&self, p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
+        let threads = host.threads.max(1);
+        let t = table(kernel_isa(host.isa));
+        if p.m <= 16 {
+            return GemmConfig {
+                variant: GemmVariant::Stream,
+                isa: host.isa,
+                mr: if p.m >= 4 { 4 } else { p.m.min(2) },
+                nr: t.lanes,
+                mc: 4,
+                kc: p.k,
+                nc: 256,
+                split: Split::N,
+                threads,
+            };
+        }
+        // Two vectors wide and 8 rows (or the tallest below): 16 accumulators leave registers for
+        // the B loads and broadcasts on every ISA with 32 vector registers.
+        let (mr, nr) = t
+            .shapes
+            .iter()
+            .copied()
+            .filter(|&(mr, nr)| nr == 2 * t.lanes && mr <= 8)
+            .max_by_key(|&(mr, _)| mr)
+            .unwrap_or(t.shapes[0]);
+        // A deep kc amortises C updates; an A sliver of mr·kc stays in L1 while a B sliver of
+        // kc·nr streams from L2 (measured best on AVX-512 hosts with 1-2 MiB of L2 per core).
+        let kc = p.k.min(768);
+        let mc = (mr * 8).min(p.m.next_multiple_of(mr));
+        let nc = ((host.l2_bytes / 2) / (4 * kc)).clamp(nr, 8192) / nr * nr;
+        GemmConfig {
+            variant: GemmVariant::Packed,
+            isa: host.isa,
+            mr,
+            nr,
+            mc,
+            kc,
+            nc,
+            split: if p.n >= p.m { Split::N } else { Split::M },
+            threads,
+        }
+    }
+
+    fn flash_candidates(&self, p: &FlashProblem, host: &CpuInfo) -> Vec<FlashConfig> {
+        let mut out = Vec::new();
+        for isa in isa_levels(host.isa) {
+            for &threads in &thread_counts(host) {
+                for br in [16, 32, 64] {
+                    for bc in [64, 128, 256] {
+                        for group_heads in [false, true] {
+                            if group_heads && p.group() == 1 {
+                                continue;
+                            }
+                            for split in [FlashSplit::Heads, FlashSplit::Blocks] {
+                                let c = FlashConfig {
+                                    isa,
+                                    br,
+                                    bc,
+                                    group_heads,
+                                    split,
+                                    threads,
+                                };
+                                if self.validate_flash(&c, p, host).is_ok() {
+                                    out.push(c);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn validate_flash(
+        &self,
+        c: &FlashConfig,
+        p: &FlashProblem,
+        host: &CpuInfo,
+    ) -> Result<(), KernelError> {
+        let f = Family::Flash;
+        check_common(f, c.isa, c.threads, host)?;
+        if c.br == 0 || c.br > 1024 {
+            return Err(invalid(
+                f,
+                format!("br = {} must be between 1 and 1024", c.br),
+            ));
+        }
+        let lanes = table(kernel_isa(c.isa)).lanes;
+        if c.bc == 0 || c.bc > 4096 || !c.bc.is_multiple_of(lanes) {
+            return Err(invalid(
+                f,
+                format!("bc = {} must be a multiple of {lanes} up to 4096", c.bc),
+            ));
+        }
+        let rows = c.br * if c.group_heads { p.group() } else { 1 };
+        if rows > 4096 {
+            return Err(invalid(
+                f,
+                format!("br x group = {rows} query rows per tile exceeds 4096"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn paged_candidates(&self, p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
+        let mut out = Vec::new();
+        for isa in isa_levels(host.isa) {
+            for &threads in &thread_counts(host) {
+                for partition in [0, 256, 512, 1024, 2048] {
+                    for group_heads in [false, true] {
+                        if group_heads && p.group() == 1 {
+                            continue;
+                        }
+                        let c = PagedConfig {
+                            isa,
+                            partition,
+                            group_heads,
+                            threads,
+                        };
+                        if partition >= p.context_len && partition != 0 {
+                            continue;
+                        }
+                        if self.validate_paged(&c, p, host).is_ok() {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn validate_paged(
+        &self,
+        c: &PagedConfig,
+        p: &PagedProblem,
+        host: &CpuInfo,
+    ) -> Result<(), KernelError> {
+        let f = Family::Paged;
+        check_common(f, c.isa, c.threads, host)?;
+        if c.partition != 0 && (!c.partition.is_multiple_of(p.block_size) || c.partition > 1 << 20)
+        {
+            return Err(invalid(
+                f,
+                format!(
+                    "partition = {} must be 0 (whole context) or a multiple of block_size = {} up to {}",
+                    c.partition,
+                    p.block_size,
+                    1 << 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Space for CpuSpace {
+    fn backend(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn candidates(&self, problem: &Problem, device: &Device) -> Vec<Config> {
+        let Ok(host) = host_of(device, problem.family()) else {
+            return Vec::new();
+        };
+        match problem {
+            Problem::Gemm(p) => self
+                .gemm_candidates(p, host)
+                .into_iter()
+                .map(Config::Gemm)
+                .collect(),
+            Problem::Flash(p) => self
+                .flash_candidates(p, host)
+                .into_iter()
+                .map(Config::Flash)
+                .collect(),
+            Problem::Paged(p) => self
+                .paged_candidates(p, host)
+                .into_iter()
+                .map(Config::Paged)
+                .collect(),
+        }
+    }
+
+    fn validate(
+        &self,
+        config: &Config,
+        problem: &Problem,
+        device: &Device,
+    ) -> Result<(), KernelError> {
+        let host = host_of(device, problem.family())?;
+        match (config, problem) {
+            (Config::Gemm(c), Problem::Gemm(p)) => self.validate_gemm(c, p, host),
+            (Config::Flash(c), Problem::Flash(p)) => self.validate_flash(c, p, host),
+            (Config::Paged(c), Problem::Paged(p)) => self.validate_paged(c, p, host),
+            _ => Err(KernelError::FamilyMismatch {
+                problem: problem.family(),
+                config: config.family(),
+            }),
+        }
+    }
+
+    fn default_config(&self, problem: &Problem, device: &Device) -> Config {
+        let host = match device {
+            Device::Cpu(c) => c,
+            Device::Gpu(_) => CpuInfo::detect(),
+        };
+        match problem {
+            Problem::Gemm(_) => Config::Gemm(self.default_gemm(host)),
+            Problem::Flash(_) => Config::Flash(FlashConfig {
+                isa: host.isa,
+                br: 32,
+                bc: 64,
+                group_heads: false,
+                split: FlashSplit::Blocks,
+                threads: host.threads.max(1),
+            }),
+            Problem::Paged(_) => Config::Paged(PagedConfig {
+                isa: host.isa,
+                partition: 0,
+                group_heads: false,
+                threads: host.threads.max(1),
+            }),
+        }
+    }
+
+    fn heuristic(&self, problem: &Problem, device: &Device) -> Config {
+        let host = match device {
+            Device::Cpu(c) => c,
+            Device::Gpu(_) => CpuInfo::detect(),
+        };
+        let threads = host.threads.max(1);
+        match problem {
+            Problem::Gemm(p) => Config::Gemm(self.heuristic_gemm(p, host)),
+            Problem::Flash(p) => Config::Flash(FlashConfig {
+                isa: host.isa,
+                br: 32,
+                bc: 128,
+                group_heads: p.group() > 1,
+                split: FlashSplit::Blocks,
+                threads,
+            }),
+            Problem::Paged(p) => {
+                // Split long contexts so every thread has work even with few sequences.
+                let units = p.num_seqs * p.kv_heads;
+                let partition = if units >= 4 * threads || p.context_len <= 512 {
+                    0
+                } else {
+                    512usize.max(p.block_size)
+                };
+                Config::Paged(PagedConfig {
+                    isa: host.isa,
+                    partition,
+                    group_heads: p.group() > 1,
+                    threads,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Parameter spaces: for a backend, which configs exist for a problem on a device, which are
+//! valid and why not, what runs untuned, and a cheap per-problem guess.
+
+mod cpu;
+
+pub use cpu::CpuSpace;
+
+use crate::{Config, Device, KernelError, Problem};
+
+/// The tunable parameters of every family on one backend.
+pub trait Space: Send + Sync {
+    /// Backend name as stored with results (`cpu`, `hip`, `cuda`).
+    fn backend(&self) -> &'static str;
+
+    /// Every config worth timing for `problem` on `device`, each valid by [`Space::validate`].
+    fn candidates(&self, problem: &Problem, device: &Device) -> Vec<Config>;
+
+    /// Why `config` cannot run `problem` on `device`, or `Ok` when it can.
+    fn validate(
+        &self,
+        config: &Config,
+        problem: &Problem,
+        device: &Device,
+    ) -> Result<(), KernelError>;
+
+    /// What runs when nothing was tuned: the same config for every problem of a family, so a
+    /// winner's speedup over it shows what tuning bought.
+    fn default_config(&self, problem: &Problem, device: &Device) -> Config;
+
+    /// A cheap guess from the problem's sizes and the device's caches, used by the runtime for
+    /// shapes that were never tuned.
+    fn heuristic(&self, problem: &Problem, device: &Device) -> Config;
+}

@@ -1,0 +1,168 @@
+//! Every flash- and paged-attention config against the f64 reference on awkward shapes.
+
+mod common;
+
+use common::{check_all, error_of};
+use kerntune_kernels::config::{FlashConfig, FlashSplit, PagedConfig};
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::kernel::Scratch;
+use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
+use proptest::prelude::*;
+
+fn problem(spec: &str) -> Problem {
+    spec.parse().unwrap()
+}
+
+/// head_dim 64 and 128 and odd ones, GQA ratios 1, 8 and 64, causal with q_len < kv_len,
+/// lengths that are no multiple of any tile, q_len 1.
+fn flash_problems() -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (q, kv, hq, hkv, d, causal) in [
+        (37, 37, 2, 2, 64, true),
+        (19, 70, 8, 1, 128, true),
+        (1, 29, 64, 1, 64, true),
+        (23, 23, 8, 8, 80, false),
+        (5, 131, 16, 2, 96, true),
+        (33, 50, 3, 1, 7, false),
+    ] {
+        for dtype in DType::ALL {
+            out.push(problem(&format!(
+                "flash:batch=2,q_len={q},kv_len={kv},q_heads={hq},kv_heads={hkv},head_dim={d},causal={causal},dtype={dtype}"
+            )));
+        }
+    }
+    out
+}
+
+/// Context 1, contexts that are no multiple of the block size, every block size, GQA 1/8/64.
+fn paged_problems() -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (seqs, ctx, hq, hkv, d, bs) in [
+        (3, 1, 4, 4, 64, 16),
+        (2, 77, 8, 1, 128, 8),
+        (5, 300, 64, 1, 64, 32),
+        (1, 1100, 8, 8, 128, 16),
+        (4, 45, 6, 2, 80, 16),
+    ] {
+        for dtype in DType::ALL {
+            out.push(problem(&format!(
+                "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype}"
+            )));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_flash_candidate_matches_reference() {
+    let device = Device::host();
+    let mut ran = 0;
+    for p in flash_problems() {
+        let configs = CpuSpace.candidates(&p, &device);
+        assert!(!configs.is_empty(), "{p}: no candidates");
+        ran += check_all(&p, &configs);
+    }
+    eprintln!("verified {ran} flash configs");
+}
+
+#[test]
+fn every_paged_candidate_matches_reference() {
+    let device = Device::host();
+    let mut ran = 0;
+    for p in paged_problems() {
+        let configs = CpuSpace.candidates(&p, &device);
+        assert!(!configs.is_empty(), "{p}: no candidates");
+        ran += check_all(&p, &configs);
+    }
+    eprintln!("verified {ran} paged configs");
+}
+
+#[test]
+fn every_isa_runs_attention_correctly() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let f = problem(
+        "flash:batch=1,q_len=21,kv_len=40,q_heads=4,kv_heads=2,head_dim=72,causal=true,dtype=bf16",
+    );
+    let g = problem(
+        "paged:num_seqs=3,context_len=90,q_heads=4,kv_heads=2,head_dim=72,block_size=8,dtype=f16",
+    );
+    for isa in Isa::supported_by(host.isa) {
+        let lanes = isa.f32_lanes().max(8);
+        let mut flash = Vec::new();
+        for (br, bc) in [(1, lanes), (7, 2 * lanes), (32, 4 * lanes)] {
+            for group_heads in [false, true] {
+                for split in [FlashSplit::Heads, FlashSplit::Blocks] {
+                    flash.push(Config::Flash(FlashConfig {
+                        isa,
+                        br,
+                        bc,
+                        group_heads,
+                        split,
+                        threads: host.threads,
+                    }));
+                }
+            }
+        }
+        check_all(&f, &flash);
+        let paged: Vec<Config> = [0, 8, 24, 64]
+            .into_iter()
+            .flat_map(|partition| {
+                [false, true].map(|group_heads| {
+                    Config::Paged(PagedConfig {
+                        isa,
+                        partition,
+                        group_heads,
+                        threads: host.threads,
+                    })
+                })
+            })
+            .collect();
+        check_all(&g, &paged);
+    }
+}
+
+/// Sequences of different lengths in one call, some a single token, through every partition size.
+#[test]
+fn paged_mixed_context_lengths() {
+    let p = problem("paged:num_seqs=4,context_len=200,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16");
+    let mut data = ProblemData::random(&p, 3).with_context_lens(vec![1, 200, 17, 64]);
+    let reference = data.reference();
+    let mut scratch = Scratch::new();
+    for c in CpuSpace.candidates(&p, &Device::host()) {
+        let err = error_of(&mut data, &c, &reference, &mut scratch);
+        assert!(err <= p.dtype().tolerance(), "{c}: {err:e}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn random_flash_shapes_match_reference(
+        q in 1usize..40, extra in 0usize..30, kvh in 1usize..3, group in 1usize..5,
+        d in 1usize..100, causal in prop::bool::ANY, dt in 0usize..3,
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let dtype = DType::ALL[dt];
+        let p = problem(&format!(
+            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype}",
+            q + extra, kvh * group
+        ));
+        let device = Device::host();
+        let candidates = CpuSpace.candidates(&p, &device);
+        check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), pick.get(&candidates).clone()]);
+    }
+
+    #[test]
+    fn random_paged_shapes_match_reference(
+        seqs in 1usize..5, ctx in 1usize..400, kvh in 1usize..3, group in 1usize..9,
+        d in 1usize..100, bs in 0usize..3, dt in 0usize..3, pick in any::<prop::sample::Index>(),
+    ) {
+        let p = problem(&format!(
+            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={}",
+            kvh * group, [8, 16, 32][bs], DType::ALL[dt]
+        ));
+        let device = Device::host();
+        let candidates = CpuSpace.candidates(&p, &device);
+        check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), pick.get(&candidates).clone()]);
+    }
+}

@@ -1,0 +1,39 @@
+//! Helpers shared by the kernel tests.
+
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::kernel::Scratch;
+use kerntune_kernels::reference::relative_error;
+use kerntune_kernels::{Backend, Config, CpuBackend, Problem};
+
+/// Runs `config` on `data` and returns its error against `reference`.
+pub fn error_of(
+    data: &mut ProblemData,
+    config: &Config,
+    reference: &[f64],
+    scratch: &mut Scratch,
+) -> f64 {
+    let problem = data.problem.clone();
+    data.out.fill(f32::NAN);
+    let buf = scratch.get(CpuBackend.scratch_len(&problem, config));
+    CpuBackend
+        .run(&problem, config, data.args(), buf)
+        .unwrap_or_else(|e| panic!("{problem} with {config}: {e}"));
+    relative_error(&data.out, reference)
+}
+
+/// Asserts every config matches the reference within the dtype's tolerance; returns how many
+/// configs ran.
+pub fn check_all(problem: &Problem, configs: &[Config]) -> usize {
+    let mut data = ProblemData::random(problem, 7);
+    let reference = data.reference();
+    let tol = problem.dtype().tolerance();
+    let mut scratch = Scratch::new();
+    for config in configs {
+        let err = error_of(&mut data, config, &reference, &mut scratch);
+        assert!(
+            err <= tol,
+            "{problem} with {config}: relative error {err:e} exceeds {tol:e}"
+        );
+    }
+    configs.len()
+}

@@ -1,0 +1,111 @@
+//! Every GEMM config against the f64 reference on awkward sizes.
+
+mod common;
+
+use common::check_all;
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
+use kerntune_kernels::cpu::microkernel_shapes;
+use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
+use proptest::prelude::*;
+
+fn problem(spec: &str) -> Problem {
+    spec.parse().unwrap()
+}
+
+/// Small problems that hit every edge: M = 1, primes, K below any KC, sizes that are not
+/// multiples of any tile, both B layouts and all dtypes.
+fn awkward() -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (m, n, k) in [
+        (1, 37, 13),
+        (7, 61, 5),
+        (17, 33, 389),
+        (13, 97, 131),
+        (3, 5, 1),
+    ] {
+        for dtype in DType::ALL {
+            for b in ["kn", "nk"] {
+                out.push(problem(&format!(
+                    "gemm:m={m},n={n},k={k},dtype={dtype},b={b}"
+                )));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_candidate_matches_reference_on_awkward_sizes() {
+    let device = Device::host();
+    let mut ran = 0;
+    for p in awkward() {
+        let configs = CpuSpace.candidates(&p, &device);
+        assert!(!configs.is_empty(), "{p}: no candidates");
+        ran += check_all(&p, &configs);
+    }
+    eprintln!("verified {ran} GEMM configs");
+}
+
+/// The candidate list sweeps the host's best ISA levels; this covers every level the host can
+/// run (portable included) and every microkernel shape of each.
+#[test]
+fn every_isa_and_microkernel_shape_matches_reference() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let p = problem("gemm:m=29,n=67,k=45,dtype=f32,b=nk");
+    let q = problem("gemm:m=5,n=41,k=300,dtype=bf16,b=kn");
+    for isa in Isa::supported_by(host.isa) {
+        let mut configs = Vec::new();
+        for (mr, nr) in microkernel_shapes(isa) {
+            for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2)] {
+                for split in [Split::M, Split::N] {
+                    configs.push(Config::Gemm(GemmConfig {
+                        variant: GemmVariant::Packed,
+                        isa,
+                        mr,
+                        nr,
+                        mc,
+                        kc,
+                        nc,
+                        split,
+                        threads: host.threads,
+                    }));
+                }
+            }
+        }
+        for rows in [1, 2, 4] {
+            configs.push(Config::Gemm(GemmConfig {
+                variant: GemmVariant::Stream,
+                isa,
+                mr: rows,
+                nr: 16,
+                mc: rows,
+                kc: 1,
+                nc: 8,
+                split: Split::N,
+                threads: host.threads,
+            }));
+        }
+        check_all(&p, &configs);
+        check_all(&q, &configs);
+        eprintln!("{isa}: {} configs verified", configs.len());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    /// Random sizes and a random sample of the full space.
+    #[test]
+    fn random_sizes_and_configs_match_reference(
+        m in 1usize..40, n in 1usize..90, k in 1usize..300,
+        dt in 0usize..3, layout in prop::bool::ANY, pick in any::<prop::sample::Index>(),
+    ) {
+        let dtype = DType::ALL[dt];
+        let b = if layout { "kn" } else { "nk" };
+        let p = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b={b}"));
+        let device = Device::host();
+        let candidates = CpuSpace.candidates(&p, &device);
+        let mut sample = vec![CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device)];
+        sample.push(pick.get(&candidates).clone());
+        check_all(&p, &sample);
+    }
+}
