@@ -27,7 +27,10 @@ fn malformed_specs_name_the_problem() {
     ] {
         let msg = parse_err(spec).to_string();
         assert!(msg.contains(needle), "{spec}: {msg}");
-        assert!(msg.contains(spec) || spec.starts_with("gemm m"), "{spec}: {msg}");
+        assert!(
+            msg.contains(spec) || spec.starts_with("gemm m"),
+            "{spec}: {msg}"
+        );
     }
 }
 
@@ -35,15 +38,39 @@ fn malformed_specs_name_the_problem() {
 fn invalid_problems_are_typed_errors() {
     let cases = [
         ("gemm:m=0,n=2,k=3", Family::Gemm, "m"),
-        ("flash:q_len=8,q_heads=6,kv_heads=4,head_dim=64", Family::Flash, "kv_heads"),
-        ("flash:q_len=9,kv_len=8,q_heads=1,head_dim=64,causal=true", Family::Flash, "q_len"),
-        ("flash:q_len=9,q_heads=1,head_dim=0", Family::Flash, "head_dim"),
-        ("paged:context_len=8,q_heads=4,head_dim=64,block_size=12", Family::Paged, "block_size"),
-        ("paged:context_len=0,q_heads=4,head_dim=64", Family::Paged, "context_len"),
+        (
+            "flash:q_len=8,q_heads=6,kv_heads=4,head_dim=64",
+            Family::Flash,
+            "kv_heads",
+        ),
+        (
+            "flash:q_len=9,kv_len=8,q_heads=1,head_dim=64,causal=true",
+            Family::Flash,
+            "q_len",
+        ),
+        (
+            "flash:q_len=9,q_heads=1,head_dim=0",
+            Family::Flash,
+            "head_dim",
+        ),
+        (
+            "paged:context_len=8,q_heads=4,head_dim=64,block_size=12",
+            Family::Paged,
+            "block_size",
+        ),
+        (
+            "paged:context_len=0,q_heads=4,head_dim=64",
+            Family::Paged,
+            "context_len",
+        ),
     ];
     for (spec, family, field) in cases {
         match parse_err(spec) {
-            KernelError::InvalidProblem { family: f, field: got, .. } => {
+            KernelError::InvalidProblem {
+                family: f,
+                field: got,
+                ..
+            } => {
                 assert_eq!((f, got), (family, field), "{spec}");
             }
             other => panic!("{spec}: {other:?}"),
@@ -95,33 +122,63 @@ fn hostile_configs_are_rejected_before_running() {
         GemmConfig { mc: 0, ..base },
         GemmConfig { mc: 6, ..base },
         GemmConfig { kc: 0, ..base },
-        GemmConfig { kc: usize::MAX, ..base },
-        GemmConfig { nc: 1 << 40, ..base },
+        GemmConfig {
+            kc: usize::MAX,
+            ..base
+        },
+        GemmConfig {
+            nc: 1 << 40,
+            ..base
+        },
         GemmConfig { threads: 0, ..base },
-        GemmConfig { threads: 100_000, ..base },
+        GemmConfig {
+            threads: 100_000,
+            ..base
+        },
     ];
     let mut scratch = Scratch::new();
     for c in bad {
         let c = Config::Gemm(c);
-        let err = CpuSpace.validate(&c, &p, &device).expect_err(&c.to_string());
-        assert!(matches!(err, KernelError::InvalidConfig { family: Family::Gemm, .. }), "{err:?}");
+        let err = CpuSpace
+            .validate(&c, &p, &device)
+            .expect_err(&c.to_string());
+        assert!(
+            matches!(
+                err,
+                KernelError::InvalidConfig {
+                    family: Family::Gemm,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         let mut data = ProblemData::random(&p, 1);
         let run = CpuBackend.run(&p, &c, data.args(), scratch.get(1 << 16));
         assert!(run.is_err(), "{c} ran");
     }
     // A config of another family.
-    let paged = Config::Paged(PagedConfig { isa: host.isa, partition: 0, group_heads: false, threads: 1 });
+    let paged = Config::Paged(PagedConfig {
+        isa: host.isa,
+        partition: 0,
+        group_heads: false,
+        threads: 1,
+    });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),
         Err(KernelError::FamilyMismatch { .. })
     ));
     // A config whose JSON has unknown fields or a missing one does not parse at all.
-    assert!(Config::from_json(r#"{"family":"paged","isa":"avx2","partition":0,"group_heads":false,"threads":1,"evil":1}"#).is_err());
+    assert!(Config::from_json(
+        r#"{"family":"paged","isa":"avx2","partition":0,"group_heads":false,"threads":1,"evil":1}"#
+    )
+    .is_err());
     assert!(Config::from_json(r#"{"family":"paged","isa":"avx2","partition":0}"#).is_err());
     // A GPU device has no CPU space.
     let gpu = Device::lookup("mi250").unwrap();
     assert!(CpuSpace.candidates(&p, &gpu).is_empty());
-    assert!(CpuSpace.validate(&CpuSpace.default_config(&p, &device), &p, &gpu).is_err());
+    assert!(CpuSpace
+        .validate(&CpuSpace.default_config(&p, &device), &p, &gpu)
+        .is_err());
 }
 
 #[test]
@@ -135,11 +192,29 @@ fn wrong_buffers_and_short_scratch_are_errors() {
     let mut out = vec![0.0; 16];
     let mut scratch = vec![0.0; need];
     let run = |a: &TensorBuf, b: &TensorBuf, out: &mut [f32], s: &mut [f32]| {
-        CpuBackend.run(&p, &c, Args::Gemm(GemmArgs { a: a.view(), b: b.view(), c: out }), s)
+        CpuBackend.run(
+            &p,
+            &c,
+            Args::Gemm(GemmArgs {
+                a: a.view(),
+                b: b.view(),
+                c: out,
+            }),
+            s,
+        )
     };
-    assert!(matches!(run(&a, &short, &mut out, &mut scratch), Err(KernelError::BadBuffer { name: "b", .. })));
-    assert!(matches!(run(&a, &half, &mut out, &mut scratch), Err(KernelError::BadBuffer { name: "b", .. })));
-    assert!(matches!(run(&a, &a, &mut out[..3], &mut scratch), Err(KernelError::BadBuffer { name: "c", .. })));
+    assert!(matches!(
+        run(&a, &short, &mut out, &mut scratch),
+        Err(KernelError::BadBuffer { name: "b", .. })
+    ));
+    assert!(matches!(
+        run(&a, &half, &mut out, &mut scratch),
+        Err(KernelError::BadBuffer { name: "b", .. })
+    ));
+    assert!(matches!(
+        run(&a, &a, &mut out[..3], &mut scratch),
+        Err(KernelError::BadBuffer { name: "c", .. })
+    ));
     if need > 0 {
         assert!(matches!(
             run(&a, &a, &mut out, &mut scratch[..need - 1]),
@@ -152,28 +227,51 @@ fn wrong_buffers_and_short_scratch_are_errors() {
 
 #[test]
 fn paged_block_table_out_of_range_is_an_error() {
-    let p: Problem = "paged:num_seqs=2,context_len=20,q_heads=2,head_dim=16,block_size=8".parse().unwrap();
+    let p: Problem = "paged:num_seqs=2,context_len=20,q_heads=2,head_dim=16,block_size=8"
+        .parse()
+        .unwrap();
     let c = CpuSpace.default_config(&p, &Device::host());
     let mut data = ProblemData::random(&p, 1);
     data.block_tables[1] = 999;
     let mut scratch = Scratch::new();
     let err = CpuBackend
-        .run(&p, &c, data.args(), scratch.get(CpuBackend.scratch_len(&p, &c)))
+        .run(
+            &p,
+            &c,
+            data.args(),
+            scratch.get(CpuBackend.scratch_len(&p, &c)),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("block 999"), "{err}");
     let mut data = ProblemData::random(&p, 1).with_context_lens(vec![21, 3]);
     let err = CpuBackend
-        .run(&p, &c, data.args(), scratch.get(CpuBackend.scratch_len(&p, &c)))
+        .run(
+            &p,
+            &c,
+            data.args(),
+            scratch.get(CpuBackend.scratch_len(&p, &c)),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("context length 21"), "{err}");
 }
 
 #[test]
 fn devices_resolve_by_name_and_alias() {
-    for (name, model) in [("mi250", "mi250"), ("MI250X", "mi250x"), ("gfx90a", "mi250"), ("gfx942", "mi300x"), ("H100", "h100"), ("sm_80", "a100"), ("Radeon RX 7900 XTX", "rx7900xtx")] {
+    for (name, model) in [
+        ("mi250", "mi250"),
+        ("MI250X", "mi250x"),
+        ("gfx90a", "mi250"),
+        ("gfx942", "mi300x"),
+        ("H100", "h100"),
+        ("sm_80", "a100"),
+        ("Radeon RX 7900 XTX", "rx7900xtx"),
+    ] {
         assert_eq!(Device::lookup(name).unwrap().name(), model, "{name}");
     }
     assert!(Device::lookup("cpu").unwrap().is_cpu());
     let err = Device::lookup("tpu").unwrap_err().to_string();
-    assert!(err.contains("unknown device `tpu`") && err.contains("mi300x"), "{err}");
+    assert!(
+        err.contains("unknown device `tpu`") && err.contains("mi300x"),
+        "{err}"
+    );
 }
