@@ -152,3 +152,53 @@ impl ProblemData {
             + self.block_tables.len() * 4
     }
 }
+
+impl ProblemData {
+    /// Output rows: GEMM rows of C, or one (position, head) vector of attention output.
+    pub fn rows(&self) -> usize {
+        self.out.len() / self.row_len()
+    }
+
+    pub fn row_len(&self) -> usize {
+        match &self.problem {
+            Problem::Gemm(p) => p.n,
+            Problem::Flash(p) => p.head_dim,
+            Problem::Paged(p) => p.head_dim,
+        }
+    }
+
+    /// The rows a verification compares: all of them for small problems; otherwise the first,
+    /// the last and an even spread, so edge tiles are always checked while the f64 reference
+    /// stays cheap on problems of hundreds of GFLOP.
+    pub fn verify_rows(&self) -> Vec<usize> {
+        let rows = self.rows();
+        let per_row = self.problem.flops() / rows as f64;
+        let budget = (2e8 / per_row.max(1.0)).max(4.0) as usize;
+        if rows <= budget.max(64) {
+            return (0..rows).collect();
+        }
+        let n = budget.clamp(4, 64);
+        let mut picked: Vec<usize> = (0..n).map(|i| i * (rows - 1) / (n - 1)).collect();
+        picked.dedup();
+        picked
+    }
+
+    /// The reference values of output row `r`, in f64.
+    pub fn reference_row(&self, r: usize) -> Vec<f64> {
+        let i = &self.inputs;
+        match &self.problem {
+            Problem::Gemm(p) => reference::gemm_row(p, i[0].view(), i[1].view(), r),
+            Problem::Flash(p) => reference::flash_row(p, i[0].view(), i[1].view(), i[2].view(), r),
+            Problem::Paged(p) => reference::paged_row(
+                p,
+                i[0].view(),
+                i[1].view(),
+                i[2].view(),
+                &self.block_tables,
+                self.max_blocks_per_seq,
+                &self.context_lens,
+                r,
+            ),
+        }
+    }
+}

@@ -49,6 +49,6 @@ pub use kernel::Backend;
 pub use problem::{BLayout, Family, FlashProblem, GemmProblem, PagedProblem, Problem, Scale};
 pub use space::{CpuSpace, Space};
 
-/// Version of the kernel sources, part of every tuning record's key: results measured with other
-/// kernel code are stale. Bump it whenever a kernel's code changes what it does or how fast.
-pub const KERNEL_VERSION: &str = "cpu-1";
+/// Hash of the CPU kernel sources (and config definitions) this library was built from, part of
+/// every tuning record's key: results measured with other kernel code are stale.
+pub const CPU_SOURCE_HASH: &str = env!("KERNTUNE_CPU_SOURCE_HASH");

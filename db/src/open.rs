@@ -1,0 +1,161 @@
+//! Opening a database: pragmas, schema checks, migrations.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+
+use crate::{DbError, Result};
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The newest schema this build knows: the highest migration version.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An open tuning database.
+#[derive(Debug, Clone)]
+pub struct Db {
+    pub(crate) pool: SqlitePool,
+    path: PathBuf,
+}
+
+impl Db {
+    /// Opens (creating if missing) the database at `path`, migrating an older schema.
+    pub async fn open(path: &Path) -> Result<Db> {
+        Self::open_with(path, true).await
+    }
+
+    /// Opens an existing database without creating or migrating it; a database of another
+    /// schema version is refused.
+    pub async fn open_existing(path: &Path) -> Result<Db> {
+        Self::open_with(path, false).await
+    }
+
+    async fn open_with(path: &Path, create: bool) -> Result<Db> {
+        let open_err = |source| DbError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let url = format!("sqlite://{}", path.display());
+        let options = SqliteConnectOptions::from_str(&url)
+            .map_err(open_err)?
+            .create_if_missing(create)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(|e| match e {
+                sqlx::Error::Database(ref d) if d.message().contains("not a database") => {
+                    DbError::NotKerntune {
+                        path: path.to_path_buf(),
+                        reason: "the file is not SQLite".into(),
+                    }
+                }
+                other => open_err(other),
+            })?;
+        let db = Db {
+            pool,
+            path: path.to_path_buf(),
+        };
+        let applied = db.check_schema().await?;
+        // WAL only after the checks: switching the journal mode writes the file header, and a
+        // database this build refuses must be left exactly as it was.
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&db.pool)
+            .await?;
+        if applied < SCHEMA_VERSION {
+            if !create {
+                return Err(DbError::NotKerntune {
+                    path: db.path.clone(),
+                    reason: format!(
+                        "schema version {applied}, this kerntune reads {SCHEMA_VERSION}; open it with `tune` to migrate"
+                    ),
+                });
+            }
+            MIGRATOR
+                .run(&db.pool)
+                .await
+                .map_err(|source| DbError::Migrate {
+                    path: db.path.clone(),
+                    source,
+                })?;
+        }
+        Ok(db)
+    }
+
+    /// Returns the applied schema version (0 for an empty file) after checking the file is
+    /// a kerntune database of a schema this build can use.
+    async fn check_schema(&self) -> Result<i64> {
+        let not_ours = |reason: String| DbError::NotKerntune {
+            path: self.path.clone(),
+            reason,
+        };
+        let tables: Vec<String> =
+            sqlx::query("SELECT name FROM sqlite_master WHERE type = 'table'")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| not_ours(e.to_string()))?
+                .into_iter()
+                .map(|r| r.get::<String, _>(0))
+                .collect();
+        if tables.is_empty() {
+            return Ok(0);
+        }
+        if !tables.iter().any(|t| t == "_sqlx_migrations") {
+            return Err(not_ours(format!(
+                "it has tables ({}) but no kerntune schema",
+                tables.join(", ")
+            )));
+        }
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&self.pool)
+                .await?;
+        let found = found.unwrap_or(0);
+        if found > SCHEMA_VERSION {
+            return Err(DbError::NewerSchema {
+                path: self.path.clone(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        Ok(found)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `PRAGMA integrity_check` and `foreign_key_check`; the problems found, empty when sound.
+    pub async fn integrity_problems(&self) -> Result<Vec<String>> {
+        let mut out: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check")
+            .fetch_all(&self.pool)
+            .await?;
+        out.retain(|r: &String| r != "ok");
+        let fk = sqlx::query("PRAGMA foreign_key_check")
+            .fetch_all(&self.pool)
+            .await?;
+        for row in fk {
+            out.push(format!(
+                "foreign key violation in {} row {}",
+                row.get::<String, _>(0),
+                row.get::<i64, _>(1)
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Closes the pool, checkpointing the WAL.
+    pub async fn close(self) {
+        self.pool.close().await;
+    }
+}

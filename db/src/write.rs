@@ -1,0 +1,176 @@
+//! What a tuner writes: devices, kernels, runs, and each problem's results in one transaction.
+
+use sqlx::Row;
+
+use crate::records::{DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, RunStatus};
+use crate::{Db, Result};
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// The outcome of one problem, written atomically.
+#[derive(Debug)]
+pub struct ProblemResult<'a> {
+    pub run_id: i64,
+    pub device_id: i64,
+    pub kernel_id: i64,
+    pub problem: &'a ProblemRecord,
+    pub measurements: &'a [MeasurementRecord],
+    /// Index into `measurements` of the winner, if any candidate passed.
+    pub winner: Option<usize>,
+    /// Index into `measurements` of the default config's measurement.
+    pub default: Option<usize>,
+    pub tool_version: &'a str,
+}
+
+impl Db {
+    /// The id of a device, inserting it on first sight.
+    pub async fn device_id(&self, d: &DeviceRecord) -> Result<i64> {
+        sqlx::query(
+            "INSERT INTO devices (identity, kind, model, arch, compute_units, runtime, host)
+             VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (identity) DO NOTHING",
+        )
+        .bind(&d.identity)
+        .bind(&d.kind)
+        .bind(&d.model)
+        .bind(&d.arch)
+        .bind(d.compute_units)
+        .bind(&d.runtime)
+        .bind(&d.host)
+        .execute(&self.pool)
+        .await?;
+        Ok(
+            sqlx::query_scalar("SELECT id FROM devices WHERE identity = ?")
+                .bind(&d.identity)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The id of a kernel version, inserting it on first sight.
+    pub async fn kernel_id(&self, k: &KernelRecord) -> Result<i64> {
+        sqlx::query(
+            "INSERT INTO kernels (family, backend, variant, source_hash) VALUES (?, ?, ?, ?)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&k.family)
+        .bind(&k.backend)
+        .bind(&k.variant)
+        .bind(&k.source_hash)
+        .execute(&self.pool)
+        .await?;
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM kernels WHERE family = ? AND backend = ? AND variant = ? AND source_hash = ?",
+        )
+        .bind(&k.family)
+        .bind(&k.backend)
+        .bind(&k.variant)
+        .bind(&k.source_hash)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    pub async fn begin_run(
+        &self,
+        tool_version: &str,
+        command_line: &str,
+        device_id: i64,
+    ) -> Result<i64> {
+        let row = sqlx::query(&format!(
+            "INSERT INTO runs (tool_version, command_line, device_id, started_at, status)
+             VALUES (?, ?, ?, {NOW}, 'running') RETURNING id"
+        ))
+        .bind(tool_version)
+        .bind(command_line)
+        .bind(device_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.get(0))
+    }
+
+    pub async fn finish_run(&self, run_id: i64, status: RunStatus) -> Result<()> {
+        sqlx::query(&format!(
+            "UPDATE runs SET status = ?, finished_at = {NOW} WHERE id = ?"
+        ))
+        .bind(status.as_str())
+        .bind(run_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Writes a problem's measurements and winner in one transaction: after a crash either
+    /// all of it is there or none.
+    pub async fn record_problem(&self, r: &ProblemResult<'_>) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO problems (family, key, fields) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING")
+            .bind(&r.problem.family)
+            .bind(&r.problem.key)
+            .bind(&r.problem.fields)
+            .execute(&mut *tx)
+            .await?;
+        let problem_id: i64 = sqlx::query_scalar("SELECT id FROM problems WHERE key = ?")
+            .bind(&r.problem.key)
+            .fetch_one(&mut *tx)
+            .await?;
+        let mut ids = Vec::with_capacity(r.measurements.len());
+        for m in r.measurements {
+            let s = m.stats.as_ref();
+            let id: i64 = sqlx::query_scalar(&format!(
+                "INSERT INTO measurements (run_id, device_id, kernel_id, problem_id, config, status,
+                   message, error, median_ns, min_ns, p20_ns, p80_ns, reps, throughput, unit,
+                   cold_cache, measured_at)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}) RETURNING id"
+            ))
+            .bind(r.run_id)
+            .bind(r.device_id)
+            .bind(r.kernel_id)
+            .bind(problem_id)
+            .bind(&m.config)
+            .bind(m.status.as_str())
+            .bind(&m.message)
+            .bind(m.error)
+            .bind(s.map(|s| s.median_ns))
+            .bind(s.map(|s| s.min_ns))
+            .bind(s.map(|s| s.p20_ns))
+            .bind(s.map(|s| s.p80_ns))
+            .bind(s.map(|s| s.reps))
+            .bind(s.map(|s| s.throughput))
+            .bind(s.map(|s| s.unit.clone()))
+            .bind(s.map(|s| s.cold_cache).unwrap_or(true))
+            .fetch_one(&mut *tx)
+            .await?;
+            ids.push(id);
+        }
+        if let Some(w) = r.winner {
+            let win = &r.measurements[w];
+            let median = win.stats.as_ref().map(|s| s.median_ns).unwrap_or(f64::NAN);
+            let default_ns = r
+                .default
+                .and_then(|d| r.measurements[d].stats.as_ref())
+                .map(|s| s.median_ns);
+            sqlx::query(&format!(
+                "INSERT INTO winners (device_id, kernel_id, problem_id, measurement_id, config,
+                   median_ns, default_ns, speedup, tool_version, updated_at)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW})
+                 ON CONFLICT (device_id, kernel_id, problem_id) DO UPDATE SET
+                   measurement_id = excluded.measurement_id, config = excluded.config,
+                   median_ns = excluded.median_ns, default_ns = excluded.default_ns,
+                   speedup = excluded.speedup, tool_version = excluded.tool_version,
+                   updated_at = excluded.updated_at"
+            ))
+            .bind(r.device_id)
+            .bind(r.kernel_id)
+            .bind(problem_id)
+            .bind(ids[w])
+            .bind(&win.config)
+            .bind(median)
+            .bind(default_ns)
+            .bind(default_ns.map(|d| d / median))
+            .bind(r.tool_version)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,80 @@
+//! The tuner end to end on the CPU: tune, reopen, read back, skip on rerun, and record
+//! failures as data.
+
+use kerntune_db::Db;
+use kerntune_e2e::{job, panicking_config, small_problems, wrong_config, FakeBackend, FakeSpace};
+use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device};
+use kerntune_tuner::tune;
+
+#[tokio::test]
+async fn tunes_every_family_then_skips_on_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    let device = Device::host();
+    let problems = small_problems();
+    {
+        let db = Db::open(&path).await.unwrap();
+        let out = tune::run(&job(&db, &device, &CpuBackend, &CpuSpace), &problems)
+            .await
+            .unwrap();
+        assert!(out.iter().all(|o| o.status == "tuned"), "{out:#?}");
+        assert!(
+            out.iter().all(|o| o.speedup.is_some_and(|s| s >= 1.0)),
+            "winner slower than default: {out:#?}"
+        );
+        db.close().await;
+    }
+    let db = Db::open_existing(&path).await.unwrap();
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    assert_eq!(winners.len(), problems.len());
+    for d in &problems {
+        let w = winners
+            .iter()
+            .find(|w| w.problem == d.problem.key())
+            .expect("winner stored");
+        let config = Config::from_json(&w.config).unwrap();
+        assert!(kerntune_kernels::Space::validate(&CpuSpace, &config, &d.problem, &device).is_ok());
+        assert_eq!(w.source_hash, kerntune_kernels::CPU_SOURCE_HASH);
+    }
+    let again = tune::run(&job(&db, &device, &CpuBackend, &CpuSpace), &problems)
+        .await
+        .unwrap();
+    assert!(again.iter().all(|o| o.status == "skipped"), "{again:#?}");
+    let runs = db.runs().await.unwrap();
+    assert_eq!(
+        runs.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(),
+        ["done", "done"]
+    );
+    assert!(db.integrity_problems().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn wrong_and_panicking_candidates_are_recorded_and_never_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("k.db")).await.unwrap();
+    let device = Device::host();
+    let problems = &small_problems()[..1];
+    let out = tune::run(&job(&db, &device, &FakeBackend, &FakeSpace), problems)
+        .await
+        .unwrap();
+    assert_eq!(out[0].status, "tuned");
+    assert_eq!(out[0].failed, 2, "{out:#?}");
+    let key = problems[0].problem.key();
+    let rows = db.measurements(&key).await.unwrap();
+    let find = |c: &Config| {
+        rows.iter()
+            .find(|r| r.0 == c.to_json())
+            .cloned()
+            .expect("measured")
+    };
+    let wrong = find(&wrong_config());
+    assert_eq!(wrong.1, "failed_verification");
+    assert!(wrong.3.unwrap().contains("exceeds"));
+    let crashed = find(&panicking_config());
+    assert_eq!(crashed.1, "error");
+    assert!(crashed.3.unwrap().contains("the fake kernel crashed"));
+    let winners = db.winners(None).await.unwrap();
+    assert_eq!(winners.len(), 1);
+    assert_ne!(winners[0].config, wrong_config().to_json());
+    assert_ne!(winners[0].config, panicking_config().to_json());
+}

@@ -1,0 +1,165 @@
+//! Command-line flags, parsed by clap and then turned into validated settings in one place.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use kerntune_kernels::{DType, Family};
+
+use kerntune_tuner::search::Strategy;
+use kerntune_tuner::shapes::Buckets;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tune",
+    version,
+    about = "Tune GEMM, flash-attention and paged-attention kernels for a model on a device"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub tune: TuneArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the problems --shapes expands to, without running anything.
+    Shapes(ShapesArgs),
+    /// Run one problem with one config and print timing statistics.
+    Bench(BenchArgs),
+    /// Print the stored winners.
+    Show(ShowArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ShapeArgs {
+    /// A preset (llama70b, llama2-70b, llama8b, mistral7b, mixtral8x7b), a config.json path, a
+    /// problem (`gemm:m=1,n=1280,k=8192,dtype=bf16`), or untuned:PATH. Repeatable.
+    #[arg(long = "shapes")]
+    pub shapes: Vec<String>,
+    /// Tensor-parallel degree (default: smallest power of two whose shard fits the device).
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Decode batch sizes (tokens M of decode GEMMs, sequences of paged attention).
+    #[arg(long, value_delimiter = ',')]
+    pub batch_sizes: Option<Vec<usize>>,
+    /// Prefill chunk lengths (tokens M of prefill GEMMs, flash attention lengths).
+    #[arg(long, value_delimiter = ',')]
+    pub prefill_lens: Option<Vec<usize>>,
+    /// Context lengths of paged attention decode.
+    #[arg(long, value_delimiter = ',')]
+    pub context_lens: Option<Vec<usize>>,
+    /// Input dtype (default: the model's torch_dtype, bf16 for presets).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Kernel families to derive.
+    #[arg(long, value_delimiter = ',')]
+    pub kernels: Option<Vec<String>>,
+}
+
+impl ShapeArgs {
+    pub fn buckets(&self) -> Result<Buckets, String> {
+        let mut b = Buckets::default();
+        let nonzero = |name: &str, v: &Vec<usize>| {
+            if v.is_empty() || v.contains(&0) {
+                Err(format!("--{name} needs positive sizes, got {v:?}"))
+            } else {
+                Ok(v.clone())
+            }
+        };
+        if let Some(v) = &self.batch_sizes {
+            b.batch_sizes = nonzero("batch-sizes", v)?;
+        }
+        if let Some(v) = &self.prefill_lens {
+            b.prefill_lens = nonzero("prefill-lens", v)?;
+        }
+        if let Some(v) = &self.context_lens {
+            b.context_lens = nonzero("context-lens", v)?;
+        }
+        if let Some(d) = &self.dtype {
+            b.dtype = Some(d.parse::<DType>()?);
+        }
+        if let Some(k) = &self.kernels {
+            b.kernels = k
+                .iter()
+                .map(|f| f.parse::<Family>().map_err(|e| format!("--kernels: {e}")))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(b)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// Device to tune on (default: the best device present; the CPU without a GPU backend).
+    #[arg(long, global = true)]
+    pub device: Option<String>,
+    /// Tuning database (default: $KERNTUNE_DB, else kerntune.db here).
+    #[arg(long, global = true)]
+    pub db: Option<PathBuf>,
+    #[command(flatten)]
+    pub shapes: ShapeArgs,
+    /// Search strategy.
+    #[arg(long, value_enum, default_value = "local")]
+    pub strategy: Strategy,
+    /// Time budget per problem (e.g. 2s, 500ms, 1m).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub budget: Duration,
+    /// Time budget for the whole run; problems not reached are left for the next run.
+    #[arg(long, default_value = "4m", value_parser = parse_duration)]
+    pub total_budget: Duration,
+    /// Most configs measured per problem.
+    #[arg(long, default_value_t = 64)]
+    pub max_configs: usize,
+    /// Re-tune problems that already have a winner for this device and kernel version.
+    #[arg(long)]
+    pub retune: bool,
+    /// Print the summary as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ShapesArgs {
+    #[command(flatten)]
+    pub shapes: ShapeArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub shapes: ShapeArgs,
+    /// `default`, `heuristic`, `best` (the database's winner) or a config as JSON.
+    #[arg(long, default_value = "default")]
+    pub config: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub shapes: ShapeArgs,
+}
+
+/// `30s`, `500ms`, `5m`, `1h`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as 30s, 500ms or 5m"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("`{s}` must be a positive duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}

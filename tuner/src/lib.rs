@@ -1,0 +1,28 @@
+//! # kerntune-tuner
+//!
+//! The library behind the `tune` binary: model shapes ([`models`], [`shapes`]), measurement
+//! ([`measure`]), search strategies ([`search`]) and the tuning loop ([`tune`]). It is a library
+//! so the end-to-end tests can drive the loop with fake backends.
+
+pub mod error;
+pub mod measure;
+pub mod models;
+pub mod search;
+pub mod shapes;
+pub mod tune;
+
+pub use error::{Result, TuneError};
+
+/// Total memory of this machine in bytes (what a CPU shard of weights must fit in).
+pub fn host_memory_bytes() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb * 1024.0)
+        .unwrap_or(16e9)
+}

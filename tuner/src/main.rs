@@ -1,0 +1,333 @@
+//! `tune`: derive a model's kernel problems, sweep each kernel's configurations on a device,
+//! verify every candidate, time it, and store every measurement and the winner.
+//!
+//! Exit codes: 0 success, 1 failure, 2 usage error (nothing written), 130 interrupted (finished
+//! problems committed).
+
+mod cli;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use kerntune_db::Db;
+use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_HASH};
+use kerntune_tuner::error::usage;
+use kerntune_tuner::measure::{Policy, Workload};
+use kerntune_tuner::shapes::{expand_all, Derived};
+use kerntune_tuner::tune::{self, Job, Outcome, STOP};
+use kerntune_tuner::TuneError;
+
+use cli::{Cli, Command, ShapeArgs, TuneArgs};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime always builds");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            match err.downcast_ref::<TuneError>() {
+                Some(e) if e.is_usage() => ExitCode::from(2),
+                Some(TuneError::Interrupted { .. }) => ExitCode::from(130),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let args = &cli.tune;
+    match &cli.command {
+        Some(Command::Shapes(s)) => {
+            print_shapes(&derive(&s.shapes, &pick_device(args)?)?, args.json)
+        }
+        Some(Command::Show(s)) => show(args, &s.shapes).await,
+        Some(Command::Bench(b)) => bench(args, &b.shapes, &b.config).await,
+        None => tune_main(args).await,
+    }
+}
+
+/// The device named by --device, which must be present: only the CPU is, in this build.
+fn pick_device(args: &TuneArgs) -> Result<Device, TuneError> {
+    let Some(name) = &args.device else {
+        return Ok(Device::host());
+    };
+    let device = Device::lookup(name)?;
+    if let Device::Gpu(g) = device {
+        return Err(usage(format!(
+            "device `{name}` ({}, {}) is not present: this build has no GPU backend and found no GPU. Devices present: cpu ({}). GPU tuning (an offline compile-and-prune plan for AMD targets, on-device runs with ROCm or CUDA) is not built yet.",
+            g.name,
+            g.arch,
+            Device::host()
+        )));
+    }
+    Ok(device)
+}
+
+fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError> {
+    if shapes.shapes.is_empty() {
+        return Err(usage("no --shapes given: name a preset (e.g. --shapes llama70b), a config.json, or a problem such as gemm:m=1,n=1280,k=8192"));
+    }
+    let buckets = shapes.buckets().map_err(usage)?;
+    let memory = match device {
+        Device::Cpu(_) => kerntune_tuner::host_memory_bytes(),
+        Device::Gpu(g) => g.memory_bytes as f64,
+    };
+    let mut list = expand_all(&shapes.shapes, shapes.tp, memory, &buckets)?;
+    // Cheapest first: a run cut short by its budget still covers the most problems.
+    list.sort_by(|a, b| a.problem.flops().total_cmp(&b.problem.flops()));
+    Ok(list)
+}
+
+fn db_path(args: &TuneArgs) -> PathBuf {
+    args.db
+        .clone()
+        .or_else(|| std::env::var_os("KERNTUNE_DB").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("kerntune.db"))
+}
+
+fn print_shapes(list: &[Derived], json: bool) -> anyhow::Result<()> {
+    if json {
+        let rows: Vec<_> = list
+            .iter()
+            .map(|d| serde_json::json!({"key": d.problem.key(), "origin": d.origin, "problem": d.problem}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!("{:<28} {:>12}  problem", "origin", "GFLOP");
+        for d in list {
+            println!(
+                "{:<28} {:>12.3}  {}",
+                d.origin,
+                d.problem.flops() / 1e9,
+                d.problem.key()
+            );
+        }
+        println!("{} problems", list.len());
+    }
+    Ok(())
+}
+
+async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
+    let device = pick_device(args)?;
+    let problems = derive(&args.shapes, &device)?;
+    let path = db_path(args);
+    let db = Db::open(&path).await.map_err(TuneError::from)?;
+    ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    let job = Job {
+        db: &db,
+        device: &device,
+        backend: &CpuBackend,
+        space: &CpuSpace,
+        source_hash: CPU_SOURCE_HASH,
+        strategy: args.strategy,
+        budget: args.budget,
+        total_budget: args.total_budget,
+        max_configs: args.max_configs.max(1),
+        retune: args.retune,
+        policy: Policy::default(),
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        progress: std::io::stderr().is_terminal() && !args.json,
+    };
+    eprintln!(
+        "tuning {} problems on {} with {:?} search; database {}",
+        problems.len(),
+        device,
+        args.strategy,
+        path.display()
+    );
+    let result = tune::run(&job, &problems).await;
+    db.close().await;
+    let outcomes = result?;
+    print_summary(&outcomes, args.json)
+}
+
+fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(outcomes)?);
+        return Ok(());
+    }
+    println!(
+        "{:<10} {:>10} {:>12} {:>8} {:>5} {:>5}  problem / winner",
+        "status", "median", "throughput", "speedup", "runs", "fail"
+    );
+    for o in outcomes {
+        println!(
+            "{:<10} {:>10} {:>12} {:>8} {:>5} {:>5}  {}{}",
+            o.status,
+            o.median_ns.map(fmt_time).unwrap_or_default(),
+            o.throughput
+                .zip(o.unit.as_deref())
+                .map(|(t, u)| fmt_rate(t, u))
+                .unwrap_or_default(),
+            o.speedup.map(|s| format!("{s:.2}x")).unwrap_or_default(),
+            o.measured,
+            o.failed,
+            o.problem,
+            o.winner
+                .as_ref()
+                .map(|w| format!("\n{:>54}{w}", "-> "))
+                .unwrap_or_default()
+        );
+    }
+    let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
+    println!(
+        "{} tuned, {} already tuned, {} without a winner, {} left for the next run (budget)",
+        count("tuned"),
+        count("skipped"),
+        count("no-winner"),
+        count("budget")
+    );
+    Ok(())
+}
+
+fn fmt_time(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.1} us", ns / 1e3)
+    }
+}
+
+fn fmt_rate(v: f64, unit: &str) -> String {
+    match unit {
+        "B/s" => format!("{:.1} GB/s", v / 1e9),
+        _ => format!("{:.1} GF/s", v / 1e9),
+    }
+}
+
+async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {
+    let path = db_path(args);
+    let db = Db::open_existing(&path).await.map_err(TuneError::from)?;
+    let identity = match &args.device {
+        Some(_) => Some(pick_device(args)?.identity()),
+        None => None,
+    };
+    let keys: Option<Vec<String>> = if shapes.shapes.is_empty() {
+        None
+    } else {
+        Some(
+            derive(shapes, &Device::host())?
+                .iter()
+                .map(|d| d.problem.key())
+                .collect(),
+        )
+    };
+    let mut rows = db.winners(identity.as_deref()).await?;
+    if let Some(keys) = &keys {
+        rows.retain(|r| keys.contains(&r.problem));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    for r in &rows {
+        let stale = if r.source_hash != CPU_SOURCE_HASH && r.backend == "cpu" {
+            " STALE (other kernel sources)"
+        } else {
+            ""
+        };
+        println!(
+            "{}\n    {}  {}  {}  {}  measured {} on {} ({}){stale}",
+            r.problem,
+            Config::from_json(&r.config)
+                .map(|c| c.to_string())
+                .unwrap_or_else(|_| r.config.clone()),
+            fmt_time(r.median_ns),
+            r.throughput
+                .zip(r.unit.as_deref())
+                .map(|(t, u)| fmt_rate(t, u))
+                .unwrap_or_default(),
+            r.speedup
+                .map(|s| format!("{s:.2}x over default"))
+                .unwrap_or_default(),
+            r.updated_at,
+            r.host,
+            r.device
+        );
+    }
+    println!("{} winners", rows.len());
+    Ok(())
+}
+
+async fn bench(args: &TuneArgs, shapes: &ShapeArgs, which: &str) -> anyhow::Result<()> {
+    let device = pick_device(args)?;
+    let list = derive(shapes, &device)?;
+    let mut out = Vec::new();
+    for d in &list {
+        let p = &d.problem;
+        let config = match which {
+            "default" => CpuSpace.default_config(p, &device),
+            "heuristic" => CpuSpace.heuristic(p, &device),
+            "best" => {
+                let db = Db::open_existing(&db_path(args))
+                    .await
+                    .map_err(TuneError::from)?;
+                let rows = db.winners(Some(&device.identity())).await?;
+                let row = rows.iter().find(|r| r.problem == p.key()).ok_or_else(|| {
+                    usage(format!(
+                        "no winner for {} on {} in the database; tune it first",
+                        p.key(),
+                        device.identity()
+                    ))
+                })?;
+                Config::from_json(&row.config)
+                    .map_err(|e| usage(format!("stored config is malformed: {e}")))?
+            }
+            json => Config::from_json(json).map_err(|e| {
+                usage(format!(
+                    "--config `{json}`: {e}; expected default, heuristic, best or a config as JSON"
+                ))
+            })?,
+        };
+        CpuSpace
+            .validate(&config, p, &device)
+            .map_err(TuneError::from)?;
+        let policy = Policy {
+            max_time: std::time::Duration::from_secs(2),
+            ..Policy::default()
+        };
+        let mut w = Workload::new(p, &policy);
+        let err = w
+            .verify(&CpuBackend, &config)
+            .map_err(|f| anyhow::anyhow!("{config} failed on {p}: {f:?}"))?;
+        let s = w
+            .time(&CpuBackend, &config, &policy)
+            .map_err(|f| anyhow::anyhow!("{f:?}"))?;
+        if args.json {
+            out.push(
+                serde_json::json!({"problem": p.key(), "config": config, "error": err, "stats": s}),
+            );
+        } else {
+            println!(
+                "{}\n  {}\n  median {}  min {}  p20 {}  p80 {}  reps {}  {}  error {err:.1e}{}",
+                p.key(),
+                config,
+                fmt_time(s.median_ns),
+                fmt_time(s.min_ns),
+                fmt_time(s.p20_ns),
+                fmt_time(s.p80_ns),
+                s.reps,
+                fmt_rate(s.throughput, &s.unit),
+                if s.cold_cache { "  (cold cache)" } else { "" }
+            );
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Verifying a candidate once and timing it properly.
+//!
+//! Timing runs the kernel on copies of the operands in rotation, enough copies to exceed the
+//! last-level cache twice over, so every call starts cold as it does in a server where other
+//! layers evicted the weights. Repetitions continue until the 95% confidence interval of the
+//! median (order statistics) is within `target_ci` of it, or the repetition or time cap is hit.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use kerntune_db::Stats;
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::kernel::Scratch;
+use kerntune_kernels::{Backend, Config, Problem};
+
+/// How hard to measure.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub min_reps: usize,
+    pub max_reps: usize,
+    pub max_time: Duration,
+    /// Relative half-width of the median's 95% CI at which to stop.
+    pub target_ci: f64,
+    /// Total bytes the operand copies should exceed (twice the LLC for cold-cache timing; 0
+    /// times warm).
+    pub rotate_bytes: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            min_reps: 5,
+            max_reps: 200,
+            max_time: Duration::from_millis(500),
+            target_ci: 0.02,
+            rotate_bytes: 2 * kerntune_kernels::CpuInfo::detect().l3_bytes,
+        }
+    }
+}
+
+/// The operands of one problem: the verification copy with its reference rows, and the
+/// rotation copies for timing.
+#[derive(Debug)]
+pub struct Workload {
+    pub problem: Problem,
+    copies: Vec<ProblemData>,
+    rows: Vec<usize>,
+    reference: Vec<Vec<f64>>,
+    scratch: Scratch,
+}
+
+/// Why a candidate did not produce a timing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// Output differs from the reference; the relative error seen.
+    Wrong(f64),
+    /// The kernel returned an error or panicked.
+    Error(String),
+}
+
+impl Workload {
+    pub fn new(problem: &Problem, policy: &Policy) -> Workload {
+        let first = ProblemData::random(problem, 0x6b65_726e);
+        let rows = first.verify_rows();
+        let reference = rows.iter().map(|&r| first.reference_row(r)).collect();
+        let per_copy = first.bytes().max(1);
+        // Memory for rotation is capped at 1 GiB: beyond that the operands dwarf any cache.
+        let copies = policy
+            .rotate_bytes
+            .div_ceil(per_copy)
+            .clamp(1, 64)
+            .min(((1usize << 30) / per_copy).max(1));
+        let mut all = vec![first];
+        all.extend((1..copies).map(|i| ProblemData::random(problem, i as u64)));
+        Workload {
+            problem: problem.clone(),
+            copies: all,
+            rows,
+            reference,
+            scratch: Scratch::new(),
+        }
+    }
+
+    fn run(&mut self, backend: &dyn Backend, config: &Config, copy: usize) -> Result<(), Failure> {
+        let len = backend.scratch_len(&self.problem, config);
+        let problem = &self.problem;
+        let scratch = self.scratch.get(len);
+        let data = &mut self.copies[copy];
+        match catch_unwind(AssertUnwindSafe(|| {
+            backend.run(problem, config, data.args(), scratch)
+        })) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Failure::Error(e.to_string())),
+            Err(panic) => Err(Failure::Error(format!(
+                "panicked: {}",
+                panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)")
+            ))),
+        }
+    }
+
+    /// Runs once on the reference copy and compares the verification rows.
+    pub fn verify(&mut self, backend: &dyn Backend, config: &Config) -> Result<f64, Failure> {
+        self.copies[0].out.fill(f32::NAN);
+        self.run(backend, config, 0)?;
+        let data = &self.copies[0];
+        let len = data.row_len();
+        let mut worst = 0f64;
+        for (&r, reference) in self.rows.iter().zip(&self.reference) {
+            let out = &data.out[r * len..(r + 1) * len];
+            let err = kerntune_kernels::reference::relative_error(out, reference);
+            worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+        }
+        if worst > self.problem.dtype().tolerance() {
+            return Err(Failure::Wrong(worst));
+        }
+        Ok(worst)
+    }
+
+    /// Times a verified config.
+    pub fn time(
+        &mut self,
+        backend: &dyn Backend,
+        config: &Config,
+        policy: &Policy,
+    ) -> Result<Stats, Failure> {
+        // Warm-up: first-touch page faults, thread-pool start, code in the i-cache.
+        self.run(backend, config, 0)?;
+        let start = Instant::now();
+        let mut samples = Vec::with_capacity(policy.min_reps);
+        let n = self.copies.len();
+        while samples.len() < policy.max_reps {
+            let copy = samples.len() % n;
+            let t = Instant::now();
+            self.run(backend, config, copy)?;
+            samples.push(t.elapsed().as_nanos() as f64);
+            if samples.len() >= policy.min_reps
+                && (start.elapsed() >= policy.max_time
+                    || ci_half_width(&samples) <= policy.target_ci)
+            {
+                break;
+            }
+        }
+        Ok(stats(&self.problem, samples, n > 1))
+    }
+}
+
+/// Relative half-width of the 95% confidence interval of the median by order statistics.
+fn ci_half_width(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len() as f64;
+    let half = 0.98 * n.sqrt();
+    let lo = ((n / 2.0 - half).floor().max(0.0)) as usize;
+    let hi = ((n / 2.0 + half).ceil() as usize).min(s.len() - 1);
+    let median = percentile(&s, 0.5);
+    (s[hi] - s[lo]) / 2.0 / median
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    let pos = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+fn stats(problem: &Problem, mut samples: Vec<f64>, cold: bool) -> Stats {
+    samples.sort_by(f64::total_cmp);
+    let median = percentile(&samples, 0.5);
+    let (throughput, unit) = if problem.memory_bound() {
+        (problem.min_bytes() / (median * 1e-9), "B/s")
+    } else {
+        (problem.flops() / (median * 1e-9), "FLOP/s")
+    };
+    Stats {
+        median_ns: median,
+        min_ns: samples[0],
+        p20_ns: percentile(&samples, 0.2),
+        p80_ns: percentile(&samples, 0.8),
+        reps: samples.len() as i64,
+        throughput,
+        unit: unit.into(),
+        cold_cache: cold,
+    }
+}

@@ -1,0 +1,245 @@
+//! From `--shapes` to problems: model presets and config.json files are expanded the way a
+//! server runs the model, explicit problem specs are parsed, `untuned:PATH` files are read.
+//!
+//! Per tensor-parallel shard of size t (weights stored `[N, K]`, tokens M rows):
+//! fused QKV N = (q_heads + 2·kv_heads)·head_dim / t, K = hidden; O N = hidden,
+//! K = q_heads·head_dim / t; fused gate_up N = 2·intermediate / t, K = hidden; down N = hidden,
+//! K = intermediate / t; lm_head N = vocab / t (rounded up), K = hidden, at decode batch sizes
+//! only (prefill computes logits for the last token of each sequence). Attention per shard has
+//! q_heads / t query heads and max(1, kv_heads / t) KV heads. Mixture-of-experts layers run the
+//! expert GEMMs at M·active/experts tokens (rounded up) plus the router GEMM (N = experts).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
+use kerntune_kernels::{DType, Family, Problem};
+
+use crate::error::{usage, Result};
+use crate::models::{Model, PRESETS};
+
+/// Token and context buckets, and which kernels to derive.
+#[derive(Debug, Clone)]
+pub struct Buckets {
+    pub batch_sizes: Vec<usize>,
+    pub prefill_lens: Vec<usize>,
+    pub context_lens: Vec<usize>,
+    pub kernels: Vec<Family>,
+    pub dtype: Option<DType>,
+    pub block_size: usize,
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Buckets {
+            batch_sizes: vec![1, 2, 4, 8, 16, 32, 64, 128, 256],
+            prefill_lens: vec![512, 2048],
+            context_lens: vec![1024, 4096],
+            kernels: Family::ALL.to_vec(),
+            dtype: None,
+            block_size: 16,
+        }
+    }
+}
+
+/// A problem with a label saying where it came from (`llama70b tp8 qkv`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Derived {
+    pub problem: Problem,
+    pub origin: String,
+}
+
+/// The smallest power of two whose shard of the weights fits in `memory` bytes (with 10% left
+/// for activations and the KV cache), capped so the heads still divide.
+pub fn default_tp(model: &Model, memory: f64) -> usize {
+    let mut tp = 1;
+    while model.weight_bytes() / tp as f64 > 0.9 * memory && tp < model.q_heads {
+        tp *= 2;
+    }
+    tp
+}
+
+pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
+    if tp == 0 || !model.q_heads.is_multiple_of(tp) || !model.intermediate.is_multiple_of(tp) {
+        return Err(usage(format!(
+            "--tp {tp} does not divide {}: q_heads = {} and intermediate_size = {} must be multiples of it",
+            model.name, model.q_heads, model.intermediate
+        )));
+    }
+    Ok(())
+}
+
+/// Every problem one shard of `model` runs, de-duplicated, in a stable order.
+pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
+    check_tp(model, tp)?;
+    let dtype = b.dtype.unwrap_or(model.dtype);
+    let q_heads = model.q_heads / tp;
+    let kv_heads = (model.kv_heads / tp).max(1);
+    let d = model.head_dim;
+    let mut out = Vec::new();
+    let tag = format!("{} tp{tp}", model.name);
+    let gemm = |role: &str, m: usize, n: usize, k: usize| -> Result<Derived> {
+        Ok(Derived {
+            problem: Problem::Gemm(GemmProblem::new(m, n, k, dtype, BLayout::Nk)?),
+            origin: format!("{tag} {role}"),
+        })
+    };
+    if b.kernels.contains(&Family::Gemm) {
+        let tokens: Vec<usize> = b
+            .batch_sizes
+            .iter()
+            .chain(&b.prefill_lens)
+            .copied()
+            .collect();
+        for &m in &tokens {
+            out.push(gemm(
+                "qkv",
+                m,
+                (model.q_heads + 2 * model.kv_heads) * d / tp,
+                model.hidden,
+            )?);
+            out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
+            match model.experts {
+                None => {
+                    out.push(gemm(
+                        "gate_up",
+                        m,
+                        2 * model.intermediate / tp,
+                        model.hidden,
+                    )?);
+                    out.push(gemm("down", m, model.hidden, model.intermediate / tp)?);
+                }
+                Some((experts, active)) => {
+                    let per_expert = (m * active).div_ceil(experts);
+                    out.push(gemm("router", m, experts, model.hidden)?);
+                    out.push(gemm(
+                        "expert_gate_up",
+                        per_expert,
+                        2 * model.intermediate / tp,
+                        model.hidden,
+                    )?);
+                    out.push(gemm(
+                        "expert_down",
+                        per_expert,
+                        model.hidden,
+                        model.intermediate / tp,
+                    )?);
+                }
+            }
+        }
+        for &m in &b.batch_sizes {
+            out.push(gemm("lm_head", m, model.vocab.div_ceil(tp), model.hidden)?);
+        }
+    }
+    if b.kernels.contains(&Family::Flash) {
+        for &len in &b.prefill_lens {
+            out.push(Derived {
+                problem: Problem::Flash(FlashProblem::new(
+                    1,
+                    len,
+                    len,
+                    q_heads,
+                    kv_heads,
+                    d,
+                    true,
+                    Scale::default_for(d),
+                    dtype,
+                )?),
+                origin: format!("{tag} prefill"),
+            });
+        }
+    }
+    if b.kernels.contains(&Family::Paged) {
+        for &seqs in &b.batch_sizes {
+            for &ctx in &b.context_lens {
+                out.push(Derived {
+                    problem: Problem::Paged(PagedProblem::new(
+                        seqs,
+                        ctx,
+                        q_heads,
+                        kv_heads,
+                        d,
+                        b.block_size,
+                        Scale::default_for(d),
+                        dtype,
+                    )?),
+                    origin: format!("{tag} decode"),
+                });
+            }
+        }
+    }
+    Ok(dedup(out))
+}
+
+fn dedup(list: Vec<Derived>) -> Vec<Derived> {
+    let mut seen = HashSet::new();
+    list.into_iter()
+        .filter(|d| seen.insert(d.problem.clone()))
+        .collect()
+}
+
+/// Expands one `--shapes` value.
+pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result<Vec<Derived>> {
+    if let Some(path) = spec.strip_prefix("untuned:") {
+        return read_untuned(Path::new(path));
+    }
+    if spec.contains(':') && !spec.ends_with(".json") {
+        let problem: Problem = spec.parse()?;
+        return Ok(vec![Derived {
+            problem,
+            origin: "explicit".into(),
+        }]);
+    }
+    let model = if let Some(m) = Model::preset(spec) {
+        m
+    } else if spec.ends_with(".json") || Path::new(spec).is_file() {
+        Model::from_config_json(Path::new(spec))?
+    } else {
+        return Err(usage(format!(
+            "unknown --shapes `{spec}`: expected a preset ({}), a path to a config.json, a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, or untuned:PATH",
+            PRESETS.join(", ")
+        )));
+    };
+    let tp = tp.unwrap_or_else(|| default_tp(&model, memory));
+    derive(&model, tp, b)
+}
+
+/// Expands every `--shapes` value and de-duplicates across them.
+pub fn expand_all(
+    specs: &[String],
+    tp: Option<usize>,
+    memory: f64,
+    b: &Buckets,
+) -> Result<Vec<Derived>> {
+    let mut all = Vec::new();
+    for s in specs {
+        all.extend(expand(s, tp, memory, b)?);
+    }
+    Ok(dedup(all))
+}
+
+/// The file the runtime writes: one problem key per line, optionally followed by a tab and a
+/// count; `#` starts a comment.
+fn read_untuned(path: &Path) -> Result<Vec<Derived>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        usage(format!(
+            "cannot read untuned-shapes file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let Some(key) = line.split_whitespace().next() else {
+            continue;
+        };
+        let problem: Problem = key
+            .parse()
+            .map_err(|e| usage(format!("{}:{}: {e}", path.display(), n + 1)))?;
+        out.push(Derived {
+            problem,
+            origin: format!("untuned {}", path.display()),
+        });
+    }
+    Ok(dedup(out))
+}

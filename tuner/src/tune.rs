@@ -1,0 +1,336 @@
+//! The tuning loop: for each problem, prune, verify, time, pick the winner, commit.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kerntune_db::{
+    Db, DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus,
+    Status,
+};
+use kerntune_kernels::{Backend, Config, Device, Problem, Space};
+
+use crate::error::{Result, TuneError};
+use crate::measure::{Failure, Policy, Workload};
+use crate::search::{search, Strategy};
+use crate::shapes::Derived;
+
+/// Set by the Ctrl-C handler; the loop stops between candidates.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Everything a tuning job needs besides the problems.
+pub struct Job<'a> {
+    pub db: &'a Db,
+    pub device: &'a Device,
+    pub backend: &'a dyn Backend,
+    pub space: &'a dyn Space,
+    pub source_hash: &'a str,
+    pub strategy: Strategy,
+    pub budget: Duration,
+    pub total_budget: Duration,
+    pub max_configs: usize,
+    pub retune: bool,
+    pub policy: Policy,
+    pub command_line: String,
+    pub progress: bool,
+}
+
+impl std::fmt::Debug for Job<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("device", &self.device.name())
+            .field("strategy", &self.strategy)
+            .finish()
+    }
+}
+
+/// One row of the summary.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    pub problem: String,
+    pub origin: String,
+    /// `tuned`, `skipped` (already tuned), `no-winner`, `budget` (not reached).
+    pub status: String,
+    pub winner: Option<String>,
+    pub median_ns: Option<f64>,
+    pub throughput: Option<f64>,
+    pub unit: Option<String>,
+    pub speedup: Option<f64>,
+    pub measured: usize,
+    pub pruned: usize,
+    pub failed: usize,
+}
+
+pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub fn device_record(device: &Device) -> DeviceRecord {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into());
+    match device {
+        Device::Cpu(c) => DeviceRecord {
+            identity: device.identity(),
+            kind: "cpu".into(),
+            model: c.model.clone(),
+            arch: c.isa.to_string(),
+            compute_units: c.threads as i64,
+            runtime: String::new(),
+            host,
+        },
+        Device::Gpu(g) => DeviceRecord {
+            identity: device.identity(),
+            kind: "gpu".into(),
+            model: g.name.into(),
+            arch: g.arch.into(),
+            compute_units: g.compute_units as i64,
+            runtime: String::new(),
+            host,
+        },
+    }
+}
+
+pub fn kernel_record(problem: &Problem, backend: &str, source_hash: &str) -> KernelRecord {
+    KernelRecord {
+        family: problem.family().to_string(),
+        backend: backend.into(),
+        variant: backend.into(),
+        source_hash: source_hash.into(),
+    }
+}
+
+/// Tunes every problem; returns the summary. Interrupted runs return `TuneError::Interrupted`
+/// after committing what was finished.
+pub async fn run(job: &Job<'_>, problems: &[Derived]) -> Result<Vec<Outcome>> {
+    let device_id = job.db.device_id(&device_record(job.device)).await?;
+    let run_id = job
+        .db
+        .begin_run(TOOL_VERSION, &job.command_line, device_id)
+        .await?;
+    let bars = MultiProgress::new();
+    if !job.progress {
+        bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let overall = bars.add(ProgressBar::new(problems.len() as u64));
+    overall.set_style(
+        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} problems, ETA {eta}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    overall.set_prefix("overall");
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    let mut interrupted = false;
+    for (i, d) in problems.iter().enumerate() {
+        if STOP.load(Ordering::SeqCst) {
+            interrupted = true;
+            break;
+        }
+        let key = d.problem.key();
+        let kernel = kernel_record(&d.problem, job.backend.name(), job.source_hash);
+        let kernel_id = job.db.kernel_id(&kernel).await?;
+        let blank = |status: &str| Outcome {
+            problem: key.clone(),
+            origin: d.origin.clone(),
+            status: status.into(),
+            winner: None,
+            median_ns: None,
+            throughput: None,
+            unit: None,
+            speedup: None,
+            measured: 0,
+            pruned: 0,
+            failed: 0,
+        };
+        if !job.retune && job.db.is_tuned(device_id, kernel_id, &key).await? {
+            outcomes.push(blank("skipped"));
+            overall.inc(1);
+            continue;
+        }
+        if started.elapsed() >= job.total_budget {
+            outcomes.extend(problems[i..].iter().map(|d| Outcome {
+                problem: d.problem.key(),
+                origin: d.origin.clone(),
+                ..blank("budget")
+            }));
+            break;
+        }
+        let bar = bars.add(ProgressBar::new(0));
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} configs {msg}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(d.problem.family().to_string());
+        bar.set_message(key.clone());
+        let result = tune_problem(job, &d.problem, &bar);
+        bar.finish_and_clear();
+        bars.remove(&bar);
+        let Some((measurements, winner, default, pruned)) = result else {
+            interrupted = true;
+            break;
+        };
+        let record = ProblemRecord {
+            family: d.problem.family().to_string(),
+            key: key.clone(),
+            fields: serde_json::to_string(&d.problem).expect("problems serialise"),
+        };
+        job.db
+            .record_problem(&ProblemResult {
+                run_id,
+                device_id,
+                kernel_id,
+                problem: &record,
+                measurements: &measurements,
+                winner,
+                default,
+                tool_version: TOOL_VERSION,
+            })
+            .await?;
+        let w = winner.map(|w| &measurements[w]);
+        let ws = w.and_then(|w| w.stats.as_ref());
+        let ds = default.and_then(|d| measurements[d].stats.as_ref());
+        outcomes.push(Outcome {
+            winner: w.map(|w| {
+                Config::from_json(&w.config)
+                    .map(|c| c.to_string())
+                    .unwrap_or_default()
+            }),
+            median_ns: ws.map(|s| s.median_ns),
+            throughput: ws.map(|s| s.throughput),
+            unit: ws.map(|s| s.unit.clone()),
+            speedup: ws.zip(ds).map(|(w, d)| d.median_ns / w.median_ns),
+            measured: measurements.len() - pruned,
+            pruned,
+            failed: measurements
+                .iter()
+                .filter(|m| matches!(m.status, Status::Error | Status::FailedVerification))
+                .count(),
+            ..blank(if winner.is_some() {
+                "tuned"
+            } else {
+                "no-winner"
+            })
+        });
+        overall.inc(1);
+    }
+    overall.finish_and_clear();
+    let status = if interrupted {
+        RunStatus::Interrupted
+    } else {
+        RunStatus::Done
+    };
+    job.db.finish_run(run_id, status).await?;
+    if interrupted {
+        let done = outcomes.iter().filter(|o| o.status == "tuned").count();
+        return Err(TuneError::Interrupted {
+            done,
+            left: problems.len() - outcomes.len(),
+        });
+    }
+    Ok(outcomes)
+}
+
+type Tuned = (Vec<MeasurementRecord>, Option<usize>, Option<usize>, usize);
+
+/// Sweeps one problem. `None` when interrupted (nothing of it is committed).
+fn tune_problem(job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Tuned> {
+    let device = job.device;
+    let default = job.space.default_config(problem, device);
+    let heuristic = job.space.heuristic(problem, device);
+    let mut candidates = vec![default.clone()];
+    if heuristic != default {
+        candidates.push(heuristic);
+    }
+    for c in job.space.candidates(problem, device) {
+        if !candidates.contains(&c) {
+            candidates.push(c);
+        }
+    }
+    // Prune what the device cannot run before anything runs, recording why.
+    let mut records = Vec::new();
+    let mut runnable = Vec::new();
+    for c in candidates {
+        match job.space.validate(&c, problem, device) {
+            Ok(()) => runnable.push(c),
+            Err(e) => records.push(MeasurementRecord {
+                config: c.to_json(),
+                status: Status::Invalid,
+                message: Some(e.to_string()),
+                error: None,
+                stats: None,
+            }),
+        }
+    }
+    let pruned = records.len();
+    bar.set_length(runnable.len().min(job.max_configs) as u64);
+    let mut workload = Workload::new(problem, &job.policy);
+    let started = Instant::now();
+    let mut measured = 0usize;
+    let mut default_idx = None;
+    let mut stopped = false;
+    let mut eval = |c: &Config| -> std::result::Result<Option<f64>, ()> {
+        if STOP.load(Ordering::SeqCst) {
+            stopped = true;
+            return Err(());
+        }
+        // The default is always measured, so the budget applies after it.
+        if measured > 0 && (measured >= job.max_configs || started.elapsed() >= job.budget) {
+            return Err(());
+        }
+        measured += 1;
+        bar.inc(1);
+        let mut rec = MeasurementRecord {
+            config: c.to_json(),
+            status: Status::Ok,
+            message: None,
+            error: None,
+            stats: None,
+        };
+        let outcome = workload.verify(job.backend, c).and_then(|err| {
+            rec.error = Some(err);
+            workload.time(job.backend, c, &job.policy)
+        });
+        let median = match outcome {
+            Ok(stats) => {
+                let m = stats.median_ns;
+                rec.stats = Some(stats);
+                Some(m)
+            }
+            Err(Failure::Wrong(err)) => {
+                rec.status = Status::FailedVerification;
+                rec.error = Some(err);
+                rec.message = Some(format!(
+                    "relative error {err:.3e} exceeds the {} tolerance {:.0e}",
+                    problem.dtype(),
+                    problem.dtype().tolerance()
+                ));
+                None
+            }
+            Err(Failure::Error(msg)) => {
+                rec.status = Status::Error;
+                rec.message = Some(msg);
+                None
+            }
+        };
+        if *c == default {
+            default_idx = Some(records.len());
+        }
+        records.push(rec);
+        Ok(median)
+    };
+    search(job.strategy, &runnable, 0x5eed, &mut eval);
+    if stopped {
+        return None;
+    }
+    let winner = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.status == Status::Ok)
+        .filter_map(|(i, r)| r.stats.as_ref().map(|s| (i, s.median_ns)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i);
+    Some((records, winner, default_idx, pruned))
+}

@@ -1,0 +1,229 @@
+//! The `tune` binary: clear errors with exit code 2 and nothing written, and the shapes it
+//! derives.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn tune(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tune"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("KERNTUNE_DB")
+        .output()
+        .expect("tune runs")
+}
+
+fn assert_usage_error(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains(needle), "expected `{needle}` in: {stderr}");
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn bad_inputs_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("partial.json"),
+        r#"{"hidden_size": 4096, "num_attention_heads": 32}"#,
+    )
+    .unwrap();
+    std::fs::write(d.join("broken.json"), "{ not json").unwrap();
+    let before = files_in(d);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--device", "mi250", "--shapes", "llama70b"],
+            "device `mi250`",
+        ),
+        (
+            &["--device", "tpu9", "--shapes", "llama70b"],
+            "unknown device `tpu9`",
+        ),
+        (&["--shapes", "llama999b"], "unknown --shapes `llama999b`"),
+        (&["--shapes", "gemm:m=1,n=8"], "missing required key `k`"),
+        (
+            &["--shapes", "gemm:m=1,n=8,k=8,color=red"],
+            "unknown key `color`",
+        ),
+        (&["--shapes", "partial.json"], "intermediate_size"),
+        (&["--shapes", "broken.json"], "not valid JSON"),
+        (&["--shapes", "llama70b", "--tp", "3"], "--tp 3"),
+        (&["--shapes", "llama70b", "--budget", "soon"], "soon"),
+        (&["--bogus-flag"], "--bogus-flag"),
+        (
+            &["--device", "h200", "--shapes", "gemm:m=1,n=8,k=8"],
+            "not present",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = tune(args, d);
+        assert_usage_error(&out, needle);
+    }
+    assert_eq!(files_in(d), before, "a failed command wrote files");
+}
+
+#[test]
+fn unwritable_database_path_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tune(
+        &[
+            "--db",
+            "/nonexistent-dir/sub/k.db",
+            "--shapes",
+            "gemm:m=1,n=8,k=8",
+        ],
+        dir.path(),
+    );
+    assert_usage_error(
+        &out,
+        "cannot open tuning database /nonexistent-dir/sub/k.db",
+    );
+}
+
+#[test]
+fn newer_schema_database_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("k.db");
+    let ok = tune(
+        &[
+            "--db",
+            db.to_str().unwrap(),
+            "--shapes",
+            "gemm:m=2,n=8,k=8",
+            "--budget",
+            "200ms",
+        ],
+        dir.path(),
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // Pretend a future kerntune migrated it: record migration 99.
+    let mark = Command::new("python3")
+        .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute(\"INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (99, 'future', 1, x'00', 0)\"); c.commit(); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()", db.to_str().unwrap()])
+        .status()
+        .expect("python3 with sqlite3 is available");
+    assert!(mark.success());
+    let before = std::fs::read(&db).unwrap();
+    let out = tune(
+        &["--db", db.to_str().unwrap(), "--shapes", "gemm:m=3,n=8,k=8"],
+        dir.path(),
+    );
+    assert_usage_error(&out, "schema version 99");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "the newer database was modified"
+    );
+}
+
+#[test]
+fn llama70b_tp8_shapes_are_the_published_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tune(
+        &["shapes", "--shapes", "llama70b", "--tp", "8", "--json"],
+        dir.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let keys: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    for (n, k) in [
+        (1280, 8192),
+        (8192, 1024),
+        (7168, 8192),
+        (8192, 3584),
+        (16032, 8192),
+    ] {
+        for m in [1, 16, 128] {
+            let key = format!("gemm:m={m},n={n},k={k},dtype=bf16,b=nk");
+            assert!(keys.contains(&key.as_str()), "missing {key}");
+        }
+    }
+    assert!(keys.contains(&"flash:batch=1,q_len=2048,kv_len=2048,q_heads=8,kv_heads=1,head_dim=128,causal=true,dtype=bf16"));
+    assert!(keys.contains(&"paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,block_size=16,dtype=bf16"));
+    let unique: std::collections::HashSet<_> = keys.iter().collect();
+    assert_eq!(unique.len(), keys.len(), "problems are de-duplicated");
+}
+
+#[test]
+fn config_json_models_derive_like_presets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"hidden_size":4096,"intermediate_size":14336,"num_attention_heads":32,"num_key_value_heads":8,"num_hidden_layers":32,"vocab_size":128256,"torch_dtype":"bfloat16"}"#,
+    )
+    .unwrap();
+    let a = tune(
+        &["shapes", "--shapes", "config.json", "--tp", "2", "--json"],
+        dir.path(),
+    );
+    let b = tune(
+        &["shapes", "--shapes", "llama8b", "--tp", "2", "--json"],
+        dir.path(),
+    );
+    assert!(a.status.success() && b.status.success());
+    let keys = |o: &Output| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(keys(&a), keys(&b));
+}
+
+#[test]
+fn tune_then_show_and_bench_the_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("k.db");
+    let db = db.to_str().unwrap();
+    let spec = "paged:num_seqs=2,context_len=64,q_heads=4,kv_heads=1,head_dim=32";
+    let out = tune(
+        &["--db", db, "--shapes", spec, "--budget", "300ms"],
+        dir.path(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 tuned"), "{stdout}");
+    let show = tune(&["show", "--db", db, "--json"], dir.path());
+    let rows: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    let bench = tune(
+        &[
+            "bench", "--db", db, "--shapes", spec, "--config", "best", "--json",
+        ],
+        dir.path(),
+    );
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
+    assert!(v[0]["stats"]["median_ns"].as_f64().unwrap() > 0.0);
+}
