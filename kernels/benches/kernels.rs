@@ -62,14 +62,21 @@ fn time_once(
 fn small_sweep(
     problem: &Problem,
     device: &Device,
+    threads: Option<usize>,
     data: &mut ProblemData,
     scratch: &mut Scratch,
 ) -> Config {
-    let candidates = CpuSpace.candidates(problem, device);
+    let candidates: Vec<Config> = CpuSpace
+        .candidates(problem, device)
+        .into_iter()
+        .filter(|c| threads.is_none_or(|t| c.threads() == t))
+        .collect();
     let step = (candidates.len() / 12).max(1);
     let mut pool: Vec<Config> = candidates.into_iter().step_by(step).collect();
-    pool.push(CpuSpace.heuristic(problem, device));
-    pool.push(CpuSpace.default_config(problem, device));
+    if threads.is_none() {
+        pool.push(CpuSpace.heuristic(problem, device));
+        pool.push(CpuSpace.default_config(problem, device));
+    }
     let reps = if problem.flops() > 5e10 { 1 } else { 3 };
     pool.into_iter()
         .map(|c| {
@@ -97,9 +104,10 @@ fn kernels(c: &mut Criterion) {
         let problem: Problem = spec.parse().unwrap();
         let mut data = ProblemData::random(&problem, 1);
         let mut scratch = Scratch::new();
-        let best = small_sweep(&problem, &device, &mut data, &mut scratch);
+        let best = small_sweep(&problem, &device, None, &mut data, &mut scratch);
+        let best_1t = small_sweep(&problem, &device, Some(1), &mut data, &mut scratch);
         let default = CpuSpace.default_config(&problem, &device);
-        eprintln!("{name}: best of sweep = {best}");
+        eprintln!("{name}: best of sweep = {best}; best on one thread = {best_1t}");
         let mut group = c.benchmark_group(&name);
         if problem.memory_bound() {
             group.throughput(Throughput::Bytes(problem.min_bytes() as u64));
@@ -113,7 +121,11 @@ fn kernels(c: &mut Criterion) {
         } else {
             2
         }));
-        for (label, config) in [("default", &default), ("best", &best)] {
+        for (label, config) in [
+            ("default", &default),
+            ("best", &best),
+            ("best_1t", &best_1t),
+        ] {
             group.bench_function(BenchmarkId::from_parameter(label), |b| {
                 b.iter(|| {
                     let buf = scratch.get(CpuBackend.scratch_len(&problem, config));

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::device::Isa;
 use crate::Family;
 
-/// A configuration of any family.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A configuration of any family. `Copy`, so the runtime hands configs out without allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "family", rename_all = "lowercase")]
 pub enum Config {
     Gemm(GemmConfig),

@@ -45,7 +45,7 @@ impl ProblemData {
         let mut rng = SplitMix(seed);
         let dt = problem.dtype();
         let mut data = ProblemData {
-            problem: problem.clone(),
+            problem: *problem,
             inputs: Vec::new(),
             block_tables: Vec::new(),
             max_blocks_per_seq: 0,

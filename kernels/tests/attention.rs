@@ -149,7 +149,7 @@ proptest! {
         ));
         let device = Device::host();
         let candidates = CpuSpace.candidates(&p, &device);
-        check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), pick.get(&candidates).clone()]);
+        check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), *pick.get(&candidates)]);
     }
 
     #[test]
@@ -163,6 +163,6 @@ proptest! {
         ));
         let device = Device::host();
         let candidates = CpuSpace.candidates(&p, &device);
-        check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), pick.get(&candidates).clone()]);
+        check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), *pick.get(&candidates)]);
     }
 }

@@ -105,7 +105,7 @@ proptest! {
         let device = Device::host();
         let candidates = CpuSpace.candidates(&p, &device);
         let mut sample = vec![CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device)];
-        sample.push(pick.get(&candidates).clone());
+        sample.push(*pick.get(&candidates));
         check_all(&p, &sample);
     }
 }

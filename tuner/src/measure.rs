@@ -73,7 +73,7 @@ impl Workload {
         let mut all = vec![first];
         all.extend((1..copies).map(|i| ProblemData::random(problem, i as u64)));
         Workload {
-            problem: problem.clone(),
+            problem: *problem,
             copies: all,
             rows,
             reference,
@@ -128,7 +128,14 @@ impl Workload {
         policy: &Policy,
     ) -> Result<Stats, Failure> {
         // Warm-up: first-touch page faults, thread-pool start, code in the i-cache.
+        let warm = Instant::now();
         self.run(backend, config, 0)?;
+        // Slow candidates get fewer repetitions so a budget still covers several of them.
+        let min_reps = if warm.elapsed() * policy.min_reps as u32 > policy.max_time {
+            policy.min_reps.min(3)
+        } else {
+            policy.min_reps
+        };
         let start = Instant::now();
         let mut samples = Vec::with_capacity(policy.min_reps);
         let n = self.copies.len();
@@ -137,7 +144,7 @@ impl Workload {
             let t = Instant::now();
             self.run(backend, config, copy)?;
             samples.push(t.elapsed().as_nanos() as f64);
-            if samples.len() >= policy.min_reps
+            if samples.len() >= min_reps
                 && (start.elapsed() >= policy.max_time
                     || ci_half_width(&samples) <= policy.target_ci)
             {

@@ -174,7 +174,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
 fn dedup(list: Vec<Derived>) -> Vec<Derived> {
     let mut seen = HashSet::new();
     list.into_iter()
-        .filter(|d| seen.insert(d.problem.clone()))
+        .filter(|d| seen.insert(d.problem))
         .collect()
 }
 

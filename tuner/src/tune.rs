@@ -240,7 +240,7 @@ fn tune_problem(job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<T
     let device = job.device;
     let default = job.space.default_config(problem, device);
     let heuristic = job.space.heuristic(problem, device);
-    let mut candidates = vec![default.clone()];
+    let mut candidates = vec![default];
     if heuristic != default {
         candidates.push(heuristic);
     }

@@ -63,7 +63,7 @@ impl FromStr for Family {
 }
 
 /// One kernel problem of any family.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "family", rename_all = "lowercase")]
 pub enum Problem {
     Gemm(GemmProblem),

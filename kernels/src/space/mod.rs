@@ -3,7 +3,7 @@
 
 mod cpu;
 
-pub use cpu::CpuSpace;
+pub use cpu::{CpuSpace, STREAM_MAX_M};
 
 use crate::{Config, Device, KernelError, Problem};
 

@@ -12,7 +12,7 @@ pub fn error_of(
     reference: &[f64],
     scratch: &mut Scratch,
 ) -> f64 {
-    let problem = data.problem.clone();
+    let problem = data.problem;
     data.out.fill(f32::NAN);
     let buf = scratch.get(CpuBackend.scratch_len(&problem, config));
     CpuBackend

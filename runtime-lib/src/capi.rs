@@ -1,0 +1,448 @@
+//! The C ABI: an opaque dispatcher handle, the three kernels, statistics, and a thread-local
+//! last-error message. No panic crosses the boundary: every entry point catches unwinding and
+//! reports `KT_STATUS_PANIC`.
+//!
+//! The header `runtime-lib/include/kerntune.h` is generated from this file by cbindgen and
+//! checked in; a test fails when it is stale.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use half::{bf16, f16};
+use kerntune_kernels::kernel::{FlashArgs, GemmArgs, PagedArgs};
+use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
+use kerntune_kernels::{DType, Problem, Tensor};
+
+use crate::{Dispatcher, Match, Stats};
+
+/// Result of every call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KtStatus {
+    Ok = 0,
+    /// A NULL pointer, an invalid problem, or buffers that do not fit it; see kt_last_error().
+    InvalidArgument = 1,
+    /// The kernel failed; see kt_last_error().
+    KernelError = 2,
+    /// A bug inside kerntune was caught at the boundary; see kt_last_error().
+    Panic = 3,
+    /// Reloading or writing a file failed; see kt_last_error().
+    IoError = 4,
+}
+
+/// Element type of input buffers. Outputs are always float.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KtDtype {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+}
+
+/// How a call's config was found.
+pub type KtMatch = Match;
+
+/// Dispatch statistics.
+pub type KtStats = Stats;
+
+/// A dispatcher. Create with kt_open(), release with kt_free(). Thread-safe: one handle may
+/// serve many threads.
+#[derive(Debug)]
+pub struct KtDispatcher {
+    inner: Dispatcher,
+}
+
+/// A flash attention prefill problem (see the kerntune README for layouts).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KtFlashProblem {
+    pub batch: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Softmax scale; 0 means 1/sqrt(head_dim).
+    pub scale: f32,
+    pub dtype: KtDtype,
+}
+
+/// A paged attention decode problem (vLLM cache layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KtPagedProblem {
+    pub num_seqs: usize,
+    /// The longest context any sequence of the call has.
+    pub context_len: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// Softmax scale; 0 means 1/sqrt(head_dim).
+    pub scale: f32,
+    pub dtype: KtDtype,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: impl Into<String>) {
+    let msg = CString::new(msg.into().replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = msg);
+}
+
+/// Runs an entry point's body, turning errors and panics into a status and a message.
+fn guard(f: impl FnOnce() -> Result<(), (KtStatus, String)>) -> KtStatus {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => KtStatus::Ok,
+        Ok(Err((status, msg))) => {
+            set_error(msg);
+            status
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            set_error(format!("internal error (please report): {msg}"));
+            KtStatus::Panic
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> (KtStatus, String) {
+    (KtStatus::InvalidArgument, msg.into())
+}
+
+fn dtype(d: KtDtype) -> DType {
+    match d {
+        KtDtype::F32 => DType::F32,
+        KtDtype::F16 => DType::F16,
+        KtDtype::Bf16 => DType::Bf16,
+    }
+}
+
+fn scale(s: f32, head_dim: usize) -> Result<Scale, (KtStatus, String)> {
+    if s == 0.0 {
+        return Ok(Scale::default_for(head_dim.max(1)));
+    }
+    Scale::new(s).ok_or_else(|| {
+        invalid(format!(
+            "scale {s} must be finite and positive, or 0 for 1/sqrt(head_dim)"
+        ))
+    })
+}
+
+/// # Safety
+/// `ptr` must be NULL or valid for `len` elements of `dtype`.
+unsafe fn tensor<'a>(
+    name: &str,
+    ptr: *const c_void,
+    len: usize,
+    dtype: DType,
+) -> Result<Tensor<'a>, (KtStatus, String)> {
+    if ptr.is_null() {
+        return Err(invalid(format!("`{name}` is NULL")));
+    }
+    // SAFETY: caller contract.
+    Ok(unsafe {
+        match dtype {
+            DType::F32 => Tensor::F32(std::slice::from_raw_parts(ptr.cast::<f32>(), len)),
+            DType::F16 => Tensor::F16(std::slice::from_raw_parts(ptr.cast::<f16>(), len)),
+            DType::Bf16 => Tensor::Bf16(std::slice::from_raw_parts(ptr.cast::<bf16>(), len)),
+        }
+    })
+}
+
+/// # Safety
+/// `ptr` must be NULL or valid for `len` writable floats.
+unsafe fn out<'a>(
+    name: &str,
+    ptr: *mut f32,
+    len: usize,
+) -> Result<&'a mut [f32], (KtStatus, String)> {
+    if ptr.is_null() {
+        return Err(invalid(format!("`{name}` is NULL")));
+    }
+    // SAFETY: caller contract.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+fn dispatcher<'a>(d: *const KtDispatcher) -> Result<&'a Dispatcher, (KtStatus, String)> {
+    // SAFETY: a non-NULL handle comes from kt_open and is alive until kt_free.
+    unsafe { d.as_ref() }
+        .map(|d| &d.inner)
+        .ok_or_else(|| invalid("dispatcher handle is NULL"))
+}
+
+fn report(matched: *mut KtMatch, m: Match) {
+    if !matched.is_null() {
+        // SAFETY: a non-NULL `matched` points to writable memory (documented).
+        unsafe { *matched = m };
+    }
+}
+
+/// The message of the last failed call on this thread ("" if none). Valid until the next
+/// failing call on the same thread.
+#[no_mangle]
+pub extern "C" fn kt_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Opens a tuning database for the host CPU and stores a new handle in `*out`. A missing or
+/// unreadable database is not an error: the dispatcher runs on default configs (kt_note()
+/// says why).
+///
+/// # Safety
+/// `db_path` is a NUL-terminated path; `out` points to writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn kt_open(db_path: *const c_char, out: *mut *mut KtDispatcher) -> KtStatus {
+    guard(|| {
+        if db_path.is_null() || out.is_null() {
+            return Err(invalid("kt_open needs a path and an output pointer"));
+        }
+        // SAFETY: caller contract.
+        let path = unsafe { CStr::from_ptr(db_path) }
+            .to_str()
+            .map_err(|_| invalid("db_path is not UTF-8"))?;
+        let handle = Box::new(KtDispatcher {
+            inner: Dispatcher::open(path),
+        });
+        // SAFETY: caller contract.
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
+/// Releases a handle; NULL is accepted and ignored.
+///
+/// # Safety
+/// `d` is NULL or a handle from kt_open() not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn kt_free(d: *mut KtDispatcher) {
+    if !d.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: caller contract.
+            drop(unsafe { Box::from_raw(d) })
+        }));
+    }
+}
+
+/// Why the dispatcher runs on defaults, or "" when it loaded a database. Valid until the next
+/// failing call on this thread.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_note(d: *const KtDispatcher) -> *const c_char {
+    let note = dispatcher(d)
+        .ok()
+        .and_then(|d| d.note())
+        .unwrap_or_default();
+    set_error(note);
+    kt_last_error()
+}
+
+/// `C[m, n] = A[m, k] · B` where B is `[n, k]` (`b_is_nk`, a Linear layer's weights) or
+/// `[k, n]`. A and B are of `dtype`, C is float. `*matched` (if not NULL) tells how the config
+/// was found.
+///
+/// # Safety
+/// Buffers must hold m·k, k·n and m·n elements.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gemm(
+    d: *const KtDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    b_is_nk: bool,
+    a: *const c_void,
+    b: *const c_void,
+    c: *mut f32,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
+        let p =
+            GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: caller contract on sizes.
+        let args = unsafe {
+            GemmArgs {
+                a: tensor("a", a, m * k, p.dtype)?,
+                b: tensor("b", b, k * n, p.dtype)?,
+                c: out("c", c, m * n)?,
+            }
+        };
+        let how = d
+            .gemm(&Problem::Gemm(p), args)
+            .map_err(|e| (KtStatus::KernelError, e.to_string()))?;
+        report(matched, how);
+        Ok(())
+    })
+}
+
+/// Flash attention prefill: Q, O `[batch, q_len, q_heads, head_dim]`, K, V
+/// `[batch, kv_len, kv_heads, head_dim]`.
+///
+/// # Safety
+/// `problem` points to a problem; buffers hold the sizes it implies.
+#[no_mangle]
+pub unsafe extern "C" fn kt_flash_attention(
+    d: *const KtDispatcher,
+    problem: *const KtFlashProblem,
+    q: *const c_void,
+    k: *const c_void,
+    v: *const c_void,
+    o: *mut f32,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        // SAFETY: caller contract.
+        let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
+        let p = FlashProblem::new(
+            f.batch,
+            f.q_len,
+            f.kv_len,
+            f.q_heads,
+            f.kv_heads,
+            f.head_dim,
+            f.causal,
+            scale(f.scale, f.head_dim)?,
+            dtype(f.dtype),
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: caller contract on sizes.
+        let args = unsafe {
+            FlashArgs {
+                q: tensor("q", q, p.q_len_elems(), p.dtype)?,
+                k: tensor("k", k, p.kv_len_elems(), p.dtype)?,
+                v: tensor("v", v, p.kv_len_elems(), p.dtype)?,
+                out: out("o", o, p.q_len_elems())?,
+            }
+        };
+        let how = d
+            .flash_attention(&Problem::Flash(p), args)
+            .map_err(|e| (KtStatus::KernelError, e.to_string()))?;
+        report(matched, how);
+        Ok(())
+    })
+}
+
+/// Paged attention decode: query and output `[num_seqs, q_heads, head_dim]`, caches
+/// `[num_blocks, block_size, kv_heads, head_dim]`, `block_tables` `[num_seqs, max_blocks]`,
+/// `context_lens` `[num_seqs]`.
+///
+/// # Safety
+/// `problem` points to a problem; buffers hold the sizes it implies.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_paged_attention(
+    d: *const KtDispatcher,
+    problem: *const KtPagedProblem,
+    query: *const c_void,
+    key_cache: *const c_void,
+    value_cache: *const c_void,
+    num_blocks: usize,
+    block_tables: *const u32,
+    max_blocks: usize,
+    context_lens: *const u32,
+    o: *mut f32,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        // SAFETY: caller contract.
+        let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
+        let p = PagedProblem::new(
+            f.num_seqs,
+            f.context_len,
+            f.q_heads,
+            f.kv_heads,
+            f.head_dim,
+            f.block_size,
+            scale(f.scale, f.head_dim)?,
+            dtype(f.dtype),
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+        if block_tables.is_null() || context_lens.is_null() {
+            return Err(invalid("block_tables and context_lens must not be NULL"));
+        }
+        let cache = num_blocks * p.block_size * p.kv_heads * p.head_dim;
+        // SAFETY: caller contract on sizes.
+        let args = unsafe {
+            PagedArgs {
+                query: tensor("query", query, p.query_len(), p.dtype)?,
+                key_cache: tensor("key_cache", key_cache, cache, p.dtype)?,
+                value_cache: tensor("value_cache", value_cache, cache, p.dtype)?,
+                block_tables: std::slice::from_raw_parts(block_tables, p.num_seqs * max_blocks),
+                max_blocks_per_seq: max_blocks,
+                context_lens: std::slice::from_raw_parts(context_lens, p.num_seqs),
+                out: out("o", o, p.query_len())?,
+            }
+        };
+        let how = d
+            .paged_attention(&Problem::Paged(p), args)
+            .map_err(|e| (KtStatus::KernelError, e.to_string()))?;
+        report(matched, how);
+        Ok(())
+    })
+}
+
+/// Copies the dispatch statistics into `*out`.
+///
+/// # Safety
+/// `d` is a live handle and `out` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kt_stats(d: *const KtDispatcher, out: *mut KtStats) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        // SAFETY: caller contract.
+        unsafe { *out = d.stats() };
+        Ok(())
+    })
+}
+
+/// Re-reads the database; calls on other threads continue meanwhile.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_reload(d: *const KtDispatcher) -> KtStatus {
+    guard(|| {
+        dispatcher(d)?
+            .reload()
+            .map_err(|e| (KtStatus::IoError, e.to_string()))
+    })
+}
+
+/// Writes the problems seen without an exact winner to `path` (for `tune --shapes untuned:PATH`).
+///
+/// # Safety
+/// `d` is a live handle; `path` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn kt_write_untuned(d: *const KtDispatcher, path: *const c_char) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        if path.is_null() {
+            return Err(invalid("path is NULL"));
+        }
+        // SAFETY: caller contract.
+        let path = unsafe { CStr::from_ptr(path) }
+            .to_str()
+            .map_err(|_| invalid("path is not UTF-8"))?;
+        d.write_untuned(path)
+            .map(|_| ())
+            .map_err(|e| (KtStatus::IoError, e.to_string()))
+    })
+}

@@ -1,0 +1,32 @@
+//! # kerntune-runtime
+//!
+//! What an inference server links: [`Dispatcher::open`] loads the tuned winners for the device
+//! the process runs on, [`Dispatcher::select`] picks a config for each call in nanoseconds
+//! (exact problem, tuned bucket, nearest tuned problem, or the heuristic), and
+//! [`Dispatcher::gemm`], [`Dispatcher::flash_attention`] and [`Dispatcher::paged_attention`] run
+//! the selected kernel on the caller's buffers. The same API is exported to C (`kerntune.h`,
+//! see [`capi`]).
+//!
+//! ```
+//! use kerntune::{Dispatcher, Match};
+//! use kerntune_kernels::kernel::GemmArgs;
+//! use kerntune_kernels::{Problem, Tensor};
+//!
+//! let d = Dispatcher::open("no-such.db"); // runs on defaults, and says so
+//! assert!(d.note().is_some());
+//! let p: Problem = "gemm:m=2,n=3,k=4".parse().unwrap();
+//! let (a, b, mut c) = (vec![1.0f32; 8], vec![1.0f32; 12], vec![0.0f32; 6]);
+//! let how = d.gemm(&p, GemmArgs { a: Tensor::F32(&a), b: Tensor::F32(&b), c: &mut c }).unwrap();
+//! assert_eq!(how, Match::Default);
+//! assert_eq!(c, [4.0; 6]);
+//! ```
+
+pub mod capi;
+mod dispatcher;
+mod error;
+mod select;
+mod snapshot;
+
+pub use dispatcher::{Dispatcher, Selection, Stats};
+pub use error::RuntimeError;
+pub use select::Match;

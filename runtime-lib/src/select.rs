@@ -1,0 +1,97 @@
+//! How a problem finds its config: the exact tuned problem, the tuned bucket of its dynamic
+//! dimension, the nearest tuned problem with the same static dimensions, or the heuristic.
+//!
+//! Dynamic dimensions are the ones a server's traffic varies call by call: GEMM tokens M,
+//! flash-attention query and key lengths, paged-attention sequences and context length. Every
+//! other field is static: it comes from the model and the tensor-parallel degree.
+
+use kerntune_kernels::problem::{BLayout, Scale};
+use kerntune_kernels::{DType, Problem};
+
+/// How well a selection matched, for the server to log and count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub enum Match {
+    /// This very problem was tuned.
+    Exact = 0,
+    /// The same problem with its dynamic dimensions rounded up to a tuned bucket.
+    Bucket = 1,
+    /// The closest tuned problem with the same static dimensions (beyond the largest bucket).
+    Nearest = 2,
+    /// Nothing tuned applies: the space's heuristic.
+    Default = 3,
+}
+
+/// The static dimensions of a problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StaticKey {
+    Gemm {
+        n: usize,
+        k: usize,
+        dtype: DType,
+        layout: BLayout,
+    },
+    Flash {
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        causal: bool,
+        scale: Scale,
+        dtype: DType,
+    },
+    Paged {
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        scale: Scale,
+        dtype: DType,
+    },
+}
+
+/// Splits a problem into its static key and its (up to two) dynamic dimensions.
+pub fn split(p: &Problem) -> (StaticKey, [usize; 2]) {
+    match p {
+        Problem::Gemm(g) => (
+            StaticKey::Gemm {
+                n: g.n,
+                k: g.k,
+                dtype: g.dtype,
+                layout: g.b_layout,
+            },
+            [g.m, 1],
+        ),
+        Problem::Flash(f) => (
+            StaticKey::Flash {
+                batch: f.batch,
+                q_heads: f.q_heads,
+                kv_heads: f.kv_heads,
+                head_dim: f.head_dim,
+                causal: f.causal,
+                scale: f.scale,
+                dtype: f.dtype,
+            },
+            [f.q_len, f.kv_len],
+        ),
+        Problem::Paged(pg) => (
+            StaticKey::Paged {
+                q_heads: pg.q_heads,
+                kv_heads: pg.kv_heads,
+                head_dim: pg.head_dim,
+                block_size: pg.block_size,
+                scale: pg.scale,
+                dtype: pg.dtype,
+            },
+            [pg.num_seqs, pg.context_len],
+        ),
+    }
+}
+
+/// Distance between two dynamic-dimension vectors in log2 space.
+pub fn log_distance(a: [usize; 2], b: [usize; 2]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, y)| ((x as f64).log2() - (y as f64).log2()).abs())
+        .sum()
+}

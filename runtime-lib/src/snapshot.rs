@@ -1,0 +1,129 @@
+//! An immutable set of loaded winners and its lookup tables. The dispatcher swaps whole
+//! snapshots on reload, so readers never see a half-loaded one.
+
+use std::path::Path;
+
+use kerntune_db::Db;
+use kerntune_kernels::config::GemmVariant;
+use kerntune_kernels::space::STREAM_MAX_M;
+use kerntune_kernels::{Config, CpuSpace, Device, Problem, Space, CPU_SOURCE_HASH};
+use rustc_hash::FxHashMap;
+
+use crate::select::{log_distance, split, Match, StaticKey};
+
+/// Loaded winners of one device.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    exact: FxHashMap<Problem, Config>,
+    /// Per static key, the tuned dynamic dimensions and configs, sorted by dimensions.
+    buckets: FxHashMap<StaticKey, Vec<([usize; 2], Config)>>,
+    pub loaded: u64,
+    /// Rows whose config failed validation: skipped, never executed.
+    pub rejected: u64,
+    /// Rows measured with other kernel sources.
+    pub stale: u64,
+    /// Why the snapshot is empty when the database could not be read.
+    pub note: Option<String>,
+}
+
+impl Snapshot {
+    /// Reads the winners of `device` from the database at `path`. Runs its own single-thread
+    /// async runtime on a fresh thread, so it works from plain threads, C callers and inside a
+    /// caller's tokio runtime alike.
+    pub fn load(path: &Path, device: &Device) -> Result<Snapshot, String> {
+        let path = path.to_path_buf();
+        let identity = device.identity();
+        let rows = std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(async {
+                    let db = Db::open_existing(&path).await.map_err(|e| e.to_string())?;
+                    let rows = db.winners(Some(&identity)).await.map_err(|e| e.to_string());
+                    db.close().await;
+                    rows
+                })
+            })
+            .join()
+            .map_err(|_| "the loader thread panicked".to_string())?
+        })?;
+        let mut snap = Snapshot::default();
+        for row in rows {
+            if row.backend != "cpu" || row.source_hash != CPU_SOURCE_HASH {
+                snap.stale += 1;
+                continue;
+            }
+            let parsed = row
+                .problem
+                .parse::<Problem>()
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    Config::from_json(&row.config)
+                        .map(|c| (p, c))
+                        .map_err(|e| e.to_string())
+                })
+                .and_then(|(p, c)| {
+                    CpuSpace
+                        .validate(&c, &p, device)
+                        .map(|()| (p, c))
+                        .map_err(|e| e.to_string())
+                });
+            match parsed {
+                Ok((p, c)) => snap.insert(p, c),
+                Err(reason) => {
+                    snap.rejected += 1;
+                    tracing::warn!(problem = %row.problem, config = %row.config, %reason, "skipping a tuned config that is not valid here");
+                }
+            }
+        }
+        for list in snap.buckets.values_mut() {
+            list.sort_by_key(|(d, _)| *d);
+        }
+        Ok(snap)
+    }
+
+    /// No winners, with the reason the dispatcher runs on defaults.
+    pub fn empty(note: String) -> Snapshot {
+        Snapshot {
+            note: Some(note),
+            ..Snapshot::default()
+        }
+    }
+
+    fn insert(&mut self, problem: Problem, config: Config) {
+        let (key, dims) = split(&problem);
+        self.buckets.entry(key).or_default().push((dims, config));
+        self.exact.insert(problem, config);
+        self.loaded += 1;
+    }
+
+    /// The tuned config for a problem and how it matched; `None` when nothing tuned applies.
+    /// Allocation-free: hash lookups and a scan of one static key's few buckets.
+    pub fn lookup(&self, problem: &Problem) -> Option<(Config, Match)> {
+        if let Some(c) = self.exact.get(problem) {
+            return Some((*c, Match::Exact));
+        }
+        let (key, dims) = split(problem);
+        let list = self.buckets.get(&key)?;
+        let fits = |c: &Config| match (c, problem) {
+            // The streaming GEMM only runs decode shapes.
+            (Config::Gemm(g), Problem::Gemm(p)) => {
+                g.variant != GemmVariant::Stream || p.m <= STREAM_MAX_M
+            }
+            _ => true,
+        };
+        let bucket = list
+            .iter()
+            .filter(|(d, c)| d[0] >= dims[0] && d[1] >= dims[1] && fits(c))
+            .min_by_key(|(d, _)| (d[0], d[1]));
+        if let Some((_, c)) = bucket {
+            return Some((*c, Match::Bucket));
+        }
+        list.iter()
+            .filter(|(_, c)| fits(c))
+            .min_by(|a, b| log_distance(a.0, dims).total_cmp(&log_distance(b.0, dims)))
+            .map(|(_, c)| (*c, Match::Nearest))
+    }
+}

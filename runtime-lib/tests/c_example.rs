@@ -1,0 +1,72 @@
+//! The C example, compiled with the system C compiler against `kerntune.h` and the shared
+//! library, run on a database, its output checked against a GEMM computed here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The directory cargo put this build's libraries in (`target/<profile>`).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+#[test]
+fn c_example_runs_a_gemm_and_reports_stats() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let libs = lib_dir();
+    assert!(
+        libs.join("libkerntune.so").exists(),
+        "libkerntune.so not found in {}: the cdylib is built with the crate",
+        libs.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("gemm");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .arg(crate_dir.join("examples/gemm.c"))
+        .arg("-I")
+        .arg(crate_dir.join("include"))
+        .arg("-L")
+        .arg(&libs)
+        .args(["-lkerntune", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .status()
+        .unwrap_or_else(|e| panic!("the C compiler `{cc}` could not be run: {e}"));
+    assert!(status.success(), "compiling examples/gemm.c failed");
+
+    let out = Command::new(&exe)
+        .arg(dir.path().join("none.db"))
+        .env("LD_LIBRARY_PATH", &libs)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tuning database"));
+
+    let (m, n, k) = (3, 4, 5);
+    let lines: Vec<&str> = stdout.lines().collect();
+    for (i, line) in lines.iter().enumerate().take(m) {
+        let got: Vec<f64> = line.split(' ').map(|v| v.parse().unwrap()).collect();
+        let want: Vec<f64> = (0..n)
+            .map(|j| {
+                (0..k)
+                    .map(|p| ((i + p) as f64) * (j as f64 - p as f64))
+                    .sum()
+            })
+            .collect();
+        assert_eq!(got, want, "row {i}");
+    }
+    assert!(
+        lines[m].starts_with("error: invalid gemm problem: m = 0"),
+        "{}",
+        lines[m]
+    );
+    assert_eq!(
+        lines[m + 1],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0"
+    );
+}

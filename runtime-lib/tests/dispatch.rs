@@ -1,0 +1,354 @@
+//! Selection on a crafted database, hostile rows, concurrent dispatch through reloads, and a
+//! database written by `tune` used end to end.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kerntune::{Dispatcher, Match};
+use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, Stats, Status};
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::kernel::Args;
+use kerntune_kernels::reference::relative_error;
+use kerntune_kernels::{Config, CpuSpace, Device, Problem, Space, CPU_SOURCE_HASH};
+use kerntune_tuner::tune::{device_record, kernel_record};
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Stores winners as (problem spec, config JSON), with the given kernel source hash.
+fn craft(path: &Path, rows: &[(&str, String)], hash: &str) {
+    block_on(async {
+        let db = Db::open(path).await.unwrap();
+        let device = Device::host();
+        let dev = db.device_id(&device_record(&device)).await.unwrap();
+        let run = db.begin_run("test", "test", dev).await.unwrap();
+        for (spec, config) in rows {
+            let p: Problem = spec.parse().unwrap();
+            let kid = db.kernel_id(&kernel_record(&p, "cpu", hash)).await.unwrap();
+            let m = MeasurementRecord {
+                config: config.clone(),
+                status: Status::Ok,
+                message: None,
+                error: Some(0.0),
+                stats: Some(Stats {
+                    median_ns: 1e3,
+                    min_ns: 1e3,
+                    p20_ns: 1e3,
+                    p80_ns: 1e3,
+                    reps: 3,
+                    throughput: 1.0,
+                    unit: "FLOP/s".into(),
+                    cold_cache: true,
+                }),
+            };
+            let rec = ProblemRecord {
+                family: p.family().to_string(),
+                key: p.key(),
+                fields: String::new(),
+            };
+            db.record_problem(&ProblemResult {
+                run_id: run,
+                device_id: dev,
+                kernel_id: kid,
+                problem: &rec,
+                measurements: &[m],
+                winner: Some(0),
+                default: Some(0),
+                tool_version: "test",
+            })
+            .await
+            .unwrap();
+        }
+        db.close().await;
+    });
+}
+
+/// A valid, recognisable GEMM config: the portable 4×8 kernel with `tiles` in its blocks.
+fn marked(tiles: usize) -> Config {
+    Config::Gemm(GemmConfig {
+        variant: GemmVariant::Packed,
+        isa: kerntune_kernels::Isa::Portable,
+        mr: 4,
+        nr: 8,
+        mc: 4 * tiles,
+        kc: 32,
+        nc: 8 * tiles,
+        split: Split::N,
+        threads: 1,
+    })
+}
+
+#[test]
+fn exact_bucket_nearest_and_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    craft(
+        &path,
+        &[
+            ("gemm:m=16,n=256,k=128", marked(2).to_json()),
+            ("gemm:m=64,n=256,k=128", marked(3).to_json()),
+            (
+                "paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=64",
+                CpuSpace
+                    .default_config(
+                        &"paged:context_len=8,q_heads=8,kv_heads=1,head_dim=64"
+                            .parse()
+                            .unwrap(),
+                        &Device::host(),
+                    )
+                    .to_json(),
+            ),
+        ],
+        CPU_SOURCE_HASH,
+    );
+    let d = Dispatcher::open(&path);
+    assert!(d.note().is_none());
+    let sel = |s: &str| d.select(&s.parse().unwrap());
+    assert_eq!(sel("gemm:m=16,n=256,k=128").matched, Match::Exact);
+    assert_eq!(sel("gemm:m=16,n=256,k=128").config, marked(2));
+    // m = 9 rounds up to the m = 16 bucket, m = 40 to the m = 64 one.
+    assert_eq!(
+        (
+            sel("gemm:m=9,n=256,k=128").matched,
+            sel("gemm:m=9,n=256,k=128").config
+        ),
+        (Match::Bucket, marked(2))
+    );
+    assert_eq!(sel("gemm:m=40,n=256,k=128").config, marked(3));
+    // Beyond the largest bucket: the nearest tuned problem.
+    assert_eq!(
+        (
+            sel("gemm:m=500,n=256,k=128").matched,
+            sel("gemm:m=500,n=256,k=128").config
+        ),
+        (Match::Nearest, marked(3))
+    );
+    assert_eq!(
+        sel("paged:num_seqs=3,context_len=700,q_heads=8,kv_heads=1,head_dim=64").matched,
+        Match::Bucket
+    );
+    // Other static dimensions: the heuristic.
+    let other: Problem = "gemm:m=16,n=255,k=128".parse().unwrap();
+    assert_eq!(d.select(&other).matched, Match::Default);
+    assert_eq!(
+        d.select(&other).config,
+        CpuSpace.heuristic(&other, &Device::host())
+    );
+    let s = d.stats();
+    assert_eq!(
+        (s.exact, s.bucket, s.nearest, s.defaults, s.loaded),
+        (2, 4, 2, 2, 3)
+    );
+
+    // The untuned problems come out in the format `tune --shapes untuned:PATH` reads.
+    let file = dir.path().join("untuned.txt");
+    assert_eq!(d.write_untuned(&file).unwrap(), 5);
+    let derived = kerntune_tuner::shapes::expand(
+        &format!("untuned:{}", file.display()),
+        None,
+        1e12,
+        &Default::default(),
+    )
+    .unwrap();
+    assert_eq!(derived.len(), 5);
+    assert!(derived.iter().any(|x| x.problem == other));
+}
+
+#[test]
+fn hostile_and_stale_rows_are_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    let good = marked(2).to_json();
+    let evil = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        f(&mut v);
+        v.to_string()
+    };
+    craft(
+        &path,
+        &[
+            ("gemm:m=1,n=64,k=64", good.clone()),
+            ("gemm:m=2,n=64,k=64", evil(&|v| v["mc"] = 0.into())),
+            ("gemm:m=3,n=64,k=64", evil(&|v| v["kc"] = (-5).into())),
+            ("gemm:m=4,n=64,k=64", evil(&|v| v["nc"] = u64::MAX.into())),
+            ("gemm:m=5,n=64,k=64", evil(&|v| v["variant"] = "turbo".into())),
+            ("gemm:m=6,n=64,k=64", evil(&|v| v["threads"] = 100_000.into())),
+            ("gemm:m=7,n=64,k=64", "not json at all".into()),
+            ("gemm:m=8,n=64,k=64", r#"{"family":"paged","isa":"portable","partition":0,"group_heads":false,"threads":1}"#.into()),
+        ],
+        CPU_SOURCE_HASH,
+    );
+    craft(
+        &path,
+        &[("gemm:m=9,n=64,k=64", good.clone())],
+        "0000000000000000",
+    );
+    let d = Dispatcher::open(&path);
+    let s = d.stats();
+    assert_eq!((s.loaded, s.rejected, s.stale), (1, 7, 1));
+    // A rejected row's problem falls back to a valid config and still computes correctly.
+    for m in 1..=9 {
+        let p: Problem = format!("gemm:m={m},n=64,k=64").parse().unwrap();
+        let mut data = ProblemData::random(&p, 2);
+        let reference = data.reference();
+        let Args::Gemm(args) = data.args() else {
+            unreachable!()
+        };
+        d.gemm(&p, args).unwrap();
+        assert!(relative_error(&data.out, &reference) < 1e-4);
+    }
+}
+
+#[test]
+fn missing_or_corrupt_database_runs_on_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Dispatcher::open(dir.path().join("absent.db"));
+    assert!(d.note().unwrap().contains("no tuning database"));
+    let junk = dir.path().join("junk.db");
+    std::fs::write(
+        &junk,
+        b"this is not a database, just some bytes that are long enough....",
+    )
+    .unwrap();
+    let d = Dispatcher::open(&junk);
+    assert!(d.note().unwrap().contains("unreadable"), "{:?}", d.note());
+    assert_eq!(
+        d.select(&"gemm:m=1,n=8,k=8".parse().unwrap()).matched,
+        Match::Default
+    );
+}
+
+#[tokio::test]
+async fn opens_inside_a_tokio_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    let db = Db::open(&path).await.unwrap();
+    db.close().await;
+    let d = Dispatcher::open(&path);
+    assert!(d.note().is_none());
+    d.reload().unwrap();
+}
+
+#[test]
+fn eight_threads_dispatch_correctly_through_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    craft(
+        &path,
+        &[("gemm:m=5,n=40,k=33", marked(2).to_json())],
+        CPU_SOURCE_HASH,
+    );
+    let d = Arc::new(Dispatcher::open(&path));
+    let stop = Arc::new(AtomicBool::new(false));
+    let problems: Vec<Problem> = [
+        "gemm:m=5,n=40,k=33",
+        "gemm:m=3,n=40,k=33",
+        "flash:q_len=9,q_heads=4,kv_heads=2,head_dim=32",
+        "paged:num_seqs=2,context_len=50,q_heads=4,kv_heads=1,head_dim=32,block_size=8",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect();
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let (d, stop, problems) = (d.clone(), stop.clone(), problems.clone());
+            std::thread::spawn(move || {
+                let mut calls = 0;
+                while !stop.load(Ordering::Relaxed) || calls < 20 {
+                    let p = &problems[(t + calls) % problems.len()];
+                    let mut data = ProblemData::random(p, calls as u64);
+                    let reference = data.reference();
+                    match data.args() {
+                        Args::Gemm(a) => d.gemm(p, a),
+                        Args::Flash(a) => d.flash_attention(p, a),
+                        Args::Paged(a) => d.paged_attention(p, a),
+                    }
+                    .unwrap();
+                    let err = relative_error(&data.out, &reference);
+                    assert!(err < p.dtype().tolerance(), "{p}: {err}");
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    for i in 0..10 {
+        // Alternate the stored winner while the workers run.
+        craft(
+            &path,
+            &[("gemm:m=5,n=40,k=33", marked(2 + i % 2).to_json())],
+            CPU_SOURCE_HASH,
+        );
+        d.reload().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let total: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(total >= 160);
+    assert_eq!(d.select(&problems[0]).config, marked(3));
+}
+
+#[tokio::test]
+async fn a_database_written_by_tune_is_used_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
+    let device = Device::host();
+    let problems: Vec<kerntune_tuner::shapes::Derived> = [
+        "gemm:m=4,n=48,k=40",
+        "paged:num_seqs=2,context_len=40,q_heads=4,kv_heads=2,head_dim=32,block_size=8",
+    ]
+    .iter()
+    .map(|s| kerntune_tuner::shapes::Derived {
+        problem: s.parse().unwrap(),
+        origin: "test".into(),
+    })
+    .collect();
+    let db = Db::open(&path).await.unwrap();
+    let job = kerntune_tuner::tune::Job {
+        db: &db,
+        device: &device,
+        backend: &kerntune_kernels::CpuBackend,
+        space: &CpuSpace,
+        source_hash: CPU_SOURCE_HASH,
+        strategy: kerntune_tuner::search::Strategy::Random,
+        budget: std::time::Duration::from_millis(300),
+        total_budget: std::time::Duration::from_secs(60),
+        max_configs: 8,
+        retune: false,
+        policy: kerntune_tuner::measure::Policy {
+            min_reps: 3,
+            max_reps: 3,
+            rotate_bytes: 0,
+            ..Default::default()
+        },
+        command_line: "test".into(),
+        progress: false,
+    };
+    kerntune_tuner::tune::run(&job, &problems).await.unwrap();
+    let winners = db.winners(None).await.unwrap();
+    db.close().await;
+    let d = Dispatcher::open(&path);
+    assert_eq!(d.stats().loaded, 2);
+    for (derived, w) in problems.iter().zip(&winners) {
+        let p = derived.problem;
+        let sel = d.select(&p);
+        assert_eq!(sel.matched, Match::Exact);
+        let stored = winners.iter().find(|r| r.problem == p.key()).unwrap_or(w);
+        assert_eq!(sel.config, Config::from_json(&stored.config).unwrap());
+        let mut data = ProblemData::random(&p, 9);
+        let reference = data.reference();
+        match data.args() {
+            Args::Gemm(a) => d.gemm(&p, a),
+            Args::Paged(a) => d.paged_attention(&p, a),
+            Args::Flash(a) => d.flash_attention(&p, a),
+        }
+        .unwrap();
+        assert!(relative_error(&data.out, &reference) < 1e-3);
+    }
+}
