@@ -37,6 +37,24 @@ def report(name, threads, seconds, flops=None, nbytes=None):
     print("  ".join(parts), flush=True)
 
 
+def bandwidth(threads):
+    """Memory read bandwidth: summing a 1 GiB array (numpy's sum is a vectorised streaming
+    read) on `threads` threads, each summing its own half."""
+    import threading
+
+    data = np.ones(1 << 28, dtype=np.float32)
+    parts = np.array_split(data, threads)
+
+    def run():
+        workers = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    report("memory read bandwidth (numpy sum 1 GiB)", threads, median_time(run, reps=5), nbytes=data.nbytes)
+
+
 def gemm(threads):
     from threadpoolctl import threadpool_limits
     import torch
@@ -113,10 +131,10 @@ def paged(threads):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--only", choices=["gemm", "flash", "paged"])
+    parser.add_argument("--only", choices=["bandwidth", "gemm", "flash", "paged"])
     args = parser.parse_args()
     for threads in [int(t) for t in args.threads.split(",")]:
-        for name, fn in [("gemm", gemm), ("flash", flash), ("paged", paged)]:
+        for name, fn in [("bandwidth", bandwidth), ("gemm", gemm), ("flash", flash), ("paged", paged)]:
             if args.only in (None, name):
                 fn(threads)
 

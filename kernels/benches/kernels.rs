@@ -14,7 +14,10 @@ use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::shapes::{
     llama70b_tp8_decode, llama70b_tp8_prefill, LLAMA70B_TP8_GEMMS, TOKEN_COUNTS,
 };
-use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, DType, Device, Problem, Space};
+use kerntune_kernels::{
+    Backend, Config, CpuBackend, CpuSpace, DType, Device, FlashConfig, GemmConfig, PagedConfig,
+    Problem, Space,
+};
 
 /// Named problems: `(name, spec)`.
 fn shapes() -> Vec<(String, String)> {
@@ -73,9 +76,16 @@ fn small_sweep(
         .collect();
     let step = (candidates.len() / 12).max(1);
     let mut pool: Vec<Config> = candidates.into_iter().step_by(step).collect();
-    if threads.is_none() {
-        pool.push(CpuSpace.heuristic(problem, device));
-        pool.push(CpuSpace.default_config(problem, device));
+    for c in [
+        CpuSpace.heuristic(problem, device),
+        CpuSpace.default_config(problem, device),
+    ] {
+        pool.push(match (threads, c) {
+            (Some(t), Config::Gemm(g)) => Config::Gemm(GemmConfig { threads: t, ..g }),
+            (Some(t), Config::Flash(f)) => Config::Flash(FlashConfig { threads: t, ..f }),
+            (Some(t), Config::Paged(p)) => Config::Paged(PagedConfig { threads: t, ..p }),
+            (None, c) => c,
+        });
     }
     let reps = if problem.flops() > 5e10 { 1 } else { 3 };
     pool.into_iter()

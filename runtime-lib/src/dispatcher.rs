@@ -2,7 +2,6 @@
 //! shapes.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use kerntune_kernels::kernel::{Args, FlashArgs, GemmArgs, PagedArgs, Scratch};
 use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, Device, Problem, Space};
+use rustc_hash::FxHashMap;
 
 use crate::select::Match;
 use crate::snapshot::Snapshot;
@@ -61,7 +61,7 @@ pub struct Dispatcher {
     counters: Counters,
     /// Problems dispatched without an exact winner, with their counts. Only touched on misses,
     /// and only with `try_lock`, so the hot path never waits.
-    untuned: Mutex<HashMap<Problem, u64>>,
+    untuned: Mutex<FxHashMap<Problem, u64>>,
     record_on_drop: Option<PathBuf>,
 }
 
@@ -81,7 +81,7 @@ impl Dispatcher {
             db_path,
             device,
             counters: Counters::default(),
-            untuned: Mutex::new(HashMap::new()),
+            untuned: Mutex::new(FxHashMap::default()),
             record_on_drop: std::env::var_os("KERNTUNE_RECORD_UNTUNED").map(PathBuf::from),
         }
     }

@@ -161,12 +161,12 @@ fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<10} {:>10} {:>12} {:>8} {:>5} {:>5}  problem / winner",
-        "status", "median", "throughput", "speedup", "runs", "fail"
+        "{:<10} {:>10} {:>12} {:>8} {:>5} {:>5} {:>6}  problem / winner",
+        "status", "median", "throughput", "speedup", "runs", "fail", "pruned"
     );
     for o in outcomes {
         println!(
-            "{:<10} {:>10} {:>12} {:>8} {:>5} {:>5}  {}{}",
+            "{:<10} {:>10} {:>12} {:>8} {:>5} {:>5} {:>6}  {}{}",
             o.status,
             o.median_ns.map(fmt_time).unwrap_or_default(),
             o.throughput
@@ -176,10 +176,11 @@ fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             o.speedup.map(|s| format!("{s:.2}x")).unwrap_or_default(),
             o.measured,
             o.failed,
+            o.pruned,
             o.problem,
             o.winner
                 .as_ref()
-                .map(|w| format!("\n{:>54}{w}", "-> "))
+                .map(|w| format!("\n{:>61}{w}", "-> "))
                 .unwrap_or_default()
         );
     }

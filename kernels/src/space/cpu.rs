@@ -14,8 +14,10 @@ use super::Space;
 
 /// Largest scratch one config may ask for, in f32 values per thread (256 MiB).
 const MAX_SCRATCH_PER_THREAD: usize = 64 << 20;
-/// M up to which the decode-shaped GEMM may run.
-pub const STREAM_MAX_M: usize = 64;
+/// M up to which the streaming GEMM may run. Past decode sizes it is still worth sweeping: with
+/// B stored `[N, K]` it needs no packing pass, which dominates the packed path up to M of a few
+/// hundred.
+pub const STREAM_MAX_M: usize = 256;
 const MAX_BLOCK: usize = 1 << 16;
 
 /// Parameter spaces of the CPU backend.
