@@ -64,6 +64,28 @@ impl Db {
             .collect())
     }
 
+    /// What the runtime loads: (problem key, config, backend, source hash) of every winner of
+    /// one device, without the provenance columns and without sorting.
+    pub async fn winner_configs(
+        &self,
+        device_identity: &str,
+    ) -> Result<Vec<(String, String, String, String)>> {
+        let rows = sqlx::query(
+            "SELECT p.key, w.config, k.backend, k.source_hash
+             FROM winners w
+             JOIN problems p ON p.id = w.problem_id
+             JOIN kernels k ON k.id = w.kernel_id
+             WHERE w.device_id = (SELECT id FROM devices WHERE identity = ?)",
+        )
+        .bind(device_identity)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect())
+    }
+
     /// Measurements of a problem as (config, status, median_ns), for tests and `tune show`.
     pub async fn measurements(
         &self,

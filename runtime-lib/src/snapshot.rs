@@ -7,9 +7,13 @@ use kerntune_db::Db;
 use kerntune_kernels::config::GemmVariant;
 use kerntune_kernels::space::STREAM_MAX_M;
 use kerntune_kernels::{Config, CpuSpace, Device, Problem, Space, CPU_SOURCE_HASH};
+use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::select::{log_distance, split, Match, StaticKey};
+
+/// A stored winner after validation: usable, or its key and why not.
+type Checked<'a> = Result<(Problem, Config), (&'a str, String)>;
 
 /// Loaded winners of one device.
 #[derive(Debug, Default)]
@@ -41,7 +45,10 @@ impl Snapshot {
                     .map_err(|e| e.to_string())?;
                 rt.block_on(async {
                     let db = Db::open_existing(&path).await.map_err(|e| e.to_string())?;
-                    let rows = db.winners(Some(&identity)).await.map_err(|e| e.to_string());
+                    let rows = db
+                        .winner_configs(&identity)
+                        .await
+                        .map_err(|e| e.to_string());
                     db.close().await;
                     rows
                 })
@@ -50,31 +57,38 @@ impl Snapshot {
             .map_err(|_| "the loader thread panicked".to_string())?
         })?;
         let mut snap = Snapshot::default();
-        for row in rows {
-            if row.backend != "cpu" || row.source_hash != CPU_SOURCE_HASH {
+        // Winners share a handful of distinct configs: parse each JSON text once.
+        let mut configs: FxHashMap<&str, Result<Config, String>> = FxHashMap::default();
+        let mut current = Vec::with_capacity(rows.len());
+        for (key, config, backend, hash) in &rows {
+            if backend != "cpu" || hash != CPU_SOURCE_HASH {
                 snap.stale += 1;
                 continue;
             }
-            let parsed = row
-                .problem
-                .parse::<Problem>()
-                .map_err(|e| e.to_string())
-                .and_then(|p| {
-                    Config::from_json(&row.config)
-                        .map(|c| (p, c))
-                        .map_err(|e| e.to_string())
-                })
-                .and_then(|(p, c)| {
-                    CpuSpace
-                        .validate(&c, &p, device)
-                        .map(|()| (p, c))
-                        .map_err(|e| e.to_string())
-                });
-            match parsed {
+            let parsed = configs
+                .entry(config.as_str())
+                .or_insert_with_key(|c| Config::from_json(c).map_err(|e| e.to_string()))
+                .clone();
+            current.push((key.as_str(), parsed));
+        }
+        // Keys parse and validate independently: spread them over the cores.
+        let checked: Vec<Checked<'_>> = current
+            .into_par_iter()
+            .map(|(key, parsed)| {
+                let c = parsed.map_err(|e| (key, e))?;
+                let p = key.parse::<Problem>().map_err(|e| (key, e.to_string()))?;
+                CpuSpace
+                    .validate(&c, &p, device)
+                    .map_err(|e| (key, e.to_string()))?;
+                Ok((p, c))
+            })
+            .collect();
+        for result in checked {
+            match result {
                 Ok((p, c)) => snap.insert(p, c),
-                Err(reason) => {
+                Err((key, reason)) => {
                     snap.rejected += 1;
-                    tracing::warn!(problem = %row.problem, config = %row.config, %reason, "skipping a tuned config that is not valid here");
+                    tracing::warn!(problem = %key, %reason, "skipping a tuned config that is not valid here");
                 }
             }
         }
