@@ -124,22 +124,11 @@ impl ProblemData {
         }
     }
 
-    /// The reference output, in f64.
+    /// The reference output, in f64: every row of [`ProblemData::reference_row`].
     pub fn reference(&self) -> Vec<f64> {
-        let i = &self.inputs;
-        match &self.problem {
-            Problem::Gemm(p) => reference::gemm(p, &i[0], &i[1]),
-            Problem::Flash(p) => reference::flash(p, &i[0], &i[1], &i[2]),
-            Problem::Paged(p) => reference::paged(
-                p,
-                &i[0],
-                &i[1],
-                &i[2],
-                &self.block_tables,
-                self.max_blocks_per_seq,
-                &self.context_lens,
-            ),
-        }
+        (0..self.rows())
+            .flat_map(|r| self.reference_row(r))
+            .collect()
     }
 
     /// Bytes of all buffers, for sizing cold-cache rotations.
