@@ -4,19 +4,37 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The directory cargo put this build's libraries in (`target/<profile>`).
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+/// Builds `libkerntune.so` and returns its directory. `cargo test` builds the library only as
+/// an rlib for the tests, so the shared library is built here, into a target directory of its
+/// own (the one `cargo test` holds is locked while tests run).
+fn lib_dir(crate_dir: &Path) -> PathBuf {
+    let target = crate_dir.join("../target/c-abi");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--lib",
+            "-p",
+            "kerntune-runtime",
+            "--manifest-path",
+        ])
+        .arg(crate_dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building libkerntune.so failed");
+    target.join("debug")
 }
 
 #[test]
 fn c_example_runs_a_gemm_and_reports_stats() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let libs = lib_dir();
+    let libs = lib_dir(crate_dir);
     assert!(
         libs.join("libkerntune.so").exists(),
-        "libkerntune.so not found in {}: the cdylib is built with the crate",
+        "libkerntune.so not found in {}",
         libs.display()
     );
     let dir = tempfile::tempdir().unwrap();
