@@ -43,8 +43,7 @@ impl Backend for CpuBackend {
         args: Args<'_>,
         scratch: &mut [f32],
     ) -> Result<()> {
-        let host = crate::device::CpuInfo::detect();
-        CpuSpace.validate(config, problem, &Device::Cpu(host.clone()))?;
+        CpuSpace.validate(config, problem, Device::host_ref())?;
         let needed = self.scratch_len(problem, config);
         if scratch.len() < needed {
             return Err(KernelError::ScratchTooSmall {

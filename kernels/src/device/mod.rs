@@ -24,7 +24,14 @@ pub enum Device {
 impl Device {
     /// The CPU this process runs on.
     pub fn host() -> Device {
-        Device::Cpu(CpuInfo::detect().clone())
+        Self::host_ref().clone()
+    }
+
+    /// The CPU this process runs on, detected once and shared: kernel calls validate against it
+    /// without cloning (and so allocating) on every call.
+    pub fn host_ref() -> &'static Device {
+        static HOST: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+        HOST.get_or_init(|| Device::Cpu(CpuInfo::detect().clone()))
     }
 
     /// Looks a device up by name, case-insensitively: `cpu` (the host) or any GPU model name or
