@@ -13,8 +13,10 @@ mod error;
 mod open;
 mod read;
 mod records;
+mod snapshot;
 mod write;
 
+pub use snapshot::{SnapshotBody, SnapshotConfig, SnapshotKernel, SNAPSHOT_FORMAT};
 pub use write::ProblemResult;
 
 pub use error::DbError;

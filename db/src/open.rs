@@ -13,7 +13,7 @@ use crate::{DbError, Result};
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// The newest schema this build knows: the highest migration version.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,21 +23,46 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Db {
     pub(crate) pool: SqlitePool,
     path: PathBuf,
+    /// The schema version of the file as opened (older only through [`Db::open_read`]).
+    schema: i64,
+}
+
+/// What opening may do to the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Create if missing, migrate an older schema.
+    Write,
+    /// The file must exist at the current schema.
+    Existing,
+    /// The file must exist at any schema this build can read; nothing is migrated.
+    Read,
 }
 
 impl Db {
     /// Opens (creating if missing) the database at `path`, migrating an older schema.
     pub async fn open(path: &Path) -> Result<Db> {
-        Self::open_with(path, true).await
+        Self::open_with(path, Mode::Write).await
     }
 
     /// Opens an existing database without creating or migrating it; a database of another
     /// schema version is refused.
     pub async fn open_existing(path: &Path) -> Result<Db> {
-        Self::open_with(path, false).await
+        Self::open_with(path, Mode::Existing).await
     }
 
-    async fn open_with(path: &Path, create: bool) -> Result<Db> {
+    /// Opens an existing database of this or an older schema for reading, without migrating
+    /// it: a server upgraded before its database keeps loading winners.
+    pub async fn open_read(path: &Path) -> Result<Db> {
+        Self::open_with(path, Mode::Read).await
+    }
+
+    /// The schema version of the opened file.
+    pub fn schema(&self) -> i64 {
+        self.schema
+    }
+
+    async fn open_with(path: &Path, mode: Mode) -> Result<Db> {
+        let create = mode == Mode::Write;
         let open_err = |source| DbError::Open {
             path: path.to_path_buf(),
             source,
@@ -62,11 +87,16 @@ impl Db {
                 }
                 other => open_err(other),
             })?;
-        let db = Db {
+        let mut db = Db {
             pool,
             path: path.to_path_buf(),
+            schema: 0,
         };
         let applied = db.check_schema().await?;
+        db.schema = applied;
+        if mode == Mode::Read && applied >= 1 {
+            return Ok(db);
+        }
         // WAL only after the checks: switching the journal mode writes the file header, and a
         // database this build refuses must be left exactly as it was.
         sqlx::query("PRAGMA journal_mode = WAL")
@@ -88,6 +118,7 @@ impl Db {
                     path: db.path.clone(),
                     source,
                 })?;
+            db.schema = SCHEMA_VERSION;
         }
         Ok(db)
     }

@@ -5,7 +5,15 @@ use sqlx::Row;
 use crate::records::{DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, RunStatus};
 use crate::{Db, Result};
 
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// A fresh row id that stays unique across every database it is merged into.
+pub(crate) const NEW_UID: &str = "lower(hex(randomblob(16)))";
+
+/// Write transactions take the write lock up front: a deferred transaction that reads first
+/// can fail with SQLITE_BUSY when another process commits in between, where an immediate one
+/// just waits out the busy timeout.
+pub(crate) const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
 
 /// The outcome of one problem, written atomically.
 #[derive(Debug)]
@@ -69,24 +77,28 @@ impl Db {
         .await?)
     }
 
+    /// Starts a run measured on `host` into this database.
     pub async fn begin_run(
         &self,
         tool_version: &str,
         command_line: &str,
         device_id: i64,
+        host: &str,
     ) -> Result<i64> {
         let row = sqlx::query(&format!(
-            "INSERT INTO runs (tool_version, command_line, device_id, started_at, status)
-             VALUES (?, ?, ?, {NOW}, 'running') RETURNING id"
+            "INSERT INTO runs (uid, tool_version, command_line, device_id, host, started_at, status)
+             VALUES ({NEW_UID}, ?, ?, ?, ?, {NOW}, 'running') RETURNING id"
         ))
         .bind(tool_version)
         .bind(command_line)
         .bind(device_id)
+        .bind(host)
         .fetch_one(&self.pool)
         .await?;
         Ok(row.get(0))
     }
 
+    /// Marks a run finished and rebuilds the winner snapshots its results invalidated.
     pub async fn finish_run(&self, run_id: i64, status: RunStatus) -> Result<()> {
         sqlx::query(&format!(
             "UPDATE runs SET status = ?, finished_at = {NOW} WHERE id = ?"
@@ -95,13 +107,14 @@ impl Db {
         .bind(run_id)
         .execute(&self.pool)
         .await?;
-        Ok(())
+        self.rebuild_snapshots().await
     }
 
     /// Writes a problem's measurements and winner in one transaction: after a crash either
-    /// all of it is there or none.
+    /// all of it is there or none. The new winner replaces a local one, and an imported one
+    /// only when it is faster.
     pub async fn record_problem(&self, r: &ProblemResult<'_>) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         sqlx::query("INSERT INTO problems (family, key, fields) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING")
             .bind(&r.problem.family)
             .bind(&r.problem.key)
@@ -113,13 +126,14 @@ impl Db {
             .fetch_one(&mut *tx)
             .await?;
         let mut ids = Vec::with_capacity(r.measurements.len());
-        for m in r.measurements {
+        for (i, m) in r.measurements.iter().enumerate() {
             let s = m.stats.as_ref();
             let id: i64 = sqlx::query_scalar(&format!(
-                "INSERT INTO measurements (run_id, device_id, kernel_id, problem_id, config, status,
-                   message, error, median_ns, min_ns, p20_ns, p80_ns, reps, throughput, unit,
-                   cold_cache, measured_at)
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}) RETURNING id"
+                "INSERT INTO measurements (uid, run_id, device_id, kernel_id, problem_id, config,
+                   status, message, error, median_ns, min_ns, p20_ns, p80_ns, reps, throughput,
+                   unit, cold_cache, is_default, measured_at)
+                 VALUES ({NEW_UID}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW})
+                 RETURNING id"
             ))
             .bind(r.run_id)
             .bind(r.device_id)
@@ -137,6 +151,7 @@ impl Db {
             .bind(s.map(|s| s.throughput))
             .bind(s.map(|s| s.unit.clone()))
             .bind(s.map(|s| s.cold_cache).unwrap_or(true))
+            .bind(r.default == Some(i))
             .fetch_one(&mut *tx)
             .await?;
             ids.push(id);
@@ -156,7 +171,10 @@ impl Db {
                    measurement_id = excluded.measurement_id, config = excluded.config,
                    median_ns = excluded.median_ns, default_ns = excluded.default_ns,
                    speedup = excluded.speedup, tool_version = excluded.tool_version,
-                   updated_at = excluded.updated_at"
+                   updated_at = excluded.updated_at
+                 WHERE excluded.median_ns < winners.median_ns
+                    OR (SELECT r.origin FROM measurements m JOIN runs r ON r.id = m.run_id
+                        WHERE m.id = winners.measurement_id) IS NOT 'imported'"
             ))
             .bind(r.device_id)
             .bind(r.kernel_id)

@@ -10,15 +10,16 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use kerntune::capi::{kt_gemm, kt_open, KtDispatcher, KtDtype, KtMatch};
 use kerntune::{Dispatcher, Match};
-use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, Status};
+use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus, Status};
 use kerntune_kernels::kernel::{GemmArgs, Scratch};
 use kerntune_kernels::{
     Backend, CpuBackend, CpuSpace, Device, Problem, Space, Tensor, CPU_SOURCE_HASH,
 };
 use kerntune_tuner::tune::{device_record, kernel_record};
 
-/// Writes `n` GEMM winners (distinct N, K, M) for the host, as a tuner would.
-fn fill(path: &Path, n: usize) {
+/// Writes `n` GEMM winners (distinct N, K, M) for the host, as a tuner would; a finished run
+/// leaves the snapshot row the runtime reads, an unfinished one only the winner rows.
+fn fill(path: &Path, n: usize, finish: bool) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -27,7 +28,10 @@ fn fill(path: &Path, n: usize) {
         let db = Db::open(path).await.unwrap();
         let device = Device::host();
         let dev = db.device_id(&device_record(&device)).await.unwrap();
-        let run = db.begin_run("bench", "bench", dev).await.unwrap();
+        let run = db
+            .begin_run("bench", "bench", dev, "test-host")
+            .await
+            .unwrap();
         let sample: Problem = "gemm:m=1,n=8,k=8".parse().unwrap();
         let kid = db
             .kernel_id(&kernel_record(&sample, "cpu", CPU_SOURCE_HASH))
@@ -78,6 +82,9 @@ fn fill(path: &Path, n: usize) {
             .await
             .unwrap();
         }
+        if finish {
+            db.finish_run(run, RunStatus::Done).await.unwrap();
+        }
         db.close().await;
     });
 }
@@ -85,7 +92,7 @@ fn fill(path: &Path, n: usize) {
 fn benches(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let small = dir.path().join("10k.db");
-    fill(&small, 10_000);
+    fill(&small, 10_000, true);
     let d = Dispatcher::open(&small);
     assert_eq!(d.stats().loaded, 10_000);
     let exact: Problem = "gemm:m=4,n=100,k=70".parse().unwrap();
@@ -116,11 +123,19 @@ fn benches(c: &mut Criterion) {
     );
 
     let big = dir.path().join("100k.db");
-    fill(&big, 100_000);
+    let rows_only = dir.path().join("100k-rows.db");
+    fill(&big, 100_000, true);
+    fill(&rows_only, 100_000, false);
+    assert_eq!(Dispatcher::open(&big).stats().loaded, 100_000);
+    assert_eq!(Dispatcher::open(&rows_only).stats().loaded, 100_000);
     let mut g = c.benchmark_group("open");
     g.sample_size(10).measurement_time(Duration::from_secs(5));
     g.bench_function("open_100k", |b| {
         b.iter(|| black_box(Dispatcher::open(&big)))
+    });
+    // The same winners without a snapshot (a tuner killed before it finished).
+    g.bench_function("open_100k_rows", |b| {
+        b.iter(|| black_box(Dispatcher::open(&rows_only)))
     });
     g.finish();
 

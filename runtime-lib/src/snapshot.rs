@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kerntune_db::Db;
+use kerntune_db::{Db, SnapshotBody};
 use kerntune_kernels::config::GemmVariant;
 use kerntune_kernels::space::STREAM_MAX_M;
 use kerntune_kernels::{Config, CpuSpace, Device, Problem, Space, CPU_SOURCE_HASH};
@@ -11,6 +11,47 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::select::{log_distance, split, Match, StaticKey};
+
+/// What the loader thread read: a snapshot body or the winner rows.
+enum Source {
+    Body(Vec<u8>),
+    Rows(Vec<(String, String, String, String)>),
+}
+
+/// Reads a device's winners on a fresh thread with its own single-thread async runtime, so it
+/// works from plain threads, C callers and inside a caller's tokio runtime alike.
+fn read(path: &Path, identity: &str, snapshot: bool) -> Result<Source, String> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let db = Db::open_read(path).await.map_err(|e| e.to_string())?;
+                let body = if snapshot {
+                    db.winner_snapshot(identity)
+                        .await
+                        .map_err(|e| e.to_string())?
+                } else {
+                    None
+                };
+                let source = match body {
+                    Some(b) => Ok(Source::Body(b)),
+                    None => db
+                        .winner_configs(identity)
+                        .await
+                        .map(Source::Rows)
+                        .map_err(|e| e.to_string()),
+                };
+                db.close().await;
+                source
+            })
+        })
+        .join()
+        .map_err(|_| "the loader thread panicked".to_string())?
+    })
+}
 
 /// A stored winner after validation: usable, or its key and why not.
 type Checked<'a> = Result<(Problem, Config), (&'a str, String)>;
@@ -31,45 +72,64 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads the winners of `device` from the database at `path`. Runs its own single-thread
-    /// async runtime on a fresh thread, so it works from plain threads, C callers and inside a
-    /// caller's tokio runtime alike.
+    /// Reads the winners of `device` from the database at `path`: the device's snapshot row
+    /// when it is current, its winner rows otherwise.
     pub fn load(path: &Path, device: &Device) -> Result<Snapshot, String> {
-        let path = path.to_path_buf();
         let identity = device.identity();
-        let rows = std::thread::scope(|s| {
-            s.spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(async {
-                    let db = Db::open_existing(&path).await.map_err(|e| e.to_string())?;
-                    let rows = db
-                        .winner_configs(&identity)
-                        .await
-                        .map_err(|e| e.to_string());
-                    db.close().await;
-                    rows
-                })
-            })
-            .join()
-            .map_err(|_| "the loader thread panicked".to_string())?
-        })?;
+        let source = read(path, &identity, true)?;
+        let body;
+        let rows: Vec<(&str, &str, &str, &str)> = match &source {
+            Source::Body(bytes) => match SnapshotBody::parse(bytes) {
+                Ok(parsed) => {
+                    body = parsed;
+                    body.kernels
+                        .iter()
+                        .flat_map(|k| {
+                            k.configs.iter().flat_map(move |c| {
+                                c.problems
+                                    .iter()
+                                    .map(move |p| (&**p, &*c.config, &*k.backend, &*k.source_hash))
+                            })
+                        })
+                        .collect()
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring an unreadable winner snapshot");
+                    return match read(path, &identity, false)? {
+                        Source::Rows(rows) => Ok(Self::from_rows(&rows, device)),
+                        Source::Body(_) => Err("the winner snapshot was read twice".into()),
+                    };
+                }
+            },
+            Source::Rows(rows) => return Ok(Self::from_rows(rows, device)),
+        };
+        Ok(Self::validate(rows, device))
+    }
+
+    fn from_rows(rows: &[(String, String, String, String)], device: &Device) -> Snapshot {
+        let rows = rows
+            .iter()
+            .map(|(k, c, b, h)| (k.as_str(), c.as_str(), b.as_str(), h.as_str()))
+            .collect();
+        Self::validate(rows, device)
+    }
+
+    /// Checks (problem key, config, backend, source hash) rows and indexes the usable ones.
+    fn validate(rows: Vec<(&str, &str, &str, &str)>, device: &Device) -> Snapshot {
         let mut snap = Snapshot::default();
         // Winners share a handful of distinct configs: parse each JSON text once.
         let mut configs: FxHashMap<&str, Result<Config, String>> = FxHashMap::default();
         let mut current = Vec::with_capacity(rows.len());
-        for (key, config, backend, hash) in &rows {
+        for (key, config, backend, hash) in rows {
             if backend != "cpu" || hash != CPU_SOURCE_HASH {
                 snap.stale += 1;
                 continue;
             }
             let parsed = configs
-                .entry(config.as_str())
+                .entry(config)
                 .or_insert_with_key(|c| Config::from_json(c).map_err(|e| e.to_string()))
                 .clone();
-            current.push((key.as_str(), parsed));
+            current.push((key, parsed));
         }
         // Keys parse and validate independently: spread them over the cores.
         let checked: Vec<Checked<'_>> = current
@@ -95,7 +155,7 @@ impl Snapshot {
         for list in snap.buckets.values_mut() {
             list.sort_by_key(|(d, _)| *d);
         }
-        Ok(snap)
+        snap
     }
 
     /// No winners, with the reason the dispatcher runs on defaults.

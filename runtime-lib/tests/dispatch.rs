@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kerntune::{Dispatcher, Match};
-use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, Stats, Status};
+use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus, Stats, Status};
 use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Args;
@@ -22,13 +22,18 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
         .block_on(f)
 }
 
-/// Stores winners as (problem spec, config JSON), with the given kernel source hash.
-fn craft(path: &Path, rows: &[(&str, String)], hash: &str) {
+/// Stores winners as (problem spec, config JSON), with the given kernel source hash. A run
+/// that finishes leaves a snapshot the runtime reads in one row; one that does not (a tuner
+/// killed mid-run) leaves only winner rows, read one by one.
+fn craft(path: &Path, rows: &[(&str, String)], hash: &str, finish: bool) {
     block_on(async {
         let db = Db::open(path).await.unwrap();
         let device = Device::host();
         let dev = db.device_id(&device_record(&device)).await.unwrap();
-        let run = db.begin_run("test", "test", dev).await.unwrap();
+        let run = db
+            .begin_run("test", "test", dev, "test-host")
+            .await
+            .unwrap();
         for (spec, config) in rows {
             let p: Problem = spec.parse().unwrap();
             let kid = db.kernel_id(&kernel_record(&p, "cpu", hash)).await.unwrap();
@@ -66,8 +71,21 @@ fn craft(path: &Path, rows: &[(&str, String)], hash: &str) {
             .await
             .unwrap();
         }
+        if finish {
+            db.finish_run(run, RunStatus::Done).await.unwrap();
+        }
         db.close().await;
     });
+}
+
+/// Runs `check` on a database crafted both ways: with and without the snapshot row.
+fn both_paths(rows: &[(&str, String)], check: impl Fn(&Path, bool)) {
+    for finish in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.db");
+        craft(&path, rows, CPU_SOURCE_HASH, finish);
+        check(&path, finish);
+    }
 }
 
 /// A valid, recognisable GEMM config: the portable 4×8 kernel with `tiles` in its blocks.
@@ -87,28 +105,27 @@ fn marked(tiles: usize) -> Config {
 
 #[test]
 fn exact_bucket_nearest_and_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("k.db");
-    craft(
-        &path,
-        &[
-            ("gemm:m=16,n=256,k=128", marked(2).to_json()),
-            ("gemm:m=64,n=256,k=128", marked(3).to_json()),
-            (
-                "paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=64",
-                CpuSpace
-                    .default_config(
-                        &"paged:context_len=8,q_heads=8,kv_heads=1,head_dim=64"
-                            .parse()
-                            .unwrap(),
-                        &Device::host(),
-                    )
-                    .to_json(),
-            ),
-        ],
-        CPU_SOURCE_HASH,
-    );
-    let d = Dispatcher::open(&path);
+    let rows = [
+        ("gemm:m=16,n=256,k=128", marked(2).to_json()),
+        ("gemm:m=64,n=256,k=128", marked(3).to_json()),
+        (
+            "paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=64",
+            CpuSpace
+                .default_config(
+                    &"paged:context_len=8,q_heads=8,kv_heads=1,head_dim=64"
+                        .parse()
+                        .unwrap(),
+                    &Device::host(),
+                )
+                .to_json(),
+        ),
+    ];
+    both_paths(&rows, |path, _| selections(path));
+}
+
+fn selections(path: &Path) {
+    let dir = path.parent().unwrap();
+    let d = Dispatcher::open(path);
     assert!(d.note().is_none());
     let sel = |s: &str| d.select(&s.parse().unwrap());
     assert_eq!(sel("gemm:m=16,n=256,k=128").matched, Match::Exact);
@@ -148,7 +165,7 @@ fn exact_bucket_nearest_and_default() {
     );
 
     // The untuned problems come out in the format `tune --shapes untuned:PATH` reads.
-    let file = dir.path().join("untuned.txt");
+    let file = dir.join("untuned.txt");
     assert_eq!(d.write_untuned(&file).unwrap(), 5);
     let derived = kerntune_tuner::shapes::expand(
         &format!("untuned:{}", file.display()),
@@ -163,34 +180,92 @@ fn exact_bucket_nearest_and_default() {
 
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("k.db");
     let good = marked(2).to_json();
     let evil = |f: &dyn Fn(&mut serde_json::Value)| {
         let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
         f(&mut v);
         v.to_string()
     };
+    let rows = [
+        ("gemm:m=1,n=64,k=64", good.clone()),
+        ("gemm:m=2,n=64,k=64", evil(&|v| v["mc"] = 0.into())),
+        ("gemm:m=3,n=64,k=64", evil(&|v| v["kc"] = (-5).into())),
+        ("gemm:m=4,n=64,k=64", evil(&|v| v["nc"] = u64::MAX.into())),
+        (
+            "gemm:m=5,n=64,k=64",
+            evil(&|v| v["variant"] = "turbo".into()),
+        ),
+        (
+            "gemm:m=6,n=64,k=64",
+            evil(&|v| v["threads"] = 100_000.into()),
+        ),
+        ("gemm:m=7,n=64,k=64", "not json at all".into()),
+        (
+            "gemm:m=8,n=64,k=64",
+            r#"{"family":"paged","isa":"portable","partition":0,"group_heads":false,"threads":1}"#
+                .into(),
+        ),
+    ];
+    both_paths(&rows, |path, finish| {
+        craft(
+            path,
+            &[("gemm:m=9,n=64,k=64", good.clone())],
+            "0000000000000000",
+            finish,
+        );
+        hostile(path);
+    });
+}
+
+#[test]
+fn a_snapshot_is_never_stale_and_a_broken_one_falls_back_to_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.db");
     craft(
         &path,
-        &[
-            ("gemm:m=1,n=64,k=64", good.clone()),
-            ("gemm:m=2,n=64,k=64", evil(&|v| v["mc"] = 0.into())),
-            ("gemm:m=3,n=64,k=64", evil(&|v| v["kc"] = (-5).into())),
-            ("gemm:m=4,n=64,k=64", evil(&|v| v["nc"] = u64::MAX.into())),
-            ("gemm:m=5,n=64,k=64", evil(&|v| v["variant"] = "turbo".into())),
-            ("gemm:m=6,n=64,k=64", evil(&|v| v["threads"] = 100_000.into())),
-            ("gemm:m=7,n=64,k=64", "not json at all".into()),
-            ("gemm:m=8,n=64,k=64", r#"{"family":"paged","isa":"portable","partition":0,"group_heads":false,"threads":1}"#.into()),
-        ],
+        &[("gemm:m=1,n=64,k=64", marked(2).to_json())],
         CPU_SOURCE_HASH,
+        true,
     );
+    assert_eq!(Dispatcher::open(&path).stats().loaded, 1);
+    // A run killed before it finished: its winner drops the snapshot, so nothing is missed.
     craft(
         &path,
-        &[("gemm:m=9,n=64,k=64", good.clone())],
-        "0000000000000000",
+        &[("gemm:m=2,n=64,k=64", marked(3).to_json())],
+        CPU_SOURCE_HASH,
+        false,
     );
     let d = Dispatcher::open(&path);
+    assert_eq!(d.stats().loaded, 2);
+    assert_eq!(
+        d.select(&"gemm:m=2,n=64,k=64".parse().unwrap()).config,
+        marked(3)
+    );
+    // A finished run rebuilds it; a body damaged by hand is ignored in favour of the rows.
+    craft(
+        &path,
+        &[("gemm:m=3,n=64,k=64", marked(4).to_json())],
+        CPU_SOURCE_HASH,
+        true,
+    );
+    let status = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); \
+             n=c.execute(\"UPDATE winner_snapshots SET body=x'7b2262726f6b656e'\").rowcount; \
+             c.commit(); sys.exit(0 if n == 1 else 1)",
+        )
+        .arg(&path)
+        .status()
+        .expect("python3 with sqlite3 is available");
+    assert!(status.success());
+    let d = Dispatcher::open(&path);
+    assert_eq!(d.stats().loaded, 3);
+    assert!(d.note().is_none());
+}
+
+fn hostile(path: &Path) {
+    let d = Dispatcher::open(path);
     let s = d.stats();
     assert_eq!((s.loaded, s.rejected, s.stale), (1, 7, 1));
     // A rejected row's problem falls back to a valid config and still computes correctly.
@@ -244,6 +319,7 @@ fn eight_threads_dispatch_correctly_through_reloads() {
         &path,
         &[("gemm:m=5,n=40,k=33", marked(2).to_json())],
         CPU_SOURCE_HASH,
+        true,
     );
     let d = Arc::new(Dispatcher::open(&path));
     let stop = Arc::new(AtomicBool::new(false));
@@ -285,6 +361,7 @@ fn eight_threads_dispatch_correctly_through_reloads() {
             &path,
             &[("gemm:m=5,n=40,k=33", marked(2 + i % 2).to_json())],
             CPU_SOURCE_HASH,
+            i % 3 != 0,
         );
         d.reload().unwrap();
     }

@@ -104,10 +104,11 @@ pub fn kernel_record(problem: &Problem, backend: &str, source_hash: &str) -> Ker
 /// Tunes every problem; returns the summary. Interrupted runs return `TuneError::Interrupted`
 /// after committing what was finished.
 pub async fn run(job: &Job<'_>, problems: &[Derived]) -> Result<Vec<Outcome>> {
-    let device_id = job.db.device_id(&device_record(job.device)).await?;
+    let record = device_record(job.device);
+    let device_id = job.db.device_id(&record).await?;
     let run_id = job
         .db
-        .begin_run(TOOL_VERSION, &job.command_line, device_id)
+        .begin_run(TOOL_VERSION, &job.command_line, device_id, &record.host)
         .await?;
     let bars = MultiProgress::new();
     if !job.progress {
