@@ -10,9 +10,12 @@
 //! so a crash or Ctrl-C never leaves half a problem behind.
 
 mod error;
+mod exchange;
+mod maintain;
 mod open;
 mod read;
 mod records;
+mod rows;
 mod snapshot;
 mod write;
 
@@ -20,6 +23,8 @@ pub use snapshot::{SnapshotBody, SnapshotConfig, SnapshotKernel, SNAPSHOT_FORMAT
 pub use write::ProblemResult;
 
 pub use error::DbError;
+pub use exchange::{ExportRow, ImportCounts, ImportRow, Prefer, RunInfo};
+pub use maintain::{Conflict, GcCounts, GcFilter};
 pub use open::{Db, SCHEMA_VERSION};
 pub use records::{
     DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, RunStatus, Stats, Status,

@@ -18,6 +18,10 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Pause between looks while another process migrates the same file.
+const MIGRATE_RETRY: Duration = Duration::from_millis(50);
+const MIGRATE_ATTEMPTS: u32 = 100;
+
 /// An open tuning database.
 #[derive(Debug, Clone)]
 pub struct Db {
@@ -111,16 +115,33 @@ impl Db {
                     ),
                 });
             }
-            MIGRATOR
-                .run(&db.pool)
-                .await
-                .map_err(|source| DbError::Migrate {
-                    path: db.path.clone(),
-                    source,
-                })?;
+            db.migrate().await?;
             db.schema = SCHEMA_VERSION;
         }
         Ok(db)
+    }
+
+    /// Applies missing migrations. Tuners started together on a new file (one per GPU) race
+    /// to migrate it: sqlx takes no lock on SQLite, so the loser fails on tables the winner
+    /// just created. The loser waits and looks again until the schema is current.
+    async fn migrate(&self) -> Result<()> {
+        let mut attempts = 0;
+        loop {
+            let Err(source) = MIGRATOR.run(&self.pool).await else {
+                return Ok(());
+            };
+            attempts += 1;
+            tokio::time::sleep(MIGRATE_RETRY).await;
+            if self.check_schema().await? >= SCHEMA_VERSION {
+                return Ok(());
+            }
+            if attempts == MIGRATE_ATTEMPTS {
+                return Err(DbError::Migrate {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        }
     }
 
     /// Returns the applied schema version (0 for an empty file) after checking the file is
@@ -188,5 +209,16 @@ impl Db {
     /// Closes the pool, checkpointing the WAL.
     pub async fn close(self) {
         self.pool.close().await;
+    }
+
+    /// Closes the database with everything written to the main file, so it can be renamed or
+    /// copied on its own (a WAL file left beside it would not travel with it).
+    pub async fn close_for_move(self) -> Result<()> {
+        let checkpoint = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&self.pool)
+            .await;
+        self.pool.close().await;
+        checkpoint?;
+        Ok(())
     }
 }

@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
+use sqlx::{Row, Sqlite, Transaction};
 
 use crate::write::{BEGIN_WRITE, NOW};
 use crate::{Db, DbError, Result};
@@ -99,67 +99,74 @@ impl Db {
     /// Rebuilds the snapshot of every device that has winners and no current snapshot.
     pub async fn rebuild_snapshots(&self) -> Result<()> {
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
-        let devices: Vec<i64> = sqlx::query_scalar(
-            "SELECT DISTINCT device_id FROM winners
+        rebuild_snapshots_in(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Rebuilds snapshots inside a writer's transaction, so the winners it reads are the ones it
+/// committed.
+pub(crate) async fn rebuild_snapshots_in(tx: &mut Transaction<'_, Sqlite>) -> Result<()> {
+    let devices: Vec<i64> = sqlx::query_scalar(
+        "SELECT DISTINCT device_id FROM winners
              WHERE device_id NOT IN (SELECT device_id FROM winner_snapshots)",
-        )
-        .fetch_all(&mut *tx)
-        .await?;
-        for device in devices {
-            let rows = sqlx::query(
-                "SELECT k.backend, k.source_hash, w.config, p.key
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    for device in devices {
+        let rows = sqlx::query(
+            "SELECT k.backend, k.source_hash, w.config, p.key
                  FROM winners w
                  JOIN kernels k ON k.id = w.kernel_id
                  JOIN problems p ON p.id = w.problem_id
                  WHERE w.device_id = ?
                  ORDER BY k.backend, k.source_hash, w.config, p.key",
-            )
-            .bind(device)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut body = SnapshotBody {
-                format: SNAPSHOT_FORMAT,
-                kernels: Vec::new(),
-            };
-            for r in &rows {
-                let (backend, hash, config, key): (&str, &str, &str, &str) =
-                    (r.get(0), r.get(1), r.get(2), r.get(3));
-                let same_kernel = body
-                    .kernels
-                    .last()
-                    .is_some_and(|k| k.backend == backend && k.source_hash == hash);
-                if !same_kernel {
-                    body.kernels.push(SnapshotKernel {
-                        backend: backend.into(),
-                        source_hash: hash.into(),
-                        configs: Vec::new(),
-                    });
-                }
-                let kernel = body.kernels.last_mut().expect("pushed above");
-                if kernel.configs.last().is_none_or(|c| c.config != config) {
-                    kernel.configs.push(SnapshotConfig {
-                        config: config.into(),
-                        problems: Vec::new(),
-                    });
-                }
-                let group = kernel.configs.last_mut().expect("pushed above");
-                group.problems.push(key.into());
+        )
+        .bind(device)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut body = SnapshotBody {
+            format: SNAPSHOT_FORMAT,
+            kernels: Vec::new(),
+        };
+        for r in &rows {
+            let (backend, hash, config, key): (&str, &str, &str, &str) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let same_kernel = body
+                .kernels
+                .last()
+                .is_some_and(|k| k.backend == backend && k.source_hash == hash);
+            if !same_kernel {
+                body.kernels.push(SnapshotKernel {
+                    backend: backend.into(),
+                    source_hash: hash.into(),
+                    configs: Vec::new(),
+                });
             }
-            let bytes = serde_json::to_vec(&body).map_err(|e| DbError::Malformed {
-                what: "winner snapshot",
-                reason: e.to_string(),
-            })?;
-            sqlx::query(&format!(
-                "INSERT OR REPLACE INTO winner_snapshots (device_id, winners, body, built_at)
-                 VALUES (?, ?, ?, {NOW})"
-            ))
-            .bind(device)
-            .bind(rows.len() as i64)
-            .bind(bytes)
-            .execute(&mut *tx)
-            .await?;
+            let kernel = body.kernels.last_mut().expect("pushed above");
+            if kernel.configs.last().is_none_or(|c| c.config != config) {
+                kernel.configs.push(SnapshotConfig {
+                    config: config.into(),
+                    problems: Vec::new(),
+                });
+            }
+            let group = kernel.configs.last_mut().expect("pushed above");
+            group.problems.push(key.into());
         }
-        tx.commit().await?;
-        Ok(())
+        let bytes = serde_json::to_vec(&body).map_err(|e| DbError::Malformed {
+            what: "winner snapshot",
+            reason: e.to_string(),
+        })?;
+        sqlx::query(&format!(
+            "INSERT OR REPLACE INTO winner_snapshots (device_id, winners, body, built_at)
+                 VALUES (?, ?, ?, {NOW})"
+        ))
+        .bind(device)
+        .bind(rows.len() as i64)
+        .bind(bytes)
+        .execute(&mut **tx)
+        .await?;
     }
+    Ok(())
 }

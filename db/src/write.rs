@@ -3,6 +3,9 @@
 use sqlx::Row;
 
 use crate::records::{DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, RunStatus};
+use crate::rows::{
+    insert_measurement, upsert_device, upsert_kernel, upsert_problem, NewMeasurement,
+};
 use crate::{Db, Result};
 
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -33,48 +36,12 @@ pub struct ProblemResult<'a> {
 impl Db {
     /// The id of a device, inserting it on first sight.
     pub async fn device_id(&self, d: &DeviceRecord) -> Result<i64> {
-        sqlx::query(
-            "INSERT INTO devices (identity, kind, model, arch, compute_units, runtime, host)
-             VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (identity) DO NOTHING",
-        )
-        .bind(&d.identity)
-        .bind(&d.kind)
-        .bind(&d.model)
-        .bind(&d.arch)
-        .bind(d.compute_units)
-        .bind(&d.runtime)
-        .bind(&d.host)
-        .execute(&self.pool)
-        .await?;
-        Ok(
-            sqlx::query_scalar("SELECT id FROM devices WHERE identity = ?")
-                .bind(&d.identity)
-                .fetch_one(&self.pool)
-                .await?,
-        )
+        upsert_device(&mut *self.pool.acquire().await?, d).await
     }
 
     /// The id of a kernel version, inserting it on first sight.
     pub async fn kernel_id(&self, k: &KernelRecord) -> Result<i64> {
-        sqlx::query(
-            "INSERT INTO kernels (family, backend, variant, source_hash) VALUES (?, ?, ?, ?)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(&k.family)
-        .bind(&k.backend)
-        .bind(&k.variant)
-        .bind(&k.source_hash)
-        .execute(&self.pool)
-        .await?;
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM kernels WHERE family = ? AND backend = ? AND variant = ? AND source_hash = ?",
-        )
-        .bind(&k.family)
-        .bind(&k.backend)
-        .bind(&k.variant)
-        .bind(&k.source_hash)
-        .fetch_one(&self.pool)
-        .await?)
+        upsert_kernel(&mut *self.pool.acquire().await?, k).await
     }
 
     /// Starts a run measured on `host` into this database.
@@ -115,46 +82,25 @@ impl Db {
     /// only when it is faster.
     pub async fn record_problem(&self, r: &ProblemResult<'_>) -> Result<()> {
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
-        sqlx::query("INSERT INTO problems (family, key, fields) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING")
-            .bind(&r.problem.family)
-            .bind(&r.problem.key)
-            .bind(&r.problem.fields)
-            .execute(&mut *tx)
-            .await?;
-        let problem_id: i64 = sqlx::query_scalar("SELECT id FROM problems WHERE key = ?")
-            .bind(&r.problem.key)
-            .fetch_one(&mut *tx)
-            .await?;
+        let p = r.problem;
+        let problem_id = upsert_problem(&mut tx, &p.family, &p.key, &p.fields).await?;
         let mut ids = Vec::with_capacity(r.measurements.len());
         for (i, m) in r.measurements.iter().enumerate() {
-            let s = m.stats.as_ref();
-            let id: i64 = sqlx::query_scalar(&format!(
-                "INSERT INTO measurements (uid, run_id, device_id, kernel_id, problem_id, config,
-                   status, message, error, median_ns, min_ns, p20_ns, p80_ns, reps, throughput,
-                   unit, cold_cache, is_default, measured_at)
-                 VALUES ({NEW_UID}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW})
-                 RETURNING id"
-            ))
-            .bind(r.run_id)
-            .bind(r.device_id)
-            .bind(r.kernel_id)
-            .bind(problem_id)
-            .bind(&m.config)
-            .bind(m.status.as_str())
-            .bind(&m.message)
-            .bind(m.error)
-            .bind(s.map(|s| s.median_ns))
-            .bind(s.map(|s| s.min_ns))
-            .bind(s.map(|s| s.p20_ns))
-            .bind(s.map(|s| s.p80_ns))
-            .bind(s.map(|s| s.reps))
-            .bind(s.map(|s| s.throughput))
-            .bind(s.map(|s| s.unit.clone()))
-            .bind(s.map(|s| s.cold_cache).unwrap_or(true))
-            .bind(r.default == Some(i))
-            .fetch_one(&mut *tx)
-            .await?;
-            ids.push(id);
+            let new = NewMeasurement {
+                uid: None,
+                run_id: r.run_id,
+                device_id: r.device_id,
+                kernel_id: r.kernel_id,
+                problem_id,
+                config: &m.config,
+                status: m.status,
+                message: m.message.as_deref(),
+                error: m.error,
+                stats: m.stats.as_ref(),
+                is_default: r.default == Some(i),
+                measured_at: None,
+            };
+            ids.push(insert_measurement(&mut tx, &new).await?);
         }
         if let Some(w) = r.winner {
             let win = &r.measurements[w];

@@ -30,6 +30,74 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print the stored winners.
     Show(ShowArgs),
+    /// Share tuning databases: export, import, merge, diff, verify, gc, migrate.
+    #[command(subcommand)]
+    Db(DbCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DbCommand {
+    /// Write winners (or every measurement) with full provenance to a file.
+    Export {
+        /// Every measurement, not only winners and their defaults.
+        #[arg(long)]
+        all: bool,
+        /// jsonl (importable) or csv (for spreadsheets).
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: kerntune_tuner::share::format::Format,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Check and file the rows of an export into --db.
+    Import {
+        /// An export written by `tune db export`.
+        file: PathBuf,
+        /// Which winner stays when both have one: the faster (best), the one measured into
+        /// --db (local), or the incoming one (imported).
+        #[arg(long, value_enum, default_value = "best")]
+        prefer: PreferArg,
+        /// Import nothing when any row is rejected.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Merge databases into a new one: every measurement, the fastest verified winner.
+    Merge {
+        /// Input databases.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The new database.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Report a config whose medians on two hosts differ by more than this factor.
+        #[arg(long, default_value_t = 1.5)]
+        conflict_ratio: f64,
+    },
+    /// Compare the winners of two databases.
+    Diff { a: PathBuf, b: PathBuf },
+    /// Check a database: SQLite integrity, foreign keys, schema, every winner's config.
+    Verify { file: PathBuf },
+    /// Drop stale rows: measurements of other kernel sources and/or other tool versions.
+    Gc {
+        /// Drop measurements of kernel sources other than this build's.
+        #[arg(long)]
+        stale_kernels: bool,
+        /// Drop measurements made by other kerntune versions.
+        #[arg(long)]
+        old_tools: bool,
+        /// Only count what would be dropped.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Migrate --db to this kerntune's schema.
+    Migrate,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PreferArg {
+    Best,
+    Local,
+    Imported,
 }
 
 #[derive(Debug, Args, Clone)]

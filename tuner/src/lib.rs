@@ -1,14 +1,16 @@
 //! # kerntune-tuner
 //!
 //! The library behind the `tune` binary: model shapes ([`models`], [`shapes`]), measurement
-//! ([`measure`]), search strategies ([`search`]) and the tuning loop ([`tune`]). It is a library
-//! so the end-to-end tests can drive the loop with fake backends.
+//! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]) and sharing
+//! results between databases ([`share`]). It is a library so the end-to-end tests can drive
+//! the loop with fake backends and the sharing operations without a process per call.
 
 pub mod error;
 pub mod measure;
 pub mod models;
 pub mod search;
 pub mod shapes;
+pub mod share;
 pub mod tune;
 
 pub use error::{Result, TuneError};

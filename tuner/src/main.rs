@@ -5,6 +5,7 @@
 //! problems committed).
 
 mod cli;
+mod db_cmd;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Some(Command::Show(s)) => show(args, &s.shapes).await,
         Some(Command::Bench(b)) => bench(args, &b.shapes, &b.config).await,
+        Some(Command::Db(c)) => db_cmd::run(args, c).await,
         None => tune_main(args).await,
     }
 }

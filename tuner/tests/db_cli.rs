@@ -1,0 +1,287 @@
+//! `tune db ...` as users run it, and the database under real processes: four tuners writing
+//! one file at once, and tuners killed with SIGKILL at arbitrary moments.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+fn tune_cmd(args: &[&str], cwd: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tune"));
+    c.args(args).current_dir(cwd).env_remove("KERNTUNE_DB");
+    c
+}
+
+fn tune(args: &[&str], cwd: &Path) -> Output {
+    tune_cmd(args, cwd).output().expect("tune runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Small problems, each tuned in a few milliseconds.
+const PROBLEMS: [&str; 8] = [
+    "gemm:m=1,n=40,k=24",
+    "gemm:m=2,n=24,k=40",
+    "gemm:m=3,n=32,k=17",
+    "gemm:m=5,n=16,k=33",
+    "gemm:m=7,n=8,k=9,dtype=bf16",
+    "flash:q_len=5,q_heads=2,kv_heads=1,head_dim=16",
+    "flash:q_len=7,kv_len=9,q_heads=2,kv_heads=2,head_dim=8",
+    "paged:num_seqs=2,context_len=9,q_heads=2,kv_heads=1,head_dim=16,block_size=8",
+];
+
+fn tune_args<'a>(db: &'a str, problems: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--db",
+        db,
+        "--budget",
+        "150ms",
+        "--max-configs",
+        "4",
+        "--strategy",
+        "random",
+        "--json",
+    ];
+    for p in problems {
+        args.extend(["--shapes", p]);
+    }
+    args
+}
+
+fn verify_ok(db: &str, cwd: &Path) {
+    let out = tune(&["db", "verify", db], cwd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+fn winners(db: &str, cwd: &Path) -> Vec<serde_json::Value> {
+    let out = tune(&["--db", db, "--json", "show"], cwd);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Problems of a few hundred milliseconds each, so runs overlap and can be cut anywhere.
+fn longer(count: usize) -> Vec<String> {
+    (1..=count)
+        .map(|i| format!("gemm:m={},n=512,k=1024", 8 * i))
+        .collect()
+}
+
+fn rows_in(db: &str, cwd: &Path) -> usize {
+    let out = tune(
+        &["--db", db, "db", "export", "--all", "-o", "all.jsonl"],
+        cwd,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::read_to_string(cwd.join("all.jsonl"))
+        .unwrap()
+        .lines()
+        .count()
+        - 2
+}
+
+#[test]
+fn four_tuners_share_one_database_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let problems = longer(12);
+    let children: Vec<_> = problems
+        .chunks(3)
+        .map(|mine| {
+            let mine: Vec<&str> = mine.iter().map(String::as_str).collect();
+            tune_cmd(&tune_args("shared.db", &mine), d)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut written = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let summary: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            summary.iter().all(|o| o["status"] == "tuned"),
+            "{summary:#?}"
+        );
+        written += summary
+            .iter()
+            .map(|o| o["measured"].as_u64().unwrap() + o["pruned"].as_u64().unwrap())
+            .sum::<u64>() as usize;
+    }
+    // Every winner and every measurement each process wrote is there.
+    assert_eq!(winners("shared.db", d).len(), problems.len());
+    assert_eq!(rows_in("shared.db", d), written);
+    verify_ok("shared.db", d);
+}
+
+#[test]
+fn sigkill_at_any_moment_leaves_a_sound_database_that_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let problems = longer(6);
+    let problems: Vec<&str> = problems.iter().map(String::as_str).collect();
+    let args = tune_args("k.db", &problems);
+    let mut retune = args.clone();
+    retune.push("--retune");
+    // Kill moments spread over a whole run (about 2.5 s here), from a fixed linear
+    // congruential sequence: the same on every run of the test, different within it. Every
+    // attempt re-tunes everything, so each kill lands mid-run.
+    let mut x: u64 = 0x2545_f491;
+    for _ in 0..10 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let after = Duration::from_millis(20 + (x >> 33) % 2500);
+        let mut child = tune_cmd(&retune, d)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(after);
+        // SIGKILL: no handler runs, nothing is flushed.
+        let _ = child.kill();
+        child.wait().unwrap();
+        if d.join("k.db").exists() {
+            verify_ok("k.db", d);
+        }
+    }
+    let before = if d.join("k.db").exists() {
+        winners("k.db", d).len()
+    } else {
+        0
+    };
+    let out = tune(&args, d);
+    assert!(out.status.success(), "{}", text(&out));
+    let summary: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let count = |s: &str| summary.iter().filter(|o| o["status"] == s).count();
+    // What killed runs committed is kept and not redone; the rest is tuned now.
+    assert_eq!(count("skipped"), before, "{summary:#?}");
+    assert_eq!(count("tuned"), problems.len() - before, "{summary:#?}");
+    assert_eq!(winners("k.db", d).len(), problems.len());
+    verify_ok("k.db", d);
+}
+
+#[test]
+fn db_commands_exit_codes_and_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = tune(&tune_args("a.db", &PROBLEMS[..3]), d);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = tune(&["--db", "a.db", "db", "export", "-o", "a.jsonl"], d);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = tune(
+        &[
+            "--db", "a.db", "db", "export", "--all", "--format", "csv", "-o", "a.csv",
+        ],
+        d,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let csv = std::fs::read_to_string(d.join("a.csv")).unwrap();
+    assert!(
+        csv.starts_with("device,") && csv.lines().count() > 3,
+        "{csv}"
+    );
+
+    let out = tune(&["--db", "b.db", "db", "import", "a.jsonl"], d);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("3 new"), "{}", text(&out));
+    let out = tune(&["--json", "db", "diff", "a.db", "b.db"], d);
+    let diff: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(diff["same"].as_array().unwrap().len(), 3);
+    let out = tune(&["db", "merge", "a.db", "b.db", "-o", "m.db"], d);
+    assert!(out.status.success(), "{}", text(&out));
+    verify_ok("m.db", d);
+
+    // Usage errors: exit 2, a message naming the input and the fix, nothing written.
+    let text_of = |path: &str| std::fs::read_to_string(d.join(path)).unwrap();
+    let exported = text_of("a.jsonl");
+    std::fs::write(
+        d.join("cut.jsonl"),
+        &exported[..exported.rfind("{\"end\"").unwrap()],
+    )
+    .unwrap();
+    let b_before = std::fs::read(d.join("b.db")).unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--db", "b.db", "db", "import", "cut.jsonl"], "cut short"),
+        (&["--db", "b.db", "db", "import", "a.csv"], "CSV export"),
+        (
+            &["--db", "b.db", "db", "import", "none.jsonl"],
+            "cannot read export",
+        ),
+        (&["db", "merge", "a.db", "-o", "m.db"], "exists"),
+        (
+            &["db", "merge", "a.db", "absent.db", "-o", "n.db"],
+            "does not exist",
+        ),
+        (
+            &["--db", "absent.db", "db", "export", "-o", "x.jsonl"],
+            "does not exist",
+        ),
+        (&["--db", "a.db", "db", "gc"], "--stale-kernels"),
+        (
+            &[
+                "db",
+                "merge",
+                "a.db",
+                "-o",
+                "n.db",
+                "--conflict-ratio",
+                "0.5",
+            ],
+            "--conflict-ratio",
+        ),
+        (&["db", "verify", "absent.db"], "does not exist"),
+    ];
+    for (args, needle) in cases {
+        let out = tune(args, d);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(needle), "{args:?}: {}", text(&out));
+    }
+    assert_eq!(std::fs::read(d.join("b.db")).unwrap(), b_before);
+    for absent in ["n.db", "x.jsonl", "absent.db"] {
+        assert!(!d.join(absent).exists(), "{absent} was written");
+    }
+
+    // verify on a damaged database: exit 1 with the list.
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); \
+             c.execute(\"UPDATE winners SET config = json_set(config, '$.threads', 100000)\"); \
+             c.execute(\"UPDATE measurements SET config = json_set(config, '$.threads', 100000) WHERE id IN (SELECT measurement_id FROM winners)\"); \
+             c.commit()",
+        )
+        .arg(d.join("m.db"))
+        .status()
+        .expect("python3 with sqlite3 is available");
+    assert!(status.success());
+    let out = tune(&["db", "verify", "m.db"], d);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("threads"), "{}", text(&out));
+    assert!(text(&out).contains("3 problems"), "{}", text(&out));
+
+    // gc: counts on --dry-run, drops only when asked.
+    let out = tune(
+        &[
+            "--db",
+            "a.db",
+            "db",
+            "gc",
+            "--stale-kernels",
+            "--old-tools",
+            "--dry-run",
+        ],
+        d,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("would drop 0 measurements"),
+        "{}",
+        text(&out)
+    );
+}
