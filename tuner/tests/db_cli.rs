@@ -196,6 +196,9 @@ fn db_commands_exit_codes_and_messages() {
     let out = tune(&["db", "merge", "a.db", "b.db", "-o", "m.db"], d);
     assert!(out.status.success(), "{}", text(&out));
     verify_ok("m.db", d);
+    let out = tune(&["--db", "m.db", "db", "migrate"], d);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("schema 2"), "{}", text(&out));
 
     // Usage errors: exit 2, a message naming the input and the fix, nothing written.
     let text_of = |path: &str| std::fs::read_to_string(d.join(path)).unwrap();
@@ -236,6 +239,7 @@ fn db_commands_exit_codes_and_messages() {
             "--conflict-ratio",
         ),
         (&["db", "verify", "absent.db"], "does not exist"),
+        (&["--db", "absent.db", "db", "migrate"], "does not exist"),
     ];
     for (args, needle) in cases {
         let out = tune(args, d);
