@@ -1,12 +1,20 @@
-//! Hashes the CPU kernel sources into `KERNTUNE_CPU_SOURCE_HASH`: tuning results are bound to
-//! the hash, so results measured with other kernel code are recognised as stale.
+//! Hashes the kernel sources: the CPU kernels into `KERNTUNE_CPU_SOURCE_HASH`, the GPU sources
+//! of `hip/` into `KERNTUNE_GPU_SOURCE_HASH`. Tuning results are bound to the hash, so results
+//! measured with other kernel code are recognised as stale.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn main() {
-    let mut files = Vec::new();
-    collect(Path::new("src/cpu"), &mut files);
-    files.push(Path::new("src/config.rs").to_path_buf());
+    let mut cpu = Vec::new();
+    collect(Path::new("src/cpu"), &["rs"], &mut cpu);
+    cpu.push(Path::new("src/config.rs").to_path_buf());
+    println!("cargo:rustc-env=KERNTUNE_CPU_SOURCE_HASH={}", hash(cpu));
+    let mut gpu = Vec::new();
+    collect(Path::new("hip"), &["h", "hip"], &mut gpu);
+    println!("cargo:rustc-env=KERNTUNE_GPU_SOURCE_HASH={}", hash(gpu));
+}
+
+fn hash(mut files: Vec<PathBuf>) -> String {
     files.sort();
     // FNV-1a, 64 bit: stable across Rust versions, unlike std's hasher.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -18,15 +26,19 @@ fn main() {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    println!("cargo:rustc-env=KERNTUNE_CPU_SOURCE_HASH={h:016x}");
+    format!("{h:016x}")
 }
 
-fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("src/cpu exists") {
+fn collect(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
+    println!("cargo:rerun-if-changed={}", dir.display());
+    for entry in std::fs::read_dir(dir).expect("kernel source folder exists") {
         let path = entry.expect("readable directory").path();
         if path.is_dir() {
-            collect(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            collect(&path, extensions, out);
+        } else if path
+            .extension()
+            .is_some_and(|e| extensions.iter().any(|x| e == *x))
+        {
             out.push(path);
         }
     }

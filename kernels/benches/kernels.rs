@@ -84,7 +84,7 @@ fn small_sweep(
             (Some(t), Config::Gemm(g)) => Config::Gemm(GemmConfig { threads: t, ..g }),
             (Some(t), Config::Flash(f)) => Config::Flash(FlashConfig { threads: t, ..f }),
             (Some(t), Config::Paged(p)) => Config::Paged(PagedConfig { threads: t, ..p }),
-            (None, c) => c,
+            (_, c) => c,
         });
     }
     let reps = if problem.flops() > 5e10 { 1 } else { 3 };

@@ -17,6 +17,12 @@ pub enum Config {
     Gemm(GemmConfig),
     Flash(FlashConfig),
     Paged(PagedConfig),
+    #[serde(rename = "gpu-gemm")]
+    GpuGemm(GpuGemmConfig),
+    #[serde(rename = "gpu-flash")]
+    GpuFlash(GpuFlashConfig),
+    #[serde(rename = "gpu-paged")]
+    GpuPaged(GpuPagedConfig),
 }
 
 impl Config {
@@ -25,7 +31,18 @@ impl Config {
             Config::Gemm(_) => Family::Gemm,
             Config::Flash(_) => Family::Flash,
             Config::Paged(_) => Family::Paged,
+            Config::GpuGemm(_) => Family::Gemm,
+            Config::GpuFlash(_) => Family::Flash,
+            Config::GpuPaged(_) => Family::Paged,
         }
+    }
+
+    /// Whether this config is for a GPU backend (and so never runs on the CPU).
+    pub fn is_gpu(&self) -> bool {
+        matches!(
+            self,
+            Config::GpuGemm(_) | Config::GpuFlash(_) | Config::GpuPaged(_)
+        )
     }
 
     /// Compact JSON, the form stored in the database and accepted by `tune bench --config`.
@@ -37,11 +54,15 @@ impl Config {
         serde_json::from_str(s)
     }
 
+    /// CPU threads, or threads per block on a GPU.
     pub fn threads(&self) -> usize {
         match self {
             Config::Gemm(c) => c.threads,
             Config::Flash(c) => c.threads,
             Config::Paged(c) => c.threads,
+            Config::GpuGemm(c) => c.threads(),
+            Config::GpuFlash(c) => c.br * c.lanes,
+            Config::GpuPaged(c) => c.threads,
         }
     }
 }
@@ -71,6 +92,13 @@ impl fmt::Display for Config {
                 "{} partition={} group={} t={}",
                 c.isa, c.partition, c.group_heads, c.threads
             ),
+            Config::GpuGemm(c) => write!(
+                f,
+                "gpu {} {}x{}x{} tile {}x{}",
+                c.variant, c.bm, c.bn, c.bk, c.tm, c.tn
+            ),
+            Config::GpuFlash(c) => write!(f, "gpu br={} bc={} lanes={}", c.br, c.bc, c.lanes),
+            Config::GpuPaged(c) => write!(f, "gpu partition={} threads={}", c.partition, c.threads),
         }
     }
 }
@@ -164,5 +192,72 @@ pub struct PagedConfig {
     pub isa: Isa,
     pub partition: usize,
     pub group_heads: bool,
+    pub threads: usize,
+}
+
+/// The GPU GEMM kernels of `kernels/hip/gemm.hip`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuGemmVariant {
+    /// LDS tiles of A and B, a `tm × tn` register tile per thread; every vendor and dtype.
+    Tiled,
+    /// AMD matrix cores (`v_mfma_f32_32x32x8`, CDNA2/3), f16 and bf16: each wave owns
+    /// `tm × tn` tiles of 32×32.
+    Mfma,
+}
+
+impl fmt::Display for GpuGemmVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GpuGemmVariant::Tiled => "tiled",
+            GpuGemmVariant::Mfma => "mfma",
+        })
+    }
+}
+
+/// GEMM on a GPU: a `bm × bn` tile of C per block, `bk` deep per LDS stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuGemmConfig {
+    pub variant: GpuGemmVariant,
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
+    pub tm: usize,
+    pub tn: usize,
+}
+
+impl GpuGemmConfig {
+    /// Threads per block the kernel is compiled for (0 when the tile does not divide).
+    pub fn threads(&self) -> usize {
+        match self.variant {
+            GpuGemmVariant::Tiled => {
+                self.bm.checked_div(self.tm).unwrap_or(0)
+                    * self.bn.checked_div(self.tn).unwrap_or(0)
+            }
+            GpuGemmVariant::Mfma => {
+                64 * self.bm.checked_div(32 * self.tm).unwrap_or(0)
+                    * self.bn.checked_div(32 * self.tn).unwrap_or(0)
+            }
+        }
+    }
+}
+
+/// Flash attention on a GPU: `br` query rows per block, each held by `lanes` threads (each
+/// owning `head_dim / lanes` dims), key/value tiles of `bc` rows in LDS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFlashConfig {
+    pub br: usize,
+    pub bc: usize,
+    pub lanes: usize,
+}
+
+/// Paged attention decode on a GPU: `partition` context tokens per block, `threads` per block,
+/// partitions combined by a second kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPagedConfig {
+    pub partition: usize,
     pub threads: usize,
 }

@@ -34,20 +34,24 @@ pub mod data;
 pub mod device;
 mod dtype;
 mod error;
+pub mod gpu;
 pub mod kernel;
 pub mod problem;
 pub mod reference;
 pub mod shapes;
 pub mod space;
 
-pub use config::{Config, FlashConfig, GemmConfig, PagedConfig};
+pub use config::{
+    Config, FlashConfig, GemmConfig, GpuFlashConfig, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig,
+    PagedConfig,
+};
 pub use cpu::CpuBackend;
 pub use device::{CpuInfo, Device, GpuModel, Isa};
 pub use dtype::{DType, Tensor, TensorBuf};
 pub use error::{KernelError, Result};
 pub use kernel::Backend;
 pub use problem::{BLayout, Family, FlashProblem, GemmProblem, PagedProblem, Problem, Scale};
-pub use space::{CpuSpace, Space};
+pub use space::{CpuSpace, GpuSpace, Space};
 
 /// Hash of the CPU kernel sources (and config definitions) this library was built from, part of
 /// every tuning record's key: results measured with other kernel code are stale.

@@ -440,6 +440,12 @@ impl Space for CpuSpace {
         device: &Device,
     ) -> Result<(), KernelError> {
         let host = host_of(device, problem.family())?;
+        if config.is_gpu() {
+            return Err(invalid(
+                problem.family(),
+                format!("`{config}` is a GPU config; the CPU backend runs CPU configs"),
+            ));
+        }
         match (config, problem) {
             (Config::Gemm(c), Problem::Gemm(p)) => self.validate_gemm(c, p, host),
             (Config::Flash(c), Problem::Flash(p)) => self.validate_flash(c, p, host),

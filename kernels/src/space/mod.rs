@@ -2,8 +2,10 @@
 //! valid and why not, what runs untuned, and a cheap per-problem guess.
 
 mod cpu;
+mod gpu;
 
 pub use cpu::{CpuSpace, STREAM_MAX_M};
+pub use gpu::{has_mfma, lds_bytes, GpuSpace, GPU_MAX_HEAD_DIM};
 
 use crate::{Config, Device, KernelError, Problem};
 

@@ -1,0 +1,212 @@
+//! The offline HIP compile: clang in HIP mode writes one raw code object per candidate for a
+//! gfx target, reading the source from standard input and writing the object to standard
+//! output. No GPU and no HIP runtime are needed, only clang, the HIP headers and the ROCm
+//! device libraries (Debian: `hipcc` and `libamdhip64-dev`, ROCm 5.2 with clang 15; Debian's
+//! `clang-19` also targets gfx942).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use super::KernelBuild;
+use crate::device::GpuModel;
+use crate::KernelError;
+
+/// Where Debian and ROCm install the device libraries (`ocml.bc` and friends).
+const DEVICE_LIB_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+    "/opt/rocm/amdgcn/bitcode",
+    "/opt/rocm/lib/llvm/lib/clang/amdgcn/bitcode",
+];
+
+/// Compilers tried in order: newer clangs know newer targets (gfx942 needs clang 17 or later).
+const CLANGS: &[&str] = &[
+    "clang++-19",
+    "clang++-18",
+    "clang++-17",
+    "clang++-16",
+    "clang++-15",
+    "/opt/rocm/llvm/bin/clang++",
+    "clang++",
+];
+
+/// A clang that compiles HIP for AMD targets, with the paths it needs.
+#[derive(Debug)]
+pub struct HipCompiler {
+    pub clang: PathBuf,
+    /// `clang --version`'s first line: part of the compile cache key.
+    pub version: String,
+    rocm_path: PathBuf,
+    device_libs: PathBuf,
+    /// Targets probed so far: whether this clang compiles for them.
+    probed: Mutex<HashMap<String, bool>>,
+}
+
+fn unavailable(reason: impl Into<String>) -> KernelError {
+    KernelError::BackendUnavailable {
+        backend: "hip",
+        reason: reason.into(),
+    }
+}
+
+impl HipCompiler {
+    /// Finds a working compiler: `$KERNTUNE_HIP_CLANG` if set, else the first of [`CLANGS`]
+    /// that compiles a probe kernel for gfx90a.
+    pub fn find() -> Result<HipCompiler, KernelError> {
+        let rocm_path = ["/usr", "/opt/rocm"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("include/hip/hip_runtime.h").exists())
+            .ok_or_else(|| {
+                unavailable(
+                    "no HIP headers (hip/hip_runtime.h under /usr/include or /opt/rocm/include); install hipcc and libamdhip64-dev (Debian) or ROCm",
+                )
+            })?;
+        let device_libs = std::env::var_os("KERNTUNE_ROCM_DEVICE_LIBS")
+            .map(PathBuf::from)
+            .into_iter()
+            .chain(DEVICE_LIB_DIRS.iter().map(PathBuf::from))
+            .find(|d| d.join("ocml.bc").exists())
+            .ok_or_else(|| {
+                unavailable(
+                    "no ROCm device libraries (ocml.bc); install rocm-device-libs (Debian, pulled in by hipcc) or ROCm, or set KERNTUNE_ROCM_DEVICE_LIBS",
+                )
+            })?;
+        let chosen: Vec<PathBuf> = match std::env::var_os("KERNTUNE_HIP_CLANG") {
+            Some(c) => vec![PathBuf::from(c)],
+            None => CLANGS.iter().map(PathBuf::from).collect(),
+        };
+        let mut tried = Vec::new();
+        for clang in chosen {
+            let Some(version) = version_of(&clang) else {
+                continue;
+            };
+            let compiler = HipCompiler {
+                clang: clang.clone(),
+                version,
+                rocm_path: rocm_path.clone(),
+                device_libs: device_libs.clone(),
+                probed: Mutex::new(HashMap::new()),
+            };
+            if compiler.supports("gfx90a") {
+                return Ok(compiler);
+            }
+            tried.push(clang.display().to_string());
+        }
+        Err(unavailable(if tried.is_empty() {
+            "no clang on PATH; install hipcc (Debian: pulls in clang-15) or set KERNTUNE_HIP_CLANG"
+                .to_string()
+        } else {
+            format!(
+                "none of {} compiles HIP for gfx90a here; install hipcc and libamdhip64-dev",
+                tried.join(", ")
+            )
+        }))
+    }
+
+    /// Whether this compiler builds code for `arch` (probed once with a tiny kernel).
+    pub fn supports(&self, arch: &str) -> bool {
+        if let Some(&known) = self.lock().get(arch) {
+            return known;
+        }
+        let probe = "#include <hip/hip_runtime.h>\nextern \"C\" __global__ void kt_probe(float* x) { x[threadIdx.x] = 1.0f; }";
+        let ok = self.run(probe, arch, &[]).is_ok();
+        self.lock().insert(arch.to_string(), ok);
+        ok
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, bool>> {
+        // A panic while holding the map leaves it usable: it only caches probe answers.
+        self.probed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The target to compile for a model, and a warning when it is a stand-in: gfx942
+    /// (MI300X) falls back to gfx940, the same CDNA3 ISA, where this clang predates gfx942.
+    pub fn target_for(&self, g: &GpuModel) -> Result<(String, Option<String>), KernelError> {
+        if self.supports(g.arch) {
+            return Ok((g.arch.to_string(), None));
+        }
+        if g.arch == "gfx942" && self.supports("gfx940") {
+            return Ok((
+                "gfx940".into(),
+                Some(format!(
+                    "{} does not know gfx942; compiling for gfx940 (same CDNA3 ISA, so register and LDS use carry over); install clang-19 for exact gfx942 code objects",
+                    self.version
+                )),
+            ));
+        }
+        Err(unavailable(format!(
+            "{} cannot compile for {} ({}); a newer clang (clang-19 on Debian 12) can",
+            self.version, g.name, g.arch
+        )))
+    }
+
+    /// Compiles one build for `target`; the error is the compiler's first messages.
+    pub fn compile(&self, build: &KernelBuild, target: &str) -> Result<Vec<u8>, String> {
+        let defines: Vec<String> = build
+            .defines
+            .iter()
+            .map(|(name, value)| format!("-D{name}={value}"))
+            .collect();
+        self.run(&build.source(), target, &defines)
+    }
+
+    fn run(&self, source: &str, target: &str, extra: &[String]) -> Result<Vec<u8>, String> {
+        let mut child = Command::new(&self.clang)
+            .args([
+                "-x",
+                "hip",
+                "--cuda-device-only",
+                "--no-gpu-bundle-output",
+                "-O3",
+            ])
+            .arg(format!("--rocm-path={}", self.rocm_path.display()))
+            .arg(format!(
+                "--rocm-device-lib-path={}",
+                self.device_libs.display()
+            ))
+            .arg(format!("--offload-arch={target}"))
+            .args(extra)
+            .args(["-", "-o", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", self.clang.display()))?;
+        // Write from another thread: a compiler that fails early stops reading its input.
+        let mut stdin = child.stdin.take().expect("stdin was piped");
+        let source = source.to_string();
+        let writer = std::thread::spawn(move || stdin.write_all(source.as_bytes()));
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("{} failed to run: {e}", self.clang.display()))?;
+        let _ = writer.join();
+        if out.status.success() && !out.stdout.is_empty() {
+            return Ok(out.stdout);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("error"))
+            .take(3)
+            .collect();
+        Err(if errors.is_empty() {
+            format!("compiler exited with {}", out.status)
+        } else {
+            errors.join("; ")
+        })
+    }
+}
+
+fn version_of(clang: &Path) -> Option<String> {
+    let out = Command::new(clang).arg("--version").output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .map(|l| l.trim().to_string())
+}

@@ -1,0 +1,13 @@
+//! GPU kernels: the sources in `kernels/hip/` (one source for AMD and NVIDIA through a small
+//! prelude), what a config compiles to ([`KernelBuild`]), the offline compile with the HIP
+//! compiler ([`hip`]), the resources read back from each code object ([`metadata`]) and the
+//! occupancy they allow ([`occupancy`]). Everything here runs without a GPU.
+
+pub mod hip;
+mod judge;
+pub mod metadata;
+pub mod occupancy;
+mod source;
+
+pub use judge::{judge, Verdict};
+pub use source::{KernelBuild, GPU_SOURCE_HASH};

@@ -1,0 +1,127 @@
+//! The GPU kernel sources, compiled into the binary, and the `-D` macros a config turns into.
+
+use serde::Serialize;
+
+use crate::config::GpuGemmVariant;
+use crate::{BLayout, Config, DType, Family, KernelError, Problem};
+
+/// Hash of `kernels/hip/`: GPU results are bound to it as CPU results are to theirs.
+pub const GPU_SOURCE_HASH: &str = env!("KERNTUNE_GPU_SOURCE_HASH");
+
+const PRELUDE: &str = include_str!("../../hip/prelude.h");
+const GEMM: &str = include_str!("../../hip/gemm.hip");
+const FLASH: &str = include_str!("../../hip/flash.hip");
+const PAGED: &str = include_str!("../../hip/paged.hip");
+
+/// One compile: a family's source with the macros of a config and the static parts of a
+/// problem (dtype, layout, head size). Problems that differ only in sizes passed at launch
+/// share it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct KernelBuild {
+    pub family: Family,
+    /// The source file under `kernels/hip/`.
+    pub file: &'static str,
+    /// `-D` macros, in a fixed order.
+    pub defines: Vec<(&'static str, usize)>,
+    /// Entry points the code object must contain.
+    pub entries: &'static [&'static str],
+    /// Threads per block it is compiled and launched with.
+    pub threads: usize,
+}
+
+fn dtype_code(d: DType) -> usize {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+    }
+}
+
+impl KernelBuild {
+    /// The build of `config` for `problem`; an error for CPU configs and family mismatches.
+    pub fn new(problem: &Problem, config: &Config) -> Result<KernelBuild, KernelError> {
+        let build = match (problem, config) {
+            (Problem::Gemm(p), Config::GpuGemm(c)) => KernelBuild {
+                family: Family::Gemm,
+                file: "gemm.hip",
+                defines: vec![
+                    ("KT_DTYPE", dtype_code(p.dtype)),
+                    (
+                        "KT_VARIANT",
+                        match c.variant {
+                            GpuGemmVariant::Tiled => 0,
+                            GpuGemmVariant::Mfma => 1,
+                        },
+                    ),
+                    ("KT_BM", c.bm),
+                    ("KT_BN", c.bn),
+                    ("KT_BK", c.bk),
+                    ("KT_TM", c.tm),
+                    ("KT_TN", c.tn),
+                    ("KT_B_NK", usize::from(p.b_layout == BLayout::Nk)),
+                ],
+                entries: &["kt_gemm"],
+                threads: c.threads(),
+            },
+            (Problem::Flash(p), Config::GpuFlash(c)) => KernelBuild {
+                family: Family::Flash,
+                file: "flash.hip",
+                defines: vec![
+                    ("KT_DTYPE", dtype_code(p.dtype)),
+                    ("KT_BR", c.br),
+                    ("KT_BC", c.bc),
+                    ("KT_LANES", c.lanes),
+                    ("KT_D", p.head_dim),
+                ],
+                entries: &["kt_flash"],
+                threads: c.br * c.lanes,
+            },
+            (Problem::Paged(p), Config::GpuPaged(c)) => KernelBuild {
+                family: Family::Paged,
+                file: "paged.hip",
+                defines: vec![
+                    ("KT_DTYPE", dtype_code(p.dtype)),
+                    ("KT_PART", c.partition),
+                    ("KT_THREADS", c.threads),
+                    ("KT_D", p.head_dim),
+                    ("KT_BLOCK", p.block_size),
+                ],
+                entries: &["kt_paged", "kt_paged_reduce"],
+                threads: c.threads,
+            },
+            (p, c) if !c.is_gpu() => {
+                return Err(KernelError::InvalidConfig {
+                    family: p.family(),
+                    reason: format!("`{c}` is a CPU config; GPU kernels build from GPU configs"),
+                })
+            }
+            (p, c) => {
+                return Err(KernelError::FamilyMismatch {
+                    problem: p.family(),
+                    config: c.family(),
+                })
+            }
+        };
+        Ok(build)
+    }
+
+    /// A stable text naming the build, e.g. `gemm.hip KT_DTYPE=2 KT_VARIANT=1 ...`: with the
+    /// target, compiler and source hash it keys the compile cache.
+    pub fn key(&self) -> String {
+        let mut s = self.file.to_string();
+        for (name, value) in &self.defines {
+            s.push_str(&format!(" {name}={value}"));
+        }
+        s
+    }
+
+    /// The translation unit, with the prelude inlined so it compiles from standard input.
+    pub fn source(&self) -> String {
+        let body = match self.family {
+            Family::Gemm => GEMM,
+            Family::Flash => FLASH,
+            Family::Paged => PAGED,
+        };
+        body.replacen("#include \"prelude.h\"", PRELUDE, 1)
+    }
+}

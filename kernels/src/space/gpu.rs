@@ -1,0 +1,344 @@
+//! The parameter space of the GPU kernels in `kernels/hip/`, for AMD and NVIDIA models of the
+//! catalog. Constraints are the hardware's: threads per block a multiple of the wave (64 on
+//! CDNA, 32 on NVIDIA) and at most the block limit, LDS / shared memory per block within the
+//! model's limit, tiles that divide, MFMA only on CDNA2/3 and only for 16-bit inputs. What the
+//! compiler decides (registers, spills, occupancy) is checked after compiling, by the plan.
+
+use crate::config::{GpuFlashConfig, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig};
+use crate::device::GpuModel;
+use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
+use crate::{Config, DType, Device, Family, KernelError, Problem, Space};
+
+/// Head dimensions the flash kernel holds in registers: beyond this a row does not fit.
+pub const GPU_MAX_HEAD_DIM: usize = 256;
+
+/// The GPU kernels' parameter space.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuSpace;
+
+fn invalid(family: Family, reason: impl Into<String>) -> KernelError {
+    KernelError::InvalidConfig {
+        family,
+        reason: reason.into(),
+    }
+}
+
+fn gpu_of(device: &Device, family: Family) -> Result<&'static GpuModel, KernelError> {
+    match device {
+        Device::Gpu(g) => Ok(g),
+        Device::Cpu(_) => Err(invalid(
+            family,
+            "the GPU space applies to GPU devices; the host CPU uses the CPU space",
+        )),
+    }
+}
+
+/// Whether the model has the MFMA instructions the MFMA GEMM uses.
+pub fn has_mfma(g: &GpuModel) -> bool {
+    matches!(g.arch, "gfx90a" | "gfx940" | "gfx941" | "gfx942")
+}
+
+/// LDS bytes one block of a config allocates (as declared in the sources).
+pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
+    match (config, problem) {
+        (Config::GpuGemm(c), _) => match c.variant {
+            GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
+            GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
+        },
+        (Config::GpuFlash(c), Problem::Flash(p)) => 4 * 2 * c.bc * p.head_dim,
+        (Config::GpuPaged(c), Problem::Paged(p)) => {
+            4 * (p.head_dim + c.partition + c.threads / g.wave_size as usize)
+        }
+        _ => 0,
+    }
+}
+
+fn check_threads(family: Family, threads: usize, g: &GpuModel) -> Result<(), KernelError> {
+    let wave = g.wave_size as usize;
+    if threads == 0 || !threads.is_multiple_of(wave) || threads > g.max_threads_per_block as usize {
+        return Err(invalid(
+            family,
+            format!(
+                "{threads} threads per block: must be a multiple of the {wave}-wide wave, at most {}",
+                g.max_threads_per_block
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl GpuSpace {
+    fn validate_gemm(
+        &self,
+        c: &GpuGemmConfig,
+        p: &GemmProblem,
+        g: &GpuModel,
+    ) -> Result<(), KernelError> {
+        let f = Family::Gemm;
+        let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
+        if !(pow2(c.bm) && pow2(c.bn) && pow2(c.bk) && pow2(c.tm) && pow2(c.tn)) {
+            return Err(invalid(
+                f,
+                format!(
+                    "tile {}x{}x{} / {}x{}: every size must be a power of two up to 512",
+                    c.bm, c.bn, c.bk, c.tm, c.tn
+                ),
+            ));
+        }
+        match c.variant {
+            GpuGemmVariant::Tiled => {
+                if !c.bm.is_multiple_of(c.tm) || !c.bn.is_multiple_of(c.tn) || c.tm * c.tn > 64 {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "register tile {}x{} must divide the block tile {}x{} and hold at most 64 values",
+                            c.tm, c.tn, c.bm, c.bn
+                        ),
+                    ));
+                }
+            }
+            GpuGemmVariant::Mfma => {
+                if !has_mfma(g) {
+                    return Err(invalid(
+                        f,
+                        format!("{} ({}) has no MFMA instructions", g.name, g.arch),
+                    ));
+                }
+                if p.dtype == DType::F32 {
+                    return Err(invalid(f, "the MFMA variant takes f16 or bf16 inputs"));
+                }
+                if !c.bm.is_multiple_of(32 * c.tm)
+                    || !c.bn.is_multiple_of(32 * c.tn)
+                    || !c.bk.is_multiple_of(8)
+                {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "MFMA tiles: {}x{} must be multiples of 32·{}x32·{} and bk = {} of 8",
+                            c.bm, c.bn, c.tm, c.tn, c.bk
+                        ),
+                    ));
+                }
+            }
+        }
+        check_threads(f, c.threads(), g)
+    }
+
+    fn validate_flash(
+        &self,
+        c: &GpuFlashConfig,
+        p: &FlashProblem,
+        g: &GpuModel,
+    ) -> Result<(), KernelError> {
+        let f = Family::Flash;
+        if p.head_dim > GPU_MAX_HEAD_DIM {
+            return Err(invalid(
+                f,
+                format!(
+                    "head_dim {} exceeds the {GPU_MAX_HEAD_DIM} a thread holds in registers",
+                    p.head_dim
+                ),
+            ));
+        }
+        if !c.bc.is_power_of_two() || c.bc > 128 {
+            return Err(invalid(
+                f,
+                format!("bc = {} must be a power of two up to 128", c.bc),
+            ));
+        }
+        // Lanes of a row exchange partial dot products by shuffles inside one wave.
+        if !c.lanes.is_power_of_two() || c.lanes > 32 || !p.head_dim.is_multiple_of(c.lanes) {
+            return Err(invalid(
+                f,
+                format!(
+                    "lanes = {} must be a power of two up to 32 dividing head_dim {}",
+                    c.lanes, p.head_dim
+                ),
+            ));
+        }
+        check_threads(f, c.br * c.lanes, g)
+    }
+
+    fn validate_paged(
+        &self,
+        c: &GpuPagedConfig,
+        p: &PagedProblem,
+        g: &GpuModel,
+    ) -> Result<(), KernelError> {
+        let f = Family::Paged;
+        if c.partition == 0 || !c.partition.is_multiple_of(p.block_size) || c.partition > 8192 {
+            return Err(invalid(
+                f,
+                format!(
+                    "partition = {} must be a positive multiple of block_size {} up to 8192",
+                    c.partition, p.block_size
+                ),
+            ));
+        }
+        check_threads(f, c.threads, g)
+    }
+
+    fn gemm_candidates(&self, p: &GemmProblem, g: &GpuModel) -> Vec<Config> {
+        let mut out = Vec::new();
+        for (bm, bn) in [(32, 32), (64, 64), (64, 128), (128, 64), (128, 128)] {
+            for bk in [8, 16, 32] {
+                for (tm, tn) in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
+                    out.push(GpuGemmConfig {
+                        variant: GpuGemmVariant::Tiled,
+                        bm,
+                        bn,
+                        bk,
+                        tm,
+                        tn,
+                    });
+                }
+            }
+        }
+        if has_mfma(g) && p.dtype != DType::F32 {
+            for (bm, bn) in [(64, 64), (64, 128), (128, 64), (128, 128), (256, 128)] {
+                for bk in [16, 32, 64] {
+                    for (tm, tn) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
+                        out.push(GpuGemmConfig {
+                            variant: GpuGemmVariant::Mfma,
+                            bm,
+                            bn,
+                            bk,
+                            tm,
+                            tn,
+                        });
+                    }
+                }
+            }
+        }
+        out.into_iter().map(Config::GpuGemm).collect()
+    }
+}
+
+impl Space for GpuSpace {
+    fn backend(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn candidates(&self, problem: &Problem, device: &Device) -> Vec<Config> {
+        let Ok(g) = gpu_of(device, problem.family()) else {
+            return Vec::new();
+        };
+        let all = match problem {
+            Problem::Gemm(p) => self.gemm_candidates(p, g),
+            Problem::Flash(_) => {
+                let mut out = Vec::new();
+                for br in [16, 32, 64, 128] {
+                    for bc in [16, 32, 64] {
+                        for lanes in [1, 2, 4, 8, 16] {
+                            out.push(Config::GpuFlash(GpuFlashConfig { br, bc, lanes }));
+                        }
+                    }
+                }
+                out
+            }
+            Problem::Paged(_) => [256, 512, 1024]
+                .into_iter()
+                .flat_map(|partition| {
+                    [64, 128, 256, 512]
+                        .map(|threads| Config::GpuPaged(GpuPagedConfig { partition, threads }))
+                })
+                .collect(),
+        };
+        all.into_iter()
+            .filter(|c| self.validate(c, problem, device).is_ok())
+            .collect()
+    }
+
+    fn validate(
+        &self,
+        config: &Config,
+        problem: &Problem,
+        device: &Device,
+    ) -> Result<(), KernelError> {
+        let g = gpu_of(device, problem.family())?;
+        match (config, problem) {
+            (Config::GpuGemm(c), Problem::Gemm(p)) => self.validate_gemm(c, p, g)?,
+            (Config::GpuFlash(c), Problem::Flash(p)) => self.validate_flash(c, p, g)?,
+            (Config::GpuPaged(c), Problem::Paged(p)) => self.validate_paged(c, p, g)?,
+            (c, p) if !c.is_gpu() => {
+                return Err(invalid(
+                    p.family(),
+                    format!("`{c}` is a CPU config; a GPU runs GPU configs"),
+                ))
+            }
+            _ => {
+                return Err(KernelError::FamilyMismatch {
+                    problem: problem.family(),
+                    config: config.family(),
+                })
+            }
+        }
+        let lds = lds_bytes(config, problem, g);
+        if lds > g.lds_per_block as usize {
+            return Err(invalid(
+                problem.family(),
+                format!(
+                    "needs {lds} bytes of LDS per block; {} allows {}",
+                    g.name, g.lds_per_block
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn default_config(&self, problem: &Problem, _device: &Device) -> Config {
+        match problem {
+            Problem::Gemm(_) => Config::GpuGemm(GpuGemmConfig {
+                variant: GpuGemmVariant::Tiled,
+                bm: 64,
+                bn: 64,
+                bk: 16,
+                tm: 4,
+                tn: 4,
+            }),
+            Problem::Flash(p) => {
+                // Head sizes are multiples of 8 in practice; odd ones get fewer lanes.
+                let lanes = [8, 4, 2, 1]
+                    .into_iter()
+                    .find(|l| p.head_dim.is_multiple_of(*l))
+                    .unwrap_or(1);
+                Config::GpuFlash(GpuFlashConfig {
+                    br: (256 / lanes).min(64),
+                    bc: if p.head_dim > 128 { 16 } else { 32 },
+                    lanes,
+                })
+            }
+            Problem::Paged(p) => Config::GpuPaged(GpuPagedConfig {
+                partition: 512usize.next_multiple_of(p.block_size),
+                threads: 256,
+            }),
+        }
+    }
+
+    fn heuristic(&self, problem: &Problem, device: &Device) -> Config {
+        let mfma = match (problem, device) {
+            (Problem::Gemm(p), Device::Gpu(g)) => has_mfma(g) && p.dtype != DType::F32,
+            _ => false,
+        };
+        match problem {
+            Problem::Gemm(p) if mfma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
+                variant: GpuGemmVariant::Mfma,
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                tm: 2,
+                tn: 2,
+            }),
+            // Decode: few rows, many columns; a narrow tile keeps every CU busy.
+            Problem::Gemm(p) if p.m <= 16 => Config::GpuGemm(GpuGemmConfig {
+                variant: GpuGemmVariant::Tiled,
+                bm: 32,
+                bn: 32,
+                bk: 32,
+                tm: 2,
+                tn: 2,
+            }),
+            _ => self.default_config(problem, device),
+        }
+    }
+}

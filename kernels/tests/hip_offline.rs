@@ -1,0 +1,219 @@
+//! The GPU sources compiled offline with the real HIP compiler for gfx90a (MI250) and gfx940
+//! (the CDNA3 stand-in for MI300X), resources read back from the code objects, and pruning.
+//!
+//! Needs clang with HIP headers and ROCm device libraries (Debian: hipcc, libamdhip64-dev).
+//! Without them each test says it did not run and why; with `KERNTUNE_REQUIRE_HIP=1` (set by
+//! `.ci/run`, which installs them) a missing compiler fails the test instead.
+
+use kerntune_kernels::gpu::hip::HipCompiler;
+use kerntune_kernels::gpu::{judge, metadata, KernelBuild, Verdict};
+use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuSpace, Problem, Space};
+
+fn compiler(test: &str) -> Option<HipCompiler> {
+    match HipCompiler::find() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var_os("KERNTUNE_REQUIRE_HIP").is_some() => {
+            panic!("{test}: KERNTUNE_REQUIRE_HIP is set but {e}")
+        }
+        Err(e) => {
+            eprintln!("{test} did not run: {e}");
+            None
+        }
+    }
+}
+
+/// Llama-3.1-70B TP8 shapes of each family, bf16, and an f32 GEMM with a Linear layout.
+fn problems() -> Vec<Problem> {
+    [
+        "gemm:m=1,n=1280,k=8192,dtype=bf16",
+        "gemm:m=512,n=8192,k=1024,dtype=bf16,b=kn",
+        "gemm:m=37,n=100,k=61,dtype=f32",
+        "flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+        "flash:q_len=64,q_heads=4,kv_heads=4,head_dim=64,dtype=f16,causal=false",
+        "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect()
+}
+
+fn compile(
+    hip: &HipCompiler,
+    build: &KernelBuild,
+    target: &str,
+) -> Result<Vec<metadata::KernelResources>, String> {
+    hip.compile(build, target)
+        .and_then(|object| metadata::read(&object))
+}
+
+#[test]
+fn defaults_compile_for_gfx90a_and_gfx940_without_spills_and_within_lds() {
+    let Some(hip) = compiler("defaults_compile_for_gfx90a_and_gfx940") else {
+        return;
+    };
+    for (name, target) in [("mi250", "gfx90a"), ("mi300x", "gfx940")] {
+        let device = Device::lookup(name).unwrap();
+        let Device::Gpu(g) = device else {
+            unreachable!()
+        };
+        assert!(
+            hip.supports(target),
+            "{} cannot compile {target}",
+            hip.version
+        );
+        for p in problems() {
+            let config = GpuSpace.default_config(&p, &device);
+            GpuSpace.validate(&config, &p, &device).unwrap();
+            let build = KernelBuild::new(&p, &config).unwrap();
+            let kernels = compile(&hip, &build, target)
+                .unwrap_or_else(|e| panic!("{p} {config} for {target}: {e}"));
+            for entry in build.entries {
+                let k = kernels.iter().find(|k| k.name == *entry).unwrap();
+                assert_eq!((k.vgpr_spill, k.sgpr_spill), (0, 0), "{p} {config}: {k:?}");
+                assert!(k.lds <= g.lds_per_block, "{p} {config}: {k:?}");
+                assert!(k.vgpr > 0 && k.sgpr > 0, "{p} {config}: {k:?}");
+                assert_eq!(k.wave_size, 64);
+            }
+            // The LDS the space computes is what the compiler allocated.
+            let main = kernels.iter().find(|k| k.name == build.entries[0]).unwrap();
+            assert_eq!(
+                main.lds as usize,
+                kerntune_kernels::space::lds_bytes(&config, &p, g),
+                "{p} {config}"
+            );
+            assert!(
+                judge(&build, &Ok(kernels), g, 1.0).is_kept(),
+                "{p} {config}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sample_of_candidates_compiles_and_is_judged() {
+    let Some(hip) = compiler("a_sample_of_candidates_compiles_and_is_judged") else {
+        return;
+    };
+    let device = Device::lookup("mi250").unwrap();
+    let Device::Gpu(g) = device else {
+        unreachable!()
+    };
+    let mut kept = 0;
+    for p in problems() {
+        let candidates = GpuSpace.candidates(&p, &device);
+        assert!(!candidates.is_empty(), "{p}");
+        // First, middle and last: both GEMM variants where MFMA applies.
+        for c in [0, candidates.len() / 2, candidates.len() - 1].map(|i| candidates[i]) {
+            let build = KernelBuild::new(&p, &c).unwrap();
+            let verdict = judge(&build, &compile(&hip, &build, "gfx90a"), g, 1.0);
+            if let Verdict::Pruned { reason } = &verdict {
+                // Pruned, but only for a reason the plan names, never a failed compile.
+                assert!(
+                    reason.starts_with("spills") || reason.starts_with("low occupancy"),
+                    "{p} {c}: {reason}"
+                );
+            } else {
+                kept += 1;
+            }
+        }
+    }
+    assert!(kept >= problems().len(), "kept only {kept}");
+}
+
+#[test]
+fn a_config_built_to_overflow_lds_is_pruned() {
+    let Some(hip) = compiler("a_config_built_to_overflow_lds_is_pruned") else {
+        return;
+    };
+    let device = Device::lookup("mi250").unwrap();
+    let Device::Gpu(g) = device else {
+        unreachable!()
+    };
+    let p: Problem = "flash:q_len=256,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16"
+        .parse()
+        .unwrap();
+    // 128 keys × 128 dims × 4 bytes × (K and V) = 128 KiB, twice the 64 KiB of a CU.
+    let config = Config::GpuFlash(GpuFlashConfig {
+        br: 16,
+        bc: 128,
+        lanes: 8,
+    });
+    let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
+    assert!(err.to_string().contains("LDS"), "{err}");
+    // Past the space, the compiler and the judge refuse it too.
+    let build = KernelBuild::new(&p, &config).unwrap();
+    match judge(&build, &compile(&hip, &build, "gfx90a"), g, 1.0) {
+        Verdict::Pruned { reason } => assert!(reason.starts_with("over-LDS"), "{reason}"),
+        kept => panic!("an LDS overflow was kept: {kept:?}"),
+    }
+}
+
+#[test]
+fn mfma_is_only_offered_where_it_exists() {
+    let p: Problem = "gemm:m=256,n=256,k=256,dtype=bf16".parse().unwrap();
+    let is_mfma = |c: &Config| matches!(c, Config::GpuGemm(g) if g.variant == kerntune_kernels::GpuGemmVariant::Mfma);
+    for (name, mfma) in [
+        ("mi250", true),
+        ("mi300x", true),
+        ("rx7900xtx", false),
+        ("h100", false),
+    ] {
+        let device = Device::lookup(name).unwrap();
+        let candidates = GpuSpace.candidates(&p, &device);
+        assert_eq!(candidates.iter().any(is_mfma), mfma, "{name}");
+        for c in &candidates {
+            GpuSpace.validate(c, &p, &device).unwrap();
+            let threads = c.threads() as u32;
+            let Device::Gpu(g) = device else {
+                unreachable!()
+            };
+            assert!(threads.is_multiple_of(g.wave_size) && threads <= g.max_threads_per_block);
+        }
+    }
+    let f32: Problem = "gemm:m=256,n=256,k=256".parse().unwrap();
+    let mi250 = Device::lookup("mi250").unwrap();
+    assert!(!GpuSpace.candidates(&f32, &mi250).iter().any(is_mfma));
+    // The CPU space refuses GPU configs and the GPU space CPU ones, with the reason.
+    let host = Device::host();
+    let gpu_config = GpuSpace.default_config(&p, &mi250);
+    let err = kerntune_kernels::CpuSpace
+        .validate(&gpu_config, &p, &host)
+        .unwrap_err();
+    assert!(err.to_string().contains("GPU config"), "{err}");
+    let cpu_config = kerntune_kernels::CpuSpace.default_config(&p, &host);
+    let err = GpuSpace.validate(&cpu_config, &p, &mi250).unwrap_err();
+    assert!(err.to_string().contains("CPU config"), "{err}");
+}
+
+#[test]
+fn defaults_and_heuristics_are_valid_on_every_gpu_for_awkward_problems() {
+    let problems: Vec<Problem> = [
+        "gemm:m=1,n=1,k=1",
+        "gemm:m=7,n=13,k=17,dtype=f16,b=kn",
+        "flash:q_len=1,q_heads=1,kv_heads=1,head_dim=7",
+        "flash:q_len=33,kv_len=65,q_heads=64,kv_heads=8,head_dim=80,dtype=bf16",
+        "flash:q_len=9,q_heads=2,kv_heads=1,head_dim=256",
+        "paged:num_seqs=1,context_len=1,q_heads=1,kv_heads=1,head_dim=96,block_size=32",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect();
+    for g in kerntune_kernels::device::GPU_CATALOG.iter() {
+        let device = Device::Gpu(g);
+        for p in &problems {
+            for c in [
+                GpuSpace.default_config(p, &device),
+                GpuSpace.heuristic(p, &device),
+            ] {
+                GpuSpace
+                    .validate(&c, p, &device)
+                    .unwrap_or_else(|e| panic!("{} {p} {c}: {e}", g.name));
+            }
+            assert!(
+                !GpuSpace.candidates(p, &device).is_empty(),
+                "{} {p}",
+                g.name
+            );
+        }
+    }
+}
