@@ -34,3 +34,29 @@ pub enum DbError {
     #[error("tuning database holds a malformed {what}: {reason}")]
     Malformed { what: &'static str, reason: String },
 }
+
+impl DbError {
+    /// Whether SQLite answered "database is locked" or "table is locked": another process holds
+    /// the file for a moment, and trying again is right.
+    pub fn is_locked(&self) -> bool {
+        match self {
+            DbError::Query(e) => locked(e),
+            DbError::Migrate {
+                source: sqlx::migrate::MigrateError::Execute(e),
+                ..
+            } => locked(e),
+            _ => false,
+        }
+    }
+}
+
+/// SQLITE_BUSY (5) or SQLITE_LOCKED (6), extended codes included.
+pub(crate) fn locked(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+        _ => false,
+    }
+}

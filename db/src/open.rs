@@ -13,7 +13,7 @@ use crate::{DbError, Result};
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// The newest schema this build knows: the highest migration version.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -21,6 +21,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause between looks while another process migrates the same file.
 const MIGRATE_RETRY: Duration = Duration::from_millis(50);
 const MIGRATE_ATTEMPTS: u32 = 100;
+/// Retries of an open that SQLite answered "locked" (10 s in all).
+const LOCK_ATTEMPTS: u32 = 200;
 
 /// An open tuning database.
 #[derive(Debug, Clone)]
@@ -96,29 +98,47 @@ impl Db {
             path: path.to_path_buf(),
             schema: 0,
         };
-        let applied = db.check_schema().await?;
-        db.schema = applied;
+        // Tuners started together on a new file race through creation: switching it to WAL
+        // needs the file to itself, and SQLite answers "locked" there without waiting out the
+        // busy timeout. Such an answer is retried; every other error stands.
+        let mut attempts = 0;
+        loop {
+            match db.prepare(mode).await {
+                Err(e) if e.is_locked() && attempts < LOCK_ATTEMPTS => {
+                    attempts += 1;
+                    tokio::time::sleep(MIGRATE_RETRY).await;
+                }
+                Err(e) => return Err(e),
+                Ok(()) => return Ok(db),
+            }
+        }
+    }
+
+    /// Checks the schema, sets WAL and migrates as `mode` allows.
+    async fn prepare(&mut self, mode: Mode) -> Result<()> {
+        let applied = self.check_schema().await?;
+        self.schema = applied;
         if mode == Mode::Read && applied >= 1 {
-            return Ok(db);
+            return Ok(());
         }
         // WAL only after the checks: switching the journal mode writes the file header, and a
         // database this build refuses must be left exactly as it was.
         sqlx::query("PRAGMA journal_mode = WAL")
-            .execute(&db.pool)
+            .execute(&self.pool)
             .await?;
         if applied < SCHEMA_VERSION {
-            if !create {
+            if mode != Mode::Write {
                 return Err(DbError::NotKerntune {
-                    path: db.path.clone(),
+                    path: self.path.clone(),
                     reason: format!(
                         "schema version {applied}, this kerntune reads {SCHEMA_VERSION}; open it with `tune` to migrate"
                     ),
                 });
             }
-            db.migrate().await?;
-            db.schema = SCHEMA_VERSION;
+            self.migrate().await?;
+            self.schema = SCHEMA_VERSION;
         }
-        Ok(db)
+        Ok(())
     }
 
     /// Applies missing migrations. Tuners started together on a new file (one per GPU) race
@@ -155,7 +175,13 @@ impl Db {
             sqlx::query("SELECT name FROM sqlite_master WHERE type = 'table'")
                 .fetch_all(&self.pool)
                 .await
-                .map_err(|e| not_ours(e.to_string()))?
+                .map_err(|e| {
+                    if crate::error::locked(&e) {
+                        DbError::Query(e)
+                    } else {
+                        not_ours(e.to_string())
+                    }
+                })?
                 .into_iter()
                 .map(|r| r.get::<String, _>(0))
                 .collect();

@@ -30,6 +30,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print the stored winners.
     Show(ShowArgs),
+    /// Offline GPU plan: compile every candidate for the device's target, read registers, LDS
+    /// and spills, prune, estimate the device time. Needs the HIP compiler, not a GPU.
+    Plan(PlanArgs),
     /// Share tuning databases: export, import, merge, diff, verify, gc, migrate.
     #[command(subcommand)]
     Db(DbCommand),
@@ -201,6 +204,18 @@ pub struct BenchArgs {
     /// `default`, `heuristic`, `best` (the database's winner) or a config as JSON.
     #[arg(long, default_value = "default")]
     pub config: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub shapes: ShapeArgs,
+    /// Least average waves per SIMD worth timing; candidates below are pruned.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_occupancy: f64,
+    /// Plan at most this many candidates per problem (evenly spaced, plus the default).
+    #[arg(long)]
+    pub max_candidates: Option<usize>,
 }
 
 #[derive(Debug, Args)]

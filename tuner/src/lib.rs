@@ -1,13 +1,15 @@
 //! # kerntune-tuner
 //!
 //! The library behind the `tune` binary: model shapes ([`models`], [`shapes`]), measurement
-//! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]) and sharing
-//! results between databases ([`share`]). It is a library so the end-to-end tests can drive
-//! the loop with fake backends and the sharing operations without a process per call.
+//! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]), the offline GPU
+//! plan ([`plan`]) and sharing results between databases ([`share`]). It is a library so the
+//! end-to-end tests can drive the loop with fake backends and the sharing operations without a
+//! process per call.
 
 pub mod error;
 pub mod measure;
 pub mod models;
+pub mod plan;
 pub mod search;
 pub mod shapes;
 pub mod share;

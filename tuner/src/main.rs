@@ -6,6 +6,7 @@
 
 mod cli;
 mod db_cmd;
+mod plan_cmd;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -57,6 +58,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Show(s)) => show(args, &s.shapes).await,
         Some(Command::Bench(b)) => bench(args, &b.shapes, &b.config).await,
         Some(Command::Db(c)) => db_cmd::run(args, c).await,
+        Some(Command::Plan(p)) => plan_cmd::run(args, p).await,
         None => tune_main(args).await,
     }
 }
@@ -123,6 +125,11 @@ fn print_shapes(list: &[Derived], json: bool) -> anyhow::Result<()> {
 }
 
 async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
+    if let Some(name) = &args.device {
+        if let Device::Gpu(g) = Device::lookup(name).map_err(TuneError::from)? {
+            return plan_cmd::no_device(args, g);
+        }
+    }
     let device = pick_device(args)?;
     let problems = derive(&args.shapes, &device)?;
     let path = db_path(args);

@@ -1,9 +1,11 @@
 //! GPU kernels: the sources in `kernels/hip/` (one source for AMD and NVIDIA through a small
 //! prelude), what a config compiles to ([`KernelBuild`]), the offline compile with the HIP
 //! compiler ([`hip`]), the resources read back from each code object ([`metadata`]) and the
-//! occupancy they allow ([`occupancy`]). Everything here runs without a GPU.
+//! occupancy they allow ([`occupancy`]), and the HIP runtime's device list ([`hip_runtime`],
+//! loaded at run time). Everything here runs, and is tested, without a GPU.
 
 pub mod hip;
+pub mod hip_runtime;
 mod judge;
 pub mod metadata;
 pub mod occupancy;

@@ -1,0 +1,249 @@
+//! The offline GPU plan (`tune plan`): for a GPU model and a model's shapes, every candidate of
+//! the GPU space compiled for the model's target in parallel, its registers, LDS, scratch and
+//! spills read from the code object, its occupancy computed, and what is not worth timing on
+//! the device pruned with the reason. Compiles are cached in the database by kernel source
+//! hash, target, compiler and build, so neither a later plan nor the device run repeats them.
+//! Needs no GPU.
+
+use std::collections::{BTreeMap, HashMap};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kerntune_db::{CompileRecord, Db};
+use kerntune_kernels::device::{GpuModel, Vendor};
+use kerntune_kernels::gpu::hip::HipCompiler;
+use kerntune_kernels::gpu::metadata::{self, KernelResources};
+use kerntune_kernels::gpu::{judge, KernelBuild, Verdict, GPU_SOURCE_HASH};
+use kerntune_kernels::{Config, Device, GpuSpace, Space};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::error::{usage, Result};
+use crate::shapes::Derived;
+
+/// Seconds the device run spends on a candidate besides its kernel time: module load, the
+/// verification launch and its copy back, event setup.
+const PER_CANDIDATE_S: f64 = 0.05;
+/// Timed launches per candidate (warm-up included) the estimate assumes.
+const LAUNCHES: f64 = 30.0;
+/// Fraction of peak a good kernel reaches, for the estimate's kernel times.
+const EFFICIENCY: f64 = 0.5;
+
+/// One candidate of one problem.
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub config: Config,
+    pub build: String,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// The main kernel's resources, when it compiled.
+    pub resources: Option<KernelResources>,
+}
+
+/// The plan of one problem.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProblemPlan {
+    pub problem: String,
+    pub origin: String,
+    pub candidates: Vec<Candidate>,
+    pub kept: usize,
+    /// Estimated device seconds to time the kept candidates.
+    pub estimate_s: f64,
+}
+
+/// The whole plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub device: String,
+    pub target: String,
+    pub warning: Option<String>,
+    pub compiler: String,
+    pub source_hash: String,
+    pub min_waves: f64,
+    pub problems: Vec<ProblemPlan>,
+    /// Distinct builds, and how many were compiled now (the rest came from the cache).
+    pub builds: usize,
+    pub compiled: usize,
+    pub estimate_s: f64,
+    /// Pruning reasons by kind (`spills`, `over-LDS`, `low occupancy`, ...), counted.
+    pub pruned: BTreeMap<String, usize>,
+}
+
+/// Compiled builds: the main resources of each, or the compile error.
+type Compiled = HashMap<String, Result<Vec<KernelResources>, String>>;
+
+fn model(device: &Device) -> Result<&'static GpuModel> {
+    match device {
+        Device::Gpu(g) => Ok(g),
+        Device::Cpu(_) => Err(usage(
+            "tune plan is for GPU devices (e.g. --device mi250); the CPU needs no offline plan",
+        )),
+    }
+}
+
+/// Builds the plan. `db` caches compiles; `max_candidates` samples each problem's candidates
+/// evenly (the default always included); `progress` shows a bar on a terminal.
+pub async fn plan(
+    db: Option<&Db>,
+    device: &Device,
+    problems: &[Derived],
+    min_waves: f64,
+    max_candidates: Option<usize>,
+    progress: bool,
+) -> Result<Plan> {
+    let g = model(device)?;
+    if g.vendor == Vendor::Nvidia {
+        return Err(usage(format!(
+            "the offline plan for {} ({}) needs NVRTC and ptxas, which this build does not use yet; AMD targets (mi210, mi250, mi250x, mi300x, mi325x, rx7900xtx) are planned with the HIP compiler",
+            g.name, g.arch
+        )));
+    }
+    let hip = HipCompiler::find().map_err(|e| {
+        usage(format!(
+            "{e}. The offline plan compiles every candidate with the HIP compiler; on Debian 12: apt-get install hipcc libamdhip64-dev"
+        ))
+    })?;
+    let (target, warning) = hip.target_for(g)?;
+
+    // Every candidate (and the default, which the device run always times) of every problem.
+    let mut per_problem = Vec::new();
+    let mut builds: BTreeMap<String, KernelBuild> = BTreeMap::new();
+    for d in problems {
+        let mut configs = GpuSpace.candidates(&d.problem, device);
+        if let Some(max) = max_candidates.filter(|&m| m > 0 && m < configs.len()) {
+            let step = configs.len() as f64 / max as f64;
+            configs = (0..max)
+                .map(|i| configs[(i as f64 * step) as usize])
+                .collect();
+        }
+        let default = GpuSpace.default_config(&d.problem, device);
+        if !configs.contains(&default) {
+            configs.insert(0, default);
+        }
+        let mut list = Vec::new();
+        for c in configs {
+            let build = KernelBuild::new(&d.problem, &c)?;
+            let key = build.key();
+            builds.entry(key.clone()).or_insert(build);
+            list.push((c, key));
+        }
+        per_problem.push((d, list));
+    }
+
+    let mut compiled: Compiled = HashMap::new();
+    if let Some(db) = db {
+        for (key, r) in db.compiles(GPU_SOURCE_HASH, &target, &hip.version).await? {
+            if builds.contains_key(&key) {
+                let resources = match (r.ok, r.resources) {
+                    (true, Some(json)) => serde_json::from_str(&json)
+                        .map_err(|e| format!("cached resources unreadable: {e}")),
+                    _ => Err(r.message.unwrap_or_else(|| "compile failed".into())),
+                };
+                compiled.insert(key, resources);
+            }
+        }
+    }
+    let missing: Vec<&KernelBuild> = builds
+        .iter()
+        .filter(|(k, _)| !compiled.contains_key(*k))
+        .map(|(_, b)| b)
+        .collect();
+    let bar = ProgressBar::new(missing.len() as u64);
+    if progress {
+        bar.set_style(
+            ProgressStyle::with_template("compiling for {msg} {bar:30} {pos}/{len} {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_message(target.clone());
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let fresh: Vec<CompileRecord> = missing
+        .par_iter()
+        .map(|build| {
+            let out = hip.compile(build, &target);
+            bar.inc(1);
+            let parsed = out
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|object| metadata::read(object));
+            match parsed {
+                Ok(resources) => CompileRecord {
+                    build: build.key(),
+                    ok: true,
+                    message: None,
+                    resources: serde_json::to_string(&resources).ok(),
+                    code_object: out.ok(),
+                },
+                Err(message) => CompileRecord {
+                    build: build.key(),
+                    ok: false,
+                    message: Some(message),
+                    resources: None,
+                    code_object: None,
+                },
+            }
+        })
+        .collect();
+    bar.finish_and_clear();
+    if let Some(db) = db {
+        db.store_compiles(GPU_SOURCE_HASH, &target, &hip.version, &fresh)
+            .await?;
+    }
+    let compiled_now = fresh.len();
+    for r in fresh {
+        let resources = match (r.ok, r.resources) {
+            (true, Some(json)) => serde_json::from_str(&json).map_err(|e| e.to_string()),
+            _ => Err(r.message.unwrap_or_default()),
+        };
+        compiled.insert(r.build, resources);
+    }
+
+    let mut pruned: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (d, list) in per_problem {
+        let kernel_s = (d.problem.flops() / (g.peak_f16_tflops * 1e12))
+            .max(d.problem.min_bytes() / (g.bandwidth_gbs * 1e9))
+            / EFFICIENCY;
+        let mut candidates = Vec::new();
+        for (config, key) in list {
+            let result = &compiled[&key];
+            let build = &builds[&key];
+            let verdict = judge(build, result, g, min_waves);
+            if let Verdict::Pruned { reason } = &verdict {
+                let kind = reason.split(':').next().unwrap_or(reason).to_string();
+                *pruned.entry(kind).or_default() += 1;
+            }
+            let resources = result
+                .as_ref()
+                .ok()
+                .and_then(|ks| ks.iter().find(|k| k.name == build.entries[0]).cloned());
+            candidates.push(Candidate {
+                config,
+                build: key,
+                verdict,
+                resources,
+            });
+        }
+        let kept = candidates.iter().filter(|c| c.verdict.is_kept()).count();
+        out.push(ProblemPlan {
+            problem: d.problem.key(),
+            origin: d.origin.clone(),
+            estimate_s: kept as f64 * (PER_CANDIDATE_S + LAUNCHES * kernel_s),
+            candidates,
+            kept,
+        });
+    }
+    Ok(Plan {
+        device: device.identity(),
+        target,
+        warning,
+        compiler: hip.version.clone(),
+        source_hash: GPU_SOURCE_HASH.into(),
+        min_waves,
+        estimate_s: out.iter().map(|p| p.estimate_s).sum(),
+        problems: out,
+        builds: builds.len(),
+        compiled: compiled_now,
+        pruned,
+    })
+}
