@@ -43,7 +43,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         qr[x] = live ? kt_load(q, qrow + lane + KT_LANES * x) * scale * log2e : 0.0f;
         o[x] = 0.0f;
     }
-    float mx = -INFINITY, sum = 0.0f;
+    float mx = -KT_INF, sum = 0.0f;
     // Keys row i may see: all, or up to its position aligned to the end of the keys.
     const int shift = kv_len - q_len;
     const int seen = causal ? min(kv_len, i + shift + 1) : kv_len;
@@ -60,7 +60,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         }
         KT_SYNC();
         float s[KT_BC];
-        float tile_max = -INFINITY;
+        float tile_max = -KT_INF;
 #pragma unroll
         for (int r = 0; r < KT_BC; ++r) {
             float dot = 0.0f;
@@ -69,10 +69,10 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 dot = fmaf(qr[x], ks[r][lane + KT_LANES * x], dot);
 #pragma unroll
             for (int m = KT_LANES / 2; m > 0; m /= 2) dot += KT_SHFL_XOR(dot, m);
-            s[r] = (live && j0 + r < seen) ? dot : -INFINITY;
+            s[r] = (live && j0 + r < seen) ? dot : -KT_INF;
             tile_max = fmaxf(tile_max, s[r]);
         }
-        if (tile_max > -INFINITY) {
+        if (tile_max > -KT_INF) {
             const float m_new = fmaxf(mx, tile_max);
             const float correction = exp2f(mx - m_new);
             sum *= correction;

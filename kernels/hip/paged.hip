@@ -20,7 +20,7 @@ KT_DEVICE float kt_block_max(float v, float* scratch) {
     v = kt_wave_max(v);
     if (KT_TID % KT_WAVE == 0) scratch[KT_TID / KT_WAVE] = v;
     KT_SYNC();
-    float r = -INFINITY;
+    float r = -KT_INF;
     for (int w = 0; w < KT_WAVES; ++w) r = fmaxf(r, scratch[w]);
     KT_SYNC();
     return r;
@@ -57,7 +57,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     if (t0 >= t1) {
         // An empty partition contributes nothing to the reduction.
         if (tid == 0) {
-            part_max[slot] = -INFINITY;
+            part_max[slot] = -KT_INF;
             part_sum[slot] = 0.0f;
         }
         for (int x = tid; x < KT_D; x += KT_THREADS) part_out[slot * KT_D + x] = 0.0f;
@@ -68,7 +68,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
         qs[x] = kt_load(query, ((long)seq * q_heads + h) * KT_D + x) * scale * log2e;
     KT_SYNC();
     const unsigned* table = block_tables + (long)seq * max_blocks;
-    float local_max = -INFINITY;
+    float local_max = -KT_INF;
     for (int t = t0 + tid; t < t1; t += KT_THREADS) {
         const long row =
             (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
@@ -108,7 +108,7 @@ kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     const int h = KT_BID_X;
     const int seq = KT_BID_Y;
     const long base = ((long)seq * q_heads + h) * partitions;
-    float mx = -INFINITY;
+    float mx = -KT_INF;
     for (int p = 0; p < partitions; ++p) mx = fmaxf(mx, part_max[base + p]);
     float total = 0.0f;
     for (int p = 0; p < partitions; ++p)

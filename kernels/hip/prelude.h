@@ -9,10 +9,15 @@
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 #define KT_HIP 1
+// CDNA runs 64-wide waves, RDNA 32-wide; the compiler says which for the target.
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define KT_WAVE __AMDGCN_WAVEFRONT_SIZE
+#else
 #define KT_WAVE 64
+#endif
 #define KT_SHFL_XOR(v, m) __shfl_xor((v), (m))
 #elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#include <cuda_fp16.h>
+// No CUDA headers: NVRTC from a wheel ships none, and the kernels need only builtins.
 #define KT_CUDA 1
 #define KT_WAVE 32
 #define KT_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
@@ -29,6 +34,8 @@
 #define KT_BID_Y ((int)blockIdx.y)
 #define KT_BID_Z ((int)blockIdx.z)
 #define KT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// Positive infinity without <math.h>, which NVRTC does not provide.
+#define KT_INF __int_as_float(0x7f800000)
 
 // Input element type: 0 = f32, 1 = f16, 2 = bf16. Half types travel as raw 16-bit words and
 // widen to f32 on load: accumulation is f32, as in the CPU kernels and the reference.
@@ -40,7 +47,15 @@ typedef float kt_in;
 KT_DEVICE float kt_widen(kt_in x) { return x; }
 #elif KT_DTYPE == 1
 typedef unsigned short kt_in;
+#if defined(KT_HIP)
 KT_DEVICE float kt_widen(kt_in x) { return __half2float(__ushort_as_half(x)); }
+#else
+KT_DEVICE float kt_widen(kt_in x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+#endif
 #elif KT_DTYPE == 2
 typedef unsigned short kt_in;
 KT_DEVICE float kt_widen(kt_in x) { return __uint_as_float(((unsigned)x) << 16); }

@@ -1,5 +1,6 @@
 //! The offline GPU plan (`tune plan`): for a GPU model and a model's shapes, every candidate of
-//! the GPU space compiled for the model's target in parallel, its registers, LDS, scratch and
+//! the GPU space compiled for the model's target in parallel (the HIP compiler for AMD, NVRTC
+//! for NVIDIA), its registers, LDS, scratch and
 //! spills read from the code object, its occupancy computed, and what is not worth timing on
 //! the device pruned with the reason. Compiles are cached in the database by kernel source
 //! hash, target, compiler and build, so neither a later plan nor the device run repeats them.
@@ -12,6 +13,7 @@ use kerntune_db::{CompileRecord, Db};
 use kerntune_kernels::device::{GpuModel, Vendor};
 use kerntune_kernels::gpu::hip::HipCompiler;
 use kerntune_kernels::gpu::metadata::{self, KernelResources};
+use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::{judge, KernelBuild, Verdict, GPU_SOURCE_HASH};
 use kerntune_kernels::{Config, Device, GpuSpace, Space};
 use rayon::prelude::*;
@@ -68,6 +70,60 @@ pub struct Plan {
     pub pruned: BTreeMap<String, usize>,
 }
 
+/// The compiler of a vendor.
+enum Toolchain {
+    Hip(HipCompiler),
+    Nvrtc(NvrtcCompiler),
+}
+
+impl Toolchain {
+    fn find(g: &GpuModel) -> Result<Toolchain> {
+        match g.vendor {
+            Vendor::Amd => HipCompiler::find().map(Toolchain::Hip).map_err(|e| {
+                usage(format!(
+                    "{e}. The offline plan compiles every candidate with the HIP compiler; on Debian 12: apt-get install hipcc libamdhip64-dev"
+                ))
+            }),
+            Vendor::Nvidia => NvrtcCompiler::find().map(Toolchain::Nvrtc).map_err(|e| {
+                usage(format!(
+                    "{e}. The offline plan for {} compiles every candidate with NVRTC",
+                    g.name
+                ))
+            }),
+        }
+    }
+
+    fn version(&self) -> &str {
+        match self {
+            Toolchain::Hip(h) => &h.version,
+            Toolchain::Nvrtc(n) => &n.version,
+        }
+    }
+
+    fn target_for(&self, g: &GpuModel) -> Result<(String, Option<String>)> {
+        match self {
+            Toolchain::Hip(h) => Ok(h.target_for(g)?),
+            Toolchain::Nvrtc(_) => Ok((g.arch.to_string(), None)),
+        }
+    }
+
+    /// The code object (AMD) or CUBIN (NVIDIA) and each kernel's resources.
+    fn compile(
+        &self,
+        build: &KernelBuild,
+        target: &str,
+    ) -> std::result::Result<(Vec<u8>, Vec<KernelResources>), String> {
+        match self {
+            Toolchain::Hip(h) => {
+                let object = h.compile(build, target)?;
+                let resources = metadata::read(&object)?;
+                Ok((object, resources))
+            }
+            Toolchain::Nvrtc(n) => n.compile(build, target, build.threads as u32),
+        }
+    }
+}
+
 /// Compiled builds: the main resources of each, or the compile error.
 type Compiled = HashMap<String, Result<Vec<KernelResources>, String>>;
 
@@ -91,18 +147,9 @@ pub async fn plan(
     progress: bool,
 ) -> Result<Plan> {
     let g = model(device)?;
-    if g.vendor == Vendor::Nvidia {
-        return Err(usage(format!(
-            "the offline plan for {} ({}) needs NVRTC and ptxas, which this build does not use yet; AMD targets (mi210, mi250, mi250x, mi300x, mi325x, rx7900xtx) are planned with the HIP compiler",
-            g.name, g.arch
-        )));
-    }
-    let hip = HipCompiler::find().map_err(|e| {
-        usage(format!(
-            "{e}. The offline plan compiles every candidate with the HIP compiler; on Debian 12: apt-get install hipcc libamdhip64-dev"
-        ))
-    })?;
-    let (target, warning) = hip.target_for(g)?;
+    let toolchain = Toolchain::find(g)?;
+    let (target, warning) = toolchain.target_for(g)?;
+    let version = toolchain.version().to_string();
 
     // Every candidate (and the default, which the device run always times) of every problem.
     let mut per_problem = Vec::new();
@@ -131,7 +178,7 @@ pub async fn plan(
 
     let mut compiled: Compiled = HashMap::new();
     if let Some(db) = db {
-        for (key, r) in db.compiles(GPU_SOURCE_HASH, &target, &hip.version).await? {
+        for (key, r) in db.compiles(GPU_SOURCE_HASH, &target, &version).await? {
             if builds.contains_key(&key) {
                 let resources = match (r.ok, r.resources) {
                     (true, Some(json)) => serde_json::from_str(&json)
@@ -160,19 +207,15 @@ pub async fn plan(
     let fresh: Vec<CompileRecord> = missing
         .par_iter()
         .map(|build| {
-            let out = hip.compile(build, &target);
+            let out = toolchain.compile(build, &target);
             bar.inc(1);
-            let parsed = out
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|object| metadata::read(object));
-            match parsed {
-                Ok(resources) => CompileRecord {
+            match out {
+                Ok((object, resources)) => CompileRecord {
                     build: build.key(),
                     ok: true,
                     message: None,
                     resources: serde_json::to_string(&resources).ok(),
-                    code_object: out.ok(),
+                    code_object: Some(object),
                 },
                 Err(message) => CompileRecord {
                     build: build.key(),
@@ -186,7 +229,7 @@ pub async fn plan(
         .collect();
     bar.finish_and_clear();
     if let Some(db) = db {
-        db.store_compiles(GPU_SOURCE_HASH, &target, &hip.version, &fresh)
+        db.store_compiles(GPU_SOURCE_HASH, &target, &version, &fresh)
             .await?;
     }
     let compiled_now = fresh.len();
@@ -237,7 +280,7 @@ pub async fn plan(
         device: device.identity(),
         target,
         warning,
-        compiler: hip.version.clone(),
+        compiler: version,
         source_hash: GPU_SOURCE_HASH.into(),
         min_waves,
         estimate_s: out.iter().map(|p| p.estimate_s).sum(),

@@ -134,19 +134,16 @@ pub fn no_device(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
         g.name,
         g.arch,
         problems.len(),
-        match g.vendor {
-            Vendor::Amd => format!(
-                "; compile and prune them offline, without a GPU: tune plan --device {} {}",
-                args.device.as_deref().unwrap_or(g.arch),
-                args.shapes
-                    .shapes
-                    .iter()
-                    .map(|s| format!("--shapes {s}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ),
-            Vendor::Nvidia => String::new(),
-        }
+        format_args!(
+            "; compile and prune them offline, without a GPU: tune plan --device {} {}",
+            args.device.as_deref().unwrap_or(g.arch),
+            args.shapes
+                .shapes
+                .iter()
+                .map(|s| format!("--shapes {s}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
     );
     Err(usage(format!(
         "cannot tune on device `{}` ({}, {}): {found}. Nothing was written. Devices present: cpu ({}).",

@@ -33,7 +33,7 @@ pub fn judge(
     let pruned = |reason: String| Verdict::Pruned { reason };
     let kernels = match compiled {
         Ok(k) => k,
-        Err(e) if e.contains("local memory") => {
+        Err(e) if e.contains("local memory") || e.contains("too much shared data") => {
             return pruned(format!("over-LDS: {e}"));
         }
         Err(e) => return pruned(format!("compile failed: {e}")),
@@ -46,14 +46,15 @@ pub fn judge(
     for k in kernels {
         if k.vgpr_spill > 0 || k.sgpr_spill > 0 {
             return pruned(format!(
-                "spills: {} spills {} VGPRs and {} SGPRs to scratch ({} bytes per lane)",
+                "spills: {} spills {} vector and {} scalar registers ({} bytes of scratch per lane)",
                 k.name, k.vgpr_spill, k.sgpr_spill, k.scratch
             ));
         }
-        if k.lds > g.lds_per_block {
+        let limit = crate::space::lds_limit(g);
+        if k.lds as usize > limit {
             return pruned(format!(
-                "over-LDS: {} uses {} bytes of LDS, {} allows {}",
-                k.name, k.lds, g.name, g.lds_per_block
+                "over-LDS: {} uses {} bytes of LDS, {} allows {limit}",
+                k.name, k.lds, g.name
             ));
         }
     }
@@ -62,7 +63,7 @@ pub fn judge(
         .iter()
         .find(|k| k.name == build.entries[0])
         .expect("checked above");
-    let occupancy = occupancy::amd(main, build.threads as u32, g);
+    let occupancy = occupancy::of(main, build.threads as u32, g);
     if occupancy.workgroups_per_cu == 0 {
         return pruned(format!(
             "does not fit a CU: limited by {} ({} VGPRs, {} bytes LDS, {} threads)",

@@ -8,6 +8,7 @@ pub mod hip;
 pub mod hip_runtime;
 mod judge;
 pub mod metadata;
+pub mod nvrtc;
 pub mod occupancy;
 mod source;
 

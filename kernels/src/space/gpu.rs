@@ -5,7 +5,7 @@
 //! compiler decides (registers, spills, occupancy) is checked after compiling, by the plan.
 
 use crate::config::{GpuFlashConfig, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig};
-use crate::device::GpuModel;
+use crate::device::{GpuModel, Vendor};
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
 use crate::{Config, DType, Device, Family, KernelError, Problem, Space};
 
@@ -50,6 +50,15 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             4 * (p.head_dim + c.partition + c.threads / g.wave_size as usize)
         }
         _ => 0,
+    }
+}
+
+/// LDS a block of our kernels may use: the model's limit, and on NVIDIA the 48 KiB of static
+/// shared memory (more needs dynamic shared memory and an opt-in the kernels do not use).
+pub fn lds_limit(g: &GpuModel) -> usize {
+    match g.vendor {
+        Vendor::Amd => g.lds_per_block as usize,
+        Vendor::Nvidia => (g.lds_per_block as usize).min(48 * 1024),
     }
 }
 
@@ -274,12 +283,13 @@ impl Space for GpuSpace {
             }
         }
         let lds = lds_bytes(config, problem, g);
-        if lds > g.lds_per_block as usize {
+        if lds > lds_limit(g) {
             return Err(invalid(
                 problem.family(),
                 format!(
-                    "needs {lds} bytes of LDS per block; {} allows {}",
-                    g.name, g.lds_per_block
+                    "needs {lds} bytes of LDS per block; {} allows {} to the kernels' static allocations",
+                    g.name,
+                    lds_limit(g)
                 ),
             ));
         }
@@ -310,7 +320,8 @@ impl Space for GpuSpace {
             }
             Problem::Paged(p) => Config::GpuPaged(GpuPagedConfig {
                 partition: 512usize.next_multiple_of(p.block_size),
-                threads: 256,
+                // 256 makes ptxas spill a word on sm_90; 128 spills nowhere.
+                threads: 128,
             }),
         }
     }

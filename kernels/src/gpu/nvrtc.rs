@@ -1,0 +1,250 @@
+//! The offline NVIDIA compile: NVRTC (through cudarc, loaded at run time) compiles the same
+//! kernel sources to a CUBIN for sm_80 or sm_90, and its ptxas log gives each kernel's
+//! registers, shared memory, stack and spill bytes. No GPU and no driver are needed, only
+//! `libnvrtc.so.12`: from a CUDA toolkit, or from PyPI (`pip install nvidia-cuda-nvrtc-cu12`).
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudarc::nvrtc::{result, sys};
+
+use super::metadata::KernelResources;
+use super::KernelBuild;
+use crate::KernelError;
+
+/// Static shared memory a kernel may declare on sm_80 and sm_90.
+const STATIC_SMEM_MAX: u32 = 48 * 1024;
+
+/// NVRTC's library, by the names cudarc looks up.
+const LIBRARY: &str = "libnvrtc.so.12";
+
+/// An NVRTC that was found and loaded.
+#[derive(Debug)]
+pub struct NvrtcCompiler {
+    /// `NVRTC 12.9`: part of the compile cache key.
+    pub version: String,
+    /// Keeps a library preloaded by path alive, so cudarc's by-name lookup finds it.
+    _preloaded: Option<libloading::Library>,
+}
+
+fn unavailable(reason: impl Into<String>) -> KernelError {
+    KernelError::BackendUnavailable {
+        backend: "cuda",
+        reason: reason.into(),
+    }
+}
+
+/// Directories that may hold `libnvrtc.so.12` outside the loader's search path.
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"] {
+        if let Some(root) = std::env::var_os(var) {
+            dirs.push(Path::new(&root).join("lib64"));
+            dirs.push(Path::new(&root).join("lib"));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    // NVIDIA's Python wheels put it under site-packages/nvidia/cuda_nvrtc/lib: ask the
+    // interpreter where its packages live rather than guessing every layout.
+    if let Ok(out) = Command::new("python3")
+        .args(["-c", "import sys; print('\\n'.join(sys.path))"])
+        .output()
+    {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            dirs.push(Path::new(line.trim()).join("nvidia/cuda_nvrtc/lib"));
+        }
+    }
+    dirs
+}
+
+impl NvrtcCompiler {
+    /// Finds NVRTC: `$KERNTUNE_NVRTC` (a path to the library) if set, else the loader's search
+    /// path, the CUDA toolkit, or NVIDIA's Python wheel.
+    pub fn find() -> Result<NvrtcCompiler, KernelError> {
+        let mut preloaded = None;
+        let explicit = std::env::var_os("KERNTUNE_NVRTC").map(PathBuf::from);
+        // SAFETY: checks whether the library can be opened by name; loading it only runs
+        // NVRTC's initialisers.
+        let by_name = unsafe { sys::is_culib_present() };
+        if explicit.is_some() || !by_name {
+            let paths = explicit
+                .into_iter()
+                .chain(candidate_dirs().into_iter().map(|d| d.join(LIBRARY)));
+            for path in paths.filter(|p| p.exists()) {
+                // SAFETY: as above; loaded by path so the later by-name lookup, which matches
+                // loaded libraries by soname, finds this one.
+                if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
+                    preloaded = Some(lib);
+                    break;
+                }
+            }
+        }
+        // SAFETY: as above.
+        if preloaded.is_none() && !unsafe { sys::is_culib_present() } {
+            return Err(unavailable(format!(
+                "NVRTC ({LIBRARY}) not found: pip install nvidia-cuda-nvrtc-cu12, install the CUDA toolkit, or set KERNTUNE_NVRTC=/path/to/{LIBRARY}"
+            )));
+        }
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: the library is present (checked above), and both pointers are valid.
+        let status = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+        if status != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(unavailable(format!("nvrtcVersion failed: {status:?}")));
+        }
+        Ok(NvrtcCompiler {
+            version: format!("NVRTC {major}.{minor}"),
+            _preloaded: preloaded,
+        })
+    }
+
+    /// Compiles one build for `arch` (`sm_80`, `sm_90`): the CUBIN and each kernel's
+    /// resources, or the compiler's log on failure.
+    pub fn compile(
+        &self,
+        build: &KernelBuild,
+        arch: &str,
+        threads: u32,
+    ) -> Result<(Vec<u8>, Vec<KernelResources>), String> {
+        let source = CString::new(build.source()).map_err(|e| e.to_string())?;
+        let mut options = vec![format!("-arch={arch}"), "-Xptxas=-v".to_string()];
+        options.extend(
+            build
+                .defines
+                .iter()
+                .map(|(name, value)| format!("-D{name}={value}")),
+        );
+        let name = CString::new(build.file).map_err(|e| e.to_string())?;
+        let program = result::create_program(&source, Some(&name)).map_err(|e| e.to_string())?;
+        // SAFETY: `program` comes from create_program and is destroyed once, below; the
+        // source and name outlive it.
+        unsafe {
+            let compiled = result::compile_program(program, &options);
+            let log = result::get_program_log(program)
+                .map(|l| {
+                    let bytes: Vec<u8> = l
+                        .iter()
+                        .take_while(|&&c| c != 0)
+                        .map(|&c| c as u8)
+                        .collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                })
+                .unwrap_or_default();
+            let cubin = compiled.map_err(|e| e.to_string()).and_then(|()| {
+                let mut size = 0usize;
+                let status = sys::nvrtcGetCUBINSize(program, &mut size);
+                if status != sys::nvrtcResult::NVRTC_SUCCESS {
+                    return Err(format!("nvrtcGetCUBINSize: {status:?}"));
+                }
+                let mut cubin = vec![0u8; size];
+                let status = sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast());
+                if status != sys::nvrtcResult::NVRTC_SUCCESS {
+                    return Err(format!("nvrtcGetCUBIN: {status:?}"));
+                }
+                Ok(cubin)
+            });
+            let _ = result::destroy_program(program);
+            match cubin {
+                Ok(cubin) => Ok((cubin, parse_log(&log, threads))),
+                Err(e) => {
+                    // ptxas refuses static shared memory over 48 KiB without saying so in the
+                    // log; its report of the kernel's smem shows it.
+                    if let Some(k) = parse_log(&log, threads)
+                        .into_iter()
+                        .find(|k| k.lds > STATIC_SMEM_MAX)
+                    {
+                        return Err(format!(
+                            "too much shared data: {} uses {} bytes, {STATIC_SMEM_MAX} max",
+                            k.name, k.lds
+                        ));
+                    }
+                    let errors: Vec<&str> = log
+                        .lines()
+                        .filter(|l| l.contains("error"))
+                        .take(3)
+                        .collect();
+                    Err(if errors.is_empty() {
+                        e
+                    } else {
+                        errors.join("; ")
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// The number before `unit` in `line` (`Used 48 registers` → 48 for `registers`).
+fn count_before(line: &str, unit: &str) -> u32 {
+    line.find(unit)
+        .and_then(|at| line[..at].split([' ', ',']).rfind(|w| !w.is_empty()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Reads ptxas's `-v` report: per entry function, registers per thread, shared memory, stack
+/// frame and spill bytes (stores; a spilled 32-bit register is 4 bytes).
+fn parse_log(log: &str, threads: u32) -> Vec<KernelResources> {
+    let mut out: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            out.push(KernelResources {
+                name,
+                vgpr: 0,
+                agpr: 0,
+                sgpr: 0,
+                lds: 0,
+                scratch: 0,
+                vgpr_spill: 0,
+                sgpr_spill: 0,
+                wave_size: 32,
+                max_threads: threads,
+            });
+        } else if let Some(k) = out.last_mut() {
+            if line.contains("stack frame") {
+                k.scratch = count_before(line, "bytes stack");
+                k.vgpr_spill = count_before(line, "bytes spill stores").div_ceil(4);
+            } else if line.contains("Used") && line.contains("registers") {
+                k.vgpr = count_before(line, "registers");
+                k.lds = count_before(line, "bytes smem");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_log;
+
+    #[test]
+    fn reads_a_ptxas_report() {
+        let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'kt_paged' for 'sm_80'
+ptxas info    : Function properties for kt_paged
+ptxas         .     8 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 48 registers, used 1 barriers, 2592 bytes smem, 436 bytes cmem[0]
+ptxas info    : Compiling entry function 'kt_paged_reduce' for 'sm_80'
+ptxas info    : Function properties for kt_paged_reduce
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 392 bytes cmem[0]
+";
+        let k = parse_log(log, 256);
+        assert_eq!(k.len(), 2);
+        assert_eq!(
+            (
+                k[0].name.as_str(),
+                k[0].vgpr,
+                k[0].lds,
+                k[0].scratch,
+                k[0].vgpr_spill
+            ),
+            ("kt_paged", 48, 2592, 8, 3)
+        );
+        assert_eq!(
+            (k[1].name.as_str(), k[1].vgpr, k[1].lds),
+            ("kt_paged_reduce", 32, 0)
+        );
+    }
+}

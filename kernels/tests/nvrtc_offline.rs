@@ -1,0 +1,104 @@
+//! The same GPU sources compiled offline with NVRTC for sm_80 (A100) and sm_90 (H100, H200),
+//! resources read from ptxas's report, and pruning.
+//!
+//! Needs NVRTC (`pip install nvidia-cuda-nvrtc-cu12`, or a CUDA toolkit). Without it each test
+//! says it did not run and why; with `KERNTUNE_REQUIRE_NVRTC=1` (set by `.ci/run`, which
+//! installs the wheel) a missing NVRTC fails the test instead.
+
+use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
+use kerntune_kernels::gpu::{judge, KernelBuild, Verdict};
+use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuSpace, Problem, Space};
+
+fn compiler(test: &str) -> Option<NvrtcCompiler> {
+    match NvrtcCompiler::find() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var_os("KERNTUNE_REQUIRE_NVRTC").is_some() => {
+            panic!("{test}: KERNTUNE_REQUIRE_NVRTC is set but {e}")
+        }
+        Err(e) => {
+            eprintln!("{test} did not run: {e}");
+            None
+        }
+    }
+}
+
+fn problems() -> Vec<Problem> {
+    [
+        "gemm:m=1,n=1280,k=8192,dtype=bf16",
+        "gemm:m=2048,n=1280,k=8192,dtype=f16,b=kn",
+        "gemm:m=37,n=100,k=61,dtype=f32",
+        "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+        "flash:q_len=64,q_heads=4,kv_heads=4,head_dim=80,dtype=f16,causal=false",
+        "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect()
+}
+
+#[test]
+fn defaults_compile_for_sm80_and_sm90_without_spills() {
+    let Some(nvrtc) = compiler("defaults_compile_for_sm80_and_sm90_without_spills") else {
+        return;
+    };
+    for name in ["a100", "h100", "h200"] {
+        let device = Device::lookup(name).unwrap();
+        let Device::Gpu(g) = device else {
+            unreachable!()
+        };
+        for p in problems() {
+            let config = GpuSpace.default_config(&p, &device);
+            GpuSpace.validate(&config, &p, &device).unwrap();
+            let build = KernelBuild::new(&p, &config).unwrap();
+            let (cubin, kernels) = nvrtc
+                .compile(&build, g.arch, build.threads as u32)
+                .unwrap_or_else(|e| panic!("{p} {config} for {}: {e}", g.arch));
+            assert!(cubin.starts_with(b"\x7fELF"), "{p}: not a CUBIN");
+            for entry in build.entries {
+                let k = kernels.iter().find(|k| k.name == *entry).unwrap();
+                assert_eq!(k.vgpr_spill, 0, "{p} {config}: {k:?}");
+                assert!(k.vgpr > 0 && k.vgpr <= 255, "{p} {config}: {k:?}");
+            }
+            let main = kernels.iter().find(|k| k.name == build.entries[0]).unwrap();
+            assert_eq!(
+                main.lds as usize,
+                kerntune_kernels::space::lds_bytes(&config, &p, g),
+                "{p} {config}"
+            );
+            assert!(
+                judge(&build, &Ok(kernels), g, 1.0).is_kept(),
+                "{p} {config}"
+            );
+        }
+    }
+}
+
+#[test]
+fn static_shared_memory_over_48k_is_refused_and_pruned() {
+    let Some(nvrtc) = compiler("static_shared_memory_over_48k_is_refused_and_pruned") else {
+        return;
+    };
+    let device = Device::lookup("h100").unwrap();
+    let Device::Gpu(g) = device else {
+        unreachable!()
+    };
+    let p: Problem = "flash:q_len=256,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16"
+        .parse()
+        .unwrap();
+    // 64 keys × 128 dims × 4 bytes × (K and V) = 64 KiB of static shared memory.
+    let config = Config::GpuFlash(GpuFlashConfig {
+        br: 32,
+        bc: 64,
+        lanes: 8,
+    });
+    let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
+    assert!(err.to_string().contains("LDS"), "{err}");
+    let build = KernelBuild::new(&p, &config).unwrap();
+    let compiled = nvrtc
+        .compile(&build, g.arch, build.threads as u32)
+        .map(|(_, k)| k);
+    match judge(&build, &compiled, g, 1.0) {
+        Verdict::Pruned { reason } => assert!(reason.starts_with("over-LDS"), "{reason}"),
+        kept => panic!("kept: {kept:?}"),
+    }
+}
