@@ -156,11 +156,7 @@ fn plan_for_h100_with_nvrtc() {
         );
         eprintln!("plan_for_h100_with_nvrtc checked only the missing-NVRTC error: {e}");
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-        assert!(
-            text(&out).contains("nvidia-cuda-nvrtc-cu12"),
-            "{}",
-            text(&out)
-        );
+        assert!(text(&out).contains("nvidia-cuda-nvrtc"), "{}", text(&out));
         assert!(files_in(d).is_empty(), "{:?}", files_in(d));
         return;
     }

@@ -1,7 +1,8 @@
 //! The offline NVIDIA compile: NVRTC (through cudarc, loaded at run time) compiles the same
-//! kernel sources to a CUBIN for sm_80 or sm_90, and its ptxas log gives each kernel's
+//! kernel sources for sm_80 or sm_90, to PTX for the driver to load, and its ptxas log gives each kernel's
 //! registers, shared memory, stack and spill bytes. No GPU and no driver are needed, only
-//! `libnvrtc.so.12`: from a CUDA toolkit, or from PyPI (`pip install nvidia-cuda-nvrtc-cu12`).
+//! `libnvrtc.so.13` (CUDA 13, the version this build is pinned to): from a CUDA toolkit, or
+//! from PyPI (`pip install nvidia-cuda-nvrtc`).
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use crate::KernelError;
 const STATIC_SMEM_MAX: u32 = 48 * 1024;
 
 /// NVRTC's library, by the names cudarc looks up.
-const LIBRARY: &str = "libnvrtc.so.12";
+const LIBRARY: &str = "libnvrtc.so.13";
 
 /// An NVRTC that was found and loaded.
 #[derive(Debug)]
@@ -52,6 +53,8 @@ fn candidate_dirs() -> Vec<PathBuf> {
         .output()
     {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
+            // CUDA 13 wheels share nvidia/cu13/lib; CUDA 12 ones had a folder per library.
+            dirs.push(Path::new(line.trim()).join("nvidia/cu13/lib"));
             dirs.push(Path::new(line.trim()).join("nvidia/cuda_nvrtc/lib"));
         }
     }
@@ -83,7 +86,7 @@ impl NvrtcCompiler {
         // SAFETY: as above.
         if preloaded.is_none() && !unsafe { sys::is_culib_present() } {
             return Err(unavailable(format!(
-                "NVRTC ({LIBRARY}) not found: pip install nvidia-cuda-nvrtc-cu12, install the CUDA toolkit, or set KERNTUNE_NVRTC=/path/to/{LIBRARY}"
+                "NVRTC ({LIBRARY}) not found: pip install nvidia-cuda-nvrtc (CUDA 13), install the CUDA 13 toolkit, or set KERNTUNE_NVRTC=/path/to/{LIBRARY}"
             )));
         }
         let (mut major, mut minor) = (0, 0);
@@ -98,8 +101,9 @@ impl NvrtcCompiler {
         })
     }
 
-    /// Compiles one build for `arch` (`sm_80`, `sm_90`): the CUBIN and each kernel's
-    /// resources, or the compiler's log on failure.
+    /// Compiles one build for `arch` (`sm_80`, `sm_90`): its PTX (what the driver loads) and
+    /// each kernel's resources as ptxas reports them for that architecture, or the compiler's
+    /// messages on failure.
     pub fn compile(
         &self,
         build: &KernelBuild,
@@ -130,22 +134,17 @@ impl NvrtcCompiler {
                     String::from_utf8_lossy(&bytes).into_owned()
                 })
                 .unwrap_or_default();
-            let cubin = compiled.map_err(|e| e.to_string()).and_then(|()| {
-                let mut size = 0usize;
-                let status = sys::nvrtcGetCUBINSize(program, &mut size);
-                if status != sys::nvrtcResult::NVRTC_SUCCESS {
-                    return Err(format!("nvrtcGetCUBINSize: {status:?}"));
-                }
-                let mut cubin = vec![0u8; size];
-                let status = sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast());
-                if status != sys::nvrtcResult::NVRTC_SUCCESS {
-                    return Err(format!("nvrtcGetCUBIN: {status:?}"));
-                }
-                Ok(cubin)
+            let ptx = compiled.map_err(|e| e.to_string()).and_then(|()| {
+                let text = result::get_ptx(program).map_err(|e| e.to_string())?;
+                Ok(text
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect::<Vec<u8>>())
             });
             let _ = result::destroy_program(program);
-            match cubin {
-                Ok(cubin) => Ok((cubin, parse_log(&log, threads))),
+            match ptx {
+                Ok(ptx) => Ok((ptx, parse_log(&log, threads))),
                 Err(e) => {
                     // ptxas refuses static shared memory over 48 KiB without saying so in the
                     // log; its report of the kernel's smem shows it.
