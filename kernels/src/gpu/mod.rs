@@ -4,6 +4,8 @@
 //! occupancy they allow ([`occupancy`]), and the HIP runtime's device list ([`hip_runtime`],
 //! loaded at run time). Everything here runs, and is tested, without a GPU.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod hip;
 pub mod hip_runtime;
 mod judge;

@@ -1,0 +1,494 @@
+//! Running the GPU kernels on an NVIDIA device (Cargo feature `cuda`): the CUDA driver and
+//! cuBLAS through cudarc, loaded at run time, so a build with the feature still starts, and
+//! answers clearly, on a host without them. A problem's inputs are uploaded once; each
+//! candidate is loaded from its PTX, launched, verified against the CPU reference and timed
+//! with CUDA events, the L2 cache flushed before every timed launch.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use serde::Serialize;
+
+use super::KernelBuild;
+use crate::data::ProblemData;
+use crate::device::GpuModel;
+use crate::{BLayout, Config, KernelError, Problem, TensorBuf};
+
+fn unavailable(reason: impl Into<String>) -> KernelError {
+    KernelError::BackendUnavailable {
+        backend: "cuda",
+        reason: reason.into(),
+    }
+}
+
+fn driver(what: &str, e: impl std::fmt::Debug) -> KernelError {
+    unavailable(format!("{what}: {e:?}"))
+}
+
+/// What the driver says about the device.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CudaInfo {
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub sms: i32,
+    pub memory_bytes: usize,
+    pub l2_bytes: i32,
+    pub driver_version: i32,
+}
+
+/// An opened NVIDIA device.
+#[derive(Debug)]
+pub struct CudaGpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pub info: CudaInfo,
+}
+
+impl CudaGpu {
+    /// Opens device `ordinal`; a clear error without the driver or without a device.
+    pub fn open(ordinal: usize) -> Result<CudaGpu, KernelError> {
+        // SAFETY: only checks whether libcuda can be loaded; cudarc panics on first use
+        // without it, so this comes before any other call.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(unavailable(
+                "no CUDA driver (libcuda.so.1) on this host, so no NVIDIA device can be used",
+            ));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| driver(&format!("no usable CUDA device {ordinal}"), e))?;
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(|e| driver("reading a device attribute", e))
+        };
+        let mut version = 0;
+        // SAFETY: a valid out-pointer; the driver is loaded (checked above).
+        unsafe { sys::cuDriverGetVersion(&mut version) };
+        let info = CudaInfo {
+            name: ctx
+                .name()
+                .map_err(|e| driver("reading the device name", e))?,
+            compute_capability: (
+                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            sms: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            // SAFETY: the context's own device handle.
+            memory_bytes: unsafe { cudarc::driver::result::device::total_mem(ctx.cu_device()) }
+                .map_err(|e| driver("reading the device memory", e))?,
+            l2_bytes: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+            driver_version: version,
+        };
+        let stream = ctx.default_stream();
+        Ok(CudaGpu { ctx, stream, info })
+    }
+
+    /// `sm_90` and the like: the target to compile for.
+    pub fn arch(&self) -> String {
+        let (major, minor) = self.info.compute_capability;
+        format!("sm_{major}{minor}")
+    }
+
+    /// The catalog model this device is, by name and architecture.
+    pub fn model(&self) -> Option<&'static GpuModel> {
+        let name = self.info.name.to_ascii_lowercase();
+        crate::device::GPU_CATALOG
+            .iter()
+            .find(|g| g.arch == self.arch() && name.contains(&g.name.to_ascii_lowercase()))
+    }
+
+    /// Loads a build's PTX.
+    pub fn load(&self, build: &KernelBuild, ptx: &[u8]) -> Result<LoadedKernel, KernelError> {
+        let text = String::from_utf8_lossy(ptx).into_owned();
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(text))
+            .map_err(|e| driver("loading the PTX module", e))?;
+        let functions = build
+            .entries
+            .iter()
+            .map(|e| {
+                module
+                    .load_function(e)
+                    .map_err(|err| driver(&format!("finding kernel {e}"), err))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(LoadedKernel {
+            functions,
+            threads: build.threads as u32,
+        })
+    }
+
+    fn sync(&self) -> Result<(), KernelError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver("a kernel failed", e))
+    }
+}
+
+/// A build's kernels, loaded.
+#[derive(Debug)]
+pub struct LoadedKernel {
+    functions: Vec<CudaFunction>,
+    threads: u32,
+}
+
+/// Inputs on the device, f32 or raw 16-bit words.
+#[derive(Debug)]
+enum DeviceBuf {
+    F32(CudaSlice<f32>),
+    Half(CudaSlice<u16>),
+}
+
+/// One problem's data on the device, a buffer to flush L2 with, and the output.
+#[derive(Debug)]
+pub struct DeviceProblem {
+    problem: Problem,
+    inputs: Vec<DeviceBuf>,
+    tables: Option<(CudaSlice<u32>, CudaSlice<u32>, usize)>,
+    out: CudaSlice<f32>,
+    /// Paged attention: partial outputs, maxima and sums of every partition.
+    partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
+    flush: CudaSlice<u8>,
+}
+
+fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
+    let err = |e| driver("copying inputs to the device", e);
+    Ok(match t {
+        TensorBuf::F32(v) => DeviceBuf::F32(gpu.stream.memcpy_stod(v).map_err(err)?),
+        TensorBuf::F16(v) => {
+            let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
+            DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)
+        }
+        TensorBuf::Bf16(v) => {
+            let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
+            DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)
+        }
+    })
+}
+
+/// Partitions of a paged config over a problem's context.
+fn partitions(problem: &Problem, config: &Config) -> usize {
+    match (problem, config) {
+        (Problem::Paged(p), Config::GpuPaged(c)) => p.context_len.div_ceil(c.partition),
+        _ => 1,
+    }
+}
+
+impl DeviceProblem {
+    /// Uploads `data`; `partition` is the smallest paged partition any config will use, which
+    /// sizes the partial buffers.
+    pub fn upload(
+        gpu: &CudaGpu,
+        data: &ProblemData,
+        min_partition: usize,
+    ) -> Result<DeviceProblem, KernelError> {
+        let err = |e| driver("allocating device memory", e);
+        let inputs = data
+            .inputs
+            .iter()
+            .map(|t| upload(gpu, t))
+            .collect::<Result<_, _>>()?;
+        let (tables, partials) = match &data.problem {
+            Problem::Paged(p) => {
+                let parts = p.context_len.div_ceil(min_partition.max(1));
+                let slots = p.num_seqs * p.q_heads * parts;
+                (
+                    Some((
+                        gpu.stream.memcpy_stod(&data.block_tables).map_err(err)?,
+                        gpu.stream.memcpy_stod(&data.context_lens).map_err(err)?,
+                        data.max_blocks_per_seq,
+                    )),
+                    Some((
+                        gpu.stream
+                            .alloc_zeros::<f32>(slots * p.head_dim)
+                            .map_err(err)?,
+                        gpu.stream.alloc_zeros::<f32>(slots).map_err(err)?,
+                        gpu.stream.alloc_zeros::<f32>(slots).map_err(err)?,
+                    )),
+                )
+            }
+            _ => (None, None),
+        };
+        // Twice the L2, zeroed before each timed launch, evicts what the last launch left.
+        let flush_bytes = (2 * gpu.info.l2_bytes.max(1) as usize).max(64 << 20);
+        Ok(DeviceProblem {
+            problem: data.problem,
+            inputs,
+            tables,
+            out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
+            partials,
+            flush: gpu.stream.alloc_zeros::<u8>(flush_bytes).map_err(err)?,
+        })
+    }
+
+    /// Launches `config` once (without waiting).
+    pub fn launch(
+        &mut self,
+        gpu: &CudaGpu,
+        kernel: &LoadedKernel,
+        config: &Config,
+    ) -> Result<(), KernelError> {
+        let block = (kernel.threads, 1, 1);
+        let err = |e| driver("launching a kernel", e);
+        match (&self.problem, config) {
+            (Problem::Gemm(p), Config::GpuGemm(c)) => {
+                let cfg = LaunchConfig {
+                    grid_dim: (p.n.div_ceil(c.bn) as u32, p.m.div_ceil(c.bm) as u32, 1),
+                    block_dim: block,
+                    shared_mem_bytes: 0,
+                };
+                let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
+                let mut b = gpu.stream.launch_builder(&kernel.functions[0]);
+                push_input(&mut b, &self.inputs[0]);
+                push_input(&mut b, &self.inputs[1]);
+                b.arg(&mut self.out).arg(&m).arg(&n).arg(&k);
+                // SAFETY: the arguments match kt_gemm's signature and the buffers hold
+                // m·k, k·n and m·n elements.
+                unsafe { b.launch(cfg) }.map_err(err)?;
+            }
+            (Problem::Flash(p), Config::GpuFlash(c)) => {
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        p.q_len.div_ceil(c.br) as u32,
+                        p.q_heads as u32,
+                        p.batch as u32,
+                    ),
+                    block_dim: block,
+                    shared_mem_bytes: 0,
+                };
+                let ints = [
+                    p.q_len as i32,
+                    p.kv_len as i32,
+                    p.q_heads as i32,
+                    p.kv_heads as i32,
+                    i32::from(p.causal),
+                ];
+                let scale = p.scale.get();
+                let mut b = gpu.stream.launch_builder(&kernel.functions[0]);
+                for input in &self.inputs {
+                    push_input(&mut b, input);
+                }
+                b.arg(&mut self.out);
+                for v in &ints {
+                    b.arg(v);
+                }
+                b.arg(&scale);
+                // SAFETY: the arguments match kt_flash's signature and the buffers hold the
+                // problem's Q, K, V and output.
+                unsafe { b.launch(cfg) }.map_err(err)?;
+            }
+            (Problem::Paged(p), Config::GpuPaged(_)) => {
+                let parts = partitions(&self.problem, config) as i32;
+                let (tables, lens, max_blocks) = self.tables.as_ref().expect("uploaded");
+                let (part_out, part_max, part_sum) = self.partials.as_mut().expect("uploaded");
+                let ints = [
+                    p.q_heads as i32,
+                    p.kv_heads as i32,
+                    *max_blocks as i32,
+                    parts,
+                ];
+                let scale = p.scale.get();
+                let cfg = LaunchConfig {
+                    grid_dim: (parts as u32, p.q_heads as u32, p.num_seqs as u32),
+                    block_dim: block,
+                    shared_mem_bytes: 0,
+                };
+                let mut b = gpu.stream.launch_builder(&kernel.functions[0]);
+                for input in &self.inputs {
+                    push_input(&mut b, input);
+                }
+                b.arg(tables)
+                    .arg(lens)
+                    .arg(&mut *part_out)
+                    .arg(&mut *part_max);
+                b.arg(&mut *part_sum);
+                for v in &ints {
+                    b.arg(v);
+                }
+                b.arg(&scale);
+                // SAFETY: the arguments match kt_paged's signature; the partial buffers were
+                // sized for the smallest partition.
+                unsafe { b.launch(cfg) }.map_err(err)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (p.q_heads as u32, p.num_seqs as u32, 1),
+                    block_dim: block,
+                    shared_mem_bytes: 0,
+                };
+                let (q_heads, parts) = (p.q_heads as i32, parts);
+                let mut b = gpu.stream.launch_builder(&kernel.functions[1]);
+                b.arg(&*part_out)
+                    .arg(&*part_max)
+                    .arg(&*part_sum)
+                    .arg(&mut self.out);
+                b.arg(&q_heads).arg(&parts);
+                // SAFETY: the arguments match kt_paged_reduce's signature.
+                unsafe { b.launch(cfg) }.map_err(err)?;
+            }
+            _ => {
+                return Err(KernelError::FamilyMismatch {
+                    problem: self.problem.family(),
+                    config: config.family(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs once and returns the output.
+    pub fn run(
+        &mut self,
+        gpu: &CudaGpu,
+        kernel: &LoadedKernel,
+        config: &Config,
+    ) -> Result<Vec<f32>, KernelError> {
+        self.launch(gpu, kernel, config)?;
+        gpu.sync()?;
+        gpu.stream
+            .memcpy_dtov(&self.out)
+            .map_err(|e| driver("copying the output back", e))
+    }
+
+    /// Times `reps` launches, each after flushing L2, with CUDA events; nanoseconds each.
+    pub fn time(
+        &mut self,
+        gpu: &CudaGpu,
+        kernel: &LoadedKernel,
+        config: &Config,
+        reps: usize,
+    ) -> Result<Vec<f64>, KernelError> {
+        self.timed(gpu, reps, |me| me.launch(gpu, kernel, config))
+    }
+
+    fn timed(
+        &mut self,
+        gpu: &CudaGpu,
+        reps: usize,
+        mut launch: impl FnMut(&mut Self) -> Result<(), KernelError>,
+    ) -> Result<Vec<f64>, KernelError> {
+        let event = || {
+            gpu.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| driver("creating a timing event", e))
+        };
+        // Warm-up: module load, clocks.
+        launch(self)?;
+        gpu.sync()?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            gpu.stream
+                .memset_zeros(&mut self.flush)
+                .map_err(|e| driver("flushing L2", e))?;
+            let (start, end) = (event()?, event()?);
+            start
+                .record(&gpu.stream)
+                .map_err(|e| driver("recording an event", e))?;
+            launch(self)?;
+            end.record(&gpu.stream)
+                .map_err(|e| driver("recording an event", e))?;
+            end.synchronize()
+                .map_err(|e| driver("a timed kernel failed", e))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(|e| driver("reading an event", e))?;
+            times.push(f64::from(ms) * 1e6);
+        }
+        Ok(times)
+    }
+
+    /// cuBLAS on the same GEMM, as the peer: f32, or f16/bf16 in with 16-bit output (cuBLAS's
+    /// own types through cudarc), timed as the kernels are.
+    pub fn time_cublas(&mut self, gpu: &CudaGpu, reps: usize) -> Result<Vec<f64>, KernelError> {
+        let Problem::Gemm(p) = self.problem else {
+            return Err(unavailable("cuBLAS is the GEMM peer only"));
+        };
+        let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| driver("starting cuBLAS", e))?;
+        // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS's first operand is B.
+        let (transa, lda) = match p.b_layout {
+            BLayout::Kn => (cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N, p.n),
+            BLayout::Nk => (cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T, p.k),
+        };
+        let dims = (p.n as i32, p.m as i32, p.k as i32, lda as i32);
+        let mut half_out = gpu
+            .stream
+            .alloc_zeros::<half::bf16>(p.m * p.n)
+            .map_err(|e| driver("allocating device memory", e))?;
+        let mut f16_out = gpu
+            .stream
+            .alloc_zeros::<half::f16>(p.m * p.n)
+            .map_err(|e| driver("allocating device memory", e))?;
+        let dtype = p.dtype;
+        self.timed(gpu, reps, |me| {
+            let err = |e| driver("cuBLAS GEMM", e);
+            let (n, m, k, lda) = dims;
+            match (&me.inputs[0], &me.inputs[1], dtype) {
+                (DeviceBuf::F32(a), DeviceBuf::F32(b), _) => {
+                    let cfg = gemm_config(transa, n, m, k, lda, 1.0f32, 0.0f32);
+                    // SAFETY: buffers of m·k, k·n and m·n elements, the shapes given.
+                    unsafe { blas.gemm(cfg, b, a, &mut me.out) }.map_err(err)
+                }
+                (DeviceBuf::Half(a), DeviceBuf::Half(b), crate::DType::Bf16) => {
+                    let (a, b) = (reinterpret::<half::bf16>(a), reinterpret::<half::bf16>(b));
+                    let one = half::bf16::ONE;
+                    let cfg = gemm_config(transa, n, m, k, lda, one, half::bf16::ZERO);
+                    // SAFETY: as above; the 16-bit words are the bf16 values.
+                    unsafe { blas.gemm(cfg, &b, &a, &mut half_out) }.map_err(err)
+                }
+                (DeviceBuf::Half(a), DeviceBuf::Half(b), _) => {
+                    let (a, b) = (reinterpret::<half::f16>(a), reinterpret::<half::f16>(b));
+                    let one = half::f16::ONE;
+                    let cfg = gemm_config(transa, n, m, k, lda, one, half::f16::ZERO);
+                    // SAFETY: as above; the 16-bit words are the f16 values.
+                    unsafe { blas.gemm(cfg, &b, &a, &mut f16_out) }.map_err(err)
+                }
+                _ => Err(unavailable("mixed input types")),
+            }
+        })
+    }
+}
+
+fn gemm_config<T>(
+    transa: cudarc::cublas::sys::cublasOperation_t,
+    n: i32,
+    m: i32,
+    k: i32,
+    lda: i32,
+    alpha: T,
+    beta: T,
+) -> GemmConfig<T> {
+    GemmConfig {
+        transa,
+        transb: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        m: n,
+        n: m,
+        k,
+        alpha,
+        lda,
+        ldb: k,
+        beta,
+        ldc: n,
+    }
+}
+
+/// The same device memory seen as another 16-bit type.
+fn reinterpret<T: cudarc::driver::DeviceRepr>(
+    s: &CudaSlice<u16>,
+) -> cudarc::driver::CudaView<'_, T> {
+    // SAFETY: u16, f16 and bf16 share size and alignment; the bits are the values.
+    unsafe { s.transmute::<T>(s.len()) }.expect("same size and alignment")
+}
+
+fn push_input<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, input: &'a DeviceBuf) {
+    match input {
+        DeviceBuf::F32(s) => {
+            b.arg(s);
+        }
+        DeviceBuf::Half(s) => {
+            b.arg(s);
+        }
+    }
+}

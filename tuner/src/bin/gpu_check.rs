@@ -1,0 +1,286 @@
+//! `gpu-check`: on a machine with an NVIDIA GPU, compile the GPU kernels with NVRTC for the
+//! device, verify every family on the device against the CPU reference (awkward sizes
+//! first), tune a few Llama-3.1-70B TP8 problems per family, and print tuned vs default vs
+//! cuBLAS as ratios. `scripts/gpu-check.sh` builds and runs it; the flash-attention peer
+//! (PyTorch SDPA) is timed by `bench/sdpa_peer.py` in the same script.
+//!
+//! Usage: `gpu-check [--max-candidates N] [--reps N] [--json FILE]`
+
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::gpu::cuda::{CudaGpu, DeviceProblem, LoadedKernel};
+use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
+use kerntune_kernels::gpu::KernelBuild;
+use kerntune_kernels::reference::relative_error;
+use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// Sizes that are multiples of no tile, one row, primes, GQA 8, odd head sizes.
+const AWKWARD: &[&str] = &[
+    "gemm:m=1,n=1,k=1",
+    "gemm:m=37,n=101,k=67,dtype=f32",
+    "gemm:m=17,n=130,k=257,dtype=f16,b=kn",
+    "gemm:m=3,n=1280,k=8192,dtype=bf16",
+    "flash:q_len=1,q_heads=1,kv_heads=1,head_dim=64",
+    "flash:q_len=37,kv_len=101,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+    "flash:q_len=65,q_heads=4,kv_heads=2,head_dim=80,dtype=f16,causal=false",
+    "paged:num_seqs=3,context_len=1,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+    "paged:num_seqs=5,context_len=1000,q_heads=8,kv_heads=8,head_dim=64,block_size=32,dtype=f16",
+];
+
+/// Llama-3.1-70B at tensor parallelism 8, bf16: decode and prefill GEMMs, prefill attention,
+/// decode attention.
+const LLAMA70B_TP8: &[&str] = &[
+    "gemm:m=1,n=1280,k=8192,dtype=bf16",
+    "gemm:m=16,n=7168,k=8192,dtype=bf16",
+    "gemm:m=1,n=8192,k=3584,dtype=bf16",
+    "gemm:m=2048,n=1280,k=8192,dtype=bf16",
+    "gemm:m=2048,n=8192,k=1024,dtype=bf16",
+    "gemm:m=2048,n=7168,k=8192,dtype=bf16",
+    "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+    "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+];
+
+#[derive(Debug, Serialize)]
+struct Row {
+    problem: String,
+    candidates: usize,
+    verified: usize,
+    failed: Vec<String>,
+    default_ns: Option<f64>,
+    best_ns: Option<f64>,
+    best: Option<String>,
+    cublas_ns: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Check<'a> {
+    gpu: &'a CudaGpu,
+    nvrtc: &'a NvrtcCompiler,
+    device: Device,
+    arch: String,
+}
+
+impl Check<'_> {
+    fn compile(&self, p: &Problem, configs: &[Config]) -> Vec<(Config, Result<Vec<u8>, String>)> {
+        configs
+            .par_iter()
+            .map(|c| {
+                let build = KernelBuild::new(p, c).map_err(|e| e.to_string());
+                let ptx = build.and_then(|b| {
+                    self.nvrtc
+                        .compile(&b, &self.arch, b.threads as u32)
+                        .map(|(ptx, _)| ptx)
+                });
+                (*c, ptx)
+            })
+            .collect()
+    }
+
+    fn load(&self, p: &Problem, c: &Config, ptx: &[u8]) -> anyhow::Result<LoadedKernel> {
+        let build = KernelBuild::new(p, c)?;
+        Ok(self.gpu.load(&build, ptx)?)
+    }
+
+    /// Verifies and (with `reps > 0`) times each config; failures are listed, never timed.
+    fn sweep(&self, p: &Problem, configs: &[Config], reps: usize) -> anyhow::Result<Row> {
+        let data = ProblemData::random(p, 7);
+        let rows = data.verify_rows();
+        let reference: Vec<Vec<f64>> = rows.par_iter().map(|&r| data.reference_row(r)).collect();
+        let min_partition = configs
+            .iter()
+            .filter_map(|c| match c {
+                Config::GpuPaged(g) => Some(g.partition),
+                _ => None,
+            })
+            .min()
+            .unwrap_or(1);
+        let mut on_device = DeviceProblem::upload(self.gpu, &data, min_partition)?;
+        let default = GpuSpace.default_config(p, &self.device);
+        let mut row = Row {
+            problem: p.key(),
+            candidates: configs.len(),
+            verified: 0,
+            failed: Vec::new(),
+            default_ns: None,
+            best_ns: None,
+            best: None,
+            cublas_ns: None,
+        };
+        let len = data.row_len();
+        for (c, ptx) in self.compile(p, configs) {
+            let outcome = ptx.map_err(anyhow::Error::msg).and_then(|ptx| {
+                let kernel = self.load(p, &c, &ptx)?;
+                let out = on_device.run(self.gpu, &kernel, &c)?;
+                let worst = rows
+                    .iter()
+                    .zip(&reference)
+                    .map(|(&r, want)| relative_error(&out[r * len..(r + 1) * len], want))
+                    .fold(0f64, |a, e| {
+                        a.max(if e.is_nan() { f64::INFINITY } else { e })
+                    });
+                if worst > p.dtype().tolerance() {
+                    bail!("relative error {worst:.2e}");
+                }
+                Ok(kernel)
+            });
+            match outcome {
+                Err(e) => row.failed.push(format!("{c}: {e:#}")),
+                Ok(kernel) => {
+                    row.verified += 1;
+                    if reps == 0 {
+                        continue;
+                    }
+                    let ns = median(on_device.time(self.gpu, &kernel, &c, reps)?);
+                    if c == default {
+                        row.default_ns = Some(ns);
+                    }
+                    if row.best_ns.is_none_or(|b| ns < b) {
+                        row.best_ns = Some(ns);
+                        row.best = Some(c.to_string());
+                    }
+                }
+            }
+        }
+        if reps > 0 && matches!(p, Problem::Gemm(_)) {
+            row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps)?));
+        }
+        Ok(row)
+    }
+}
+
+fn candidates(p: &Problem, device: &Device, max: usize) -> Vec<Config> {
+    let all = GpuSpace.candidates(p, device);
+    let step = (all.len() as f64 / max.max(1) as f64).max(1.0);
+    let mut picked: Vec<Config> = (0..max.min(all.len()))
+        .map(|i| all[(i as f64 * step) as usize])
+        .collect();
+    for c in [
+        GpuSpace.default_config(p, device),
+        GpuSpace.heuristic(p, device),
+    ] {
+        if !picked.contains(&c) {
+            picked.push(c);
+        }
+    }
+    picked
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// Returns whether every candidate verified.
+fn run() -> anyhow::Result<bool> {
+    let mut max_candidates = 24;
+    let mut reps = 20;
+    let mut json = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--max-candidates" => max_candidates = value()?.parse()?,
+            "--reps" => reps = value()?.parse()?,
+            "--json" => json = Some(value()?),
+            other => bail!("unknown argument {other}; usage: gpu-check [--max-candidates N] [--reps N] [--json FILE]"),
+        }
+    }
+    let started = Instant::now();
+    let gpu = CudaGpu::open(0)?;
+    let nvrtc = NvrtcCompiler::find()?;
+    let model = gpu.model().with_context(|| {
+        format!(
+            "{} ({}) is not in the device catalog",
+            gpu.info.name,
+            gpu.arch()
+        )
+    })?;
+    println!(
+        "device: {} ({}, {} SMs, {:.0} GiB, L2 {} MiB, driver {}), compiler {}",
+        gpu.info.name,
+        gpu.arch(),
+        gpu.info.sms,
+        gpu.info.memory_bytes as f64 / (1u64 << 30) as f64,
+        gpu.info.l2_bytes >> 20,
+        gpu.info.driver_version,
+        nvrtc.version
+    );
+    let check = Check {
+        gpu: &gpu,
+        nvrtc: &nvrtc,
+        device: Device::Gpu(model),
+        arch: gpu.arch(),
+    };
+
+    println!("\n== verification on the device (every family, awkward sizes)");
+    let mut failures = 0;
+    for spec in AWKWARD {
+        let p: Problem = spec.parse()?;
+        let configs = candidates(&p, &check.device, 12);
+        let row = check.sweep(&p, &configs, 0)?;
+        println!(
+            "{:>3}/{:<3} verified  {}",
+            row.verified, row.candidates, row.problem
+        );
+        for f in &row.failed {
+            println!("      FAILED {f}");
+        }
+        failures += row.failed.len();
+    }
+
+    println!("\n== Llama-3.1-70B TP8, bf16: tuned vs default vs cuBLAS (medians of {reps} cold-L2 launches)");
+    println!(
+        "{:>10} {:>10} {:>10} {:>8} {:>9}  problem / best config",
+        "default", "tuned", "cuBLAS", "vs def", "vs peer"
+    );
+    let mut rows = Vec::new();
+    for spec in LLAMA70B_TP8 {
+        let p: Problem = spec.parse()?;
+        let configs = candidates(&p, &check.device, max_candidates);
+        let row = check.sweep(&p, &configs, reps)?;
+        let us = |v: Option<f64>| v.map(|v| format!("{:.1}us", v / 1e3)).unwrap_or("-".into());
+        let ratio = |a: Option<f64>, b: Option<f64>| {
+            a.zip(b)
+                .map(|(a, b)| format!("{:.2}x", a / b))
+                .unwrap_or("-".into())
+        };
+        println!(
+            "{:>10} {:>10} {:>10} {:>8} {:>9}  {}\n{:>52}{}",
+            us(row.default_ns),
+            us(row.best_ns),
+            us(row.cublas_ns),
+            ratio(row.default_ns, row.best_ns),
+            ratio(row.cublas_ns, row.best_ns),
+            row.problem,
+            "",
+            row.best.as_deref().unwrap_or("(nothing verified)")
+        );
+        for f in &row.failed {
+            println!("      FAILED {f}");
+        }
+        failures += row.failed.len();
+        rows.push(row);
+    }
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    println!(
+        "\n{failures} candidates failed verification or to run; {:.0} s in all",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(failures == 0)
+}
