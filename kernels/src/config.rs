@@ -81,6 +81,11 @@ impl fmt::Display for Config {
                     "stream {} rows={} nc={} t={}",
                     c.isa, c.mr, c.nc, c.threads
                 ),
+                GemmVariant::Dpbf16 => write!(
+                    f,
+                    "dpbf16 {}x{} mc={} kc={} nc={} split={} t={}",
+                    c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
+                ),
             },
             Config::Flash(c) => write!(
                 f,
@@ -112,6 +117,9 @@ pub enum GemmVariant {
     /// Streams B once without packing: decode shapes (M of 1 to 16 rows), bound by reading the
     /// weights at memory bandwidth.
     Stream,
+    /// The packed loop nest on bf16 pairs with AVX-512-BF16 `vdpbf16ps`: two multiply-adds per
+    /// f32 lane and instruction. bf16 inputs on hosts that have it.
+    Dpbf16,
 }
 
 /// Which dimension threads divide.

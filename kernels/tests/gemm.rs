@@ -109,3 +109,59 @@ proptest! {
         check_all(&p, &sample);
     }
 }
+
+/// The AVX-512-BF16 kernel: every microkernel shape, odd and even cache-block depths (an odd
+/// one pads the last bf16 pair), both B layouts, split by M and by N. On hosts without
+/// AVX-512-BF16 the space must refuse it instead.
+#[test]
+fn dpbf16_shapes_match_reference_or_are_refused() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let device = Device::host();
+    let mut configs = Vec::new();
+    for &(mr, nr) in kerntune_kernels::cpu::DPBF16_SHAPES {
+        for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2), (mr * 2, 33, nr)] {
+            for split in [Split::M, Split::N] {
+                configs.push(Config::Gemm(GemmConfig {
+                    variant: GemmVariant::Dpbf16,
+                    isa: host.isa,
+                    mr,
+                    nr,
+                    mc,
+                    kc,
+                    nc,
+                    split,
+                    threads: host.threads,
+                }));
+            }
+        }
+    }
+    let problems = [
+        problem("gemm:m=29,n=67,k=45,dtype=bf16,b=nk"),
+        problem("gemm:m=1,n=33,k=1,dtype=bf16,b=kn"),
+        problem("gemm:m=40,n=130,k=100,dtype=bf16,b=kn"),
+    ];
+    if !host.avx512_bf16 {
+        for c in &configs {
+            let err = CpuSpace.validate(c, &problems[0], &device).unwrap_err();
+            assert!(err.to_string().contains("AVX-512-BF16"), "{err}");
+        }
+        eprintln!(
+            "dpbf16 kernels not run: {} has no AVX-512-BF16 (refusal checked)",
+            host.model
+        );
+        return;
+    }
+    for p in &problems {
+        assert_eq!(check_all(p, &configs), configs.len(), "{p}");
+        assert!(CpuSpace
+            .candidates(p, &device)
+            .iter()
+            .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Dpbf16)));
+    }
+    // Other dtypes are refused with the reason.
+    let f32_problem = problem("gemm:m=29,n=67,k=45,dtype=f32");
+    let err = CpuSpace
+        .validate(&configs[0], &f32_problem, &device)
+        .unwrap_err();
+    assert!(err.to_string().contains("bf16 inputs"), "{err}");
+}

@@ -24,6 +24,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
             c.threads * (mc * kc + kc * nc)
         }
         GemmVariant::Stream => p.m * p.k,
+        GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
     }
 }
 
@@ -39,6 +40,8 @@ pub fn run<T: TableElem>(
     match c.variant {
         GemmVariant::Packed => packed(p, c, a, b, out, scratch),
         GemmVariant::Stream => stream(p, c, a, b, out, scratch),
+        // Validation admits it for bf16 inputs only, which the backend sends to `cpu::dpbf16`.
+        GemmVariant::Dpbf16 => unreachable!("dpbf16 configs run through cpu::dpbf16"),
     }
 }
 

@@ -4,6 +4,7 @@
 //! [`table`] their per-ISA instantiation, [`parallel`] the thread pools; [`gemm`], [`flash`] and
 //! [`paged`] are the three kernel drivers.
 
+pub(crate) mod dpbf16;
 mod flash;
 mod gemm;
 mod leaf;
@@ -14,6 +15,7 @@ pub(crate) mod table;
 
 use half::{bf16, f16};
 
+use crate::config::GemmVariant;
 use crate::kernel::{check_dtype, check_len, Args, Backend, FlashArgs, GemmArgs, PagedArgs};
 use crate::space::{CpuSpace, Space};
 use crate::{Config, Device, KernelError, Problem, Result, Tensor};
@@ -61,6 +63,9 @@ impl Backend for CpuBackend {
                 match (a, b) {
                     (Tensor::F32(a), Tensor::F32(b)) => gemm::run(p, c, a, b, out, scratch),
                     (Tensor::F16(a), Tensor::F16(b)) => gemm::run::<f16>(p, c, a, b, out, scratch),
+                    (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Dpbf16 => {
+                        dpbf16::run(p, c, a, b, out, scratch)
+                    }
                     (Tensor::Bf16(a), Tensor::Bf16(b)) => {
                         gemm::run::<bf16>(p, c, a, b, out, scratch)
                     }
@@ -210,6 +215,9 @@ fn run_paged(
     }
     Ok(())
 }
+
+/// Microkernel shapes (mr, nr) of the AVX-512-BF16 GEMM variant.
+pub const DPBF16_SHAPES: &[(usize, usize)] = dpbf16::BF16_SHAPES;
 
 /// Microkernel shapes (MR, NR) available for an ISA level, as GEMM configs name them.
 pub fn microkernel_shapes(isa: crate::Isa) -> Vec<(usize, usize)> {

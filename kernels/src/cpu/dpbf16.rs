@@ -1,0 +1,438 @@
+//! bf16 GEMM with AVX-512-BF16 (`vdpbf16ps`): the packed loop nest of [`super::gemm`], but A and
+//! B stay bf16 and are packed as pairs of consecutive k values in one 32-bit word, so each
+//! instruction does two multiply-adds per lane, twice the f32 FMA rate, with f32 accumulation.
+//!
+//! A sliver holds `[ceil(kc / 2)][mr]` pair words (row i's `(a[i][2q], a[i][2q + 1])`), a B
+//! sliver `[ceil(kc / 2)][nr]` (column j's `(b[2q][j], b[2q + 1][j])`); an odd k pads its last
+//! pair with zero. The microkernel broadcasts one A pair per row and multiplies it with `nr / 16`
+//! vectors of B pairs.
+
+use half::bf16;
+
+use super::parallel::{for_each_task, SharedMut};
+use crate::config::{GemmConfig, Split};
+use crate::problem::{BLayout, GemmProblem};
+
+/// Microkernel shapes (mr, nr): accumulators `mr · nr / 16` plus `nr / 16` B vectors and one
+/// broadcast stay within the 32 vector registers.
+pub const BF16_SHAPES: &[(usize, usize)] = &[(4, 64), (6, 64), (8, 32), (12, 32), (14, 32)];
+
+/// Whether this process may run the kernel: the CPU has AVX-512-BF16.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Scratch (32-bit words) a call needs: one packed A block and one B panel per thread.
+pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
+    let mc = c.mc.min(p.m.next_multiple_of(c.mr));
+    let kp = c.kc.min(p.k).div_ceil(2);
+    let nc = c.nc.min(p.n.next_multiple_of(c.nr));
+    c.threads * (mc * kp + kp * nc)
+}
+
+fn pair(lo: bf16, hi: bf16) -> u32 {
+    u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
+}
+
+/// Runs a validated config (dtype bf16, a shape of [`BF16_SHAPES`], [`available`] checked).
+pub fn run(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (mr, nr) = (c.mr, c.nr);
+    let (units, unit) = match c.split {
+        Split::N => (p.n.div_ceil(nr), nr),
+        Split::M => (p.m.div_ceil(mr), mr),
+    };
+    let chunks = c.threads.min(units).max(1);
+    let per_thread = scratch.len() / c.threads;
+    // Pair words live in the f32 scratch as raw bits: same size and alignment.
+    let scratch = SharedMut(scratch.as_mut_ptr().cast::<u32>());
+    let out = SharedMut(out.as_mut_ptr());
+    for_each_task(c.threads, chunks, |i, worker| {
+        let lo = units * i / chunks * unit;
+        let hi = (units * (i + 1) / chunks * unit).min(match c.split {
+            Split::N => p.n,
+            Split::M => p.m,
+        });
+        let (rows, cols) = match c.split {
+            Split::N => (0..p.m, lo..hi),
+            Split::M => (lo..hi, 0..p.n),
+        };
+        // SAFETY: workers run one task at a time, so their scratch slices are disjoint;
+        // chunks cover disjoint rows or columns of C.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(scratch.get().add(worker * per_thread), per_thread)
+        };
+        block(p, c, a, b, out.get(), rows, cols, buf);
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn block(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: *mut f32,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    buf: &mut [u32],
+) {
+    let (mr, nr) = (c.mr, c.nr);
+    let ukr = microkernel(mr, nr).expect("validated configs have a microkernel");
+    let mc_max = c.mc.min(p.m.next_multiple_of(mr));
+    let kp_max = c.kc.min(p.k).div_ceil(2);
+    let (ap_buf, bp_buf) = buf.split_at_mut(mc_max * kp_max);
+    for jc in cols.clone().step_by(c.nc) {
+        let ncur = c.nc.min(cols.end - jc);
+        for pc in (0..p.k).step_by(c.kc) {
+            let kcur = c.kc.min(p.k - pc);
+            let kp = kcur.div_ceil(2);
+            pack_b(p, b, pc, kcur, jc, ncur, nr, bp_buf);
+            for ic in rows.clone().step_by(c.mc) {
+                let mcur = c.mc.min(rows.end - ic);
+                pack_a(p, a, ic, mcur, pc, kcur, mr, ap_buf);
+                for jr in (0..ncur).step_by(nr) {
+                    let bp = bp_buf[jr / nr * kp * nr..].as_ptr();
+                    for ir in (0..mcur).step_by(mr) {
+                        let ap = ap_buf[ir / mr * kp * mr..].as_ptr();
+                        // SAFETY: slivers are zero-padded to full mr/nr and kp deep; the C
+                        // corner lies inside this thread's rows and columns; `available()` was
+                        // checked by validation.
+                        unsafe {
+                            ukr(
+                                kp,
+                                ap,
+                                bp,
+                                out.add((ic + ir) * p.n + jc + jr),
+                                p.n,
+                                mr.min(mcur - ir),
+                                nr.min(ncur - jr),
+                                pc > 0,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pack_a(
+    p: &GemmProblem,
+    a: &[bf16],
+    ic: usize,
+    mcur: usize,
+    pc: usize,
+    kcur: usize,
+    mr: usize,
+    dst: &mut [u32],
+) {
+    let kp = kcur.div_ceil(2);
+    let zero = bf16::ZERO;
+    for (s, sliver) in dst[..mcur.next_multiple_of(mr) * kp]
+        .chunks_exact_mut(mr * kp)
+        .enumerate()
+    {
+        let r0 = ic + s * mr;
+        let live = mr.min(ic + mcur - r0);
+        // A's rows are k-contiguous like a Linear layer's B: the same pair transpose.
+        #[cfg(target_arch = "x86_64")]
+        {
+            let full = kcur / 2;
+            // SAFETY: rows r0..r0 + live of A hold kcur values from pc; `available()` was
+            // checked by validation.
+            unsafe {
+                x86::gather_pairs(
+                    a.as_ptr().add(r0 * p.k + pc).cast(),
+                    p.k,
+                    full,
+                    live,
+                    mr,
+                    sliver,
+                )
+            };
+            if full < kp {
+                for (i, d) in sliver[full * mr..(full + 1) * mr].iter_mut().enumerate() {
+                    *d = if i < live {
+                        pair(a[(r0 + i) * p.k + pc + 2 * full], zero)
+                    } else {
+                        0
+                    };
+                }
+            }
+            continue;
+        }
+        #[allow(unreachable_code)]
+        for i in 0..mr {
+            if i >= live {
+                for q in 0..kp {
+                    sliver[q * mr + i] = 0;
+                }
+                continue;
+            }
+            let row = &a[(r0 + i) * p.k + pc..(r0 + i) * p.k + pc + kcur];
+            let mut pairs = row.chunks_exact(2);
+            for (q, two) in pairs.by_ref().enumerate() {
+                sliver[q * mr + i] = pair(two[0], two[1]);
+            }
+            if let [last] = pairs.remainder() {
+                sliver[(kp - 1) * mr + i] = pair(*last, zero);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pack_b(
+    p: &GemmProblem,
+    b: &[bf16],
+    pc: usize,
+    kcur: usize,
+    jc: usize,
+    ncur: usize,
+    nr: usize,
+    dst: &mut [u32],
+) {
+    let kp = kcur.div_ceil(2);
+    let zero = bf16::ZERO;
+    for (s, sliver) in dst[..ncur.next_multiple_of(nr) * kp]
+        .chunks_exact_mut(nr * kp)
+        .enumerate()
+    {
+        let j0 = jc + s * nr;
+        let live = nr.min(jc + ncur - j0);
+        match p.b_layout {
+            BLayout::Kn => {
+                for (q, dst_row) in sliver.chunks_exact_mut(nr).enumerate() {
+                    let k0 = pc + 2 * q;
+                    let even = &b[k0 * p.n + j0..k0 * p.n + j0 + live];
+                    if k0 + 1 < pc + kcur {
+                        let odd = &b[(k0 + 1) * p.n + j0..(k0 + 1) * p.n + j0 + live];
+                        for ((d, &lo), &hi) in dst_row.iter_mut().zip(even).zip(odd) {
+                            *d = pair(lo, hi);
+                        }
+                    } else {
+                        for (d, &lo) in dst_row.iter_mut().zip(even) {
+                            *d = pair(lo, zero);
+                        }
+                    }
+                    dst_row[live..].fill(0);
+                }
+            }
+            BLayout::Nk => {
+                // A Linear layer's rows are k-contiguous, so each pair is already one 32-bit
+                // word in memory (little endian: the even k in the low half): a full sliver is
+                // a transpose of 32-bit words, done with gathers of 16 columns.
+                let full = kcur / 2;
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // SAFETY: the sliver's `live` rows of B hold kcur values from pc; the
+                    // gather reads pairs 0..full of each; `available()` was checked by
+                    // validation.
+                    unsafe {
+                        x86::gather_pairs(
+                            b.as_ptr().add(j0 * p.k + pc).cast(),
+                            p.k,
+                            full,
+                            live,
+                            nr,
+                            sliver,
+                        )
+                    };
+                    if full < kp {
+                        let dst_row = &mut sliver[full * nr..(full + 1) * nr];
+                        for (j, d) in dst_row.iter_mut().enumerate() {
+                            *d = if j < live {
+                                pair(b[(j0 + j) * p.k + pc + 2 * full], zero)
+                            } else {
+                                0
+                            };
+                        }
+                    }
+                    continue;
+                }
+                #[allow(unreachable_code)]
+                for j in 0..nr {
+                    if j >= live {
+                        for q in 0..kp {
+                            sliver[q * nr + j] = 0;
+                        }
+                        continue;
+                    }
+                    let src = &b[(j0 + j) * p.k + pc..(j0 + j) * p.k + pc + kcur];
+                    let mut pairs = src.chunks_exact(2);
+                    for (q, two) in pairs.by_ref().enumerate() {
+                        sliver[q * nr + j] = pair(two[0], two[1]);
+                    }
+                    if let [last] = pairs.remainder() {
+                        sliver[(kp - 1) * nr + j] = pair(*last, zero);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `(kp, a, b, c, ldc, mr, nr, accumulate)`: C[mr × nr] (+)= A pairs · B pairs.
+type Ukr = unsafe fn(usize, *const u32, *const u32, *mut f32, usize, usize, usize, bool);
+
+/// The microkernel for a shape of [`BF16_SHAPES`].
+pub fn microkernel(mr: usize, nr: usize) -> Option<Ukr> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Some(match (mr, nr) {
+            (4, 64) => x86::ukr::<4, 4>,
+            (6, 64) => x86::ukr::<6, 4>,
+            (8, 32) => x86::ukr::<8, 2>,
+            (12, 32) => x86::ukr::<12, 2>,
+            (14, 32) => x86::ukr::<14, 2>,
+            _ => return None,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mr, nr);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Transposes pairs: `dst[q · width + j]` = the 32-bit word at pair `q` of row `j` for
+    /// `j < live`, 0 for `live <= j < width`; rows are `k` 16-bit values apart from `src`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; rows `0..live` of `src` hold `2 · pairs` values; `dst` holds
+    /// `pairs · width` words; offsets fit in i32 units of 16 bits.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gather_pairs(
+        src: *const u8,
+        k: usize,
+        pairs: usize,
+        live: usize,
+        width: usize,
+        dst: &mut [u32],
+    ) {
+        let lanes = |n: usize| -> __mmask16 {
+            if n >= 16 {
+                0xffff
+            } else {
+                (1u16 << n) - 1
+            }
+        };
+        let two = _mm512_set1_epi32(2);
+        for g in 0..width.div_ceil(16) {
+            let first = g * 16;
+            let read = lanes(live.saturating_sub(first));
+            let write = lanes(width - first);
+            // Offsets in 16-bit units (the gather's scale is 2 bytes); lanes past `live` are
+            // masked off and never read.
+            let rows: [i32; 16] = std::array::from_fn(|j| {
+                if first + j < live {
+                    ((first + j) * k) as i32
+                } else {
+                    0
+                }
+            });
+            // SAFETY: reading 16 i32 from a stack array.
+            let mut index = unsafe { _mm512_loadu_si512(rows.as_ptr().cast()) };
+            for q in 0..pairs {
+                // SAFETY: caller contract: each unmasked index addresses pair q of its row, and
+                // the masked store stays within row q of `dst`.
+                unsafe {
+                    let v = _mm512_mask_i32gather_epi32::<2>(
+                        _mm512_setzero_si512(),
+                        read,
+                        index,
+                        src.cast(),
+                    );
+                    _mm512_mask_storeu_epi32(
+                        dst.as_mut_ptr().add(q * width + first).cast(),
+                        write,
+                        v,
+                    );
+                }
+                index = _mm512_add_epi32(index, two);
+            }
+        }
+    }
+
+    /// `MR` rows × `NV` vectors of 16 columns.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX-512-BF16; `a` holds `kp · MR` and `b` `kp · NV · 16` pair
+    /// words; C is writable for `mr` rows of `nr` columns at `ldc` apart.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ukr<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        for q in 0..kp {
+            // SAFETY: caller contract on the packed slivers.
+            unsafe {
+                let bv: [__m512bh; NV] = std::array::from_fn(|v| {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        b.add((q * NV + v) * 16).cast(),
+                    ))
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        *a.add(q * MR + i) as i32,
+                    ));
+                    for (accv, bvv) in row.iter_mut().zip(bv.iter()) {
+                        *accv = _mm512_dpbf16_ps(*accv, av, *bvv);
+                    }
+                }
+            }
+        }
+        // SAFETY: caller contract on C; edge tiles store through masks.
+        unsafe {
+            for (i, row) in acc.iter().enumerate().take(mr) {
+                let cp = c.add(i * ldc);
+                for (v, accv) in row.iter().enumerate() {
+                    let lo = v * 16;
+                    if lo >= nr {
+                        break;
+                    }
+                    let live = (nr - lo).min(16);
+                    let mask: __mmask16 = if live == 16 {
+                        0xffff
+                    } else {
+                        (1u16 << live) - 1
+                    };
+                    let out = if accumulate {
+                        _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cp.add(lo)), *accv)
+                    } else {
+                        *accv
+                    };
+                    _mm512_mask_storeu_ps(cp.add(lo), mask, out);
+                }
+            }
+        }
+    }
+}
