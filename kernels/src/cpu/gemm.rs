@@ -104,7 +104,7 @@ fn block<T: TableElem>(
         let ncur = c.nc.min(cols.end - jc);
         for pc in (0..p.k).step_by(c.kc) {
             let kcur = c.kc.min(p.k - pc);
-            pack_b(p, b, pc, kcur, jc, ncur, nr, bp_buf);
+            pack_b(p, b, pc, kcur, jc, ncur, nr, c.isa, bp_buf);
             for ic in rows.clone().step_by(c.mc) {
                 let mcur = c.mc.min(rows.end - ic);
                 pack_a(p, a, ic, mcur, pc, kcur, mr, ap_buf);
@@ -171,7 +171,7 @@ fn pack_a<T: TableElem>(
 
 /// Packs `kcur` rows × `ncur` columns of B into `nr`-column slivers, `[kcur][nr]` each.
 #[allow(clippy::too_many_arguments)]
-fn pack_b<T: TableElem>(
+fn pack_b<T: TableElem + 'static>(
     p: &GemmProblem,
     b: &[T],
     pc: usize,
@@ -179,6 +179,7 @@ fn pack_b<T: TableElem>(
     jc: usize,
     ncur: usize,
     nr: usize,
+    isa: crate::Isa,
     dst: &mut [f32],
 ) {
     for (s, sliver) in dst[..ncur.next_multiple_of(nr) * kcur]
@@ -198,6 +199,25 @@ fn pack_b<T: TableElem>(
                 }
             }
             BLayout::Nk => {
+                // f32 rows of a Linear layer: a transpose of 32-bit words, by gathers where
+                // the config runs AVX-512 (validation checked the host has it).
+                #[cfg(target_arch = "x86_64")]
+                if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                    && isa >= crate::Isa::Avx512
+                {
+                    // SAFETY: T is f32; rows j0..j0 + live of B hold kcur values from pc.
+                    unsafe {
+                        gather_columns(
+                            b.as_ptr().add(j0 * p.k + pc).cast(),
+                            p.k,
+                            kcur,
+                            live,
+                            nr,
+                            sliver,
+                        )
+                    };
+                    continue;
+                }
                 for j in 0..nr {
                     if j < live {
                         let src = &b[(j0 + j) * p.k + pc..(j0 + j) * p.k + pc + kcur];
@@ -305,4 +325,54 @@ fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)>
     std::iter::successors((m > 0).then(|| (0, rows_at(0))), move |&(i, r)| {
         (i + r < m).then(|| (i + r, rows_at(i + r)))
     })
+}
+
+/// `dst[q · width + j]` = row `j`'s value `q` for `j < live`, 0 up to `width`; rows `k` values
+/// apart from `src`, `q < depth`.
+///
+/// # Safety
+/// The CPU has AVX-512F; rows `0..live` of `src` hold `depth` values; `dst` holds
+/// `depth · width` values; offsets fit in i32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gather_columns(
+    src: *const f32,
+    k: usize,
+    depth: usize,
+    live: usize,
+    width: usize,
+    dst: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let lanes = |n: usize| -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            (1u16 << n) - 1
+        }
+    };
+    let one = _mm512_set1_epi32(1);
+    for g in 0..width.div_ceil(16) {
+        let first = g * 16;
+        let read = lanes(live.saturating_sub(first));
+        let write = lanes(width - first);
+        let rows: [i32; 16] = std::array::from_fn(|j| {
+            if first + j < live {
+                ((first + j) * k) as i32
+            } else {
+                0
+            }
+        });
+        // SAFETY: reading 16 i32 from a stack array.
+        let mut index = unsafe { _mm512_loadu_si512(rows.as_ptr().cast()) };
+        for q in 0..depth {
+            // SAFETY: caller contract: unmasked indices address value q of their rows; the
+            // masked store stays within row q of `dst`.
+            unsafe {
+                let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), read, index, src.cast());
+                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(q * width + first), write, v);
+            }
+            index = _mm512_add_epi32(index, one);
+        }
+    }
 }
