@@ -9,8 +9,7 @@
 
 use half::bf16;
 
-use super::parallel::{for_each_task, SharedMut};
-use crate::config::{GemmConfig, Split};
+use crate::config::GemmConfig;
 use crate::problem::{BLayout, GemmProblem};
 
 /// Microkernel shapes (mr, nr): accumulators `mr · nr / 16` plus `nr / 16` B vectors and one
@@ -52,83 +51,26 @@ pub fn run(
     scratch: &mut [f32],
 ) {
     let (mr, nr) = (c.mr, c.nr);
-    let (units, unit) = match c.split {
-        Split::N => (p.n.div_ceil(nr), nr),
-        Split::M => (p.m.div_ceil(mr), mr),
-    };
-    let chunks = c.threads.min(units).max(1);
-    let per_thread = scratch.len() / c.threads;
-    // Pair words live in the f32 scratch as raw bits: same size and alignment.
-    let scratch = SharedMut(scratch.as_mut_ptr().cast::<u32>());
-    let out = SharedMut(out.as_mut_ptr());
-    for_each_task(c.threads, chunks, |i, worker| {
-        let lo = units * i / chunks * unit;
-        let hi = (units * (i + 1) / chunks * unit).min(match c.split {
-            Split::N => p.n,
-            Split::M => p.m,
-        });
-        let (rows, cols) = match c.split {
-            Split::N => (0..p.m, lo..hi),
-            Split::M => (lo..hi, 0..p.n),
-        };
-        // SAFETY: workers run one task at a time, so their scratch slices are disjoint;
-        // chunks cover disjoint rows or columns of C.
-        let buf = unsafe {
-            std::slice::from_raw_parts_mut(scratch.get().add(worker * per_thread), per_thread)
-        };
-        block(p, c, a, b, out.get(), rows, cols, buf);
-    });
-}
-
-#[allow(clippy::too_many_arguments)]
-fn block(
-    p: &GemmProblem,
-    c: &GemmConfig,
-    a: &[bf16],
-    b: &[bf16],
-    out: *mut f32,
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-    buf: &mut [u32],
-) {
-    let (mr, nr) = (c.mr, c.nr);
     let ukr = microkernel(mr, nr).expect("validated configs have a microkernel");
-    let mc_max = c.mc.min(p.m.next_multiple_of(mr));
-    let kp_max = c.kc.min(p.k).div_ceil(2);
-    let (ap_buf, bp_buf) = buf.split_at_mut(mc_max * kp_max);
-    for jc in cols.clone().step_by(c.nc) {
-        let ncur = c.nc.min(cols.end - jc);
-        for pc in (0..p.k).step_by(c.kc) {
-            let kcur = c.kc.min(p.k - pc);
-            let kp = kcur.div_ceil(2);
-            pack_b(p, b, pc, kcur, jc, ncur, nr, bp_buf);
-            for ic in rows.clone().step_by(c.mc) {
-                let mcur = c.mc.min(rows.end - ic);
-                pack_a(p, a, ic, mcur, pc, kcur, mr, ap_buf);
-                for jr in (0..ncur).step_by(nr) {
-                    let bp = bp_buf[jr / nr * kp * nr..].as_ptr();
-                    for ir in (0..mcur).step_by(mr) {
-                        let ap = ap_buf[ir / mr * kp * mr..].as_ptr();
-                        // SAFETY: slivers are zero-padded to full mr/nr and kp deep; the C
-                        // corner lies inside this thread's rows and columns; `available()` was
-                        // checked by validation.
-                        unsafe {
-                            ukr(
-                                kp,
-                                ap,
-                                bp,
-                                out.add((ic + ir) * p.n + jc + jr),
-                                p.n,
-                                mr.min(mcur - ir),
-                                nr.min(ncur - jr),
-                                pc > 0,
-                            )
-                        };
-                    }
-                }
-            }
-        }
-    }
+    // Pair words live in the f32 scratch as raw bits: same size and alignment.
+    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
+    let words = unsafe {
+        std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len())
+    };
+    super::gemm::loop_nest(
+        p,
+        c,
+        out,
+        words,
+        |kcur| kcur.div_ceil(2),
+        |pc, kcur, jc, ncur, dst| pack_b(p, b, pc, kcur, jc, ncur, nr, dst),
+        |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
+        // SAFETY: loop_nest's contract on slivers and C; `available()` was checked by
+        // validation.
+        |depth, ap, bp, cp, rows, cols, accumulate| unsafe {
+            ukr(depth, ap, bp, cp, p.n, rows, cols, accumulate)
+        },
+    );
 }
 
 #[allow(clippy::too_many_arguments)]

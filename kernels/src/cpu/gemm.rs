@@ -53,6 +53,45 @@ fn packed<T: TableElem>(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
+    let ukr = table(c.isa)
+        .ukr_packed(c.mr, c.nr)
+        .expect("validated configs have a microkernel");
+    let (mr, nr) = (c.mr, c.nr);
+    loop_nest(
+        p,
+        c,
+        out,
+        scratch,
+        |kcur| kcur,
+        |pc, kcur, jc, ncur, dst| pack_b(p, b, pc, kcur, jc, ncur, nr, c.isa, dst),
+        |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
+        // SAFETY: loop_nest's contract: zero-padded slivers `depth` deep, C inside the
+        // thread's rows and columns.
+        |depth, ap, bp, cp, rows, cols, accumulate| unsafe {
+            ukr(depth, ap, 1, mr, bp, nr, cp, p.n, rows, cols, accumulate)
+        },
+    );
+}
+
+/// The packed loop nest (BLIS order: nc panels of B, kc slices, mc blocks of A, microkernel
+/// tiles), shared by the f32 kernels and the bf16-pair kernel, which differ in what a packed
+/// word is (`W`), how deep a kc slice packs (`depth`), and how they pack and multiply. Threads
+/// own disjoint rows or columns of C (`split`) and pack what they read, so they never wait on
+/// each other.
+///
+/// `ukr(depth, a, b, c, rows, cols, accumulate)` gets slivers zero-padded to full `mr` / `nr`
+/// and `depth` deep, and a C corner with `rows × cols` live values inside the thread's share.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn loop_nest<W: Copy>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    out: &mut [f32],
+    scratch: &mut [W],
+    depth: impl Fn(usize) -> usize + Sync,
+    pack_b: impl Fn(usize, usize, usize, usize, &mut [W]) + Sync,
+    pack_a: impl Fn(usize, usize, usize, usize, &mut [W]) + Sync,
+    ukr: impl Fn(usize, *const W, *const W, *mut f32, usize, usize, bool) + Sync,
+) {
     let (mr, nr) = (c.mr, c.nr);
     let (units, unit) = match c.split {
         Split::N => (p.n.div_ceil(nr), nr),
@@ -77,63 +116,31 @@ fn packed<T: TableElem>(
         let buf = unsafe {
             std::slice::from_raw_parts_mut(scratch.get().add(worker * per_thread), per_thread)
         };
-        block(p, c, a, b, out.get(), rows, cols, buf);
-    });
-}
-
-/// One thread's share of the packed loop nest: C rows × cols.
-#[allow(clippy::too_many_arguments)]
-fn block<T: TableElem>(
-    p: &GemmProblem,
-    c: &GemmConfig,
-    a: &[T],
-    b: &[T],
-    out: *mut f32,
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-    buf: &mut [f32],
-) {
-    let (mr, nr) = (c.mr, c.nr);
-    let ukr = table(c.isa)
-        .ukr_packed(mr, nr)
-        .expect("validated configs have a microkernel");
-    let mc_max = c.mc.min(p.m.next_multiple_of(mr));
-    let kc_max = c.kc.min(p.k);
-    let (ap_buf, bp_buf) = buf.split_at_mut(mc_max * kc_max);
-    for jc in cols.clone().step_by(c.nc) {
-        let ncur = c.nc.min(cols.end - jc);
-        for pc in (0..p.k).step_by(c.kc) {
-            let kcur = c.kc.min(p.k - pc);
-            pack_b(p, b, pc, kcur, jc, ncur, nr, c.isa, bp_buf);
-            for ic in rows.clone().step_by(c.mc) {
-                let mcur = c.mc.min(rows.end - ic);
-                pack_a(p, a, ic, mcur, pc, kcur, mr, ap_buf);
-                for jr in (0..ncur).step_by(nr) {
-                    let bp = bp_buf[jr / nr * kcur * nr..].as_ptr();
-                    for ir in (0..mcur).step_by(mr) {
-                        let ap = ap_buf[ir / mr * kcur * mr..].as_ptr();
-                        // SAFETY: packed slivers are zero-padded to full mr/nr and kcur deep;
-                        // the C corner lies inside this thread's rows and columns.
-                        unsafe {
-                            ukr(
-                                kcur,
-                                ap,
-                                1,
-                                mr,
-                                bp,
-                                nr,
-                                out.add((ic + ir) * p.n + jc + jr),
-                                p.n,
-                                mr.min(mcur - ir),
-                                nr.min(ncur - jr),
-                                pc > 0,
-                            )
-                        };
+        let mc_max = c.mc.min(p.m.next_multiple_of(mr));
+        let (ap_buf, bp_buf) = buf.split_at_mut(mc_max * depth(c.kc.min(p.k)));
+        for jc in cols.clone().step_by(c.nc) {
+            let ncur = c.nc.min(cols.end - jc);
+            for pc in (0..p.k).step_by(c.kc) {
+                let kcur = c.kc.min(p.k - pc);
+                let d = depth(kcur);
+                pack_b(pc, kcur, jc, ncur, bp_buf);
+                for ic in rows.clone().step_by(c.mc) {
+                    let mcur = c.mc.min(rows.end - ic);
+                    pack_a(ic, mcur, pc, kcur, ap_buf);
+                    for jr in (0..ncur).step_by(nr) {
+                        let bp = bp_buf[jr / nr * d * nr..].as_ptr();
+                        for ir in (0..mcur).step_by(mr) {
+                            let ap = ap_buf[ir / mr * d * mr..].as_ptr();
+                            // SAFETY (for `ukr`'s contract): the C corner lies inside this
+                            // thread's rows and columns.
+                            let cp = unsafe { out.get().add((ic + ir) * p.n + jc + jr) };
+                            ukr(d, ap, bp, cp, mr.min(mcur - ir), nr.min(ncur - jr), pc > 0);
+                        }
                     }
                 }
             }
         }
-    }
+    });
 }
 
 /// Packs `mcur` rows × `kcur` columns of A into `mr`-row slivers, `[kcur][mr]` each.
