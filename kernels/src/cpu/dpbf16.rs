@@ -99,13 +99,14 @@ fn pack_a(
             // SAFETY: rows r0..r0 + live of A hold kcur values from pc; `available()` was
             // checked by validation.
             unsafe {
-                x86::gather_pairs(
+                super::transpose::gather_words(
                     a.as_ptr().add(r0 * p.k + pc).cast(),
-                    p.k,
+                    2 * p.k,
+                    4,
                     full,
                     live,
                     mr,
-                    sliver,
+                    sliver.as_mut_ptr(),
                 )
             };
             if full < kp {
@@ -187,13 +188,14 @@ fn pack_b(
                     // gather reads pairs 0..full of each; `available()` was checked by
                     // validation.
                     unsafe {
-                        x86::gather_pairs(
+                        super::transpose::gather_words(
                             b.as_ptr().add(j0 * p.k + pc).cast(),
-                            p.k,
+                            2 * p.k,
+                            4,
                             full,
                             live,
                             nr,
-                            sliver,
+                            sliver.as_mut_ptr(),
                         )
                     };
                     if full < kp {
@@ -256,65 +258,6 @@ pub fn microkernel(mr: usize, nr: usize) -> Option<Ukr> {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
-
-    /// Transposes pairs: `dst[q · width + j]` = the 32-bit word at pair `q` of row `j` for
-    /// `j < live`, 0 for `live <= j < width`; rows are `k` 16-bit values apart from `src`.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; rows `0..live` of `src` hold `2 · pairs` values; `dst` holds
-    /// `pairs · width` words; offsets fit in i32 units of 16 bits.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn gather_pairs(
-        src: *const u8,
-        k: usize,
-        pairs: usize,
-        live: usize,
-        width: usize,
-        dst: &mut [u32],
-    ) {
-        let lanes = |n: usize| -> __mmask16 {
-            if n >= 16 {
-                0xffff
-            } else {
-                (1u16 << n) - 1
-            }
-        };
-        let two = _mm512_set1_epi32(2);
-        for g in 0..width.div_ceil(16) {
-            let first = g * 16;
-            let read = lanes(live.saturating_sub(first));
-            let write = lanes(width - first);
-            // Offsets in 16-bit units (the gather's scale is 2 bytes); lanes past `live` are
-            // masked off and never read.
-            let rows: [i32; 16] = std::array::from_fn(|j| {
-                if first + j < live {
-                    ((first + j) * k) as i32
-                } else {
-                    0
-                }
-            });
-            // SAFETY: reading 16 i32 from a stack array.
-            let mut index = unsafe { _mm512_loadu_si512(rows.as_ptr().cast()) };
-            for q in 0..pairs {
-                // SAFETY: caller contract: each unmasked index addresses pair q of its row, and
-                // the masked store stays within row q of `dst`.
-                unsafe {
-                    let v = _mm512_mask_i32gather_epi32::<2>(
-                        _mm512_setzero_si512(),
-                        read,
-                        index,
-                        src.cast(),
-                    );
-                    _mm512_mask_storeu_epi32(
-                        dst.as_mut_ptr().add(q * width + first).cast(),
-                        write,
-                        v,
-                    );
-                }
-                index = _mm512_add_epi32(index, two);
-            }
-        }
-    }
 
     /// `MR` rows × `NV` vectors of 16 columns.
     ///

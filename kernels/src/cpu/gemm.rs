@@ -214,13 +214,14 @@ fn pack_b<T: TableElem + 'static>(
                 {
                     // SAFETY: T is f32; rows j0..j0 + live of B hold kcur values from pc.
                     unsafe {
-                        gather_columns(
+                        super::transpose::gather_words(
                             b.as_ptr().add(j0 * p.k + pc).cast(),
-                            p.k,
+                            4 * p.k,
+                            4,
                             kcur,
                             live,
                             nr,
-                            sliver,
+                            sliver.as_mut_ptr().cast(),
                         )
                     };
                     continue;
@@ -332,54 +333,4 @@ fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)>
     std::iter::successors((m > 0).then(|| (0, rows_at(0))), move |&(i, r)| {
         (i + r < m).then(|| (i + r, rows_at(i + r)))
     })
-}
-
-/// `dst[q · width + j]` = row `j`'s value `q` for `j < live`, 0 up to `width`; rows `k` values
-/// apart from `src`, `q < depth`.
-///
-/// # Safety
-/// The CPU has AVX-512F; rows `0..live` of `src` hold `depth` values; `dst` holds
-/// `depth · width` values; offsets fit in i32.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn gather_columns(
-    src: *const f32,
-    k: usize,
-    depth: usize,
-    live: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let lanes = |n: usize| -> __mmask16 {
-        if n >= 16 {
-            0xffff
-        } else {
-            (1u16 << n) - 1
-        }
-    };
-    let one = _mm512_set1_epi32(1);
-    for g in 0..width.div_ceil(16) {
-        let first = g * 16;
-        let read = lanes(live.saturating_sub(first));
-        let write = lanes(width - first);
-        let rows: [i32; 16] = std::array::from_fn(|j| {
-            if first + j < live {
-                ((first + j) * k) as i32
-            } else {
-                0
-            }
-        });
-        // SAFETY: reading 16 i32 from a stack array.
-        let mut index = unsafe { _mm512_loadu_si512(rows.as_ptr().cast()) };
-        for q in 0..depth {
-            // SAFETY: caller contract: unmasked indices address value q of their rows; the
-            // masked store stays within row q of `dst`.
-            unsafe {
-                let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), read, index, src.cast());
-                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(q * width + first), write, v);
-            }
-            index = _mm512_add_epi32(index, one);
-        }
-    }
 }

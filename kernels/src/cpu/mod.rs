@@ -12,6 +12,7 @@ mod paged;
 pub(crate) mod parallel;
 pub(crate) mod simd;
 pub(crate) mod table;
+mod transpose;
 
 use half::{bf16, f16};
 
