@@ -163,7 +163,7 @@ fn plan_for_h100_with_nvrtc() {
     assert!(out.status.success(), "{}", text(&out));
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["target"], "sm_90");
-    assert!(plan["compiler"].as_str().unwrap().starts_with("NVRTC 12"));
+    assert!(plan["compiler"].as_str().unwrap().starts_with("NVRTC 13"));
     for p in plan["problems"].as_array().unwrap() {
         assert!(p["kept"].as_u64().unwrap() >= 1, "{p}");
         for c in p["candidates"].as_array().unwrap() {
