@@ -243,3 +243,23 @@ fn the_hip_runtime_probe_answers_clearly() {
         }
     }
 }
+
+/// The on-device path (feature `rocm`) opens the runtime and answers "no device" here; where
+/// an AMD GPU exists it opens it.
+#[cfg(feature = "rocm")]
+#[test]
+fn the_rocm_device_path_opens_or_says_why() {
+    match kerntune_kernels::gpu::rocm::HipGpu::open(0) {
+        Ok(gpu) => eprintln!("opened {}", gpu.name),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("hip") && (e.contains("hipInit") || e.contains("no HIP runtime")),
+                "{e}"
+            );
+            if std::env::var_os("KERNTUNE_REQUIRE_HIP").is_some() {
+                assert!(e.contains("hipInit failed"), "{e}");
+            }
+        }
+    }
+}

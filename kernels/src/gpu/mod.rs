@@ -12,6 +12,8 @@ mod judge;
 pub mod metadata;
 pub mod nvrtc;
 pub mod occupancy;
+#[cfg(feature = "rocm")]
+pub mod rocm;
 mod source;
 
 pub use judge::{judge, Verdict};

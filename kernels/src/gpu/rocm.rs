@@ -1,0 +1,483 @@
+//! Running the GPU kernels on an AMD device (Cargo feature `rocm`): the HIP runtime loaded at
+//! run time (libamdhip64.so.6, then .so.5), with a hand-written declaration of the dozen entry
+//! points used, whose C signatures are the same in ROCm 5 and 6 (hip-sys would link the
+//! library at build time and pins older bindings). Code objects come from the offline plan's
+//! cache; a problem's inputs are uploaded once; each candidate is launched, verified against
+//! the CPU reference by the caller and timed with hipEvents, caches flushed before each launch.
+//!
+//! Never run on a device in this project's sessions (no AMD GPU is lent): the host code builds
+//! and is linted in CI; launches are unverified.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+
+use libloading::Library;
+
+use super::KernelBuild;
+use crate::data::ProblemData;
+use crate::{Config, KernelError, Problem, TensorBuf};
+
+type HipError = c_int;
+type Ptr = *mut c_void;
+
+const LIBRARIES: &[&str] = &["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
+/// `hipMemcpyHostToDevice` and `hipMemcpyDeviceToHost`.
+const HOST_TO_DEVICE: c_int = 1;
+const DEVICE_TO_HOST: c_int = 2;
+/// Bytes zeroed before each timed launch: more than an MI300X's 256 MB Infinity Cache, so
+/// neither L2 nor the last-level cache holds the previous launch's data.
+const FLUSH_BYTES: usize = 512 << 20;
+
+fn unavailable(reason: impl Into<String>) -> KernelError {
+    KernelError::BackendUnavailable {
+        backend: "hip",
+        reason: reason.into(),
+    }
+}
+
+/// The HIP entry points used, resolved once.
+struct Api {
+    _library: Library,
+    init: unsafe extern "C" fn(c_uint) -> HipError,
+    device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
+    set_device: unsafe extern "C" fn(c_int) -> HipError,
+    device_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError,
+    malloc: unsafe extern "C" fn(*mut Ptr, usize) -> HipError,
+    free: unsafe extern "C" fn(Ptr) -> HipError,
+    memcpy: unsafe extern "C" fn(Ptr, *const c_void, usize, c_int) -> HipError,
+    memset: unsafe extern "C" fn(Ptr, c_int, usize) -> HipError,
+    synchronize: unsafe extern "C" fn() -> HipError,
+    module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> HipError,
+    module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> HipError,
+    #[allow(clippy::type_complexity)]
+    launch: unsafe extern "C" fn(
+        Ptr,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Ptr,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> HipError,
+    event_create: unsafe extern "C" fn(*mut Ptr) -> HipError,
+    event_record: unsafe extern "C" fn(Ptr, Ptr) -> HipError,
+    event_synchronize: unsafe extern "C" fn(Ptr) -> HipError,
+    event_elapsed: unsafe extern "C" fn(*mut f32, Ptr, Ptr) -> HipError,
+    event_destroy: unsafe extern "C" fn(Ptr) -> HipError,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HIP runtime")
+    }
+}
+
+fn check(what: &str, status: HipError) -> Result<(), KernelError> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(unavailable(format!(
+            "{what} failed with HIP error {status}"
+        )))
+    }
+}
+
+impl Api {
+    fn load() -> Result<Api, KernelError> {
+        let (library, name) = LIBRARIES
+            .iter()
+            // SAFETY: loading the HIP runtime runs only its own initialisers.
+            .find_map(|n| unsafe { Library::new(n) }.ok().map(|l| (l, *n)))
+            .ok_or_else(|| {
+                unavailable(format!(
+                    "no HIP runtime: none of {} loads",
+                    LIBRARIES.join(", ")
+                ))
+            })?;
+        macro_rules! sym {
+            ($s:literal) => {
+                // SAFETY: the field's type is the HIP C API's signature of this symbol.
+                *unsafe { library.get(concat!($s, "\0").as_bytes()) }
+                    .map_err(|e| unavailable(format!("{name} lacks {}: {e}", $s)))?
+            };
+        }
+        Ok(Api {
+            init: sym!("hipInit"),
+            device_count: sym!("hipGetDeviceCount"),
+            set_device: sym!("hipSetDevice"),
+            device_name: sym!("hipDeviceGetName"),
+            malloc: sym!("hipMalloc"),
+            free: sym!("hipFree"),
+            memcpy: sym!("hipMemcpy"),
+            memset: sym!("hipMemset"),
+            synchronize: sym!("hipDeviceSynchronize"),
+            module_load_data: sym!("hipModuleLoadData"),
+            module_get_function: sym!("hipModuleGetFunction"),
+            launch: sym!("hipModuleLaunchKernel"),
+            event_create: sym!("hipEventCreate"),
+            event_record: sym!("hipEventRecord"),
+            event_synchronize: sym!("hipEventSynchronize"),
+            event_elapsed: sym!("hipEventElapsedTime"),
+            event_destroy: sym!("hipEventDestroy"),
+            _library: library,
+        })
+    }
+}
+
+/// An opened AMD device.
+#[derive(Debug)]
+pub struct HipGpu {
+    api: Api,
+    pub name: String,
+}
+
+/// A device allocation, freed on drop.
+#[derive(Debug)]
+struct DeviceMem<'g> {
+    gpu: &'g HipGpu,
+    ptr: Ptr,
+    bytes: usize,
+}
+
+impl Drop for DeviceMem<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from hipMalloc and is freed once.
+        unsafe { (self.gpu.api.free)(self.ptr) };
+    }
+}
+
+impl HipGpu {
+    /// Opens device `ordinal`; a clear error without the runtime or without a device.
+    pub fn open(ordinal: i32) -> Result<HipGpu, KernelError> {
+        let api = Api::load()?;
+        // SAFETY: plain calls into the loaded runtime with valid out-pointers.
+        unsafe {
+            check("hipInit", (api.init)(0))?;
+            let mut n = 0;
+            check("hipGetDeviceCount", (api.device_count)(&mut n))?;
+            if ordinal >= n {
+                return Err(unavailable(format!(
+                    "device {ordinal} absent: {n} HIP devices"
+                )));
+            }
+            check("hipSetDevice", (api.set_device)(ordinal))?;
+            let mut buf = [0 as c_char; 256];
+            check(
+                "hipDeviceGetName",
+                (api.device_name)(buf.as_mut_ptr(), buf.len() as c_int, ordinal),
+            )?;
+            let name = std::ffi::CStr::from_ptr(buf.as_ptr())
+                .to_string_lossy()
+                .into_owned();
+            Ok(HipGpu { api, name })
+        }
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceMem<'_>, KernelError> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        check("hipMalloc", unsafe {
+            (self.api.malloc)(&mut ptr, bytes.max(4))
+        })?;
+        Ok(DeviceMem {
+            gpu: self,
+            ptr,
+            bytes,
+        })
+    }
+
+    fn upload<T: Copy>(&self, host: &[T]) -> Result<DeviceMem<'_>, KernelError> {
+        let bytes = std::mem::size_of_val(host);
+        let mem = self.alloc(bytes)?;
+        // SAFETY: `mem` holds `bytes`; `host` is that many readable bytes.
+        check("hipMemcpy", unsafe {
+            (self.api.memcpy)(mem.ptr, host.as_ptr().cast(), bytes, HOST_TO_DEVICE)
+        })?;
+        Ok(mem)
+    }
+
+    /// Loads a code object (from the plan's cache) and finds the build's kernels.
+    pub fn load(&self, build: &KernelBuild, code_object: &[u8]) -> Result<HipKernel, KernelError> {
+        let mut module = std::ptr::null_mut();
+        // SAFETY: the image outlives the call; the runtime copies what it keeps.
+        check("hipModuleLoadData", unsafe {
+            (self.api.module_load_data)(&mut module, code_object.as_ptr().cast())
+        })?;
+        let functions = build
+            .entries
+            .iter()
+            .map(|e| {
+                let name = CString::new(*e).expect("kernel names have no NUL");
+                let mut f = std::ptr::null_mut();
+                // SAFETY: a loaded module and a NUL-terminated name.
+                check("hipModuleGetFunction", unsafe {
+                    (self.api.module_get_function)(&mut f, module, name.as_ptr())
+                })?;
+                Ok(f)
+            })
+            .collect::<Result<_, KernelError>>()?;
+        Ok(HipKernel {
+            functions,
+            threads: build.threads as u32,
+        })
+    }
+}
+
+/// A build's kernels, loaded.
+#[derive(Debug)]
+pub struct HipKernel {
+    functions: Vec<Ptr>,
+    threads: u32,
+}
+
+/// One problem's data on the device.
+#[derive(Debug)]
+pub struct HipProblem<'g> {
+    gpu: &'g HipGpu,
+    problem: Problem,
+    inputs: Vec<DeviceMem<'g>>,
+    tables: Option<(DeviceMem<'g>, DeviceMem<'g>, usize)>,
+    partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
+    out: DeviceMem<'g>,
+    flush: DeviceMem<'g>,
+}
+
+/// One kernel argument, passed by address as hipModuleLaunchKernel expects.
+enum Arg {
+    Ptr(Ptr),
+    Int(c_int),
+    Float(f32),
+}
+
+impl<'g> HipProblem<'g> {
+    /// Uploads `data`; `min_partition` sizes the paged partial buffers as in the CUDA path.
+    pub fn upload(
+        gpu: &'g HipGpu,
+        data: &ProblemData,
+        min_partition: usize,
+    ) -> Result<HipProblem<'g>, KernelError> {
+        let inputs = data
+            .inputs
+            .iter()
+            .map(|t| match t {
+                TensorBuf::F32(v) => gpu.upload(v),
+                TensorBuf::F16(v) => gpu.upload(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+                TensorBuf::Bf16(v) => {
+                    gpu.upload(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let (tables, partials) = match &data.problem {
+            Problem::Paged(p) => {
+                let slots = p.num_seqs * p.q_heads * p.context_len.div_ceil(min_partition.max(1));
+                (
+                    Some((
+                        gpu.upload(&data.block_tables)?,
+                        gpu.upload(&data.context_lens)?,
+                        data.max_blocks_per_seq,
+                    )),
+                    Some((
+                        gpu.alloc(4 * slots * p.head_dim)?,
+                        gpu.alloc(4 * slots)?,
+                        gpu.alloc(4 * slots)?,
+                    )),
+                )
+            }
+            _ => (None, None),
+        };
+        Ok(HipProblem {
+            gpu,
+            problem: data.problem,
+            inputs,
+            tables,
+            partials,
+            out: gpu.alloc(4 * data.out.len())?,
+            flush: gpu.alloc(FLUSH_BYTES)?,
+        })
+    }
+
+    fn launch_one(
+        &self,
+        f: Ptr,
+        grid: (usize, usize, usize),
+        threads: u32,
+        args: &mut [Arg],
+    ) -> Result<(), KernelError> {
+        let mut params: Vec<Ptr> = args
+            .iter_mut()
+            .map(|a| match a {
+                Arg::Ptr(p) => (p as *mut Ptr).cast(),
+                Arg::Int(i) => (i as *mut c_int).cast(),
+                Arg::Float(x) => (x as *mut f32).cast(),
+            })
+            .collect();
+        // SAFETY: `params` points at `args`, which match the kernel's signature and outlive
+        // the call (the runtime copies arguments at launch).
+        check("hipModuleLaunchKernel", unsafe {
+            (self.gpu.api.launch)(
+                f,
+                grid.0 as c_uint,
+                grid.1 as c_uint,
+                grid.2 as c_uint,
+                threads,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+
+    /// Launches `config` once (without waiting).
+    pub fn launch(&self, kernel: &HipKernel, config: &Config) -> Result<(), KernelError> {
+        let input = |i: usize| Arg::Ptr(self.inputs[i].ptr);
+        let out = Arg::Ptr(self.out.ptr);
+        match (&self.problem, config) {
+            (Problem::Gemm(p), Config::GpuGemm(c)) => self.launch_one(
+                kernel.functions[0],
+                (p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), 1),
+                kernel.threads,
+                &mut [
+                    input(0),
+                    input(1),
+                    out,
+                    Arg::Int(p.m as c_int),
+                    Arg::Int(p.n as c_int),
+                    Arg::Int(p.k as c_int),
+                ],
+            ),
+            (Problem::Flash(p), Config::GpuFlash(c)) => self.launch_one(
+                kernel.functions[0],
+                (p.q_len.div_ceil(c.br), p.q_heads, p.batch),
+                kernel.threads,
+                &mut [
+                    input(0),
+                    input(1),
+                    input(2),
+                    out,
+                    Arg::Int(p.q_len as c_int),
+                    Arg::Int(p.kv_len as c_int),
+                    Arg::Int(p.q_heads as c_int),
+                    Arg::Int(p.kv_heads as c_int),
+                    Arg::Int(c_int::from(p.causal)),
+                    Arg::Float(p.scale.get()),
+                ],
+            ),
+            (Problem::Paged(p), Config::GpuPaged(c)) => {
+                let parts = p.context_len.div_ceil(c.partition);
+                let (tables, lens, max_blocks) = self.tables.as_ref().expect("uploaded");
+                let (part_out, part_max, part_sum) = self.partials.as_ref().expect("uploaded");
+                self.launch_one(
+                    kernel.functions[0],
+                    (parts, p.q_heads, p.num_seqs),
+                    kernel.threads,
+                    &mut [
+                        input(0),
+                        input(1),
+                        input(2),
+                        Arg::Ptr(tables.ptr),
+                        Arg::Ptr(lens.ptr),
+                        Arg::Ptr(part_out.ptr),
+                        Arg::Ptr(part_max.ptr),
+                        Arg::Ptr(part_sum.ptr),
+                        Arg::Int(p.q_heads as c_int),
+                        Arg::Int(p.kv_heads as c_int),
+                        Arg::Int(*max_blocks as c_int),
+                        Arg::Int(parts as c_int),
+                        Arg::Float(p.scale.get()),
+                    ],
+                )?;
+                self.launch_one(
+                    kernel.functions[1],
+                    (p.q_heads, p.num_seqs, 1),
+                    kernel.threads,
+                    &mut [
+                        Arg::Ptr(part_out.ptr),
+                        Arg::Ptr(part_max.ptr),
+                        Arg::Ptr(part_sum.ptr),
+                        out,
+                        Arg::Int(p.q_heads as c_int),
+                        Arg::Int(parts as c_int),
+                    ],
+                )
+            }
+            _ => Err(KernelError::FamilyMismatch {
+                problem: self.problem.family(),
+                config: config.family(),
+            }),
+        }
+    }
+
+    /// Runs once and returns the output.
+    pub fn run(&self, kernel: &HipKernel, config: &Config) -> Result<Vec<f32>, KernelError> {
+        self.launch(kernel, config)?;
+        let api = &self.gpu.api;
+        let mut host = vec![0f32; self.out.bytes / 4];
+        // SAFETY: synchronise, then copy `bytes` into a host buffer of that size.
+        unsafe {
+            check("hipDeviceSynchronize", (api.synchronize)())?;
+            check(
+                "hipMemcpy",
+                (api.memcpy)(
+                    host.as_mut_ptr().cast(),
+                    self.out.ptr,
+                    self.out.bytes,
+                    DEVICE_TO_HOST,
+                ),
+            )?;
+        }
+        Ok(host)
+    }
+
+    /// Times `reps` launches with hipEvents, caches flushed before each; nanoseconds each.
+    pub fn time(
+        &self,
+        kernel: &HipKernel,
+        config: &Config,
+        reps: usize,
+    ) -> Result<Vec<f64>, KernelError> {
+        let api = &self.gpu.api;
+        self.launch(kernel, config)?;
+        // SAFETY: plain runtime calls on events this function creates and destroys.
+        unsafe {
+            check("hipDeviceSynchronize", (api.synchronize)())?;
+            let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
+            check("hipEventCreate", (api.event_create)(&mut start))?;
+            check("hipEventCreate", (api.event_create)(&mut end))?;
+            let mut times = Vec::with_capacity(reps);
+            let result = (|| {
+                for _ in 0..reps {
+                    check(
+                        "hipMemset",
+                        (api.memset)(self.flush.ptr, 0, self.flush.bytes),
+                    )?;
+                    check(
+                        "hipEventRecord",
+                        (api.event_record)(start, std::ptr::null_mut()),
+                    )?;
+                    self.launch(kernel, config)?;
+                    check(
+                        "hipEventRecord",
+                        (api.event_record)(end, std::ptr::null_mut()),
+                    )?;
+                    check("hipEventSynchronize", (api.event_synchronize)(end))?;
+                    let mut ms = 0f32;
+                    check(
+                        "hipEventElapsedTime",
+                        (api.event_elapsed)(&mut ms, start, end),
+                    )?;
+                    times.push(f64::from(ms) * 1e6);
+                }
+                Ok(())
+            })();
+            (api.event_destroy)(start);
+            (api.event_destroy)(end);
+            result.map(|()| times)
+        }
+    }
+}
