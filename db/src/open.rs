@@ -31,6 +31,8 @@ pub struct Db {
     path: PathBuf,
     /// The schema version of the file as opened (older only through [`Db::open_read`]).
     schema: i64,
+    /// Whether this handle may write (not opened by [`Db::open_read`]).
+    writable: bool,
 }
 
 /// What opening may do to the file.
@@ -97,6 +99,7 @@ impl Db {
             pool,
             path: path.to_path_buf(),
             schema: 0,
+            writable: mode != Mode::Read,
         };
         // Tuners started together on a new file race through creation: switching it to WAL
         // needs the file to itself, and SQLite answers "locked" there without waiting out the
@@ -233,7 +236,15 @@ impl Db {
     }
 
     /// Closes the pool, checkpointing the WAL.
+    /// Closes the database. A writer first folds the write-ahead log into the main file
+    /// (best effort: another process may be using it), so the file alone is the whole database
+    /// when it is copied or handed on.
     pub async fn close(self) {
+        if self.writable {
+            let _ = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                .execute(&self.pool)
+                .await;
+        }
         self.pool.close().await;
     }
 

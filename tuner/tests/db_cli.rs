@@ -172,6 +172,11 @@ fn db_commands_exit_codes_and_messages() {
     let out = tune(&tune_args("a.db", &PROBLEMS[..3]), d);
     assert!(out.status.success(), "{}", text(&out));
 
+    // The file alone is the whole database: what `tune` wrote is in it, not in a WAL beside it.
+    std::fs::copy(d.join("a.db"), d.join("copy.db")).unwrap();
+    verify_ok("copy.db", d);
+    assert_eq!(winners("copy.db", d).len(), 3);
+
     let out = tune(&["--db", "a.db", "db", "export", "-o", "a.jsonl"], d);
     assert!(out.status.success(), "{}", text(&out));
     let out = tune(
