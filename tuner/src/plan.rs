@@ -24,7 +24,7 @@ use crate::shapes::Derived;
 
 /// Seconds the device run spends on a candidate besides its kernel time: module load, the
 /// verification launch and its copy back, event setup.
-const PER_CANDIDATE_S: f64 = 0.05;
+pub const PER_CANDIDATE_S: f64 = 0.05;
 /// Timed launches per candidate (warm-up included) the estimate assumes.
 const LAUNCHES: f64 = 30.0;
 /// Fraction of peak a good kernel reaches, for the estimate's kernel times.

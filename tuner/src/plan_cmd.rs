@@ -98,7 +98,7 @@ fn print_plan(plan: &Plan) {
     println!(
         "estimated device time for the kept candidates: {:.0} s (about {:.2} s per candidate besides its kernel time)",
         plan.estimate_s,
-        0.05
+        kerntune_tuner::plan::PER_CANDIDATE_S
     );
 }
 
