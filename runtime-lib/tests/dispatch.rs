@@ -390,9 +390,6 @@ async fn a_database_written_by_tune_is_used_end_to_end() {
     let job = kerntune_tuner::tune::Job {
         db: &db,
         device: &device,
-        backend: &kerntune_kernels::CpuBackend,
-        space: &CpuSpace,
-        source_hash: CPU_SOURCE_HASH,
         strategy: kerntune_tuner::search::Strategy::Random,
         budget: std::time::Duration::from_millis(300),
         total_budget: std::time::Duration::from_secs(60),
@@ -407,7 +404,13 @@ async fn a_database_written_by_tune_is_used_end_to_end() {
         command_line: "test".into(),
         progress: false,
     };
-    kerntune_tuner::tune::run(&job, &problems).await.unwrap();
+    let mut cpu = kerntune_tuner::tune::CpuSweep {
+        backend: &kerntune_kernels::CpuBackend,
+        space: &CpuSpace,
+    };
+    kerntune_tuner::tune::run(&job, &mut cpu, &problems)
+        .await
+        .unwrap();
     let winners = db.winners(None).await.unwrap();
     db.close().await;
     let d = Dispatcher::open(&path);

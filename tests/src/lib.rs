@@ -11,7 +11,7 @@ use kerntune_kernels::{
 use kerntune_tuner::measure::Policy;
 use kerntune_tuner::search::Strategy;
 use kerntune_tuner::shapes::Derived;
-use kerntune_tuner::tune::Job;
+use kerntune_tuner::tune::{CpuSweep, Job};
 
 /// A config that returns zeros instantly: fast and wrong.
 pub fn wrong_config() -> Config {
@@ -102,6 +102,11 @@ impl Space for FakeSpace {
     }
 }
 
+/// The CPU sweep with `backend` and `space` (real or fake).
+pub fn cpu<'a>(backend: &'a dyn Backend, space: &'a dyn Space) -> CpuSweep<'a> {
+    CpuSweep { backend, space }
+}
+
 /// Small problems of every family.
 pub fn small_problems() -> Vec<Derived> {
     [
@@ -119,18 +124,10 @@ pub fn small_problems() -> Vec<Derived> {
 }
 
 /// A fast job: short budgets, warm timing, few repetitions.
-pub fn job<'a>(
-    db: &'a kerntune_db::Db,
-    device: &'a Device,
-    backend: &'a dyn Backend,
-    space: &'a dyn Space,
-) -> Job<'a> {
+pub fn job<'a>(db: &'a kerntune_db::Db, device: &'a Device) -> Job<'a> {
     Job {
         db,
         device,
-        backend,
-        space,
-        source_hash: kerntune_kernels::CPU_SOURCE_HASH,
         strategy: Strategy::Exhaustive,
         budget: Duration::from_secs(5),
         total_budget: Duration::from_secs(120),

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kerntune_db::Db;
-use kerntune_e2e::{job, small_problems};
+use kerntune_e2e::{cpu, job, small_problems};
 use kerntune_kernels::kernel::Args;
 use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem};
 use kerntune_tuner::tune::{self, STOP};
@@ -37,7 +37,7 @@ async fn interrupted_run_resumes_without_redoing_finished_problems() {
     let device = Device::host();
     let problems = small_problems(); // gemm, gemm, flash, paged
     let stopper = StopAtFlash(AtomicUsize::new(0));
-    let err = tune::run(&job(&db, &device, &stopper, &CpuSpace), &problems)
+    let err = tune::run(&job(&db, &device), &mut cpu(&stopper, &CpuSpace), &problems)
         .await
         .unwrap_err();
     assert!(
@@ -57,9 +57,13 @@ async fn interrupted_run_resumes_without_redoing_finished_problems() {
         "the interrupted problem left nothing behind"
     );
     STOP.store(false, Ordering::SeqCst);
-    let out = tune::run(&job(&db, &device, &CpuBackend, &CpuSpace), &problems)
-        .await
-        .unwrap();
+    let out = tune::run(
+        &job(&db, &device),
+        &mut cpu(&CpuBackend, &CpuSpace),
+        &problems,
+    )
+    .await
+    .unwrap();
     let status: Vec<&str> = out.iter().map(|o| o.status.as_str()).collect();
     assert_eq!(status, ["skipped", "skipped", "tuned", "tuned"]);
     assert_eq!(db.winners(None).await.unwrap().len(), 4);

@@ -8,7 +8,7 @@ use kerntune::{Dispatcher, Match};
 use kerntune_db::{
     Db, MeasurementRecord, Prefer, ProblemRecord, ProblemResult, RunStatus, Stats, Status,
 };
-use kerntune_e2e::{job, small_problems};
+use kerntune_e2e::{cpu, job, small_problems};
 use kerntune_kernels::{CpuBackend, CpuSpace, Device, Problem, Space};
 use kerntune_tuner::share::{self, format::Format};
 use kerntune_tuner::tune::{self, device_record, kernel_record};
@@ -191,9 +191,13 @@ async fn two_machines_tune_export_import_dispatch() {
     let problems = small_problems();
     {
         let db = Db::open(&a).await.unwrap();
-        tune::run(&job(&db, &device, &CpuBackend, &CpuSpace), &problems)
-            .await
-            .unwrap();
+        tune::run(
+            &job(&db, &device),
+            &mut cpu(&CpuBackend, &CpuSpace),
+            &problems,
+        )
+        .await
+        .unwrap();
         db.close().await;
     }
     let n = share::export(&a, None, false, Format::Jsonl, &export)

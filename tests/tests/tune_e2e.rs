@@ -2,7 +2,9 @@
 //! failures as data.
 
 use kerntune_db::Db;
-use kerntune_e2e::{job, panicking_config, small_problems, wrong_config, FakeBackend, FakeSpace};
+use kerntune_e2e::{
+    cpu, job, panicking_config, small_problems, wrong_config, FakeBackend, FakeSpace,
+};
 use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device};
 use kerntune_tuner::tune;
 
@@ -14,9 +16,13 @@ async fn tunes_every_family_then_skips_on_rerun() {
     let problems = small_problems();
     {
         let db = Db::open(&path).await.unwrap();
-        let out = tune::run(&job(&db, &device, &CpuBackend, &CpuSpace), &problems)
-            .await
-            .unwrap();
+        let out = tune::run(
+            &job(&db, &device),
+            &mut cpu(&CpuBackend, &CpuSpace),
+            &problems,
+        )
+        .await
+        .unwrap();
         assert!(out.iter().all(|o| o.status == "tuned"), "{out:#?}");
         assert!(
             out.iter().all(|o| o.speedup.is_some_and(|s| s >= 1.0)),
@@ -36,9 +42,13 @@ async fn tunes_every_family_then_skips_on_rerun() {
         assert!(kerntune_kernels::Space::validate(&CpuSpace, &config, &d.problem, &device).is_ok());
         assert_eq!(w.source_hash, kerntune_kernels::CPU_SOURCE_HASH);
     }
-    let again = tune::run(&job(&db, &device, &CpuBackend, &CpuSpace), &problems)
-        .await
-        .unwrap();
+    let again = tune::run(
+        &job(&db, &device),
+        &mut cpu(&CpuBackend, &CpuSpace),
+        &problems,
+    )
+    .await
+    .unwrap();
     assert!(again.iter().all(|o| o.status == "skipped"), "{again:#?}");
     let runs = db.runs().await.unwrap();
     assert_eq!(
@@ -54,9 +64,13 @@ async fn wrong_and_panicking_candidates_are_recorded_and_never_win() {
     let db = Db::open(&dir.path().join("k.db")).await.unwrap();
     let device = Device::host();
     let problems = &small_problems()[..1];
-    let out = tune::run(&job(&db, &device, &FakeBackend, &FakeSpace), problems)
-        .await
-        .unwrap();
+    let out = tune::run(
+        &job(&db, &device),
+        &mut cpu(&FakeBackend, &FakeSpace),
+        problems,
+    )
+    .await
+    .unwrap();
     assert_eq!(out[0].status, "tuned");
     assert_eq!(out[0].failed, 2, "{out:#?}");
     let key = problems[0].problem.key();

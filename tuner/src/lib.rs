@@ -7,6 +7,7 @@
 //! process per call.
 
 pub mod error;
+pub mod gpu_sweep;
 pub mod measure;
 pub mod models;
 pub mod plan;

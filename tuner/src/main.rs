@@ -15,11 +15,13 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use kerntune_db::Db;
+use kerntune_kernels::device::GpuModel;
 use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_HASH};
 use kerntune_tuner::error::usage;
+use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::measure::{Policy, Workload};
 use kerntune_tuner::shapes::{expand_all, Derived};
-use kerntune_tuner::tune::{self, Job, Outcome, STOP};
+use kerntune_tuner::tune::{self, CpuSweep, Job, Outcome, STOP};
 use kerntune_tuner::TuneError;
 
 use cli::{Cli, Command, ShapeArgs, TuneArgs};
@@ -53,7 +55,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let args = &cli.tune;
     match &cli.command {
         Some(Command::Shapes(s)) => {
-            print_shapes(&derive(&s.shapes, &pick_device(args)?)?, args.json)
+            print_shapes(&derive(&s.shapes, &named_device(args)?)?, args.json)
         }
         Some(Command::Show(s)) => show(args, &s.shapes).await,
         Some(Command::Bench(b)) => bench(args, &b.shapes, &b.config).await,
@@ -63,18 +65,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The device named by --device, which must be present: only the CPU is, in this build.
+/// The device named by --device (the host CPU without one). Deriving shapes and reading
+/// winners need no device present, so any catalog GPU is accepted here.
+fn named_device(args: &TuneArgs) -> Result<Device, TuneError> {
+    match &args.device {
+        Some(name) => Ok(Device::lookup(name)?),
+        None => Ok(Device::host()),
+    }
+}
+
+/// The device for running CPU kernels in this process: `tune bench` and the CPU sweep.
 fn pick_device(args: &TuneArgs) -> Result<Device, TuneError> {
-    let Some(name) = &args.device else {
-        return Ok(Device::host());
-    };
-    let device = Device::lookup(name)?;
+    let device = named_device(args)?;
     if let Device::Gpu(g) = device {
         return Err(usage(format!(
-            "device `{name}` ({}, {}) is not present: this build has no GPU backend and found no GPU. Devices present: cpu ({}). GPU tuning (an offline compile-and-prune plan for AMD targets, on-device runs with ROCm or CUDA) is not built yet.",
-            g.name,
-            g.arch,
-            Device::host()
+            "`tune bench` runs the CPU kernels, not {} ({}); GPU candidates are verified and timed by `tune --device {}`, or planned offline by `tune plan --device {}`",
+            g.name, g.arch, g.name, g.name
         )));
     }
     Ok(device)
@@ -124,24 +130,11 @@ fn print_shapes(list: &[Derived], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
-    if let Some(name) = &args.device {
-        if let Device::Gpu(g) = Device::lookup(name).map_err(TuneError::from)? {
-            return plan_cmd::no_device(args, g);
-        }
-    }
-    let device = pick_device(args)?;
-    let problems = derive(&args.shapes, &device)?;
-    let path = db_path(args);
-    let db = Db::open(&path).await.map_err(TuneError::from)?;
-    ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
-    let job = Job {
-        db: &db,
-        device: &device,
-        backend: &CpuBackend,
-        space: &CpuSpace,
-        source_hash: CPU_SOURCE_HASH,
+/// The settings every tuning run shares.
+fn job<'a>(args: &TuneArgs, db: &'a Db, device: &'a Device) -> Job<'a> {
+    Job {
+        db,
+        device,
         strategy: args.strategy,
         budget: args.budget,
         total_budget: args.total_budget,
@@ -150,7 +143,22 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
         policy: Policy::default(),
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
         progress: std::io::stderr().is_terminal() && !args.json,
-    };
+    }
+}
+
+async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
+    if let Some(name) = &args.device {
+        if let Device::Gpu(g) = Device::lookup(name).map_err(TuneError::from)? {
+            return tune_gpu(args, g).await;
+        }
+    }
+    let device = named_device(args)?;
+    let problems = derive(&args.shapes, &device)?;
+    let path = db_path(args);
+    let db = Db::open(&path).await.map_err(TuneError::from)?;
+    ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    let job = job(args, &db, &device);
     eprintln!(
         "tuning {} problems on {} with {:?} search; database {}",
         problems.len(),
@@ -158,7 +166,71 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
         args.strategy,
         path.display()
     );
-    let result = tune::run(&job, &problems).await;
+    let mut sweep = CpuSweep {
+        backend: &CpuBackend,
+        space: &CpuSpace,
+    };
+    let result = tune::run(&job, &mut sweep, &problems).await;
+    db.close().await;
+    let outcomes = result?;
+    print_summary(&outcomes, args.json)
+}
+
+/// Tunes on a GPU: open it (or say why it cannot be used, writing nothing), plan and compile
+/// the candidates offline, then verify and time the kept ones on the device.
+async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
+    let gpu = match kerntune_kernels::gpu::device::open(g.vendor, 0) {
+        Ok(gpu) => gpu,
+        Err(why) => return plan_cmd::no_device(args, g, &why),
+    };
+    if !gpu.is(g) {
+        return Err(usage(format!(
+            "--device {}: GPU 0 of this host is `{}`, not {} ({}); name the device present, or choose another GPU with HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES",
+            args.device.as_deref().unwrap_or(g.name),
+            gpu.name(),
+            g.name,
+            g.arch
+        ))
+        .into());
+    }
+    let device = Device::Gpu(g);
+    let problems = derive(&args.shapes, &device)?;
+    // A missing compiler fails here, before the database is created.
+    kerntune_tuner::plan::plan(None, &device, &[], 0.0, None, false).await?;
+    let path = db_path(args);
+    let db = Db::open(&path).await.map_err(TuneError::from)?;
+    ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    let job = job(args, &db, &device);
+    let result = async {
+        let (mut sweep, plan) = GpuSweep::prepare(
+            &db,
+            &device,
+            gpu.as_ref(),
+            &problems,
+            1.0,
+            job.max_configs,
+            job.progress,
+        )
+        .await?;
+        if let Some(w) = &plan.warning {
+            eprintln!("warning: {w}");
+        }
+        let total: usize = plan.problems.iter().map(|p| p.candidates.len()).sum();
+        let kept: usize = plan.problems.iter().map(|p| p.kept).sum();
+        eprintln!(
+            "tuning {} problems on {} ({}, {}) with {:?} search: {kept} of {total} candidates kept by the offline plan ({}); database {}",
+            problems.len(),
+            g.name,
+            gpu.name(),
+            gpu.runtime(),
+            args.strategy,
+            plan.compiler,
+            path.display()
+        );
+        tune::run(&job, &mut sweep, &problems).await
+    }
+    .await;
     db.close().await;
     let outcomes = result?;
     print_summary(&outcomes, args.json)
@@ -223,7 +295,7 @@ async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {
     let path = db_path(args);
     let db = Db::open_existing(&path).await.map_err(TuneError::from)?;
     let identity = match &args.device {
-        Some(_) => Some(pick_device(args)?.identity()),
+        Some(_) => Some(named_device(args)?.identity()),
         None => None,
     };
     let keys: Option<Vec<String>> = if shapes.shapes.is_empty() {
@@ -245,7 +317,11 @@ async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     for r in &rows {
-        let stale = if r.source_hash != CPU_SOURCE_HASH && r.backend == "cpu" {
+        let current = match r.backend.as_str() {
+            "cpu" => CPU_SOURCE_HASH,
+            _ => kerntune_kernels::gpu::GPU_SOURCE_HASH,
+        };
+        let stale = if r.source_hash != current {
             " STALE (other kernel sources)"
         } else {
             ""

@@ -107,17 +107,13 @@ impl Workload {
         self.copies[0].out.fill(f32::NAN);
         self.run(backend, config, 0)?;
         let data = &self.copies[0];
-        let len = data.row_len();
-        let mut worst = 0f64;
-        for (&r, reference) in self.rows.iter().zip(&self.reference) {
-            let out = &data.out[r * len..(r + 1) * len];
-            let err = kerntune_kernels::reference::relative_error(out, reference);
-            worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
-        }
-        if worst > self.problem.dtype().tolerance() {
-            return Err(Failure::Wrong(worst));
-        }
-        Ok(worst)
+        check_rows(
+            &self.problem,
+            &data.out,
+            data.row_len(),
+            &self.rows,
+            &self.reference,
+        )
     }
 
     /// Times a verified config.
@@ -155,8 +151,32 @@ impl Workload {
     }
 }
 
+/// The worst relative error of `out` over the verification `rows` (of `row_len` values each)
+/// against their `reference`; `Wrong` beyond the dtype's tolerance. NaN counts as infinite.
+pub fn check_rows(
+    problem: &Problem,
+    out: &[f32],
+    row_len: usize,
+    rows: &[usize],
+    reference: &[Vec<f64>],
+) -> Result<f64, Failure> {
+    let mut worst = 0f64;
+    for (&r, reference) in rows.iter().zip(reference) {
+        let err = out
+            .get(r * row_len..(r + 1) * row_len)
+            .map_or(f64::INFINITY, |row| {
+                kerntune_kernels::reference::relative_error(row, reference)
+            });
+        worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+    }
+    if worst > problem.dtype().tolerance() {
+        return Err(Failure::Wrong(worst));
+    }
+    Ok(worst)
+}
+
 /// Relative half-width of the 95% confidence interval of the median by order statistics.
-fn ci_half_width(samples: &[f64]) -> f64 {
+pub fn ci_half_width(samples: &[f64]) -> f64 {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len() as f64;
@@ -173,7 +193,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
-fn stats(problem: &Problem, mut samples: Vec<f64>, cold: bool) -> Stats {
+/// The statistics stored for a candidate's timing samples (nanoseconds each); `cold` when
+/// every sample started with caches flushed.
+pub fn stats(problem: &Problem, mut samples: Vec<f64>, cold: bool) -> Stats {
     samples.sort_by(f64::total_cmp);
     let median = percentile(&samples, 0.5);
     let (throughput, unit) = if problem.memory_bound() {

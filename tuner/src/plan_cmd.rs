@@ -102,19 +102,26 @@ fn print_plan(plan: &Plan) {
     );
 }
 
-/// `tune --device <gpu>` where this build cannot tune on it: what the device run would cover,
-/// from the parameter space alone (nothing compiled, nothing written), and why it cannot run.
-pub fn no_device(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
+/// `tune --device <gpu>` where this build cannot tune on it (`why`): what the device run
+/// would cover, from the parameter space alone (nothing compiled, nothing written), and why it
+/// cannot run.
+pub fn no_device(
+    args: &TuneArgs,
+    g: &'static GpuModel,
+    why: &kerntune_kernels::KernelError,
+) -> anyhow::Result<()> {
     let device = Device::Gpu(g);
     let problems = derive(&args.shapes, &device)?;
     let candidates: usize = problems
         .iter()
         .map(|d| GpuSpace.candidates(&d.problem, &device).len())
         .sum();
+    let why = why.to_string();
     let found = match g.vendor {
+        // The runtime's own device list, whether or not this build can use it.
         Vendor::Amd => match hip_runtime::probe() {
             Ok(devices) => format!(
-                "the HIP runtime lists {} ({}), but this build has no on-device HIP backend yet",
+                "the HIP runtime lists {} ({}), but {why}",
                 devices
                     .iter()
                     .map(|d| d.name.as_str())
@@ -122,12 +129,10 @@ pub fn no_device(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
                     .join(", "),
                 devices.len()
             ),
-            Err(e) => format!("no {} device was found: {e}", g.arch),
+            Err(e) if why.contains(&e) => format!("no {} device was found: {e}", g.arch),
+            Err(e) => format!("no {} device was found: {e}; and {why}", g.arch),
         },
-        Vendor::Nvidia => format!(
-            "this build has no CUDA backend, so no {} device can be used",
-            g.arch
-        ),
+        Vendor::Nvidia => format!("no {} device could be used: {why}", g.arch),
     };
     eprintln!(
         "plan for {} ({}): {} problems, {candidates} candidates in the GPU space{}",

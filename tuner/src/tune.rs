@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kerntune_db::Stats;
 use kerntune_db::{
     Db, DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus,
     Status,
@@ -18,13 +19,10 @@ use crate::shapes::Derived;
 /// Set by the Ctrl-C handler; the loop stops between candidates.
 pub static STOP: AtomicBool = AtomicBool::new(false);
 
-/// Everything a tuning job needs besides the problems.
+/// Everything a tuning job needs besides the problems and the backend that sweeps them.
 pub struct Job<'a> {
     pub db: &'a Db,
     pub device: &'a Device,
-    pub backend: &'a dyn Backend,
-    pub space: &'a dyn Space,
-    pub source_hash: &'a str,
     pub strategy: Strategy,
     pub budget: Duration,
     pub total_budget: Duration,
@@ -62,6 +60,46 @@ pub struct Outcome {
 }
 
 pub const TOOL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What sweeps the candidates of one problem: the CPU kernels in this process
+/// ([`CpuSweep`]), or a GPU's ([`crate::gpu_sweep::GpuSweep`]).
+pub trait Sweep {
+    /// Stored with each measurement: `cpu`, `hip` or `cuda`.
+    fn backend(&self) -> &str;
+    /// The hash of the kernel sources the results are bound to.
+    fn source_hash(&self) -> &str;
+    /// Runtime and driver versions, stored with the device (empty on the CPU).
+    fn runtime(&self) -> String {
+        String::new()
+    }
+    /// Measures the candidates of one problem; `None` when interrupted (nothing of it is
+    /// committed).
+    fn sweep(&mut self, job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Swept>;
+}
+
+/// One problem's sweep: every record (pruned ones included), which won, which is the default.
+#[derive(Debug)]
+pub struct Swept {
+    pub records: Vec<MeasurementRecord>,
+    pub winner: Option<usize>,
+    pub default: Option<usize>,
+    pub pruned: usize,
+}
+
+/// The CPU kernels, run in this process.
+#[derive(Clone, Copy)]
+pub struct CpuSweep<'a> {
+    pub backend: &'a dyn Backend,
+    pub space: &'a dyn Space,
+}
+
+impl std::fmt::Debug for CpuSweep<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuSweep")
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}
 
 pub fn device_record(device: &Device) -> DeviceRecord {
     let host = std::fs::read_to_string("/etc/hostname")
@@ -101,10 +139,15 @@ pub fn kernel_record(problem: &Problem, backend: &str, source_hash: &str) -> Ker
     }
 }
 
-/// Tunes every problem; returns the summary. Interrupted runs return `TuneError::Interrupted`
-/// after committing what was finished.
-pub async fn run(job: &Job<'_>, problems: &[Derived]) -> Result<Vec<Outcome>> {
-    let record = device_record(job.device);
+/// Tunes every problem with `sweep`; returns the summary. Interrupted runs return
+/// `TuneError::Interrupted` after committing what was finished.
+pub async fn run(
+    job: &Job<'_>,
+    sweep: &mut dyn Sweep,
+    problems: &[Derived],
+) -> Result<Vec<Outcome>> {
+    let mut record = device_record(job.device);
+    record.runtime = sweep.runtime();
     let device_id = job.db.device_id(&record).await?;
     let run_id = job
         .db
@@ -130,7 +173,7 @@ pub async fn run(job: &Job<'_>, problems: &[Derived]) -> Result<Vec<Outcome>> {
             break;
         }
         let key = d.problem.key();
-        let kernel = kernel_record(&d.problem, job.backend.name(), job.source_hash);
+        let kernel = kernel_record(&d.problem, sweep.backend(), sweep.source_hash());
         let kernel_id = job.db.kernel_id(&kernel).await?;
         let blank = |status: &str| Outcome {
             problem: key.clone(),
@@ -166,10 +209,16 @@ pub async fn run(job: &Job<'_>, problems: &[Derived]) -> Result<Vec<Outcome>> {
         );
         bar.set_prefix(d.problem.family().to_string());
         bar.set_message(key.clone());
-        let result = tune_problem(job, &d.problem, &bar);
+        let result = sweep.sweep(job, &d.problem, &bar);
         bar.finish_and_clear();
         bars.remove(&bar);
-        let Some((measurements, winner, default, pruned)) = result else {
+        let Some(Swept {
+            records: measurements,
+            winner,
+            default,
+            pruned,
+        }) = result
+        else {
             interrupted = true;
             break;
         };
@@ -234,40 +283,74 @@ pub async fn run(job: &Job<'_>, problems: &[Derived]) -> Result<Vec<Outcome>> {
     Ok(outcomes)
 }
 
-type Tuned = (Vec<MeasurementRecord>, Option<usize>, Option<usize>, usize);
+impl Sweep for CpuSweep<'_> {
+    fn backend(&self) -> &str {
+        self.backend.name()
+    }
 
-/// Sweeps one problem. `None` when interrupted (nothing of it is committed).
-fn tune_problem(job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Tuned> {
-    let device = job.device;
-    let default = job.space.default_config(problem, device);
-    let heuristic = job.space.heuristic(problem, device);
-    let mut candidates = vec![default];
-    if heuristic != default {
-        candidates.push(heuristic);
+    fn source_hash(&self) -> &str {
+        kerntune_kernels::CPU_SOURCE_HASH
     }
-    for c in job.space.candidates(problem, device) {
-        if !candidates.contains(&c) {
-            candidates.push(c);
+
+    fn sweep(&mut self, job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Swept> {
+        let device = job.device;
+        let default = self.space.default_config(problem, device);
+        let heuristic = self.space.heuristic(problem, device);
+        let mut candidates = vec![default];
+        if heuristic != default {
+            candidates.push(heuristic);
         }
-    }
-    // Prune what the device cannot run before anything runs, recording why.
-    let mut records = Vec::new();
-    let mut runnable = Vec::new();
-    for c in candidates {
-        match job.space.validate(&c, problem, device) {
-            Ok(()) => runnable.push(c),
-            Err(e) => records.push(MeasurementRecord {
-                config: c.to_json(),
-                status: Status::Invalid,
-                message: Some(e.to_string()),
-                error: None,
-                stats: None,
-            }),
+        for c in self.space.candidates(problem, device) {
+            if !candidates.contains(&c) {
+                candidates.push(c);
+            }
         }
+        // Prune what the device cannot run before anything runs, recording why.
+        let mut pruned = Vec::new();
+        let mut runnable = Vec::new();
+        for c in candidates {
+            match self.space.validate(&c, problem, device) {
+                Ok(()) => runnable.push(c),
+                Err(e) => pruned.push(invalid(&c, e.to_string())),
+            }
+        }
+        let mut workload = Workload::new(problem, &job.policy);
+        let backend = self.backend;
+        sweep_candidates(job, problem, default, &runnable, pruned, bar, &mut |c| {
+            let err = workload.verify(backend, c)?;
+            Ok((err, workload.time(backend, c, &job.policy)?))
+        })
     }
+}
+
+/// The record of a candidate that was not run, and why.
+pub fn invalid(config: &Config, why: String) -> MeasurementRecord {
+    MeasurementRecord {
+        config: config.to_json(),
+        status: Status::Invalid,
+        message: Some(why),
+        error: None,
+        stats: None,
+    }
+}
+
+/// How a candidate fared: its verification error and timing, or why it has none.
+pub type Measured = std::result::Result<(f64, Stats), Failure>;
+
+/// Searches `runnable` with the job's strategy within its budgets, measuring each candidate
+/// with `measure`; `records` starts with the pruned ones. The default is always measured; a
+/// candidate that fails verification or errors is recorded and never wins.
+pub fn sweep_candidates(
+    job: &Job<'_>,
+    problem: &Problem,
+    default: Config,
+    runnable: &[Config],
+    mut records: Vec<MeasurementRecord>,
+    bar: &ProgressBar,
+    measure: &mut dyn FnMut(&Config) -> Measured,
+) -> Option<Swept> {
     let pruned = records.len();
     bar.set_length(runnable.len().min(job.max_configs) as u64);
-    let mut workload = Workload::new(problem, &job.policy);
     let started = Instant::now();
     let mut measured = 0usize;
     let mut default_idx = None;
@@ -290,13 +373,10 @@ fn tune_problem(job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<T
             error: None,
             stats: None,
         };
-        let outcome = workload.verify(job.backend, c).and_then(|err| {
-            rec.error = Some(err);
-            workload.time(job.backend, c, &job.policy)
-        });
-        let median = match outcome {
-            Ok(stats) => {
+        let median = match measure(c) {
+            Ok((err, stats)) => {
                 let m = stats.median_ns;
+                rec.error = Some(err);
                 rec.stats = Some(stats);
                 Some(m)
             }
@@ -322,7 +402,10 @@ fn tune_problem(job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<T
         records.push(rec);
         Ok(median)
     };
-    search(job.strategy, &runnable, 0x5eed, &mut eval);
+    // Strategies start from the first candidates: the default, when it is runnable.
+    let mut order: Vec<Config> = runnable.iter().copied().filter(|c| *c == default).collect();
+    order.extend(runnable.iter().copied().filter(|c| *c != default));
+    search(job.strategy, &order, 0x5eed, &mut eval);
     if stopped {
         return None;
     }
@@ -333,5 +416,10 @@ fn tune_problem(job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<T
         .filter_map(|(i, r)| r.stats.as_ref().map(|s| (i, s.median_ns)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(i, _)| i);
-    Some((records, winner, default_idx, pruned))
+    Some(Swept {
+        records,
+        winner,
+        default: default_idx,
+        pruned,
+    })
 }

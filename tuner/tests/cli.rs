@@ -61,7 +61,7 @@ fn bad_inputs_exit_2_and_write_nothing() {
         (&["--bogus-flag"], "--bogus-flag"),
         (
             &["--device", "h200", "--shapes", "gemm:m=1,n=8,k=8"],
-            "no CUDA backend",
+            "no sm_90 device could be used",
         ),
     ];
     for (args, needle) in cases {

@@ -492,3 +492,69 @@ fn push_input<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, input: &'a DeviceBuf) 
         }
     }
 }
+
+/// A problem on the device with the candidate loaded last, for the tuner's device loop.
+struct Loaded<'g> {
+    gpu: &'g CudaGpu,
+    problem: DeviceProblem,
+    kernel: Option<LoadedKernel>,
+}
+
+impl super::device::GpuProblem for Loaded<'_> {
+    fn load(&mut self, build: &KernelBuild, code: &[u8]) -> Result<(), KernelError> {
+        self.kernel = None;
+        self.kernel = Some(self.gpu.load(build, code)?);
+        Ok(())
+    }
+
+    fn run(&mut self, config: &Config) -> Result<Vec<f32>, KernelError> {
+        let kernel = self
+            .kernel
+            .as_ref()
+            .ok_or_else(|| unavailable("no kernel loaded"))?;
+        self.problem.run(self.gpu, kernel, config)
+    }
+
+    fn time(&mut self, config: &Config, reps: usize) -> Result<Vec<f64>, KernelError> {
+        let kernel = self
+            .kernel
+            .as_ref()
+            .ok_or_else(|| unavailable("no kernel loaded"))?;
+        self.problem.time(self.gpu, kernel, config, reps)
+    }
+}
+
+impl super::device::GpuDevice for CudaGpu {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    fn runtime(&self) -> String {
+        format!(
+            "CUDA driver {}.{}",
+            self.info.driver_version / 1000,
+            self.info.driver_version % 1000 / 10
+        )
+    }
+
+    fn is(&self, model: &GpuModel) -> bool {
+        self.model()
+            .is_some_and(|m| m.arch == model.arch && m.name == model.name)
+    }
+
+    fn upload<'g>(
+        &'g self,
+        data: &ProblemData,
+        min_partition: usize,
+    ) -> Result<Box<dyn super::device::GpuProblem + 'g>, KernelError> {
+        Ok(Box::new(Loaded {
+            gpu: self,
+            problem: DeviceProblem::upload(self, data, min_partition)?,
+            kernel: None,
+        }))
+    }
+}

@@ -2,10 +2,12 @@
 //! prelude), what a config compiles to ([`KernelBuild`]), the offline compile with the HIP
 //! compiler ([`hip`]), the resources read back from each code object ([`metadata`]) and the
 //! occupancy they allow ([`occupancy`]), and the HIP runtime's device list ([`hip_runtime`],
-//! loaded at run time). Everything here runs, and is tested, without a GPU.
+//! loaded at run time). Everything here runs, and is tested, without a GPU; the on-device
+//! paths ([`rocm`], [`cuda`], behind Cargo features) share one interface, [`device`].
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod hip;
 pub mod hip_runtime;
 mod judge;

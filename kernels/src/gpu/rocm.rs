@@ -48,6 +48,9 @@ struct Api {
     synchronize: unsafe extern "C" fn() -> HipError,
     module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> HipError,
     module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> HipError,
+    module_unload: unsafe extern "C" fn(Ptr) -> HipError,
+    runtime_version: unsafe extern "C" fn(*mut c_int) -> HipError,
+    driver_version: unsafe extern "C" fn(*mut c_int) -> HipError,
     #[allow(clippy::type_complexity)]
     launch: unsafe extern "C" fn(
         Ptr,
@@ -116,6 +119,9 @@ impl Api {
             synchronize: sym!("hipDeviceSynchronize"),
             module_load_data: sym!("hipModuleLoadData"),
             module_get_function: sym!("hipModuleGetFunction"),
+            module_unload: sym!("hipModuleUnload"),
+            runtime_version: sym!("hipRuntimeGetVersion"),
+            driver_version: sym!("hipDriverGetVersion"),
             launch: sym!("hipModuleLaunchKernel"),
             event_create: sym!("hipEventCreate"),
             event_record: sym!("hipEventRecord"),
@@ -132,6 +138,8 @@ impl Api {
 pub struct HipGpu {
     api: Api,
     pub name: String,
+    /// `hipRuntimeGetVersion` and `hipDriverGetVersion`.
+    pub versions: (i32, i32),
 }
 
 /// A device allocation, freed on drop.
@@ -151,7 +159,21 @@ impl Drop for DeviceMem<'_> {
 
 impl HipGpu {
     /// Opens device `ordinal`; a clear error without the runtime or without a device.
-    pub fn open(ordinal: i32) -> Result<HipGpu, KernelError> {
+    pub fn open(ordinal: usize) -> Result<HipGpu, KernelError> {
+        // The probe's errors name the library and HIP's own error text ("no ROCm-capable
+        // device is detected"), clearer than a bare status code.
+        let listed = super::hip_runtime::probe().map_err(unavailable)?;
+        let ordinal = c_int::try_from(ordinal).unwrap_or(c_int::MAX);
+        if listed.iter().all(|d| d.index != ordinal) {
+            return Err(unavailable(format!(
+                "HIP device {ordinal} absent: the runtime lists {}",
+                listed
+                    .iter()
+                    .map(|d| format!("{} {}", d.index, d.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         let api = Api::load()?;
         // SAFETY: plain calls into the loaded runtime with valid out-pointers.
         unsafe {
@@ -172,7 +194,14 @@ impl HipGpu {
             let name = std::ffi::CStr::from_ptr(buf.as_ptr())
                 .to_string_lossy()
                 .into_owned();
-            Ok(HipGpu { api, name })
+            let (mut runtime, mut driver) = (0, 0);
+            check("hipRuntimeGetVersion", (api.runtime_version)(&mut runtime))?;
+            check("hipDriverGetVersion", (api.driver_version)(&mut driver))?;
+            Ok(HipGpu {
+                api,
+                name,
+                versions: (runtime, driver),
+            })
         }
     }
 
@@ -200,37 +229,51 @@ impl HipGpu {
     }
 
     /// Loads a code object (from the plan's cache) and finds the build's kernels.
-    pub fn load(&self, build: &KernelBuild, code_object: &[u8]) -> Result<HipKernel, KernelError> {
+    pub fn load(
+        &self,
+        build: &KernelBuild,
+        code_object: &[u8],
+    ) -> Result<HipKernel<'_>, KernelError> {
         let mut module = std::ptr::null_mut();
         // SAFETY: the image outlives the call; the runtime copies what it keeps.
         check("hipModuleLoadData", unsafe {
             (self.api.module_load_data)(&mut module, code_object.as_ptr().cast())
         })?;
-        let functions = build
-            .entries
-            .iter()
-            .map(|e| {
-                let name = CString::new(*e).expect("kernel names have no NUL");
-                let mut f = std::ptr::null_mut();
-                // SAFETY: a loaded module and a NUL-terminated name.
-                check("hipModuleGetFunction", unsafe {
-                    (self.api.module_get_function)(&mut f, module, name.as_ptr())
-                })?;
-                Ok(f)
-            })
-            .collect::<Result<_, KernelError>>()?;
-        Ok(HipKernel {
-            functions,
+        // Built before the lookups so a missing entry point still unloads the module.
+        let mut kernel = HipKernel {
+            gpu: self,
+            module,
+            functions: Vec::with_capacity(build.entries.len()),
             threads: build.threads as u32,
-        })
+        };
+        for e in build.entries {
+            let name = CString::new(*e).expect("kernel names have no NUL");
+            let mut f = std::ptr::null_mut();
+            // SAFETY: a loaded module and a NUL-terminated name.
+            check("hipModuleGetFunction", unsafe {
+                (self.api.module_get_function)(&mut f, module, name.as_ptr())
+            })?;
+            kernel.functions.push(f);
+        }
+        Ok(kernel)
     }
 }
 
-/// A build's kernels, loaded.
+/// A build's kernels, loaded; the module is unloaded on drop.
 #[derive(Debug)]
-pub struct HipKernel {
+pub struct HipKernel<'g> {
+    gpu: &'g HipGpu,
+    module: Ptr,
     functions: Vec<Ptr>,
     threads: u32,
+}
+
+impl Drop for HipKernel<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `module` came from hipModuleLoadData and is unloaded once, after every
+        // launch of its functions was waited for by the caller.
+        unsafe { (self.gpu.api.module_unload)(self.module) };
+    }
 }
 
 /// One problem's data on the device.
@@ -334,7 +377,7 @@ impl<'g> HipProblem<'g> {
     }
 
     /// Launches `config` once (without waiting).
-    pub fn launch(&self, kernel: &HipKernel, config: &Config) -> Result<(), KernelError> {
+    pub fn launch(&self, kernel: &HipKernel<'_>, config: &Config) -> Result<(), KernelError> {
         let input = |i: usize| Arg::Ptr(self.inputs[i].ptr);
         let out = Arg::Ptr(self.out.ptr);
         match (&self.problem, config) {
@@ -414,7 +457,7 @@ impl<'g> HipProblem<'g> {
     }
 
     /// Runs once and returns the output.
-    pub fn run(&self, kernel: &HipKernel, config: &Config) -> Result<Vec<f32>, KernelError> {
+    pub fn run(&self, kernel: &HipKernel<'_>, config: &Config) -> Result<Vec<f32>, KernelError> {
         self.launch(kernel, config)?;
         let api = &self.gpu.api;
         let mut host = vec![0f32; self.out.bytes / 4];
@@ -437,7 +480,7 @@ impl<'g> HipProblem<'g> {
     /// Times `reps` launches with hipEvents, caches flushed before each; nanoseconds each.
     pub fn time(
         &self,
-        kernel: &HipKernel,
+        kernel: &HipKernel<'_>,
         config: &Config,
         reps: usize,
     ) -> Result<Vec<f64>, KernelError> {
@@ -479,5 +522,74 @@ impl<'g> HipProblem<'g> {
             (api.event_destroy)(end);
             result.map(|()| times)
         }
+    }
+}
+
+/// A problem on the device with the candidate loaded last, for the tuner's device loop.
+struct Loaded<'g> {
+    problem: HipProblem<'g>,
+    kernel: Option<HipKernel<'g>>,
+}
+
+impl super::device::GpuProblem for Loaded<'_> {
+    fn load(&mut self, build: &KernelBuild, code: &[u8]) -> Result<(), KernelError> {
+        // The previous module goes first: every launch of it was waited for.
+        self.kernel = None;
+        self.kernel = Some(self.problem.gpu.load(build, code)?);
+        Ok(())
+    }
+
+    fn run(&mut self, config: &Config) -> Result<Vec<f32>, KernelError> {
+        let kernel = self
+            .kernel
+            .as_ref()
+            .ok_or_else(|| unavailable("no kernel loaded"))?;
+        self.problem.run(kernel, config)
+    }
+
+    fn time(&mut self, config: &Config, reps: usize) -> Result<Vec<f64>, KernelError> {
+        let kernel = self
+            .kernel
+            .as_ref()
+            .ok_or_else(|| unavailable("no kernel loaded"))?;
+        self.problem.time(kernel, config, reps)
+    }
+}
+
+impl super::device::GpuDevice for HipGpu {
+    fn backend(&self) -> &'static str {
+        "hip"
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn runtime(&self) -> String {
+        format!("HIP runtime {} driver {}", self.versions.0, self.versions.1)
+    }
+
+    /// By name: ROCm 5 and 6 lay `hipDeviceProp_t` (which holds gcnArchName) out differently,
+    /// and the name ("AMD Instinct MI250X / MI250") is what the catalog is keyed on anyway. A
+    /// code object of another target fails to load, so a wrong match cannot produce results.
+    fn is(&self, model: &crate::device::GpuModel) -> bool {
+        let squashed: String = self
+            .name
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        model.vendor == crate::device::Vendor::Amd && squashed.contains(model.name)
+    }
+
+    fn upload<'g>(
+        &'g self,
+        data: &ProblemData,
+        min_partition: usize,
+    ) -> Result<Box<dyn super::device::GpuProblem + 'g>, KernelError> {
+        Ok(Box::new(Loaded {
+            problem: HipProblem::upload(self, data, min_partition)?,
+            kernel: None,
+        }))
     }
 }

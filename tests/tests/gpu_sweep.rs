@@ -1,0 +1,241 @@
+//! The GPU tuning loop end to end without a GPU: the real offline plan (the HIP compiler,
+//! compiles cached in a real database) feeds a stand-in device whose "launch" computes the
+//! answer with the CPU kernels, gets some candidates wrong and fails others on purpose, and
+//! reports synthetic times. What is checked is the loop's own work, the part a user's MI250
+//! run shares with this test: the cached code objects reach the device, every candidate is
+//! verified before it is timed, wrong and failing candidates are recorded and never win, the
+//! winner is the fastest verified one, and results are stored under the `hip` backend and the
+//! GPU sources' hash, resumable like CPU runs.
+//!
+//! Needs the HIP compiler (Debian: hipcc, libamdhip64-dev); without it the test says so and
+//! checks nothing else, unless `KERNTUNE_REQUIRE_HIP` is set (CI), which makes it fail.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use kerntune_db::Db;
+use kerntune_e2e::job;
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::device::GpuModel;
+use kerntune_kernels::gpu::device::{GpuDevice, GpuProblem};
+use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
+use kerntune_kernels::kernel::Scratch;
+use kerntune_kernels::{
+    Backend, Config, CpuBackend, CpuSpace, Device, GpuSpace, KernelError, Problem, Space,
+};
+use kerntune_tuner::gpu_sweep::GpuSweep;
+use kerntune_tuner::shapes::Derived;
+use kerntune_tuner::tune;
+
+/// Which way a candidate misbehaves on the stand-in device, by a hash of its config.
+#[derive(Debug, PartialEq)]
+enum Fate {
+    Right(f64),
+    Wrong,
+    Fails,
+}
+
+fn fate(config: &Config, default: &Config) -> Fate {
+    let h = config
+        .to_string()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    if config == default {
+        return Fate::Right(50_000.0);
+    }
+    match h % 5 {
+        0 => Fate::Wrong,
+        1 => Fate::Fails,
+        _ => Fate::Right(10_000.0 + (h % 997) as f64 * 100.0),
+    }
+}
+
+#[derive(Debug, Default)]
+struct StandIn {
+    uploads: AtomicUsize,
+    loads: Arc<AtomicUsize>,
+    timed_unverified: Arc<AtomicUsize>,
+}
+
+struct StandInProblem {
+    data: ProblemData,
+    default: Config,
+    loaded: Option<String>,
+    verified: Option<Config>,
+    loads: Arc<AtomicUsize>,
+    timed_unverified: Arc<AtomicUsize>,
+}
+
+impl GpuDevice for StandIn {
+    fn backend(&self) -> &'static str {
+        "hip"
+    }
+    fn name(&self) -> &str {
+        "stand-in for an AMD Instinct MI250X / MI250"
+    }
+    fn runtime(&self) -> String {
+        "no runtime (test)".into()
+    }
+    fn is(&self, model: &GpuModel) -> bool {
+        model.arch == "gfx90a"
+    }
+    fn upload<'g>(
+        &'g self,
+        data: &ProblemData,
+        _min_partition: usize,
+    ) -> Result<Box<dyn GpuProblem + 'g>, KernelError> {
+        self.uploads.fetch_add(1, Ordering::SeqCst);
+        let device = Device::lookup("mi250").unwrap();
+        Ok(Box::new(StandInProblem {
+            data: data.clone(),
+            default: GpuSpace.default_config(&data.problem, &device),
+            loaded: None,
+            verified: None,
+            loads: self.loads.clone(),
+            timed_unverified: self.timed_unverified.clone(),
+        }))
+    }
+}
+
+impl GpuProblem for StandInProblem {
+    fn load(&mut self, build: &KernelBuild, code: &[u8]) -> Result<(), KernelError> {
+        // The plan's cached code object, as the real device path would load it.
+        assert!(code.starts_with(b"\x7fELF"), "not a code object");
+        self.loads.fetch_add(1, Ordering::SeqCst);
+        self.loaded = Some(build.key());
+        Ok(())
+    }
+
+    fn run(&mut self, config: &Config) -> Result<Vec<f32>, KernelError> {
+        let problem: Problem = self.data.problem;
+        assert_eq!(
+            self.loaded.as_deref(),
+            Some(KernelBuild::new(&problem, config)?.key().as_str()),
+            "run before its build was loaded"
+        );
+        let fate = fate(config, &self.default);
+        if fate == Fate::Fails {
+            return Err(KernelError::BackendUnavailable {
+                backend: "hip",
+                reason: "stand-in launch failure".into(),
+            });
+        }
+        let cpu = CpuSpace.default_config(&problem, Device::host_ref());
+        let mut scratch = Scratch::new();
+        let len = CpuBackend.scratch_len(&problem, &cpu);
+        CpuBackend.run(&problem, &cpu, self.data.args(), scratch.get(len))?;
+        let mut out = self.data.out.clone();
+        if fate == Fate::Wrong {
+            for v in &mut out {
+                *v = *v * 1.5 + 0.25;
+            }
+        }
+        self.verified = Some(*config);
+        Ok(out)
+    }
+
+    fn time(&mut self, config: &Config, reps: usize) -> Result<Vec<f64>, KernelError> {
+        if self.verified != Some(*config) {
+            self.timed_unverified.fetch_add(1, Ordering::SeqCst);
+        }
+        match fate(config, &self.default) {
+            Fate::Right(ns) => Ok(vec![ns; reps]),
+            _ => panic!("{config} timed although it failed"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
+    if let Err(e) = kerntune_kernels::gpu::hip::HipCompiler::find() {
+        assert!(
+            std::env::var_os("KERNTUNE_REQUIRE_HIP").is_none(),
+            "KERNTUNE_REQUIRE_HIP is set but {e}"
+        );
+        eprintln!("the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop did not run: {e}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
+    let device = Device::lookup("mi250").unwrap();
+    let problems: Vec<Derived> = [
+        "gemm:m=5,n=96,k=70,dtype=bf16",
+        "flash:q_len=19,kv_len=40,q_heads=4,kv_heads=1,head_dim=64,dtype=f16",
+        "paged:num_seqs=3,context_len=70,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16",
+    ]
+    .iter()
+    .map(|s| Derived {
+        problem: s.parse().unwrap(),
+        origin: "test".into(),
+    })
+    .collect();
+    let gpu = StandIn::default();
+    let (mut sweep, plan) = GpuSweep::prepare(&db, &device, &gpu, &problems, 1.0, 8, false)
+        .await
+        .unwrap();
+    assert_eq!(plan.target, "gfx90a");
+    let mut job = job(&db, &device);
+    job.max_configs = 8;
+    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert!(out.iter().all(|o| o.status == "tuned"), "{out:#?}");
+    assert_eq!(gpu.uploads.load(Ordering::SeqCst), problems.len());
+    assert!(gpu.loads.load(Ordering::SeqCst) >= problems.len());
+    assert_eq!(gpu.timed_unverified.load(Ordering::SeqCst), 0);
+
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    assert_eq!(winners.len(), problems.len());
+    let mut seen = [0usize; 3];
+    for (d, p) in problems.iter().zip(&plan.problems) {
+        let w = winners
+            .iter()
+            .find(|w| w.problem == d.problem.key())
+            .unwrap();
+        assert_eq!(
+            (w.backend.as_str(), w.source_hash.as_str()),
+            ("hip", GPU_SOURCE_HASH)
+        );
+        let default = GpuSpace.default_config(&d.problem, &device);
+        let rows = db.measurements(&d.problem.key()).await.unwrap();
+        // Every planned candidate is stored: pruned ones with the plan's reason.
+        assert!(rows.len() >= p.kept.min(8), "{rows:#?}");
+        let mut fastest = f64::INFINITY;
+        for (config, status, median, message) in &rows {
+            let c = Config::from_json(config).unwrap();
+            match (status.as_str(), fate(&c, &default)) {
+                ("ok", Fate::Right(ns)) => {
+                    assert_eq!(*median, Some(ns));
+                    fastest = fastest.min(ns);
+                    seen[0] += 1;
+                }
+                ("failed_verification", Fate::Wrong) => seen[1] += 1,
+                ("error", Fate::Fails) => {
+                    assert!(message.as_deref().unwrap().contains("stand-in"));
+                    seen[2] += 1;
+                }
+                ("invalid", _) => {
+                    assert!(message.as_deref().unwrap().starts_with("pruned offline: "));
+                }
+                other => panic!("{c}: stored {other:?}"),
+            }
+        }
+        assert_eq!(w.median_ns, fastest, "{}", d.problem.key());
+        assert_eq!(
+            w.default_ns,
+            Some(50_000.0),
+            "the default is always measured"
+        );
+        assert!(matches!(
+            fate(&Config::from_json(&w.config).unwrap(), &default),
+            Fate::Right(_)
+        ));
+    }
+    assert!(seen.iter().all(|&n| n > 0), "each fate occurred: {seen:?}");
+
+    // A second run resumes: nothing is uploaded again.
+    let again = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert!(again.iter().all(|o| o.status == "skipped"));
+    assert_eq!(gpu.uploads.load(Ordering::SeqCst), problems.len());
+    db.close().await;
+}
