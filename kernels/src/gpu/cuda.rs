@@ -9,11 +9,13 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use serde::Serialize;
 
+use super::launch::{launches, Arg, DevicePtrs, Launch};
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
@@ -117,10 +119,7 @@ impl CudaGpu {
                     .map_err(|err| driver(&format!("finding kernel {e}"), err))
             })
             .collect::<Result<_, _>>()?;
-        Ok(LoadedKernel {
-            functions,
-            threads: build.threads as u32,
-        })
+        Ok(LoadedKernel { functions })
     }
 
     fn sync(&self) -> Result<(), KernelError> {
@@ -134,7 +133,34 @@ impl CudaGpu {
 #[derive(Debug)]
 pub struct LoadedKernel {
     functions: Vec<CudaFunction>,
-    threads: u32,
+}
+
+impl LoadedKernel {
+    /// Queues `launches` in order on `stream`.
+    fn launch(&self, stream: &CudaStream, launches: &[Launch]) -> Result<(), KernelError> {
+        for l in launches {
+            let f = self.functions.get(l.entry).ok_or_else(|| {
+                unavailable(format!("the build has no kernel number {}", l.entry))
+            })?;
+            let mut b = stream.launch_builder(f);
+            for a in &l.args {
+                match a {
+                    Arg::Ptr(p) => b.arg(p),
+                    Arg::Int(i) => b.arg(i),
+                    Arg::Float(x) => b.arg(x),
+                };
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+                block_dim: (l.block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments follow the kernel's signature (gpu::launch); the addresses
+            // are the problem's own buffers, sized for it.
+            unsafe { b.launch(cfg) }.map_err(|e| driver("launching a kernel", e))?;
+        }
+        Ok(())
+    }
 }
 
 /// Inputs on the device, f32 or raw 16-bit words.
@@ -169,14 +195,6 @@ fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
             DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)
         }
     })
-}
-
-/// Partitions of a paged config over a problem's context.
-fn partitions(problem: &Problem, config: &Config) -> usize {
-    match (problem, config) {
-        (Problem::Paged(p), Config::GpuPaged(c)) => p.context_len.div_ceil(c.partition),
-        _ => 1,
-    }
 }
 
 impl DeviceProblem {
@@ -233,109 +251,39 @@ impl DeviceProblem {
         kernel: &LoadedKernel,
         config: &Config,
     ) -> Result<(), KernelError> {
-        let block = (kernel.threads, 1, 1);
-        let err = |e| driver("launching a kernel", e);
-        match (&self.problem, config) {
-            (Problem::Gemm(p), Config::GpuGemm(c)) => {
-                let cfg = LaunchConfig {
-                    grid_dim: (p.n.div_ceil(c.bn) as u32, p.m.div_ceil(c.bm) as u32, 1),
-                    block_dim: block,
-                    shared_mem_bytes: 0,
-                };
-                let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
-                let mut b = gpu.stream.launch_builder(&kernel.functions[0]);
-                push_input(&mut b, &self.inputs[0]);
-                push_input(&mut b, &self.inputs[1]);
-                b.arg(&mut self.out).arg(&m).arg(&n).arg(&k);
-                // SAFETY: the arguments match kt_gemm's signature and the buffers hold
-                // m·k, k·n and m·n elements.
-                unsafe { b.launch(cfg) }.map_err(err)?;
-            }
-            (Problem::Flash(p), Config::GpuFlash(c)) => {
-                let cfg = LaunchConfig {
-                    grid_dim: (
-                        p.q_len.div_ceil(c.br) as u32,
-                        p.q_heads as u32,
-                        p.batch as u32,
-                    ),
-                    block_dim: block,
-                    shared_mem_bytes: 0,
-                };
-                let ints = [
-                    p.q_len as i32,
-                    p.kv_len as i32,
-                    p.q_heads as i32,
-                    p.kv_heads as i32,
-                    i32::from(p.causal),
-                ];
-                let scale = p.scale.get();
-                let mut b = gpu.stream.launch_builder(&kernel.functions[0]);
-                for input in &self.inputs {
-                    push_input(&mut b, input);
-                }
-                b.arg(&mut self.out);
-                for v in &ints {
-                    b.arg(v);
-                }
-                b.arg(&scale);
-                // SAFETY: the arguments match kt_flash's signature and the buffers hold the
-                // problem's Q, K, V and output.
-                unsafe { b.launch(cfg) }.map_err(err)?;
-            }
-            (Problem::Paged(p), Config::GpuPaged(_)) => {
-                let parts = partitions(&self.problem, config) as i32;
-                let (tables, lens, max_blocks) = self.tables.as_ref().expect("uploaded");
-                let (part_out, part_max, part_sum) = self.partials.as_mut().expect("uploaded");
-                let ints = [
-                    p.q_heads as i32,
-                    p.kv_heads as i32,
-                    *max_blocks as i32,
-                    parts,
-                ];
-                let scale = p.scale.get();
-                let cfg = LaunchConfig {
-                    grid_dim: (parts as u32, p.q_heads as u32, p.num_seqs as u32),
-                    block_dim: block,
-                    shared_mem_bytes: 0,
-                };
-                let mut b = gpu.stream.launch_builder(&kernel.functions[0]);
-                for input in &self.inputs {
-                    push_input(&mut b, input);
-                }
-                b.arg(tables)
-                    .arg(lens)
-                    .arg(&mut *part_out)
-                    .arg(&mut *part_max);
-                b.arg(&mut *part_sum);
-                for v in &ints {
-                    b.arg(v);
-                }
-                b.arg(&scale);
-                // SAFETY: the arguments match kt_paged's signature; the partial buffers were
-                // sized for the smallest partition.
-                unsafe { b.launch(cfg) }.map_err(err)?;
-                let cfg = LaunchConfig {
-                    grid_dim: (p.q_heads as u32, p.num_seqs as u32, 1),
-                    block_dim: block,
-                    shared_mem_bytes: 0,
-                };
-                let (q_heads, parts) = (p.q_heads as i32, parts);
-                let mut b = gpu.stream.launch_builder(&kernel.functions[1]);
-                b.arg(&*part_out)
-                    .arg(&*part_max)
-                    .arg(&*part_sum)
-                    .arg(&mut self.out);
-                b.arg(&q_heads).arg(&parts);
-                // SAFETY: the arguments match kt_paged_reduce's signature.
-                unsafe { b.launch(cfg) }.map_err(err)?;
-            }
-            _ => {
-                return Err(KernelError::FamilyMismatch {
-                    problem: self.problem.family(),
-                    config: config.family(),
-                })
-            }
+        let stream = &gpu.stream;
+        // The guards order the launch after earlier writes of each buffer; one stream is used
+        // throughout, so they are held only until the launch is queued.
+        let mut guards = Vec::new();
+        let mut addr = |p: (u64, _)| {
+            guards.push(p.1);
+            p.0
+        };
+        let mut ptrs = DevicePtrs {
+            out: addr(self.out.device_ptr_mut(stream)),
+            ..DevicePtrs::default()
+        };
+        for (slot, input) in ptrs.inputs.iter_mut().zip(&self.inputs) {
+            *slot = match input {
+                DeviceBuf::F32(s) => addr(s.device_ptr(stream)),
+                DeviceBuf::Half(s) => addr(s.device_ptr(stream)),
+            };
         }
+        if let Some((tables, lens, max_blocks)) = &self.tables {
+            ptrs.block_tables = addr(tables.device_ptr(stream));
+            ptrs.context_lens = addr(lens.device_ptr(stream));
+            ptrs.max_blocks_per_seq = *max_blocks;
+        }
+        if let Some((o, m, s)) = &mut self.partials {
+            ptrs.partials = [
+                addr(o.device_ptr_mut(stream)),
+                addr(m.device_ptr_mut(stream)),
+                addr(s.device_ptr_mut(stream)),
+            ];
+        }
+        let list = launches(&self.problem, config, &ptrs)?;
+        kernel.launch(stream, &list)?;
+        drop(guards);
         Ok(())
     }
 
@@ -480,17 +428,6 @@ fn reinterpret<T: cudarc::driver::DeviceRepr>(
 ) -> cudarc::driver::CudaView<'_, T> {
     // SAFETY: u16, f16 and bf16 share size and alignment; the bits are the values.
     unsafe { s.transmute::<T>(s.len()) }.expect("same size and alignment")
-}
-
-fn push_input<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, input: &'a DeviceBuf) {
-    match input {
-        DeviceBuf::F32(s) => {
-            b.arg(s);
-        }
-        DeviceBuf::Half(s) => {
-            b.arg(s);
-        }
-    }
 }
 
 /// A problem on the device with the candidate loaded last, for the tuner's device loop.

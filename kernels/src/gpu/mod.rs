@@ -11,6 +11,7 @@ pub mod device;
 pub mod hip;
 pub mod hip_runtime;
 mod judge;
+pub mod launch;
 pub mod metadata;
 pub mod nvrtc;
 pub mod occupancy;

@@ -12,6 +12,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 
 use libloading::Library;
 
+use super::launch::{launches, Arg, DevicePtrs, Launch};
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::{Config, KernelError, Problem, TensorBuf};
@@ -244,7 +245,6 @@ impl HipGpu {
             gpu: self,
             module,
             functions: Vec::with_capacity(build.entries.len()),
-            threads: build.threads as u32,
         };
         for e in build.entries {
             let name = CString::new(*e).expect("kernel names have no NUL");
@@ -265,7 +265,43 @@ pub struct HipKernel<'g> {
     gpu: &'g HipGpu,
     module: Ptr,
     functions: Vec<Ptr>,
-    threads: u32,
+}
+
+impl HipKernel<'_> {
+    /// Launches `launches` in order on `stream` (null: the null stream), without waiting.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of this device, and every address in `launches` is
+    /// device memory of this device holding what its problem needs (see
+    /// [`super::launch::DevicePtrs`]).
+    pub unsafe fn launch(&self, launches: &[Launch], stream: Ptr) -> Result<(), KernelError> {
+        for l in launches {
+            let f = *self.functions.get(l.entry).ok_or_else(|| {
+                unavailable(format!("the build has no kernel number {}", l.entry))
+            })?;
+            let mut args = l.args.clone();
+            let mut params: Vec<Ptr> = args.iter_mut().map(Arg::as_param).collect();
+            // SAFETY: `params` points at `args`, which follow the kernel's signature
+            // (gpu::launch) and outlive the call; the runtime copies arguments at launch.
+            // The caller vouches for the stream and the addresses.
+            check("hipModuleLaunchKernel", unsafe {
+                (self.gpu.api.launch)(
+                    f,
+                    l.grid[0],
+                    l.grid[1],
+                    l.grid[2],
+                    l.block,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for HipKernel<'_> {
@@ -286,13 +322,6 @@ pub struct HipProblem<'g> {
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
     out: DeviceMem<'g>,
     flush: DeviceMem<'g>,
-}
-
-/// One kernel argument, passed by address as hipModuleLaunchKernel expects.
-enum Arg {
-    Ptr(Ptr),
-    Int(c_int),
-    Float(f32),
 }
 
 impl<'g> HipProblem<'g> {
@@ -342,118 +371,34 @@ impl<'g> HipProblem<'g> {
         })
     }
 
-    fn launch_one(
-        &self,
-        f: Ptr,
-        grid: (usize, usize, usize),
-        threads: u32,
-        args: &mut [Arg],
-    ) -> Result<(), KernelError> {
-        let mut params: Vec<Ptr> = args
-            .iter_mut()
-            .map(|a| match a {
-                Arg::Ptr(p) => (p as *mut Ptr).cast(),
-                Arg::Int(i) => (i as *mut c_int).cast(),
-                Arg::Float(x) => (x as *mut f32).cast(),
-            })
-            .collect();
-        // SAFETY: `params` points at `args`, which match the kernel's signature and outlive
-        // the call (the runtime copies arguments at launch).
-        check("hipModuleLaunchKernel", unsafe {
-            (self.gpu.api.launch)(
-                f,
-                grid.0 as c_uint,
-                grid.1 as c_uint,
-                grid.2 as c_uint,
-                threads,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+    /// The device addresses of this problem's buffers.
+    fn ptrs(&self) -> DevicePtrs {
+        let addr = |m: &DeviceMem<'_>| m.ptr as u64;
+        let mut inputs = [0; 3];
+        for (slot, mem) in inputs.iter_mut().zip(&self.inputs) {
+            *slot = addr(mem);
+        }
+        let mut ptrs = DevicePtrs {
+            inputs,
+            out: addr(&self.out),
+            ..DevicePtrs::default()
+        };
+        if let Some((tables, lens, max_blocks)) = &self.tables {
+            ptrs.block_tables = addr(tables);
+            ptrs.context_lens = addr(lens);
+            ptrs.max_blocks_per_seq = *max_blocks;
+        }
+        if let Some((o, m, s)) = &self.partials {
+            ptrs.partials = [addr(o), addr(m), addr(s)];
+        }
+        ptrs
     }
 
-    /// Launches `config` once (without waiting).
+    /// Launches `config` once on the null stream (without waiting).
     pub fn launch(&self, kernel: &HipKernel<'_>, config: &Config) -> Result<(), KernelError> {
-        let input = |i: usize| Arg::Ptr(self.inputs[i].ptr);
-        let out = Arg::Ptr(self.out.ptr);
-        match (&self.problem, config) {
-            (Problem::Gemm(p), Config::GpuGemm(c)) => self.launch_one(
-                kernel.functions[0],
-                (p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), 1),
-                kernel.threads,
-                &mut [
-                    input(0),
-                    input(1),
-                    out,
-                    Arg::Int(p.m as c_int),
-                    Arg::Int(p.n as c_int),
-                    Arg::Int(p.k as c_int),
-                ],
-            ),
-            (Problem::Flash(p), Config::GpuFlash(c)) => self.launch_one(
-                kernel.functions[0],
-                (p.q_len.div_ceil(c.br), p.q_heads, p.batch),
-                kernel.threads,
-                &mut [
-                    input(0),
-                    input(1),
-                    input(2),
-                    out,
-                    Arg::Int(p.q_len as c_int),
-                    Arg::Int(p.kv_len as c_int),
-                    Arg::Int(p.q_heads as c_int),
-                    Arg::Int(p.kv_heads as c_int),
-                    Arg::Int(c_int::from(p.causal)),
-                    Arg::Float(p.scale.get()),
-                ],
-            ),
-            (Problem::Paged(p), Config::GpuPaged(c)) => {
-                let parts = p.context_len.div_ceil(c.partition);
-                let (tables, lens, max_blocks) = self.tables.as_ref().expect("uploaded");
-                let (part_out, part_max, part_sum) = self.partials.as_ref().expect("uploaded");
-                self.launch_one(
-                    kernel.functions[0],
-                    (parts, p.q_heads, p.num_seqs),
-                    kernel.threads,
-                    &mut [
-                        input(0),
-                        input(1),
-                        input(2),
-                        Arg::Ptr(tables.ptr),
-                        Arg::Ptr(lens.ptr),
-                        Arg::Ptr(part_out.ptr),
-                        Arg::Ptr(part_max.ptr),
-                        Arg::Ptr(part_sum.ptr),
-                        Arg::Int(p.q_heads as c_int),
-                        Arg::Int(p.kv_heads as c_int),
-                        Arg::Int(*max_blocks as c_int),
-                        Arg::Int(parts as c_int),
-                        Arg::Float(p.scale.get()),
-                    ],
-                )?;
-                self.launch_one(
-                    kernel.functions[1],
-                    (p.q_heads, p.num_seqs, 1),
-                    kernel.threads,
-                    &mut [
-                        Arg::Ptr(part_out.ptr),
-                        Arg::Ptr(part_max.ptr),
-                        Arg::Ptr(part_sum.ptr),
-                        out,
-                        Arg::Int(p.q_heads as c_int),
-                        Arg::Int(parts as c_int),
-                    ],
-                )
-            }
-            _ => Err(KernelError::FamilyMismatch {
-                problem: self.problem.family(),
-                config: config.family(),
-            }),
-        }
+        let launches = launches(&self.problem, config, &self.ptrs())?;
+        // SAFETY: the null stream, and this problem's own buffers, allocated for it.
+        unsafe { kernel.launch(&launches, std::ptr::null_mut()) }
     }
 
     /// Runs once and returns the output.

@@ -1,0 +1,219 @@
+//! What launching a GPU config means, written once for both vendors: the kernels of a build to
+//! launch in order, each with its grid, block size and arguments, over device addresses. The
+//! tuner's device paths fill the addresses with their own buffers; the runtime library fills
+//! them with a server's. The argument lists follow the signatures in `kernels/hip/`.
+
+use std::ffi::c_void;
+
+use super::KernelBuild;
+use crate::{Config, KernelError, Problem};
+
+/// One kernel argument, by value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A device address.
+    Ptr(u64),
+    Int(i32),
+    Float(f32),
+}
+
+impl Arg {
+    /// The address of the value, as `hipModuleLaunchKernel` / `cuLaunchKernel` take each
+    /// argument.
+    pub fn as_param(&mut self) -> *mut c_void {
+        match self {
+            Arg::Ptr(p) => (p as *mut u64).cast(),
+            Arg::Int(i) => (i as *mut i32).cast(),
+            Arg::Float(x) => (x as *mut f32).cast(),
+        }
+    }
+}
+
+/// One kernel launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    /// Index into the build's entry points.
+    pub entry: usize,
+    pub grid: [u32; 3],
+    pub block: u32,
+    pub args: Vec<Arg>,
+}
+
+/// Device addresses of one call's operands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DevicePtrs {
+    /// GEMM: A, B. Flash: Q, K, V. Paged: query, key cache, value cache.
+    pub inputs: [u64; 3],
+    /// The f32 output, laid out as the CPU kernels lay theirs.
+    pub out: u64,
+    /// Paged only: `u32` block tables (`num_seqs × max_blocks_per_seq`) and context lengths.
+    pub block_tables: u64,
+    pub context_lens: u64,
+    pub max_blocks_per_seq: usize,
+    /// Paged only: partial outputs, maxima and sums, of [`partial_slots`] slots (outputs
+    /// `head_dim` floats per slot).
+    pub partials: [u64; 3],
+}
+
+/// Paged attention's partition slots for `config` (0 for other families): the partial buffers
+/// must hold this many.
+pub fn partial_slots(problem: &Problem, config: &Config) -> usize {
+    match (problem, config) {
+        (Problem::Paged(p), Config::GpuPaged(c)) => {
+            p.num_seqs * p.q_heads * p.context_len.div_ceil(c.partition.max(1))
+        }
+        _ => 0,
+    }
+}
+
+/// The kernels index with 32-bit integers.
+fn too_large(problem: &Problem, field: &'static str, v: usize) -> KernelError {
+    KernelError::InvalidProblem {
+        family: problem.family(),
+        field,
+        value: v.to_string(),
+        reason: "too large for a GPU launch (32-bit indices)".into(),
+    }
+}
+
+/// The launches of `config` on `problem` over `ptrs`.
+pub fn launches(
+    problem: &Problem,
+    config: &Config,
+    ptrs: &DevicePtrs,
+) -> Result<Vec<Launch>, KernelError> {
+    let int = |v: usize, field: &'static str| {
+        i32::try_from(v)
+            .map(Arg::Int)
+            .map_err(|_| too_large(problem, field, v))
+    };
+    let grid = |x: usize, y: usize, z: usize| {
+        let dim = |v: usize| u32::try_from(v).map_err(|_| too_large(problem, "grid", v));
+        Ok::<_, KernelError>([dim(x)?, dim(y)?, dim(z)?])
+    };
+    let build = KernelBuild::new(problem, config)?;
+    let block = build.threads as u32;
+    let [i0, i1, i2] = ptrs.inputs.map(Arg::Ptr);
+    let out = Arg::Ptr(ptrs.out);
+    Ok(match (problem, config) {
+        (Problem::Gemm(p), Config::GpuGemm(c)) => vec![Launch {
+            entry: 0,
+            grid: grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), 1)?,
+            block,
+            args: vec![i0, i1, out, int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?],
+        }],
+        (Problem::Flash(p), Config::GpuFlash(c)) => vec![Launch {
+            entry: 0,
+            grid: grid(p.q_len.div_ceil(c.br), p.q_heads, p.batch)?,
+            block,
+            args: vec![
+                i0,
+                i1,
+                i2,
+                out,
+                int(p.q_len, "q_len")?,
+                int(p.kv_len, "kv_len")?,
+                int(p.q_heads, "q_heads")?,
+                int(p.kv_heads, "kv_heads")?,
+                Arg::Int(i32::from(p.causal)),
+                Arg::Float(p.scale.get()),
+            ],
+        }],
+        (Problem::Paged(p), Config::GpuPaged(c)) => {
+            let parts = p.context_len.div_ceil(c.partition.max(1));
+            let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
+            vec![
+                Launch {
+                    entry: 0,
+                    grid: grid(parts, p.q_heads, p.num_seqs)?,
+                    block,
+                    args: vec![
+                        i0,
+                        i1,
+                        i2,
+                        Arg::Ptr(ptrs.block_tables),
+                        Arg::Ptr(ptrs.context_lens),
+                        part_out,
+                        part_max,
+                        part_sum,
+                        int(p.q_heads, "q_heads")?,
+                        int(p.kv_heads, "kv_heads")?,
+                        int(ptrs.max_blocks_per_seq, "max_blocks_per_seq")?,
+                        int(parts, "partitions")?,
+                        Arg::Float(p.scale.get()),
+                    ],
+                },
+                Launch {
+                    entry: 1,
+                    grid: grid(p.q_heads, p.num_seqs, 1)?,
+                    block,
+                    args: vec![
+                        part_out,
+                        part_max,
+                        part_sum,
+                        out,
+                        int(p.q_heads, "q_heads")?,
+                        int(parts, "partitions")?,
+                    ],
+                },
+            ]
+        }
+        _ => {
+            return Err(KernelError::FamilyMismatch {
+                problem: problem.family(),
+                config: config.family(),
+            })
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, GpuSpace, Space};
+
+    #[test]
+    fn launches_follow_the_kernel_signatures() {
+        let device = Device::lookup("mi250").unwrap();
+        let ptrs = DevicePtrs {
+            inputs: [1, 2, 3],
+            out: 4,
+            block_tables: 5,
+            context_lens: 6,
+            max_blocks_per_seq: 7,
+            partials: [8, 9, 10],
+        };
+        for (spec, args) in [
+            ("gemm:m=3,n=130,k=5", vec![6]),
+            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![10]),
+            (
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
+                vec![13, 6],
+            ),
+        ] {
+            let p: Problem = spec.parse().unwrap();
+            let c = GpuSpace.default_config(&p, &device);
+            let l = launches(&p, &c, &ptrs).unwrap();
+            let build = KernelBuild::new(&p, &c).unwrap();
+            assert_eq!(l.len(), build.entries.len(), "{spec}");
+            assert_eq!(l.iter().map(|l| l.args.len()).collect::<Vec<_>>(), args);
+            for launch in &l {
+                assert_eq!(launch.block as usize, build.threads);
+                assert!(launch.grid.iter().all(|&g| g >= 1), "{spec}");
+            }
+            // The output is an argument of the last kernel.
+            assert!(l.last().unwrap().args.contains(&Arg::Ptr(4)), "{spec}");
+        }
+        let p: Problem = "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128"
+            .parse()
+            .unwrap();
+        let c = GpuSpace.default_config(&p, &device);
+        let Config::GpuPaged(g) = c else { panic!() };
+        assert_eq!(
+            partial_slots(&p, &c),
+            3 * 8 * 1000usize.div_ceil(g.partition)
+        );
+        let cpu = crate::CpuSpace.default_config(&p, &Device::host());
+        assert!(launches(&p, &cpu, &ptrs).is_err());
+    }
+}
