@@ -85,4 +85,37 @@ impl Db {
         tx.commit().await?;
         Ok(())
     }
+
+    /// The code objects of `builds` for the runtime library: for each build, a successful
+    /// compile of these kernel sources for one of `targets` (the first preferred, then the
+    /// newest), whichever compiler made it. Builds without one are absent. Databases from
+    /// before the compile cache (schema < 3) have none.
+    pub async fn code_objects(
+        &self,
+        source_hash: &str,
+        targets: &[&str],
+        builds: &[String],
+    ) -> Result<HashMap<String, Vec<u8>>> {
+        let mut found = HashMap::new();
+        if self.schema() < 3 || targets.is_empty() {
+            return Ok(found);
+        }
+        let list = vec!["?"; targets.len()].join(", ");
+        let sql = format!(
+            "SELECT code_object FROM gpu_compiles
+             WHERE source_hash = ? AND build = ? AND status = 'ok' AND code_object IS NOT NULL
+               AND target IN ({list})
+             ORDER BY target = ? DESC, compiled_at DESC LIMIT 1"
+        );
+        for build in builds {
+            let mut q = sqlx::query(&sql).bind(source_hash).bind(build);
+            for t in targets {
+                q = q.bind(*t);
+            }
+            if let Some(row) = q.bind(targets[0]).fetch_optional(&self.pool).await? {
+                found.insert(build.clone(), row.get(0));
+            }
+        }
+        Ok(found)
+    }
 }

@@ -23,6 +23,9 @@ pub enum Config {
     GpuFlash(GpuFlashConfig),
     #[serde(rename = "gpu-paged")]
     GpuPaged(GpuPagedConfig),
+    /// A rocBLAS GEMM solution, measured on an AMD device beside our own kernels.
+    #[serde(rename = "rocblas-gemm")]
+    Rocblas(RocblasConfig),
 }
 
 impl Config {
@@ -34,6 +37,7 @@ impl Config {
             Config::GpuGemm(_) => Family::Gemm,
             Config::GpuFlash(_) => Family::Flash,
             Config::GpuPaged(_) => Family::Paged,
+            Config::Rocblas(_) => Family::Gemm,
         }
     }
 
@@ -41,7 +45,7 @@ impl Config {
     pub fn is_gpu(&self) -> bool {
         matches!(
             self,
-            Config::GpuGemm(_) | Config::GpuFlash(_) | Config::GpuPaged(_)
+            Config::GpuGemm(_) | Config::GpuFlash(_) | Config::GpuPaged(_) | Config::Rocblas(_)
         )
     }
 
@@ -63,6 +67,8 @@ impl Config {
             Config::GpuGemm(c) => c.threads(),
             Config::GpuFlash(c) => c.br * c.lanes,
             Config::GpuPaged(c) => c.threads,
+            // rocBLAS picks its own launch.
+            Config::Rocblas(_) => 0,
         }
     }
 }
@@ -104,6 +110,14 @@ impl fmt::Display for Config {
             ),
             Config::GpuFlash(c) => write!(f, "gpu br={} bc={} lanes={}", c.br, c.bc, c.lanes),
             Config::GpuPaged(c) => write!(f, "gpu partition={} threads={}", c.partition, c.threads),
+            Config::Rocblas(c) => write!(
+                f,
+                "rocblas solution={} (rocBLAS {}.{}.{})",
+                c.solution,
+                c.version / 10_000,
+                c.version / 100 % 100,
+                c.version % 100
+            ),
         }
     }
 }
@@ -268,4 +282,14 @@ pub struct GpuFlashConfig {
 pub struct GpuPagedConfig {
     pub partition: usize,
     pub threads: usize,
+}
+
+/// A rocBLAS GEMM solution (`rocblas_gemm_ex` with `rocblas_gemm_algo_solution_index`).
+/// Solution indices are only meaningful for the rocBLAS release that listed them, so the
+/// version (`major·10000 + minor·100 + patch`) is part of the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RocblasConfig {
+    pub solution: i32,
+    pub version: u32,
 }

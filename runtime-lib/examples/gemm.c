@@ -5,7 +5,8 @@
  *   LD_LIBRARY_PATH=target/release ./gemm kerntune.db
  *
  * A is 3x5 with A[i][p] = i + p, B is stored [N, K] (a Linear layer's weights) with
- * B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p). */
+ * B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p). Then it asks for an MI250 through the
+ * GPU entry points. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -50,5 +51,16 @@ int main(int argc, char **argv) {
            (unsigned long long)s.loaded);
     kt_free(d);
     kt_free(NULL);
+
+    /* The same database serves GPUs through kt_gpu_open(); without the device (or a library
+     * built without its vendor's backend) it says which is missing. */
+    KtGpuDispatcher *g = NULL;
+    KtStatus st = kt_gpu_open(db, "mi250", &g);
+    if (st == KT_STATUS_OK) {
+        printf("gpu: opened\n");
+        kt_gpu_free(g);
+    } else {
+        printf("gpu: status=%d %s\n", (int)st, kt_last_error());
+    }
     return 0;
 }

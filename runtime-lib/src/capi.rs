@@ -29,6 +29,12 @@ pub enum KtStatus {
     Panic = 3,
     /// Reloading or writing a file failed; see kt_last_error().
     IoError = 4,
+    /// kt_gpu_open(): no usable GPU of that model, or this library was built without its
+    /// vendor's backend; see kt_last_error().
+    NoDevice = 5,
+    /// kt_gpu_*(): this shape class was never tuned on the device, so no compiled kernel is
+    /// loaded for it; run your own kernel for it (see kt_last_error()).
+    NotTuned = 6,
 }
 
 /// Element type of input buffers. Outputs are always float.
@@ -89,13 +95,13 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn set_error(msg: impl Into<String>) {
+pub(crate) fn set_error(msg: impl Into<String>) {
     let msg = CString::new(msg.into().replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = msg);
 }
 
 /// Runs an entry point's body, turning errors and panics into a status and a message.
-fn guard(f: impl FnOnce() -> Result<(), (KtStatus, String)>) -> KtStatus {
+pub(crate) fn guard(f: impl FnOnce() -> Result<(), (KtStatus, String)>) -> KtStatus {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => KtStatus::Ok,
         Ok(Err((status, msg))) => {
@@ -114,11 +120,11 @@ fn guard(f: impl FnOnce() -> Result<(), (KtStatus, String)>) -> KtStatus {
     }
 }
 
-fn invalid(msg: impl Into<String>) -> (KtStatus, String) {
+pub(crate) fn invalid(msg: impl Into<String>) -> (KtStatus, String) {
     (KtStatus::InvalidArgument, msg.into())
 }
 
-fn dtype(d: KtDtype) -> DType {
+pub(crate) fn dtype(d: KtDtype) -> DType {
     match d {
         KtDtype::F32 => DType::F32,
         KtDtype::F16 => DType::F16,
@@ -135,6 +141,35 @@ fn scale(s: f32, head_dim: usize) -> Result<Scale, (KtStatus, String)> {
             "scale {s} must be finite and positive, or 0 for 1/sqrt(head_dim)"
         ))
     })
+}
+
+pub(crate) fn flash_problem(f: &KtFlashProblem) -> Result<FlashProblem, (KtStatus, String)> {
+    FlashProblem::new(
+        f.batch,
+        f.q_len,
+        f.kv_len,
+        f.q_heads,
+        f.kv_heads,
+        f.head_dim,
+        f.causal,
+        scale(f.scale, f.head_dim)?,
+        dtype(f.dtype),
+    )
+    .map_err(|e| invalid(e.to_string()))
+}
+
+pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatus, String)> {
+    PagedProblem::new(
+        f.num_seqs,
+        f.context_len,
+        f.q_heads,
+        f.kv_heads,
+        f.head_dim,
+        f.block_size,
+        scale(f.scale, f.head_dim)?,
+        dtype(f.dtype),
+    )
+    .map_err(|e| invalid(e.to_string()))
 }
 
 /// # Safety
@@ -179,7 +214,7 @@ fn dispatcher<'a>(d: *const KtDispatcher) -> Result<&'a Dispatcher, (KtStatus, S
         .ok_or_else(|| invalid("dispatcher handle is NULL"))
 }
 
-fn report(matched: *mut KtMatch, m: Match) {
+pub(crate) fn report(matched: *mut KtMatch, m: Match) {
     if !matched.is_null() {
         // SAFETY: a non-NULL `matched` points to writable memory (documented).
         unsafe { *matched = m };
@@ -307,18 +342,7 @@ pub unsafe extern "C" fn kt_flash_attention(
         let d = dispatcher(d)?;
         // SAFETY: caller contract.
         let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
-        let p = FlashProblem::new(
-            f.batch,
-            f.q_len,
-            f.kv_len,
-            f.q_heads,
-            f.kv_heads,
-            f.head_dim,
-            f.causal,
-            scale(f.scale, f.head_dim)?,
-            dtype(f.dtype),
-        )
-        .map_err(|e| invalid(e.to_string()))?;
+        let p = flash_problem(f)?;
         // SAFETY: caller contract on sizes.
         let args = unsafe {
             FlashArgs {
@@ -361,17 +385,7 @@ pub unsafe extern "C" fn kt_paged_attention(
         let d = dispatcher(d)?;
         // SAFETY: caller contract.
         let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
-        let p = PagedProblem::new(
-            f.num_seqs,
-            f.context_len,
-            f.q_heads,
-            f.kv_heads,
-            f.head_dim,
-            f.block_size,
-            scale(f.scale, f.head_dim)?,
-            dtype(f.dtype),
-        )
-        .map_err(|e| invalid(e.to_string()))?;
+        let p = paged_problem(f)?;
         if block_tables.is_null() || context_lens.is_null() {
             return Err(invalid("block_tables and context_lens must not be NULL"));
         }

@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use kerntune_kernels::kernel::{Args, FlashArgs, GemmArgs, PagedArgs, Scratch};
-use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, Device, Problem, Space};
+use kerntune_kernels::{Backend, Config, CpuBackend, Device, Problem};
 use rustc_hash::FxHashMap;
 
 use crate::select::Match;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{space_of, Snapshot};
 use crate::RuntimeError;
 
 /// A selected config and how it matched.
@@ -95,6 +95,11 @@ impl Dispatcher {
         &self.device
     }
 
+    /// The winners loaded now.
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
     /// Re-reads the database and swaps the new winners in atomically; calls in flight finish
     /// with the snapshot they started with. On failure the current winners stay.
     pub fn reload(&self) -> Result<(), RuntimeError> {
@@ -107,9 +112,12 @@ impl Dispatcher {
     /// first time an untuned problem is seen (recorded for `write_untuned`).
     pub fn select(&self, problem: &Problem) -> Selection {
         let snap = self.snapshot.load();
-        let (config, matched) = snap
-            .lookup(problem)
-            .unwrap_or_else(|| (CpuSpace.heuristic(problem, &self.device), Match::Default));
+        let (config, matched) = snap.lookup(problem).unwrap_or_else(|| {
+            (
+                space_of(&self.device).heuristic(problem, &self.device),
+                Match::Default,
+            )
+        });
         self.counters.by_match[matched as usize].fetch_add(1, Ordering::Relaxed);
         if matched != Match::Exact {
             if let Ok(mut map) = self.untuned.try_lock() {
@@ -124,7 +132,19 @@ impl Dispatcher {
         Selection { config, matched }
     }
 
+    /// The config `select` would pick, without counting the call.
+    pub(crate) fn peek(&self, problem: &Problem) -> Config {
+        self.snapshot
+            .load()
+            .lookup(problem)
+            .map(|(c, _)| c)
+            .unwrap_or_else(|| space_of(&self.device).heuristic(problem, &self.device))
+    }
+
     fn run(&self, problem: &Problem, args: Args<'_>) -> Result<Match, RuntimeError> {
+        if let Device::Gpu(g) = &self.device {
+            return Err(RuntimeError::HostCallOnGpu { device: g.name });
+        }
         let sel = self.select(problem);
         let backend = CpuBackend;
         let len = backend.scratch_len(problem, &sel.config);

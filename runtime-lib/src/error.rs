@@ -11,6 +11,14 @@ pub enum RuntimeError {
     /// Loading or reloading the winners failed; the dispatcher keeps what it had.
     #[error("loading tuned configs: {0}")]
     Load(String),
+    /// A host-memory call on a dispatcher opened for a GPU.
+    #[error("this dispatcher serves {device}, whose kernels take device memory: call GpuDispatcher::launch, or open a dispatcher for the CPU for host buffers")]
+    HostCallOnGpu { device: &'static str },
+    /// No compiled kernel for the selected config of this shape class: it was never tuned on
+    /// this device (or its compile is missing from the database). The caller runs its own
+    /// kernel for it.
+    #[error("no compiled kernel for {problem} (config {config}) in the database; tune this shape class on the device: tune --device <gpu> --shapes {problem}")]
+    NoGpuKernel { problem: String, config: String },
     #[error("writing untuned shapes to {path}: {source}")]
     Write {
         path: std::path::PathBuf,

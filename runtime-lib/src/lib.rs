@@ -7,6 +7,10 @@
 //! the selected kernel on the caller's buffers. The same API is exported to C (`kerntune.h`,
 //! see [`capi`]).
 //!
+//! On a GPU, [`GpuDispatcher`] does the same with device memory: it loads the device's
+//! winners and their compiled kernels from the database and launches each call's tuned kernel
+//! on the caller's stream (Cargo features `rocm` and `cuda`; without them it says so).
+//!
 //! ```
 //! use kerntune::{Dispatcher, Match};
 //! use kerntune_kernels::kernel::GemmArgs;
@@ -22,11 +26,15 @@
 //! ```
 
 pub mod capi;
+pub mod capi_gpu;
 mod dispatcher;
 mod error;
+mod gpu;
 mod select;
 mod snapshot;
 
 pub use dispatcher::{Dispatcher, Selection, Stats};
 pub use error::RuntimeError;
+pub use gpu::{GpuDispatcher, GpuStats};
+pub use kerntune_kernels::gpu::launch::DevicePtrs;
 pub use select::Match;

@@ -5,12 +5,33 @@ use std::path::Path;
 
 use kerntune_db::{Db, SnapshotBody};
 use kerntune_kernels::config::GemmVariant;
+use kerntune_kernels::device::Vendor;
+use kerntune_kernels::gpu::GPU_SOURCE_HASH;
 use kerntune_kernels::space::STREAM_MAX_M;
-use kerntune_kernels::{Config, CpuSpace, Device, Problem, Space, CPU_SOURCE_HASH};
+use kerntune_kernels::{Config, CpuSpace, Device, GpuSpace, Problem, Space, CPU_SOURCE_HASH};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::select::{log_distance, split, Match, StaticKey};
+
+/// The backend whose winners a device uses, and the kernel sources they must come from.
+pub fn backend_of(device: &Device) -> (&'static str, &'static str) {
+    match device {
+        Device::Cpu(_) => ("cpu", CPU_SOURCE_HASH),
+        Device::Gpu(g) => match g.vendor {
+            Vendor::Amd => ("hip", GPU_SOURCE_HASH),
+            Vendor::Nvidia => ("cuda", GPU_SOURCE_HASH),
+        },
+    }
+}
+
+/// The parameter space of a device's kernels.
+pub fn space_of(device: &Device) -> &'static (dyn Space + Sync) {
+    match device {
+        Device::Cpu(_) => &CpuSpace,
+        Device::Gpu(_) => &GpuSpace,
+    }
+}
 
 /// What the loader thread read: a snapshot body or the winner rows.
 enum Source {
@@ -18,9 +39,17 @@ enum Source {
     Rows(Vec<(String, String, String, String)>),
 }
 
-/// Reads a device's winners on a fresh thread with its own single-thread async runtime, so it
-/// works from plain threads, C callers and inside a caller's tokio runtime alike.
-fn read(path: &Path, identity: &str, snapshot: bool) -> Result<Source, String> {
+/// A database read, boxed so [`on_db`] can run it.
+pub(crate) type DbRead<'d, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, String>> + Send + 'd>>;
+
+/// Runs `read` on the database at `path` (opened read-only, older schemas too) on a fresh
+/// thread with its own single-thread async runtime, so it works from plain threads, C callers
+/// and inside a caller's tokio runtime alike.
+pub(crate) fn on_db<T: Send>(
+    path: &Path,
+    read: impl for<'d> FnOnce(&'d Db) -> DbRead<'d, T> + Send,
+) -> Result<T, String> {
     std::thread::scope(|s| {
         s.spawn(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -29,27 +58,38 @@ fn read(path: &Path, identity: &str, snapshot: bool) -> Result<Source, String> {
                 .map_err(|e| e.to_string())?;
             rt.block_on(async {
                 let db = Db::open_read(path).await.map_err(|e| e.to_string())?;
-                let body = if snapshot {
-                    db.winner_snapshot(identity)
-                        .await
-                        .map_err(|e| e.to_string())?
-                } else {
-                    None
-                };
-                let source = match body {
-                    Some(b) => Ok(Source::Body(b)),
-                    None => db
-                        .winner_configs(identity)
-                        .await
-                        .map(Source::Rows)
-                        .map_err(|e| e.to_string()),
-                };
+                let result = read(&db).await;
                 db.close().await;
-                source
+                result
             })
         })
         .join()
         .map_err(|_| "the loader thread panicked".to_string())?
+    })
+}
+
+/// Reads a device's winners: its snapshot body when `snapshot` and one is stored, else its
+/// winner rows.
+fn read(path: &Path, identity: &str, snapshot: bool) -> Result<Source, String> {
+    let identity = identity.to_string();
+    on_db(path, |db| {
+        Box::pin(async move {
+            let body = if snapshot {
+                db.winner_snapshot(&identity)
+                    .await
+                    .map_err(|e| e.to_string())?
+            } else {
+                None
+            };
+            match body {
+                Some(b) => Ok(Source::Body(b)),
+                None => db
+                    .winner_configs(&identity)
+                    .await
+                    .map(Source::Rows)
+                    .map_err(|e| e.to_string()),
+            }
+        })
     })
 }
 
@@ -114,14 +154,18 @@ impl Snapshot {
         Self::validate(rows, device)
     }
 
-    /// Checks (problem key, config, backend, source hash) rows and indexes the usable ones.
+    /// Checks (problem key, config, backend, source hash) rows and indexes the usable ones:
+    /// those of the device's backend, measured with the kernel sources built in, and valid in
+    /// its parameter space.
     fn validate(rows: Vec<(&str, &str, &str, &str)>, device: &Device) -> Snapshot {
+        let (backend_here, hash_here) = backend_of(device);
+        let space = space_of(device);
         let mut snap = Snapshot::default();
         // Winners share a handful of distinct configs: parse each JSON text once.
         let mut configs: FxHashMap<&str, Result<Config, String>> = FxHashMap::default();
         let mut current = Vec::with_capacity(rows.len());
         for (key, config, backend, hash) in rows {
-            if backend != "cpu" || hash != CPU_SOURCE_HASH {
+            if backend != backend_here || hash != hash_here {
                 snap.stale += 1;
                 continue;
             }
@@ -137,7 +181,7 @@ impl Snapshot {
             .map(|(key, parsed)| {
                 let c = parsed.map_err(|e| (key, e))?;
                 let p = key.parse::<Problem>().map_err(|e| (key, e.to_string()))?;
-                CpuSpace
+                space
                     .validate(&c, &p, device)
                     .map_err(|e| (key, e.to_string()))?;
                 Ok((p, c))
@@ -156,6 +200,11 @@ impl Snapshot {
             list.sort_by_key(|(d, _)| *d);
         }
         snap
+    }
+
+    /// Every exactly tuned problem and its config.
+    pub fn winners(&self) -> impl Iterator<Item = (&Problem, &Config)> {
+        self.exact.iter()
     }
 
     /// No winners, with the reason the dispatcher runs on defaults.

@@ -87,4 +87,11 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         lines[m + 1],
         "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0"
     );
+    // The library is built without the `rocm` feature here: the GPU entry point answers
+    // KT_STATUS_NO_DEVICE and names the feature.
+    assert!(
+        lines[m + 2].starts_with("gpu: status=5 ") && lines[m + 2].contains("--features rocm"),
+        "{}",
+        lines[m + 2]
+    );
 }

@@ -1,23 +1,27 @@
-//! The GPU tuning loop end to end without a GPU: the real offline plan (the HIP compiler,
+//! The GPU tuning loop and the runtime's GPU dispatch end to end without a GPU: the real offline plan (the HIP compiler,
 //! compiles cached in a real database) feeds a stand-in device whose "launch" computes the
 //! answer with the CPU kernels, gets some candidates wrong and fails others on purpose, and
 //! reports synthetic times. What is checked is the loop's own work, the part a user's MI250
 //! run shares with this test: the cached code objects reach the device, every candidate is
 //! verified before it is timed, wrong and failing candidates are recorded and never win, the
 //! winner is the fastest verified one, and results are stored under the `hip` backend and the
-//! GPU sources' hash, resumable like CPU runs.
+//! GPU sources' hash, resumable like CPU runs; then the runtime library loads the winners'
+//! code objects from the database and launches each call's winner on the caller's addresses.
 //!
 //! Needs the HIP compiler (Debian: hipcc, libamdhip64-dev); without it the test says so and
 //! checks nothing else, unless `KERNTUNE_REQUIRE_HIP` is set (CI), which makes it fail.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use kerntune::{GpuDispatcher, RuntimeError};
 use kerntune_db::Db;
 use kerntune_e2e::job;
+use kerntune_kernels::config::RocblasConfig;
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::device::GpuModel;
-use kerntune_kernels::gpu::device::{GpuDevice, GpuProblem};
+use kerntune_kernels::gpu::device::{GpuDevice, GpuProblem, LoadedBuild};
+use kerntune_kernels::gpu::launch::{launches, Arg, DevicePtrs, Launch};
 use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::{
@@ -36,6 +40,10 @@ enum Fate {
 }
 
 fn fate(config: &Config, default: &Config) -> Fate {
+    // The stand-in "rocBLAS" solution is the fastest, so the runtime must serve it.
+    if let Config::Rocblas(_) = config {
+        return Fate::Right(5_000.0);
+    }
     let h = config
         .to_string()
         .bytes()
@@ -52,12 +60,47 @@ fn fate(config: &Config, default: &Config) -> Fate {
     }
 }
 
+/// Each runtime launch: its build, launch list and stream.
+type Launched = Arc<Mutex<Vec<(String, Vec<Launch>, u64)>>>;
+
 #[derive(Debug, Default)]
 struct StandIn {
     uploads: AtomicUsize,
     loads: Arc<AtomicUsize>,
     timed_unverified: Arc<AtomicUsize>,
+    launched: Launched,
 }
+
+/// A build "loaded" for the runtime: records its launches.
+#[derive(Debug)]
+struct StandInBuild {
+    key: String,
+    launched: Launched,
+}
+
+impl LoadedBuild for StandInBuild {
+    unsafe fn launch(
+        &self,
+        problem: &Problem,
+        config: &Config,
+        ptrs: &DevicePtrs,
+        stream: u64,
+    ) -> Result<(), KernelError> {
+        // A library solution has no launch list of ours.
+        let list = launches(problem, config, ptrs).unwrap_or_default();
+        self.launched
+            .lock()
+            .unwrap()
+            .push((self.key.clone(), list, stream));
+        Ok(())
+    }
+}
+
+/// The stand-in's "rocBLAS" solution, offered for every GEMM.
+const LIBRARY: Config = Config::Rocblas(RocblasConfig {
+    solution: 3,
+    version: 40200,
+});
 
 struct StandInProblem {
     data: ProblemData,
@@ -97,6 +140,24 @@ impl GpuDevice for StandIn {
             timed_unverified: self.timed_unverified.clone(),
         }))
     }
+    fn load_build(
+        &self,
+        build: &KernelBuild,
+        code: &[u8],
+    ) -> Result<Box<dyn LoadedBuild>, KernelError> {
+        assert!(code.starts_with(b"\x7fELF"), "not a code object");
+        Ok(Box::new(StandInBuild {
+            key: build.key(),
+            launched: self.launched.clone(),
+        }))
+    }
+    fn load_library(&self, config: &Config) -> Result<Box<dyn LoadedBuild>, KernelError> {
+        assert_eq!(*config, LIBRARY);
+        Ok(Box::new(StandInBuild {
+            key: "rocblas".into(),
+            launched: self.launched.clone(),
+        }))
+    }
 }
 
 impl GpuProblem for StandInProblem {
@@ -110,11 +171,13 @@ impl GpuProblem for StandInProblem {
 
     fn run(&mut self, config: &Config) -> Result<Vec<f32>, KernelError> {
         let problem: Problem = self.data.problem;
-        assert_eq!(
-            self.loaded.as_deref(),
-            Some(KernelBuild::new(&problem, config)?.key().as_str()),
-            "run before its build was loaded"
-        );
+        if *config != LIBRARY {
+            assert_eq!(
+                self.loaded.as_deref(),
+                Some(KernelBuild::new(&problem, config)?.key().as_str()),
+                "run before its build was loaded"
+            );
+        }
         let fate = fate(config, &self.default);
         if fate == Fate::Fails {
             return Err(KernelError::BackendUnavailable {
@@ -144,6 +207,13 @@ impl GpuProblem for StandInProblem {
             Fate::Right(ns) => Ok(vec![ns; reps]),
             _ => panic!("{config} timed although it failed"),
         }
+    }
+
+    fn library_candidates(&mut self) -> Result<Vec<Config>, KernelError> {
+        Ok(match self.data.problem {
+            Problem::Gemm(_) => vec![LIBRARY],
+            _ => Vec::new(),
+        })
     }
 }
 
@@ -237,5 +307,66 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     let again = tune::run(&job, &mut sweep, &problems).await.unwrap();
     assert!(again.iter().all(|o| o.status == "skipped"));
     assert_eq!(gpu.uploads.load(Ordering::SeqCst), problems.len());
+    drop(sweep);
     db.close().await;
+
+    // The runtime library on the "same device": the winners' code objects come from the
+    // database and each call launches its winner's build on the caller's addresses.
+    let launched = gpu.launched.clone();
+    let Device::Gpu(model) = device else {
+        unreachable!()
+    };
+    let runtime =
+        GpuDispatcher::with_device(dir.path().join("gpu.db"), model, Box::new(gpu)).unwrap();
+    assert_eq!(runtime.note(), None);
+    let stats = runtime.gpu_stats();
+    assert_eq!(
+        stats.builds, 3,
+        "two builds and the library solution: {stats:?}"
+    );
+    assert_eq!((stats.missing, stats.failed), (0, 0));
+    let ptrs = DevicePtrs {
+        inputs: [0x1000, 0x2000, 0x3000],
+        out: 0x4000,
+        block_tables: 0x5000,
+        context_lens: 0x6000,
+        max_blocks_per_seq: 5,
+        partials: [0; 3],
+    };
+    for (d, w) in problems.iter().zip(&plan.problems) {
+        let p = &d.problem;
+        let scratch = runtime.scratch_bytes(p);
+        assert_eq!(scratch > 0, matches!(p, Problem::Paged(_)), "{}", w.problem);
+        // SAFETY: the stand-in device dereferences nothing.
+        let how = unsafe { runtime.launch(p, &ptrs, 0x9000, 7) }.unwrap();
+        assert_eq!(how, kerntune::Match::Exact);
+        let (key, list, stream) = launched.lock().unwrap().pop().unwrap();
+        assert_eq!(stream, 7);
+        let winner = runtime.select(p).config;
+        if winner == LIBRARY {
+            // The GEMM's winner is the library's solution: launched through the library.
+            assert!(matches!(p, Problem::Gemm(_)));
+            assert_eq!(key, "rocblas");
+            continue;
+        }
+        assert_eq!(key, KernelBuild::new(p, &winner).unwrap().key());
+        assert!(list.last().unwrap().args.contains(&Arg::Ptr(0x4000)));
+        if matches!(p, Problem::Paged(_)) {
+            // The partial results go to the caller's scratch.
+            assert!(list[0].args.contains(&Arg::Ptr(0x9000)));
+        }
+    }
+    // A smaller batch of the tuned GEMM's class runs the tuned build (bucket); a class never
+    // tuned on the device has no kernel, and says so without launching.
+    let smaller: Problem = "gemm:m=2,n=96,k=70,dtype=bf16".parse().unwrap();
+    // SAFETY: as above.
+    let how = unsafe { runtime.launch(&smaller, &ptrs, 0, 0) }.unwrap();
+    assert_eq!(how, kerntune::Match::Bucket);
+    let untuned: Problem = "gemm:m=2,n=64,k=64,dtype=f16".parse().unwrap();
+    let before = launched.lock().unwrap().len();
+    // SAFETY: as above.
+    let err = unsafe { runtime.launch(&untuned, &ptrs, 0, 0) }.unwrap_err();
+    assert!(matches!(err, RuntimeError::NoGpuKernel { .. }), "{err}");
+    assert!(err.to_string().contains("tune --device"), "{err}");
+    assert_eq!(launched.lock().unwrap().len(), before);
 }

@@ -1,8 +1,9 @@
 //! Tuning on a GPU: the offline plan compiles and prunes every candidate (its compiles cached
 //! in the database), then each kept candidate is loaded from the cache onto the device, run
 //! once and verified against the CPU reference, and timed with the device's events, caches
-//! flushed before each launch. Pruned candidates are stored with their reason, failures with
-//! theirs, exactly as the CPU sweep stores its own.
+//! flushed before each launch. A vendor library's solutions for the problem (rocBLAS on AMD)
+//! are measured in the same sweep as more candidates. Pruned candidates are stored with their
+//! reason, failures with theirs, exactly as the CPU sweep stores its own.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -56,6 +57,8 @@ pub struct GpuSweep<'g> {
     candidates: HashMap<String, Vec<Candidate>>,
     /// Code objects (AMD) or PTX (NVIDIA), by build key.
     code: HashMap<String, Vec<u8>>,
+    /// What the sweep could not do, said once each (e.g. rocBLAS missing).
+    pub notes: Vec<String>,
 }
 
 impl<'g> GpuSweep<'g> {
@@ -97,6 +100,7 @@ impl<'g> GpuSweep<'g> {
                 runtime,
                 candidates,
                 code,
+                notes: Vec::new(),
             },
             plan,
         ))
@@ -112,14 +116,17 @@ impl<'g> GpuSweep<'g> {
     ) -> Measured {
         let problem = &truth.data.problem;
         let error = |e: kerntune_kernels::KernelError| Failure::Error(e.to_string());
-        let build = KernelBuild::new(problem, config).map_err(error)?;
-        let code = self.code.get(&build.key()).ok_or_else(|| {
-            Failure::Error(format!(
-                "build {} has no compiled code in the database's cache",
-                build.key()
-            ))
-        })?;
-        on_device.load(&build, code).map_err(error)?;
+        // A vendor library's solution (rocBLAS) runs without a build of ours.
+        if !matches!(config, Config::Rocblas(_)) {
+            let build = KernelBuild::new(problem, config).map_err(error)?;
+            let code = self.code.get(&build.key()).ok_or_else(|| {
+                Failure::Error(format!(
+                    "build {} has no compiled code in the database's cache",
+                    build.key()
+                ))
+            })?;
+            on_device.load(&build, code).map_err(error)?;
+        }
         let out = on_device.run(config).map_err(error)?;
         let err = check_rows(
             problem,
@@ -192,6 +199,17 @@ impl Sweep for GpuSweep<'_> {
                 );
             }
         };
+        // The vendor library's solutions compete in the same sweep; without the library the
+        // sweep goes on with ours and says why once.
+        match on_device.library_candidates() {
+            Ok(list) => runnable.extend(list),
+            Err(e) => {
+                let note = format!("vendor library candidates skipped: {e}");
+                if !self.notes.contains(&note) {
+                    self.notes.push(note);
+                }
+            }
+        }
         let me = &*self;
         sweep_candidates(job, problem, default, &runnable, pruned, bar, &mut |c| {
             me.measure(job, on_device.as_mut(), &truth, c)

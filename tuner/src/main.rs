@@ -228,7 +228,11 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
             plan.compiler,
             path.display()
         );
-        tune::run(&job, &mut sweep, &problems).await
+        let outcomes = tune::run(&job, &mut sweep, &problems).await;
+        for note in &sweep.notes {
+            eprintln!("note: {note}");
+        }
+        outcomes
     }
     .await;
     db.close().await;

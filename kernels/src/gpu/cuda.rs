@@ -494,4 +494,102 @@ impl super::device::GpuDevice for CudaGpu {
             kernel: None,
         }))
     }
+
+    fn load_build(
+        &self,
+        build: &KernelBuild,
+        code: &[u8],
+    ) -> Result<Box<dyn super::device::LoadedBuild>, KernelError> {
+        Ok(Box::new(RawKernel::load(&self.ctx, build, code)?))
+    }
+}
+
+/// A build loaded for the runtime library: raw driver handles, launched on a caller's stream,
+/// which cudarc's safe launch API (bound to its own streams) cannot take.
+#[derive(Debug)]
+pub struct RawKernel {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    functions: Vec<sys::CUfunction>,
+}
+
+// SAFETY: module and function handles belong to the context, which the driver lets any
+// thread use once bound; every use binds it first.
+unsafe impl Send for RawKernel {}
+// SAFETY: as above; launching mutates nothing here.
+unsafe impl Sync for RawKernel {}
+
+impl RawKernel {
+    fn load(
+        ctx: &Arc<CudaContext>,
+        build: &KernelBuild,
+        ptx: &[u8],
+    ) -> Result<RawKernel, KernelError> {
+        ctx.bind_to_thread()
+            .map_err(|e| driver("binding the CUDA context", e))?;
+        let image = std::ffi::CString::new(ptx.strip_suffix(b"\0").unwrap_or(ptx))
+            .map_err(|_| unavailable("the PTX holds a NUL byte"))?;
+        // SAFETY: a NUL-terminated PTX image, alive for the call.
+        let module = unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) }
+            .map_err(|e| driver("loading the PTX module", e))?;
+        let mut kernel = RawKernel {
+            ctx: ctx.clone(),
+            module,
+            functions: Vec::new(),
+        };
+        for e in build.entries {
+            let name = std::ffi::CString::new(*e).expect("kernel names have no NUL");
+            // SAFETY: the module was just loaded and is not unloaded before `kernel` drops.
+            let f = unsafe { cudarc::driver::result::module::get_function(module, name) }
+                .map_err(|err| driver(&format!("finding kernel {e}"), err))?;
+            kernel.functions.push(f);
+        }
+        Ok(kernel)
+    }
+}
+
+impl Drop for RawKernel {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded by `load`, unloaded once.
+            let _ = unsafe { cudarc::driver::result::module::unload(self.module) };
+        }
+    }
+}
+
+impl super::device::LoadedBuild for RawKernel {
+    unsafe fn launch(
+        &self,
+        problem: &Problem,
+        config: &Config,
+        ptrs: &DevicePtrs,
+        stream: u64,
+    ) -> Result<(), KernelError> {
+        let launches = launches(problem, config, ptrs)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver("binding the CUDA context", e))?;
+        for l in &launches {
+            let f = *self.functions.get(l.entry).ok_or_else(|| {
+                unavailable(format!("the build has no kernel number {}", l.entry))
+            })?;
+            let mut args = l.args.clone();
+            let mut params: Vec<*mut std::ffi::c_void> =
+                args.iter_mut().map(Arg::as_param).collect();
+            // SAFETY: `params` points at `args`, which follow the kernel's signature and
+            // outlive the call; the caller vouches for the stream and the addresses.
+            unsafe {
+                cudarc::driver::result::launch_kernel(
+                    f,
+                    (l.grid[0], l.grid[1], l.grid[2]),
+                    (l.block, 1, 1),
+                    0,
+                    stream as usize as sys::CUstream,
+                    &mut params,
+                )
+            }
+            .map_err(|e| driver("launching a kernel", e))?;
+        }
+        Ok(())
+    }
 }

@@ -8,12 +8,13 @@
 
 use crate::data::ProblemData;
 use crate::device::{GpuModel, Vendor};
-use crate::{Config, KernelError};
+use crate::{Config, KernelError, Problem};
 
+use super::launch::DevicePtrs;
 use super::KernelBuild;
 
 /// An opened GPU.
-pub trait GpuDevice: std::fmt::Debug {
+pub trait GpuDevice: std::fmt::Debug + Send + Sync {
     /// The backend name stored with every measurement: `hip` or `cuda`.
     fn backend(&self) -> &'static str;
     /// The device's own name, as its runtime reports it.
@@ -29,6 +30,39 @@ pub trait GpuDevice: std::fmt::Debug {
         data: &ProblemData,
         min_partition: usize,
     ) -> Result<Box<dyn GpuProblem + 'g>, KernelError>;
+    /// Loads a build's compiled code for launches on a caller's buffers and stream (the
+    /// runtime library's path); it stays loaded until dropped.
+    fn load_build(
+        &self,
+        build: &KernelBuild,
+        code: &[u8],
+    ) -> Result<Box<dyn LoadedBuild>, KernelError>;
+    /// Prepares a vendor library's config (a rocBLAS solution) for the runtime library's
+    /// launches; an error where the library is absent or is another version.
+    fn load_library(&self, config: &Config) -> Result<Box<dyn LoadedBuild>, KernelError> {
+        Err(KernelError::BackendUnavailable {
+            backend: self.backend(),
+            reason: format!("`{config}` needs a vendor library this device path lacks"),
+        })
+    }
+}
+
+/// A kernel (or a library's solution) ready for launches on a caller's device memory.
+pub trait LoadedBuild: std::fmt::Debug + Send + Sync {
+    /// Queues `config` on `problem` over `ptrs` on `stream` (0: the default stream), without
+    /// waiting.
+    ///
+    /// # Safety
+    /// `stream` is 0 or a live stream of the device this was loaded on, and every address in
+    /// `ptrs` is memory of that device holding what `problem` needs (see
+    /// [`super::launch::DevicePtrs`]).
+    unsafe fn launch(
+        &self,
+        problem: &Problem,
+        config: &Config,
+        ptrs: &DevicePtrs,
+        stream: u64,
+    ) -> Result<(), KernelError>;
 }
 
 /// One problem's data on the device, and the candidate loaded last.
@@ -41,6 +75,12 @@ pub trait GpuProblem {
     /// Launches the loaded candidate `reps` times, caches flushed before each, timed with the
     /// device's events; nanoseconds per launch.
     fn time(&mut self, config: &Config, reps: usize) -> Result<Vec<f64>, KernelError>;
+    /// Candidates a vendor library offers for this problem (rocBLAS solutions for a GEMM on an
+    /// AMD device), run and timed like ours without [`load`](Self::load); empty when it
+    /// offers none, an error when the library is missing.
+    fn library_candidates(&mut self) -> Result<Vec<Config>, KernelError> {
+        Ok(Vec::new())
+    }
 }
 
 /// The error of a missing device path, naming what to do.

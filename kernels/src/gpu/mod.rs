@@ -16,6 +16,8 @@ pub mod metadata;
 pub mod nvrtc;
 pub mod occupancy;
 #[cfg(feature = "rocm")]
+pub mod rocblas;
+#[cfg(feature = "rocm")]
 pub mod rocm;
 mod source;
 

@@ -4,17 +4,22 @@
 //! library at build time and pins older bindings). Code objects come from the offline plan's
 //! cache; a problem's inputs are uploaded once; each candidate is launched, verified against
 //! the CPU reference by the caller and timed with hipEvents, caches flushed before each launch.
+//! GEMMs also offer rocBLAS's solutions ([`super::rocblas`]) as candidates, run the same way.
 //!
 //! Never run on a device in this project's sessions (no AMD GPU is lent): the host code builds
 //! and is linted in CI; launches are unverified.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::sync::Arc;
 
 use libloading::Library;
 
 use super::launch::{launches, Arg, DevicePtrs, Launch};
+use super::rocblas::{Rocblas, RocblasHandle};
 use super::KernelBuild;
+use crate::config::RocblasConfig;
 use crate::data::ProblemData;
+use crate::problem::GemmProblem;
 use crate::{Config, KernelError, Problem, TensorBuf};
 
 type HipError = c_int;
@@ -137,10 +142,13 @@ impl Api {
 /// An opened AMD device.
 #[derive(Debug)]
 pub struct HipGpu {
-    api: Api,
+    api: Arc<Api>,
+    ordinal: c_int,
     pub name: String,
     /// `hipRuntimeGetVersion` and `hipDriverGetVersion`.
     pub versions: (i32, i32),
+    /// rocBLAS, loaded on first use.
+    rocblas: std::sync::OnceLock<Result<Arc<Rocblas>, KernelError>>,
 }
 
 /// A device allocation, freed on drop.
@@ -199,11 +207,21 @@ impl HipGpu {
             check("hipRuntimeGetVersion", (api.runtime_version)(&mut runtime))?;
             check("hipDriverGetVersion", (api.driver_version)(&mut driver))?;
             Ok(HipGpu {
-                api,
+                api: Arc::new(api),
+                ordinal,
                 name,
                 versions: (runtime, driver),
+                rocblas: std::sync::OnceLock::new(),
             })
         }
+    }
+
+    /// rocBLAS, loaded once; the error says why it is unavailable.
+    pub fn rocblas(&self) -> Result<&Arc<Rocblas>, KernelError> {
+        self.rocblas
+            .get_or_init(|| Rocblas::load().map(Arc::new))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceMem<'_>, KernelError> {
@@ -230,11 +248,7 @@ impl HipGpu {
     }
 
     /// Loads a code object (from the plan's cache) and finds the build's kernels.
-    pub fn load(
-        &self,
-        build: &KernelBuild,
-        code_object: &[u8],
-    ) -> Result<HipKernel<'_>, KernelError> {
+    pub fn load(&self, build: &KernelBuild, code_object: &[u8]) -> Result<HipKernel, KernelError> {
         let mut module = std::ptr::null_mut();
         // SAFETY: the image outlives the call; the runtime copies what it keeps.
         check("hipModuleLoadData", unsafe {
@@ -242,7 +256,8 @@ impl HipGpu {
         })?;
         // Built before the lookups so a missing entry point still unloads the module.
         let mut kernel = HipKernel {
-            gpu: self,
+            api: self.api.clone(),
+            ordinal: self.ordinal,
             module,
             functions: Vec::with_capacity(build.entries.len()),
         };
@@ -261,13 +276,20 @@ impl HipGpu {
 
 /// A build's kernels, loaded; the module is unloaded on drop.
 #[derive(Debug)]
-pub struct HipKernel<'g> {
-    gpu: &'g HipGpu,
+pub struct HipKernel {
+    api: Arc<Api>,
+    ordinal: c_int,
     module: Ptr,
     functions: Vec<Ptr>,
 }
 
-impl HipKernel<'_> {
+// SAFETY: module and function handles are process-wide HIP objects; HIP allows launching
+// them from any thread.
+unsafe impl Send for HipKernel {}
+// SAFETY: as above; launching takes no lock of ours and mutates nothing here.
+unsafe impl Sync for HipKernel {}
+
+impl HipKernel {
     /// Launches `launches` in order on `stream` (null: the null stream), without waiting.
     ///
     /// # Safety
@@ -275,6 +297,11 @@ impl HipKernel<'_> {
     /// device memory of this device holding what its problem needs (see
     /// [`super::launch::DevicePtrs`]).
     pub unsafe fn launch(&self, launches: &[Launch], stream: Ptr) -> Result<(), KernelError> {
+        // The null stream is the calling thread's current device's: make it this one.
+        // SAFETY: a plain runtime call.
+        check("hipSetDevice", unsafe {
+            (self.api.set_device)(self.ordinal)
+        })?;
         for l in launches {
             let f = *self.functions.get(l.entry).ok_or_else(|| {
                 unavailable(format!("the build has no kernel number {}", l.entry))
@@ -285,7 +312,7 @@ impl HipKernel<'_> {
             // (gpu::launch) and outlive the call; the runtime copies arguments at launch.
             // The caller vouches for the stream and the addresses.
             check("hipModuleLaunchKernel", unsafe {
-                (self.gpu.api.launch)(
+                (self.api.launch)(
                     f,
                     l.grid[0],
                     l.grid[1],
@@ -304,11 +331,11 @@ impl HipKernel<'_> {
     }
 }
 
-impl Drop for HipKernel<'_> {
+impl Drop for HipKernel {
     fn drop(&mut self) {
         // SAFETY: `module` came from hipModuleLoadData and is unloaded once, after every
         // launch of its functions was waited for by the caller.
-        unsafe { (self.gpu.api.module_unload)(self.module) };
+        unsafe { (self.api.module_unload)(self.module) };
     }
 }
 
@@ -395,15 +422,33 @@ impl<'g> HipProblem<'g> {
     }
 
     /// Launches `config` once on the null stream (without waiting).
-    pub fn launch(&self, kernel: &HipKernel<'_>, config: &Config) -> Result<(), KernelError> {
+    pub fn launch(&self, kernel: &HipKernel, config: &Config) -> Result<(), KernelError> {
         let launches = launches(&self.problem, config, &self.ptrs())?;
         // SAFETY: the null stream, and this problem's own buffers, allocated for it.
         unsafe { kernel.launch(&launches, std::ptr::null_mut()) }
     }
 
     /// Runs once and returns the output.
-    pub fn run(&self, kernel: &HipKernel<'_>, config: &Config) -> Result<Vec<f32>, KernelError> {
-        self.launch(kernel, config)?;
+    pub fn run(&self, kernel: &HipKernel, config: &Config) -> Result<Vec<f32>, KernelError> {
+        self.run_with(&mut || self.launch(kernel, config))
+    }
+
+    /// Times `reps` launches with hipEvents, caches flushed before each; nanoseconds each.
+    pub fn time(
+        &self,
+        kernel: &HipKernel,
+        config: &Config,
+        reps: usize,
+    ) -> Result<Vec<f64>, KernelError> {
+        self.time_with(reps, &mut || self.launch(kernel, config))
+    }
+
+    /// Runs `launch` once on the null stream, waits, and returns the output.
+    fn run_with(
+        &self,
+        launch: &mut dyn FnMut() -> Result<(), KernelError>,
+    ) -> Result<Vec<f32>, KernelError> {
+        launch()?;
         let api = &self.gpu.api;
         let mut host = vec![0f32; self.out.bytes / 4];
         // SAFETY: synchronise, then copy `bytes` into a host buffer of that size.
@@ -422,15 +467,15 @@ impl<'g> HipProblem<'g> {
         Ok(host)
     }
 
-    /// Times `reps` launches with hipEvents, caches flushed before each; nanoseconds each.
-    pub fn time(
+    /// Times `reps` runs of `launch` (on the null stream) with hipEvents, caches flushed
+    /// before each; nanoseconds each.
+    fn time_with(
         &self,
-        kernel: &HipKernel<'_>,
-        config: &Config,
         reps: usize,
+        launch: &mut dyn FnMut() -> Result<(), KernelError>,
     ) -> Result<Vec<f64>, KernelError> {
         let api = &self.gpu.api;
-        self.launch(kernel, config)?;
+        launch()?;
         // SAFETY: plain runtime calls on events this function creates and destroys.
         unsafe {
             check("hipDeviceSynchronize", (api.synchronize)())?;
@@ -448,7 +493,7 @@ impl<'g> HipProblem<'g> {
                         "hipEventRecord",
                         (api.event_record)(start, std::ptr::null_mut()),
                     )?;
-                    self.launch(kernel, config)?;
+                    launch()?;
                     check(
                         "hipEventRecord",
                         (api.event_record)(end, std::ptr::null_mut()),
@@ -473,7 +518,34 @@ impl<'g> HipProblem<'g> {
 /// A problem on the device with the candidate loaded last, for the tuner's device loop.
 struct Loaded<'g> {
     problem: HipProblem<'g>,
-    kernel: Option<HipKernel<'g>>,
+    kernel: Option<HipKernel>,
+    /// Created on the first rocBLAS candidate.
+    blas: Option<RocblasHandle>,
+}
+
+impl Loaded<'_> {
+    fn blas(&mut self) -> Result<&mut RocblasHandle, KernelError> {
+        if self.blas.is_none() {
+            self.blas = Some(self.problem.gpu.rocblas()?.handle()?);
+        }
+        Ok(self.blas.as_mut().expect("just set"))
+    }
+
+    /// A rocBLAS config of this problem: the GEMM and the config's solution, checked against
+    /// the loaded rocBLAS version.
+    fn blas_call(&mut self, c: &RocblasConfig) -> Result<GemmProblem, KernelError> {
+        let Problem::Gemm(p) = self.problem.problem else {
+            return Err(unavailable("rocBLAS solutions run GEMMs only"));
+        };
+        let lib = self.problem.gpu.rocblas()?;
+        if lib.version != c.version {
+            return Err(unavailable(format!(
+                "solution {} is of rocBLAS version {}, this host has {}",
+                c.solution, c.version, lib.version
+            )));
+        }
+        Ok(p)
+    }
 }
 
 impl super::device::GpuProblem for Loaded<'_> {
@@ -485,6 +557,16 @@ impl super::device::GpuProblem for Loaded<'_> {
     }
 
     fn run(&mut self, config: &Config) -> Result<Vec<f32>, KernelError> {
+        if let Config::Rocblas(c) = config {
+            let p = self.blas_call(c)?;
+            self.blas()?;
+            let Loaded { problem, blas, .. } = self;
+            let (blas, ptrs) = (blas.as_mut().expect("created above"), problem.ptrs());
+            // SAFETY: the problem's own buffers, on the null stream.
+            return problem.run_with(&mut || unsafe {
+                blas.gemm(&p, &ptrs, Some(c.solution), std::ptr::null_mut())
+            });
+        }
         let kernel = self
             .kernel
             .as_ref()
@@ -493,11 +575,63 @@ impl super::device::GpuProblem for Loaded<'_> {
     }
 
     fn time(&mut self, config: &Config, reps: usize) -> Result<Vec<f64>, KernelError> {
+        if let Config::Rocblas(c) = config {
+            let p = self.blas_call(c)?;
+            self.blas()?;
+            let Loaded { problem, blas, .. } = self;
+            let (blas, ptrs) = (blas.as_mut().expect("created above"), problem.ptrs());
+            // SAFETY: the problem's own buffers, on the null stream.
+            return problem.time_with(reps, &mut || unsafe {
+                blas.gemm(&p, &ptrs, Some(c.solution), std::ptr::null_mut())
+            });
+        }
         let kernel = self
             .kernel
             .as_ref()
             .ok_or_else(|| unavailable("no kernel loaded"))?;
         self.problem.time(kernel, config, reps)
+    }
+
+    fn library_candidates(&mut self) -> Result<Vec<Config>, KernelError> {
+        let Problem::Gemm(p) = self.problem.problem else {
+            return Ok(Vec::new());
+        };
+        let ptrs = self.problem.ptrs();
+        // SAFETY: the problem's own buffers.
+        unsafe { self.blas()?.solutions(&p, &ptrs) }
+    }
+}
+
+/// A rocBLAS solution ready for the runtime library: one handle, used by one caller at a time.
+#[derive(Debug)]
+struct BlasLaunch {
+    handle: std::sync::Mutex<RocblasHandle>,
+    solution: i32,
+    ordinal: c_int,
+    api: Arc<Api>,
+}
+
+impl super::device::LoadedBuild for BlasLaunch {
+    unsafe fn launch(
+        &self,
+        problem: &Problem,
+        _config: &Config,
+        ptrs: &DevicePtrs,
+        stream: u64,
+    ) -> Result<(), KernelError> {
+        let Problem::Gemm(p) = problem else {
+            return Err(unavailable("rocBLAS solutions run GEMMs only"));
+        };
+        // SAFETY: a plain runtime call; rocBLAS launches on the current device's null stream.
+        check("hipSetDevice", unsafe {
+            (self.api.set_device)(self.ordinal)
+        })?;
+        let mut handle = self
+            .handle
+            .lock()
+            .map_err(|_| unavailable("a rocBLAS call panicked earlier"))?;
+        // SAFETY: the caller's promise on the addresses and the stream.
+        unsafe { handle.gemm(p, ptrs, Some(self.solution), stream as usize as Ptr) }
     }
 }
 
@@ -535,6 +669,51 @@ impl super::device::GpuDevice for HipGpu {
         Ok(Box::new(Loaded {
             problem: HipProblem::upload(self, data, min_partition)?,
             kernel: None,
+            blas: None,
         }))
+    }
+
+    fn load_build(
+        &self,
+        build: &KernelBuild,
+        code: &[u8],
+    ) -> Result<Box<dyn super::device::LoadedBuild>, KernelError> {
+        Ok(Box::new(self.load(build, code)?))
+    }
+
+    fn load_library(
+        &self,
+        config: &Config,
+    ) -> Result<Box<dyn super::device::LoadedBuild>, KernelError> {
+        let Config::Rocblas(c) = config else {
+            return Err(unavailable(format!("`{config}` is not a library config")));
+        };
+        let lib = self.rocblas()?;
+        if lib.version != c.version {
+            return Err(unavailable(format!(
+                "the winner is rocBLAS {} solution {}, this host has rocBLAS {}; retune",
+                c.version, c.solution, lib.version_text
+            )));
+        }
+        Ok(Box::new(BlasLaunch {
+            handle: std::sync::Mutex::new(lib.handle()?),
+            solution: c.solution,
+            ordinal: self.ordinal,
+            api: self.api.clone(),
+        }))
+    }
+}
+
+impl super::device::LoadedBuild for HipKernel {
+    unsafe fn launch(
+        &self,
+        problem: &Problem,
+        config: &Config,
+        ptrs: &DevicePtrs,
+        stream: u64,
+    ) -> Result<(), KernelError> {
+        let launches = launches(problem, config, ptrs)?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { HipKernel::launch(self, &launches, stream as usize as Ptr) }
     }
 }

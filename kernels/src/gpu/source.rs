@@ -95,6 +95,13 @@ impl KernelBuild {
                     reason: format!("`{c}` is a CPU config; GPU kernels build from GPU configs"),
                 })
             }
+            (p, Config::Rocblas(_)) => {
+                return Err(KernelError::InvalidConfig {
+                    family: p.family(),
+                    reason: "a rocBLAS solution is rocBLAS's own code, not built from kernels/hip"
+                        .into(),
+                })
+            }
             (p, c) => {
                 return Err(KernelError::FamilyMismatch {
                     problem: p.family(),

@@ -269,6 +269,22 @@ impl Space for GpuSpace {
             (Config::GpuGemm(c), Problem::Gemm(p)) => self.validate_gemm(c, p, g)?,
             (Config::GpuFlash(c), Problem::Flash(p)) => self.validate_flash(c, p, g)?,
             (Config::GpuPaged(c), Problem::Paged(p)) => self.validate_paged(c, p, g)?,
+            // Which solutions exist only rocBLAS on the device can say; here only what is
+            // never valid is refused.
+            (Config::Rocblas(c), Problem::Gemm(_)) => {
+                if g.vendor != Vendor::Amd {
+                    return Err(invalid(
+                        Family::Gemm,
+                        format!("rocBLAS solutions run on AMD GPUs, not on {}", g.name),
+                    ));
+                }
+                if c.solution < 0 {
+                    return Err(invalid(
+                        Family::Gemm,
+                        format!("rocBLAS solution index {} is negative", c.solution),
+                    ));
+                }
+            }
             (c, p) if !c.is_gpu() => {
                 return Err(invalid(
                     p.family(),

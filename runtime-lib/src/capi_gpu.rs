@@ -1,0 +1,246 @@
+//! The C ABI of [`GpuDispatcher`]: device memory and a stream instead of host buffers. Device
+//! addresses are `const void *` (what `hipMalloc` and `cudaMalloc` return), streams `void *`
+//! (`hipStream_t`, `cudaStream_t`; NULL for the default stream). Calls queue the kernel and
+//! return without waiting. Layouts are those of the host calls in [`crate::capi`].
+
+use std::ffi::{c_char, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use kerntune_kernels::gpu::launch::DevicePtrs;
+use kerntune_kernels::problem::{BLayout, GemmProblem};
+use kerntune_kernels::{KernelError, Problem};
+
+use crate::capi::{
+    dtype, flash_problem, guard, invalid, paged_problem, report, KtDtype, KtFlashProblem, KtMatch,
+    KtPagedProblem, KtStatus,
+};
+use crate::{GpuDispatcher, RuntimeError};
+
+/// A GPU dispatcher. Create with kt_gpu_open(), release with kt_gpu_free(). Thread-safe.
+#[derive(Debug)]
+pub struct KtGpuDispatcher {
+    inner: GpuDispatcher,
+}
+
+fn gpu<'a>(d: *const KtGpuDispatcher) -> Result<&'a GpuDispatcher, (KtStatus, String)> {
+    // SAFETY: a non-NULL handle comes from kt_gpu_open and is alive until kt_gpu_free.
+    unsafe { d.as_ref() }
+        .map(|d| &d.inner)
+        .ok_or_else(|| invalid("GPU dispatcher handle is NULL"))
+}
+
+fn status(e: RuntimeError) -> (KtStatus, String) {
+    let code = match &e {
+        RuntimeError::NoGpuKernel { .. } => KtStatus::NotTuned,
+        RuntimeError::Kernel(KernelError::BackendUnavailable { .. }) => KtStatus::NoDevice,
+        RuntimeError::Kernel(_) => KtStatus::InvalidArgument,
+        _ => KtStatus::KernelError,
+    };
+    (code, e.to_string())
+}
+
+fn addr(name: &str, p: *const c_void) -> Result<u64, (KtStatus, String)> {
+    if p.is_null() {
+        return Err(invalid(format!("`{name}` is NULL")));
+    }
+    Ok(p as usize as u64)
+}
+
+/// Launches `problem` with the dispatcher's tuned kernel.
+///
+/// # Safety
+/// As [`GpuDispatcher::launch`].
+unsafe fn launch(
+    d: &GpuDispatcher,
+    problem: &Problem,
+    ptrs: &DevicePtrs,
+    scratch: u64,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> Result<(), (KtStatus, String)> {
+    // SAFETY: the caller's promise, passed on.
+    let how =
+        unsafe { d.launch(problem, ptrs, scratch, stream as usize as u64) }.map_err(status)?;
+    report(matched, how);
+    Ok(())
+}
+
+/// Opens GPU 0 (after HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES), which must be a `device`
+/// ("mi250", "mi300x", "h100", ...), loads its winners and their compiled kernels from
+/// `db_path`, and stores a new handle in `*out`. KT_STATUS_NO_DEVICE when there is no such
+/// GPU or this library lacks its vendor's backend.
+///
+/// # Safety
+/// `db_path` and `device` are NUL-terminated; `out` points to writable memory.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_open(
+    db_path: *const c_char,
+    device: *const c_char,
+    out: *mut *mut KtGpuDispatcher,
+) -> KtStatus {
+    guard(|| {
+        if db_path.is_null() || device.is_null() || out.is_null() {
+            return Err(invalid(
+                "kt_gpu_open needs a path, a device name and an output pointer",
+            ));
+        }
+        // SAFETY: caller contract.
+        let (path, name) = unsafe { (CStr::from_ptr(db_path), CStr::from_ptr(device)) };
+        let path = path.to_str().map_err(|_| invalid("db_path is not UTF-8"))?;
+        let name = name.to_str().map_err(|_| invalid("device is not UTF-8"))?;
+        let inner = GpuDispatcher::open(path, name).map_err(|e| match e {
+            RuntimeError::Kernel(KernelError::UnknownDevice { .. }) => invalid(e.to_string()),
+            e => status(e),
+        })?;
+        // SAFETY: caller contract.
+        unsafe { *out = Box::into_raw(Box::new(KtGpuDispatcher { inner })) };
+        Ok(())
+    })
+}
+
+/// Releases a handle; NULL is accepted and ignored. Wait for its launches first.
+///
+/// # Safety
+/// `d` is NULL or a handle from kt_gpu_open() not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_free(d: *mut KtGpuDispatcher) {
+    if !d.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: caller contract.
+            drop(unsafe { Box::from_raw(d) })
+        }));
+    }
+}
+
+/// `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float.
+///
+/// # Safety
+/// `d` is a live handle; `a`, `b`, `c` are device memory of m·k, k·n and m·n elements on its
+/// GPU; `stream` is NULL or a stream of that GPU.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gpu_gemm(
+    d: *const KtGpuDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    b_is_nk: bool,
+    a: *const c_void,
+    b: *const c_void,
+    c: *mut f32,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
+        let p =
+            GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))?;
+        let ptrs = DevicePtrs {
+            inputs: [addr("a", a)?, addr("b", b)?, 0],
+            out: addr("c", c.cast_const().cast())?,
+            ..DevicePtrs::default()
+        };
+        // SAFETY: caller contract.
+        unsafe { launch(d, &Problem::Gemm(p), &ptrs, 0, stream, matched) }
+    })
+}
+
+/// Flash attention prefill on the device (layouts as kt_flash_attention()).
+///
+/// # Safety
+/// `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
+/// GPU of the sizes the problem implies; `stream` is NULL or a stream of that GPU.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gpu_flash_attention(
+    d: *const KtGpuDispatcher,
+    problem: *const KtFlashProblem,
+    q: *const c_void,
+    k: *const c_void,
+    v: *const c_void,
+    o: *mut f32,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        // SAFETY: caller contract.
+        let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
+        let p = flash_problem(f)?;
+        let ptrs = DevicePtrs {
+            inputs: [addr("q", q)?, addr("k", k)?, addr("v", v)?],
+            out: addr("o", o.cast_const().cast())?,
+            ..DevicePtrs::default()
+        };
+        // SAFETY: caller contract.
+        unsafe { launch(d, &Problem::Flash(p), &ptrs, 0, stream, matched) }
+    })
+}
+
+/// Device scratch bytes a kt_gpu_paged_attention() call of `problem` needs (partial results
+/// of the context partitions): allocate once for the largest problem served. 0 on error.
+///
+/// # Safety
+/// `d` is a live handle; `problem` points to a problem.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_paged_scratch_bytes(
+    d: *const KtGpuDispatcher,
+    problem: *const KtPagedProblem,
+) -> usize {
+    let mut bytes = 0;
+    guard(|| {
+        let d = gpu(d)?;
+        // SAFETY: caller contract.
+        let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
+        bytes = d.scratch_bytes(&Problem::Paged(paged_problem(f)?));
+        Ok(())
+    });
+    bytes
+}
+
+/// Paged attention decode on the device (layouts as kt_paged_attention()); `scratch` holds
+/// kt_gpu_paged_scratch_bytes() bytes.
+///
+/// # Safety
+/// `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
+/// GPU of the sizes the problem implies; `stream` is NULL or a stream of that GPU.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gpu_paged_attention(
+    d: *const KtGpuDispatcher,
+    problem: *const KtPagedProblem,
+    query: *const c_void,
+    key_cache: *const c_void,
+    value_cache: *const c_void,
+    block_tables: *const u32,
+    max_blocks: usize,
+    context_lens: *const u32,
+    o: *mut f32,
+    scratch: *mut c_void,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        // SAFETY: caller contract.
+        let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
+        let p = Problem::Paged(paged_problem(f)?);
+        let ptrs = DevicePtrs {
+            inputs: [
+                addr("query", query)?,
+                addr("key_cache", key_cache)?,
+                addr("value_cache", value_cache)?,
+            ],
+            out: addr("o", o.cast_const().cast())?,
+            block_tables: addr("block_tables", block_tables.cast())?,
+            context_lens: addr("context_lens", context_lens.cast())?,
+            max_blocks_per_seq: max_blocks,
+            partials: [0; 3],
+        };
+        let scratch = addr("scratch", scratch.cast_const())?;
+        // SAFETY: caller contract.
+        unsafe { launch(d, &p, &ptrs, scratch, stream, matched) }
+    })
+}

@@ -1,0 +1,283 @@
+//! Dispatching on a GPU: the tuned winners of the device (stored by `tune --device <gpu>`), the
+//! compiled code of each winner's build read from the database's compile cache and loaded onto
+//! the device once, and each call launched on the caller's device memory and stream.
+//!
+//! The device paths are Cargo features (`rocm`, `cuda`); without them, or without a device,
+//! [`GpuDispatcher::open`] says which is missing. Shapes whose class was never tuned on the
+//! device have no compiled kernel here: [`GpuDispatcher::launch`] answers
+//! [`RuntimeError::NoGpuKernel`] at once, and the caller runs its own kernel for them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use kerntune_kernels::device::{GpuModel, Vendor};
+use kerntune_kernels::gpu::device::{GpuDevice, LoadedBuild};
+use kerntune_kernels::gpu::launch::{partial_slots, DevicePtrs};
+use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
+use kerntune_kernels::{Config, Device, KernelError, Problem};
+use rustc_hash::FxHashMap;
+
+use crate::dispatcher::{Dispatcher, Selection, Stats};
+use crate::select::{split, Match, StaticKey};
+use crate::snapshot::{on_db, Snapshot};
+use crate::RuntimeError;
+
+/// The builds loaded on the device, by the shape class and config that select them.
+#[derive(Debug, Default)]
+struct Kernels {
+    by_key: FxHashMap<(StaticKey, Config), Arc<dyn LoadedBuild>>,
+    /// Distinct builds loaded.
+    builds: u64,
+    /// Winners whose build has no compiled code in the database.
+    missing: u64,
+    /// Builds the device refused to load (wrong target, corrupt code object) and library
+    /// solutions it cannot run (library missing or of another version).
+    failed: u64,
+}
+
+/// What the device holds: counts of loaded builds, and of winners that cannot run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    pub builds: u64,
+    pub missing: u64,
+    pub failed: u64,
+}
+
+/// Loads the winners of one GPU and launches each call's tuned kernel.
+#[derive(Debug)]
+pub struct GpuDispatcher {
+    dispatcher: Dispatcher,
+    model: &'static GpuModel,
+    gpu: Box<dyn GpuDevice>,
+    kernels: ArcSwap<Kernels>,
+    db_path: PathBuf,
+}
+
+/// Compile targets whose code objects run on `model`, preferred first. Debian's ROCm 5.2
+/// compiles gfx942 work for gfx940 (see `tune plan`), and tuning on the device verified those.
+fn targets(model: &GpuModel) -> Vec<&'static str> {
+    match (model.vendor, model.arch) {
+        (Vendor::Amd, "gfx942") => vec!["gfx942", "gfx940"],
+        (_, arch) => vec![arch],
+    }
+}
+
+fn load_kernels(
+    path: &Path,
+    model: &GpuModel,
+    snapshot: &Snapshot,
+    gpu: &dyn GpuDevice,
+) -> Result<Kernels, RuntimeError> {
+    let mut builds: FxHashMap<String, (KernelBuild, Vec<(StaticKey, Config)>)> =
+        FxHashMap::default();
+    // Vendor library solutions (rocBLAS) have no build: the device prepares them itself.
+    let mut library: FxHashMap<Config, Vec<StaticKey>> = FxHashMap::default();
+    for (problem, config) in snapshot.winners() {
+        if let Config::Rocblas(_) = config {
+            library.entry(*config).or_default().push(split(problem).0);
+            continue;
+        }
+        let build = KernelBuild::new(problem, config)?;
+        builds
+            .entry(build.key())
+            .or_insert_with(|| (build, Vec::new()))
+            .1
+            .push((split(problem).0, *config));
+    }
+    let mut kernels = Kernels::default();
+    for (config, keys) in library {
+        match gpu.load_library(&config) {
+            Ok(loaded) => {
+                let loaded: Arc<dyn LoadedBuild> = Arc::from(loaded);
+                kernels.builds += 1;
+                for k in keys {
+                    kernels.by_key.insert((k, config), loaded.clone());
+                }
+            }
+            Err(e) => {
+                kernels.failed += 1;
+                tracing::warn!(%config, error = %e, "a tuned library solution cannot run here");
+            }
+        }
+    }
+    if builds.is_empty() {
+        return Ok(kernels);
+    }
+    let keys: Vec<String> = builds.keys().cloned().collect();
+    let targets = targets(model);
+    let code = on_db(path, |db| {
+        Box::pin(async move {
+            db.code_objects(GPU_SOURCE_HASH, &targets, &keys)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    })
+    .map_err(RuntimeError::Load)?;
+    for (key, (build, selectors)) in builds {
+        let Some(object) = code.get(&key) else {
+            kernels.missing += selectors.len() as u64;
+            tracing::warn!(build = %key, "no compiled code for a tuned build; its shapes are not dispatched");
+            continue;
+        };
+        match gpu.load_build(&build, object) {
+            Ok(loaded) => {
+                let loaded: Arc<dyn LoadedBuild> = Arc::from(loaded);
+                kernels.builds += 1;
+                for s in selectors {
+                    kernels.by_key.insert(s, loaded.clone());
+                }
+            }
+            Err(e) => {
+                kernels.failed += 1;
+                tracing::warn!(build = %key, error = %e, "the device refused a tuned build");
+            }
+        }
+    }
+    Ok(kernels)
+}
+
+impl GpuDispatcher {
+    /// Opens GPU 0 (after `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`), which must be a
+    /// `device` (`mi250`, `mi300x`, `h100`, ...), and loads its winners from `db_path`.
+    pub fn open(db_path: impl AsRef<Path>, device: &str) -> Result<GpuDispatcher, RuntimeError> {
+        let Device::Gpu(model) = Device::lookup(device)? else {
+            return Err(KernelError::BackendUnavailable {
+                backend: "gpu",
+                reason: format!("`{device}` is the CPU: use Dispatcher::open for host buffers"),
+            }
+            .into());
+        };
+        let gpu = kerntune_kernels::gpu::device::open(model.vendor, 0)?;
+        if !gpu.is(model) {
+            return Err(KernelError::BackendUnavailable {
+                backend: gpu.backend(),
+                reason: format!(
+                    "GPU 0 is `{}`, not {} ({})",
+                    gpu.name(),
+                    model.name,
+                    model.arch
+                ),
+            }
+            .into());
+        }
+        Self::with_device(db_path, model, gpu)
+    }
+
+    /// With a device already opened as `model`.
+    pub fn with_device(
+        db_path: impl AsRef<Path>,
+        model: &'static GpuModel,
+        gpu: Box<dyn GpuDevice>,
+    ) -> Result<GpuDispatcher, RuntimeError> {
+        let db_path = db_path.as_ref().to_path_buf();
+        let dispatcher = Dispatcher::open_for(&db_path, Device::Gpu(model));
+        let kernels = if dispatcher.note().is_some() {
+            Kernels::default()
+        } else {
+            load_kernels(&db_path, model, &dispatcher.snapshot(), gpu.as_ref())?
+        };
+        Ok(GpuDispatcher {
+            dispatcher,
+            model,
+            gpu,
+            kernels: ArcSwap::from_pointee(kernels),
+            db_path,
+        })
+    }
+
+    /// The device's own name.
+    pub fn device_name(&self) -> &str {
+        self.gpu.name()
+    }
+
+    /// Why no winners are loaded, if none are.
+    pub fn note(&self) -> Option<String> {
+        self.dispatcher.note()
+    }
+
+    /// The config for `problem` and how it matched, as [`Dispatcher::select`].
+    pub fn select(&self, problem: &Problem) -> Selection {
+        self.dispatcher.select(problem)
+    }
+
+    /// Bytes of device scratch a call of `problem` needs (paged attention's partial results;
+    /// 0 for the other families): allocate it once, at the largest shape served.
+    pub fn scratch_bytes(&self, problem: &Problem) -> usize {
+        let config = self.dispatcher.peek(problem);
+        scratch_bytes(problem, &config)
+    }
+
+    /// Launches the tuned kernel of `problem` on `stream` (0: the default stream) without
+    /// waiting; `ptrs` holds the operands, `scratch` at least
+    /// [`scratch_bytes`](Self::scratch_bytes) of device memory. Returns how the config matched.
+    ///
+    /// # Safety
+    /// Every address is memory of this device holding what `problem` needs (see
+    /// [`DevicePtrs`]; `ptrs.partials` is ignored, `scratch` replaces it), and `stream` is 0
+    /// or a live stream of this device.
+    pub unsafe fn launch(
+        &self,
+        problem: &Problem,
+        ptrs: &DevicePtrs,
+        scratch: u64,
+        stream: u64,
+    ) -> Result<Match, RuntimeError> {
+        let Selection { config, matched } = self.dispatcher.select(problem);
+        let kernels = self.kernels.load();
+        let Some(build) = kernels.by_key.get(&(split(problem).0, config)) else {
+            return Err(RuntimeError::NoGpuKernel {
+                problem: problem.key(),
+                config: config.to_string(),
+            });
+        };
+        let mut ptrs = *ptrs;
+        if let (Problem::Paged(p), Config::GpuPaged(_)) = (problem, &config) {
+            let slots = partial_slots(problem, &config) as u64;
+            ptrs.partials = [
+                scratch,
+                scratch + 4 * slots * p.head_dim as u64,
+                scratch + 4 * slots * (p.head_dim as u64 + 1),
+            ];
+        }
+        // SAFETY: the caller's promise on the addresses and the stream.
+        unsafe { build.launch(problem, &config, &ptrs, stream) }?;
+        Ok(matched)
+    }
+
+    /// Re-reads the winners and loads their builds; on failure the current ones stay.
+    pub fn reload(&self) -> Result<(), RuntimeError> {
+        self.dispatcher.reload()?;
+        let kernels = load_kernels(
+            &self.db_path,
+            self.model,
+            &self.dispatcher.snapshot(),
+            self.gpu.as_ref(),
+        )?;
+        self.kernels.store(Arc::new(kernels));
+        Ok(())
+    }
+
+    /// Selection counters, as [`Dispatcher::stats`].
+    pub fn stats(&self) -> Stats {
+        self.dispatcher.stats()
+    }
+
+    /// Builds loaded on the device, and winners that cannot run.
+    pub fn gpu_stats(&self) -> GpuStats {
+        let k = self.kernels.load();
+        GpuStats {
+            builds: k.builds,
+            missing: k.missing,
+            failed: k.failed,
+        }
+    }
+}
+
+/// Scratch bytes of `config` on `problem`: paged attention's partial outputs, maxima and sums.
+fn scratch_bytes(problem: &Problem, config: &Config) -> usize {
+    match problem {
+        Problem::Paged(p) => 4 * partial_slots(problem, config) * (p.head_dim + 2),
+        _ => 0,
+    }
+}

@@ -1,0 +1,55 @@
+//! The GPU dispatcher's answers on a host without the device, and a GPU dispatcher's refusal
+//! of host buffers. Launching on a device is tested with a stand-in device in
+//! `tests/tests/gpu_sweep.rs` (kerntune-e2e).
+
+use kerntune::{Dispatcher, GpuDispatcher, RuntimeError};
+use kerntune_kernels::kernel::GemmArgs;
+use kerntune_kernels::{Device, KernelError, Problem, Tensor};
+
+#[test]
+fn opening_an_absent_gpu_says_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("none.db");
+    for device in ["mi250", "MI300X", "h200"] {
+        let err = GpuDispatcher::open(&db, device).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RuntimeError::Kernel(KernelError::BackendUnavailable { .. })
+            ),
+            "{device}: {err}"
+        );
+        // Without the vendor's feature the message names it; with it, what the host lacks.
+        let text = err.to_string();
+        assert!(
+            text.contains("--features") || text.contains("libamdhip64") || text.contains("CUDA"),
+            "{device}: {text}"
+        );
+    }
+    let err = GpuDispatcher::open(&db, "tpu9").unwrap_err();
+    assert!(err.to_string().contains("unknown device `tpu9`"), "{err}");
+    let err = GpuDispatcher::open(&db, "cpu").unwrap_err();
+    assert!(err.to_string().contains("Dispatcher::open"), "{err}");
+}
+
+#[test]
+fn a_gpu_dispatcher_refuses_host_buffers_and_selects_gpu_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Dispatcher::open_for(dir.path().join("none.db"), Device::lookup("mi250").unwrap());
+    let p: Problem = "gemm:m=2,n=3,k=4".parse().unwrap();
+    // Untuned: the GPU space's heuristic, never a CPU config.
+    assert!(d.select(&p).config.is_gpu());
+    let (a, b, mut c) = (vec![1.0f32; 8], vec![1.0f32; 12], vec![0.0f32; 6]);
+    let err = d
+        .gemm(
+            &p,
+            GemmArgs {
+                a: Tensor::F32(&a),
+                b: Tensor::F32(&b),
+                c: &mut c,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::HostCallOnGpu { .. }), "{err}");
+    assert_eq!(c, [0.0; 6], "nothing was written");
+}
