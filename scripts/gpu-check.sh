@@ -2,7 +2,8 @@
 # kerntune's GPU check on a machine with an NVIDIA GPU, in under 5 minutes: the GPU kernels
 # compiled by NVRTC for the device and verified there against the CPU reference (every
 # family, awkward sizes), a few Llama-3.1-70B TP8 problems per family tuned, and tuned vs
-# default vs cuBLAS / PyTorch SDPA printed as ratios.
+# default vs cuBLAS / PyTorch SDPA printed as ratios; then `tune --device h200` itself on one
+# problem per family, its results stored in a database and shown.
 #
 #   scripts/gpu-check.sh            build (when cargo is here) and run
 #   scripts/gpu-check.sh --build    only build .gpu/gpu-check, for a GPU machine without Rust
@@ -15,8 +16,10 @@ out="${OUT:-.gpu}"
 mkdir -p .gpu "$out"
 
 if command -v cargo >/dev/null; then
-    cargo build --release -p kerntune-tuner --features cuda --bin gpu-check
-    cp target/release/gpu-check .gpu/gpu-check
+    cargo build --release -p kerntune-tuner --features cuda --bin gpu-check --bin tune
+    cp target/release/gpu-check target/release/tune .gpu/
+    # Smaller to carry to the GPU machine.
+    strip .gpu/gpu-check .gpu/tune 2>/dev/null || true
 fi
 [ "${1:-}" = "--build" ] && exit 0
 [ -x .gpu/gpu-check ] || { echo "no .gpu/gpu-check: run scripts/gpu-check.sh --build where cargo is" >&2; exit 2; }
@@ -27,6 +30,18 @@ site=$(python3 -c 'import sys; print(":".join(p + "/nvidia/cu13/lib" for p in sy
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${site}"
 
 status=0
-timeout 270 .gpu/gpu-check --json "$out/gpu-check.json" 2>&1 | tee "$out/gpu-check.txt" || status=$?
-PYTHONUNBUFFERED=1 timeout 60 python3 bench/sdpa_peer.py 2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+timeout 180 .gpu/gpu-check --json "$out/gpu-check.json" 2>&1 | tee "$out/gpu-check.txt" || status=$?
+PYTHONUNBUFFERED=1 timeout 45 python3 bench/sdpa_peer.py 2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+
+# The tuner's own device path: plan, compile, verify, time and store, as users run it.
+if [ -x .gpu/tune ]; then
+    model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' | grep -o 'h200\|h100\|a100' || echo h200)
+    timeout 60 .gpu/tune --device "$model" --db "$out/tuned.db" --strategy exhaustive \
+        --max-configs 8 --budget 5s --total-budget 40s \
+        --shapes gemm:m=16,n=1280,k=8192,dtype=bf16 \
+        --shapes flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
+        --shapes paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
+        2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+    .gpu/tune --device "$model" --db "$out/tuned.db" show 2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+fi
 exit "$status"
