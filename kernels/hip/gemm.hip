@@ -8,6 +8,10 @@
 // KT_VARIANT 1, MFMA (CDNA2/3, f16 and bf16): each wave owns TM×TN tiles of 32×32 computed
 //   by v_mfma_f32_32x32x8; A and B tiles stay 16-bit in LDS, k contiguous, so each lane reads
 //   its four k values in one 8-byte load. Threads = 64 · (BM / (32·TM)) · (BN / (32·TN)).
+// KT_VARIANT 2, mma (NVIDIA sm_80+, f16 and bf16): each warp owns TM×TN tiles of 16×8
+//   computed by mma.sync.aligned.m16n8k16 (f32 accumulation); A and B tiles stay 16-bit in
+//   shared memory, k contiguous, so each fragment register is one 4-byte load. Threads =
+//   32 · (BM / (16·TM)) · (BN / (8·TN)).
 #include "prelude.h"
 
 #ifndef KT_BM
@@ -189,6 +193,122 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             }
 }
 
+#elif KT_VARIANT == 2
+
+#if !defined(KT_CUDA)
+#error "the mma variant is for NVIDIA sm_80+; AMD uses the MFMA variant"
+#endif
+#if KT_DTYPE == 0
+#error "the mma variant takes f16 or bf16 inputs"
+#endif
+
+#define KT_WARPS_M (KT_BM / (16 * KT_TM))
+#define KT_WARPS_N (KT_BN / (8 * KT_TN))
+#define KT_THREADS (32 * KT_WARPS_M * KT_WARPS_N)
+// 8 halves of padding: rows of a fragment (stride BK + 8 halves) land on distinct banks.
+#define KT_LDK (KT_BK + 8)
+
+// d += a · b for one 16×8×16 step; a: 4 registers of two 16-bit values, b: 2.
+KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if KT_DTYPE == 1
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
-#error "KT_VARIANT must be 0 (tiled) or 1 (MFMA)"
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Two consecutive 16-bit values (k and k + 1) as one register.
+KT_DEVICE unsigned kt_pair(const unsigned short* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+        int m, int n, int k) {
+    KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_BM][KT_LDK];
+    KT_SHARED __attribute__((aligned(16))) unsigned short bs[KT_BN][KT_LDK];
+    const int tid = KT_TID;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    // The PTX fragment layout: lane = 4·group + thread-in-group.
+    const int g = lane / 4, t = lane % 4;
+    const int wm = (warp / KT_WARPS_N) * 16 * KT_TM;
+    const int wn = (warp % KT_WARPS_N) * 8 * KT_TN;
+    const int row0 = KT_BID_Y * KT_BM;
+    const int col0 = KT_BID_X * KT_BN;
+    float acc[KT_TM][KT_TN][4];
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    for (int k0 = 0; k0 < k; k0 += KT_BK) {
+        for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
+            const int r = i / KT_BK, kk = i % KT_BK;
+            const int gr = row0 + r, gk = k0 + kk;
+            as[r][kk] = (gr < m && gk < k) ? a[(long)gr * k + gk] : (unsigned short)0;
+        }
+        for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
+#if KT_B_NK
+            const int col = i / KT_BK, kk = i % KT_BK;
+            const int gc = col0 + col, gk = k0 + kk;
+            bs[col][kk] = (gc < n && gk < k) ? b[(long)gc * k + gk] : (unsigned short)0;
+#else
+            const int kk = i / KT_BN, col = i % KT_BN;
+            const int gc = col0 + col, gk = k0 + kk;
+            bs[col][kk] = (gc < n && gk < k) ? b[(long)gk * n + gc] : (unsigned short)0;
+#endif
+        }
+        KT_SYNC();
+#pragma unroll
+        for (int kk = 0; kk < KT_BK; kk += 16) {
+            // A (row-major 16×16): rows g and g + 8, k pairs 2t and 2t + 8.
+            // B (column-major 16×8): column g, k pairs 2t and 2t + 8.
+            unsigned af[KT_TM][4], bf[KT_TN][2];
+#pragma unroll
+            for (int i = 0; i < KT_TM; ++i) {
+                const unsigned short* r = &as[wm + 16 * i + g][kk + 2 * t];
+                af[i][0] = kt_pair(r);
+                af[i][1] = kt_pair(r + 8 * KT_LDK);
+                af[i][2] = kt_pair(r + 8);
+                af[i][3] = kt_pair(r + 8 * KT_LDK + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j) {
+                const unsigned short* col = &bs[wn + 8 * j + g][kk + 2 * t];
+                bf[j][0] = kt_pair(col);
+                bf[j][1] = kt_pair(col + 8);
+            }
+#pragma unroll
+            for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < KT_TN; ++j) kt_mma(acc[i][j], af[i], bf[j]);
+        }
+        KT_SYNC();
+    }
+    // Accumulator e of lane (g, t): row g + 8·(e / 2), column 2t + e % 2.
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int gr = row0 + wm + 16 * i + g + 8 * (e / 2);
+                const int gc = col0 + wn + 8 * j + 2 * t + e % 2;
+                if (gr < m && gc < n) c[(long)gr * n + gc] = acc[i][j][e];
+            }
+}
+
+#else
+#error "KT_VARIANT must be 0 (tiled), 1 (MFMA) or 2 (mma)"
 #endif

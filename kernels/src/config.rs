@@ -226,6 +226,9 @@ pub enum GpuGemmVariant {
     /// AMD matrix cores (`v_mfma_f32_32x32x8`, CDNA2/3), f16 and bf16: each wave owns
     /// `tm × tn` tiles of 32×32.
     Mfma,
+    /// NVIDIA tensor cores (`mma.sync.m16n8k16`, sm_80 and later), f16 and bf16: each warp
+    /// owns `tm × tn` tiles of 16×8.
+    Mma,
 }
 
 impl fmt::Display for GpuGemmVariant {
@@ -233,6 +236,7 @@ impl fmt::Display for GpuGemmVariant {
         f.write_str(match self {
             GpuGemmVariant::Tiled => "tiled",
             GpuGemmVariant::Mfma => "mfma",
+            GpuGemmVariant::Mma => "mma",
         })
     }
 }
@@ -260,6 +264,10 @@ impl GpuGemmConfig {
             GpuGemmVariant::Mfma => {
                 64 * self.bm.checked_div(32 * self.tm).unwrap_or(0)
                     * self.bn.checked_div(32 * self.tn).unwrap_or(0)
+            }
+            GpuGemmVariant::Mma => {
+                32 * self.bm.checked_div(16 * self.tm).unwrap_or(0)
+                    * self.bn.checked_div(8 * self.tn).unwrap_or(0)
             }
         }
     }

@@ -108,3 +108,62 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         kept => panic!("kept: {kept:?}"),
     }
 }
+
+/// The tensor-core variant (mma.sync m16n8k16): every candidate of the space compiles for
+/// sm_80 and sm_90 in f16 and bf16, both B layouts, and its shared memory is what the space
+/// computes; none spills at the heuristic's tile.
+#[test]
+fn every_mma_candidate_compiles_for_sm80_and_sm90() {
+    use kerntune_kernels::config::GpuGemmVariant;
+    use rayon::prelude::*;
+    let Some(nvrtc) = compiler("every_mma_candidate_compiles_for_sm80_and_sm90") else {
+        return;
+    };
+    for (name, spec) in [
+        ("a100", "gemm:m=2048,n=1280,k=8192,dtype=bf16"),
+        ("h100", "gemm:m=133,n=1000,k=4096,dtype=f16,b=kn"),
+    ] {
+        let device = Device::lookup(name).unwrap();
+        let Device::Gpu(g) = device else {
+            unreachable!()
+        };
+        let p: Problem = spec.parse().unwrap();
+        let mma: Vec<Config> = GpuSpace
+            .candidates(&p, &device)
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma))
+            .collect();
+        assert!(mma.len() >= 20, "{name}: {} mma candidates", mma.len());
+        let heuristic = GpuSpace.heuristic(&p, &device);
+        assert!(mma.contains(&heuristic), "{name}: heuristic {heuristic}");
+        let results: Vec<_> = mma
+            .par_iter()
+            .map(|c| {
+                let build = KernelBuild::new(&p, c).unwrap();
+                let out = nvrtc.compile(&build, g.arch, build.threads as u32);
+                (*c, out)
+            })
+            .collect();
+        for (c, out) in results {
+            let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+            let ptx = String::from_utf8(ptx).unwrap();
+            assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
+            let k = &kernels[0];
+            assert_eq!(
+                k.lds as usize,
+                kerntune_kernels::space::lds_bytes(&c, &p, g),
+                "{name} {c}"
+            );
+            if c == heuristic {
+                assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
+            }
+        }
+    }
+    // f32 and AMD get no mma candidates.
+    let p: Problem = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
+    let h100 = Device::lookup("h100").unwrap();
+    assert!(!GpuSpace
+        .candidates(&p, &h100)
+        .iter()
+        .any(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma)));
+}

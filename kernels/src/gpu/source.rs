@@ -51,6 +51,7 @@ impl KernelBuild {
                         match c.variant {
                             GpuGemmVariant::Tiled => 0,
                             GpuGemmVariant::Mfma => 1,
+                            GpuGemmVariant::Mma => 2,
                         },
                     ),
                     ("KT_BM", c.bm),

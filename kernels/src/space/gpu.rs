@@ -38,12 +38,22 @@ pub fn has_mfma(g: &GpuModel) -> bool {
     matches!(g.arch, "gfx90a" | "gfx940" | "gfx941" | "gfx942")
 }
 
+/// Whether the model has the `mma.sync.m16n8k16` tensor-core instructions (sm_80 and later).
+pub fn has_mma(g: &GpuModel) -> bool {
+    g.vendor == Vendor::Nvidia
+        && g.arch
+            .strip_prefix("sm_")
+            .and_then(|v| v.parse::<u32>().ok())
+            .is_some_and(|v| v >= 80)
+}
+
 /// LDS bytes one block of a config allocates (as declared in the sources).
 pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
     match (config, problem) {
         (Config::GpuGemm(c), _) => match c.variant {
             GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
+            GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => 4 * 2 * c.bc * p.head_dim,
         (Config::GpuPaged(c), Problem::Paged(p)) => {
@@ -129,6 +139,32 @@ impl GpuSpace {
                     ));
                 }
             }
+            GpuGemmVariant::Mma => {
+                if !has_mma(g) {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "{} ({}) has no mma.sync.m16n8k16 tensor-core instructions",
+                            g.name, g.arch
+                        ),
+                    ));
+                }
+                if p.dtype == DType::F32 {
+                    return Err(invalid(f, "the mma variant takes f16 or bf16 inputs"));
+                }
+                if !c.bm.is_multiple_of(16 * c.tm)
+                    || !c.bn.is_multiple_of(8 * c.tn)
+                    || !c.bk.is_multiple_of(16)
+                {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "mma tiles: {}x{} must be multiples of 16·{}x8·{} and bk = {} of 16",
+                            c.bm, c.bn, c.tm, c.tn, c.bk
+                        ),
+                    ));
+                }
+            }
         }
         check_threads(f, c.threads(), g)
     }
@@ -209,6 +245,22 @@ impl GpuSpace {
                     for (tm, tn) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
                         out.push(GpuGemmConfig {
                             variant: GpuGemmVariant::Mfma,
+                            bm,
+                            bn,
+                            bk,
+                            tm,
+                            tn,
+                        });
+                    }
+                }
+            }
+        }
+        if has_mma(g) && p.dtype != DType::F32 {
+            for (bm, bn) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
+                for bk in [16, 32, 64] {
+                    for (tm, tn) in [(1, 2), (2, 2), (2, 4), (4, 2), (4, 4)] {
+                        out.push(GpuGemmConfig {
+                            variant: GpuGemmVariant::Mma,
                             bm,
                             bn,
                             bk,
@@ -343,11 +395,23 @@ impl Space for GpuSpace {
     }
 
     fn heuristic(&self, problem: &Problem, device: &Device) -> Config {
-        let mfma = match (problem, device) {
-            (Problem::Gemm(p), Device::Gpu(g)) => has_mfma(g) && p.dtype != DType::F32,
-            _ => false,
+        let (mfma, mma) = match (problem, device) {
+            (Problem::Gemm(p), Device::Gpu(g)) => (
+                has_mfma(g) && p.dtype != DType::F32,
+                has_mma(g) && p.dtype != DType::F32,
+            ),
+            _ => (false, false),
         };
         match problem {
+            // Tensor cores for prefill-sized 16-bit GEMMs: a 128×128 tile over 8 warps.
+            Problem::Gemm(p) if mma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
+                variant: GpuGemmVariant::Mma,
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                tm: 4,
+                tn: 4,
+            }),
             Problem::Gemm(p) if mfma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Mfma,
                 bm: 128,
