@@ -1,11 +1,16 @@
 //! Flash attention forward on the CPU.
 //!
 //! A task owns a tile of query rows (with `group_heads`, the positions × query heads that share
-//! one KV head) and walks the key/value tiles in order with the online softmax: scores in
-//! `S = Q·Kᵀ`, running row max `m` and sum `l`, accumulator `O ← O·2^(m_old − m_new) + P·V`. Both
-//! products run on the GEMM microkernels. Scores carry a factor `log2(e)` folded into Q so the
-//! softmax uses `exp2`. Causal tiles entirely above the diagonal are never visited; only tiles
-//! crossing it are masked.
+//! one KV head) and walks the key/value tiles in order with the online softmax: scores, running
+//! row max `m` and sum `l`, accumulator `O ← O·2^(m_old − m_new) + P·V`. Both products run on
+//! the GEMM microkernels. Scores carry a factor `log2(e)` folded into Q so the softmax uses
+//! `exp2`. Causal tiles entirely above the diagonal are never visited; only tiles crossing it
+//! are masked.
+//!
+//! Scores are computed transposed, `Sᵀ = K·Qᵀ`: K rows are contiguous in memory as the
+//! microkernel's A operand wants them, and `Qᵀ` is built once per query tile instead of a `Kᵀ`
+//! per key tile per query tile. The softmax then runs along the query rows of each key
+//! (contiguous, vectorised), and `P·V` reads `P = (Sᵀ)ᵀ` through the microkernel's A strides.
 
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, Table, TableElem, UkrFn};
@@ -24,9 +29,21 @@ fn shape(t: &Table) -> (usize, usize) {
 
 /// Sizes of one worker's buffers, in f32 values.
 struct Layout {
+    /// Query rows, padded to both microkernel dimensions (rows are N of `Sᵀ = K·Qᵀ` and M of
+    /// `P·V`).
     rows_pad: usize,
     dp: usize,
     bcp: usize,
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a / gcd(a, b) * b
 }
 
 impl Layout {
@@ -34,17 +51,17 @@ impl Layout {
         let (mr, nr) = shape(table(c.isa));
         let rows = c.br * if c.group_heads { p.group() } else { 1 };
         Layout {
-            rows_pad: rows.next_multiple_of(mr),
+            rows_pad: rows.next_multiple_of(lcm(mr, nr)),
             dp: p.head_dim.next_multiple_of(nr),
-            bcp: c.bc.next_multiple_of(nr),
+            bcp: c.bc.next_multiple_of(mr),
         }
     }
-    /// Q tile, O tile, S tile, Kᵀ tile, V tile, row max, row sum.
+    /// Qᵀ tile, O tile, Sᵀ tile, K tile, V tile, row max, row sum, softmax temporaries.
     fn per_worker(&self) -> usize {
         2 * self.rows_pad * self.dp
             + self.rows_pad * self.bcp
             + 2 * self.bcp * self.dp
-            + 2 * self.rows_pad
+            + 4 * self.rows_pad
     }
 }
 
@@ -147,15 +164,18 @@ impl Tile<'_> {
         let i0 = blk * c.br;
         let i1 = (i0 + c.br).min(p.q_len);
         let rows = (i1 - i0) * self.rows_per_pos;
-        let (qt, rest) = buf.split_at_mut(lay.rows_pad * lay.dp);
-        let (ot, rest) = rest.split_at_mut(lay.rows_pad * lay.dp);
-        let (st, rest) = rest.split_at_mut(lay.rows_pad * lay.bcp);
+        let rp = lay.rows_pad;
+        let (qt, rest) = buf.split_at_mut(rp * lay.dp);
+        let (ot, rest) = rest.split_at_mut(rp * lay.dp);
+        let (st, rest) = rest.split_at_mut(lay.bcp * rp);
         let (kt, rest) = rest.split_at_mut(lay.bcp * lay.dp);
         let (vt, rest) = rest.split_at_mut(lay.bcp * lay.dp);
-        let (mx, rest) = rest.split_at_mut(lay.rows_pad);
-        let sum = &mut rest[..lay.rows_pad];
+        let (mx, rest) = rest.split_at_mut(rp);
+        let (sum, rest) = rest.split_at_mut(rp);
+        let tmp = &mut rest[..2 * rp];
 
-        // Gather Q rows, pre-scaled by scale·log2(e), and reset the accumulators.
+        // Qᵀ [d][rows_pad], pre-scaled by scale·log2(e), zero past the live rows: each Q row
+        // is widened into O's buffer (free until the accumulators are reset) and scattered.
         let qscale = p.scale.get() * std::f32::consts::LOG2_E;
         for r in 0..rows {
             let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
@@ -164,11 +184,18 @@ impl Tile<'_> {
             unsafe {
                 (fns.widen)(
                     q.as_ptr().add(src),
-                    qt.as_mut_ptr().add(r * lay.dp),
+                    ot.as_mut_ptr().add(r * lay.dp),
                     d,
                     qscale,
                 )
             };
+        }
+        for x in 0..d {
+            let col = &mut qt[x * rp..(x + 1) * rp];
+            for (r, v) in col[..rows].iter_mut().enumerate() {
+                *v = ot[r * lay.dp + x];
+            }
+            col[rows..].fill(0.0);
         }
         ot[..rows * lay.dp].fill(0.0);
         mx[..rows].fill(f32::NEG_INFINITY);
@@ -185,83 +212,63 @@ impl Tile<'_> {
         let kv_base = (self.batch * p.kv_len * p.kv_heads + self.kvh) * d;
         for j0 in (0..kv_end).step_by(c.bc) {
             let w = c.bc.min(kv_end - j0);
-            let wp = w.next_multiple_of(self.nr);
-            // Kᵀ tile [d][bcp] and V tile [w][dp], widened, zero-padded where the
-            // microkernel reads past the live columns.
+            // K and V tiles [w][dp], widened; V zero-padded where the microkernel reads past
+            // the live columns (K rows past `w` are never read).
             for j in 0..w {
-                let row = &k[kv_base + (j0 + j) * kv_stride..][..d];
-                for (x, val) in row.iter().enumerate() {
-                    kt[x * lay.bcp + j] = val.to_f32();
-                }
-                // SAFETY: V row of d values; destination row holds dp values.
+                let at = kv_base + (j0 + j) * kv_stride;
+                // SAFETY: K and V rows of d values; destination rows hold dp values.
                 unsafe {
-                    (fns.widen)(
-                        v.as_ptr().add(kv_base + (j0 + j) * kv_stride),
-                        vt.as_mut_ptr().add(j * lay.dp),
-                        d,
-                        1.0,
-                    )
-                };
+                    (fns.widen)(k.as_ptr().add(at), kt.as_mut_ptr().add(j * lay.dp), d, 1.0);
+                    (fns.widen)(v.as_ptr().add(at), vt.as_mut_ptr().add(j * lay.dp), d, 1.0);
+                }
                 vt[j * lay.dp + d..(j + 1) * lay.dp].fill(0.0);
             }
-            for x in 0..d {
-                kt[x * lay.bcp + w..x * lay.bcp + wp].fill(0.0);
-            }
 
-            // S = Q·Kᵀ
-            for ir in (0..rows).step_by(self.mr) {
-                for jr in (0..w).step_by(self.nr) {
-                    // SAFETY: Q rows padded to rows_pad, Kᵀ columns to wp, S sized rows_pad×bcp.
+            // Sᵀ = K·Qᵀ, [w][rows_pad].
+            for jr in (0..w).step_by(self.mr) {
+                for ir in (0..rows).step_by(self.nr) {
+                    // SAFETY: K rows hold dp >= d values; Qᵀ columns are padded to rows_pad, a
+                    // multiple of nr; Sᵀ holds bcp >= w rows of rows_pad.
                     unsafe {
                         (self.ukr)(
                             d,
-                            qt.as_ptr().add(ir * lay.dp),
+                            kt.as_ptr().add(jr * lay.dp),
                             lay.dp,
                             1,
-                            kt.as_ptr().add(jr),
-                            lay.bcp,
-                            st.as_mut_ptr().add(ir * lay.bcp + jr),
-                            lay.bcp,
-                            self.mr.min(rows - ir),
-                            self.nr.min(w - jr),
+                            qt.as_ptr().add(ir),
+                            rp,
+                            st.as_mut_ptr().add(jr * rp + ir),
+                            rp,
+                            self.mr.min(w - jr),
+                            self.nr.min(rows - ir),
                             false,
                         )
                     };
                 }
             }
 
-            // Mask the part of a diagonal-crossing tile above the diagonal, then the online
-            // softmax update per row.
-            let crosses = p.causal && j0 + w > i0 + off + 1;
-            for r in 0..rows {
-                let srow = &mut st[r * lay.bcp..r * lay.bcp + w];
-                if crosses {
-                    let limit = i0 + r / self.rows_per_pos + off;
-                    let first_masked = (limit + 1).saturating_sub(j0).min(w);
-                    srow[first_masked..].fill(f32::NEG_INFINITY);
-                }
-                let m_new = mx[r].max((self.t.row_max)(srow));
-                let alpha = super::leaf::exp2_approx(mx[r] - m_new);
-                let s = (self.t.exp2_sum)(srow, m_new);
-                sum[r] = sum[r] * alpha + s;
-                mx[r] = m_new;
-                if alpha != 1.0 {
-                    for o in &mut ot[r * lay.dp..r * lay.dp + d] {
-                        *o *= alpha;
-                    }
+            // Mask what lies above the diagonal in a tile crossing it: key j0 + j is hidden
+            // from the rows of positions below j0 + j − off, a prefix of each key's row.
+            if p.causal && j0 + w > i0 + off + 1 {
+                for j in 0..w {
+                    let hidden = (j0 + j).saturating_sub(off + i0);
+                    let upto = (hidden * self.rows_per_pos).min(rows);
+                    st[j * rp..j * rp + upto].fill(f32::NEG_INFINITY);
                 }
             }
+            (self.t.softmax_cols)(st, w, rows, rp, mx, sum, tmp, ot, lay.dp, d);
 
-            // O += P·V
+            // O += P·V, P[r][j] = Sᵀ[j][r].
             for ir in (0..rows).step_by(self.mr) {
                 for jr in (0..d).step_by(self.nr) {
-                    // SAFETY: P rows padded to rows_pad, V columns to dp, O sized rows_pad×dp.
+                    // SAFETY: P is read at rows < rows and keys < w of Sᵀ; V columns are
+                    // padded to dp; O sized rows_pad×dp.
                     unsafe {
                         (self.ukr)(
                             w,
-                            st.as_ptr().add(ir * lay.bcp),
-                            lay.bcp,
+                            st.as_ptr().add(ir),
                             1,
+                            rp,
                             vt.as_ptr().add(jr),
                             lay.dp,
                             ot.as_mut_ptr().add(ir * lay.dp + jr),

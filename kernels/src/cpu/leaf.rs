@@ -313,6 +313,56 @@ pub fn exp2_sum(row: &mut [f32], sub: f32) -> f32 {
     sum
 }
 
+/// One online-softmax step over a tile of transposed scores (flash attention): `s` holds `w`
+/// keys of `rows` query rows each, key-major with stride `ld`, already scaled by `log2(e)`.
+/// Updates each row's running max `mx` and sum `sum`, rescales the first `d` values of each
+/// row of the accumulator `o` (stride `ldo`) by `2^(m_old − m_new)`, and replaces the scores
+/// by the softmax numerators. `tmp` holds `2 · rows` values. Every loop runs along the rows,
+/// contiguous in `s`, so LLVM vectorises it, exp2 included.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_cols(
+    s: &mut [f32],
+    w: usize,
+    rows: usize,
+    ld: usize,
+    mx: &mut [f32],
+    sum: &mut [f32],
+    tmp: &mut [f32],
+    o: &mut [f32],
+    ldo: usize,
+    d: usize,
+) {
+    let (m_new, part) = tmp[..2 * rows].split_at_mut(rows);
+    m_new.copy_from_slice(&mx[..rows]);
+    for j in 0..w {
+        for (m, &x) in m_new.iter_mut().zip(&s[j * ld..j * ld + rows]) {
+            *m = m.max(x);
+        }
+    }
+    part.fill(0.0);
+    for j in 0..w {
+        for ((x, &m), acc) in s[j * ld..j * ld + rows]
+            .iter_mut()
+            .zip(m_new.iter())
+            .zip(part.iter_mut())
+        {
+            *x = exp2_approx(*x - m);
+            *acc += *x;
+        }
+    }
+    for r in 0..rows {
+        let alpha = exp2_approx(mx[r] - m_new[r]);
+        sum[r] = sum[r] * alpha + part[r];
+        mx[r] = m_new[r];
+        if alpha != 1.0 {
+            for v in &mut o[r * ldo..r * ldo + d] {
+                *v *= alpha;
+            }
+        }
+    }
+}
+
 /// `2^x` for `x <= 0` with about 1 ulp of error in f32 (degree-6 minimax polynomial on the
 /// fraction, exponent built by integer add); flushes to 0 below 2^-126. Written in scalar code
 /// that LLVM vectorises with the surrounding loop, so every ISA gets a branch-free vector exp.

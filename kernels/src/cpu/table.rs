@@ -26,6 +26,19 @@ pub type StreamFn<T> = unsafe fn(usize, *const f32, usize, *const T, usize, usiz
 pub type DotFn<T> = unsafe fn(*const f32, *const T, usize) -> f32;
 pub type AxpyFn<T> = unsafe fn(*mut f32, f32, *const T, usize);
 pub type WidenFn<T> = unsafe fn(*const T, *mut f32, usize, f32);
+/// See [`leaf::softmax_cols`].
+pub type SoftmaxColsFn = fn(
+    &mut [f32],
+    usize,
+    usize,
+    usize,
+    &mut [f32],
+    &mut [f32],
+    &mut [f32],
+    &mut [f32],
+    usize,
+    usize,
+);
 
 /// Row counts the decode-shaped GEMM kernels come in.
 pub const STREAM_ROWS: [usize; 3] = [1, 2, 4];
@@ -52,6 +65,7 @@ pub struct Table {
     ukr: fn(usize, usize, bool) -> Option<UkrFn>,
     pub row_max: fn(&[f32]) -> f32,
     pub exp2_sum: fn(&mut [f32], f32) -> f32,
+    pub softmax_cols: SoftmaxColsFn,
     pub f32: ElemFns<f32>,
     pub bf16: ElemFns<bf16>,
     pub f16: ElemFns<f16>,
@@ -180,6 +194,24 @@ macro_rules! isa_table {
                 leaf::exp2_sum(row, sub)
             }
 
+            $(#[target_feature(enable = $feature)])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn softmax_cols_tf(
+                s: &mut [f32], w: usize, rows: usize, ld: usize, mx: &mut [f32],
+                sum: &mut [f32], tmp: &mut [f32], o: &mut [f32], ldo: usize, d: usize,
+            ) {
+                leaf::softmax_cols(s, w, rows, ld, mx, sum, tmp, o, ldo, d)
+            }
+
+            #[allow(clippy::too_many_arguments)]
+            fn softmax_cols(
+                s: &mut [f32], w: usize, rows: usize, ld: usize, mx: &mut [f32],
+                sum: &mut [f32], tmp: &mut [f32], o: &mut [f32], ldo: usize, d: usize,
+            ) {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { softmax_cols_tf(s, w, rows, ld, mx, sum, tmp, o, ldo, d) }
+            }
+
             fn row_max(row: &[f32]) -> f32 {
                 // SAFETY: the table is only reachable when the host supports this ISA.
                 unsafe { row_max_tf(row) }
@@ -206,6 +238,7 @@ macro_rules! isa_table {
                 ukr: pick,
                 row_max,
                 exp2_sum,
+                softmax_cols,
                 f32: elem_fns::<f32>(),
                 bf16: elem_fns::<bf16>(),
                 f16: elem_fns::<f16>(),
