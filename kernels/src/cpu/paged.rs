@@ -143,7 +143,10 @@ pub fn run<T: TableElem>(
         let row_bytes = d * std::mem::size_of::<T>();
         for i in 0..n {
             if i + PREFETCH < n {
-                prefetch(key_cache[kv_offset(t0 + i + PREFETCH)..].as_ptr(), row_bytes);
+                prefetch(
+                    key_cache[kv_offset(t0 + i + PREFETCH)..].as_ptr(),
+                    row_bytes,
+                );
             }
             let kp = key_cache[kv_offset(t0 + i)..].as_ptr();
             for r in 0..lay.rows {
@@ -163,7 +166,10 @@ pub fn run<T: TableElem>(
         }
         for i in 0..n {
             if i + PREFETCH < n {
-                prefetch(value_cache[kv_offset(t0 + i + PREFETCH)..].as_ptr(), row_bytes);
+                prefetch(
+                    value_cache[kv_offset(t0 + i + PREFETCH)..].as_ptr(),
+                    row_bytes,
+                );
             }
             let vp = value_cache[kv_offset(t0 + i)..].as_ptr();
             for r in 0..lay.rows {
