@@ -5,7 +5,6 @@
 
 use std::ffi::c_void;
 
-use super::KernelBuild;
 use crate::{Config, KernelError, Problem};
 
 /// One kernel argument, by value.
@@ -91,8 +90,15 @@ pub fn launches(
         let dim = |v: usize| u32::try_from(v).map_err(|_| too_large(problem, "grid", v));
         Ok::<_, KernelError>([dim(x)?, dim(y)?, dim(z)?])
     };
-    let build = KernelBuild::new(problem, config)?;
-    let block = build.threads as u32;
+    if !config.is_gpu() || matches!(config, Config::Rocblas(_)) {
+        return Err(KernelError::InvalidConfig {
+            family: problem.family(),
+            reason: format!("`{config}` is not a kernel of kernels/hip to launch"),
+        });
+    }
+    // The block size the build was compiled for (KernelBuild::threads), without building the
+    // build's macro list on every call.
+    let block = config.threads() as u32;
     let [i0, i1, i2] = ptrs.inputs.map(Arg::Ptr);
     let out = Arg::Ptr(ptrs.out);
     Ok(match (problem, config) {
@@ -170,6 +176,7 @@ pub fn launches(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::KernelBuild;
     use crate::{Device, GpuSpace, Space};
 
     #[test]
