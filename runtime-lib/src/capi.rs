@@ -259,10 +259,20 @@ pub unsafe extern "C" fn kt_open(db_path: *const c_char, out: *mut *mut KtDispat
 /// `d` is NULL or a handle from kt_open() not yet freed.
 #[no_mangle]
 pub unsafe extern "C" fn kt_free(d: *mut KtDispatcher) {
-    if !d.is_null() {
+    // SAFETY: caller contract.
+    unsafe { free_handle(d) }
+}
+
+/// Drops a handle made by `Box::into_raw`; NULL is ignored, a panic in a destructor stays on
+/// this side of the boundary.
+///
+/// # Safety
+/// `p` is NULL or came from `Box::into_raw` and is not yet freed.
+pub(crate) unsafe fn free_handle<T>(p: *mut T) {
+    if !p.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: caller contract.
-            drop(unsafe { Box::from_raw(d) })
+            drop(unsafe { Box::from_raw(p) })
         }));
     }
 }

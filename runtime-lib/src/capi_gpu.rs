@@ -4,15 +4,14 @@
 //! return without waiting. Layouts are those of the host calls in [`crate::capi`].
 
 use std::ffi::{c_char, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use kerntune_kernels::gpu::launch::DevicePtrs;
 use kerntune_kernels::problem::{BLayout, GemmProblem};
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    dtype, flash_problem, guard, invalid, paged_problem, report, KtDtype, KtFlashProblem, KtMatch,
-    KtPagedProblem, KtStatus,
+    dtype, flash_problem, free_handle, guard, invalid, paged_problem, report, KtDtype,
+    KtFlashProblem, KtMatch, KtPagedProblem, KtStatus,
 };
 use crate::{GpuDispatcher, RuntimeError};
 
@@ -104,12 +103,8 @@ pub unsafe extern "C" fn kt_gpu_open(
 /// `d` is NULL or a handle from kt_gpu_open() not yet freed.
 #[no_mangle]
 pub unsafe extern "C" fn kt_gpu_free(d: *mut KtGpuDispatcher) {
-    if !d.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: caller contract.
-            drop(unsafe { Box::from_raw(d) })
-        }));
-    }
+    // SAFETY: caller contract.
+    unsafe { free_handle(d) }
 }
 
 /// `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float.
