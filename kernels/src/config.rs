@@ -92,6 +92,9 @@ impl fmt::Display for Config {
                     "dpbf16 {}x{} mc={} kc={} nc={} split={} t={}",
                     c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
                 ),
+                GemmVariant::StreamDpbf16 => {
+                    write!(f, "stream-dpbf16 rows={} nc={} t={}", c.mr, c.nc, c.threads)
+                }
             },
             Config::Flash(c) => write!(
                 f,
@@ -100,8 +103,12 @@ impl fmt::Display for Config {
             ),
             Config::Paged(c) => write!(
                 f,
-                "{} partition={} group={} t={}",
-                c.isa, c.partition, c.group_heads, c.threads
+                "{}{} partition={} group={} t={}",
+                c.isa,
+                if c.pairs { " pairs" } else { "" },
+                c.partition,
+                c.group_heads,
+                c.threads
             ),
             Config::GpuGemm(c) => write!(
                 f,
@@ -122,7 +129,7 @@ impl fmt::Display for Config {
     }
 }
 
-/// The two GEMM algorithms of the CPU backend.
+/// The GEMM algorithms of the CPU backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GemmVariant {
@@ -134,6 +141,10 @@ pub enum GemmVariant {
     /// The packed loop nest on bf16 pairs with AVX-512-BF16 `vdpbf16ps`: two multiply-adds per
     /// f32 lane and instruction. bf16 inputs on hosts that have it.
     Dpbf16,
+    /// The streaming path on bf16 pairs with `vdpbf16ps`: decode shapes with bf16 inputs on
+    /// hosts that have AVX-512-BF16, the weights multiplied as loaded instead of widened.
+    #[serde(rename = "stream-dpbf16")]
+    StreamDpbf16,
 }
 
 /// Which dimension threads divide.
@@ -155,9 +166,10 @@ impl fmt::Display for Split {
 
 /// GEMM on the CPU.
 ///
-/// `Packed` reads every field: an `mr × nr` microkernel, A blocks of `mc × kc`, B panels of
-/// `kc × nc`, threads dividing `split`. `Stream` reads `mr` (rows of A per pass over B), `nc`
-/// (columns per task) and `threads`; its other fields are fixed by the space.
+/// `Packed` and `Dpbf16` read every field: an `mr × nr` microkernel, A blocks of `mc × kc`, B
+/// panels of `kc × nc`, threads dividing `split`. `Stream` and `StreamDpbf16` read `mr` (rows of
+/// A per pass over B), `nc` (columns per task) and `threads`; their other fields are fixed by
+/// the space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GemmConfig {
@@ -215,6 +227,10 @@ pub struct PagedConfig {
     pub partition: usize,
     pub group_heads: bool,
     pub threads: usize,
+    /// bf16 caches on AVX-512-BF16 hosts: scores with `vdpbf16ps` on transposed key tiles and
+    /// `P·V` with register-held sums (absent in results stored before it existed: false).
+    #[serde(default)]
+    pub pairs: bool,
 }
 
 /// The GPU GEMM kernels of `kernels/hip/gemm.hip`.

@@ -162,6 +162,7 @@ fn hostile_configs_are_rejected_before_running() {
         partition: 0,
         group_heads: false,
         threads: 1,
+        pairs: false,
     });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),

@@ -165,3 +165,70 @@ fn dpbf16_shapes_match_reference_or_are_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
 }
+
+/// The streaming AVX-512-BF16 kernel: every row count and a narrow and a wide column chunk,
+/// against k around its 32-value vector (1, 31, 32, 33 and odd depths that leave a lone value
+/// after the last pair), column counts below, at and past its 4-row and 64-column passes, and
+/// both B layouts. On hosts without AVX-512-BF16 the space must refuse it instead.
+#[test]
+fn stream_dpbf16_matches_reference_or_is_refused() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let device = Device::host();
+    let mut configs = Vec::new();
+    for rows in [1, 2, 4] {
+        for nc in [4, 64, 1024] {
+            configs.push(Config::Gemm(GemmConfig {
+                variant: GemmVariant::StreamDpbf16,
+                isa: host.isa,
+                mr: rows,
+                nr: 32,
+                mc: rows,
+                kc: 1,
+                nc,
+                split: Split::N,
+                threads: host.threads,
+            }));
+        }
+    }
+    let mut problems = Vec::new();
+    for (m, n) in [(1, 1), (1, 67), (3, 5), (7, 130), (16, 64)] {
+        for k in [1, 31, 32, 33, 65, 389] {
+            for b in ["nk", "kn"] {
+                problems.push(problem(&format!("gemm:m={m},n={n},k={k},dtype=bf16,b={b}")));
+            }
+        }
+    }
+    if !host.avx512_bf16 {
+        for c in &configs {
+            let err = CpuSpace.validate(c, &problems[0], &device).unwrap_err();
+            assert!(err.to_string().contains("AVX-512-BF16"), "{err}");
+        }
+        eprintln!(
+            "stream-dpbf16 kernel not run: {} has no AVX-512-BF16 (refusal checked)",
+            host.model
+        );
+        return;
+    }
+    for p in &problems {
+        assert_eq!(check_all(p, &configs), configs.len(), "{p}");
+    }
+    let decode = problem("gemm:m=4,n=1280,k=8192,dtype=bf16");
+    assert!(CpuSpace
+        .candidates(&decode, &device)
+        .iter()
+        .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::StreamDpbf16)));
+    for other in [
+        "gemm:m=4,n=64,k=64,dtype=f32",
+        "gemm:m=4,n=64,k=64,dtype=f16",
+    ] {
+        let err = CpuSpace
+            .validate(&configs[0], &problem(other), &device)
+            .unwrap_err();
+        assert!(err.to_string().contains("bf16 inputs"), "{err}");
+    }
+    let prefill = problem("gemm:m=300,n=64,k=64,dtype=bf16");
+    let err = CpuSpace
+        .validate(&configs[0], &prefill, &device)
+        .unwrap_err();
+    assert!(err.to_string().contains("decode shapes"), "{err}");
+}

@@ -231,9 +231,10 @@ impl Snapshot {
         let (key, dims) = split(problem);
         let list = self.buckets.get(&key)?;
         let fits = |c: &Config| match (c, problem) {
-            // The streaming GEMM only runs decode shapes.
+            // The streaming GEMMs only run decode shapes.
             (Config::Gemm(g), Problem::Gemm(p)) => {
-                g.variant != GemmVariant::Stream || p.m <= STREAM_MAX_M
+                !matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16)
+                    || p.m <= STREAM_MAX_M
             }
             _ => true,
         };

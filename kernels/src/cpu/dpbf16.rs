@@ -16,19 +16,6 @@ use crate::problem::{BLayout, GemmProblem};
 /// broadcast stay within the 32 vector registers.
 pub const BF16_SHAPES: &[(usize, usize)] = &[(4, 64), (6, 64), (8, 32), (12, 32), (14, 32)];
 
-/// Whether this process may run the kernel: the CPU has AVX-512-BF16.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Scratch (32-bit words) a call needs: one packed A block and one B panel per thread.
 pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
     let mc = c.mc.min(p.m.next_multiple_of(c.mr));
@@ -41,7 +28,8 @@ fn pair(lo: bf16, hi: bf16) -> u32 {
     u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
 }
 
-/// Runs a validated config (dtype bf16, a shape of [`BF16_SHAPES`], [`available`] checked).
+/// Runs a config validated against the detected host (dtype bf16, a shape of
+/// [`BF16_SHAPES`], AVX-512-BF16 present).
 pub fn run(
     p: &GemmProblem,
     c: &GemmConfig,
@@ -65,8 +53,8 @@ pub fn run(
         |kcur| kcur.div_ceil(2),
         |pc, kcur, jc, ncur, dst| pack_b(p, b, pc, kcur, jc, ncur, nr, dst),
         |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
-        // SAFETY: loop_nest's contract on slivers and C; `available()` was checked by
-        // validation.
+        // SAFETY: loop_nest's contract on slivers and C; the backend validated the config
+        // against the detected host, which has AVX-512-BF16.
         |depth, ap, bp, cp, rows, cols, accumulate| unsafe {
             ukr(depth, ap, bp, cp, p.n, rows, cols, accumulate)
         },
@@ -96,8 +84,8 @@ fn pack_a(
         #[cfg(target_arch = "x86_64")]
         {
             let full = kcur / 2;
-            // SAFETY: rows r0..r0 + live of A hold kcur values from pc; `available()` was
-            // checked by validation.
+            // SAFETY: rows r0..r0 + live of A hold kcur values from pc; the detected host has
+            // AVX-512 (validated).
             unsafe {
                 super::transpose::gather_words(
                     a.as_ptr().add(r0 * p.k + pc).cast(),
@@ -185,8 +173,8 @@ fn pack_b(
                 #[cfg(target_arch = "x86_64")]
                 {
                     // SAFETY: the sliver's `live` rows of B hold kcur values from pc; the
-                    // gather reads pairs 0..full of each; `available()` was checked by
-                    // validation.
+                    // gather reads pairs 0..full of each; the detected host has AVX-512
+                    // (validated).
                     unsafe {
                         super::transpose::gather_words(
                             b.as_ptr().add(j0 * p.k + pc).cast(),

@@ -25,6 +25,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
         }
         GemmVariant::Stream => p.m * p.k,
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
+        GemmVariant::StreamDpbf16 => 0,
     }
 }
 
@@ -40,8 +41,10 @@ pub fn run<T: TableElem>(
     match c.variant {
         GemmVariant::Packed => packed(p, c, a, b, out, scratch),
         GemmVariant::Stream => stream(p, c, a, b, out, scratch),
-        // Validation admits it for bf16 inputs only, which the backend sends to `cpu::dpbf16`.
-        GemmVariant::Dpbf16 => unreachable!("dpbf16 configs run through cpu::dpbf16"),
+        // Validation admits them for bf16 inputs only, which the backend sends to their modules.
+        GemmVariant::Dpbf16 | GemmVariant::StreamDpbf16 => {
+            unreachable!("dpbf16 configs run through cpu::dpbf16 and cpu::dpbf16_stream")
+        }
     }
 }
 

@@ -305,8 +305,18 @@ pub fn row_max<S: Simd>(row: &[f32]) -> f32 {
 /// multiplied by `log2(e)`, so this is the softmax numerator.
 #[inline(always)]
 pub fn exp2_sum(row: &mut [f32], sub: f32) -> f32 {
-    let mut sum = 0f32;
-    for x in row.iter_mut() {
+    // Sixteen partial sums: one running sum is a serial chain LLVM may not reorder, and it
+    // kept the whole loop, exp2 included, scalar.
+    let mut part = [0f32; 16];
+    let mut chunks = row.chunks_exact_mut(16);
+    for c in &mut chunks {
+        for (x, s) in c.iter_mut().zip(part.iter_mut()) {
+            *x = exp2_approx(*x - sub);
+            *s += *x;
+        }
+    }
+    let mut sum: f32 = part.iter().sum();
+    for x in chunks.into_remainder() {
         *x = exp2_approx(*x - sub);
         sum += *x;
     }

@@ -5,10 +5,13 @@
 //! [`paged`] are the three kernel drivers.
 
 pub(crate) mod dpbf16;
+mod dpbf16_stream;
 mod flash;
 mod gemm;
 mod leaf;
 mod paged;
+#[cfg(target_arch = "x86_64")]
+mod paged_dpbf16;
 pub(crate) mod parallel;
 pub(crate) mod simd;
 pub(crate) mod table;
@@ -66,6 +69,11 @@ impl Backend for CpuBackend {
                     (Tensor::F16(a), Tensor::F16(b)) => gemm::run::<f16>(p, c, a, b, out, scratch),
                     (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Dpbf16 => {
                         dpbf16::run(p, c, a, b, out, scratch)
+                    }
+                    (Tensor::Bf16(a), Tensor::Bf16(b))
+                        if c.variant == GemmVariant::StreamDpbf16 =>
+                    {
+                        dpbf16_stream::run(p, c, a, b, out)
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b)) => {
                         gemm::run::<bf16>(p, c, a, b, out, scratch)

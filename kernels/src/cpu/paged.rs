@@ -16,16 +16,22 @@ use crate::problem::PagedProblem;
 /// memory latency at the rate a task consumes rows.
 const PREFETCH: usize = 32;
 
-/// Asks for the cache lines of `bytes` bytes at `p` (a hint: never faults).
+/// Asks for the cache lines of `bytes` bytes at `p` (a hint: never faults), into L1 or, with
+/// `L2`, into L2 only. Kernels that read rows faster than memory delivers them run out of L1
+/// miss buffers when every line is requested into L1; L2 has more.
 #[inline(always)]
-fn prefetch<T>(p: *const T, bytes: usize) {
+pub(super) fn prefetch<T, const L2: bool>(p: *const T, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     for line in (0..bytes).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let a = p.cast::<i8>().wrapping_add(line);
         // SAFETY: a prefetch hint on any address neither faults nor changes memory.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.cast::<i8>().wrapping_add(line),
-            )
+            if L2 {
+                _mm_prefetch::<_MM_HINT_T1>(a)
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(a)
+            }
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -40,6 +46,8 @@ struct Layout {
     /// Context tokens per partition.
     part_len: usize,
     parts: usize,
+    /// Words of the transposed key tile of the `pairs` kernels.
+    tile: usize,
 }
 
 impl Layout {
@@ -54,16 +62,25 @@ impl Layout {
         } else {
             c.partition.min(p.context_len)
         };
+        #[cfg(target_arch = "x86_64")]
+        let tile = if c.pairs {
+            super::paged_dpbf16::tile_words(p.head_dim)
+        } else {
+            0
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let tile = 0;
         Layout {
             rows,
             units,
             part_len,
             parts: p.context_len.div_ceil(part_len),
+            tile,
         }
     }
-    /// Query rows, scores, and each row's max and sum, of one task.
+    /// Query rows, scores, each row's max and sum, and the key tile, of one task.
     fn per_worker(&self, d: usize) -> usize {
-        self.rows * (d + self.part_len + 2)
+        self.rows * (d + self.part_len + 2) + self.tile
     }
     /// Partial results of every (sequence, query head, partition): output row, max, sum.
     fn partials(&self, p: &PagedProblem) -> usize {
@@ -121,8 +138,80 @@ pub fn run<T: TableElem>(
             std::slice::from_raw_parts_mut(workers.get().add(worker * per_worker), per_worker)
         };
         let (qbuf, rest) = buf.split_at_mut(lay.rows * d);
-        let (scores, stats) = rest.split_at_mut(lay.rows * lay.part_len);
+        let (scores, rest) = rest.split_at_mut(lay.rows * lay.part_len);
+        let (stats, tile) = rest.split_at_mut(2 * lay.rows);
         let n = t1.saturating_sub(t0);
+        // Block sizes are powers of two (validated): shifts, where a division by the run-time
+        // size cost more than the token's arithmetic.
+        let shift = p.block_size.trailing_zeros();
+        let kv_offset = |tok: usize| {
+            let block = block_tables[seq * max_blocks + (tok >> shift)] as usize;
+            (((block << shift) + (tok & (p.block_size - 1))) * p.kv_heads + kvh) * d
+        };
+        // Normalises a finished task's rows into the output, or leaves them as a partition's
+        // partial result with its max and sum.
+        let finish = |acc: &[f32], stats: &[f32]| {
+            for r in 0..lay.rows {
+                let (m, l) = (stats[2 * r], stats[2 * r + 1]);
+                let head = h0 + r;
+                if lay.parts == 1 {
+                    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+                    for x in 0..d {
+                        // SAFETY: each (seq, head) output row is written by exactly one task.
+                        unsafe {
+                            *out_ptr.get().add((seq * p.q_heads + head) * d + x) =
+                                acc[r * d + x] * inv
+                        };
+                    }
+                } else {
+                    let base = ((seq * p.q_heads + head) * lay.parts + part) * (d + 2);
+                    // SAFETY: each (seq, head, part) partial slot is written by exactly one task.
+                    unsafe {
+                        let dst = partials.get().add(base);
+                        std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * d), dst, d);
+                        *dst.add(d) = m;
+                        *dst.add(d + 1) = l;
+                    }
+                }
+            }
+        };
+        if c.pairs {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: validation admits `pairs` for bf16 caches (T is bf16, read as raw bits)
+            // with an even head_dim on hosts with AVX-512-BF16; block indices were checked
+            // against the cache size by the caller; the buffers are this worker's.
+            unsafe {
+                let key = |i: usize| key_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u16>();
+                let value = |i: usize| value_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u16>();
+                let q = query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u32>();
+                let tile = tile.as_mut_ptr().cast::<u32>();
+                super::paged_dpbf16::scores(
+                    q,
+                    lay.rows,
+                    d,
+                    n,
+                    key,
+                    qscale,
+                    scores.as_mut_ptr(),
+                    lay.part_len,
+                    tile,
+                );
+                softmax(t, scores, stats, lay.rows, lay.part_len, n);
+                let acc = qbuf;
+                acc.fill(0.0);
+                super::paged_dpbf16::accumulate(
+                    scores.as_ptr(),
+                    lay.part_len,
+                    lay.rows,
+                    d,
+                    n,
+                    value,
+                    acc.as_mut_ptr(),
+                );
+                finish(acc, stats);
+            }
+            return;
+        }
         for r in 0..lay.rows {
             // SAFETY: the query row lies inside `query`; qbuf holds rows·d values.
             unsafe {
@@ -134,16 +223,12 @@ pub fn run<T: TableElem>(
                 )
             };
         }
-        let kv_offset = |tok: usize| {
-            let block = block_tables[seq * max_blocks + tok / p.block_size] as usize;
-            ((block * p.block_size + tok % p.block_size) * p.kv_heads + kvh) * d
-        };
         // Blocks lie anywhere in the cache: each is a short sequential run the hardware
         // prefetcher sees too late, so the rows PREFETCH tokens ahead are requested early.
         let row_bytes = d * std::mem::size_of::<T>();
         for i in 0..n {
             if i + PREFETCH < n {
-                prefetch(
+                prefetch::<_, false>(
                     key_cache[kv_offset(t0 + i + PREFETCH)..].as_ptr(),
                     row_bytes,
                 );
@@ -158,15 +243,10 @@ pub fn run<T: TableElem>(
         // The query rows are no longer needed: reuse them as the output accumulators.
         let acc = qbuf;
         acc.fill(0.0);
-        for r in 0..lay.rows {
-            let row = &mut scores[r * lay.part_len..r * lay.part_len + n];
-            let m = (t.row_max)(row);
-            stats[2 * r] = m;
-            stats[2 * r + 1] = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };
-        }
+        softmax(t, scores, stats, lay.rows, lay.part_len, n);
         for i in 0..n {
             if i + PREFETCH < n {
-                prefetch(
+                prefetch::<_, false>(
                     value_cache[kv_offset(t0 + i + PREFETCH)..].as_ptr(),
                     row_bytes,
                 );
@@ -178,31 +258,28 @@ pub fn run<T: TableElem>(
                 unsafe { (fns.axpy)(acc.as_mut_ptr().add(r * d), w, vp, d) };
             }
         }
-        for r in 0..lay.rows {
-            let (m, l) = (stats[2 * r], stats[2 * r + 1]);
-            let head = h0 + r;
-            if lay.parts == 1 {
-                let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-                for x in 0..d {
-                    // SAFETY: each (seq, head) output row is written by exactly one task.
-                    unsafe {
-                        *out_ptr.get().add((seq * p.q_heads + head) * d + x) = acc[r * d + x] * inv
-                    };
-                }
-            } else {
-                let base = ((seq * p.q_heads + head) * lay.parts + part) * (d + 2);
-                // SAFETY: each (seq, head, part) partial slot is written by exactly one task.
-                unsafe {
-                    let dst = partials.get().add(base);
-                    std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * d), dst, d);
-                    *dst.add(d) = m;
-                    *dst.add(d + 1) = l;
-                }
-            }
-        }
+        finish(acc, stats);
     });
     if lay.parts > 1 {
         combine(p, &lay, &scratch[..lay.partials(p)], out, c.threads);
+    }
+}
+
+/// Each query row's max score and the sum of `exp2(score - max)`, the scores replaced by
+/// those weights.
+fn softmax(
+    t: &super::table::Table,
+    scores: &mut [f32],
+    stats: &mut [f32],
+    rows: usize,
+    ld: usize,
+    n: usize,
+) {
+    for r in 0..rows {
+        let row = &mut scores[r * ld..r * ld + n];
+        let m = (t.row_max)(row);
+        stats[2 * r] = m;
+        stats[2 * r + 1] = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };
     }
 }
 

@@ -91,7 +91,7 @@ pub unsafe fn gather_words(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
+pub(super) unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
     use std::arch::x86_64::*;
     // Within each 128-bit lane, 4×4 transposes of every group of four rows: t[4g + s] holds
     // word 4i + s of rows 4g..4g + 4 in lane i.

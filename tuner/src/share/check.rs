@@ -23,12 +23,15 @@ pub fn device_of(d: &DeviceRecord) -> Result<Device, String> {
             if d.model.is_empty() {
                 return Err(format!("CPU device {} has no model name", d.identity));
             }
-            // Validation reads the ISA level and thread count; caches only steer heuristics.
+            // Validation reads the ISA level, thread count and AVX-512-BF16; caches only steer
+            // heuristics. The record names the ISA level, not the BF16 extension, so bf16-pair
+            // configs are admitted for any AVX-512 device: the runtime validates every winner
+            // against its own host before it dispatches one.
             Device::Cpu(CpuInfo {
                 model: d.model.clone(),
                 threads: d.compute_units as usize,
                 isa,
-                avx512_bf16: false,
+                avx512_bf16: isa >= Isa::Avx512,
                 l1d_bytes: 32 << 10,
                 l2_bytes: 1 << 20,
                 l3_bytes: 32 << 20,

@@ -1,0 +1,277 @@
+//! Decode-shaped bf16 GEMM with AVX-512-BF16 (`vdpbf16ps`): the streaming path of
+//! [`super::gemm`] without widening.
+//!
+//! With 1 to 16 rows of A the work is reading the bf16 weights once; widening them to f32 costs
+//! two instructions per 16 values plus an FMA each, which on this kind of core caps the f32
+//! stream below memory bandwidth. `vdpbf16ps` multiplies 32 bf16 pairs into 16 f32 sums in one
+//! instruction, straight from the loaded bytes.
+//!
+//! B `[N, K]` (a Linear layer's weights): a row of A and a row of B are both k-contiguous, so
+//! 32 consecutive values of each are 16 pairs already; `R` rows of A against 4 rows of B per
+//! pass, the last partial vector of k through masked loads (zeros add nothing).
+//! B `[K, N]`: two consecutive rows of B are interleaved in registers (`vpunpck[lh]wd`) into
+//! pairs of k for 32 columns, multiplied with a broadcast pair of A; the interleave permutes
+//! columns within each 128-bit lane, which is undone once on the sums.
+
+use half::bf16;
+
+use super::parallel::{for_each_task, SharedMut};
+use crate::config::GemmConfig;
+use crate::problem::{BLayout, GemmProblem};
+
+/// Columns of a `[K, N]` strip per pass: two interleaved 32-column vectors.
+const KN_STRIP: usize = 64;
+
+/// Runs a config validated against the detected host (dtype bf16, `mr` of 1, 2 or 4,
+/// AVX-512-BF16 present).
+pub fn run(p: &GemmProblem, c: &GemmConfig, a: &[bf16], b: &[bf16], out: &mut [f32]) {
+    let chunk = match p.b_layout {
+        BLayout::Nk => c.nc,
+        BLayout::Kn => c.nc.next_multiple_of(KN_STRIP),
+    };
+    let tasks = p.n.div_ceil(chunk);
+    let out = SharedMut(out.as_mut_ptr());
+    let (m, n, k) = (p.m, p.n, p.k);
+    for_each_task(c.threads, tasks, |task, _| {
+        let (c0, c1) = (task * chunk, ((task + 1) * chunk).min(n));
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = [4, 2, 1]
+                .into_iter()
+                .find(|&r| r <= c.mr && r <= m - i0)
+                .unwrap_or(1);
+            // SAFETY: rows i0..i0 + rows of A and C and columns c0..c1 of B and C exist; tasks
+            // write disjoint columns; validation checked the CPU has AVX-512-BF16.
+            unsafe {
+                let ap = a.as_ptr().add(i0 * k).cast::<u16>();
+                let (bp, cp) = (b.as_ptr().cast::<u16>(), out.get().add(i0 * n));
+                match p.b_layout {
+                    BLayout::Nk => nk(rows, k, ap, bp, c0, c1, cp, n),
+                    BLayout::Kn => kn(rows, k, ap, bp, c0, c1, cp, n),
+                }
+            }
+            i0 += rows;
+        }
+    });
+}
+
+/// Columns `c0..c1` of `rows` rows of C, B stored `[N, K]`.
+///
+/// # Safety
+/// As [`run`]'s task: A holds `rows × k`, B `n × k`, C `rows × ldc` from its pointer.
+#[allow(clippy::too_many_arguments)]
+unsafe fn nk(
+    rows: usize,
+    k: usize,
+    a: *const u16,
+    b: *const u16,
+    c0: usize,
+    c1: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    for j0 in (c0..c1).step_by(4) {
+        let cols = 4.min(c1 - j0);
+        // SAFETY: the caller's contract, narrowed to four columns.
+        unsafe {
+            let (bp, cp) = (b.add(j0 * k), c.add(j0));
+            match rows {
+                4 => x86::nk::<4>(k, a, bp, cols, cp, ldc),
+                2 => x86::nk::<2>(k, a, bp, cols, cp, ldc),
+                _ => x86::nk::<1>(k, a, bp, cols, cp, ldc),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (rows, k, a, b, c0, c1, c, ldc);
+}
+
+/// Columns `c0..c1` of `rows` rows of C, B stored `[K, N]` with `ldc` columns.
+///
+/// # Safety
+/// As [`nk`], B holding `k × ldc`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn kn(
+    rows: usize,
+    k: usize,
+    a: *const u16,
+    b: *const u16,
+    c0: usize,
+    c1: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    for j0 in (c0..c1).step_by(KN_STRIP) {
+        let width = KN_STRIP.min(c1 - j0);
+        // SAFETY: the caller's contract, narrowed to one strip.
+        unsafe {
+            let (bp, cp) = (b.add(j0), c.add(j0));
+            match rows {
+                4 => x86::kn::<4>(k, a, bp, ldc, width, cp, ldc),
+                2 => x86::kn::<2>(k, a, bp, ldc, width, cp, ldc),
+                _ => x86::kn::<1>(k, a, bp, ldc, width, cp, ldc),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (rows, k, a, b, c0, c1, c, ldc);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn bh(v: __m512i) -> __m512bh {
+        // SAFETY: both are 512 bits of plain data.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+    }
+
+    /// Mask of the first `n` of 32 words.
+    #[inline(always)]
+    fn words(n: usize) -> __mmask32 {
+        if n >= 32 {
+            !0
+        } else {
+            (1u32 << n) - 1
+        }
+    }
+
+    /// `R` rows of A (row stride `k`) against `cols <= 4` rows of B (row stride `k`).
+    ///
+    /// # Safety
+    /// AVX-512F/BW and AVX-512-BF16 present; A readable for `R × k`, B for `cols × k`, C
+    /// writable for `R` rows of `cols` at `ldc` apart.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn nk<const R: usize>(
+        k: usize,
+        a: *const u16,
+        b: *const u16,
+        cols: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // Unused columns read row 0 again; their sums are never stored.
+        let rows: [*const u16; 4] =
+            std::array::from_fn(|j| if j < cols { unsafe { b.add(j * k) } } else { b });
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        let full = k / 32 * 32;
+        let mut p = 0;
+        // SAFETY: p + 32 <= k in the loop, masked loads stay within k after it.
+        unsafe {
+            while p < full {
+                let bv: [__m512bh; 4] =
+                    std::array::from_fn(|j| bh(_mm512_loadu_si512(rows[j].add(p).cast())));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = bh(_mm512_loadu_si512(a.add(i * k + p).cast()));
+                    for (s, bvv) in row.iter_mut().zip(bv) {
+                        *s = _mm512_dpbf16_ps(*s, av, bvv);
+                    }
+                }
+                p += 32;
+            }
+            if p < k {
+                let mask = words(k - p);
+                let bv: [__m512bh; 4] = std::array::from_fn(|j| {
+                    bh(_mm512_maskz_loadu_epi16(mask, rows[j].add(p).cast()))
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = bh(_mm512_maskz_loadu_epi16(mask, a.add(i * k + p).cast()));
+                    for (s, bvv) in row.iter_mut().zip(bv) {
+                        *s = _mm512_dpbf16_ps(*s, av, bvv);
+                    }
+                }
+            }
+            for (i, row) in acc.iter().enumerate() {
+                for (j, s) in row.iter().enumerate().take(cols) {
+                    *c.add(i * ldc + j) = _mm512_reduce_add_ps(*s);
+                }
+            }
+        }
+    }
+
+    /// `R` rows of C over a strip of `width <= 64` columns, B stored `[K, N]` (row stride
+    /// `ldb`), A's rows `k` apart.
+    ///
+    /// # Safety
+    /// As [`nk`]: B readable for `k` rows of `width` columns.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn kn<const R: usize>(
+        k: usize,
+        a: *const u16,
+        b: *const u16,
+        ldb: usize,
+        width: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let masks = [words(width), words(width.saturating_sub(32))];
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        let pairs = k / 2;
+        // SAFETY: rows 2q and 2q + 1 < k of B are read through masks of the strip's columns;
+        // A's pair word 2q, 2q + 1 lies within its row.
+        unsafe {
+            let load = |row: usize, v: usize| {
+                _mm512_maskz_loadu_epi16(masks[v], b.add(row * ldb + v * 32).cast())
+            };
+            let mut step = |even: [__m512i; 2], odd: [__m512i; 2], ap: [i32; R]| {
+                // Within each 128-bit lane: lo holds columns 0..4, hi columns 4..8 (per lane).
+                let bv = [
+                    bh(_mm512_unpacklo_epi16(even[0], odd[0])),
+                    bh(_mm512_unpackhi_epi16(even[0], odd[0])),
+                    bh(_mm512_unpacklo_epi16(even[1], odd[1])),
+                    bh(_mm512_unpackhi_epi16(even[1], odd[1])),
+                ];
+                for (row, &w) in acc.iter_mut().zip(&ap) {
+                    let av = bh(_mm512_set1_epi32(w));
+                    for (s, bvv) in row.iter_mut().zip(bv) {
+                        *s = _mm512_dpbf16_ps(*s, av, bvv);
+                    }
+                }
+            };
+            for q in 0..pairs {
+                let even = [load(2 * q, 0), load(2 * q, 1)];
+                let odd = [load(2 * q + 1, 0), load(2 * q + 1, 1)];
+                let ap: [i32; R] =
+                    std::array::from_fn(|i| a.add(i * k + 2 * q).cast::<i32>().read_unaligned());
+                step(even, odd, ap);
+            }
+            if k % 2 == 1 {
+                let last = k - 1;
+                let even = [load(last, 0), load(last, 1)];
+                let ap: [i32; R] = std::array::from_fn(|i| i32::from(*a.add(i * k + last)));
+                step(even, [_mm512_setzero_si512(); 2], ap);
+            }
+            // Undo the interleave: sums lo/hi hold, per 128-bit lane l, columns 8l..8l+4 and
+            // 8l+4..8l+8; two-source permutes put 16 consecutive columns in each vector.
+            let first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+            let second =
+                _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+            for (i, row) in acc.iter().enumerate() {
+                let cp = c.add(i * ldc);
+                for v in 0..2 {
+                    let (lo, hi) = (row[2 * v], row[2 * v + 1]);
+                    let sums = [
+                        _mm512_permutex2var_ps(lo, first, hi),
+                        _mm512_permutex2var_ps(lo, second, hi),
+                    ];
+                    for (h, s) in sums.into_iter().enumerate() {
+                        let col = v * 32 + h * 16;
+                        if col >= width {
+                            break;
+                        }
+                        let live = (width - col).min(16);
+                        let mask: __mmask16 = if live == 16 {
+                            0xffff
+                        } else {
+                            (1u16 << live) - 1
+                        };
+                        _mm512_mask_storeu_ps(cp.add(col), mask, s);
+                    }
+                }
+            }
+        }
+    }
+}
