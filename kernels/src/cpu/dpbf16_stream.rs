@@ -129,6 +129,13 @@ mod x86 {
         unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
     }
 
+    /// Values ahead of the loads whose line is requested into L2 in each of the four rows:
+    /// four rows stream at once, more than the hardware prefetcher keeps ahead of. Measured
+    /// on two Zen 4 cores, bf16 M = 1 (alternating runs): qkv 0.59–0.61 ms against 0.66–0.67
+    /// cold, 0.26 against 0.31 ms warm in L3; down 1.64–1.78 ms against 1.84–1.92 ms cold.
+    /// Into L1 instead (T0) it was slower cold, and 2048 values ahead no better.
+    const PREFETCH: usize = 1024;
+
     /// Mask of the first `n` of 32 words.
     #[inline(always)]
     fn words(n: usize) -> __mmask32 {
@@ -159,9 +166,13 @@ mod x86 {
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         let full = k / 32 * 32;
         let mut p = 0;
-        // SAFETY: p + 32 <= k in the loop, masked loads stay within k after it.
+        // SAFETY: p + 32 <= k in the loop, masked loads stay within k after it; prefetch hints
+        // never fault, wherever they point.
         unsafe {
             while p < full {
+                for r in rows {
+                    _mm_prefetch::<_MM_HINT_T1>(r.wrapping_add(p + PREFETCH).cast());
+                }
                 let bv: [__m512bh; 4] =
                     std::array::from_fn(|j| bh(_mm512_loadu_si512(rows[j].add(p).cast())));
                 for (i, row) in acc.iter_mut().enumerate() {

@@ -58,7 +58,7 @@ unsafe fn bh(v: __m512i) -> __m512bh {
 ///
 /// # Safety
 /// The CPU has AVX-512F/BW and AVX-512-BF16; `d` is even; `q` holds `rows` rows of `d / 2` pair
-/// words; `key(i)` points at `d` readable values for `i < n`; `scores` is writable for `rows`
+/// words (read unaligned: a bf16 buffer need only be 2-byte aligned); `key(i)` points at `d` readable values for `i < n`; `scores` is writable for `rows`
 /// rows of `n` at `ld` apart; `tile` holds [`tile_words`]`(d)` words.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
@@ -138,7 +138,9 @@ unsafe fn score_rows<const R: usize>(
         for w in 0..words {
             let k = bh(_mm512_loadu_si512(tile.add(w * TILE).cast()));
             for (j, s) in acc.iter_mut().enumerate() {
-                let qv = bh(_mm512_set1_epi32(*q.add(j * words + w) as i32));
+                let qv = bh(_mm512_set1_epi32(
+                    q.add(j * words + w).read_unaligned() as i32
+                ));
                 *s = _mm512_dpbf16_ps(*s, qv, k);
             }
         }
