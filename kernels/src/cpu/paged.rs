@@ -7,6 +7,7 @@
 //! partitions of each head by log-sum-exp; with a single partition the first pass writes the
 //! output directly.
 
+use super::leaf::prefetch;
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, TableElem};
 use crate::config::PagedConfig;
@@ -15,28 +16,6 @@ use crate::problem::PagedProblem;
 /// Tokens ahead whose key or value row is prefetched: two blocks of 16, enough to cover the
 /// memory latency at the rate a task consumes rows.
 const PREFETCH: usize = 32;
-
-/// Asks for the cache lines of `bytes` bytes at `p` (a hint: never faults), into L1 or, with
-/// `L2`, into L2 only. Kernels that read rows faster than memory delivers them run out of L1
-/// miss buffers when every line is requested into L1; L2 has more.
-#[inline(always)]
-pub(super) fn prefetch<T, const L2: bool>(p: *const T, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (0..bytes).step_by(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-        let a = p.cast::<i8>().wrapping_add(line);
-        // SAFETY: a prefetch hint on any address neither faults nor changes memory.
-        unsafe {
-            if L2 {
-                _mm_prefetch::<_MM_HINT_T1>(a)
-            } else {
-                _mm_prefetch::<_MM_HINT_T0>(a)
-            }
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
-}
 
 struct Layout {
     /// Query rows per task.

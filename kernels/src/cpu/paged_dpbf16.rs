@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::paged::prefetch;
+use super::leaf::prefetch;
 
 /// Tokens ahead whose rows are prefetched into L2: four blocks of 16. Measured on two Zen 4
 /// cores (32 sequences × 4096 tokens, 8 query heads per KV head): 6.2 ms at 32 to 128 tokens
