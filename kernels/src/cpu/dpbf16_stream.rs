@@ -45,22 +45,21 @@ pub fn run(p: &GemmProblem, c: &GemmConfig, a: &[bf16], b: &[bf16], out: &mut [f
             unsafe {
                 let ap = a.as_ptr().add(i0 * k).cast::<u16>();
                 let (bp, cp) = (b.as_ptr().cast::<u16>(), out.get().add(i0 * n));
-                match p.b_layout {
-                    BLayout::Nk => nk(rows, k, ap, bp, c0, c1, cp, n),
-                    BLayout::Kn => kn(rows, k, ap, bp, c0, c1, cp, n),
-                }
+                columns(p.b_layout, rows, k, ap, bp, c0, c1, cp, n);
             }
             i0 += rows;
         }
     });
 }
 
-/// Columns `c0..c1` of `rows` rows of C, B stored `[N, K]`.
+/// Columns `c0..c1` of `rows` rows of C: passes of 4 columns (B `[N, K]`) or strips of
+/// [`KN_STRIP`] columns (B `[K, N]`, `ldc` columns wide).
 ///
 /// # Safety
-/// As [`run`]'s task: A holds `rows × k`, B `n × k`, C `rows × ldc` from its pointer.
+/// As [`run`]'s task: A holds `rows × k`, B its `n × k` values, C `rows × ldc` from its pointer.
 #[allow(clippy::too_many_arguments)]
-unsafe fn nk(
+unsafe fn columns(
+    layout: BLayout,
     rows: usize,
     k: usize,
     a: *const u16,
@@ -71,52 +70,29 @@ unsafe fn nk(
     ldc: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    for j0 in (c0..c1).step_by(4) {
-        let cols = 4.min(c1 - j0);
-        // SAFETY: the caller's contract, narrowed to four columns.
-        unsafe {
-            let (bp, cp) = (b.add(j0 * k), c.add(j0));
-            match rows {
-                4 => x86::nk::<4>(k, a, bp, cols, cp, ldc),
-                2 => x86::nk::<2>(k, a, bp, cols, cp, ldc),
-                _ => x86::nk::<1>(k, a, bp, cols, cp, ldc),
+    {
+        let step = match layout {
+            BLayout::Nk => 4,
+            BLayout::Kn => KN_STRIP,
+        };
+        for j0 in (c0..c1).step_by(step) {
+            let w = step.min(c1 - j0);
+            let cp = c.wrapping_add(j0);
+            // SAFETY: the caller's contract, narrowed to one pass.
+            unsafe {
+                match (layout, rows) {
+                    (BLayout::Nk, 4) => x86::nk::<4>(k, a, b.add(j0 * k), w, cp, ldc),
+                    (BLayout::Nk, 2) => x86::nk::<2>(k, a, b.add(j0 * k), w, cp, ldc),
+                    (BLayout::Nk, _) => x86::nk::<1>(k, a, b.add(j0 * k), w, cp, ldc),
+                    (BLayout::Kn, 4) => x86::kn::<4>(k, a, b.add(j0), ldc, w, cp, ldc),
+                    (BLayout::Kn, 2) => x86::kn::<2>(k, a, b.add(j0), ldc, w, cp, ldc),
+                    (BLayout::Kn, _) => x86::kn::<1>(k, a, b.add(j0), ldc, w, cp, ldc),
+                }
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (rows, k, a, b, c0, c1, c, ldc);
-}
-
-/// Columns `c0..c1` of `rows` rows of C, B stored `[K, N]` with `ldc` columns.
-///
-/// # Safety
-/// As [`nk`], B holding `k × ldc`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn kn(
-    rows: usize,
-    k: usize,
-    a: *const u16,
-    b: *const u16,
-    c0: usize,
-    c1: usize,
-    c: *mut f32,
-    ldc: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    for j0 in (c0..c1).step_by(KN_STRIP) {
-        let width = KN_STRIP.min(c1 - j0);
-        // SAFETY: the caller's contract, narrowed to one strip.
-        unsafe {
-            let (bp, cp) = (b.add(j0), c.add(j0));
-            match rows {
-                4 => x86::kn::<4>(k, a, bp, ldc, width, cp, ldc),
-                2 => x86::kn::<2>(k, a, bp, ldc, width, cp, ldc),
-                _ => x86::kn::<1>(k, a, bp, ldc, width, cp, ldc),
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (rows, k, a, b, c0, c1, c, ldc);
+    let _ = (layout, rows, k, a, b, c0, c1, c, ldc);
 }
 
 #[cfg(target_arch = "x86_64")]

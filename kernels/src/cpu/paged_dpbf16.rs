@@ -27,6 +27,23 @@ const ROWS: usize = 8;
 /// Tokens whose value rows are reused from L1 across the passes over the head dimension.
 const V_CHUNK: usize = 64;
 
+/// Calls `f::<R>(args)` for `R = rows` (1 to [`ROWS`]): the row count is a const generic so
+/// each row group's sums are an array LLVM keeps in registers.
+macro_rules! by_rows {
+    ($rows:expr, $f:ident($($arg:expr),*)) => {
+        match $rows {
+            8 => $f::<8>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            _ => $f::<1>($($arg),*),
+        }
+    };
+}
+
 /// Scratch words for the transposed key tile of head dimension `d`.
 pub fn tile_words(d: usize) -> usize {
     d / 2 * TILE
@@ -105,16 +122,7 @@ pub unsafe fn scores(
             while r0 < rows {
                 let nr = ROWS.min(rows - r0);
                 let (qr, sr) = (q.add(r0 * words), scores.add(r0 * ld + i0));
-                match nr {
-                    8 => score_rows::<8>(qr, words, tile, scale, sr, ld, store),
-                    7 => score_rows::<7>(qr, words, tile, scale, sr, ld, store),
-                    6 => score_rows::<6>(qr, words, tile, scale, sr, ld, store),
-                    5 => score_rows::<5>(qr, words, tile, scale, sr, ld, store),
-                    4 => score_rows::<4>(qr, words, tile, scale, sr, ld, store),
-                    3 => score_rows::<3>(qr, words, tile, scale, sr, ld, store),
-                    2 => score_rows::<2>(qr, words, tile, scale, sr, ld, store),
-                    _ => score_rows::<1>(qr, words, tile, scale, sr, ld, store),
-                }
+                by_rows!(nr, score_rows(qr, words, tile, scale, sr, ld, store));
                 r0 += nr;
             }
         }
@@ -185,16 +193,7 @@ pub unsafe fn accumulate(
                 let (pr, ar) = (p.add(r0 * ld + c0), acc.add(r0 * d));
                 for x0 in (0..d).step_by(32) {
                     let xl = 32.min(d - x0);
-                    match nr {
-                        8 => pv_rows::<8>(pr, ld, vrows, x0, xl, ar, d),
-                        7 => pv_rows::<7>(pr, ld, vrows, x0, xl, ar, d),
-                        6 => pv_rows::<6>(pr, ld, vrows, x0, xl, ar, d),
-                        5 => pv_rows::<5>(pr, ld, vrows, x0, xl, ar, d),
-                        4 => pv_rows::<4>(pr, ld, vrows, x0, xl, ar, d),
-                        3 => pv_rows::<3>(pr, ld, vrows, x0, xl, ar, d),
-                        2 => pv_rows::<2>(pr, ld, vrows, x0, xl, ar, d),
-                        _ => pv_rows::<1>(pr, ld, vrows, x0, xl, ar, d),
-                    }
+                    by_rows!(nr, pv_rows(pr, ld, vrows, x0, xl, ar, d));
                 }
                 r0 += nr;
             }

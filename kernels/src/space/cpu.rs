@@ -178,32 +178,18 @@ impl CpuSpace {
         for isa in isa_levels(host.isa) {
             let t = table(kernel_isa(isa));
             for &threads in &thread_counts(host) {
-                if p.m <= STREAM_MAX_M {
-                    for &rows in &STREAM_ROWS {
-                        for nc in [64, 256, 1024] {
-                            out.push(GemmConfig {
-                                variant: GemmVariant::Stream,
-                                isa,
-                                mr: rows,
-                                nr: t.lanes,
-                                mc: rows,
-                                kc: p.k,
-                                nc,
-                                split: Split::N,
-                                threads,
-                            });
-                        }
-                    }
-                }
                 let dpbf16 = p.dtype == DType::Bf16 && host.avx512_bf16 && isa >= Isa::Avx512;
-                if dpbf16 && p.m <= STREAM_MAX_M {
+                let streams = [(GemmVariant::Stream, t.lanes)]
+                    .into_iter()
+                    .chain(dpbf16.then_some((GemmVariant::StreamDpbf16, 32)));
+                for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M) {
                     for &rows in &STREAM_ROWS {
                         for nc in [64, 256, 1024] {
                             out.push(GemmConfig {
-                                variant: GemmVariant::StreamDpbf16,
+                                variant,
                                 isa,
                                 mr: rows,
-                                nr: 32,
+                                nr,
                                 mc: rows,
                                 kc: p.k,
                                 nc,
