@@ -105,7 +105,7 @@ impl fmt::Display for Config {
                 f,
                 "{}{} partition={} group={} t={}",
                 c.isa,
-                if c.pairs { " pairs" } else { "" },
+                if c.key_tiles { " key-tiles" } else { "" },
                 c.partition,
                 c.group_heads,
                 c.threads
@@ -227,10 +227,11 @@ pub struct PagedConfig {
     pub partition: usize,
     pub group_heads: bool,
     pub threads: usize,
-    /// bf16 caches on AVX-512-BF16 hosts: scores with `vdpbf16ps` on transposed key tiles and
-    /// `P·V` with register-held sums (absent in results stored before it existed: false).
+    /// Scores on 16-token key tiles transposed in registers and `P·V` with register-held sums
+    /// (AVX-512; f32 caches, or bf16 caches on AVX-512-BF16 hosts through `vdpbf16ps`).
+    /// Absent in results stored before it existed: false.
     #[serde(default)]
-    pub pairs: bool,
+    pub key_tiles: bool,
 }
 
 /// The GPU GEMM kernels of `kernels/hip/gemm.hip`.

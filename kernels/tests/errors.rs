@@ -162,7 +162,7 @@ fn hostile_configs_are_rejected_before_running() {
         partition: 0,
         group_heads: false,
         threads: 1,
-        pairs: false,
+        key_tiles: false,
     });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),

@@ -11,7 +11,7 @@ mod gemm;
 mod leaf;
 mod paged;
 #[cfg(target_arch = "x86_64")]
-mod paged_dpbf16;
+mod paged_tiles;
 pub(crate) mod parallel;
 pub(crate) mod simd;
 pub(crate) mod table;

@@ -12,6 +12,7 @@ use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, TableElem};
 use crate::config::PagedConfig;
 use crate::problem::PagedProblem;
+use crate::DType;
 
 /// Tokens ahead whose key or value row is prefetched: two blocks of 16, enough to cover the
 /// memory latency at the rate a task consumes rows.
@@ -25,7 +26,7 @@ struct Layout {
     /// Context tokens per partition.
     part_len: usize,
     parts: usize,
-    /// Words of the transposed key tile of the `pairs` kernels.
+    /// Words of the transposed key tile of the `key_tiles` kernels.
     tile: usize,
 }
 
@@ -42,10 +43,12 @@ impl Layout {
             c.partition.min(p.context_len)
         };
         #[cfg(target_arch = "x86_64")]
-        let tile = if c.pairs {
-            super::paged_dpbf16::tile_words(p.head_dim)
-        } else {
-            0
+        let tile = match (c.key_tiles, p.dtype) {
+            (false, _) => 0,
+            (true, DType::Bf16) => {
+                super::paged_tiles::tile_words::<super::paged_tiles::Bf16Pairs>(p.head_dim)
+            }
+            (true, _) => super::paged_tiles::tile_words::<super::paged_tiles::F32Words>(p.head_dim),
         };
         #[cfg(not(target_arch = "x86_64"))]
         let tile = 0;
@@ -154,37 +157,47 @@ pub fn run<T: TableElem>(
                 }
             }
         };
-        if c.pairs {
+        if c.key_tiles {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: validation admits `pairs` for bf16 caches (T is bf16, read as raw bits)
-            // with an even head_dim on hosts with AVX-512-BF16; block indices were checked
-            // against the cache size by the caller; the buffers are this worker's.
+            // SAFETY: validation admits `key_tiles` for f32 caches on AVX-512 hosts and bf16
+            // caches with an even head_dim on AVX-512-BF16 hosts (T is that type, read as raw
+            // words); block indices were checked against the cache size by the caller; the
+            // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
-                let key = |i: usize| key_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u16>();
-                let value = |i: usize| value_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u16>();
+                let key = |i: usize| key_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u8>();
+                let value = |i: usize| value_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u8>();
                 let q = query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u32>();
                 let tile = tile.as_mut_ptr().cast::<u32>();
-                super::paged_dpbf16::scores(
+                let len = scores.len();
+                let normalise = |s: *mut f32| {
+                    softmax(
+                        t,
+                        std::slice::from_raw_parts_mut(s, len),
+                        stats,
+                        lay.rows,
+                        lay.part_len,
+                        n,
+                    )
+                };
+                let acc = qbuf;
+                acc.fill(0.0);
+                let run = if p.dtype == DType::Bf16 {
+                    super::paged_tiles::task_bf16
+                } else {
+                    super::paged_tiles::task_f32
+                };
+                run(
                     q,
                     lay.rows,
                     d,
                     n,
                     key,
+                    value,
                     qscale,
                     scores.as_mut_ptr(),
                     lay.part_len,
                     tile,
-                );
-                softmax(t, scores, stats, lay.rows, lay.part_len, n);
-                let acc = qbuf;
-                acc.fill(0.0);
-                super::paged_dpbf16::accumulate(
-                    scores.as_ptr(),
-                    lay.part_len,
-                    lay.rows,
-                    d,
-                    n,
-                    value,
+                    normalise,
                     acc.as_mut_ptr(),
                 );
                 finish(acc, stats);

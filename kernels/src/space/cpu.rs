@@ -129,9 +129,29 @@ fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), Ker
     Ok(())
 }
 
-/// Whether paged attention's `pairs` kernels run on a host at an ISA level.
-fn paged_pairs_run_on(host: &CpuInfo, isa: Isa) -> bool {
-    host.avx512_bf16 && isa >= Isa::Avx512
+/// Why paged attention's `key_tiles` kernels cannot run a problem on a host at an ISA level,
+/// if they cannot.
+fn key_tiles_refusal(p: &PagedProblem, host: &CpuInfo, isa: Isa) -> Option<String> {
+    if isa < Isa::Avx512 {
+        return Some(format!(
+            "key_tiles = true needs isa avx512 or above, not {isa}"
+        ));
+    }
+    match p.dtype {
+        DType::F32 => None,
+        DType::Bf16 if !host.avx512_bf16 => Some(format!(
+            "key_tiles = true on bf16 caches needs AVX-512-BF16, which {} lacks",
+            host.model
+        )),
+        DType::Bf16 if !p.head_dim.is_multiple_of(2) => Some(format!(
+            "key_tiles = true multiplies bf16 pairs of head-dim values: head_dim = {} is odd",
+            p.head_dim
+        )),
+        DType::Bf16 => None,
+        other => Some(format!(
+            "key_tiles = true takes f32 or bf16 caches, not {other}"
+        )),
+    }
 }
 
 /// The cache blocks of a packed loop nest: tiles that divide, within bounds and scratch.
@@ -458,7 +478,7 @@ impl CpuSpace {
             for &threads in &thread_counts(host) {
                 for partition in [0, 256, 512, 1024, 2048] {
                     for group_heads in [false, true] {
-                        for pairs in [false, true] {
+                        for key_tiles in [false, true] {
                             if group_heads && p.group() == 1 {
                                 continue;
                             }
@@ -467,7 +487,7 @@ impl CpuSpace {
                                 partition,
                                 group_heads,
                                 threads,
-                                pairs,
+                                key_tiles,
                             };
                             if partition >= p.context_len && partition != 0 {
                                 continue;
@@ -491,30 +511,9 @@ impl CpuSpace {
     ) -> Result<(), KernelError> {
         let f = Family::Paged;
         check_common(f, c.isa, c.threads, host)?;
-        if c.pairs {
-            if p.dtype != DType::Bf16 {
-                return Err(invalid(
-                    f,
-                    format!("pairs = true takes bf16 caches, not {}", p.dtype),
-                ));
-            }
-            if !paged_pairs_run_on(host, c.isa) {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "pairs = true needs AVX-512-BF16 and isa avx512 or above; {} with isa {}",
-                        host.model, c.isa
-                    ),
-                ));
-            }
-            if !p.head_dim.is_multiple_of(2) {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "pairs = true multiplies pairs of head-dim values: head_dim = {} is odd",
-                        p.head_dim
-                    ),
-                ));
+        if c.key_tiles {
+            if let Some(why) = key_tiles_refusal(p, host, c.isa) {
+                return Err(invalid(f, why));
             }
         }
         if c.partition != 0 && (!c.partition.is_multiple_of(p.block_size) || c.partition > 1 << 20)
@@ -608,7 +607,7 @@ impl Space for CpuSpace {
                 partition: 0,
                 group_heads: true,
                 threads: host.threads.max(1),
-                pairs: false,
+                key_tiles: false,
             }),
         }
     }
@@ -642,9 +641,7 @@ impl Space for CpuSpace {
                     partition,
                     group_heads: p.group() > 1,
                     threads,
-                    pairs: p.dtype == DType::Bf16
-                        && p.head_dim.is_multiple_of(2)
-                        && paged_pairs_run_on(host, host.isa),
+                    key_tiles: key_tiles_refusal(p, host, host.isa).is_none(),
                 })
             }
         }
