@@ -342,58 +342,53 @@ unsafe fn task<E: TileElem>(
     }
 }
 
-/// [`task`] on f32 caches.
-///
-/// # Safety
-/// As [`task`]; the CPU has AVX-512F/BW.
-#[target_feature(enable = "avx512f,avx512bw")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn task_f32(
-    q: *const u32,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: impl Fn(usize) -> *const u8,
-    value: impl Fn(usize) -> *const u8,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    tile: *mut u32,
-    softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        task::<F32Words>(
-            q, rows, d, n, key, value, scale, scores_buf, ld, tile, softmax, acc,
-        )
-    }
+/// Public entry points around [`task`], one per element type, each compiled for the target
+/// features that element's instructions need.
+macro_rules! entry {
+    ($(#[$doc:meta])* $name:ident, $elem:ty, $features:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            q: *const u32,
+            rows: usize,
+            d: usize,
+            n: usize,
+            key: impl Fn(usize) -> *const u8,
+            value: impl Fn(usize) -> *const u8,
+            scale: f32,
+            scores_buf: *mut f32,
+            ld: usize,
+            tile: *mut u32,
+            softmax: impl FnOnce(*mut f32),
+            acc: *mut f32,
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                task::<$elem>(
+                    q, rows, d, n, key, value, scale, scores_buf, ld, tile, softmax, acc,
+                )
+            }
+        }
+    };
 }
 
-/// [`task`] on bf16 caches.
-///
-/// # Safety
-/// As [`task`]; `d` is even; the CPU has AVX-512F/BW and AVX-512-BF16.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn task_bf16(
-    q: *const u32,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: impl Fn(usize) -> *const u8,
-    value: impl Fn(usize) -> *const u8,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    tile: *mut u32,
-    softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        task::<Bf16Pairs>(
-            q, rows, d, n, key, value, scale, scores_buf, ld, tile, softmax, acc,
-        )
-    }
-}
+entry!(
+    /// [`task`] on f32 caches.
+    ///
+    /// # Safety
+    /// As [`task`]; the CPU has AVX-512F/BW.
+    task_f32,
+    F32Words,
+    "avx512f,avx512bw"
+);
+
+entry!(
+    /// [`task`] on bf16 caches.
+    ///
+    /// # Safety
+    /// As [`task`]; `d` is even; the CPU has AVX-512F/BW and AVX-512-BF16.
+    task_bf16,
+    Bf16Pairs,
+    "avx512f,avx512bw,avx512bf16"
+);
