@@ -312,38 +312,10 @@ unsafe fn pv_rows<E: TileElem, const R: usize>(
     }
 }
 
-/// One task's scores into `scores_buf` and, after `softmax` (handed the same pointer) turned
-/// them into weights, `P·V` into `acc` (zeroed by the caller), for `E`'s instructions: the entry points set the target
-/// features each element type needs, and everything below is inlined into them.
-///
-/// # Safety
-/// As [`scores`] and [`accumulate`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn task<E: TileElem>(
-    q: *const u32,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: impl Fn(usize) -> *const u8,
-    value: impl Fn(usize) -> *const u8,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    tile: *mut u32,
-    softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        scores::<E>(q, rows, d, n, key, scale, scores_buf, ld, tile);
-        softmax(scores_buf);
-        accumulate::<E>(scores_buf, ld, rows, d, n, value, acc);
-    }
-}
-
-/// Public entry points around [`task`], one per element type, each compiled for the target
-/// features that element's instructions need.
+/// The public entry points, one per element type, each compiled for the target features that
+/// element's instructions need (everything above is inlined into them): one task's scores into
+/// `scores_buf` and, after `softmax` (handed the same pointer) turned them into weights, `P·V`
+/// into `acc` (zeroed by the caller).
 macro_rules! entry {
     ($(#[$doc:meta])* $name:ident, $elem:ty, $features:literal) => {
         $(#[$doc])*
@@ -365,29 +337,29 @@ macro_rules! entry {
         ) {
             // SAFETY: the caller's contract.
             unsafe {
-                task::<$elem>(
-                    q, rows, d, n, key, value, scale, scores_buf, ld, tile, softmax, acc,
-                )
+                scores::<$elem>(q, rows, d, n, key, scale, scores_buf, ld, tile);
+                softmax(scores_buf);
+                accumulate::<$elem>(scores_buf, ld, rows, d, n, value, acc);
             }
         }
     };
 }
 
 entry!(
-    /// [`task`] on f32 caches.
+    /// One paged-attention task on f32 caches.
     ///
     /// # Safety
-    /// As [`task`]; the CPU has AVX-512F/BW.
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW.
     task_f32,
     F32Words,
     "avx512f,avx512bw"
 );
 
 entry!(
-    /// [`task`] on bf16 caches.
+    /// One paged-attention task on bf16 caches.
     ///
     /// # Safety
-    /// As [`task`]; `d` is even; the CPU has AVX-512F/BW and AVX-512-BF16.
+    /// As [`scores`] and [`accumulate`]; `d` is even; the CPU has AVX-512F/BW and AVX-512-BF16.
     task_bf16,
     Bf16Pairs,
     "avx512f,avx512bw,avx512bf16"
