@@ -37,10 +37,10 @@ impl DType {
         }
     }
 
-    /// Relative tolerance for comparing a kernel's f32 output with the f64 reference. The
-    /// reference sees the same rounded inputs, so the error comes from f32 accumulation order
-    /// alone; half-precision inputs only widen it where a kernel rounds intermediates (the
-    /// attention probabilities) back to the input type.
+    /// Relative tolerance for comparing a kernel's f32 output with the f64 reference (the
+    /// largest error against the largest reference value) where the kernel rounds nothing
+    /// itself: the reference sees the same rounded inputs, so the error comes from f32
+    /// accumulation order alone. [`crate::Problem::tolerance`] widens it for attention.
     pub fn tolerance(self) -> f64 {
         match self {
             DType::F32 => 1e-4,

@@ -348,7 +348,7 @@ fn eight_threads_dispatch_correctly_through_reloads() {
                     }
                     .unwrap();
                     let err = relative_error(&data.out, &reference);
-                    assert!(err < p.dtype().tolerance(), "{p}: {err}");
+                    assert!(err < p.tolerance(), "{p}: {err}");
                     calls += 1;
                 }
                 calls

@@ -169,7 +169,7 @@ pub fn check_rows(
             });
         worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
     }
-    if worst > problem.dtype().tolerance() {
+    if worst > problem.tolerance() {
         return Err(Failure::Wrong(worst));
     }
     Ok(worst)

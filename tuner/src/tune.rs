@@ -386,7 +386,7 @@ pub fn sweep_candidates(
                 rec.message = Some(format!(
                     "relative error {err:.3e} exceeds the {} tolerance {:.0e}",
                     problem.dtype(),
-                    problem.dtype().tolerance()
+                    problem.tolerance()
                 ));
                 None
             }

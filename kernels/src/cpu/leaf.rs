@@ -417,7 +417,11 @@ pub fn exp2_approx(x_in: f32) -> f32 {
     let p = p * f + 2.402_264_7e-1;
     let p = p * f + 6.931_472e-1;
     let p = p * f + 1.0;
-    let r = f32::from_bits(p.to_bits().wrapping_add(((xi as i32) << 23) as u32));
+    // `xi` is a whole number in [-126, 0]: adding 1.5 · 2^23 leaves it in the low mantissa
+    // bits, a conversion LLVM vectorises; `xi as i32` (saturating, NaN to 0) it left scalar,
+    // one conversion per value.
+    let xi_bits = (xi + 12_582_912.0).to_bits().wrapping_sub(0x4B40_0000);
+    let r = f32::from_bits(p.to_bits().wrapping_add(xi_bits << 23));
     if x_in < -126.0 {
         0.0
     } else {

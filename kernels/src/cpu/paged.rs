@@ -164,8 +164,16 @@ pub fn run<T: TableElem>(
             // words); block indices were checked against the cache size by the caller; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
-                let key = |i: usize| key_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u8>();
-                let value = |i: usize| value_cache.as_ptr().add(kv_offset(t0 + i)).cast::<u8>();
+                use super::paged_tiles::Rows;
+                let size = std::mem::size_of::<T>();
+                let rows = |cache: &[T]| Rows {
+                    base: cache.as_ptr().add(kvh * d).cast::<u8>(),
+                    table: block_tables.as_ptr().add(seq * max_blocks),
+                    first: t0,
+                    shift,
+                    stride: p.kv_heads * d * size,
+                };
+                let (key, value) = (rows(key_cache), rows(value_cache));
                 let q = query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u32>();
                 let tile = tile.as_mut_ptr().cast::<u32>();
                 let len = scores.len();

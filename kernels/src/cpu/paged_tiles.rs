@@ -48,18 +48,30 @@ macro_rules! by_rows {
 
 /// A cache element type the tiles handle: its values packed in 32-bit words.
 pub trait TileElem {
-    /// Head-dim values per 32-bit word.
+    /// Head-dim values per 32-bit word, and tokens per `P·V` step.
     const PER_WORD: usize;
-    /// `acc + q · k` over each lane's word: `q` one word of a query row, `k` 16 tokens' words.
+    /// `acc + q · k` over each lane's word: `q` one word broadcast (of a query row, or of the
+    /// weights), `k` 16 words.
     ///
     /// # Safety
     /// The CPU has AVX-512F (and AVX-512-BF16 for bf16 pairs).
     unsafe fn madd(acc: __m512, q: u32, k: __m512i) -> __m512;
-    /// `n <= 32` values from `row` as f32, the first 16 and the rest.
+    /// Rewrites `rows` rows of `n` f32 weights (`ld` apart) as the words [`Self::madd`]
+    /// takes, word `i` of a row standing for its tokens `PER_WORD · i ..`; tokens past `n`
+    /// that share a word weigh 0.
     ///
     /// # Safety
-    /// As [`Self::madd`]; `row` readable for `n` values.
-    unsafe fn load32(row: *const u8, n: usize) -> [__m512; 2];
+    /// As [`Self::madd`]; `p` holds the rows.
+    unsafe fn pack_weights(p: *mut f32, rows: usize, ld: usize, n: usize);
+    /// The value words of one `P·V` step: `PER_WORD` tokens' `xl <= 32` values from `at`
+    /// bytes into their rows `v`, as two vectors in the lane order of [`Self::lanes`].
+    ///
+    /// # Safety
+    /// As [`Self::madd`]; each row readable for `xl` values from `at`.
+    unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2];
+    /// The head-dim value each lane of the two step vectors holds: lane `j` of vector `h`
+    /// holds value `lanes()[16 · h + j]` of the 32.
+    fn lanes() -> [u32; 32];
 }
 
 /// f32 caches: one value per word, multiplied with FMAs.
@@ -79,19 +91,26 @@ impl TileElem for F32Words {
         }
     }
     #[inline(always)]
-    unsafe fn load32(row: *const u8, n: usize) -> [__m512; 2] {
-        let row = row.cast::<f32>();
-        // SAFETY: masked loads read only the `n` values the caller vouches for.
+    unsafe fn pack_weights(_: *mut f32, _: usize, _: usize, _: usize) {}
+    #[inline(always)]
+    unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2] {
+        let row = v[0].wrapping_add(at).cast::<i32>();
+        // SAFETY: masked loads read only the `xl` values the caller vouches for.
         unsafe {
             [
-                _mm512_maskz_loadu_ps(lanes16(n), row),
-                _mm512_maskz_loadu_ps(lanes16(n.saturating_sub(16)), row.wrapping_add(16)),
+                _mm512_maskz_loadu_epi32(lanes16(xl), row),
+                _mm512_maskz_loadu_epi32(lanes16(xl.saturating_sub(16)), row.wrapping_add(16)),
             ]
         }
     }
+    fn lanes() -> [u32; 32] {
+        std::array::from_fn(|x| x as u32)
+    }
 }
 
-/// bf16 caches: pairs of values per word, multiplied with `vdpbf16ps`.
+/// bf16 caches: pairs of values per word, multiplied with `vdpbf16ps`. In `P·V` the pairs
+/// are two tokens' values of one head-dim position, against the two tokens' weights rounded
+/// to bf16, as GPU flash-attention kernels round `P` for their second matrix product.
 pub struct Bf16Pairs;
 
 impl TileElem for Bf16Pairs {
@@ -102,26 +121,84 @@ impl TileElem for Bf16Pairs {
         unsafe { _mm512_dpbf16_ps(acc, bh(_mm512_set1_epi32(q as i32)), bh(k)) }
     }
     #[inline(always)]
-    unsafe fn load32(row: *const u8, n: usize) -> [__m512; 2] {
-        // SAFETY: the masked load reads only the `n` values the caller vouches for.
+    unsafe fn pack_weights(p: *mut f32, rows: usize, ld: usize, n: usize) {
+        for r in 0..rows {
+            // SAFETY: each step loads 32 weights (masked to the row's `n`) before storing
+            // their 64 bytes of bf16 at or before the bytes it read: rewriting in place
+            // never overwrites a weight not yet read. The masked-out weight after an odd `n`
+            // loads as 0 and is stored with its pair.
+            unsafe {
+                let row = p.add(r * ld);
+                for c in (0..n).step_by(32) {
+                    let a = _mm512_maskz_loadu_ps(lanes16(n - c), row.add(c));
+                    let b =
+                        _mm512_maskz_loadu_ps(lanes16((n - c).saturating_sub(16)), row.add(c + 16));
+                    let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+                    let keep = lanes32((n - c).next_multiple_of(2));
+                    _mm512_mask_storeu_epi16(row.cast::<u16>().add(c).cast(), keep, packed);
+                }
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2] {
+        let m = lanes32(xl);
+        // SAFETY: the masked loads read only the `xl` values the caller vouches for.
         unsafe {
-            let v = _mm512_maskz_loadu_epi16(lanes32(n), row.cast());
-            // bf16 is the top half of an f32: zero-extend each value to 32 bits and shift.
-            [
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                    _mm512_castsi512_si256(v),
-                ))),
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                    _mm512_extracti64x4_epi64::<1>(v),
-                ))),
-            ]
+            let a = _mm512_maskz_loadu_epi16(m, v[0].add(at).cast());
+            let b = _mm512_maskz_loadu_epi16(m, v[1].add(at).cast());
+            [_mm512_unpacklo_epi16(a, b), _mm512_unpackhi_epi16(a, b)]
+        }
+    }
+    fn lanes() -> [u32; 32] {
+        // Interleaving works within 128-bit lanes of 8 values: the low half of each lane's
+        // values goes to the first vector, the high half to the second.
+        std::array::from_fn(|i| {
+            let (h, j) = (i / 16, i % 16);
+            (8 * (j / 4) + 4 * h + j % 4) as u32
+        })
+    }
+}
+
+/// Where a task's key or value rows lie: token `i` of the task is context token `first + i`,
+/// row `(first + i) % 2^shift` of block `table[(first + i) >> shift]`. A plain struct rather
+/// than a closure: its two loads and three integer operations inline into the loops that
+/// fetch and prefetch rows, where a closure call cost more than the row's arithmetic.
+#[derive(Clone, Copy)]
+pub struct Rows {
+    /// The cache's first byte of this task's KV head.
+    pub base: *const u8,
+    /// The sequence's block table.
+    pub table: *const u32,
+    /// The task's first context token.
+    pub first: usize,
+    /// log2 of the block size.
+    pub shift: u32,
+    /// Bytes from one token's row to the next within a block.
+    pub stride: usize,
+}
+
+impl Rows {
+    /// Token `i`'s row.
+    ///
+    /// # Safety
+    /// The block table entry of token `first + i` exists and names a block inside the cache.
+    #[inline(always)]
+    unsafe fn at(&self, i: usize) -> *const u8 {
+        let t = self.first + i;
+        // SAFETY: the caller's contract.
+        unsafe {
+            let block = *self.table.add(t >> self.shift) as usize;
+            let row = (block << self.shift) + (t & ((1 << self.shift) - 1));
+            self.base.add(row * self.stride)
         }
     }
 }
 
-/// Scratch words for the transposed key tile of head dimension `d`.
+/// Scratch words for the transposed key tile of head dimension `d`: whole transposes of 16
+/// words, so every one stores all its 16 vectors.
 pub fn tile_words<E: TileElem>(d: usize) -> usize {
-    d / E::PER_WORD * TILE
+    (d / E::PER_WORD).next_multiple_of(16) * TILE
 }
 
 fn lanes16(n: usize) -> __mmask16 {
@@ -151,7 +228,7 @@ unsafe fn bh(v: __m512i) -> __m512bh {
 /// # Safety
 /// The CPU has AVX-512F/BW (and AVX-512-BF16 for bf16 pairs); `d` is a multiple of
 /// `E::PER_WORD`; `q` holds `rows` rows of `d / E::PER_WORD` words (read unaligned: a bf16
-/// buffer need only be 2-byte aligned); `key(i)` points at `d` readable values for `i < n`;
+/// buffer need only be 2-byte aligned); `key.at(i)` points at `d` readable values for `i < n`;
 /// `scores` is writable for `rows` rows of `n` at `ld` apart; `tile` holds
 /// [`tile_words`]`(d)` words.
 #[inline(always)]
@@ -161,7 +238,7 @@ unsafe fn scores<E: TileElem>(
     rows: usize,
     d: usize,
     n: usize,
-    key: impl Fn(usize) -> *const u8,
+    key: Rows,
     scale: f32,
     scores: *mut f32,
     ld: usize,
@@ -173,24 +250,26 @@ unsafe fn scores<E: TileElem>(
         let live = TILE.min(n - i0);
         // SAFETY: the caller's contract on keys, the tile and the scores.
         unsafe {
-            let rows_at: [*const u8; TILE] =
-                std::array::from_fn(|t| if t < live { key(i0 + t) } else { key(i0) });
+            // Plain loops fill the arrays: `std::array::from_fn` was left a call and a copy.
+            let mut rows_at = [std::ptr::null::<u8>(); TILE];
+            for (t, row) in rows_at.iter_mut().enumerate().take(live) {
+                *row = key.at(i0 + t);
+            }
             for t in 0..TILE {
                 if i0 + t + AHEAD < n {
-                    prefetch::<_, true>(key(i0 + t + AHEAD), row_bytes);
+                    prefetch::<_, true>(key.at(i0 + t + AHEAD), row_bytes);
                 }
             }
             for w0 in (0..words).step_by(16) {
                 let mask = lanes16(words - w0);
-                let mut r: [__m512i; TILE] = std::array::from_fn(|t| {
-                    if t < live {
-                        _mm512_maskz_loadu_epi32(mask, rows_at[t].add(4 * w0).cast())
-                    } else {
-                        _mm512_setzero_si512()
-                    }
-                });
+                let mut r = [_mm512_setzero_si512(); TILE];
+                for (v, row) in r.iter_mut().zip(&rows_at).take(live) {
+                    *v = _mm512_maskz_loadu_epi32(mask, row.add(4 * w0).cast());
+                }
                 super::transpose::transpose16(&mut r);
-                for (c, v) in r.iter().enumerate().take(words - w0) {
+                // All 16, a fixed count that stays unrolled from registers: a loop to
+                // `words - w0` became one `memcpy` of the vectors spilled to the stack.
+                for (c, v) in r.iter().enumerate() {
                     _mm512_storeu_si512(tile.add((w0 + c) * TILE).cast(), *v);
                 }
             }
@@ -233,42 +312,66 @@ unsafe fn score_rows<E: TileElem, const R: usize>(
     }
 }
 
-/// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows and `n` tokens.
+/// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows and `n` tokens, the
+/// weights already packed by [`TileElem::pack_weights`].
 ///
 /// # Safety
-/// As [`scores`]; `value(i)` points at `d` readable values for `i < n`; `p` holds `rows` rows
-/// of `n` weights at `ld` apart; `acc` holds `rows × d`.
+/// As [`scores`]; `value.at(i)` points at `d` readable values for `i < n`; `p` holds `rows`
+/// rows of packed weights at `ld` words apart; `acc` holds `rows × d`.
 #[inline(always)]
 unsafe fn accumulate<E: TileElem>(
-    p: *const f32,
+    p: *const u32,
     ld: usize,
     rows: usize,
     d: usize,
     n: usize,
-    value: impl Fn(usize) -> *const u8,
+    value: Rows,
     acc: *mut f32,
 ) {
     let row_bytes = 4 * d / E::PER_WORD;
+    let lanes = E::lanes();
+    // SAFETY: plain vector loads of the permutations' indices.
+    let (to_lanes, from_lanes) = unsafe {
+        let mut inverse = [0u32; 32];
+        for (i, &x) in lanes.iter().enumerate() {
+            inverse[x as usize] = i as u32;
+        }
+        (
+            [
+                _mm512_loadu_si512(lanes.as_ptr().cast()),
+                _mm512_loadu_si512(lanes.as_ptr().add(16).cast()),
+            ],
+            [
+                _mm512_loadu_si512(inverse.as_ptr().cast()),
+                _mm512_loadu_si512(inverse.as_ptr().add(16).cast()),
+            ],
+        )
+    };
+    let mut vrows = [std::ptr::null::<u8>(); V_CHUNK];
     for c0 in (0..n).step_by(V_CHUNK) {
         let live = V_CHUNK.min(n - c0);
         // SAFETY: the caller's contract on values, weights and sums.
         unsafe {
-            let vrows: [*const u8; V_CHUNK] =
-                std::array::from_fn(|t| if t < live { value(c0 + t) } else { value(c0) });
+            // A step's second token past `n` reads the last row again, at weight 0.
+            let steps = live.next_multiple_of(E::PER_WORD);
+            for (t, row) in vrows.iter_mut().enumerate().take(steps) {
+                *row = value.at(c0 + t.min(live - 1));
+            }
             for t in 0..live {
                 if c0 + t + AHEAD < n {
-                    prefetch::<_, true>(value(c0 + t + AHEAD), row_bytes);
+                    prefetch::<_, true>(value.at(c0 + t + AHEAD), row_bytes);
                 }
             }
-            let vrows = &vrows[..live];
+            let vrows = &vrows[..steps];
             let mut r0 = 0;
             while r0 < rows {
                 let nr = ROWS.min(rows - r0);
-                let (pr, ar) = (p.add(r0 * ld + c0), acc.add(r0 * d));
+                let (pr, ar) = (p.add(r0 * ld + c0 / E::PER_WORD), acc.add(r0 * d));
                 for x0 in (0..d).step_by(32) {
                     let xl = 32.min(d - x0);
                     let at = x0 * 4 / E::PER_WORD;
-                    by_rows!(nr, pv_rows::<E>(pr, ld, vrows, at, xl, ar.add(x0), d));
+                    let perm = (&to_lanes, &from_lanes);
+                    by_rows!(nr, pv_rows::<E>(pr, ld, vrows, at, xl, ar.add(x0), d, perm));
                 }
                 r0 += nr;
             }
@@ -277,37 +380,43 @@ unsafe fn accumulate<E: TileElem>(
 }
 
 /// `R` rows' sums over `xl <= 32` head-dim values, `at` bytes into each value row, for the
-/// chunk's tokens; `acc` points at the first of them in row 0 of the sums.
+/// chunk's tokens; `acc` points at the first of them in row 0 of the sums. The sums are
+/// permuted into the step vectors' lane order while they stay in registers.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pv_rows<E: TileElem, const R: usize>(
-    p: *const f32,
+    p: *const u32,
     ld: usize,
     vrows: &[*const u8],
     at: usize,
     xl: usize,
     acc: *mut f32,
     d: usize,
+    (to_lanes, from_lanes): (&[__m512i; 2], &[__m512i; 2]),
 ) {
     let (m0, m1) = (lanes16(xl), lanes16(xl.saturating_sub(16)));
     // SAFETY: `accumulate`'s contract, narrowed to R rows and xl values.
     unsafe {
-        let mut sums: [[__m512; 2]; R] = std::array::from_fn(|j| {
-            [
-                _mm512_maskz_loadu_ps(m0, acc.add(j * d)),
-                _mm512_maskz_loadu_ps(m1, acc.add(j * d + 16)),
-            ]
-        });
-        for (t, &row) in vrows.iter().enumerate() {
-            let [lo, hi] = E::load32(row.add(at), xl);
+        let mut sums = [[_mm512_setzero_ps(); 2]; R];
+        for (j, s) in sums.iter_mut().enumerate() {
+            let a0 = _mm512_maskz_loadu_ps(m0, acc.add(j * d));
+            let a1 = _mm512_maskz_loadu_ps(m1, acc.add(j * d + 16));
+            s[0] = _mm512_permutex2var_ps(a0, to_lanes[0], a1);
+            s[1] = _mm512_permutex2var_ps(a0, to_lanes[1], a1);
+        }
+        for (i, step) in vrows.chunks_exact(E::PER_WORD).enumerate() {
+            let [lo, hi] = E::values(step, at, xl);
             for (j, s) in sums.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(*p.add(j * ld + t));
-                s[0] = _mm512_fmadd_ps(w, lo, s[0]);
-                s[1] = _mm512_fmadd_ps(w, hi, s[1]);
+                let w = p.add(j * ld + i).read();
+                s[0] = E::madd(s[0], w, lo);
+                s[1] = E::madd(s[1], w, hi);
             }
         }
         for (j, s) in sums.iter().enumerate() {
-            _mm512_mask_storeu_ps(acc.add(j * d), m0, s[0]);
-            _mm512_mask_storeu_ps(acc.add(j * d + 16), m1, s[1]);
+            let a0 = _mm512_permutex2var_ps(s[0], from_lanes[0], s[1]);
+            let a1 = _mm512_permutex2var_ps(s[0], from_lanes[1], s[1]);
+            _mm512_mask_storeu_ps(acc.add(j * d), m0, a0);
+            _mm512_mask_storeu_ps(acc.add(j * d + 16), m1, a1);
         }
     }
 }
@@ -326,8 +435,8 @@ macro_rules! entry {
             rows: usize,
             d: usize,
             n: usize,
-            key: impl Fn(usize) -> *const u8,
-            value: impl Fn(usize) -> *const u8,
+            key: Rows,
+            value: Rows,
             scale: f32,
             scores_buf: *mut f32,
             ld: usize,
@@ -339,7 +448,8 @@ macro_rules! entry {
             unsafe {
                 scores::<$elem>(q, rows, d, n, key, scale, scores_buf, ld, tile);
                 softmax(scores_buf);
-                accumulate::<$elem>(scores_buf, ld, rows, d, n, value, acc);
+                <$elem>::pack_weights(scores_buf, rows, ld, n);
+                accumulate::<$elem>(scores_buf.cast(), ld, rows, d, n, value, acc);
             }
         }
     };

@@ -26,7 +26,7 @@ pub fn error_of(
 pub fn check_all(problem: &Problem, configs: &[Config]) -> usize {
     let mut data = ProblemData::random(problem, 7);
     let reference = data.reference();
-    let tol = problem.dtype().tolerance();
+    let tol = problem.tolerance();
     let mut scratch = Scratch::new();
     for config in configs {
         let err = error_of(&mut data, config, &reference, &mut scratch);

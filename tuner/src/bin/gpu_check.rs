@@ -126,7 +126,7 @@ impl Check<'_> {
                     .fold(0f64, |a, e| {
                         a.max(if e.is_nan() { f64::INFINITY } else { e })
                     });
-                if worst > p.dtype().tolerance() {
+                if worst > p.tolerance() {
                     bail!("relative error {worst:.2e}");
                 }
                 Ok(kernel)

@@ -137,7 +137,7 @@ pub fn check(row: ExportRow) -> Result<ImportRow, String> {
                 row.problem, s.median_ns, s.min_ns, s.reps
             ));
         }
-        let tolerance = problem.dtype().tolerance();
+        let tolerance = problem.tolerance();
         match row.error {
             Some(e) if e.is_finite() && (0.0..=tolerance).contains(&e) => {}
             other => {
