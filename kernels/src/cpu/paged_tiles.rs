@@ -18,9 +18,11 @@ use std::arch::x86_64::*;
 
 use super::leaf::prefetch;
 
-/// Tokens ahead whose rows are prefetched into L2: four blocks of 16. Measured on two Zen 4
-/// cores (32 sequences × 4096 tokens, 8 query heads per KV head): 6.2 ms at 32 to 128 tokens
-/// ahead into L2, 9.9 ms at 32 into L1 (its miss buffers fill), 7.6 ms at 256.
+/// Tokens ahead whose key rows are prefetched into L2: four tiles, four blocks of 16. Value
+/// rows are prefetched a chunk ([`V_CHUNK`]) ahead. Both are requested a line at a time as
+/// the line of the same position in the current rows is read: the miss buffers hold about
+/// two dozen lines, and a burst of a tile's 64 (or a chunk's 256) requests stalled the loop
+/// until they drained.
 const AHEAD: usize = 64;
 /// Tokens per score tile: one vector of scores per query row.
 pub const TILE: usize = 16;
@@ -245,7 +247,6 @@ unsafe fn scores<E: TileElem>(
     tile: *mut u32,
 ) {
     let words = d / E::PER_WORD;
-    let row_bytes = 4 * words;
     for i0 in (0..n).step_by(TILE) {
         let live = TILE.min(n - i0);
         // SAFETY: the caller's contract on keys, the tile and the scores.
@@ -255,16 +256,19 @@ unsafe fn scores<E: TileElem>(
             for (t, row) in rows_at.iter_mut().enumerate().take(live) {
                 *row = key.at(i0 + t);
             }
-            for t in 0..TILE {
-                if i0 + t + AHEAD < n {
-                    prefetch::<_, true>(key.at(i0 + t + AHEAD), row_bytes);
-                }
+            let mut ahead = [std::ptr::null::<u8>(); TILE];
+            let ahead_live = TILE.min(n.saturating_sub(i0 + AHEAD));
+            for (t, row) in ahead.iter_mut().enumerate().take(ahead_live) {
+                *row = key.at(i0 + AHEAD + t);
             }
             for w0 in (0..words).step_by(16) {
                 let mask = lanes16(words - w0);
                 let mut r = [_mm512_setzero_si512(); TILE];
                 for (v, row) in r.iter_mut().zip(&rows_at).take(live) {
                     *v = _mm512_maskz_loadu_epi32(mask, row.add(4 * w0).cast());
+                }
+                for row in &ahead[..ahead_live] {
+                    prefetch::<_, true>(row.add(4 * w0), 64);
                 }
                 super::transpose::transpose16(&mut r);
                 // All 16, a fixed count that stays unrolled from registers: a loop to
@@ -328,7 +332,6 @@ unsafe fn accumulate<E: TileElem>(
     value: Rows,
     acc: *mut f32,
 ) {
-    let row_bytes = 4 * d / E::PER_WORD;
     let lanes = E::lanes();
     // SAFETY: plain vector loads of the permutations' indices.
     let (to_lanes, from_lanes) = unsafe {
@@ -348,6 +351,7 @@ unsafe fn accumulate<E: TileElem>(
         )
     };
     let mut vrows = [std::ptr::null::<u8>(); V_CHUNK];
+    let mut next = [std::ptr::null::<u8>(); V_CHUNK];
     for c0 in (0..n).step_by(V_CHUNK) {
         let live = V_CHUNK.min(n - c0);
         // SAFETY: the caller's contract on values, weights and sums.
@@ -357,21 +361,23 @@ unsafe fn accumulate<E: TileElem>(
             for (t, row) in vrows.iter_mut().enumerate().take(steps) {
                 *row = value.at(c0 + t.min(live - 1));
             }
-            for t in 0..live {
-                if c0 + t + AHEAD < n {
-                    prefetch::<_, true>(value.at(c0 + t + AHEAD), row_bytes);
-                }
+            let next_live = V_CHUNK.min(n.saturating_sub(c0 + V_CHUNK));
+            for (t, row) in next.iter_mut().enumerate().take(next_live) {
+                *row = value.at(c0 + V_CHUNK + t);
             }
             let vrows = &vrows[..steps];
             let mut r0 = 0;
             while r0 < rows {
                 let nr = ROWS.min(rows - r0);
                 let (pr, ar) = (p.add(r0 * ld + c0 / E::PER_WORD), acc.add(r0 * d));
+                // The first row group requests the next chunk's rows.
+                let next = if r0 == 0 { &next[..next_live] } else { &[] };
                 for x0 in (0..d).step_by(32) {
                     let xl = 32.min(d - x0);
                     let at = x0 * 4 / E::PER_WORD;
                     let perm = (&to_lanes, &from_lanes);
-                    by_rows!(nr, pv_rows::<E>(pr, ld, vrows, at, xl, ar.add(x0), d, perm));
+                    let vs = (vrows, next);
+                    by_rows!(nr, pv_rows::<E>(pr, ld, vs, at, xl, ar.add(x0), d, perm));
                 }
                 r0 += nr;
             }
@@ -381,19 +387,21 @@ unsafe fn accumulate<E: TileElem>(
 
 /// `R` rows' sums over `xl <= 32` head-dim values, `at` bytes into each value row, for the
 /// chunk's tokens; `acc` points at the first of them in row 0 of the sums. The sums are
-/// permuted into the step vectors' lane order while they stay in registers.
+/// permuted into the step vectors' lane order while they stay in registers. The same bytes
+/// of the `next` rows are prefetched, spread over the steps.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pv_rows<E: TileElem, const R: usize>(
     p: *const u32,
     ld: usize,
-    vrows: &[*const u8],
+    (vrows, next): (&[*const u8], &[*const u8]),
     at: usize,
     xl: usize,
     acc: *mut f32,
     d: usize,
     (to_lanes, from_lanes): (&[__m512i; 2], &[__m512i; 2]),
 ) {
+    let bytes = xl * 4 / E::PER_WORD;
     let (m0, m1) = (lanes16(xl), lanes16(xl.saturating_sub(16)));
     // SAFETY: `accumulate`'s contract, narrowed to R rows and xl values.
     unsafe {
@@ -405,6 +413,9 @@ unsafe fn pv_rows<E: TileElem, const R: usize>(
             s[1] = _mm512_permutex2var_ps(a0, to_lanes[1], a1);
         }
         for (i, step) in vrows.chunks_exact(E::PER_WORD).enumerate() {
+            for row in next.iter().skip(i * E::PER_WORD).take(E::PER_WORD) {
+                prefetch::<_, true>(row.add(at), bytes);
+            }
             let [lo, hi] = E::values(step, at, xl);
             for (j, s) in sums.iter_mut().enumerate() {
                 let w = p.add(j * ld + i).read();
