@@ -227,8 +227,9 @@ pub struct PagedConfig {
     pub partition: usize,
     pub group_heads: bool,
     pub threads: usize,
-    /// Scores on 16-token key tiles transposed in registers and `P·V` with register-held sums
-    /// (AVX-512; f32 caches, or bf16 caches on AVX-512-BF16 hosts through `vdpbf16ps`).
+    /// Scores in tiles of 16 keys with the query rows sharing each vector's lanes, and `P·V`
+    /// with register-held sums (AVX-512; f32 caches, or bf16 caches on AVX-512-BF16 hosts
+    /// through `vdpbf16ps`, the `P·V` weights rounded to bf16).
     /// Absent in results stored before it existed: false.
     #[serde(default)]
     pub key_tiles: bool,

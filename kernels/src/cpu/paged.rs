@@ -46,9 +46,11 @@ impl Layout {
         let tile = match (c.key_tiles, p.dtype) {
             (false, _) => 0,
             (true, DType::Bf16) => {
-                super::paged_tiles::tile_words::<super::paged_tiles::Bf16Pairs>(p.head_dim)
+                super::paged_tiles::q_words::<super::paged_tiles::Bf16Pairs>(p.head_dim, rows)
             }
-            (true, _) => super::paged_tiles::tile_words::<super::paged_tiles::F32Words>(p.head_dim),
+            (true, _) => {
+                super::paged_tiles::q_words::<super::paged_tiles::F32Words>(p.head_dim, rows)
+            }
         };
         #[cfg(not(target_arch = "x86_64"))]
         let tile = 0;

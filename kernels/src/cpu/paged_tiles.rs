@@ -1,18 +1,19 @@
-//! The two halves of a paged-attention task with transposed key tiles (`key_tiles` configs,
-//! AVX-512; f32 caches, or bf16 caches on AVX-512-BF16): scores `Q·Kᵀ` without horizontal sums,
-//! and `P·V` with query-row sums held in registers. [`super::paged`] owns the tasks, the
-//! softmax and the partitions.
+//! The two halves of a paged-attention task in tiles of 16 keys (`key_tiles` configs,
+//! AVX-512; f32 caches, or bf16 caches on AVX-512-BF16): scores `Q·Kᵀ` without horizontal sums
+//! per token, and `P·V` with query-row sums held in registers. [`super::paged`] owns the
+//! tasks, the softmax and the partitions.
 //!
-//! Scores: sixteen key rows (tokens) are loaded through the block table and transposed in
-//! registers 16 32-bit words at a time, so one vector holds one word of every token: an f32
-//! head-dim value, or a pair of bf16 values. Each query row's word is broadcast against it
-//! (an FMA, or `vdpbf16ps` for pairs): a row's 16 scores build up in one register, and each
-//! key row is read once for all query rows of the KV head. The query is used as given (bf16
-//! stays bf16) and the scale is applied to the f32 sums.
+//! Scores: the query rows of a KV head share the lanes of one vector (each row a few
+//! consecutive 32-bit words: f32 values, or pairs of bf16), and each key row's matching words
+//! are broadcast against it, so every key row is read once for all query rows and every
+//! multiply-add does useful work whatever the group size. Sixteen tokens' sums are then
+//! transposed once, turning lanes into tokens. The query is used as given (bf16 stays bf16)
+//! and the scale is applied to the f32 sums.
 //!
 //! `P·V`: for 32 head-dim values at a time, up to 8 query rows keep their sums in 16
 //! registers while the value rows of a 64-token chunk (16 KiB of bf16 at d = 128, in L1)
-//! stream past; each value vector is loaded (and widened) once for all rows.
+//! stream past; each value vector is loaded once for all rows. f32 values meet f32 weights
+//! in FMAs; bf16 values go two tokens to a pair, against the two weights rounded to bf16.
 
 use std::arch::x86_64::*;
 
@@ -25,7 +26,7 @@ use super::leaf::prefetch;
 /// until they drained.
 const AHEAD: usize = 64;
 /// Tokens per score tile: one vector of scores per query row.
-pub const TILE: usize = 16;
+const TILE: usize = 16;
 /// Query rows whose sums stay in registers together.
 const ROWS: usize = 8;
 /// Tokens whose value rows are reused from L1 across the passes over the head dimension.
@@ -52,12 +53,11 @@ macro_rules! by_rows {
 pub trait TileElem {
     /// Head-dim values per 32-bit word, and tokens per `P·V` step.
     const PER_WORD: usize;
-    /// `acc + q · k` over each lane's word: `q` one word broadcast (of a query row, or of the
-    /// weights), `k` 16 words.
+    /// `acc + a · b` lane by lane, each lane's word holding one value (f32) or a pair (bf16).
     ///
     /// # Safety
     /// The CPU has AVX-512F (and AVX-512-BF16 for bf16 pairs).
-    unsafe fn madd(acc: __m512, q: u32, k: __m512i) -> __m512;
+    unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512;
     /// Rewrites `rows` rows of `n` f32 weights (`ld` apart) as the words [`Self::madd`]
     /// takes, word `i` of a row standing for its tokens `PER_WORD · i ..`; tokens past `n`
     /// that share a word weigh 0.
@@ -82,15 +82,9 @@ pub struct F32Words;
 impl TileElem for F32Words {
     const PER_WORD: usize = 1;
     #[inline(always)]
-    unsafe fn madd(acc: __m512, q: u32, k: __m512i) -> __m512 {
+    unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
         // SAFETY: the caller's contract on the CPU.
-        unsafe {
-            _mm512_fmadd_ps(
-                _mm512_set1_ps(f32::from_bits(q)),
-                _mm512_castsi512_ps(k),
-                acc,
-            )
-        }
+        unsafe { _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc) }
     }
     #[inline(always)]
     unsafe fn pack_weights(_: *mut f32, _: usize, _: usize, _: usize) {}
@@ -118,9 +112,9 @@ pub struct Bf16Pairs;
 impl TileElem for Bf16Pairs {
     const PER_WORD: usize = 2;
     #[inline(always)]
-    unsafe fn madd(acc: __m512, q: u32, k: __m512i) -> __m512 {
+    unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
         // SAFETY: the caller's contract on the CPU.
-        unsafe { _mm512_dpbf16_ps(acc, bh(_mm512_set1_epi32(q as i32)), bh(k)) }
+        unsafe { _mm512_dpbf16_ps(acc, bh(a), bh(b)) }
     }
     #[inline(always)]
     unsafe fn pack_weights(p: *mut f32, rows: usize, ld: usize, n: usize) {
@@ -197,10 +191,10 @@ impl Rows {
     }
 }
 
-/// Scratch words for the transposed key tile of head dimension `d`: whole transposes of 16
-/// words, so every one stores all its 16 vectors.
-pub fn tile_words<E: TileElem>(d: usize) -> usize {
-    (d / E::PER_WORD).next_multiple_of(16) * TILE
+/// Scratch words for `rows` query rows of head dimension `d` laid out for [`scores`]: per
+/// group of up to 16 rows, a vector of 16 words per step of at most `d / E::PER_WORD` steps.
+pub fn q_words<E: TileElem>(d: usize, rows: usize) -> usize {
+    rows.div_ceil(16) * (d / E::PER_WORD).max(1) * 16
 }
 
 fn lanes16(n: usize) -> __mmask16 {
@@ -227,12 +221,20 @@ unsafe fn bh(v: __m512i) -> __m512bh {
 
 /// `scores[r · ld + i] = scale · q_r · k_i` for `rows` query rows and `n` tokens.
 ///
+/// Query rows go in groups of up to 16, each padded to `R` rows, a power of two, so a
+/// vector holds `U = 16 / R` words of every row: lane `r · U + u` holds word `s · U + u` of
+/// row `r` at step `s` (laid out once per task in `qs`). Against it, the same `U` words of
+/// one key row broadcast to every row's lanes: one multiply-add per token and step, and each
+/// token's 16 lanes hold `U` partial sums of each row. After the steps, one transpose of the
+/// 16 tokens' sums turns lanes into tokens, and adding each row's `U` vectors gives its 16
+/// scores.
+///
 /// # Safety
 /// The CPU has AVX-512F/BW (and AVX-512-BF16 for bf16 pairs); `d` is a multiple of
 /// `E::PER_WORD`; `q` holds `rows` rows of `d / E::PER_WORD` words (read unaligned: a bf16
 /// buffer need only be 2-byte aligned); `key.at(i)` points at `d` readable values for `i < n`;
-/// `scores` is writable for `rows` rows of `n` at `ld` apart; `tile` holds
-/// [`tile_words`]`(d)` words.
+/// `scores` is writable for `rows` rows of `n` at `ld` apart; `qs` holds
+/// [`q_words`]`(d, rows)` words.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn scores<E: TileElem>(
@@ -244,16 +246,37 @@ unsafe fn scores<E: TileElem>(
     scale: f32,
     scores: *mut f32,
     ld: usize,
-    tile: *mut u32,
+    qs: *mut u32,
 ) {
     let words = d / E::PER_WORD;
+    let groups = rows.div_ceil(16);
+    // SAFETY: the caller's contract on the query and `qs`.
+    unsafe {
+        for g in 0..groups {
+            let g_rows = 16.min(rows - 16 * g);
+            let u = 16 / g_rows.next_power_of_two();
+            let dst = qs.add(g * words * 16);
+            for (s, w0) in (0..words).step_by(u).enumerate() {
+                for lane in 0..16 {
+                    let (r, w) = (lane / u, w0 + lane % u);
+                    let word = if r < g_rows && w < words {
+                        q.add((16 * g + r) * words + w).read_unaligned()
+                    } else {
+                        0
+                    };
+                    dst.add(16 * s + lane).write(word);
+                }
+            }
+        }
+    }
     for i0 in (0..n).step_by(TILE) {
         let live = TILE.min(n - i0);
-        // SAFETY: the caller's contract on keys, the tile and the scores.
+        // SAFETY: the caller's contract on keys, `qs` and the scores.
         unsafe {
             // Plain loops fill the arrays: `std::array::from_fn` was left a call and a copy.
-            let mut rows_at = [std::ptr::null::<u8>(); TILE];
-            for (t, row) in rows_at.iter_mut().enumerate().take(live) {
+            // Tokens past `n` read token 0's row; their scores are not stored.
+            let mut rows_at = [key.at(i0); TILE];
+            for (t, row) in rows_at.iter_mut().enumerate().take(live).skip(1) {
                 *row = key.at(i0 + t);
             }
             let mut ahead = [std::ptr::null::<u8>(); TILE];
@@ -261,57 +284,90 @@ unsafe fn scores<E: TileElem>(
             for (t, row) in ahead.iter_mut().enumerate().take(ahead_live) {
                 *row = key.at(i0 + AHEAD + t);
             }
-            for w0 in (0..words).step_by(16) {
-                let mask = lanes16(words - w0);
-                let mut r = [_mm512_setzero_si512(); TILE];
-                for (v, row) in r.iter_mut().zip(&rows_at).take(live) {
-                    *v = _mm512_maskz_loadu_epi32(mask, row.add(4 * w0).cast());
+            for g in 0..groups {
+                let g_rows = 16.min(rows - 16 * g);
+                let qg = qs.add(g * words * 16).cast_const();
+                let sg = scores.add(16 * g * ld + i0);
+                let ahead = if g == 0 { &ahead[..ahead_live] } else { &[] };
+                let args = (qg, words, &rows_at, ahead, g_rows, scale, sg, ld, live);
+                match 16 / g_rows.next_power_of_two() {
+                    1 => score_tile::<E, 1>(args),
+                    2 => score_tile::<E, 2>(args),
+                    4 => score_tile::<E, 4>(args),
+                    8 => score_tile::<E, 8>(args),
+                    _ => score_tile::<E, 16>(args),
                 }
-                for row in &ahead[..ahead_live] {
-                    prefetch::<_, true>(row.add(4 * w0), 64);
-                }
-                super::transpose::transpose16(&mut r);
-                // All 16, a fixed count that stays unrolled from registers: a loop to
-                // `words - w0` became one `memcpy` of the vectors spilled to the stack.
-                for (c, v) in r.iter().enumerate() {
-                    _mm512_storeu_si512(tile.add((w0 + c) * TILE).cast(), *v);
-                }
-            }
-            let store = lanes16(live);
-            let mut r0 = 0;
-            while r0 < rows {
-                let nr = ROWS.min(rows - r0);
-                let (qr, sr) = (q.add(r0 * words), scores.add(r0 * ld + i0));
-                by_rows!(nr, score_rows::<E>(qr, words, tile, scale, sr, ld, store));
-                r0 += nr;
             }
         }
     }
 }
 
-/// One tile's scores for `R` query rows.
+/// `U` consecutive words at `p` in every group of `U` lanes; `n < U` of them (the rest 0).
 #[inline(always)]
-unsafe fn score_rows<E: TileElem, const R: usize>(
-    q: *const u32,
-    words: usize,
-    tile: *const u32,
-    scale: f32,
-    scores: *mut f32,
-    ld: usize,
-    store: __mmask16,
-) {
-    // SAFETY: `scores`' contract, narrowed to R rows of one tile.
+unsafe fn broadcast<const U: usize>(p: *const u8, n: usize) -> __m512i {
+    // SAFETY: the caller vouches for `min(n, U)` words at `p`; the masked load reads no more.
     unsafe {
-        let mut acc = [_mm512_setzero_ps(); R];
-        for w in 0..words {
-            let k = _mm512_loadu_si512(tile.add(w * TILE).cast());
-            for (j, s) in acc.iter_mut().enumerate() {
-                *s = E::madd(*s, q.add(j * words + w).read_unaligned(), k);
+        if n < U {
+            let v = _mm512_maskz_loadu_epi32(lanes16(n), p.cast());
+            let idx = _mm512_and_si512(
+                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                _mm512_set1_epi32(U as i32 - 1),
+            );
+            return _mm512_permutexvar_epi32(idx, v);
+        }
+        match U {
+            1 => _mm512_set1_epi32(p.cast::<i32>().read_unaligned()),
+            2 => _mm512_set1_epi64(p.cast::<i64>().read_unaligned()),
+            4 => _mm512_broadcast_i32x4(_mm_loadu_si128(p.cast())),
+            8 => _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast())),
+            _ => _mm512_loadu_si512(p.cast()),
+        }
+    }
+}
+
+/// One tile's scores for a group of `g_rows <= 16 / U` query rows, `qs` laid out for `U`
+/// words per step; the `ahead` rows are prefetched a line at a time as the tile's rows are.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+unsafe fn score_tile<E: TileElem, const U: usize>(
+    (qs, words, rows_at, ahead, g_rows, scale, scores, ld, live): (
+        *const u32,
+        usize,
+        &[*const u8; TILE],
+        &[*const u8],
+        usize,
+        f32,
+        *mut f32,
+        usize,
+        usize,
+    ),
+) {
+    // SAFETY: `scores`' contract, narrowed to one group and tile.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); TILE];
+        for (s, w0) in (0..words).step_by(U).enumerate() {
+            let qv = _mm512_loadu_si512(qs.add(16 * s).cast());
+            let at = 4 * w0;
+            for (a, row) in acc.iter_mut().zip(rows_at) {
+                *a = E::madd(*a, qv, broadcast::<U>(row.add(at), words - w0));
+            }
+            if at % 64 == 0 {
+                for row in ahead {
+                    prefetch::<_, true>(row.add(at), 64);
+                }
             }
         }
-        let sv = _mm512_set1_ps(scale);
-        for (j, s) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(scores.add(j * ld), store, _mm512_mul_ps(*s, sv));
+        // Lanes to tokens: `acc[l]` now holds lane `l` of every token's sums.
+        let mut t: [__m512i; TILE] = std::mem::transmute(acc);
+        super::transpose::transpose16(&mut t);
+        let t: [__m512; TILE] = std::mem::transmute(t);
+        let (sv, store) = (_mm512_set1_ps(scale), lanes16(live));
+        for r in 0..g_rows {
+            let mut sum = t[r * U];
+            for x in &t[r * U + 1..(r + 1) * U] {
+                sum = _mm512_add_ps(sum, *x);
+            }
+            _mm512_mask_storeu_ps(scores.add(r * ld), store, _mm512_mul_ps(sum, sv));
         }
     }
 }
@@ -418,7 +474,7 @@ unsafe fn pv_rows<E: TileElem, const R: usize>(
             }
             let [lo, hi] = E::values(step, at, xl);
             for (j, s) in sums.iter_mut().enumerate() {
-                let w = p.add(j * ld + i).read();
+                let w = _mm512_set1_epi32(p.add(j * ld + i).read() as i32);
                 s[0] = E::madd(s[0], w, lo);
                 s[1] = E::madd(s[1], w, hi);
             }
@@ -451,13 +507,13 @@ macro_rules! entry {
             scale: f32,
             scores_buf: *mut f32,
             ld: usize,
-            tile: *mut u32,
+            qs: *mut u32,
             softmax: impl FnOnce(*mut f32),
             acc: *mut f32,
         ) {
             // SAFETY: the caller's contract.
             unsafe {
-                scores::<$elem>(q, rows, d, n, key, scale, scores_buf, ld, tile);
+                scores::<$elem>(q, rows, d, n, key, scale, scores_buf, ld, qs);
                 softmax(scores_buf);
                 <$elem>::pack_weights(scores_buf, rows, ld, n);
                 accumulate::<$elem>(scores_buf.cast(), ld, rows, d, n, value, acc);
