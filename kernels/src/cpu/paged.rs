@@ -161,9 +161,9 @@ pub fn run<T: TableElem>(
         };
         if c.key_tiles {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: validation admits `key_tiles` for f32 caches on AVX-512 hosts and bf16
-            // caches with an even head_dim on AVX-512-BF16 hosts (T is that type, read as raw
-            // words); block indices were checked against the cache size by the caller; the
+            // SAFETY: validation admits `key_tiles` for f32 and f16 caches on AVX-512 hosts and
+            // bf16 caches with an even head_dim on AVX-512-BF16 hosts (T is that type, read as
+            // raw bytes); block indices were checked against the cache size by the caller; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
                 use super::paged_tiles::Rows;
@@ -176,7 +176,7 @@ pub fn run<T: TableElem>(
                     stride: p.kv_heads * d * size,
                 };
                 let (key, value) = (rows(key_cache), rows(value_cache));
-                let q = query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u32>();
+                let q = query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u8>();
                 let tile = tile.as_mut_ptr().cast::<u32>();
                 let len = scores.len();
                 let normalise = |s: *mut f32| {
@@ -191,10 +191,10 @@ pub fn run<T: TableElem>(
                 };
                 let acc = qbuf;
                 acc.fill(0.0);
-                let run = if p.dtype == DType::Bf16 {
-                    super::paged_tiles::task_bf16
-                } else {
-                    super::paged_tiles::task_f32
+                let run = match p.dtype {
+                    DType::Bf16 => super::paged_tiles::task_bf16,
+                    DType::F16 => super::paged_tiles::task_f16,
+                    DType::F32 => super::paged_tiles::task_f32,
                 };
                 run(
                     q,

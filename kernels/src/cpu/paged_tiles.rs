@@ -49,23 +49,53 @@ macro_rules! by_rows {
     };
 }
 
-/// A cache element type the tiles handle: its values packed in 32-bit words.
+/// A cache element type the tiles handle, computed on in 32-bit words: f32 values, bf16
+/// pairs, or f16 values widened to f32.
 pub trait TileElem {
-    /// Head-dim values per 32-bit word, and tokens per `P·V` step.
+    /// Head-dim values per 32-bit word.
     const PER_WORD: usize;
+    /// Bytes of one cached value.
+    const VALUE_BYTES: usize;
+    /// Tokens per `P·V` step.
+    const STEP: usize = Self::PER_WORD;
+    /// Word `i` of a query row.
+    ///
+    /// # Safety
+    /// `row` is readable for word `i` (2-byte aligned at least).
+    #[inline(always)]
+    unsafe fn query_word(row: *const u8, i: usize) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe { row.add(4 * i).cast::<u32>().read_unaligned() }
+    }
+    /// Makes the `live` key rows `rows` readable as words (f16 rows are widened to f32 rows
+    /// of `d` values in `staging`, and `rows` pointed there), prefetching the `ahead` rows;
+    /// returns whether it prefetched them.
+    ///
+    /// # Safety
+    /// As [`Self::madd`]; each row readable for `d` values; `staging` holds `TILE · d` f32.
+    #[inline(always)]
+    unsafe fn stage_keys(
+        _rows: &mut [*const u8; TILE],
+        _live: usize,
+        _d: usize,
+        _staging: *mut f32,
+        _ahead: &[*const u8],
+    ) -> bool {
+        false
+    }
     /// `acc + a · b` lane by lane, each lane's word holding one value (f32) or a pair (bf16).
     ///
     /// # Safety
     /// The CPU has AVX-512F (and AVX-512-BF16 for bf16 pairs).
     unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512;
     /// Rewrites `rows` rows of `n` f32 weights (`ld` apart) as the words [`Self::madd`]
-    /// takes, word `i` of a row standing for its tokens `PER_WORD · i ..`; tokens past `n`
+    /// takes, word `i` of a row standing for its tokens `STEP · i ..`; tokens past `n`
     /// that share a word weigh 0.
     ///
     /// # Safety
     /// As [`Self::madd`]; `p` holds the rows.
     unsafe fn pack_weights(p: *mut f32, rows: usize, ld: usize, n: usize);
-    /// The value words of one `P·V` step: `PER_WORD` tokens' `xl <= 32` values from `at`
+    /// The value words of one `P·V` step: `STEP` tokens' `xl <= 32` values from `at`
     /// bytes into their rows `v`, as two vectors in the lane order of [`Self::lanes`].
     ///
     /// # Safety
@@ -81,6 +111,7 @@ pub struct F32Words;
 
 impl TileElem for F32Words {
     const PER_WORD: usize = 1;
+    const VALUE_BYTES: usize = 4;
     #[inline(always)]
     unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
         // SAFETY: the caller's contract on the CPU.
@@ -111,6 +142,7 @@ pub struct Bf16Pairs;
 
 impl TileElem for Bf16Pairs {
     const PER_WORD: usize = 2;
+    const VALUE_BYTES: usize = 2;
     #[inline(always)]
     unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
         // SAFETY: the caller's contract on the CPU.
@@ -156,6 +188,75 @@ impl TileElem for Bf16Pairs {
     }
 }
 
+/// f16 caches: values widened to f32 as they are read (AVX-512F converts them; this CPU
+/// family has no f16 arithmetic), then multiplied with FMAs as f32 caches are.
+pub struct F16Widened;
+
+impl TileElem for F16Widened {
+    const PER_WORD: usize = 1;
+    const VALUE_BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn query_word(row: *const u8, i: usize) -> u32 {
+        // SAFETY: the caller's contract.
+        let bits = unsafe { row.add(2 * i).cast::<u16>().read_unaligned() };
+        half::f16::from_bits(bits).to_f32().to_bits()
+    }
+    #[inline(always)]
+    unsafe fn stage_keys(
+        rows: &mut [*const u8; TILE],
+        live: usize,
+        d: usize,
+        staging: *mut f32,
+        ahead: &[*const u8],
+    ) -> bool {
+        // SAFETY: the caller's contract; masked loads read only each row's `d` values.
+        unsafe {
+            for (t, row) in rows.iter_mut().enumerate().take(live) {
+                let dst = staging.add(t * d);
+                for x in (0..d).step_by(16) {
+                    let h = _mm256_maskz_loadu_epi16(lanes16(d - x), row.add(2 * x).cast());
+                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), _mm512_cvtph_ps(h));
+                }
+                if let Some(next) = ahead.get(t) {
+                    prefetch::<_, true>(*next, 2 * d);
+                }
+                *row = dst.cast();
+            }
+            // Rows past `live` read the first staged row, as they read the first cache row.
+            for row in rows.iter_mut().skip(live) {
+                *row = staging.cast();
+            }
+        }
+        true
+    }
+    #[inline(always)]
+    unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { F32Words::madd(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn pack_weights(_: *mut f32, _: usize, _: usize, _: usize) {}
+    #[inline(always)]
+    unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2] {
+        let row = v[0].wrapping_add(at);
+        // SAFETY: masked loads read only the `xl` values the caller vouches for.
+        unsafe {
+            let lo = _mm256_maskz_loadu_epi16(lanes16(xl), row.cast());
+            let hi = _mm256_maskz_loadu_epi16(
+                lanes16(xl.saturating_sub(16)),
+                row.wrapping_add(32).cast(),
+            );
+            [
+                _mm512_castps_si512(_mm512_cvtph_ps(lo)),
+                _mm512_castps_si512(_mm512_cvtph_ps(hi)),
+            ]
+        }
+    }
+    fn lanes() -> [u32; 32] {
+        std::array::from_fn(|x| x as u32)
+    }
+}
+
 /// Where a task's key or value rows lie: token `i` of the task is context token `first + i`,
 /// row `(first + i) % 2^shift` of block `table[(first + i) >> shift]`. A plain struct rather
 /// than a closure: its two loads and three integer operations inline into the loops that
@@ -191,10 +292,11 @@ impl Rows {
     }
 }
 
-/// Scratch words for `rows` query rows of head dimension `d` laid out for [`scores`]: per
-/// group of up to 16 rows, a vector of 16 words per step of at most `d / E::PER_WORD` steps.
+/// Scratch words for `rows` query rows of head dimension `d` laid out for [`scores`] (per
+/// group of up to 16 rows, a vector of 16 words per step of at most `d / E::PER_WORD`
+/// steps), then a tile of key rows widened to f32 where the cache holds f16.
 pub fn q_words<E: TileElem>(d: usize, rows: usize) -> usize {
-    rows.div_ceil(16) * (d / E::PER_WORD).max(1) * 16
+    rows.div_ceil(16) * (d / E::PER_WORD).max(1) * 16 + TILE * d
 }
 
 fn lanes16(n: usize) -> __mmask16 {
@@ -238,7 +340,7 @@ unsafe fn bh(v: __m512i) -> __m512bh {
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn scores<E: TileElem>(
-    q: *const u32,
+    q: *const u8,
     rows: usize,
     d: usize,
     n: usize,
@@ -260,7 +362,7 @@ unsafe fn scores<E: TileElem>(
                 for lane in 0..16 {
                     let (r, w) = (lane / u, w0 + lane % u);
                     let word = if r < g_rows && w < words {
-                        q.add((16 * g + r) * words + w).read_unaligned()
+                        E::query_word(q.add((16 * g + r) * d * E::VALUE_BYTES), w)
                     } else {
                         0
                     };
@@ -280,9 +382,13 @@ unsafe fn scores<E: TileElem>(
                 *row = key.at(i0 + t);
             }
             let mut ahead = [std::ptr::null::<u8>(); TILE];
-            let ahead_live = TILE.min(n.saturating_sub(i0 + AHEAD));
+            let mut ahead_live = TILE.min(n.saturating_sub(i0 + AHEAD));
             for (t, row) in ahead.iter_mut().enumerate().take(ahead_live) {
                 *row = key.at(i0 + AHEAD + t);
+            }
+            let staging = qs.add(groups * words * 16).cast::<f32>();
+            if E::stage_keys(&mut rows_at, live, d, staging, &ahead[..ahead_live]) {
+                ahead_live = 0;
             }
             for g in 0..groups {
                 let g_rows = 16.min(rows - 16 * g);
@@ -413,7 +519,7 @@ unsafe fn accumulate<E: TileElem>(
         // SAFETY: the caller's contract on values, weights and sums.
         unsafe {
             // A step's second token past `n` reads the last row again, at weight 0.
-            let steps = live.next_multiple_of(E::PER_WORD);
+            let steps = live.next_multiple_of(E::STEP);
             for (t, row) in vrows.iter_mut().enumerate().take(steps) {
                 *row = value.at(c0 + t.min(live - 1));
             }
@@ -425,12 +531,12 @@ unsafe fn accumulate<E: TileElem>(
             let mut r0 = 0;
             while r0 < rows {
                 let nr = ROWS.min(rows - r0);
-                let (pr, ar) = (p.add(r0 * ld + c0 / E::PER_WORD), acc.add(r0 * d));
+                let (pr, ar) = (p.add(r0 * ld + c0 / E::STEP), acc.add(r0 * d));
                 // The first row group requests the next chunk's rows.
                 let next = if r0 == 0 { &next[..next_live] } else { &[] };
                 for x0 in (0..d).step_by(32) {
                     let xl = 32.min(d - x0);
-                    let at = x0 * 4 / E::PER_WORD;
+                    let at = x0 * E::VALUE_BYTES;
                     let perm = (&to_lanes, &from_lanes);
                     let vs = (vrows, next);
                     by_rows!(nr, pv_rows::<E>(pr, ld, vs, at, xl, ar.add(x0), d, perm));
@@ -457,7 +563,7 @@ unsafe fn pv_rows<E: TileElem, const R: usize>(
     d: usize,
     (to_lanes, from_lanes): (&[__m512i; 2], &[__m512i; 2]),
 ) {
-    let bytes = xl * 4 / E::PER_WORD;
+    let bytes = xl * E::VALUE_BYTES;
     let (m0, m1) = (lanes16(xl), lanes16(xl.saturating_sub(16)));
     // SAFETY: `accumulate`'s contract, narrowed to R rows and xl values.
     unsafe {
@@ -468,8 +574,8 @@ unsafe fn pv_rows<E: TileElem, const R: usize>(
             s[0] = _mm512_permutex2var_ps(a0, to_lanes[0], a1);
             s[1] = _mm512_permutex2var_ps(a0, to_lanes[1], a1);
         }
-        for (i, step) in vrows.chunks_exact(E::PER_WORD).enumerate() {
-            for row in next.iter().skip(i * E::PER_WORD).take(E::PER_WORD) {
+        for (i, step) in vrows.chunks_exact(E::STEP).enumerate() {
+            for row in next.iter().skip(i * E::STEP).take(E::STEP) {
                 prefetch::<_, true>(row.add(at), bytes);
             }
             let [lo, hi] = E::values(step, at, xl);
@@ -498,7 +604,7 @@ macro_rules! entry {
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name(
-            q: *const u32,
+            q: *const u8,
             rows: usize,
             d: usize,
             n: usize,
@@ -530,6 +636,17 @@ entry!(
     task_f32,
     F32Words,
     "avx512f,avx512bw"
+);
+
+entry!(
+    /// One paged-attention task on f16 caches.
+    ///
+    /// # Safety
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL (the 256-bit masked
+    /// loads of f16 rows are VL instructions).
+    task_f16,
+    F16Widened,
+    "avx512f,avx512bw,avx512vl"
 );
 
 entry!(

@@ -138,7 +138,7 @@ fn key_tiles_refusal(p: &PagedProblem, host: &CpuInfo, isa: Isa) -> Option<Strin
         ));
     }
     match p.dtype {
-        DType::F32 => None,
+        DType::F32 | DType::F16 => None,
         DType::Bf16 if !host.avx512_bf16 => Some(format!(
             "key_tiles = true on bf16 caches needs AVX-512-BF16, which {} lacks",
             host.model
@@ -148,9 +148,6 @@ fn key_tiles_refusal(p: &PagedProblem, host: &CpuInfo, isa: Isa) -> Option<Strin
             p.head_dim
         )),
         DType::Bf16 => None,
-        other => Some(format!(
-            "key_tiles = true takes f32 or bf16 caches, not {other}"
-        )),
     }
 }
 
