@@ -599,12 +599,15 @@ impl Space for CpuSpace {
                 split: FlashSplit::Blocks,
                 threads: host.threads.max(1),
             }),
-            Problem::Paged(_) => Config::Paged(PagedConfig {
+            // Key tiles wherever the host runs them: on two Zen 4 cores 2.74 ms against 10.9 ms
+            // for the per-token kernel (bf16 decode, 32 sequences × 4096 tokens, 8 query heads
+            // on 1 KV head; 5.17 against 11.2 ms on f32).
+            Problem::Paged(p) => Config::Paged(PagedConfig {
                 isa: host.isa,
                 partition: 0,
                 group_heads: true,
                 threads: host.threads.max(1),
-                key_tiles: false,
+                key_tiles: key_tiles_refusal(p, host, host.isa).is_none(),
             }),
         }
     }
