@@ -43,13 +43,14 @@ impl Layout {
             c.partition.min(p.context_len)
         };
         #[cfg(target_arch = "x86_64")]
-        let tile = match (c.key_tiles, p.dtype) {
-            (false, _) => 0,
-            (true, DType::Bf16) => {
-                super::paged_tiles::q_words::<super::paged_tiles::Bf16Pairs>(p.head_dim, rows)
-            }
-            (true, _) => {
-                super::paged_tiles::q_words::<super::paged_tiles::F32Words>(p.head_dim, rows)
+        let tile = {
+            use super::paged_tiles::{q_words, Bf16Bits, F16Bits, F32Words, Widened};
+            match (c.key_tiles, p.dtype) {
+                (false, _) => 0,
+                // The widened layout is the larger: either bf16 path fits.
+                (true, DType::Bf16) => q_words::<Widened<Bf16Bits>>(p.head_dim, rows),
+                (true, DType::F16) => q_words::<Widened<F16Bits>>(p.head_dim, rows),
+                (true, DType::F32) => q_words::<F32Words>(p.head_dim, rows),
             }
         };
         #[cfg(not(target_arch = "x86_64"))]
@@ -161,9 +162,9 @@ pub fn run<T: TableElem>(
         };
         if c.key_tiles {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: validation admits `key_tiles` for f32 and f16 caches on AVX-512 hosts and
-            // bf16 caches with an even head_dim on AVX-512-BF16 hosts (T is that type, read as
-            // raw bytes); block indices were checked against the cache size by the caller; the
+            // SAFETY: validation admits `key_tiles` on AVX-512 hosts (T is the cache type, read
+            // as raw bytes; bf16 pairs only where the host has AVX-512-BF16 and head_dim is
+            // even); block indices were checked against the cache size by the caller; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
                 use super::paged_tiles::Rows;
@@ -191,8 +192,10 @@ pub fn run<T: TableElem>(
                 };
                 let acc = qbuf;
                 acc.fill(0.0);
+                let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16;
                 let run = match p.dtype {
-                    DType::Bf16 => super::paged_tiles::task_bf16,
+                    DType::Bf16 if pairs => super::paged_tiles::task_bf16,
+                    DType::Bf16 => super::paged_tiles::task_bf16_widened,
                     DType::F16 => super::paged_tiles::task_f16,
                     DType::F32 => super::paged_tiles::task_f32,
                 };

@@ -188,18 +188,58 @@ impl TileElem for Bf16Pairs {
     }
 }
 
-/// f16 caches: values widened to f32 as they are read (AVX-512F converts them; this CPU
-/// family has no f16 arithmetic), then multiplied with FMAs as f32 caches are.
-pub struct F16Widened;
+/// A 16-bit float format whose values are widened to f32 as they are read.
+pub trait Half {
+    /// `bits` as f32.
+    fn to_f32(bits: u16) -> f32;
+    /// Sixteen values as f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    unsafe fn widen(h: __m256i) -> __m512;
+}
 
-impl TileElem for F16Widened {
+/// IEEE half precision: converted by `vcvtph2ps` (this CPU family has no f16 arithmetic).
+pub struct F16Bits;
+
+impl Half for F16Bits {
+    fn to_f32(bits: u16) -> f32 {
+        half::f16::from_bits(bits).to_f32()
+    }
+    #[inline(always)]
+    unsafe fn widen(h: __m256i) -> __m512 {
+        // SAFETY: the caller's contract on the CPU.
+        unsafe { _mm512_cvtph_ps(h) }
+    }
+}
+
+/// bfloat16 where the CPU lacks AVX-512-BF16 (or the head dimension is odd): the top half of
+/// an f32, widened by a shift.
+pub struct Bf16Bits;
+
+impl Half for Bf16Bits {
+    fn to_f32(bits: u16) -> f32 {
+        f32::from_bits(u32::from(bits) << 16)
+    }
+    #[inline(always)]
+    unsafe fn widen(h: __m256i) -> __m512 {
+        // SAFETY: the caller's contract on the CPU.
+        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))) }
+    }
+}
+
+/// 16-bit caches widened to f32 as they are read, then multiplied with FMAs as f32 caches
+/// are: key rows through a staging tile, value rows in registers.
+pub struct Widened<H>(std::marker::PhantomData<H>);
+
+impl<H: Half> TileElem for Widened<H> {
     const PER_WORD: usize = 1;
     const VALUE_BYTES: usize = 2;
     #[inline(always)]
     unsafe fn query_word(row: *const u8, i: usize) -> u32 {
         // SAFETY: the caller's contract.
         let bits = unsafe { row.add(2 * i).cast::<u16>().read_unaligned() };
-        half::f16::from_bits(bits).to_f32().to_bits()
+        H::to_f32(bits).to_bits()
     }
     #[inline(always)]
     unsafe fn stage_keys(
@@ -215,7 +255,7 @@ impl TileElem for F16Widened {
                 let dst = staging.add(t * d);
                 for x in (0..d).step_by(16) {
                     let h = _mm256_maskz_loadu_epi16(lanes16(d - x), row.add(2 * x).cast());
-                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), _mm512_cvtph_ps(h));
+                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), H::widen(h));
                 }
                 if let Some(next) = ahead.get(t) {
                     prefetch::<_, true>(*next, 2 * d);
@@ -247,8 +287,8 @@ impl TileElem for F16Widened {
                 row.wrapping_add(32).cast(),
             );
             [
-                _mm512_castps_si512(_mm512_cvtph_ps(lo)),
-                _mm512_castps_si512(_mm512_cvtph_ps(hi)),
+                _mm512_castps_si512(H::widen(lo)),
+                _mm512_castps_si512(H::widen(hi)),
             ]
         }
     }
@@ -645,7 +685,18 @@ entry!(
     /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL (the 256-bit masked
     /// loads of f16 rows are VL instructions).
     task_f16,
-    F16Widened,
+    Widened<F16Bits>,
+    "avx512f,avx512bw,avx512vl"
+);
+
+entry!(
+    /// One paged-attention task on bf16 caches widened to f32 (hosts without AVX-512-BF16,
+    /// or an odd head dimension).
+    ///
+    /// # Safety
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
+    task_bf16_widened,
+    Widened<Bf16Bits>,
     "avx512f,avx512bw,avx512vl"
 );
 

@@ -106,6 +106,8 @@ pub struct CpuInfo {
 impl CpuInfo {
     /// Detects the host once per process. `KERNTUNE_ISA` caps the level (to compare or debug
     /// the lower paths); it can lower the detected level, never raise it.
+    /// `KERNTUNE_AVX512_BF16=0` hides AVX-512-BF16 the same way (the kernels of AVX-512 hosts
+    /// without it).
     pub fn detect() -> &'static CpuInfo {
         static INFO: OnceLock<CpuInfo> = OnceLock::new();
         INFO.get_or_init(|| {
@@ -123,7 +125,9 @@ impl CpuInfo {
                 model: cpu_model(),
                 threads: rayon::current_num_threads(),
                 isa,
-                avx512_bf16: isa >= Isa::Avx512 && has_avx512_bf16(),
+                avx512_bf16: isa >= Isa::Avx512
+                    && has_avx512_bf16()
+                    && std::env::var("KERNTUNE_AVX512_BF16").map_or(true, |v| v != "0"),
                 l1d_bytes: l1d,
                 l2_bytes: l2,
                 l3_bytes: l3,

@@ -1,0 +1,78 @@
+//! The kernels of AVX-512 hosts without AVX-512-BF16 (Skylake to Ice Lake servers), run here
+//! by hiding the instructions: `KERNTUNE_AVX512_BF16=0` before the host is first detected.
+//! One test in its own binary, so nothing detects the host earlier in this process.
+
+mod common;
+
+use common::check_all;
+use kerntune_kernels::{Config, CpuInfo, CpuSpace, Device, Isa, PagedConfig, Problem, Space};
+
+fn problem(spec: &str) -> Problem {
+    spec.parse().unwrap()
+}
+
+#[test]
+fn bf16_without_avx512_bf16_widens_or_refuses() {
+    // SAFETY: the only test of this binary sets the variable before any thread reads it.
+    unsafe { std::env::set_var("KERNTUNE_AVX512_BF16", "0") };
+    let host = CpuInfo::detect();
+    assert!(
+        !host.avx512_bf16,
+        "KERNTUNE_AVX512_BF16=0 must hide AVX-512-BF16"
+    );
+    if host.isa < Isa::Avx512 {
+        eprintln!(
+            "bf16 key tiles without AVX-512-BF16 not run: {} ({}) lacks AVX-512",
+            host.model, host.isa
+        );
+        return;
+    }
+    let device = Device::host();
+    // bf16 GEMM variants built on `vdpbf16ps` are refused...
+    let gemm = problem("gemm:m=16,n=1280,k=8192,dtype=bf16,b=nk");
+    let candidates = CpuSpace.candidates(&gemm, &device);
+    assert!(!candidates.is_empty());
+    for c in &candidates {
+        let text = c.to_string();
+        assert!(
+            !text.contains("dpbf16"),
+            "{text} offered without AVX-512-BF16"
+        );
+    }
+    // ...while paged key tiles widen bf16 to f32 and match the reference.
+    let mut ran = 0;
+    for (ctx, hq, d, bs) in [
+        (1, 8, 128, 16),
+        (17, 9, 80, 8),
+        (100, 64, 2, 32),
+        (70, 8, 63, 16),
+    ] {
+        let p = problem(&format!(
+            "paged:num_seqs=2,context_len={ctx},q_heads={hq},kv_heads=1,head_dim={d},block_size={bs},dtype=bf16"
+        ));
+        let configs: Vec<Config> = [0, bs, 64]
+            .into_iter()
+            .map(|partition| {
+                Config::Paged(PagedConfig {
+                    isa: host.isa,
+                    partition,
+                    group_heads: true,
+                    threads: host.threads,
+                    key_tiles: true,
+                })
+            })
+            .collect();
+        for c in &configs {
+            CpuSpace.validate(c, &p, &device).unwrap();
+        }
+        ran += check_all(&p, &configs);
+        assert!(matches!(
+            CpuSpace.heuristic(&p, &device),
+            Config::Paged(PagedConfig {
+                key_tiles: true,
+                ..
+            })
+        ));
+    }
+    eprintln!("verified {ran} widened bf16 key-tile configs");
+}
