@@ -152,7 +152,7 @@ impl Workload {
 }
 
 /// The worst relative error of `out` over the verification `rows` (of `row_len` values each)
-/// against their `reference`; `Wrong` beyond the dtype's tolerance. NaN counts as infinite.
+/// against their `reference`; `Wrong` beyond the problem's tolerance. NaN counts as infinite.
 pub fn check_rows(
     problem: &Problem,
     out: &[f32],

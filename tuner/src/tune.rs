@@ -384,8 +384,9 @@ pub fn sweep_candidates(
                 rec.status = Status::FailedVerification;
                 rec.error = Some(err);
                 rec.message = Some(format!(
-                    "relative error {err:.3e} exceeds the {} tolerance {:.0e}",
+                    "relative error {err:.3e} exceeds the {} {} tolerance {:.1e}",
                     problem.dtype(),
+                    problem.family(),
                     problem.tolerance()
                 ));
                 None
