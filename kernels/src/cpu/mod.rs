@@ -11,6 +11,8 @@ mod gemm;
 mod leaf;
 mod paged;
 #[cfg(target_arch = "x86_64")]
+mod paged_elems;
+#[cfg(target_arch = "x86_64")]
 mod paged_tiles;
 pub(crate) mod parallel;
 pub(crate) mod simd;

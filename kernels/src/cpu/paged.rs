@@ -44,7 +44,8 @@ impl Layout {
         };
         #[cfg(target_arch = "x86_64")]
         let tile = {
-            use super::paged_tiles::{q_words, Bf16Bits, F16Bits, F32Words, Widened};
+            use super::paged_elems::{Bf16Bits, F16Bits, F32Words, Widened};
+            use super::paged_tiles::q_words;
             match (c.key_tiles, p.dtype) {
                 (false, _) => 0,
                 // The widened layout is the larger: either bf16 path fits.
