@@ -87,7 +87,8 @@ impl Rows {
 
 /// Scratch words for `rows` query rows of head dimension `d` laid out for [`scores`] (per
 /// group of up to 16 rows, a vector of 16 words per step of at most `d / E::PER_WORD`
-/// steps), then a tile of key rows widened to f32 where the cache holds f16.
+/// steps), then a tile of key rows widened to f32 where the cache holds 16-bit values that are
+/// not multiplied as bf16 pairs.
 pub fn q_words<E: TileElem>(d: usize, rows: usize) -> usize {
     rows.div_ceil(16) * (d / E::PER_WORD).max(1) * 16 + TILE * d
 }
@@ -103,9 +104,9 @@ pub fn q_words<E: TileElem>(d: usize, rows: usize) -> usize {
 /// scores.
 ///
 /// # Safety
-/// The CPU has AVX-512F/BW (and AVX-512-BF16 for bf16 pairs); `d` is a multiple of
-/// `E::PER_WORD`; `q` holds `rows` rows of `d / E::PER_WORD` words (read unaligned: a bf16
-/// buffer need only be 2-byte aligned); `key.at(i)` points at `d` readable values for `i < n`;
+/// The CPU has AVX-512F/BW/VL (and AVX-512-BF16 for bf16 pairs); `d` is a multiple of
+/// `E::PER_WORD`; `q` holds `rows` rows of `d` values (read unaligned: a 16-bit buffer need
+/// only be 2-byte aligned); `key.at(i)` points at `d` readable values for `i < n`;
 /// `scores` is writable for `rows` rows of `n` at `ld` apart; `qs` holds
 /// [`q_words`]`(d, rows)` words.
 #[inline(always)]
