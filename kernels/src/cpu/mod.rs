@@ -14,6 +14,8 @@ mod paged;
 mod paged_elems;
 #[cfg(target_arch = "x86_64")]
 mod paged_tiles;
+#[cfg(target_arch = "x86_64")]
+mod paged_tiles_avx2;
 pub(crate) mod parallel;
 pub(crate) mod simd;
 pub(crate) mod table;

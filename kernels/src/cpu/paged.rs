@@ -48,6 +48,9 @@ impl Layout {
             use super::paged_tiles::q_words;
             match (c.key_tiles, p.dtype) {
                 (false, _) => 0,
+                (true, _) if c.isa < crate::Isa::Avx512 => {
+                    super::paged_tiles_avx2::q_words(p.head_dim, rows)
+                }
                 // The widened layout is the larger: either bf16 path fits.
                 (true, DType::Bf16) => q_words::<Widened<Bf16Bits>>(p.head_dim, rows),
                 (true, DType::F16) => q_words::<Widened<F16Bits>>(p.head_dim, rows),
@@ -163,9 +166,9 @@ pub fn run<T: TableElem>(
         };
         if c.key_tiles {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: validation admits `key_tiles` on AVX-512 hosts (T is the cache type, read
-            // as raw bytes; bf16 pairs only where the host has AVX-512-BF16 and head_dim is
-            // even); block indices were checked against the cache size by the caller; the
+            // SAFETY: validation admits `key_tiles` at ISA avx2-fma and above on hosts that
+            // run it (T is the cache type, read as raw bytes; the AVX-512 kernels at avx512 and
+            // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even); block indices were checked against the cache size by the caller; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
                 use super::paged_tiles::Rows;
@@ -194,7 +197,13 @@ pub fn run<T: TableElem>(
                 let acc = qbuf;
                 acc.fill(0.0);
                 let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16;
+                use super::paged_tiles_avx2 as avx2;
                 let run = match p.dtype {
+                    _ if c.isa < crate::Isa::Avx512 => match p.dtype {
+                        DType::Bf16 => avx2::task::<avx2::Bf16>,
+                        DType::F16 => avx2::task::<avx2::F16>,
+                        DType::F32 => avx2::task::<avx2::F32>,
+                    },
                     DType::Bf16 if pairs => super::paged_tiles::task_bf16,
                     DType::Bf16 => super::paged_tiles::task_bf16_widened,
                     DType::F16 => super::paged_tiles::task_f16,

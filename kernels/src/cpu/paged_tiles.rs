@@ -50,6 +50,8 @@ macro_rules! by_rows {
     };
 }
 
+pub(super) use by_rows;
+
 /// Where a task's key or value rows lie: token `i` of the task is context token `first + i`,
 /// row `(first + i) % 2^shift` of block `table[(first + i) >> shift]`. A plain struct rather
 /// than a closure: its two loads and three integer operations inline into the loops that
@@ -74,7 +76,7 @@ impl Rows {
     /// # Safety
     /// The block table entry of token `first + i` exists and names a block inside the cache.
     #[inline(always)]
-    unsafe fn at(&self, i: usize) -> *const u8 {
+    pub(super) unsafe fn at(&self, i: usize) -> *const u8 {
         let t = self.first + i;
         // SAFETY: the caller's contract.
         unsafe {

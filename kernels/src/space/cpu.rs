@@ -130,11 +130,11 @@ fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), Ker
 }
 
 /// Why paged attention's `key_tiles` kernels cannot run at an ISA level, if they cannot.
-/// Every cache type runs on AVX-512: bf16 multiplies pairs where the host has AVX-512-BF16
-/// and the head dimension is even, and is widened to f32 elsewhere (decided as it runs, so a
-/// stored config stays valid on every AVX-512 host).
+/// Every cache type runs at avx2-fma (widened to f32) and avx512: there bf16 multiplies pairs
+/// where the host has AVX-512-BF16 and the head dimension is even, and is widened elsewhere
+/// (decided as it runs, so a stored config stays valid on every AVX-512 host).
 fn key_tiles_refusal(isa: Isa) -> Option<String> {
-    (isa < Isa::Avx512).then(|| format!("key_tiles = true needs isa avx512 or above, not {isa}"))
+    (isa < Isa::Avx2Fma).then(|| format!("key_tiles = true needs isa avx2-fma or above, not {isa}"))
 }
 
 /// The cache blocks of a packed loop nest: tiles that divide, within bounds and scratch.
