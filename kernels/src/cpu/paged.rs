@@ -110,6 +110,8 @@ pub fn run<T: TableElem>(
     let out_ptr = SharedMut(out.as_mut_ptr());
     let qscale = p.scale.get() * std::f32::consts::LOG2_E;
     let tasks = p.num_seqs * lay.units * lay.parts;
+    // bf16 key tiles multiply pairs where the host has AVX-512-BF16 and head_dim is even.
+    let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16;
     for_each_task(c.threads, tasks, |task, worker| {
         let part = task % lay.parts;
         let unit = task / lay.parts % lay.units;
@@ -196,7 +198,6 @@ pub fn run<T: TableElem>(
                 };
                 let acc = qbuf;
                 acc.fill(0.0);
-                let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16;
                 use super::paged_tiles_avx2 as avx2;
                 let run = match p.dtype {
                     _ if c.isa < crate::Isa::Avx512 => match p.dtype {
