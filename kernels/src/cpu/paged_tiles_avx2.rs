@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::leaf::prefetch;
 use super::paged_tiles::{by_rows, Rows};
+use super::transpose::transpose8;
 
 /// Tokens per score tile: one vector of scores per query row (16 registers in all).
 const TILE: usize = 8;
@@ -130,38 +131,6 @@ fn padded(d: usize) -> usize {
 /// most `padded(d)` steps of 8 words, then the staging tile of 8 key rows.
 pub fn q_words(d: usize, rows: usize) -> usize {
     (rows.div_ceil(8) + 1) * padded(d) * 8
-}
-
-/// Transposes 8 × 8 f32: `r[i]` lane `j` becomes `r[j]` lane `i`.
-#[inline(always)]
-unsafe fn transpose8(r: &mut [__m256; 8]) {
-    // SAFETY: register shuffles only.
-    unsafe {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
-        r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
-        r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
-        r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
-        r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
-        r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
-        r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
-        r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
-    }
 }
 
 /// `U` consecutive f32 at `p` in every group of `U` lanes.
