@@ -333,6 +333,10 @@ impl CpuSpace {
             } else {
                 (GemmVariant::Stream, t.lanes)
             };
+            // Column chunks of about 256, as many per thread: with 1280 columns in five
+            // chunks of 256, one of two threads read three fifths of the weights (qkv, two
+            // threads, repeated calls: 1.15 ms against 0.77 ms with ten chunks of 128).
+            let chunks = p.n.div_ceil(256 * threads).max(1) * threads;
             return GemmConfig {
                 variant,
                 isa: host.isa,
@@ -340,7 +344,7 @@ impl CpuSpace {
                 nr,
                 mc: 4,
                 kc: p.k,
-                nc: 256,
+                nc: p.n.div_ceil(chunks).next_multiple_of(4).min(256),
                 split: Split::N,
                 threads,
             };
