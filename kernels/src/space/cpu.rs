@@ -185,9 +185,18 @@ impl CpuSpace {
                 let streams = [(GemmVariant::Stream, t.lanes)]
                     .into_iter()
                     .chain(dpbf16.then_some((GemmVariant::StreamDpbf16, 32)));
+                // Fixed chunk widths, and widths that deal the columns out evenly: one or four
+                // chunks per thread.
+                let mut widths = vec![64, 256, 1024];
+                for per_thread in [1, 4] {
+                    let nc = p.n.div_ceil(threads * per_thread).next_multiple_of(4);
+                    if nc <= MAX_BLOCK && !widths.contains(&nc) {
+                        widths.push(nc);
+                    }
+                }
                 for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M) {
                     for &rows in &STREAM_ROWS {
-                        for nc in [64, 256, 1024] {
+                        for &nc in &widths {
                             out.push(GemmConfig {
                                 variant,
                                 isa,
