@@ -25,6 +25,10 @@ fi
 [ -x .gpu/gpu-check ] || { echo "no .gpu/gpu-check: run scripts/gpu-check.sh --build where cargo is" >&2; exit 2; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+# The host CPU too: kerntune's CPU kernels have only met Zen 4 so far, and an Intel host with
+# AMX tiles would be the first place an AMX GEMM could be verified.
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) threads," \
+    "AMX: $(grep -o -m1 'amx_bf16' /proc/cpuinfo || echo none)" | tee "$out/host.txt"
 # cuBLAS and NVRTC 13 from the CUDA toolkit or NVIDIA's wheels next to PyTorch.
 site=$(python3 -c 'import sys; print(":".join(p + "/nvidia/cu13/lib" for p in sys.path if p))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${site}"
