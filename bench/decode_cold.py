@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import time
 
-LLAMA70B_TP8 = [("qkv", 1280, 8192), ("o", 8192, 1024), ("gate_up", 7168, 8192), ("down", 8192, 3584)]
+from peers import LLAMA70B_TP8
 
 
 def l3_bytes():
