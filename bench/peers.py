@@ -5,7 +5,7 @@ numpy (OpenBLAS) for f32 GEMM, PyTorch's CPU build for bf16 GEMM and scaled_dot_
 and a plain PyTorch matmul-softmax-matmul over gathered K/V for paged decode. Medians of repeated
 runs, per thread count. Run beside `cargo bench -p kerntune-kernels` on the same machine:
 
-    python3 bench/peers.py [--threads 1,2] [--only gemm|flash|paged]
+    python3 bench/peers.py [--threads 1,2] [--only gemm|gemm-bf16|flash|paged] [--tokens 128,2048]
 """
 import argparse
 import statistics
@@ -55,9 +55,13 @@ def bandwidth(threads):
     report("memory read bandwidth (numpy sum 1 GiB)", threads, median_time(run, reps=5), nbytes=data.nbytes)
 
 
-def gemm(threads):
+def gemm(threads, tokens=TOKENS):
+    gemm_f32(threads, tokens)
+    gemm_bf16(threads, tokens)
+
+
+def gemm_f32(threads, tokens=TOKENS):
     from threadpoolctl import threadpool_limits
-    import torch
 
     rng = np.random.default_rng(0)
     with threadpool_limits(threads):
@@ -66,15 +70,21 @@ def gemm(threads):
         report("numpy gemm_f32_2048", threads, median_time(lambda: a @ b), 2 * 2048**3)
         for name, n, k in LLAMA70B_TP8:
             w = rng.random((n, k), dtype=np.float32)
-            for m in TOKENS:
+            for m in tokens:
                 x = rng.random((m, k), dtype=np.float32)
                 t = median_time(lambda: x @ w.T, reps=5 if m >= 2048 else 11)
                 report(f"numpy llama70b_tp8_{name}_m{m}_f32", threads, t, 2 * m * n * k,
                        (m * k + n * k) * 4 + m * n * 4)
+
+
+def gemm_bf16(threads, tokens=TOKENS):
+    """PyTorch's CPU bf16 Linear (oneDNN, on AMX tiles where the CPU has them)."""
+    import torch
+
     torch.set_num_threads(threads)
     for name, n, k in LLAMA70B_TP8:
         w = torch.rand(n, k).to(torch.bfloat16)
-        for m in TOKENS:
+        for m in tokens:
             x = torch.rand(m, k).to(torch.bfloat16)
             t = median_time(lambda: torch.nn.functional.linear(x, w), reps=5 if m >= 2048 else 11)
             report(f"torch llama70b_tp8_{name}_m{m}_bf16", threads, t, 2 * m * n * k,
@@ -131,11 +141,17 @@ def paged(threads):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--only", choices=["bandwidth", "gemm", "flash", "paged"])
+    parser.add_argument("--only", choices=["bandwidth", "gemm", "gemm-bf16", "flash", "paged"])
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)),
+                        help="GEMM rows M to time (default: %(default)s)")
     args = parser.parse_args()
+    tokens = [int(m) for m in args.tokens.split(",")]
+    runs = [("bandwidth", bandwidth), ("gemm", lambda t: gemm(t, tokens)),
+            ("gemm-bf16", lambda t: gemm_bf16(t, tokens)), ("flash", flash), ("paged", paged)]
     for threads in [int(t) for t in args.threads.split(",")]:
-        for name, fn in [("bandwidth", bandwidth), ("gemm", gemm), ("flash", flash), ("paged", paged)]:
-            if args.only in (None, name):
+        for name, fn in runs:
+            # `gemm` includes the bf16 half; run it alone only when asked for.
+            if args.only == name or (args.only is None and name != "gemm-bf16"):
                 fn(threads)
 
 

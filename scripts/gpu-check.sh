@@ -6,7 +6,8 @@
 # problem per family, its results stored in a database and shown.
 #
 #   scripts/gpu-check.sh            build (when cargo is here) and run
-#   scripts/gpu-check.sh --build    only build .gpu/gpu-check, for a GPU machine without Rust
+#   scripts/gpu-check.sh --build    only build .gpu/ (gpu-check, tune, the CPU GEMM tests), for
+#                                   a GPU machine without Rust
 #
 # The binary loads the CUDA driver, cuBLAS and NVRTC 13 at run time: nothing of CUDA is
 # needed to build it, and a machine without Rust runs a .gpu/gpu-check built elsewhere.
@@ -18,8 +19,16 @@ mkdir -p .gpu "$out"
 if command -v cargo >/dev/null; then
     cargo build --release -p kerntune-tuner --features cuda --bin gpu-check --bin tune
     cp target/release/gpu-check target/release/tune .gpu/
+    # The CPU GEMM tests too: on an Intel host with AMX they run the AMX kernel on its tiles.
+    tests=$(cargo test --release -p kerntune-kernels --test gemm --no-run --message-format=json \
+        | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gemm":
+        print(m["executable"])' | tail -1)
+    cp "$tests" .gpu/gemm-tests
     # Smaller to carry to the GPU machine.
-    strip .gpu/gpu-check .gpu/tune 2>/dev/null || true
+    strip .gpu/gpu-check .gpu/tune .gpu/gemm-tests 2>/dev/null || true
 fi
 [ "${1:-}" = "--build" ] && exit 0
 [ -x .gpu/gpu-check ] || { echo "no .gpu/gpu-check: run scripts/gpu-check.sh --build where cargo is" >&2; exit 2; }
@@ -47,5 +56,22 @@ if [ -x .gpu/tune ]; then
         --shapes paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
     .gpu/tune --device "$model" --db "$out/tuned.db" show 2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+fi
+
+# AMX, where the host has it: the AMX GEMM verified on the tiles (every shape, awkward sizes),
+# then Llama-70B TP8 gate_up timed with the AVX-512-BF16 heuristic, an AMX config and PyTorch
+# (oneDNN, which uses AMX), all on every thread.
+if grep -q amx_bf16 /proc/cpuinfo && [ -x .gpu/gemm-tests ] && [ -x .gpu/tune ]; then
+    t=$(nproc)
+    amx="{\"family\":\"gemm\",\"variant\":\"amx\",\"isa\":\"avx512-amx\",\"mr\":32,\"nr\":32,\"mc\":256,\"kc\":1024,\"nc\":1024,\"split\":\"n\",\"threads\":$t}"
+    timeout 60 .gpu/gemm-tests amx --nocapture 2>&1 | tee "$out/amx.txt" || status=$?
+    for m in 128 2048; do
+        for config in heuristic "$amx"; do
+            timeout 30 .gpu/tune bench --device cpu --config "$config" \
+                --shapes "gemm:m=$m,n=7168,k=8192,dtype=bf16,b=nk" 2>&1 | tee -a "$out/amx.txt" || status=$?
+        done
+    done
+    timeout 60 python3 bench/peers.py --threads "$t" --only gemm-bf16 --tokens 128,2048 2>&1 \
+        | tee -a "$out/amx.txt" || status=$?
 fi
 exit "$status"

@@ -95,6 +95,11 @@ impl fmt::Display for Config {
                 GemmVariant::StreamDpbf16 => {
                     write!(f, "stream-dpbf16 rows={} nc={} t={}", c.mr, c.nc, c.threads)
                 }
+                GemmVariant::Amx => write!(
+                    f,
+                    "amx {}x{} mc={} kc={} nc={} split={} t={}",
+                    c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
+                ),
             },
             Config::Flash(c) => write!(
                 f,
@@ -145,6 +150,9 @@ pub enum GemmVariant {
     /// hosts that have AVX-512-BF16, the weights multiplied as loaded instead of widened.
     #[serde(rename = "stream-dpbf16")]
     StreamDpbf16,
+    /// The packed loop nest on AMX tiles (`tdpbf16ps`): bf16 inputs on hosts with AMX-BF16
+    /// (Sapphire Rapids and later), 16 × 16 × 32 multiply-adds per instruction.
+    Amx,
 }
 
 /// Which dimension threads divide.
@@ -166,7 +174,7 @@ impl fmt::Display for Split {
 
 /// GEMM on the CPU.
 ///
-/// `Packed` and `Dpbf16` read every field: an `mr × nr` microkernel, A blocks of `mc × kc`, B
+/// `Packed`, `Dpbf16` and `Amx` read every field: an `mr × nr` microkernel, A blocks of `mc × kc`, B
 /// panels of `kc × nc`, threads dividing `split`. `Stream` and `StreamDpbf16` read `mr` (rows of
 /// A per pass over B), `nc` (columns per task) and `threads`; their other fields are fixed by
 /// the space.

@@ -166,6 +166,108 @@ fn dpbf16_shapes_match_reference_or_are_refused() {
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
 }
 
+/// The AMX tile kernel on the host's tiles: every microkernel shape, depths below, at and past a
+/// 32-value k block, corners that fill the tiles and ones that do not, both B layouts and both
+/// splits. On hosts without usable AMX the space must refuse it with the reason and never offer
+/// it; the kernel's packing and tile plan are verified on every host by the unit tests of
+/// `cpu::amx`, on a software model of the tile instructions.
+#[test]
+fn amx_shapes_match_reference_or_are_refused() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let device = Device::host();
+    let mut configs = Vec::new();
+    for &(mr, nr) in kerntune_kernels::cpu::AMX_SHAPES {
+        for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2), (mr * 2, 33, nr)] {
+            for split in [Split::M, Split::N] {
+                configs.push(Config::Gemm(GemmConfig {
+                    variant: GemmVariant::Amx,
+                    isa: Isa::Avx512Amx,
+                    mr,
+                    nr,
+                    mc,
+                    kc,
+                    nc,
+                    split,
+                    threads: host.threads,
+                }));
+            }
+        }
+    }
+    let problems = [
+        problem("gemm:m=29,n=67,k=45,dtype=bf16,b=nk"),
+        problem("gemm:m=1,n=33,k=1,dtype=bf16,b=kn"),
+        problem("gemm:m=64,n=96,k=100,dtype=bf16,b=kn"),
+        problem("gemm:m=96,n=64,k=256,dtype=bf16,b=nk"),
+    ];
+    if host.isa != Isa::Avx512Amx {
+        for c in &configs {
+            let err = CpuSpace.validate(c, &problems[0], &device).unwrap_err();
+            assert!(err.to_string().contains("needs AMX tiles"), "{err}");
+        }
+        assert!(!CpuSpace
+            .candidates(&problems[3], &device)
+            .iter()
+            .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx)));
+        eprintln!(
+            "amx kernel not run on tiles: {} has no usable AMX ({}; refusal checked)",
+            host.model, host.isa
+        );
+        return;
+    }
+    for p in &problems {
+        assert_eq!(check_all(p, &configs), configs.len(), "{p}");
+    }
+    assert!(CpuSpace
+        .candidates(&problems[3], &device)
+        .iter()
+        .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx)));
+    let err = CpuSpace
+        .validate(
+            &configs[0],
+            &problem("gemm:m=29,n=67,k=45,dtype=f16"),
+            &device,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("bf16 inputs"), "{err}");
+}
+
+/// The space on an AMX host (described, as the tuner's sharing checks describe a colleague's
+/// machine): bf16 problems get AMX candidates at the avx512-amx level, every one valid there,
+/// and other dtypes none.
+#[test]
+fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
+    let mut info = kerntune_kernels::CpuInfo::detect().clone();
+    info.model = "Intel Xeon Platinum 8480+".into();
+    info.isa = Isa::Avx512Amx;
+    info.avx512_bf16 = true;
+    info.threads = 4;
+    let amx_host = Device::Cpu(info);
+    let bf16 = problem("gemm:m=128,n=7168,k=8192,dtype=bf16,b=nk");
+    let amx: Vec<Config> = CpuSpace
+        .candidates(&bf16, &amx_host)
+        .into_iter()
+        .filter(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx))
+        .collect();
+    // 3 shapes × 2 mc × 3 kc × 2 nc, both splits on 2 and 4 threads, one on 1.
+    assert_eq!(amx.len(), 36 + 72 + 72);
+    for c in &amx {
+        CpuSpace
+            .validate(c, &bf16, &amx_host)
+            .unwrap_or_else(|e| panic!("{c}: {e}"));
+        assert!(
+            matches!(c, Config::Gemm(g) if g.isa == Isa::Avx512Amx),
+            "{c}"
+        );
+    }
+    let f16 = problem("gemm:m=128,n=7168,k=8192,dtype=f16,b=nk");
+    assert!(!CpuSpace
+        .candidates(&f16, &amx_host)
+        .iter()
+        .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx)));
+    let err = CpuSpace.validate(&amx[0], &f16, &amx_host).unwrap_err();
+    assert!(err.to_string().contains("bf16 inputs"), "{err}");
+}
+
 /// The streaming AVX-512-BF16 kernel: every row count and a narrow and a wide column chunk,
 /// against k around its 32-value vector (1, 31, 32, 33 and odd depths that leave a lone value
 /// after the last pair), column counts below, at and past its 4-row and 64-column passes, and

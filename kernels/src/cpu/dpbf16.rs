@@ -51,7 +51,7 @@ pub fn run(
         out,
         words,
         |kcur| kcur.div_ceil(2),
-        |pc, kcur, jc, ncur, dst| pack_b(p, b, pc, kcur, jc, ncur, nr, dst),
+        |pc, kcur, jc, ncur, dst| pack_b(p, b, pc, kcur, jc, ncur, nr, kcur.div_ceil(2), dst),
         |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
         // SAFETY: loop_nest's contract on slivers and C; the backend validated the config
         // against the detected host, which has AVX-512-BF16.
@@ -128,8 +128,10 @@ fn pack_a(
     }
 }
 
+/// Packs `kcur` rows × `ncur` columns of B into `nr`-column slivers of `depth` pair rows
+/// (`ceil(kcur / 2)` of them live, zero after: the AMX kernel pads to whole k blocks).
 #[allow(clippy::too_many_arguments)]
-fn pack_b(
+pub(super) fn pack_b(
     p: &GemmProblem,
     b: &[bf16],
     pc: usize,
@@ -137,14 +139,22 @@ fn pack_b(
     jc: usize,
     ncur: usize,
     nr: usize,
+    depth: usize,
     dst: &mut [u32],
 ) {
     let kp = kcur.div_ceil(2);
+    debug_assert!(depth >= kp);
     let zero = bf16::ZERO;
-    for (s, sliver) in dst[..ncur.next_multiple_of(nr) * kp]
-        .chunks_exact_mut(nr * kp)
+    // Every host that runs these kernels has AVX-512; the AMX kernel's tests also pack on
+    // hosts without it.
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = crate::CpuInfo::detect().isa >= crate::Isa::Avx512;
+    for (s, full_sliver) in dst[..ncur.next_multiple_of(nr) * depth]
+        .chunks_exact_mut(nr * depth)
         .enumerate()
     {
+        let (sliver, padding) = full_sliver.split_at_mut(nr * kp);
+        padding.fill(0);
         let j0 = jc + s * nr;
         let live = nr.min(jc + ncur - j0);
         match p.b_layout {
@@ -171,10 +181,9 @@ fn pack_b(
                 // a transpose of 32-bit words, done with gathers of 16 columns.
                 let full = kcur / 2;
                 #[cfg(target_arch = "x86_64")]
-                {
+                if avx512 {
                     // SAFETY: the sliver's `live` rows of B hold kcur values from pc; the
-                    // gather reads pairs 0..full of each; the detected host has AVX-512
-                    // (validated).
+                    // gather reads pairs 0..full of each; the detected host has AVX-512.
                     unsafe {
                         super::transpose::gather_words(
                             b.as_ptr().add(j0 * p.k + pc).cast(),
@@ -198,7 +207,6 @@ fn pack_b(
                     }
                     continue;
                 }
-                #[allow(unreachable_code)]
                 for j in 0..nr {
                     if j >= live {
                         for q in 0..kp {

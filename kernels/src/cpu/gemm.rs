@@ -26,6 +26,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
         GemmVariant::Stream => p.m * p.k,
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
         GemmVariant::StreamDpbf16 => 0,
+        GemmVariant::Amx => super::amx::scratch_len(p, c),
     }
 }
 
@@ -42,8 +43,8 @@ pub fn run<T: TableElem>(
         GemmVariant::Packed => packed(p, c, a, b, out, scratch),
         GemmVariant::Stream => stream(p, c, a, b, out, scratch),
         // Validation admits them for bf16 inputs only, which the backend sends to their modules.
-        GemmVariant::Dpbf16 | GemmVariant::StreamDpbf16 => {
-            unreachable!("dpbf16 configs run through cpu::dpbf16 and cpu::dpbf16_stream")
+        GemmVariant::Dpbf16 | GemmVariant::StreamDpbf16 | GemmVariant::Amx => {
+            unreachable!("bf16-only configs run through cpu::dpbf16, dpbf16_stream and amx")
         }
     }
 }

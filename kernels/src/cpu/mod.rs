@@ -2,8 +2,12 @@
 //!
 //! Module map: [`simd`] is the vector vocabulary, [`leaf`] the innermost loops written over it,
 //! [`table`] their per-ISA instantiation, [`parallel`] the thread pools; [`gemm`], [`flash`] and
-//! [`paged`] are the three kernel drivers.
+//! [`paged`] are the three kernel drivers. bf16 GEMM has variants of its own: [`dpbf16`] and
+//! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
+//! model of them for the tests, are in [`amx_tiles`]).
 
+mod amx;
+mod amx_tiles;
 pub(crate) mod dpbf16;
 mod dpbf16_stream;
 mod flash;
@@ -73,6 +77,9 @@ impl Backend for CpuBackend {
                     (Tensor::F16(a), Tensor::F16(b)) => gemm::run::<f16>(p, c, a, b, out, scratch),
                     (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Dpbf16 => {
                         dpbf16::run(p, c, a, b, out, scratch)
+                    }
+                    (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Amx => {
+                        amx::run(p, c, a, b, out, scratch)
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b))
                         if c.variant == GemmVariant::StreamDpbf16 =>
@@ -231,6 +238,9 @@ fn run_paged(
 
 /// Microkernel shapes (mr, nr) of the AVX-512-BF16 GEMM variant.
 pub const DPBF16_SHAPES: &[(usize, usize)] = dpbf16::BF16_SHAPES;
+
+/// Microkernel shapes (mr, nr) of the AMX GEMM variant.
+pub const AMX_SHAPES: &[(usize, usize)] = amx::AMX_SHAPES;
 
 /// Microkernel shapes (MR, NR) available for an ISA level, as GEMM configs name them.
 pub fn microkernel_shapes(isa: crate::Isa) -> Vec<(usize, usize)> {

@@ -19,7 +19,8 @@ pub enum Isa {
     Avx2Fma,
     /// x86-64 with AVX-512 F/BW/VL/DQ.
     Avx512,
-    /// AVX-512 plus AMX tiles (Sapphire Rapids and later).
+    /// AVX-512 plus AMX tiles (Sapphire Rapids and later) that this process may use: the OS
+    /// saves tile state and granted the permission for tile data.
     Avx512Amx,
 }
 
@@ -162,12 +163,60 @@ fn detect_isa() -> Isa {
     Isa::Portable
 }
 
-/// AMX detection goes through CPUID because `is_x86_feature_detected!("amx-tile")` is still
-/// unstable: leaf 7, EDX bit 24 (amx-tile) and bit 22 (amx-bf16).
+/// Whether AMX tiles can run in this process: the CPU has them, the OS saves their state, and
+/// Linux granted the process permission to use tile data (without it the first tile load
+/// faults).
+///
+/// Detection goes through CPUID because `is_x86_feature_detected!("amx-tile")` is still
+/// unstable: leaf 7, EDX bit 24 (amx-tile) and bit 22 (amx-bf16); XCR0 bits 17 and 18 (tile
+/// configuration and tile data enabled by the OS).
 #[cfg(target_arch = "x86_64")]
 fn has_amx() -> bool {
-    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
-    leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 22) != 0
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    let leaf7 = __cpuid_count(7, 0);
+    let cpu = leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 22) != 0;
+    // CPUID leaf 1, ECX bit 27: the OS enabled XSAVE, so XGETBV may run.
+    let osxsave = __cpuid(1).ecx & (1 << 27) != 0;
+    if !cpu || !osxsave {
+        return false;
+    }
+    // SAFETY: XGETBV exists where OSXSAVE is set (checked above).
+    let xcr0 = unsafe { xcr0() };
+    let tiles = 0b11 << 17;
+    xcr0 & tiles == tiles && request_tile_permission()
+}
+
+/// XCR0, the state components the OS saves.
+///
+/// # Safety
+/// CPUID must report OSXSAVE.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { std::arch::x86_64::_xgetbv(0) }
+}
+
+/// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+/// once for the whole process, as every AMX user must since Linux 5.16.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes the process's permission bitmap.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// Other systems are not known to kerntune to grant tile data: the AVX-512 kernels run there.
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_tile_permission() -> bool {
+    false
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -7,6 +7,7 @@
 use crate::config::{FlashConfig, FlashSplit, GemmConfig, GemmVariant, PagedConfig, Split};
 use crate::cpu::dpbf16::BF16_SHAPES;
 use crate::cpu::table::{table, STREAM_ROWS};
+use crate::cpu::AMX_SHAPES;
 use crate::device::{CpuInfo, Isa};
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
 use crate::{Config, DType, Device, Family, KernelError, Problem};
@@ -243,6 +244,36 @@ impl CpuSpace {
                 }
             }
         }
+        // AMX tiles, at their own level: blocks of 2 to 8 tile rows, a B panel of 8 or 32 tile
+        // columns, depths of 8 to 32 k blocks.
+        if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx {
+            for &threads in &thread_counts(host) {
+                for &(mr, nr) in AMX_SHAPES {
+                    for mc_tiles in [4, 8] {
+                        for kc in [256, 512, 1024] {
+                            for nc_tiles in [8, 32] {
+                                for split in [Split::M, Split::N] {
+                                    if threads == 1 && split == Split::M {
+                                        continue;
+                                    }
+                                    out.push(GemmConfig {
+                                        variant: GemmVariant::Amx,
+                                        isa: Isa::Avx512Amx,
+                                        mr,
+                                        nr,
+                                        mc: mr * mc_tiles,
+                                        kc,
+                                        nc: nr * nc_tiles,
+                                        split,
+                                        threads,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
         out
     }
 
@@ -253,6 +284,16 @@ impl CpuSpace {
         host: &CpuInfo,
     ) -> Result<(), KernelError> {
         let f = Family::Gemm;
+        if c.variant == GemmVariant::Amx && host.isa != Isa::Avx512Amx {
+            return Err(invalid(
+                f,
+                format!(
+                    "the amx variant needs AMX tiles (AMX-TILE and AMX-BF16, Sapphire Rapids or \
+                     later, with the kernel's permission for tile data), which {} ({}) lacks",
+                    host.model, host.isa
+                ),
+            ));
+        }
         check_common(f, c.isa, c.threads, host)?;
         let t = table(kernel_isa(c.isa));
         match c.variant {
@@ -292,6 +333,30 @@ impl CpuSpace {
                         f,
                         format!(
                             "no {}x{} dpbf16 microkernel; shapes: {BF16_SHAPES:?}",
+                            c.mr, c.nr
+                        ),
+                    ));
+                }
+                check_blocks(f, c)?;
+            }
+            GemmVariant::Amx => {
+                if p.dtype != DType::Bf16 {
+                    return Err(invalid(
+                        f,
+                        format!("the amx variant takes bf16 inputs, not {}", p.dtype),
+                    ));
+                }
+                if c.isa != Isa::Avx512Amx {
+                    return Err(invalid(
+                        f,
+                        format!("the amx variant runs at isa avx512-amx, not {}", c.isa),
+                    ));
+                }
+                if !AMX_SHAPES.contains(&(c.mr, c.nr)) {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "no {}x{} amx microkernel; shapes: {AMX_SHAPES:?}",
                             c.mr, c.nr
                         ),
                     ));

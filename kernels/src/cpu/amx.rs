@@ -1,0 +1,310 @@
+//! bf16 GEMM on AMX tiles (`tdpbf16ps`, Sapphire Rapids and later): the packed loop nest of
+//! [`super::gemm`] with a microkernel of 16 × 16 f32 accumulator tiles, each instruction a
+//! 16 × 16 × 32 multiply-add, f32 accumulation.
+//!
+//! A sliver is stored as the A tiles load it: `[k block][mr rows][16 pairs]` (32 consecutive k
+//! values of a row fill one 64-byte tile row), so packing A copies row segments. A B sliver is
+//! the pair layout of [`super::dpbf16`], `[pairs][nr]`, which is what a B tile (the "VNNI" rows
+//! of 16 columns × one pair) loads with a stride of `nr` words. Depth is padded with zeros to
+//! whole 32-value blocks, since the tiles stay configured for full 16-pair rows.
+//!
+//! The instructions go through [`super::amx_tiles::Tiles`]: the hardware where the host has
+//! AMX, and in this module's tests a software model, so packing, strides and edges are verified
+//! on every machine.
+
+use half::bf16;
+
+use super::amx_tiles::{c_tile, TileConfig, Tiles, A_TILE, B_TILE, ROWS, ROW_BYTES};
+use crate::config::GemmConfig;
+use crate::problem::GemmProblem;
+
+/// Microkernel shapes (mr, nr): 2 × 2, 1 × 2 or 2 × 1 accumulator tiles, with one A tile per
+/// 16 rows and one B tile per 16 columns, within AMX's eight tile registers.
+pub const AMX_SHAPES: &[(usize, usize)] = &[(32, 32), (16, 32), (32, 16)];
+
+/// bf16 pairs in one tile row: a k block is 32 values deep.
+const BLOCK_PAIRS: usize = ROW_BYTES / 4;
+
+/// Pair rows of a `kcur`-deep slice, padded to whole k blocks.
+fn depth(kcur: usize) -> usize {
+    kcur.div_ceil(2 * BLOCK_PAIRS) * BLOCK_PAIRS
+}
+
+/// Scratch (32-bit words) a call needs: one packed A block and one B panel per thread.
+pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
+    let mc = c.mc.min(p.m.next_multiple_of(c.mr));
+    let d = depth(c.kc.min(p.k));
+    let nc = c.nc.min(p.n.next_multiple_of(c.nr));
+    c.threads * (mc * d + d * nc)
+}
+
+/// Runs a config validated against the detected host (dtype bf16, a shape of [`AMX_SHAPES`],
+/// a host whose level is `avx512-amx`, which includes the kernel's permission for tile data).
+pub fn run(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+        run_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (p, c, a, b, out, scratch);
+        unreachable!("validation refuses AMX configs on hosts without AMX");
+    }
+}
+
+/// The kernel on a given implementation of the tile operations.
+fn run_on<T: Tiles + Default>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (mr, nr) = (c.mr, c.nr);
+    let ukr: Ukr<T> = match (mr, nr) {
+        (32, 32) => ukr::<T, 2, 2>,
+        (16, 32) => ukr::<T, 1, 2>,
+        (32, 16) => ukr::<T, 2, 1>,
+        _ => unreachable!("validated configs have an AMX shape"),
+    };
+    // Pair words live in the f32 scratch as raw bits: same size and alignment.
+    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
+    let words = unsafe {
+        std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len())
+    };
+    super::gemm::loop_nest(
+        p,
+        c,
+        out,
+        words,
+        depth,
+        |pc, kcur, jc, ncur, dst| {
+            super::dpbf16::pack_b(p, b, pc, kcur, jc, ncur, nr, depth(kcur), dst)
+        },
+        |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
+        // SAFETY: loop_nest's contract on slivers (`depth` pair rows) and C; validation
+        // checked the host runs AMX, or T is the software model.
+        |d, ap, bp, cp, rows, cols, accumulate| unsafe {
+            ukr(
+                &mut T::default(),
+                d,
+                ap,
+                bp,
+                cp,
+                p.n,
+                rows,
+                cols,
+                accumulate,
+            )
+        },
+    );
+}
+
+/// Packs `mcur` rows × `kcur` values of A into `mr`-row slivers of `[k block][mr][32 values]`,
+/// zero past the rows and depth.
+#[allow(clippy::too_many_arguments)]
+fn pack_a(
+    p: &GemmProblem,
+    a: &[bf16],
+    ic: usize,
+    mcur: usize,
+    pc: usize,
+    kcur: usize,
+    mr: usize,
+    dst: &mut [u32],
+) {
+    let d = depth(kcur);
+    let block = 2 * BLOCK_PAIRS;
+    for (s, sliver) in dst[..mcur.next_multiple_of(mr) * d]
+        .chunks_exact_mut(mr * d)
+        .enumerate()
+    {
+        let r0 = ic + s * mr;
+        let live = mr.min(ic + mcur - r0);
+        // A pair word holds the even k in its low half: on a little-endian host that is the
+        // two bf16 values in k order, so rows copy as they are.
+        // SAFETY: bf16 is two bytes with alignment 2; the words are valid bf16 bits either way.
+        let values = unsafe {
+            std::slice::from_raw_parts_mut(sliver.as_mut_ptr().cast::<bf16>(), 2 * sliver.len())
+        };
+        for (kb, rows) in values.chunks_exact_mut(mr * block).enumerate() {
+            let k0 = kb * block;
+            let n = block.min(kcur - k0);
+            for (i, row) in rows.chunks_exact_mut(block).enumerate() {
+                if i < live {
+                    let at = (r0 + i) * p.k + pc + k0;
+                    row[..n].copy_from_slice(&a[at..at + n]);
+                    row[n..].fill(bf16::ZERO);
+                } else {
+                    row.fill(bf16::ZERO);
+                }
+            }
+        }
+    }
+}
+
+/// `(tiles, d, a, b, c, ldc, rows, cols, accumulate)`: C[rows × cols] (+)= A · B over `d` pair
+/// rows.
+type Ukr<T> = unsafe fn(&mut T, usize, *const u32, *const u32, *mut f32, usize, usize, usize, bool);
+
+/// `MT × NT` accumulator tiles: `16·MT` rows × `16·NT` columns.
+///
+/// Full corners load and store C through the tiles at C's stride; edge corners accumulate in
+/// zeroed tiles, stored to a local block and added to the live part of C.
+///
+/// # Safety
+/// `a` holds `d · 16·MT` and `b` `d · 16·NT` pair words in the module's layouts, `d` a multiple
+/// of 16; C is writable for `rows` rows of `cols` columns at `ldc` apart; `T` runs on this host.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
+    tiles: &mut T,
+    d: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    let (mr, nr) = (ROWS * MT, ROWS * NT);
+    let full = rows == mr && cols == nr;
+    // SAFETY: the caller's contract; every tile is 16 rows of 64 bytes, and full corners have
+    // 16·MT rows of 16·NT columns of C.
+    unsafe {
+        // Configured per call rather than once per thread: the call owns no state between
+        // calls, so other tile users on the thread (a framework's own AMX kernels) cannot
+        // leave it a configuration it does not expect.
+        tiles.configure(&TileConfig::full(MT, NT));
+        let corner = |i: usize, j: usize| c.add(i * ROWS * ldc + j * ROWS);
+        for i in 0..MT {
+            for j in 0..NT {
+                if full && accumulate {
+                    tiles.load(c_tile(i, j), corner(i, j).cast(), 4 * ldc);
+                } else {
+                    tiles.zero(c_tile(i, j));
+                }
+            }
+        }
+        for kb in 0..d / BLOCK_PAIRS {
+            for i in 0..MT {
+                let at = (kb * mr + i * ROWS) * BLOCK_PAIRS;
+                tiles.load(A_TILE + i, a.add(at).cast(), ROW_BYTES);
+            }
+            for j in 0..NT {
+                let at = kb * BLOCK_PAIRS * nr + j * ROWS;
+                tiles.load(B_TILE + j, b.add(at).cast(), 4 * nr);
+            }
+            for i in 0..MT {
+                for j in 0..NT {
+                    tiles.dot(c_tile(i, j), A_TILE + i, B_TILE + j);
+                }
+            }
+        }
+        if full {
+            for i in 0..MT {
+                for j in 0..NT {
+                    tiles.store(c_tile(i, j), corner(i, j).cast(), 4 * ldc);
+                }
+            }
+        } else {
+            let mut block = [0f32; 4 * ROWS * ROWS];
+            for i in 0..MT {
+                for j in 0..NT {
+                    let at = block.as_mut_ptr().add(i * ROWS * nr + j * ROWS);
+                    tiles.store(c_tile(i, j), at.cast(), 4 * nr);
+                }
+            }
+            for r in 0..rows {
+                let dst = std::slice::from_raw_parts_mut(c.add(r * ldc), cols);
+                for (o, v) in dst.iter_mut().zip(&block[r * nr..r * nr + cols]) {
+                    *o = if accumulate { *o + v } else { *v };
+                }
+            }
+        }
+        tiles.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GemmVariant, Split};
+    use crate::cpu::amx_tiles::Model;
+    use crate::data::ProblemData;
+    use crate::{Isa, Problem, TensorBuf};
+
+    /// Every shape with blocks that cut M, N and K in awkward places, on the software model of
+    /// the tile operations, against the f64 reference.
+    #[test]
+    fn every_shape_matches_the_reference_on_the_tile_model() {
+        let mut ran = 0;
+        for spec in [
+            "gemm:m=1,n=1,k=1,dtype=bf16,b=nk",
+            "gemm:m=29,n=67,k=45,dtype=bf16,b=nk",
+            "gemm:m=40,n=130,k=100,dtype=bf16,b=kn",
+            "gemm:m=33,n=17,k=97,dtype=bf16,b=kn",
+            "gemm:m=64,n=64,k=64,dtype=bf16,b=nk",
+            "gemm:m=7,n=61,k=5,dtype=bf16,b=kn",
+        ] {
+            let problem: Problem = spec.parse().unwrap();
+            let Problem::Gemm(p) = problem else {
+                unreachable!()
+            };
+            let mut data = ProblemData::random(&problem, 11);
+            let reference = data.reference();
+            let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1])
+            else {
+                unreachable!("bf16 problems have bf16 inputs")
+            };
+            let (a, b) = (a.clone(), b.clone());
+            for &(mr, nr) in AMX_SHAPES {
+                // K below a block, a block and a bit, several blocks; one and two row blocks
+                // and column panels; both splits over two threads.
+                for (mc, kc, nc) in [(mr, 7, nr), (mr * 2, 33, nr * 2), (mr, 64, nr * 3)] {
+                    for (split, threads) in [(Split::N, 1), (Split::M, 2), (Split::N, 2)] {
+                        let c = GemmConfig {
+                            variant: GemmVariant::Amx,
+                            isa: Isa::Avx512Amx,
+                            mr,
+                            nr,
+                            mc,
+                            kc,
+                            nc,
+                            split,
+                            threads,
+                        };
+                        let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                        data.out.fill(f32::NAN);
+                        run_on::<Model>(&p, &c, &a, &b, &mut data.out, &mut scratch);
+                        let err = crate::reference::relative_error(&data.out, &reference);
+                        assert!(
+                            err <= problem.tolerance(),
+                            "{spec} with {c:?}: relative error {err:e}"
+                        );
+                        ran += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(ran, 6 * AMX_SHAPES.len() * 9);
+    }
+
+    #[test]
+    fn depth_pads_to_whole_blocks() {
+        assert_eq!(depth(1), 16);
+        assert_eq!(depth(32), 16);
+        assert_eq!(depth(33), 32);
+        assert_eq!(depth(1024), 512);
+    }
+}
