@@ -110,6 +110,36 @@ proptest! {
     }
 }
 
+/// Configs of a packed-loop-nest variant for every shape: one-tile blocks with a depth below a
+/// vector, several tiles with an even depth, and an odd depth (a lone value after the last
+/// bf16 pair), each split by M and by N.
+fn blocked(
+    variant: GemmVariant,
+    isa: Isa,
+    shapes: &[(usize, usize)],
+    threads: usize,
+) -> Vec<Config> {
+    let mut configs = Vec::new();
+    for &(mr, nr) in shapes {
+        for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2), (mr * 2, 33, nr)] {
+            for split in [Split::M, Split::N] {
+                configs.push(Config::Gemm(GemmConfig {
+                    variant,
+                    isa,
+                    mr,
+                    nr,
+                    mc,
+                    kc,
+                    nc,
+                    split,
+                    threads,
+                }));
+            }
+        }
+    }
+    configs
+}
+
 /// The AVX-512-BF16 kernel: every microkernel shape, odd and even cache-block depths (an odd
 /// one pads the last bf16 pair), both B layouts, split by M and by N. On hosts without
 /// AVX-512-BF16 the space must refuse it instead.
@@ -117,24 +147,12 @@ proptest! {
 fn dpbf16_shapes_match_reference_or_are_refused() {
     let host = kerntune_kernels::CpuInfo::detect();
     let device = Device::host();
-    let mut configs = Vec::new();
-    for &(mr, nr) in kerntune_kernels::cpu::DPBF16_SHAPES {
-        for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2), (mr * 2, 33, nr)] {
-            for split in [Split::M, Split::N] {
-                configs.push(Config::Gemm(GemmConfig {
-                    variant: GemmVariant::Dpbf16,
-                    isa: host.isa,
-                    mr,
-                    nr,
-                    mc,
-                    kc,
-                    nc,
-                    split,
-                    threads: host.threads,
-                }));
-            }
-        }
-    }
+    let configs = blocked(
+        GemmVariant::Dpbf16,
+        host.isa,
+        kerntune_kernels::cpu::DPBF16_SHAPES,
+        host.threads,
+    );
     let problems = [
         problem("gemm:m=29,n=67,k=45,dtype=bf16,b=nk"),
         problem("gemm:m=1,n=33,k=1,dtype=bf16,b=kn"),
@@ -175,24 +193,12 @@ fn dpbf16_shapes_match_reference_or_are_refused() {
 fn amx_shapes_match_reference_or_are_refused() {
     let host = kerntune_kernels::CpuInfo::detect();
     let device = Device::host();
-    let mut configs = Vec::new();
-    for &(mr, nr) in kerntune_kernels::cpu::AMX_SHAPES {
-        for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2), (mr * 2, 33, nr)] {
-            for split in [Split::M, Split::N] {
-                configs.push(Config::Gemm(GemmConfig {
-                    variant: GemmVariant::Amx,
-                    isa: Isa::Avx512Amx,
-                    mr,
-                    nr,
-                    mc,
-                    kc,
-                    nc,
-                    split,
-                    threads: host.threads,
-                }));
-            }
-        }
-    }
+    let configs = blocked(
+        GemmVariant::Amx,
+        Isa::Avx512Amx,
+        kerntune_kernels::cpu::AMX_SHAPES,
+        host.threads,
+    );
     let problems = [
         problem("gemm:m=29,n=67,k=45,dtype=bf16,b=nk"),
         problem("gemm:m=1,n=33,k=1,dtype=bf16,b=kn"),

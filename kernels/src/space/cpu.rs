@@ -176,6 +176,67 @@ fn check_blocks(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The cache blockings swept for one packed-loop-nest microkernel: `mc` and `nc` in tiles of
+/// `mr` and `nr`, both thread splits (one on a single thread).
+struct Blocking {
+    mc_tiles: &'static [usize],
+    kc: &'static [usize],
+    nc_tiles: &'static [usize],
+}
+
+impl Blocking {
+    fn push(
+        &self,
+        variant: GemmVariant,
+        isa: Isa,
+        (mr, nr): (usize, usize),
+        threads: usize,
+        out: &mut Vec<GemmConfig>,
+    ) {
+        for &mc_tiles in self.mc_tiles {
+            for &kc in self.kc {
+                for &nc_tiles in self.nc_tiles {
+                    for split in [Split::M, Split::N] {
+                        if threads == 1 && split == Split::M {
+                            continue;
+                        }
+                        out.push(GemmConfig {
+                            variant,
+                            isa,
+                            mr,
+                            nr,
+                            mc: mr * mc_tiles,
+                            kc,
+                            nc: nr * nc_tiles,
+                            split,
+                            threads,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A microkernel shape of a variant, or why there is none.
+fn check_shape(
+    f: Family,
+    name: &str,
+    shapes: &[(usize, usize)],
+    c: &GemmConfig,
+) -> Result<(), KernelError> {
+    if shapes.contains(&(c.mr, c.nr)) {
+        return Ok(());
+    }
+    Err(invalid(
+        f,
+        format!(
+            "no {}x{} {name} microkernel; shapes: {shapes:?}",
+            c.mr, c.nr
+        ),
+    ))
+}
+
 impl CpuSpace {
     fn gemm_candidates(&self, p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         let mut out = Vec::new();
@@ -218,59 +279,27 @@ impl CpuSpace {
                         .filter(|_| dpbf16)
                         .map(|&s| (GemmVariant::Dpbf16, s)),
                 );
-                for (variant, (mr, nr)) in shapes {
-                    for mc_tiles in [8, 16] {
-                        for kc in [256, 512, 768, 1024] {
-                            for nc_tiles in [32, 128] {
-                                for split in [Split::M, Split::N] {
-                                    if threads == 1 && split == Split::M {
-                                        continue;
-                                    }
-                                    out.push(GemmConfig {
-                                        variant,
-                                        isa,
-                                        mr,
-                                        nr,
-                                        mc: mr * mc_tiles,
-                                        kc,
-                                        nc: nr * nc_tiles,
-                                        split,
-                                        threads,
-                                    });
-                                }
-                            }
-                        }
-                    }
+                let grid = Blocking {
+                    mc_tiles: &[8, 16],
+                    kc: &[256, 512, 768, 1024],
+                    nc_tiles: &[32, 128],
+                };
+                for (variant, shape) in shapes {
+                    grid.push(variant, isa, shape, threads, &mut out);
                 }
             }
         }
-        // AMX tiles, at their own level: blocks of 2 to 8 tile rows, a B panel of 8 or 32 tile
-        // columns, depths of 8 to 32 k blocks.
+        // AMX tiles, at their own level: blocks of 4 or 8 tiles of rows, a B panel of 8 or 32
+        // tiles of columns, depths of 8 to 32 k blocks.
         if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx {
+            let grid = Blocking {
+                mc_tiles: &[4, 8],
+                kc: &[256, 512, 1024],
+                nc_tiles: &[8, 32],
+            };
             for &threads in &thread_counts(host) {
-                for &(mr, nr) in AMX_SHAPES {
-                    for mc_tiles in [4, 8] {
-                        for kc in [256, 512, 1024] {
-                            for nc_tiles in [8, 32] {
-                                for split in [Split::M, Split::N] {
-                                    if threads == 1 && split == Split::M {
-                                        continue;
-                                    }
-                                    out.push(GemmConfig {
-                                        variant: GemmVariant::Amx,
-                                        isa: Isa::Avx512Amx,
-                                        mr,
-                                        nr,
-                                        mc: mr * mc_tiles,
-                                        kc,
-                                        nc: nr * nc_tiles,
-                                        split,
-                                        threads,
-                                    });
-                                }
-                            }
-                        }
-                    }
+                for &shape in AMX_SHAPES {
+                    grid.push(GemmVariant::Amx, Isa::Avx512Amx, shape, threads, &mut out);
                 }
             }
         }
@@ -328,15 +357,7 @@ impl CpuSpace {
             }
             GemmVariant::Dpbf16 => {
                 bf16_pairs(c, p, host)?;
-                if !BF16_SHAPES.contains(&(c.mr, c.nr)) {
-                    return Err(invalid(
-                        f,
-                        format!(
-                            "no {}x{} dpbf16 microkernel; shapes: {BF16_SHAPES:?}",
-                            c.mr, c.nr
-                        ),
-                    ));
-                }
+                check_shape(f, "dpbf16", BF16_SHAPES, c)?;
                 check_blocks(f, c)?;
             }
             GemmVariant::Amx => {
@@ -352,15 +373,7 @@ impl CpuSpace {
                         format!("the amx variant runs at isa avx512-amx, not {}", c.isa),
                     ));
                 }
-                if !AMX_SHAPES.contains(&(c.mr, c.nr)) {
-                    return Err(invalid(
-                        f,
-                        format!(
-                            "no {}x{} amx microkernel; shapes: {AMX_SHAPES:?}",
-                            c.mr, c.nr
-                        ),
-                    ));
-                }
+                check_shape(f, "amx", AMX_SHAPES, c)?;
                 check_blocks(f, c)?;
             }
             GemmVariant::Packed => {
