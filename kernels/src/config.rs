@@ -100,6 +100,11 @@ impl fmt::Display for Config {
                     "amx {}x{} mc={} kc={} nc={} split={} t={}",
                     c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
                 ),
+                GemmVariant::Direct => write!(
+                    f,
+                    "direct {} {}x{} mc={} kc={} nc={} split={} t={}",
+                    c.isa, c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
+                ),
             },
             Config::Flash(c) => write!(
                 f,
@@ -153,6 +158,10 @@ pub enum GemmVariant {
     /// The packed loop nest on AMX tiles (`tdpbf16ps`): bf16 inputs on hosts with AMX-BF16
     /// (Sapphire Rapids and later), 16 × 16 × 32 multiply-adds per instruction.
     Amx,
+    /// B stored `[N, K]` read in place, A packed, the product computed transposed: few rows
+    /// of f32, or of bf16 on hosts with AVX-512-BF16, where packing B would be a second pass
+    /// over the weights.
+    Direct,
 }
 
 /// Which dimension threads divide.
@@ -174,7 +183,7 @@ impl fmt::Display for Split {
 
 /// GEMM on the CPU.
 ///
-/// `Packed`, `Dpbf16` and `Amx` read every field: an `mr × nr` microkernel, A blocks of `mc × kc`, B
+/// `Packed`, `Dpbf16`, `Amx` and `Direct` read every field: an `mr × nr` microkernel, A blocks of `mc × kc`, B
 /// panels of `kc × nc`, threads dividing `split`. `Stream` and `StreamDpbf16` read `mr` (rows of
 /// A per pass over B), `nc` (columns per task) and `threads`; their other fields are fixed by
 /// the space.

@@ -184,6 +184,107 @@ fn dpbf16_shapes_match_reference_or_are_refused() {
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
 }
 
+/// The direct kernel (weights read in place, the product transposed): every microkernel shape
+/// of every SIMD level the host runs for f32, every pair shape for bf16 where the host has
+/// AVX-512-BF16; weight rows that leave a short last sliver, token counts below, at and past a
+/// sliver, depths below and past a slice, both splits. Refusals name their reason.
+#[test]
+fn direct_matches_reference_for_every_shape() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let device = Device::host();
+    let mut ran = 0;
+    type Level = (DType, Isa, Vec<(usize, usize)>);
+    let mut levels: Vec<Level> = Isa::supported_by(host.isa)
+        .into_iter()
+        .map(|isa| (DType::F32, isa, microkernel_shapes(isa)))
+        .collect();
+    if host.avx512_bf16 {
+        let pairs = kerntune_kernels::cpu::DPBF16_SHAPES.to_vec();
+        levels.push((DType::Bf16, host.isa, pairs));
+    }
+    for (dtype, isa, shapes) in levels {
+        // bf16 needs an even K and kc; f32 takes odd ones.
+        let (ks, kcs): (&[usize], &[usize]) = match dtype {
+            DType::Bf16 => (&[2, 14, 390], &[6, 64, 390]),
+            _ => (&[1, 13, 389], &[7, 64, 389]),
+        };
+        for &k in ks {
+            for (m, n) in [(1, 37), (7, 61), (33, 130), (40, 97)] {
+                let p = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b=nk"));
+                let mut configs = Vec::new();
+                for &(mr, nr) in &shapes {
+                    for &kc in kcs {
+                        for (nc, split) in [(nr, Split::N), (nr * 2, Split::M)] {
+                            configs.push(Config::Gemm(GemmConfig {
+                                variant: GemmVariant::Direct,
+                                isa,
+                                mr,
+                                nr,
+                                mc: mr,
+                                kc,
+                                nc,
+                                split,
+                                threads: host.threads,
+                            }));
+                        }
+                    }
+                }
+                ran += check_all(&p, &configs);
+            }
+        }
+    }
+    assert!(ran > 0);
+    eprintln!("verified {ran} direct configs");
+    // Refusals: B stored [K, N], an odd K on bf16, f16, a blocked mc.
+    let one = |(mr, nr): (usize, usize)| GemmConfig {
+        variant: GemmVariant::Direct,
+        isa: host.isa,
+        mr,
+        nr,
+        mc: mr,
+        kc: 64,
+        nc: nr,
+        split: Split::N,
+        threads: 1,
+    };
+    let f32_shape = microkernel_shapes(host.isa)[0];
+    let refused = |spec: &str, c: GemmConfig, why: &str| {
+        let err = CpuSpace
+            .validate(&Config::Gemm(c), &problem(spec), &device)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(why), "{spec}: {err}");
+    };
+    refused(
+        "gemm:m=8,n=64,k=64,dtype=f32,b=kn",
+        one(f32_shape),
+        "[N, K]",
+    );
+    refused(
+        "gemm:m=8,n=64,k=64,dtype=f16,b=nk",
+        one(f32_shape),
+        "not f16",
+    );
+    let blocked = GemmConfig {
+        mc: 2 * f32_shape.0,
+        ..one(f32_shape)
+    };
+    refused(
+        "gemm:m=8,n=64,k=64,dtype=f32,b=nk",
+        blocked,
+        "no mc blocking",
+    );
+    if host.avx512_bf16 {
+        refused("gemm:m=8,n=64,k=63,dtype=bf16,b=nk", one((8, 32)), "even K");
+    } else {
+        refused(
+            "gemm:m=8,n=64,k=64,dtype=bf16,b=nk",
+            one((8, 32)),
+            "AVX-512-BF16",
+        );
+    }
+}
+
 /// The AMX tile kernel on the host's tiles: every microkernel shape, depths below, at and past a
 /// 32-value k block, corners that fill the tiles and ones that do not, both B layouts and both
 /// splits. On hosts without usable AMX the space must refuse it with the reason and never offer

@@ -231,6 +231,31 @@ pub(super) fn pack_b(
 /// `(kp, a, b, c, ldc, mr, nr, accumulate)`: C[mr × nr] (+)= A pairs · B pairs.
 type Ukr = unsafe fn(usize, *const u32, *const u32, *mut f32, usize, usize, usize, bool);
 
+/// [`Ukr`] with A's rows in place, `rsa` words apart (`(kp, a, rsa, b, c, ldc, mr, nr,
+/// accumulate)`): the direct GEMM broadcasts a Linear layer's weights as they lie.
+pub type UkrRows =
+    unsafe fn(usize, *const u32, usize, *const u32, *mut f32, usize, usize, usize, bool);
+
+/// The in-place-rows microkernel for a shape of [`BF16_SHAPES`].
+pub fn microkernel_rows(mr: usize, nr: usize) -> Option<UkrRows> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Some(match (mr, nr) {
+            (4, 64) => x86::ukr_rows::<4, 4>,
+            (6, 64) => x86::ukr_rows::<6, 4>,
+            (8, 32) => x86::ukr_rows::<8, 2>,
+            (12, 32) => x86::ukr_rows::<12, 2>,
+            (14, 32) => x86::ukr_rows::<14, 2>,
+            _ => return None,
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mr, nr);
+        None
+    }
+}
+
 /// The microkernel for a shape of [`BF16_SHAPES`].
 pub fn microkernel(mr: usize, nr: usize) -> Option<Ukr> {
     #[cfg(target_arch = "x86_64")]
@@ -255,7 +280,7 @@ pub fn microkernel(mr: usize, nr: usize) -> Option<Ukr> {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `MR` rows × `NV` vectors of 16 columns.
+    /// `MR` rows × `NV` vectors of 16 columns, A packed.
     ///
     /// # Safety
     /// The CPU has AVX-512F and AVX-512-BF16; `a` holds `kp · MR` and `b` `kp · NV · 16` pair
@@ -272,7 +297,48 @@ mod x86 {
         nr: usize,
         accumulate: bool,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        // SAFETY: the caller's contract; packed A is `[kp][MR]`.
+        unsafe { body::<MR, NV>(kp, a, 1, MR, b, c, ldc, mr, nr, accumulate) }
+    }
+
+    /// [`ukr`] with A's `MR` rows in place, `rsa` words apart.
+    ///
+    /// # Safety
+    /// As [`ukr`], with each of A's `MR` rows holding `kp` words (any alignment).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ukr_rows<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u32,
+        rsa: usize,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { body::<MR, NV>(kp, a, rsa, 1, b, c, ldc, mr, nr, accumulate) }
+    }
+
+    /// A's pair `q` of row `i` at `a + i · rsa + q · csa` words.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn body<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u32,
+        rsa: usize,
+        csa: usize,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: inlined into callers that enable AVX-512F.
+        let mut acc = [[unsafe { _mm512_setzero_ps() }; NV]; MR];
         for q in 0..kp {
             // SAFETY: caller contract on the packed slivers.
             unsafe {
@@ -283,7 +349,7 @@ mod x86 {
                 });
                 for (i, row) in acc.iter_mut().enumerate() {
                     let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
-                        *a.add(q * MR + i) as i32,
+                        a.add(i * rsa + q * csa).read_unaligned() as i32,
                     ));
                     for (accv, bvv) in row.iter_mut().zip(bv.iter()) {
                         *accv = _mm512_dpbf16_ps(*accv, av, *bvv);

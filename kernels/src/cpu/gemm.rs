@@ -27,6 +27,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
         GemmVariant::StreamDpbf16 => 0,
         GemmVariant::Amx => super::amx::scratch_len(p, c),
+        GemmVariant::Direct => super::direct::scratch_len(p, c, p.dtype == crate::DType::Bf16),
     }
 }
 
@@ -46,6 +47,8 @@ pub fn run<T: TableElem>(
         GemmVariant::Dpbf16 | GemmVariant::StreamDpbf16 | GemmVariant::Amx => {
             unreachable!("bf16-only configs run through cpu::dpbf16, dpbf16_stream and amx")
         }
+        // Validation admits f32 and bf16 only, which the backend sends to cpu::direct.
+        GemmVariant::Direct => unreachable!("direct configs run through cpu::direct"),
     }
 }
 
@@ -149,7 +152,7 @@ pub(super) fn loop_nest<W: Copy>(
 
 /// Packs `mcur` rows × `kcur` columns of A into `mr`-row slivers, `[kcur][mr]` each.
 #[allow(clippy::too_many_arguments)]
-fn pack_a<T: TableElem + 'static>(
+pub(super) fn pack_a<T: TableElem + 'static>(
     p: &GemmProblem,
     a: &[T],
     ic: usize,
@@ -212,7 +215,7 @@ fn pack_b<T: TableElem + 'static>(
 /// or AVX-512 (validation checked the host has it): the scalar loop stores one word per sliver
 /// row, which cost 7% of a 2048-row GEMM in A's packing alone.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn pack_rows<T: TableElem + 'static>(
+pub(super) fn pack_rows<T: TableElem + 'static>(
     src: &[T],
     stride: usize,
     count: usize,

@@ -8,6 +8,7 @@
 
 mod amx;
 mod amx_tiles;
+mod direct;
 pub(crate) mod dpbf16;
 mod dpbf16_stream;
 mod flash;
@@ -73,6 +74,12 @@ impl Backend for CpuBackend {
                 check_len("b", b.len(), p.b_len())?;
                 check_len("c", out.len(), p.c_len())?;
                 match (a, b) {
+                    (Tensor::F32(a), Tensor::F32(b)) if c.variant == GemmVariant::Direct => {
+                        direct::run_f32(p, c, a, b, out, scratch)
+                    }
+                    (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Direct => {
+                        direct::run_bf16(p, c, a, b, out, scratch)
+                    }
                     (Tensor::F32(a), Tensor::F32(b)) => gemm::run(p, c, a, b, out, scratch),
                     (Tensor::F16(a), Tensor::F16(b)) => gemm::run::<f16>(p, c, a, b, out, scratch),
                     (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Dpbf16 => {

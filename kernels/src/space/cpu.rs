@@ -9,7 +9,7 @@ use crate::cpu::dpbf16::BF16_SHAPES;
 use crate::cpu::table::{table, STREAM_ROWS};
 use crate::cpu::AMX_SHAPES;
 use crate::device::{CpuInfo, Isa};
-use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
+use crate::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem};
 use crate::{Config, DType, Device, Family, KernelError, Problem};
 
 use super::Space;
@@ -107,10 +107,10 @@ fn check_common(
 /// The `vdpbf16ps` variants: bf16 inputs on a host with AVX-512-BF16.
 fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    let name = if c.variant == GemmVariant::StreamDpbf16 {
-        "stream-dpbf16"
-    } else {
-        "dpbf16"
+    let name = match c.variant {
+        GemmVariant::StreamDpbf16 => "stream-dpbf16",
+        GemmVariant::Direct => "direct",
+        _ => "dpbf16",
     };
     if p.dtype != DType::Bf16 {
         return Err(invalid(
@@ -287,6 +287,42 @@ impl CpuSpace {
                 for (variant, shape) in shapes {
                     grid.push(variant, isa, shape, threads, &mut out);
                 }
+                // Weights read in place for few rows of A: depths up to all of K, token panels
+                // of 4 or 16 slivers; no mc blocking.
+                if p.m <= STREAM_MAX_M && p.b_layout == BLayout::Nk {
+                    let shapes: &[(usize, usize)] = match p.dtype {
+                        DType::F32 => t.shapes,
+                        DType::Bf16 if dpbf16 && p.k.is_multiple_of(2) => BF16_SHAPES,
+                        _ => &[],
+                    };
+                    let mut depths = [1024, 4096, p.k].map(|kc| kc.min(p.k));
+                    depths.sort_unstable();
+                    for &(mr, nr) in shapes {
+                        for (i, &kc) in depths.iter().enumerate() {
+                            if i > 0 && depths[i - 1] == kc {
+                                continue;
+                            }
+                            for nc_tiles in [4, 16] {
+                                for split in [Split::M, Split::N] {
+                                    if threads == 1 && split == Split::M {
+                                        continue;
+                                    }
+                                    out.push(GemmConfig {
+                                        variant: GemmVariant::Direct,
+                                        isa,
+                                        mr,
+                                        nr,
+                                        mc: mr,
+                                        kc,
+                                        nc: nr * nc_tiles,
+                                        split,
+                                        threads,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
         // AMX tiles, at their own level: blocks of 4 or 8 tiles of rows, a B panel of 8 or 32
@@ -358,6 +394,60 @@ impl CpuSpace {
             GemmVariant::Dpbf16 => {
                 bf16_pairs(c, p, host)?;
                 check_shape(f, "dpbf16", BF16_SHAPES, c)?;
+                check_blocks(f, c)?;
+            }
+            GemmVariant::Direct => {
+                if p.b_layout != BLayout::Nk {
+                    return Err(invalid(
+                        f,
+                        "the direct variant reads B stored [N, K] as a Linear layer's weights \
+                         (b=nk), not [K, N]",
+                    ));
+                }
+                match p.dtype {
+                    DType::F32 => {
+                        if t.ukr(c.mr, c.nr).is_none() {
+                            return Err(invalid(
+                                f,
+                                format!(
+                                    "no {}x{} microkernel for {}; shapes: {:?}",
+                                    c.mr, c.nr, c.isa, t.shapes
+                                ),
+                            ));
+                        }
+                    }
+                    DType::Bf16 => {
+                        bf16_pairs(c, p, host)?;
+                        check_shape(f, "direct bf16", BF16_SHAPES, c)?;
+                        // Weight rows and kc slices start on a pair of k values.
+                        if !p.k.is_multiple_of(2) || !c.kc.is_multiple_of(2) {
+                            return Err(invalid(
+                                f,
+                                format!(
+                                    "the direct variant on bf16 needs an even K and kc \
+                                     (pairs of k values); K = {}, kc = {}",
+                                    p.k, c.kc
+                                ),
+                            ));
+                        }
+                    }
+                    DType::F16 => {
+                        return Err(invalid(
+                            f,
+                            "the direct variant takes f32, or bf16 on hosts with AVX-512-BF16, \
+                             not f16",
+                        ))
+                    }
+                }
+                if c.mc != c.mr {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "the direct variant has no mc blocking: mc must equal mr = {}, not {}",
+                            c.mr, c.mc
+                        ),
+                    ));
+                }
                 check_blocks(f, c)?;
             }
             GemmVariant::Amx => {
@@ -432,6 +522,34 @@ impl CpuSpace {
                 mc: 4,
                 kc: p.k,
                 nc: p.n.div_ceil(chunks).next_multiple_of(4).min(256),
+                split: Split::N,
+                threads,
+            };
+        }
+        // A Linear layer's weights read in place, all of K deep (up to 8192 per slice), for
+        // batched decode and short prefill chunks. Measured on two Zen 4 threads against the
+        // packed heuristic below (`tune bench`, medians, Llama-70B gate_up N = 7168, K = 8192):
+        // bf16 8×32 at M = 32 / 128 / 256: 8.9 / 34.0 / 67.6 ms against 15.2 / 40.7 / 76.4;
+        // f32 12×32 at M = 32 / 128: 18.9 / 75.7 ms against 29.7 / 80.4, but 162 against 150
+        // at M = 256. At M = 16 the stream kernels above are as fast or faster. f32 takes it
+        // where the 12×32 microkernel exists (AVX-512); other levels were not measured.
+        let direct_max_m = if pairs { 256 } else { 128 };
+        let (mr, nr) = if pairs { (8, 32) } else { (12, 32) };
+        let kernel = if pairs {
+            p.k.is_multiple_of(2)
+        } else {
+            p.dtype == DType::F32 && t.ukr(mr, nr).is_some()
+        };
+        if p.b_layout == BLayout::Nk && p.m <= direct_max_m && kernel {
+            let slices = p.k.div_ceil(8192);
+            return GemmConfig {
+                variant: GemmVariant::Direct,
+                isa: host.isa,
+                mr,
+                nr,
+                mc: mr,
+                kc: p.k.div_ceil(slices).next_multiple_of(2),
+                nc: p.m.next_multiple_of(nr),
                 split: Split::N,
                 threads,
             };
