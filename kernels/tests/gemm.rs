@@ -187,7 +187,8 @@ fn dpbf16_shapes_match_reference_or_are_refused() {
 /// The direct kernel (weights read in place, the product transposed): every microkernel shape
 /// of every SIMD level the host runs for f32, every pair shape for bf16 where the host has
 /// AVX-512-BF16; weight rows that leave a short last sliver, token counts below, at and past a
-/// sliver, depths below and past a slice, both splits. Refusals name their reason.
+/// sliver and past a panel, depths below and past a slice, both splits. Refusals name their
+/// reason.
 #[test]
 fn direct_matches_reference_for_every_shape() {
     let host = kerntune_kernels::CpuInfo::detect();
@@ -209,7 +210,7 @@ fn direct_matches_reference_for_every_shape() {
             _ => (&[1, 13, 389], &[7, 64, 389]),
         };
         for &k in ks {
-            for (m, n) in [(1, 37), (7, 61), (33, 130), (40, 97)] {
+            for (m, n) in [(1, 37), (7, 61), (33, 130), (40, 97), (300, 19)] {
                 let p = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b=nk"));
                 let mut configs = Vec::new();
                 for &(mr, nr) in &shapes {

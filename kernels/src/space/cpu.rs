@@ -287,9 +287,9 @@ impl CpuSpace {
                 for (variant, shape) in shapes {
                     grid.push(variant, isa, shape, threads, &mut out);
                 }
-                // Weights read in place for few rows of A: depths up to all of K, token panels
-                // of 4 or 16 slivers; no mc blocking.
-                if p.m <= STREAM_MAX_M && p.b_layout == BLayout::Nk {
+                // Weights read in place: depths up to all of K, token panels of 4 to 16
+                // slivers; no mc blocking.
+                if p.b_layout == BLayout::Nk {
                     let shapes: &[(usize, usize)] = match p.dtype {
                         DType::F32 => t.shapes,
                         DType::Bf16 if dpbf16 && p.k.is_multiple_of(2) => BF16_SHAPES,
@@ -302,7 +302,7 @@ impl CpuSpace {
                             if i > 0 && depths[i - 1] == kc {
                                 continue;
                             }
-                            for nc_tiles in [4, 16] {
+                            for nc_tiles in [4, 8, 16] {
                                 for split in [Split::M, Split::N] {
                                     if threads == 1 && split == Split::M {
                                         continue;
@@ -526,14 +526,15 @@ impl CpuSpace {
                 threads,
             };
         }
-        // A Linear layer's weights read in place, all of K deep (up to 8192 per slice), for
-        // batched decode and short prefill chunks. Measured on two Zen 4 threads against the
-        // packed heuristic below (`tune bench`, medians, Llama-70B gate_up N = 7168, K = 8192):
-        // bf16 8×32 at M = 32 / 128 / 256: 8.9 / 34.0 / 67.6 ms against 15.2 / 40.7 / 76.4;
-        // f32 12×32 at M = 32 / 128: 18.9 / 75.7 ms against 29.7 / 80.4, but 162 against 150
-        // at M = 256. At M = 16 the stream kernels above are as fast or faster. f32 takes it
-        // where the 12×32 microkernel exists (AVX-512); other levels were not measured.
-        let direct_max_m = if pairs { 256 } else { 128 };
+        // A Linear layer's weights read in place, all of K deep (up to 8192 per slice), token
+        // panels of up to 256. Measured on two Zen 4 threads against the packed heuristic below
+        // (`tune bench`, medians, Llama-70B gate_up N = 7168, K = 8192): bf16 8×32 at M = 32 /
+        // 128 / 256 / 2048: 8.9 / 34.0 / 67.6 / 555 ms against 15.2 / 40.7 / 76.4 / 588 (qkv,
+        // o and down at M = 2048 5–9% faster too); f32 12×32 at M = 32 / 128: 18.9 / 75.7 ms
+        // against 29.7 / 80.4, but 162 against 150 at M = 256. At M = 16 the stream kernels
+        // above are as fast or faster. f32 takes it where the 12×32 microkernel exists
+        // (AVX-512); other levels were not measured.
+        let direct_max_m = if pairs { usize::MAX } else { 128 };
         let (mr, nr) = if pairs { (8, 32) } else { (12, 32) };
         let kernel = if pairs {
             p.k.is_multiple_of(2)
@@ -549,7 +550,7 @@ impl CpuSpace {
                 nr,
                 mc: mr,
                 kc: p.k.div_ceil(slices).next_multiple_of(2),
-                nc: p.m.next_multiple_of(nr),
+                nc: p.m.next_multiple_of(nr).min(256),
                 split: Split::N,
                 threads,
             };
