@@ -502,7 +502,11 @@ impl CpuSpace {
         let threads = host.threads.max(1);
         let t = table(kernel_isa(host.isa));
         let pairs = p.dtype == DType::Bf16 && host.avx512_bf16;
-        if p.m <= 16 {
+        // bf16 pairs at 13 to 16 rows with a short K: the direct kernel's 16×16 tile (below).
+        // Two Zen 4 threads, M = 16: Llama-70B o (K = 1024) 1.2 ms against 1.8–2.0 streaming,
+        // down (K = 3584) 3.6 against 4.9–5.4; at K = 8192, or 8 rows, streaming is faster.
+        let direct_16 = pairs && p.m > 12 && p.k <= 4096;
+        if p.m <= 16 && !(direct_16 && p.b_layout == BLayout::Nk && p.k.is_multiple_of(2)) {
             // bf16 pairs multiplied as loaded: measured on two Zen 4 cores at M = 1, cold,
             // 29.8 GB/s against 18.1 GB/s for widening (qkv, 8192 → 1280).
             let (variant, nr) = if pairs {
@@ -535,7 +539,11 @@ impl CpuSpace {
         // above are as fast or faster. f32 takes it where the 12×32 microkernel exists
         // (AVX-512); other levels were not measured.
         let direct_max_m = if pairs { usize::MAX } else { 128 };
-        let (mr, nr) = if pairs { (8, 32) } else { (12, 32) };
+        let (mr, nr) = match (pairs, p.m <= 16) {
+            (true, true) => (16, 16),
+            (true, false) => (8, 32),
+            (false, _) => (12, 32),
+        };
         let kernel = if pairs {
             p.k.is_multiple_of(2)
         } else {
