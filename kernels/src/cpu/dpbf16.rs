@@ -239,46 +239,38 @@ type Ukr = unsafe fn(usize, *const u32, *const u32, *mut f32, usize, usize, usiz
 pub type UkrRows =
     unsafe fn(usize, *const u32, usize, *const u32, *mut f32, usize, usize, usize, bool);
 
+/// The `x86` kernel `$kernel` instantiated for `(mr, nr)`, if it is a shape of
+/// [`BF16_SHAPES`].
+macro_rules! for_shape {
+    ($kernel:ident, $mr:expr, $nr:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            Some(match ($mr, $nr) {
+                (4, 64) => x86::$kernel::<4, 4>,
+                (6, 64) => x86::$kernel::<6, 4>,
+                (8, 32) => x86::$kernel::<8, 2>,
+                (12, 32) => x86::$kernel::<12, 2>,
+                (14, 32) => x86::$kernel::<14, 2>,
+                (16, 16) => x86::$kernel::<16, 1>,
+                _ => return None,
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = ($mr, $nr);
+            None
+        }
+    }};
+}
+
 /// The in-place-rows microkernel for a shape of [`BF16_SHAPES`].
 pub fn microkernel_rows(mr: usize, nr: usize) -> Option<UkrRows> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        Some(match (mr, nr) {
-            (4, 64) => x86::ukr_rows::<4, 4>,
-            (6, 64) => x86::ukr_rows::<6, 4>,
-            (8, 32) => x86::ukr_rows::<8, 2>,
-            (12, 32) => x86::ukr_rows::<12, 2>,
-            (14, 32) => x86::ukr_rows::<14, 2>,
-            (16, 16) => x86::ukr_rows::<16, 1>,
-            _ => return None,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (mr, nr);
-        None
-    }
+    for_shape!(ukr_rows, mr, nr)
 }
 
 /// The microkernel for a shape of [`BF16_SHAPES`].
 pub fn microkernel(mr: usize, nr: usize) -> Option<Ukr> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        Some(match (mr, nr) {
-            (4, 64) => x86::ukr::<4, 4>,
-            (6, 64) => x86::ukr::<6, 4>,
-            (8, 32) => x86::ukr::<8, 2>,
-            (12, 32) => x86::ukr::<12, 2>,
-            (14, 32) => x86::ukr::<14, 2>,
-            (16, 16) => x86::ukr::<16, 1>,
-            _ => return None,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (mr, nr);
-        None
-    }
+    for_shape!(ukr, mr, nr)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -237,6 +237,21 @@ fn check_shape(
     ))
 }
 
+/// A microkernel shape of the f32 tables at the config's ISA level, or why there is none.
+fn check_table_shape(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
+    let t = table(kernel_isa(c.isa));
+    if t.ukr(c.mr, c.nr).is_some() {
+        return Ok(());
+    }
+    Err(invalid(
+        f,
+        format!(
+            "no {}x{} microkernel for {}; shapes: {:?}",
+            c.mr, c.nr, c.isa, t.shapes
+        ),
+    ))
+}
+
 impl CpuSpace {
     fn gemm_candidates(&self, p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         let mut out = Vec::new();
@@ -360,7 +375,6 @@ impl CpuSpace {
             ));
         }
         check_common(f, c.isa, c.threads, host)?;
-        let t = table(kernel_isa(c.isa));
         match c.variant {
             GemmVariant::Stream | GemmVariant::StreamDpbf16 => {
                 if c.variant == GemmVariant::StreamDpbf16 {
@@ -405,17 +419,7 @@ impl CpuSpace {
                     ));
                 }
                 match p.dtype {
-                    DType::F32 => {
-                        if t.ukr(c.mr, c.nr).is_none() {
-                            return Err(invalid(
-                                f,
-                                format!(
-                                    "no {}x{} microkernel for {}; shapes: {:?}",
-                                    c.mr, c.nr, c.isa, t.shapes
-                                ),
-                            ));
-                        }
-                    }
+                    DType::F32 => check_table_shape(f, c)?,
                     DType::Bf16 => {
                         bf16_pairs(c, p, host)?;
                         check_shape(f, "direct bf16", BF16_SHAPES, c)?;
@@ -467,15 +471,7 @@ impl CpuSpace {
                 check_blocks(f, c)?;
             }
             GemmVariant::Packed => {
-                if t.ukr(c.mr, c.nr).is_none() {
-                    return Err(invalid(
-                        f,
-                        format!(
-                            "no {}x{} microkernel for {}; shapes: {:?}",
-                            c.mr, c.nr, c.isa, t.shapes
-                        ),
-                    ));
-                }
+                check_table_shape(f, c)?;
                 check_blocks(f, c)?;
             }
         }
