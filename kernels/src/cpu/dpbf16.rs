@@ -13,11 +13,20 @@ use crate::config::GemmConfig;
 use crate::problem::{BLayout, GemmProblem};
 
 /// Microkernel shapes (mr, nr): accumulators `mr · nr / 16` plus `nr / 16` B vectors and one
-/// broadcast stay within the 32 vector registers. 16×16 is for the direct variant at M = 16:
-/// Llama-70B down (K = 3584) 3.2–3.4 ms against 4.6 ms with 8×32 and 4.8 ms streaming, two
-/// Zen 4 threads; with K = 8192 it is slower than both.
-pub const BF16_SHAPES: &[(usize, usize)] =
-    &[(4, 64), (6, 64), (8, 32), (12, 32), (14, 32), (16, 16)];
+/// broadcast stay within the 32 vector registers. The 16-column tiles are for the direct
+/// variant at 9 to 16 rows. Two Zen 4 threads, M = 16, Llama-70B TP8: 8×16 qkv 1.18 ms, gate_up
+/// 6.37 ms against 1.79 and 9.34 ms streaming (12×16 and 24×16 were slower than 8×16 on both);
+/// 16×16 is a little faster than 8×16 with a short K (o, K = 1024: 1.19 against 1.29 ms) and
+/// much slower with K = 8192 (gate_up 10.5 ms).
+pub const BF16_SHAPES: &[(usize, usize)] = &[
+    (4, 64),
+    (6, 64),
+    (8, 32),
+    (12, 32),
+    (14, 32),
+    (16, 16),
+    (8, 16),
+];
 
 /// Scratch (32-bit words) a call needs: one packed A block and one B panel per thread.
 pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
@@ -252,6 +261,7 @@ macro_rules! for_shape {
                 (12, 32) => x86::$kernel::<12, 2>,
                 (14, 32) => x86::$kernel::<14, 2>,
                 (16, 16) => x86::$kernel::<16, 1>,
+                (8, 16) => x86::$kernel::<8, 1>,
                 _ => return None,
             })
         }

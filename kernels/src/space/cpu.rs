@@ -498,11 +498,13 @@ impl CpuSpace {
         let threads = host.threads.max(1);
         let t = table(kernel_isa(host.isa));
         let pairs = p.dtype == DType::Bf16 && host.avx512_bf16;
-        // bf16 pairs at 13 to 16 rows with a short K: the direct kernel's 16×16 tile (below).
-        // Two Zen 4 threads, M = 16: Llama-70B o (K = 1024) 1.2 ms against 1.8–2.0 streaming,
-        // down (K = 3584) 3.6 against 4.9–5.4; at K = 8192, or 8 rows, streaming is faster.
-        let direct_16 = pairs && p.m > 12 && p.k <= 4096;
-        if p.m <= 16 && !(direct_16 && p.b_layout == BLayout::Nk && p.k.is_multiple_of(2)) {
+        // bf16 pairs at 9 to 16 rows: the direct kernel's 8×16 tile (below). Two Zen 4
+        // threads, Llama-70B TP8 qkv / o / gate_up / down: M = 16 1.18 / 1.29 / 6.37 / 3.80 ms
+        // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
+        // / 6.28 / 3.40 against 1.49 / 1.31 / 6.61 / 3.53; at M = 8 streaming is faster (5.13
+        // against 6.41 ms for gate_up).
+        let direct_few = pairs && p.m > 8 && p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+        if p.m <= 16 && !direct_few {
             // bf16 pairs multiplied as loaded: measured on two Zen 4 cores at M = 1, cold,
             // 29.8 GB/s against 18.1 GB/s for widening (qkv, 8192 → 1280).
             let (variant, nr) = if pairs {
@@ -536,7 +538,7 @@ impl CpuSpace {
         // (AVX-512); other levels were not measured.
         let direct_max_m = if pairs { usize::MAX } else { 128 };
         let (mr, nr) = match (pairs, p.m <= 16) {
-            (true, true) => (16, 16),
+            (true, true) => (8, 16),
             (true, false) => (8, 32),
             (false, _) => (12, 32),
         };
