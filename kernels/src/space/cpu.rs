@@ -178,13 +178,13 @@ fn check_blocks(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
 
 /// The cache blockings swept for one packed-loop-nest microkernel: `mc` and `nc` in tiles of
 /// `mr` and `nr`, both thread splits (one on a single thread).
-struct Blocking {
-    mc_tiles: &'static [usize],
-    kc: &'static [usize],
-    nc_tiles: &'static [usize],
+struct Blocking<'a> {
+    mc_tiles: &'a [usize],
+    kc: &'a [usize],
+    nc_tiles: &'a [usize],
 }
 
-impl Blocking {
+impl Blocking<'_> {
     fn push(
         &self,
         variant: GemmVariant,
@@ -310,32 +310,16 @@ impl CpuSpace {
                         DType::Bf16 if dpbf16 && p.k.is_multiple_of(2) => BF16_SHAPES,
                         _ => &[],
                     };
-                    let mut depths = [1024, 4096, p.k].map(|kc| kc.min(p.k));
+                    let mut depths = [1024, 4096, p.k].map(|kc| kc.min(p.k)).to_vec();
                     depths.sort_unstable();
-                    for &(mr, nr) in shapes {
-                        for (i, &kc) in depths.iter().enumerate() {
-                            if i > 0 && depths[i - 1] == kc {
-                                continue;
-                            }
-                            for nc_tiles in [4, 8, 16] {
-                                for split in [Split::M, Split::N] {
-                                    if threads == 1 && split == Split::M {
-                                        continue;
-                                    }
-                                    out.push(GemmConfig {
-                                        variant: GemmVariant::Direct,
-                                        isa,
-                                        mr,
-                                        nr,
-                                        mc: mr,
-                                        kc,
-                                        nc: nr * nc_tiles,
-                                        split,
-                                        threads,
-                                    });
-                                }
-                            }
-                        }
+                    depths.dedup();
+                    let grid = Blocking {
+                        mc_tiles: &[1],
+                        kc: &depths,
+                        nc_tiles: &[4, 8, 16],
+                    };
+                    for &shape in shapes {
+                        grid.push(GemmVariant::Direct, isa, shape, threads, &mut out);
                     }
                 }
             }
