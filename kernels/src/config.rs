@@ -105,6 +105,11 @@ impl fmt::Display for Config {
                     "direct {} {}x{} mc={} kc={} nc={} split={} t={}",
                     c.isa, c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
                 ),
+                GemmVariant::AmxDirect => write!(
+                    f,
+                    "amx-direct {}x{} kc={} nc={} split={} t={}",
+                    c.mr, c.nr, c.kc, c.nc, c.split, c.threads
+                ),
             },
             Config::Flash(c) => write!(
                 f,
@@ -162,6 +167,25 @@ pub enum GemmVariant {
     /// of f32, or of bf16 on hosts with AVX-512-BF16, where packing B would be a second pass
     /// over the weights.
     Direct,
+    /// The direct scheme on AMX tiles: B stored `[N, K]` loaded into the tiles where it lies,
+    /// A packed, `Cᵀ` accumulated in tiles (bf16 on hosts with AMX-BF16).
+    #[serde(rename = "amx-direct")]
+    AmxDirect,
+}
+
+impl GemmVariant {
+    /// The name configs spell it with.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmVariant::Packed => "packed",
+            GemmVariant::Stream => "stream",
+            GemmVariant::Dpbf16 => "dpbf16",
+            GemmVariant::StreamDpbf16 => "stream-dpbf16",
+            GemmVariant::Amx => "amx",
+            GemmVariant::Direct => "direct",
+            GemmVariant::AmxDirect => "amx-direct",
+        }
+    }
 }
 
 /// Which dimension threads divide.

@@ -184,9 +184,9 @@ fn dpbf16_shapes_match_reference_or_are_refused() {
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
 }
 
-/// The direct kernel (weights read in place, the product transposed): every microkernel shape
+/// The direct kernels (weights read in place, the product transposed): every microkernel shape
 /// of every SIMD level the host runs for f32, every pair shape for bf16 where the host has
-/// AVX-512-BF16; weight rows that leave a short last sliver, token counts below, at and past a
+/// AVX-512-BF16, every AMX shape where it has AMX tiles; weight rows that leave a short last sliver, token counts below, at and past a
 /// sliver and past a panel, depths below and past a slice, both splits. Refusals name their
 /// reason.
 #[test]
@@ -194,16 +194,28 @@ fn direct_matches_reference_for_every_shape() {
     let host = kerntune_kernels::CpuInfo::detect();
     let device = Device::host();
     let mut ran = 0;
-    type Level = (DType, Isa, Vec<(usize, usize)>);
+    type Level = (GemmVariant, DType, Isa, Vec<(usize, usize)>);
     let mut levels: Vec<Level> = Isa::supported_by(host.isa)
         .into_iter()
-        .map(|isa| (DType::F32, isa, microkernel_shapes(isa)))
+        .map(|isa| {
+            (
+                GemmVariant::Direct,
+                DType::F32,
+                isa,
+                microkernel_shapes(isa),
+            )
+        })
         .collect();
     if host.avx512_bf16 {
         let pairs = kerntune_kernels::cpu::DPBF16_SHAPES.to_vec();
-        levels.push((DType::Bf16, host.isa, pairs));
+        levels.push((GemmVariant::Direct, DType::Bf16, host.isa, pairs));
     }
-    for (dtype, isa, shapes) in levels {
+    // AMX tiles where the host has them (the unit tests run the tile model everywhere).
+    if host.isa == Isa::Avx512Amx {
+        let tiles = kerntune_kernels::cpu::AMX_SHAPES.to_vec();
+        levels.push((GemmVariant::AmxDirect, DType::Bf16, Isa::Avx512Amx, tiles));
+    }
+    for (variant, dtype, isa, shapes) in levels {
         // bf16 needs an even K and kc; f32 takes odd ones.
         let (ks, kcs): (&[usize], &[usize]) = match dtype {
             DType::Bf16 => (&[2, 14, 390], &[6, 64, 390]),
@@ -217,7 +229,7 @@ fn direct_matches_reference_for_every_shape() {
                     for &kc in kcs {
                         for (nc, split) in [(nr, Split::N), (nr * 2, Split::M)] {
                             configs.push(Config::Gemm(GemmConfig {
-                                variant: GemmVariant::Direct,
+                                variant,
                                 isa,
                                 mr,
                                 nr,
@@ -308,8 +320,19 @@ fn amx_shapes_match_reference_or_are_refused() {
         problem("gemm:m=96,n=64,k=256,dtype=bf16,b=nk"),
     ];
     if host.isa != Isa::Avx512Amx {
-        for c in &configs {
-            let err = CpuSpace.validate(c, &problems[0], &device).unwrap_err();
+        let direct = Config::Gemm(GemmConfig {
+            variant: GemmVariant::AmxDirect,
+            isa: Isa::Avx512Amx,
+            mr: 32,
+            nr: 32,
+            mc: 32,
+            kc: 64,
+            nc: 32,
+            split: Split::N,
+            threads: 1,
+        });
+        for c in configs.iter().chain([&direct]) {
+            let err = CpuSpace.validate(c, &problems[3], &device).unwrap_err();
             assert!(err.to_string().contains("needs AMX tiles"), "{err}");
         }
         assert!(!CpuSpace
@@ -351,14 +374,19 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
     info.threads = 4;
     let amx_host = Device::Cpu(info);
     let bf16 = problem("gemm:m=128,n=7168,k=8192,dtype=bf16,b=nk");
-    let amx: Vec<Config> = CpuSpace
-        .candidates(&bf16, &amx_host)
-        .into_iter()
-        .filter(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx))
-        .collect();
+    let of = |variant| -> Vec<Config> {
+        CpuSpace
+            .candidates(&bf16, &amx_host)
+            .into_iter()
+            .filter(|c| matches!(c, Config::Gemm(g) if g.variant == variant))
+            .collect()
+    };
+    let (amx, direct) = (of(GemmVariant::Amx), of(GemmVariant::AmxDirect));
     // 3 shapes × 2 mc × 3 kc × 2 nc, both splits on 2 and 4 threads, one on 1.
     assert_eq!(amx.len(), 36 + 72 + 72);
-    for c in &amx {
+    // 3 shapes × 4 kc (256, 512, 1024, all of K) × 3 nc, splits as above.
+    assert_eq!(direct.len(), 36 + 72 + 72);
+    for c in amx.iter().chain(&direct) {
         CpuSpace
             .validate(c, &bf16, &amx_host)
             .unwrap_or_else(|e| panic!("{c}: {e}"));
@@ -367,11 +395,20 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
             "{c}"
         );
     }
+    let tiles = |c: &Config| matches!(c, Config::Gemm(g) if matches!(g.variant, GemmVariant::Amx | GemmVariant::AmxDirect));
     let f16 = problem("gemm:m=128,n=7168,k=8192,dtype=f16,b=nk");
-    assert!(!CpuSpace
-        .candidates(&f16, &amx_host)
+    assert!(!CpuSpace.candidates(&f16, &amx_host).iter().any(tiles));
+    // Weights stored [K, N]: the packed tile kernel only.
+    let kn = problem("gemm:m=128,n=7168,k=8192,dtype=bf16,b=kn");
+    let kn_tiles: Vec<Config> = CpuSpace
+        .candidates(&kn, &amx_host)
+        .into_iter()
+        .filter(tiles)
+        .collect();
+    assert_eq!(kn_tiles.len(), amx.len());
+    assert!(!kn_tiles
         .iter()
-        .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx)));
+        .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::AmxDirect)));
     let err = CpuSpace.validate(&amx[0], &f16, &amx_host).unwrap_err();
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
 }

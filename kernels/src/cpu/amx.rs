@@ -26,7 +26,7 @@ pub const AMX_SHAPES: &[(usize, usize)] = &[(32, 32), (16, 32), (32, 16)];
 const BLOCK_PAIRS: usize = ROW_BYTES / 4;
 
 /// Pair rows of a `kcur`-deep slice, padded to whole k blocks.
-fn depth(kcur: usize) -> usize {
+pub(super) fn depth(kcur: usize) -> usize {
     kcur.div_ceil(2 * BLOCK_PAIRS) * BLOCK_PAIRS
 }
 
@@ -230,6 +230,98 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
                 for (o, v) in dst.iter_mut().zip(&block[r * nr..r * nr + cols]) {
                     *o = if accumulate { *o + v } else { *v };
                 }
+            }
+        }
+        tiles.release();
+    }
+}
+
+/// `(tiles, d, live, w, rsa, x, tile)`: [`ukr_rows`] for one shape.
+pub(super) type UkrRows<T> =
+    unsafe fn(&mut T, usize, usize, *const u32, usize, *const u32, *mut f32);
+
+/// The [`ukr_rows`] of an AMX shape (`mr` weight rows × `nr` tokens).
+pub(super) fn ukr_rows_for<T: Tiles>(mr: usize, nr: usize) -> Option<UkrRows<T>> {
+    match (mr, nr) {
+        (32, 32) => Some(ukr_rows::<T, 2, 2>),
+        (16, 32) => Some(ukr_rows::<T, 1, 2>),
+        (32, 16) => Some(ukr_rows::<T, 2, 1>),
+        _ => None,
+    }
+}
+
+/// One `16·MT × 16·NT` tile of `Cᵀ` for [`super::direct`]: `16·MT` weight rows where they lie
+/// (`rsa` words apart, `live` words of each in this slice) as A tiles, against a packed sliver
+/// of `16·NT` tokens (`d` pair rows, [`super::dpbf16::pack_b`]'s layout) as B tiles; the tile
+/// is written to `tile`, `16·NT` wide.
+///
+/// Whole k blocks load straight from the rows. A block that runs past `live` is copied to the
+/// stack first, zero after the live words, so no load reads past a row's slice (the last row
+/// of the matrix ends there) and the zero pairs of the packed sliver meet zeros, never
+/// whatever followed.
+///
+/// # Safety
+/// Each of the `16·MT` rows at `w` holds `live` readable words; `x` holds `d · 16·NT` words, `d`
+/// a multiple of 16 and at least `live`; `tile` is writable for `16·MT · 16·NT` values; `T`
+/// runs on this host.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
+    tiles: &mut T,
+    d: usize,
+    live: usize,
+    w: *const u32,
+    rsa: usize,
+    x: *const u32,
+    tile: *mut f32,
+) {
+    let nr = ROWS * NT;
+    let mut tail = [0u32; 2 * ROWS * BLOCK_PAIRS];
+    // SAFETY: the caller's contract; every tile is 16 rows of 64 bytes.
+    unsafe {
+        tiles.configure(&TileConfig::full(MT, NT));
+        for i in 0..MT {
+            for j in 0..NT {
+                tiles.zero(c_tile(i, j));
+            }
+        }
+        for kb in 0..d / BLOCK_PAIRS {
+            let k0 = kb * BLOCK_PAIRS;
+            let (a, stride) = if k0 + BLOCK_PAIRS <= live {
+                (w.add(k0), rsa)
+            } else {
+                let n = live.saturating_sub(k0);
+                for (r, dst) in tail
+                    .chunks_exact_mut(BLOCK_PAIRS)
+                    .take(ROWS * MT)
+                    .enumerate()
+                {
+                    let (values, padding) = dst.split_at_mut(n);
+                    std::ptr::copy_nonoverlapping(
+                        w.add(r * rsa + k0).cast::<u8>(),
+                        values.as_mut_ptr().cast::<u8>(),
+                        4 * n,
+                    );
+                    padding.fill(0);
+                }
+                (tail.as_ptr(), BLOCK_PAIRS)
+            };
+            for i in 0..MT {
+                tiles.load(A_TILE + i, a.add(i * ROWS * stride).cast(), 4 * stride);
+            }
+            for j in 0..NT {
+                tiles.load(B_TILE + j, x.add(k0 * nr + j * ROWS).cast(), 4 * nr);
+            }
+            for i in 0..MT {
+                for j in 0..NT {
+                    tiles.dot(c_tile(i, j), A_TILE + i, B_TILE + j);
+                }
+            }
+        }
+        for i in 0..MT {
+            for j in 0..NT {
+                let at = tile.add(i * ROWS * nr + j * ROWS);
+                tiles.store(c_tile(i, j), at.cast(), 4 * nr);
             }
         }
         tiles.release();

@@ -20,22 +20,51 @@ use super::table::table;
 use crate::config::{GemmConfig, Split};
 use crate::problem::GemmProblem;
 
-/// The largest microkernel tile (`mr · nr`) of any shape the variant accepts.
-const MAX_TILE: usize = 512;
+/// The largest microkernel tile (`mr · nr`) of any shape the variants accept (AMX 32 × 32).
+const MAX_TILE: usize = 1024;
 
-/// How a kernel's values sit in packed words: f32 one per word, bf16 two per word.
-fn words(kcur: usize, pairs: bool) -> usize {
-    if pairs {
-        kcur / 2
-    } else {
-        kcur
+/// How a kernel's values sit in 32-bit words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Words {
+    /// f32, one value per word.
+    F32,
+    /// bf16 pairs of k values (`vdpbf16ps`).
+    Pairs,
+    /// bf16 pairs padded to whole 32-value k blocks, as AMX tiles load them.
+    AmxBlocks,
+}
+
+impl Words {
+    /// Words of a `kcur`-deep slice that hold values.
+    fn live(self, kcur: usize) -> usize {
+        match self {
+            Words::F32 => kcur,
+            Words::Pairs | Words::AmxBlocks => kcur / 2,
+        }
+    }
+
+    /// Words per token of a packed sliver `kcur` deep.
+    fn depth(self, kcur: usize) -> usize {
+        match self {
+            Words::AmxBlocks => super::amx::depth(kcur),
+            _ => self.live(kcur),
+        }
+    }
+
+    /// The layout a config's variant and dtype use.
+    pub fn of(c: &GemmConfig, p: &GemmProblem) -> Words {
+        match (c.variant, p.dtype) {
+            (crate::config::GemmVariant::AmxDirect, _) => Words::AmxBlocks,
+            (_, crate::DType::Bf16) => Words::Pairs,
+            _ => Words::F32,
+        }
     }
 }
 
 /// Scratch (32-bit words) a call needs per thread: A's packed panel and one edge sliver of
 /// weight rows.
-pub fn scratch_len(p: &GemmProblem, c: &GemmConfig, pairs: bool) -> usize {
-    let d = words(c.kc.min(p.k), pairs);
+pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
+    let d = Words::of(c, p).depth(c.kc.min(p.k));
     let nc = c.nc.min(p.m.next_multiple_of(c.nr));
     c.threads * (d * nc + d * c.mr)
 }
@@ -56,7 +85,7 @@ pub fn run_f32(
     drive(
         p,
         c,
-        false,
+        Words::F32,
         out,
         scratch,
         |pc, kcur, jc, ncur, dst| super::gemm::pack_a(p, a, jc, ncur, pc, kcur, nr, c.isa, dst),
@@ -64,7 +93,7 @@ pub fn run_f32(
         |n0, pc| unsafe { b.as_ptr().add(n0 * p.k + pc) },
         p.k,
         // SAFETY: drive's contract: MR readable rows `rsa` apart, a packed sliver, a full tile.
-        |d, w, rsa, x, tile| unsafe { ukr(d, w, rsa, 1, x, nr, tile, nr, mr, nr, false) },
+        |d, _, w, rsa, x, tile| unsafe { ukr(d, w, rsa, 1, x, nr, tile, nr, mr, nr, false) },
     );
 }
 
@@ -81,16 +110,12 @@ pub fn run_bf16(
     let ukr =
         super::dpbf16::microkernel_rows(c.mr, c.nr).expect("validated configs have a microkernel");
     let (mr, nr) = (c.mr, c.nr);
-    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
-    let scratch = unsafe {
-        std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len())
-    };
     drive(
         p,
         c,
-        true,
+        Words::Pairs,
         out,
-        scratch,
+        words_of(scratch),
         |pc, kcur, jc, ncur, dst| {
             super::dpbf16::pack_b(p, a, pc, kcur, jc, ncur, nr, kcur / 2, dst)
         },
@@ -98,27 +123,87 @@ pub fn run_bf16(
         |n0, pc| unsafe { b.as_ptr().add(n0 * p.k + pc).cast::<u32>() },
         p.k / 2,
         // SAFETY: drive's contract; the validated host has AVX-512-BF16.
-        |d, w, rsa, x, tile| unsafe { ukr(d, w, rsa, x, tile, nr, mr, nr, false) },
+        |d, _, w, rsa, x, tile| unsafe { ukr(d, w, rsa, x, tile, nr, mr, nr, false) },
     );
+}
+
+/// bf16 on AMX tiles: the weight rows are the tiles' A operand, loaded where they lie, and the
+/// packed tokens the B operand (pairs of k values for 16 tokens per tile row), in whole
+/// 32-value k blocks. `K` and `kc` are even (validated), so every row starts on a pair.
+pub fn run_amx(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+        run_amx_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (p, c, a, b, out, scratch);
+        unreachable!("validation refuses AMX configs on hosts without AMX");
+    }
+}
+
+/// [`run_amx`] on a given implementation of the tile operations.
+fn run_amx_on<T: super::amx_tiles::Tiles + Default>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let ukr =
+        super::amx::ukr_rows_for::<T>(c.mr, c.nr).expect("validated configs have an AMX shape");
+    let nr = c.nr;
+    drive(
+        p,
+        c,
+        Words::AmxBlocks,
+        out,
+        words_of(scratch),
+        |pc, kcur, jc, ncur, dst| {
+            let d = super::amx::depth(kcur);
+            super::dpbf16::pack_b(p, a, pc, kcur, jc, ncur, nr, d, dst)
+        },
+        // SAFETY (for the closure's contract): rows n0.. of B hold kcur values from pc.
+        |n0, pc| unsafe { b.as_ptr().add(n0 * p.k + pc).cast::<u32>() },
+        p.k / 2,
+        // SAFETY: drive's contract; validation checked the host runs AMX, or T is the model.
+        |d, live, w, rsa, x, tile| unsafe { ukr(&mut T::default(), d, live, w, rsa, x, tile) },
+    );
+}
+
+/// The f32 scratch as 32-bit words for pair kernels.
+fn words_of(scratch: &mut [f32]) -> &mut [u32] {
+    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len()) }
 }
 
 /// The loop nest, over words `W` (f32 values or bf16 pairs).
 ///
 /// `pack_a(pc, kcur, t0, count, dst)` packs `count` rows of A from `t0` into `nr`-token
-/// slivers; `row(n0, pc)` points at weight row `n0`, value `pc`, with rows `ldw` words apart;
-/// `ukr(d, w, rsa, x, tile)` writes the full `mr × nr` tile of `Cᵀ` for `mr` weight rows
-/// `rsa` words apart and one packed sliver `d` words deep.
+/// slivers of `layout.depth(kcur)` words per token; `row(n0, pc)` points at weight row `n0`,
+/// value `pc`, with rows `ldw` words apart; `ukr(d, live, w, rsa, x, tile)` writes the full
+/// `mr × nr` tile of `Cᵀ` for `mr` weight rows `rsa` words apart (`live` words of each hold
+/// the slice's values) and one packed sliver `d` words deep.
 #[allow(clippy::too_many_arguments)]
 fn drive<W: Copy + Default>(
     p: &GemmProblem,
     c: &GemmConfig,
-    pairs: bool,
+    layout: Words,
     out: &mut [f32],
     scratch: &mut [W],
     pack_a: impl Fn(usize, usize, usize, usize, &mut [W]) + Sync,
     row: impl Fn(usize, usize) -> *const W + Sync,
     ldw: usize,
-    ukr: impl Fn(usize, *const W, usize, *const W, *mut f32) + Sync,
+    ukr: impl Fn(usize, usize, *const W, usize, *const W, *mut f32) + Sync,
 ) {
     let (mr, nr) = (c.mr, c.nr);
     debug_assert!(mr * nr <= MAX_TILE);
@@ -128,7 +213,7 @@ fn drive<W: Copy + Default>(
     };
     let chunks = c.threads.min(units).max(1);
     let per_thread = scratch.len() / c.threads;
-    let d_max = words(c.kc.min(p.k), pairs);
+    let d_max = layout.depth(c.kc.min(p.k));
     let scratch = SharedMut(scratch.as_mut_ptr());
     let out = SharedMut(out.as_mut_ptr());
     let isa = c.isa;
@@ -151,7 +236,7 @@ fn drive<W: Copy + Default>(
             let ncur = c.nc.min(tokens.end - jc);
             for pc in (0..p.k).step_by(c.kc) {
                 let kcur = c.kc.min(p.k - pc);
-                let d = words(kcur, pairs);
+                let (d, live) = (layout.depth(kcur), layout.live(kcur));
                 pack_a(pc, kcur, jc, ncur, panel);
                 // One weight sliver against every token sliver: its rows stay in L1 while the
                 // packed panel streams from L2 (the other order re-read them from L2 and ran
@@ -161,23 +246,24 @@ fn drive<W: Copy + Default>(
                     let (w, rsa) = if rows == mr {
                         (row(n0, pc), ldw)
                     } else {
-                        // The last rows of B: copied, zero below, so the microkernel reads MR
-                        // rows that exist.
+                        // The last rows of B: copied, zero below and past the live words, so
+                        // the microkernel reads MR rows that exist.
                         for (r, dst) in edge[..mr * d].chunks_exact_mut(d).enumerate() {
-                            if r < rows {
-                                // SAFETY: row n0 + r < N holds kcur values (d words) from pc;
-                                // copied as bytes, since a bf16 row's words need not be
-                                // aligned.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        row(n0 + r, pc).cast::<u8>(),
-                                        dst.as_mut_ptr().cast::<u8>(),
-                                        std::mem::size_of_val(dst),
-                                    )
-                                };
-                            } else {
+                            if r >= rows {
                                 dst.fill(W::default());
+                                continue;
                             }
+                            let (values, padding) = dst.split_at_mut(live);
+                            padding.fill(W::default());
+                            // SAFETY: row n0 + r < N holds kcur values (`live` words) from pc;
+                            // copied as bytes, since a bf16 row's words need not be aligned.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    row(n0 + r, pc).cast::<u8>(),
+                                    values.as_mut_ptr().cast::<u8>(),
+                                    std::mem::size_of_val(values),
+                                )
+                            };
                         }
                         (edge.as_ptr(), d)
                     };
@@ -185,6 +271,7 @@ fn drive<W: Copy + Default>(
                         let cols = nr.min(ncur - jr);
                         ukr(
                             d,
+                            live,
                             w,
                             rsa,
                             panel[jr / nr * d * nr..].as_ptr(),
@@ -221,4 +308,75 @@ fn drive<W: Copy + Default>(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GemmVariant, Split};
+    use crate::cpu::amx::AMX_SHAPES;
+    use crate::cpu::amx_tiles::Model;
+    use crate::data::ProblemData;
+    use crate::{Isa, Problem, TensorBuf};
+
+    /// The AMX direct kernel on the software model of the tiles, against the f64 reference:
+    /// every shape, weight rows that end mid-tile, tokens that end mid-sliver and mid-panel,
+    /// slices that end mid-block (the copied tail), several slices summed, both splits.
+    #[test]
+    fn amx_matches_the_reference_on_the_tile_model() {
+        let mut ran = 0;
+        for spec in [
+            "gemm:m=1,n=1,k=2,dtype=bf16,b=nk",
+            "gemm:m=29,n=67,k=46,dtype=bf16,b=nk",
+            "gemm:m=40,n=33,k=100,dtype=bf16,b=nk",
+            "gemm:m=3,n=64,k=64,dtype=bf16,b=nk",
+            "gemm:m=17,n=64,k=46,dtype=bf16,b=nk",
+            "gemm:m=70,n=31,k=130,dtype=bf16,b=nk",
+        ] {
+            let problem: Problem = spec.parse().unwrap();
+            let Problem::Gemm(p) = problem else {
+                unreachable!()
+            };
+            let mut data = ProblemData::random(&problem, 5);
+            let reference = data.reference();
+            let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1])
+            else {
+                unreachable!("bf16 problems have bf16 inputs")
+            };
+            // NaN past the weights: a load that reads past the last row's slice spoils C.
+            let mut b = b.clone();
+            let len = b.len();
+            b.extend([half::bf16::NAN; 64]);
+            let (a, b) = (a.clone(), &b[..len]);
+            for &(mr, nr) in AMX_SHAPES {
+                // A slice shorter than a block, one past a block, all of K; panels of one and
+                // two slivers.
+                for (kc, nc) in [(6, nr), (34, 2 * nr), (p.k, nr)] {
+                    for (split, threads) in [(Split::N, 1), (Split::M, 2), (Split::N, 2)] {
+                        let c = GemmConfig {
+                            variant: GemmVariant::AmxDirect,
+                            isa: Isa::Avx512Amx,
+                            mr,
+                            nr,
+                            mc: mr,
+                            kc,
+                            nc,
+                            split,
+                            threads,
+                        };
+                        let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                        data.out.fill(f32::NAN);
+                        run_amx_on::<Model>(&p, &c, &a, b, &mut data.out, &mut scratch);
+                        let err = crate::reference::relative_error(&data.out, &reference);
+                        assert!(
+                            err <= problem.tolerance(),
+                            "{spec} with {c:?}: relative error {err:e}"
+                        );
+                        ran += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(ran, 6 * AMX_SHAPES.len() * 9);
+    }
 }

@@ -27,7 +27,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
         GemmVariant::StreamDpbf16 => 0,
         GemmVariant::Amx => super::amx::scratch_len(p, c),
-        GemmVariant::Direct => super::direct::scratch_len(p, c, p.dtype == crate::DType::Bf16),
+        GemmVariant::Direct | GemmVariant::AmxDirect => super::direct::scratch_len(p, c),
     }
 }
 
@@ -48,7 +48,9 @@ pub fn run<T: TableElem>(
             unreachable!("bf16-only configs run through cpu::dpbf16, dpbf16_stream and amx")
         }
         // Validation admits f32 and bf16 only, which the backend sends to cpu::direct.
-        GemmVariant::Direct => unreachable!("direct configs run through cpu::direct"),
+        GemmVariant::Direct | GemmVariant::AmxDirect => {
+            unreachable!("direct configs run through cpu::direct")
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! [`table`] their per-ISA instantiation, [`parallel`] the thread pools; [`gemm`], [`flash`] and
 //! [`paged`] are the three kernel drivers. bf16 GEMM has variants of its own: [`dpbf16`] and
 //! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
-//! model of them for the tests, are in [`amx_tiles`]).
+//! model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
+//! weights in place, on the f32 tables, the AVX-512-BF16 pair kernels or AMX tiles.
 
 mod amx;
 mod amx_tiles;
@@ -87,6 +88,9 @@ impl Backend for CpuBackend {
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::Amx => {
                         amx::run(p, c, a, b, out, scratch)
+                    }
+                    (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::AmxDirect => {
+                        direct::run_amx(p, c, a, b, out, scratch)
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b))
                         if c.variant == GemmVariant::StreamDpbf16 =>

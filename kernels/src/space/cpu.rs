@@ -107,11 +107,7 @@ fn check_common(
 /// The `vdpbf16ps` variants: bf16 inputs on a host with AVX-512-BF16.
 fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    let name = match c.variant {
-        GemmVariant::StreamDpbf16 => "stream-dpbf16",
-        GemmVariant::Direct => "direct",
-        _ => "dpbf16",
-    };
+    let name = c.variant.name();
     if p.dtype != DType::Bf16 {
         return Err(invalid(
             f,
@@ -237,6 +233,41 @@ fn check_shape(
     ))
 }
 
+/// What the direct variants need of a problem and config: B stored `[N, K]`, rows and slices
+/// of bf16 that start on a pair of k values, and no `mc` blocking.
+fn check_direct(f: Family, c: &GemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
+    let name = c.variant.name();
+    if p.b_layout != BLayout::Nk {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant reads B stored [N, K] as a Linear layer's weights (b=nk), \
+                 not [K, N]"
+            ),
+        ));
+    }
+    if p.dtype == DType::Bf16 && (!p.k.is_multiple_of(2) || !c.kc.is_multiple_of(2)) {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant on bf16 needs an even K and kc (pairs of k values); K = {}, \
+                 kc = {}",
+                p.k, c.kc
+            ),
+        ));
+    }
+    if c.mc != c.mr {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant has no mc blocking: mc must equal mr = {}, not {}",
+                c.mr, c.mc
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A microkernel shape of the f32 tables at the config's ISA level, or why there is none.
 fn check_table_shape(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
     let t = table(kernel_isa(c.isa));
@@ -332,9 +363,29 @@ impl CpuSpace {
                 kc: &[256, 512, 1024],
                 nc_tiles: &[8, 32],
             };
+            // The weights in place: depths of 8 k blocks to all of K, token panels of 4 to
+            // 16 slivers.
+            let mut depths = [256, 512, 1024, p.k].map(|kc| kc.min(p.k)).to_vec();
+            depths.sort_unstable();
+            depths.dedup();
+            let direct = Blocking {
+                mc_tiles: &[1],
+                kc: &depths,
+                nc_tiles: &[4, 8, 16],
+            };
+            let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
             for &threads in &thread_counts(host) {
                 for &shape in AMX_SHAPES {
                     grid.push(GemmVariant::Amx, Isa::Avx512Amx, shape, threads, &mut out);
+                    if in_place {
+                        direct.push(
+                            GemmVariant::AmxDirect,
+                            Isa::Avx512Amx,
+                            shape,
+                            threads,
+                            &mut out,
+                        );
+                    }
                 }
             }
         }
@@ -348,13 +399,16 @@ impl CpuSpace {
         host: &CpuInfo,
     ) -> Result<(), KernelError> {
         let f = Family::Gemm;
-        if c.variant == GemmVariant::Amx && host.isa != Isa::Avx512Amx {
+        let amx = matches!(c.variant, GemmVariant::Amx | GemmVariant::AmxDirect);
+        if amx && host.isa != Isa::Avx512Amx {
             return Err(invalid(
                 f,
                 format!(
-                    "the amx variant needs AMX tiles (AMX-TILE and AMX-BF16, Sapphire Rapids or \
+                    "the {} variant needs AMX tiles (AMX-TILE and AMX-BF16, Sapphire Rapids or \
                      later, with the kernel's permission for tile data), which {} ({}) lacks",
-                    host.model, host.isa
+                    c.variant.name(),
+                    host.model,
+                    host.isa
                 ),
             ));
         }
@@ -395,29 +449,11 @@ impl CpuSpace {
                 check_blocks(f, c)?;
             }
             GemmVariant::Direct => {
-                if p.b_layout != BLayout::Nk {
-                    return Err(invalid(
-                        f,
-                        "the direct variant reads B stored [N, K] as a Linear layer's weights \
-                         (b=nk), not [K, N]",
-                    ));
-                }
                 match p.dtype {
                     DType::F32 => check_table_shape(f, c)?,
                     DType::Bf16 => {
                         bf16_pairs(c, p, host)?;
                         check_shape(f, "direct bf16", BF16_SHAPES, c)?;
-                        // Weight rows and kc slices start on a pair of k values.
-                        if !p.k.is_multiple_of(2) || !c.kc.is_multiple_of(2) {
-                            return Err(invalid(
-                                f,
-                                format!(
-                                    "the direct variant on bf16 needs an even K and kc \
-                                     (pairs of k values); K = {}, kc = {}",
-                                    p.k, c.kc
-                                ),
-                            ));
-                        }
                     }
                     DType::F16 => {
                         return Err(invalid(
@@ -427,31 +463,27 @@ impl CpuSpace {
                         ))
                     }
                 }
-                if c.mc != c.mr {
-                    return Err(invalid(
-                        f,
-                        format!(
-                            "the direct variant has no mc blocking: mc must equal mr = {}, not {}",
-                            c.mr, c.mc
-                        ),
-                    ));
-                }
+                check_direct(f, c, p)?;
                 check_blocks(f, c)?;
             }
-            GemmVariant::Amx => {
+            GemmVariant::Amx | GemmVariant::AmxDirect => {
+                let name = c.variant.name();
                 if p.dtype != DType::Bf16 {
                     return Err(invalid(
                         f,
-                        format!("the amx variant takes bf16 inputs, not {}", p.dtype),
+                        format!("the {name} variant takes bf16 inputs, not {}", p.dtype),
                     ));
                 }
                 if c.isa != Isa::Avx512Amx {
                     return Err(invalid(
                         f,
-                        format!("the amx variant runs at isa avx512-amx, not {}", c.isa),
+                        format!("the {name} variant runs at isa avx512-amx, not {}", c.isa),
                     ));
                 }
-                check_shape(f, "amx", AMX_SHAPES, c)?;
+                check_shape(f, name, AMX_SHAPES, c)?;
+                if c.variant == GemmVariant::AmxDirect {
+                    check_direct(f, c, p)?;
+                }
                 check_blocks(f, c)?;
             }
             GemmVariant::Packed => {
@@ -487,7 +519,46 @@ impl CpuSpace {
         // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
         // / 6.28 / 3.40 against 1.49 / 1.31 / 6.61 / 3.53; at M = 8 streaming is faster (5.13
         // against 6.41 ms for gate_up).
-        let direct_few = pairs && p.m > 8 && p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+        let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+        // bf16 on AMX tiles, the weights in place, from 3 rows up: two threads of a Xeon with
+        // AMX (KVM guest, family 6 model 207), Llama-70B gate_up (N = 7168, K = 8192), cold,
+        // against the AVX-512-BF16 kernels below: M = 4 / 8 / 16 / 128 / 2048 4.34 / 5.56 /
+        // 4.56 / 19.2 / 300 ms against 5.06 / 8.76 / 16.6 / 97.7 / 1593 (M = 1: 4.52 against
+        // 4.19 streaming). All of K in one slice beat slices of 256 to 1024 (M = 128: 19.2 ms
+        // against 24.3 to 30.2), as the transposed partial sums cost more than the tiles gain
+        // from a weight slice in L1; 32 × 32 tiles beat 32 × 16 and 16 × 32 (25.8, 28.1 ms).
+        // B stored [K, N] (or an odd K): the packed AMX kernel, M = 16 / 128 15.2 / 25.3 ms
+        // against 55.6 / 106 for the AVX-512-BF16 ones.
+        if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
+            if in_place {
+                let slices = p.k.div_ceil(8192);
+                let nr = if p.m <= 16 { 16 } else { 32 };
+                return GemmConfig {
+                    variant: GemmVariant::AmxDirect,
+                    isa: host.isa,
+                    mr: 32,
+                    nr,
+                    mc: 32,
+                    kc: p.k.div_ceil(slices).next_multiple_of(2),
+                    nc: p.m.next_multiple_of(nr).min(256),
+                    split: Split::N,
+                    threads,
+                };
+            }
+            let mr = if p.m <= 16 { 16 } else { 32 };
+            return GemmConfig {
+                variant: GemmVariant::Amx,
+                isa: host.isa,
+                mr,
+                nr: 32,
+                mc: p.m.next_multiple_of(mr).min(128),
+                kc: 512,
+                nc: 512,
+                split: Split::N,
+                threads,
+            };
+        }
+        let direct_few = pairs && p.m > 8 && in_place;
         if p.m <= 16 && !direct_few {
             // bf16 pairs multiplied as loaded: measured on two Zen 4 cores at M = 1, cold,
             // 29.8 GB/s against 18.1 GB/s for widening (qkv, 8192 → 1280).
