@@ -48,16 +48,8 @@ pub fn run(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
-        run_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (p, c, a, b, out, scratch);
-        unreachable!("validation refuses AMX configs on hosts without AMX");
-    }
+    debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+    run_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
 }
 
 /// The kernel on a given implementation of the tile operations.
@@ -76,11 +68,7 @@ fn run_on<T: Tiles + Default>(
         (32, 16) => ukr::<T, 2, 1>,
         _ => unreachable!("validated configs have an AMX shape"),
     };
-    // Pair words live in the f32 scratch as raw bits: same size and alignment.
-    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
-    let words = unsafe {
-        std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len())
-    };
+    let words = super::dpbf16::pair_words(scratch);
     super::gemm::loop_nest(
         p,
         c,
@@ -329,12 +317,37 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::{GemmVariant, Split};
     use crate::cpu::amx_tiles::Model;
     use crate::data::ProblemData;
     use crate::{Isa, Problem, TensorBuf};
+
+    /// A bf16 GEMM test case: the problem, its data, the f64 reference and copies of A and B.
+    pub(in crate::cpu) fn case(
+        spec: &str,
+        seed: u64,
+    ) -> (
+        Problem,
+        GemmProblem,
+        ProblemData,
+        Vec<f64>,
+        Vec<bf16>,
+        Vec<bf16>,
+    ) {
+        let problem: Problem = spec.parse().unwrap();
+        let Problem::Gemm(p) = problem else {
+            unreachable!("{spec} is a GEMM")
+        };
+        let data = ProblemData::random(&problem, seed);
+        let reference = data.reference();
+        let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1]) else {
+            unreachable!("bf16 problems have bf16 inputs")
+        };
+        let (a, b) = (a.clone(), b.clone());
+        (problem, p, data, reference, a, b)
+    }
 
     /// Every shape with blocks that cut M, N and K in awkward places, on the software model of
     /// the tile operations, against the f64 reference.
@@ -349,17 +362,7 @@ mod tests {
             "gemm:m=64,n=64,k=64,dtype=bf16,b=nk",
             "gemm:m=7,n=61,k=5,dtype=bf16,b=kn",
         ] {
-            let problem: Problem = spec.parse().unwrap();
-            let Problem::Gemm(p) = problem else {
-                unreachable!()
-            };
-            let mut data = ProblemData::random(&problem, 11);
-            let reference = data.reference();
-            let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1])
-            else {
-                unreachable!("bf16 problems have bf16 inputs")
-            };
-            let (a, b) = (a.clone(), b.clone());
+            let (problem, p, mut data, reference, a, b) = case(spec, 11);
             for &(mr, nr) in AMX_SHAPES {
                 // K below a block, a block and a bit, several blocks; one and two row blocks
                 // and column panels; both splits over two threads.

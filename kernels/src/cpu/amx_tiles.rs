@@ -179,6 +179,30 @@ impl Tiles for Hardware {
     }
 }
 
+/// Other architectures have no tiles: validation refuses AMX configs there, so no kernel
+/// reaches these.
+#[cfg(not(target_arch = "x86_64"))]
+impl Tiles for Hardware {
+    unsafe fn configure(&mut self, _: &TileConfig) {
+        unreachable!("validation refuses AMX configs on hosts without AMX")
+    }
+    unsafe fn zero(&mut self, _: usize) {
+        unreachable!("validation refuses AMX configs on hosts without AMX")
+    }
+    unsafe fn load(&mut self, _: usize, _: *const u8, _: usize) {
+        unreachable!("validation refuses AMX configs on hosts without AMX")
+    }
+    unsafe fn store(&mut self, _: usize, _: *mut u8, _: usize) {
+        unreachable!("validation refuses AMX configs on hosts without AMX")
+    }
+    unsafe fn dot(&mut self, _: usize, _: usize, _: usize) {
+        unreachable!("validation refuses AMX configs on hosts without AMX")
+    }
+    unsafe fn release(&mut self) {
+        unreachable!("validation refuses AMX configs on hosts without AMX")
+    }
+}
+
 /// The tile operations in software, checking what the hardware checks (built for the tests).
 #[cfg(test)]
 #[derive(Debug, Clone)]

@@ -115,7 +115,7 @@ pub fn run_bf16(
         c,
         Words::Pairs,
         out,
-        words_of(scratch),
+        super::dpbf16::pair_words(scratch),
         |pc, kcur, jc, ncur, dst| {
             super::dpbf16::pack_b(p, a, pc, kcur, jc, ncur, nr, kcur / 2, dst)
         },
@@ -138,16 +138,8 @@ pub fn run_amx(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
-        run_amx_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (p, c, a, b, out, scratch);
-        unreachable!("validation refuses AMX configs on hosts without AMX");
-    }
+    debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+    run_amx_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
 }
 
 /// [`run_amx`] on a given implementation of the tile operations.
@@ -167,7 +159,7 @@ fn run_amx_on<T: super::amx_tiles::Tiles + Default>(
         c,
         Words::AmxBlocks,
         out,
-        words_of(scratch),
+        super::dpbf16::pair_words(scratch),
         |pc, kcur, jc, ncur, dst| {
             let d = super::amx::depth(kcur);
             super::dpbf16::pack_b(p, a, pc, kcur, jc, ncur, nr, d, dst)
@@ -178,12 +170,6 @@ fn run_amx_on<T: super::amx_tiles::Tiles + Default>(
         // SAFETY: drive's contract; validation checked the host runs AMX, or T is the model.
         |d, live, w, rsa, x, tile| unsafe { ukr(&mut T::default(), d, live, w, rsa, x, tile) },
     );
-}
-
-/// The f32 scratch as 32-bit words for pair kernels.
-fn words_of(scratch: &mut [f32]) -> &mut [u32] {
-    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
-    unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len()) }
 }
 
 /// The loop nest, over words `W` (f32 values or bf16 pairs).
@@ -314,10 +300,9 @@ fn drive<W: Copy + Default>(
 mod tests {
     use super::*;
     use crate::config::{GemmVariant, Split};
-    use crate::cpu::amx::AMX_SHAPES;
+    use crate::cpu::amx::{tests::case, AMX_SHAPES};
     use crate::cpu::amx_tiles::Model;
-    use crate::data::ProblemData;
-    use crate::{Isa, Problem, TensorBuf};
+    use crate::Isa;
 
     /// The AMX direct kernel on the software model of the tiles, against the f64 reference:
     /// every shape, weight rows that end mid-tile, tokens that end mid-sliver and mid-panel,
@@ -333,21 +318,11 @@ mod tests {
             "gemm:m=17,n=64,k=46,dtype=bf16,b=nk",
             "gemm:m=70,n=31,k=130,dtype=bf16,b=nk",
         ] {
-            let problem: Problem = spec.parse().unwrap();
-            let Problem::Gemm(p) = problem else {
-                unreachable!()
-            };
-            let mut data = ProblemData::random(&problem, 5);
-            let reference = data.reference();
-            let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1])
-            else {
-                unreachable!("bf16 problems have bf16 inputs")
-            };
+            let (problem, p, mut data, reference, a, mut b) = case(spec, 5);
             // NaN past the weights: a load that reads past the last row's slice spoils C.
-            let mut b = b.clone();
             let len = b.len();
             b.extend([half::bf16::NAN; 64]);
-            let (a, b) = (a.clone(), &b[..len]);
+            let b = &b[..len];
             for &(mr, nr) in AMX_SHAPES {
                 // A slice shorter than a block, one past a block, all of K; panels of one and
                 // two slivers.

@@ -40,6 +40,12 @@ fn pair(lo: bf16, hi: bf16) -> u32 {
     u32::from(lo.to_bits()) | (u32::from(hi.to_bits()) << 16)
 }
 
+/// The f32 scratch as 32-bit words, where the pair kernels keep packed bf16 pairs as raw bits.
+pub(super) fn pair_words(scratch: &mut [f32]) -> &mut [u32] {
+    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len()) }
+}
+
 /// Runs a config validated against the detected host (dtype bf16, a shape of
 /// [`BF16_SHAPES`], AVX-512-BF16 present).
 pub fn run(
@@ -52,11 +58,7 @@ pub fn run(
 ) {
     let (mr, nr) = (c.mr, c.nr);
     let ukr = microkernel(mr, nr).expect("validated configs have a microkernel");
-    // Pair words live in the f32 scratch as raw bits: same size and alignment.
-    // SAFETY: u32 and f32 have the same size and alignment, and every bit pattern is valid.
-    let words = unsafe {
-        std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u32>(), scratch.len())
-    };
+    let words = pair_words(scratch);
     super::gemm::loop_nest(
         p,
         c,
