@@ -70,6 +70,14 @@ fn kernel_isa(isa: Isa) -> Isa {
     }
 }
 
+/// Slice depths swept by the direct variants: the given ones within K, and all of K.
+fn in_place_depths(k: usize, depths: &[usize]) -> Vec<usize> {
+    let mut out: Vec<usize> = depths.iter().map(|&kc| kc.min(k)).chain([k]).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// Thread counts to sweep: powers of two up to the host's threads, and the host's threads.
 fn thread_counts(host: &CpuInfo) -> Vec<usize> {
     let mut t: Vec<usize> = (0..)
@@ -341,9 +349,7 @@ impl CpuSpace {
                         DType::Bf16 if dpbf16 && p.k.is_multiple_of(2) => BF16_SHAPES,
                         _ => &[],
                     };
-                    let mut depths = [1024, 4096, p.k].map(|kc| kc.min(p.k)).to_vec();
-                    depths.sort_unstable();
-                    depths.dedup();
+                    let depths = in_place_depths(p.k, &[1024, 4096]);
                     let grid = Blocking {
                         mc_tiles: &[1],
                         kc: &depths,
@@ -365,9 +371,7 @@ impl CpuSpace {
             };
             // The weights in place: depths of 8 k blocks to all of K, token panels of 4 to
             // 16 slivers.
-            let mut depths = [256, 512, 1024, p.k].map(|kc| kc.min(p.k)).to_vec();
-            depths.sort_unstable();
-            depths.dedup();
+            let depths = in_place_depths(p.k, &[256, 512, 1024]);
             let direct = Blocking {
                 mc_tiles: &[1],
                 kc: &depths,
