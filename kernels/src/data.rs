@@ -191,3 +191,29 @@ impl ProblemData {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inputs start on a cache line, as a framework's tensors do, for every dtype.
+    #[test]
+    fn inputs_start_on_a_cache_line() {
+        for spec in [
+            "gemm:m=3,n=5,k=7,dtype=f32",
+            "gemm:m=3,n=5,k=7,dtype=f16",
+            "gemm:m=3,n=5,k=7,dtype=bf16",
+        ] {
+            let problem: Problem = spec.parse().unwrap();
+            let data = ProblemData::random(&problem, 1);
+            for (i, t) in data.inputs.iter().enumerate() {
+                let at = match t.view() {
+                    crate::Tensor::F32(s) => s.as_ptr() as usize,
+                    crate::Tensor::F16(s) => s.as_ptr() as usize,
+                    crate::Tensor::Bf16(s) => s.as_ptr() as usize,
+                };
+                assert_eq!(at % 64, 0, "{spec} input {i} at {at:#x}");
+            }
+        }
+    }
+}

@@ -233,7 +233,12 @@ fn direct_matches_reference_for_every_shape() {
                                 isa,
                                 mr,
                                 nr,
-                                mc: mr,
+                                // The AMX kernel blocks the weights: two slivers per block
+                                // on the M split, so blocks end mid-matrix and mid-sliver.
+                                mc: match (variant, split) {
+                                    (GemmVariant::AmxDirect, Split::M) => 2 * mr,
+                                    _ => mr,
+                                },
                                 kc,
                                 nc,
                                 split,
@@ -384,8 +389,8 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
     let (amx, direct) = (of(GemmVariant::Amx), of(GemmVariant::AmxDirect));
     // 3 shapes × 2 mc × 3 kc × 2 nc, both splits on 2 and 4 threads, one on 1.
     assert_eq!(amx.len(), 36 + 72 + 72);
-    // 3 shapes × 4 kc (256, 512, 1024, all of K) × 3 nc, splits as above.
-    assert_eq!(direct.len(), 36 + 72 + 72);
+    // 3 shapes × 2 mc × 4 kc (256, 512, 1024, all of K) × 3 nc, splits as above.
+    assert_eq!(direct.len(), 72 + 144 + 144);
     for c in amx.iter().chain(&direct) {
         CpuSpace
             .validate(c, &bf16, &amx_host)
@@ -478,4 +483,51 @@ fn stream_dpbf16_matches_reference_or_is_refused() {
         .validate(&configs[0], &prefill, &device)
         .unwrap_err();
     assert!(err.to_string().contains("decode shapes"), "{err}");
+}
+
+/// The backend starts its scratch on a cache line wherever the caller's begins, within the
+/// length it declares: every variant the host offers, on scratch of exactly that length at
+/// word offsets that leave it on no line boundary, matches the reference.
+#[test]
+fn scratch_at_any_alignment_is_enough() {
+    use kerntune_kernels::data::ProblemData;
+    use kerntune_kernels::reference::relative_error;
+    use kerntune_kernels::{Backend, CpuBackend};
+    let device = Device::host();
+    let mut ran = 0;
+    for spec in [
+        "gemm:m=37,n=67,k=130,dtype=f32,b=nk",
+        "gemm:m=37,n=67,k=130,dtype=bf16,b=nk",
+        "gemm:m=5,n=45,k=64,dtype=bf16,b=kn",
+    ] {
+        let p = problem(spec);
+        let mut data = ProblemData::random(&p, 3);
+        let reference = data.reference();
+        let candidates = CpuSpace.candidates(&p, &device);
+        // One candidate of each variant, and the heuristic.
+        let mut configs = vec![CpuSpace.heuristic(&p, &device)];
+        for c in &candidates {
+            let variant = |c: &Config| match c {
+                Config::Gemm(g) => Some(g.variant),
+                _ => None,
+            };
+            if !configs.iter().any(|k| variant(k) == variant(c)) {
+                configs.push(*c);
+            }
+        }
+        for config in &configs {
+            let needed = CpuBackend.scratch_len(&p, config);
+            let mut buf = vec![0f32; needed + 16];
+            for off in [1, 7, 15] {
+                data.out.fill(f32::NAN);
+                CpuBackend
+                    .run(&p, config, data.args(), &mut buf[off..off + needed])
+                    .unwrap_or_else(|e| panic!("{p} with {config} at +{off}: {e}"));
+                let err = relative_error(&data.out, &reference);
+                assert!(err <= p.tolerance(), "{p} with {config} at +{off}: {err:e}");
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 3 * 3 * 2, "only {ran} runs");
 }

@@ -35,7 +35,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
     let mc = c.mc.min(p.m.next_multiple_of(c.mr));
     let d = depth(c.kc.min(p.k));
     let nc = c.nc.min(p.n.next_multiple_of(c.nr));
-    c.threads * (mc * d + d * nc)
+    super::parallel::shares_len(c.threads, mc * d + d * nc)
 }
 
 /// Runs a config validated against the detected host (dtype bf16, a shape of [`AMX_SHAPES`],
@@ -224,9 +224,9 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
     }
 }
 
-/// `(tiles, d, live, w, rsa, x, tile)`: [`ukr_rows`] for one shape.
+/// `(tiles, d, live, w, rsa, x, tile, accumulate)`: [`ukr_rows`] for one shape.
 pub(super) type UkrRows<T> =
-    unsafe fn(&mut T, usize, usize, *const u32, usize, *const u32, *mut f32);
+    unsafe fn(&mut T, usize, usize, *const u32, usize, *const u32, *mut f32, bool);
 
 /// The [`ukr_rows`] of an AMX shape (`mr` weight rows × `nr` tokens).
 pub(super) fn ukr_rows_for<T: Tiles>(mr: usize, nr: usize) -> Option<UkrRows<T>> {
@@ -238,10 +238,10 @@ pub(super) fn ukr_rows_for<T: Tiles>(mr: usize, nr: usize) -> Option<UkrRows<T>>
     }
 }
 
-/// One `16·MT × 16·NT` tile of `Cᵀ` for [`super::direct`]: `16·MT` weight rows where they lie
-/// (`rsa` words apart, `live` words of each in this slice) as A tiles, against a packed sliver
-/// of `16·NT` tokens (`d` pair rows, [`super::dpbf16::pack_b`]'s layout) as B tiles; the tile
-/// is written to `tile`, `16·NT` wide.
+/// One `16·MT × 16·NT` tile of `Cᵀ` for [`super::amx_direct`]: `16·MT` weight rows where they
+/// lie (`rsa` words apart, `live` words of each in this slice) as A tiles, against a packed
+/// sliver of `16·NT` tokens (`d` pair rows, [`super::dpbf16::pack_b`]'s layout) as B tiles;
+/// the tile is written to `tile`, `16·NT` wide, or added to what it holds when `accumulate`.
 ///
 /// Whole k blocks load straight from the rows. A block that runs past `live` is copied to the
 /// stack first, zero after the live words, so no load reads past a row's slice (the last row
@@ -250,8 +250,8 @@ pub(super) fn ukr_rows_for<T: Tiles>(mr: usize, nr: usize) -> Option<UkrRows<T>>
 ///
 /// # Safety
 /// Each of the `16·MT` rows at `w` holds `live` readable words; `x` holds `d · 16·NT` words, `d`
-/// a multiple of 16 and at least `live`; `tile` is writable for `16·MT · 16·NT` values; `T`
-/// runs on this host.
+/// a multiple of 16 and at least `live`; `tile` is writable (readable too when accumulating)
+/// for `16·MT · 16·NT` values; `T` runs on this host.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
@@ -262,6 +262,7 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
     rsa: usize,
     x: *const u32,
     tile: *mut f32,
+    accumulate: bool,
 ) {
     let nr = ROWS * NT;
     let mut tail = [0u32; 2 * ROWS * BLOCK_PAIRS];
@@ -270,7 +271,12 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
         tiles.configure(&TileConfig::full(MT, NT));
         for i in 0..MT {
             for j in 0..NT {
-                tiles.zero(c_tile(i, j));
+                if accumulate {
+                    let at = tile.add(i * ROWS * nr + j * ROWS);
+                    tiles.load(c_tile(i, j), at.cast(), 4 * nr);
+                } else {
+                    tiles.zero(c_tile(i, j));
+                }
             }
         }
         for kb in 0..d / BLOCK_PAIRS {
@@ -345,7 +351,7 @@ pub(super) mod tests {
         let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1]) else {
             unreachable!("bf16 problems have bf16 inputs")
         };
-        let (a, b) = (a.clone(), b.clone());
+        let (a, b) = (a.to_vec(), b.to_vec());
         (problem, p, data, reference, a, b)
     }
 

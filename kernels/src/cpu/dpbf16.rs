@@ -33,7 +33,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
     let mc = c.mc.min(p.m.next_multiple_of(c.mr));
     let kp = c.kc.min(p.k).div_ceil(2);
     let nc = c.nc.min(p.n.next_multiple_of(c.nr));
-    c.threads * (mc * kp + kp * nc)
+    super::parallel::shares_len(c.threads, mc * kp + kp * nc)
 }
 
 fn pair(lo: bf16, hi: bf16) -> u32 {

@@ -21,13 +21,14 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
             let mc = c.mc.min(p.m.next_multiple_of(c.mr));
             let kc = c.kc.min(p.k);
             let nc = c.nc.min(p.n.next_multiple_of(c.nr));
-            c.threads * (mc * kc + kc * nc)
+            super::parallel::shares_len(c.threads, mc * kc + kc * nc)
         }
         GemmVariant::Stream => p.m * p.k,
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
         GemmVariant::StreamDpbf16 => 0,
         GemmVariant::Amx => super::amx::scratch_len(p, c),
-        GemmVariant::Direct | GemmVariant::AmxDirect => super::direct::scratch_len(p, c),
+        GemmVariant::Direct => super::direct::scratch_len(p, c),
+        GemmVariant::AmxDirect => super::amx_direct::scratch_len(p, c),
     }
 }
 
@@ -47,9 +48,10 @@ pub fn run<T: TableElem>(
         GemmVariant::Dpbf16 | GemmVariant::StreamDpbf16 | GemmVariant::Amx => {
             unreachable!("bf16-only configs run through cpu::dpbf16, dpbf16_stream and amx")
         }
-        // Validation admits f32 and bf16 only, which the backend sends to cpu::direct.
+        // Validation admits f32 and bf16 only, which the backend sends to cpu::direct and
+        // amx_direct.
         GemmVariant::Direct | GemmVariant::AmxDirect => {
-            unreachable!("direct configs run through cpu::direct")
+            unreachable!("direct configs run through cpu::direct and amx_direct")
         }
     }
 }
@@ -107,7 +109,7 @@ pub(super) fn loop_nest<W: Copy>(
         Split::M => (p.m.div_ceil(mr), mr),
     };
     let chunks = c.threads.min(units).max(1);
-    let per_thread = scratch.len() / c.threads;
+    let per_thread = super::parallel::share_len(scratch.len(), c.threads);
     let scratch = SharedMut(scratch.as_mut_ptr());
     let out = SharedMut(out.as_mut_ptr());
     for_each_task(c.threads, chunks, |i, worker| {
@@ -126,7 +128,10 @@ pub(super) fn loop_nest<W: Copy>(
             std::slice::from_raw_parts_mut(scratch.get().add(worker * per_thread), per_thread)
         };
         let mc_max = c.mc.min(p.m.next_multiple_of(mr));
-        let (ap_buf, bp_buf) = buf.split_at_mut(mc_max * depth(c.kc.min(p.k)));
+        // B's panel starts on a cache line too.
+        let (ap_buf, bp_buf) = buf.split_at_mut(
+            (mc_max * depth(c.kc.min(p.k))).next_multiple_of(super::parallel::LINE_WORDS),
+        );
         for jc in cols.clone().step_by(c.nc) {
             let ncur = c.nc.min(cols.end - jc);
             for pc in (0..p.k).step_by(c.kc) {

@@ -5,9 +5,11 @@
 //! [`paged`] are the three kernel drivers. bf16 GEMM has variants of its own: [`dpbf16`] and
 //! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
 //! model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
-//! weights in place, on the f32 tables, the AVX-512-BF16 pair kernels or AMX tiles.
+//! weights in place, on the f32 tables or the AVX-512-BF16 pair kernels, and [`amx_direct`]
+//! on AMX tiles.
 
 mod amx;
+mod amx_direct;
 mod amx_tiles;
 mod direct;
 pub(crate) mod dpbf16;
@@ -27,6 +29,8 @@ pub(crate) mod simd;
 pub(crate) mod table;
 mod transpose;
 
+pub(crate) use amx_direct::scratch_len as amx_direct_scratch_len;
+
 use half::{bf16, f16};
 
 use crate::config::GemmVariant;
@@ -44,11 +48,17 @@ impl Backend for CpuBackend {
     }
 
     fn scratch_len(&self, problem: &Problem, config: &Config) -> usize {
-        match (problem, config) {
+        let len = match (problem, config) {
             (Problem::Gemm(p), Config::Gemm(c)) => gemm::scratch_len(p, c),
             (Problem::Flash(p), Config::Flash(c)) => flash::scratch_len(p, c),
             (Problem::Paged(p), Config::Paged(c)) => paged::scratch_len(p, c),
             _ => 0,
+        };
+        // Room to start the kernels' scratch on a cache line, wherever the caller's begins.
+        if len == 0 {
+            0
+        } else {
+            len + parallel::LINE_WORDS
         }
     }
 
@@ -67,6 +77,10 @@ impl Backend for CpuBackend {
                 got: scratch.len(),
             });
         }
+        // Packed slivers on whole cache lines: an AMX tile row or AVX-512 load that straddles
+        // two lines costs two.
+        let skip = scratch.as_ptr().align_offset(64).min(scratch.len());
+        let scratch = &mut scratch[skip..];
         match (problem, config, args) {
             (Problem::Gemm(p), Config::Gemm(c), Args::Gemm(GemmArgs { a, b, c: out })) => {
                 check_dtype("a", &a, p.dtype)?;
@@ -90,7 +104,7 @@ impl Backend for CpuBackend {
                         amx::run(p, c, a, b, out, scratch)
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b)) if c.variant == GemmVariant::AmxDirect => {
-                        direct::run_amx(p, c, a, b, out, scratch)
+                        amx_direct::run(p, c, a, b, out, scratch)
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b))
                         if c.variant == GemmVariant::StreamDpbf16 =>

@@ -24,6 +24,21 @@ fn pool(threads: usize) -> &'static ThreadPool {
     })
 }
 
+/// 32-bit words in a 64-byte cache line.
+pub const LINE_WORDS: usize = 16;
+
+/// Words of each thread's share of a scratch buffer of `len` words over `threads` threads:
+/// whole cache lines, so every share of a line-aligned buffer starts on a line.
+pub fn share_len(len: usize, threads: usize) -> usize {
+    len / threads / LINE_WORDS * LINE_WORDS
+}
+
+/// Scratch words for `threads` shares that each need `need` words laid out by parts that start
+/// on whole lines (each part rounds up to a line: two lines of slack per share).
+pub fn shares_len(threads: usize, need: usize) -> usize {
+    threads * (need.next_multiple_of(LINE_WORDS) + 2 * LINE_WORDS)
+}
+
 /// A raw pointer that tasks writing disjoint parts of one buffer may share.
 #[derive(Debug, Clone, Copy)]
 pub struct SharedMut<T>(pub *mut T);
@@ -55,4 +70,29 @@ pub fn for_each_task(threads: usize, tasks: usize, task: impl Fn(usize, usize) +
             task(i, rayon::current_thread_index().unwrap_or(0));
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shares of a buffer sized by `shares_len` are whole lines that hold what each thread
+    /// needs plus the slack its parts round up into, after up to a line skipped at the start.
+    #[test]
+    fn shares_are_whole_lines_with_room_for_their_parts() {
+        for threads in 1..=5 {
+            for need in [0, 1, 15, 16, 17, 1000, 4099] {
+                for skip in 0..LINE_WORDS {
+                    let len = shares_len(threads, need) + LINE_WORDS - skip;
+                    let share = share_len(len, threads);
+                    assert_eq!(share % LINE_WORDS, 0);
+                    assert!(threads * share <= len);
+                    assert!(
+                        share >= need + LINE_WORDS,
+                        "{threads} {need} {skip}: {share}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -185,7 +185,7 @@ pub struct DeviceProblem {
 fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
     let err = |e| driver("copying inputs to the device", e);
     Ok(match t {
-        TensorBuf::F32(v) => DeviceBuf::F32(gpu.stream.memcpy_stod(v).map_err(err)?),
+        TensorBuf::F32(v) => DeviceBuf::F32(gpu.stream.memcpy_stod(&v[..]).map_err(err)?),
         TensorBuf::F16(v) => {
             let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
             DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)

@@ -264,7 +264,8 @@ fn check_direct(f: Family, c: &GemmConfig, p: &GemmProblem) -> Result<(), Kernel
             ),
         ));
     }
-    if c.mc != c.mr {
+    // The AMX kernel blocks the weights by mc rows; the others have no use for mc.
+    if c.variant != GemmVariant::AmxDirect && c.mc != c.mr {
         return Err(invalid(
             f,
             format!(
@@ -369,11 +370,11 @@ impl CpuSpace {
                 kc: &[256, 512, 1024],
                 nc_tiles: &[8, 32],
             };
-            // The weights in place: depths of 8 k blocks to all of K, token panels of 4 to
-            // 16 slivers.
+            // The weights in place: blocks of one and eight weight slivers, depths of 8 k
+            // blocks to all of K, token panels of 4 to 16 slivers.
             let depths = in_place_depths(p.k, &[256, 512, 1024]);
             let direct = Blocking {
-                mc_tiles: &[1],
+                mc_tiles: &[1, 8],
                 kc: &depths,
                 nc_tiles: &[4, 8, 16],
             };
@@ -485,10 +486,22 @@ impl CpuSpace {
                     ));
                 }
                 check_shape(f, name, AMX_SHAPES, c)?;
+                check_blocks(f, c)?;
                 if c.variant == GemmVariant::AmxDirect {
                     check_direct(f, c, p)?;
+                    let words = crate::cpu::amx_direct_scratch_len(p, c) / c.threads;
+                    if words > MAX_SCRATCH_PER_THREAD {
+                        return Err(invalid(
+                            f,
+                            format!(
+                                "the amx-direct token panel (nc = {} tokens × K = {}) and \
+                                 accumulators (mc × nc) need {words} values per thread, more \
+                                 than {MAX_SCRATCH_PER_THREAD}: lower nc",
+                                c.nc, p.k
+                            ),
+                        ));
+                    }
                 }
-                check_blocks(f, c)?;
             }
             GemmVariant::Packed => {
                 check_table_shape(f, c)?;
@@ -528,28 +541,26 @@ impl CpuSpace {
         // AMX (KVM guest, family 6 model 207), Llama-70B gate_up (N = 7168, K = 8192), cold,
         // against the AVX-512-BF16 kernels below: M = 4 / 8 / 16 / 128 / 2048 4.34 / 5.56 /
         // 4.56 / 19.2 / 300 ms against 5.06 / 8.76 / 16.6 / 97.7 / 1593 (M = 1: 4.52 against
-        // 4.19 streaming). All of K in one slice beat slices of 256 to 1024 (M = 128: 19.2 ms
-        // against 24.3 to 30.2), as the transposed partial sums cost more than the tiles gain
-        // from a weight slice in L1; 32 × 32 tiles beat 32 × 16 and 16 × 32 (25.8, 28.1 ms).
+        // 4.19 streaming); 32 × 32 tiles beat 32 × 16 and 16 × 32 (25.8, 28.1 ms at M = 128).
+        // Blocks of 256 weight rows whose accumulators stay in L2 across slices of 1024
+        // (amx_direct's blocking) against all of K in one slice with 64 tokens, 64-byte
+        // aligned operands, repeated calls, gate_up M = 2048: one thread 400-414 ms against
+        // 625-830 over two rounds, two threads 226 against 426; qkv (N = 1280) two threads
+        // 38 against 118 ms. Cold, two threads, the two were within this host's noise at
+        // M = 16 and 128.
         // B stored [K, N] (or an odd K): the packed AMX kernel, M = 16 / 128 15.2 / 25.3 ms
         // against 55.6 / 106 for the AVX-512-BF16 ones.
         if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
             if in_place {
-                let slices = p.k.div_ceil(8192);
                 let nr = if p.m <= 16 { 16 } else { 32 };
-                let kc = p.k.div_ceil(slices).next_multiple_of(2);
-                // A token panel of at most 1 MiB, so it stays in L2 beside the weight sliver:
-                // down (K = 3584) at M = 2048 took 147 ms with 64 tokens against 227 with 256,
-                // qkv 71 / 53 ms against 99 / 56 in two rounds (the host is noisy).
-                let panel = ((1 << 19) / kc / nr * nr).max(nr);
                 return GemmConfig {
                     variant: GemmVariant::AmxDirect,
                     isa: host.isa,
                     mr: 32,
                     nr,
-                    mc: 32,
-                    kc,
-                    nc: p.m.next_multiple_of(nr).min(256).min(panel),
+                    mc: 256,
+                    kc: p.k.min(1024),
+                    nc: p.m.next_multiple_of(nr).min(256),
                     split: Split::N,
                     threads,
                 };

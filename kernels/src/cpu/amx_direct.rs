@@ -1,0 +1,216 @@
+//! bf16 GEMM on AMX tiles with a Linear layer's weights `[N, K]` read in place: the weight
+//! rows are the tiles' A operand, loaded where they lie, and the tokens, packed in pairs of k
+//! values, the B operand. The product is `Cᵀ`, as in [`super::direct`].
+//!
+//! Tile loads are what this kernel waits on: on the Xeon it was measured on, one 1 KiB tile
+//! load took about as long as two or three `tdpbf16ps` (20 ns against 7-8 ns, loads from L1),
+//! and a 2 × 2 block needs one load per multiply. So each operand should come from as close as
+//! possible, and the blocking is built for that:
+//!
+//! - tokens in panels of `nc`, packed once per panel for all of K, slice by slice;
+//! - weights in blocks of `mc` rows; the accumulators of a block × panel (`mc × nc` f32, in
+//!   tile layout) stay in L2 across the `kc` slices, a tile load and store per slice, and the
+//!   last slice transposes each tile into C once;
+//! - within a slice each `mr`-row weight sliver (`kc` ≤ 512 keeps it in L1) meets every token
+//!   sliver of the panel, whose slice streams from L2.
+//!
+//! The weights are then read from memory `M / nc` times, not `M / (tokens that fit in L2 with
+//! all of K)`: at M = 2048 (Llama-70B gate_up) the earlier whole-K blocking read them 32 times.
+
+use half::bf16;
+
+use super::amx::{depth, ukr_rows_for};
+use super::amx_tiles::Tiles;
+use super::direct::{for_each_share, tile_into_c, weight_sliver};
+use super::parallel::SharedMut;
+use crate::config::GemmConfig;
+use crate::problem::GemmProblem;
+
+/// The scratch parts of one thread, in 32-bit words: the token panel (all of K), the
+/// accumulators of a block × panel, and one edge sliver of weight rows.
+fn parts(p: &GemmProblem, c: &GemmConfig) -> (usize, usize, usize) {
+    let nc = c.nc.min(p.m.next_multiple_of(c.nr));
+    let mc = c.mc.min(p.n.next_multiple_of(c.mr));
+    let kc = c.kc.min(p.k);
+    (nc * panel_depth(p.k, kc), mc * nc, c.mr * depth(kc))
+}
+
+/// Pair rows per token of a panel: every `kc` slice padded to whole 32-value blocks.
+fn panel_depth(k: usize, kc: usize) -> usize {
+    k / kc * depth(kc) + depth(k % kc)
+}
+
+/// Scratch (32-bit words) a call needs.
+pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
+    let (panel, acc, edge) = parts(p, c);
+    super::parallel::shares_len(c.threads, panel + acc + edge)
+}
+
+/// Runs a config validated against the detected host (bf16, b = nk, even K and kc, an AMX
+/// shape, `mc` a multiple of `mr`, a host whose level is `avx512-amx`).
+pub fn run(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+    run_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
+}
+
+/// [`run`] on a given implementation of the tile operations.
+fn run_on<T: Tiles + Default>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[bf16],
+    b: &[bf16],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let ukr = ukr_rows_for::<T>(c.mr, c.nr).expect("validated configs have an AMX shape");
+    let (mr, nr) = (c.mr, c.nr);
+    let kc = c.kc.min(p.k);
+    let (panel_len, acc_len, _) = parts(p, c);
+    let per_thread = super::parallel::share_len(scratch.len(), c.threads);
+    let scratch = SharedMut(super::dpbf16::pair_words(scratch).as_mut_ptr());
+    let out = SharedMut(out.as_mut_ptr());
+    // Rows of B are K values apart: K / 2 pair words.
+    let ldw = p.k / 2;
+    for_each_share(p, c, |worker, weights, tokens| {
+        // SAFETY: workers of one pool run one task at a time, so `worker` slices are disjoint.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(scratch.get().add(worker * per_thread), per_thread)
+        };
+        let (panel, rest) = buf.split_at_mut(panel_len);
+        let (acc, edge) = rest.split_at_mut(acc_len);
+        // The accumulators are f32 in words the tiles load and store.
+        // SAFETY: u32 and f32 share size and alignment, and any bits are a valid f32.
+        let acc =
+            unsafe { std::slice::from_raw_parts_mut(acc.as_mut_ptr().cast::<f32>(), acc_len) };
+        let mut transposed = [0f32; 2 * 32 * 32];
+        let mut tiles = T::default();
+        for jc in tokens.clone().step_by(c.nc) {
+            let ncur = c.nc.min(tokens.end - jc);
+            let slivers = ncur.div_ceil(nr);
+            // Slice s of the panel starts at s · depth(kc) pair rows of every sliver.
+            let slice_at = |pc: usize| slivers * nr * (pc / kc) * depth(kc);
+            for pc in (0..p.k).step_by(kc) {
+                let kcur = kc.min(p.k - pc);
+                let d = depth(kcur);
+                let at = slice_at(pc);
+                super::dpbf16::pack_b(p, a, pc, kcur, jc, ncur, nr, d, &mut panel[at..]);
+            }
+            for nb in weights.clone().step_by(c.mc) {
+                let block = nb..c.mc.min(weights.end - nb) + nb;
+                for pc in (0..p.k).step_by(kc) {
+                    let kcur = kc.min(p.k - pc);
+                    let (d, live) = (depth(kcur), kcur / 2);
+                    let x = &panel[slice_at(pc)..];
+                    let last = pc + kcur == p.k;
+                    for n0 in block.clone().step_by(mr) {
+                        let rows = mr.min(block.end - n0);
+                        // SAFETY (for the closure): rows n0 + r < N of B hold K values.
+                        let row = |r: usize| unsafe { b.as_ptr().add((n0 + r) * p.k + pc).cast() };
+                        let (w, rsa) = weight_sliver(row, rows, mr, ldw, d, live, edge);
+                        for (s, jr) in (0..ncur).step_by(nr).enumerate() {
+                            let t = ((n0 - nb) / mr * slivers + s) * mr * nr;
+                            let tile = &mut acc[t..t + mr * nr];
+                            // SAFETY: `w` has `mr` rows of `live` words `rsa` apart, `x` a
+                            // sliver of `d` pair rows per token; validation checked the host
+                            // runs AMX, or T is the software model.
+                            unsafe {
+                                ukr(
+                                    &mut tiles,
+                                    d,
+                                    live,
+                                    w,
+                                    rsa,
+                                    x[s * d * nr..].as_ptr(),
+                                    tile.as_mut_ptr(),
+                                    pc > 0,
+                                )
+                            };
+                            if last {
+                                // SAFETY: C rows jc + jr.., columns n0.., belong to this task
+                                // (its weights or its tokens).
+                                unsafe {
+                                    tile_into_c(
+                                        tile,
+                                        (mr, nr),
+                                        (rows, nr.min(ncur - jr)),
+                                        c.isa,
+                                        out.get().add((jc + jr) * p.n + n0),
+                                        p.n,
+                                        false,
+                                        &mut transposed,
+                                    )
+                                };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GemmVariant, Split};
+    use crate::cpu::amx::{tests::case, AMX_SHAPES};
+    use crate::cpu::amx_tiles::Model;
+    use crate::Isa;
+
+    /// The kernel on the software model of the tiles, against the f64 reference: every shape,
+    /// weight rows that end mid-tile and mid-block, tokens that end mid-sliver and mid-panel,
+    /// slices that end mid-block (the copied tail), several slices accumulated, both splits.
+    #[test]
+    fn amx_matches_the_reference_on_the_tile_model() {
+        let mut ran = 0;
+        for spec in [
+            "gemm:m=1,n=1,k=2,dtype=bf16,b=nk",
+            "gemm:m=29,n=67,k=46,dtype=bf16,b=nk",
+            "gemm:m=40,n=33,k=100,dtype=bf16,b=nk",
+            "gemm:m=3,n=64,k=64,dtype=bf16,b=nk",
+            "gemm:m=17,n=64,k=46,dtype=bf16,b=nk",
+            "gemm:m=70,n=31,k=130,dtype=bf16,b=nk",
+        ] {
+            let (problem, p, mut data, reference, a, mut b) = case(spec, 5);
+            // NaN past the weights: a load that reads past the last row's slice spoils C.
+            let len = b.len();
+            b.extend([half::bf16::NAN; 64]);
+            let b = &b[..len];
+            for &(mr, nr) in AMX_SHAPES {
+                // A slice shorter than a block, one past a block, all of K; panels of one and
+                // two slivers; weight blocks of one and two slivers.
+                for (kc, nc, mc) in [(6, nr, mr), (34, 2 * nr, 2 * mr), (p.k, nr, 2 * mr)] {
+                    for (split, threads) in [(Split::N, 1), (Split::M, 2), (Split::N, 2)] {
+                        let c = GemmConfig {
+                            variant: GemmVariant::AmxDirect,
+                            isa: Isa::Avx512Amx,
+                            mr,
+                            nr,
+                            mc,
+                            kc,
+                            nc,
+                            split,
+                            threads,
+                        };
+                        let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                        data.out.fill(f32::NAN);
+                        run_on::<Model>(&p, &c, &a, b, &mut data.out, &mut scratch);
+                        let err = crate::reference::relative_error(&data.out, &reference);
+                        assert!(
+                            err <= problem.tolerance(),
+                            "{spec} with {c:?}: relative error {err:e}"
+                        );
+                        ran += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(ran, 6 * AMX_SHAPES.len() * 9);
+    }
+}
