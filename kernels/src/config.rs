@@ -107,8 +107,8 @@ impl fmt::Display for Config {
                 ),
                 GemmVariant::AmxDirect => write!(
                     f,
-                    "amx-direct {}x{} kc={} nc={} split={} t={}",
-                    c.mr, c.nr, c.kc, c.nc, c.split, c.threads
+                    "amx-direct {}x{} mc={} kc={} nc={} split={} t={}",
+                    c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
                 ),
             },
             Config::Flash(c) => write!(
