@@ -12,6 +12,9 @@
 //! rows stay in L1, so `mc` plays no part (the space fixes it to `mr`); a deep `kc` (all of
 //! K) amortises the transposed stores: Llama-70B gate_up at M = 128, bf16, two Zen 4 threads,
 //! 8×32 tiles: 42.2 ms with kc = 512, 35.8 ms with 2048, 34.0 ms with 8192.
+//!
+//! [`super::amx_direct`], the same scheme on AMX tiles, shares the thread split, the edge
+//! sliver and the transposed store into C.
 
 use half::bf16;
 
@@ -22,7 +25,8 @@ use super::table::table;
 use crate::config::{GemmConfig, Split};
 use crate::problem::GemmProblem;
 
-/// The largest microkernel tile (`mr · nr`) of any shape the variants accept (AMX 32 × 32).
+/// The largest microkernel tile (`mr · nr`) of the f32 and pair shapes; a transposed tile is
+/// `nr` rows of `mr` rounded up to 16, at most twice that.
 const MAX_TILE: usize = 1024;
 
 /// Words of a `kcur`-deep slice: f32 values, or pairs of bf16 values (K and kc are even).
