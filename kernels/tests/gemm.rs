@@ -387,8 +387,8 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
             .collect()
     };
     let (amx, direct) = (of(GemmVariant::Amx), of(GemmVariant::AmxDirect));
-    // 3 shapes × 2 mc × 3 kc × 2 nc, both splits on 2 and 4 threads, one on 1.
-    assert_eq!(amx.len(), 36 + 72 + 72);
+    // 3 shapes × 2 mc × 4 kc × 2 nc, both splits on 2 and 4 threads, one on 1.
+    assert_eq!(amx.len(), 48 + 96 + 96);
     // 3 shapes × 2 mc × 4 kc (256, 512, 1024, all of K) × 3 nc, splits as above.
     assert_eq!(direct.len(), 72 + 144 + 144);
     for c in amx.iter().chain(&direct) {
@@ -416,6 +416,19 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
         .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::AmxDirect)));
     let err = CpuSpace.validate(&amx[0], &f16, &amx_host).unwrap_err();
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
+    // The heuristic there: the weights in place for short prompts, the packed kernel with
+    // large blocks from 1024 tokens; valid on that host either way.
+    for (m, variant) in [(128, GemmVariant::AmxDirect), (2048, GemmVariant::Amx)] {
+        let p = problem(&format!("gemm:m={m},n=7168,k=8192,dtype=bf16,b=nk"));
+        let h = CpuSpace.heuristic(&p, &amx_host);
+        assert!(
+            matches!(h, Config::Gemm(g) if g.variant == variant),
+            "M = {m}: {h}"
+        );
+        CpuSpace
+            .validate(&h, &p, &amx_host)
+            .unwrap_or_else(|e| panic!("{h}: {e}"));
+    }
 }
 
 /// The streaming AVX-512-BF16 kernel: every row count and a narrow and a wide column chunk,

@@ -363,11 +363,11 @@ impl CpuSpace {
             }
         }
         // AMX tiles, at their own level: blocks of 4 or 8 tiles of rows, a B panel of 8 or 32
-        // tiles of columns, depths of 8 to 32 k blocks.
+        // tiles of columns, depths of 8 to 64 k blocks.
         if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx {
             let grid = Blocking {
                 mc_tiles: &[4, 8],
-                kc: &[256, 512, 1024],
+                kc: &[256, 512, 1024, 2048],
                 nc_tiles: &[8, 32],
             };
             // The weights in place: blocks of one and eight weight slivers, depths of 8 k
@@ -551,6 +551,25 @@ impl CpuSpace {
         // B stored [K, N] (or an odd K): the packed AMX kernel, M = 16 / 128 15.2 / 25.3 ms
         // against 55.6 / 106 for the AVX-512-BF16 ones.
         if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
+            // Long prompts: the packed kernel with large blocks. Packing the weights is one
+            // pass, repaid over 1024 tokens and more; 64-byte aligned operands, repeated
+            // calls, two threads, M = 2048: qkv / o / gate_up / down 46 / 59 / 149 / 196 ms
+            // against amx-direct's 65 / 65 / 203 / 206, one thread gate_up 319-357 against
+            // 383-418; at M = 512 even or behind (gate_up 96 against 86 ms), at M = 128
+            // behind on three of four shapes.
+            if in_place && p.m >= 1024 {
+                return GemmConfig {
+                    variant: GemmVariant::Amx,
+                    isa: host.isa,
+                    mr: 32,
+                    nr: 32,
+                    mc: 256,
+                    kc: 2048,
+                    nc: 1024,
+                    split: Split::N,
+                    threads,
+                };
+            }
             if in_place {
                 let nr = if p.m <= 16 { 16 } else { 32 };
                 return GemmConfig {
