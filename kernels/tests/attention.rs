@@ -14,7 +14,7 @@ fn problem(spec: &str) -> Problem {
 }
 
 /// head_dim 64 and 128 and odd ones, GQA ratios 1, 8 and 64, causal with q_len < kv_len,
-/// lengths that are no multiple of any tile, q_len 1.
+/// more queries than keys without the mask, lengths that are no multiple of any tile, q_len 1.
 fn flash_problems() -> Vec<Problem> {
     let mut out = Vec::new();
     for (q, kv, hq, hkv, d, causal) in [
@@ -24,6 +24,7 @@ fn flash_problems() -> Vec<Problem> {
         (23, 23, 8, 8, 80, false),
         (5, 131, 16, 2, 96, true),
         (33, 50, 3, 1, 7, false),
+        (70, 9, 4, 2, 64, false),
     ] {
         for dtype in DType::ALL {
             out.push(problem(&format!(

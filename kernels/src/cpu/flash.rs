@@ -83,32 +83,14 @@ pub fn run<T: TableElem>(
     let ukr = t.ukr(mr, nr).expect("flash shapes come from the table");
     let lay = Layout::new(p, c);
     let per_worker = lay.per_worker();
-    let rows_per_pos = if c.group_heads { p.group() } else { 1 };
-    let units = p.batch * if c.group_heads { p.kv_heads } else { p.q_heads };
-    let q_blocks = p.q_len.div_ceil(c.br);
-    let tasks = match c.split {
-        FlashSplit::Heads => units,
-        FlashSplit::Blocks => units * q_blocks,
-    };
     let scratch = SharedMut(scratch.as_mut_ptr());
     let out = SharedMut(out.as_mut_ptr());
-    for_each_task(c.threads, tasks, |task, worker| {
+    for_each_task(c.threads, task_count(p, c), |task, worker| {
         // SAFETY: one task per worker at a time, so worker slices are disjoint.
         let buf = unsafe {
             std::slice::from_raw_parts_mut(scratch.get().add(worker * per_worker), per_worker)
         };
-        let (unit, blocks) = match c.split {
-            FlashSplit::Heads => (task, 0..q_blocks),
-            FlashSplit::Blocks => (task / q_blocks, task % q_blocks..task % q_blocks + 1),
-        };
-        let batch = unit / (units / p.batch);
-        let head = unit % (units / p.batch);
-        // First query head of this unit and the KV head it reads.
-        let (h0, kvh) = if c.group_heads {
-            (head * p.group(), head)
-        } else {
-            (head, head / p.group())
-        };
+        let span = Span::of(p, c, task);
         let tile = Tile {
             p,
             c,
@@ -117,16 +99,92 @@ pub fn run<T: TableElem>(
             mr,
             nr,
             lay: &lay,
-            rows_per_pos,
-            batch,
-            h0,
-            kvh,
+            span: &span,
         };
-        for blk in blocks {
+        for blk in span.blocks.clone() {
             // SAFETY: query blocks of distinct tasks write disjoint rows of `out`.
             unsafe { tile.run(q, k, v, out.get(), blk, buf) };
         }
     });
+}
+
+/// Tasks of a call: one per head unit (a KV head's group with `group_heads`, else a query
+/// head) of each batch entry, times its query blocks when split by blocks.
+pub(super) fn task_count(p: &FlashProblem, c: &FlashConfig) -> usize {
+    let units = p.batch * if c.group_heads { p.kv_heads } else { p.q_heads };
+    match c.split {
+        FlashSplit::Heads => units,
+        FlashSplit::Blocks => units * p.q_len.div_ceil(c.br),
+    }
+}
+
+/// What one task covers, and where its rows lie in Q, K, V and the output.
+#[derive(Debug)]
+pub(super) struct Span {
+    pub batch: usize,
+    /// The first query head of the task's rows.
+    pub h0: usize,
+    /// The KV head they read.
+    pub kvh: usize,
+    /// Query rows per position: the group's heads with `group_heads`, else one.
+    pub rows_per_pos: usize,
+    /// Query blocks of `br` positions.
+    pub blocks: std::ops::Range<usize>,
+}
+
+impl Span {
+    pub(super) fn of(p: &FlashProblem, c: &FlashConfig, task: usize) -> Span {
+        let per_batch = if c.group_heads { p.kv_heads } else { p.q_heads };
+        let q_blocks = p.q_len.div_ceil(c.br);
+        let (unit, blocks) = match c.split {
+            FlashSplit::Heads => (task, 0..q_blocks),
+            FlashSplit::Blocks => (task / q_blocks, task % q_blocks..task % q_blocks + 1),
+        };
+        let (batch, head) = (unit / per_batch, unit % per_batch);
+        let (h0, kvh, rows_per_pos) = if c.group_heads {
+            (head * p.group(), head, p.group())
+        } else {
+            (head, head / p.group(), 1)
+        };
+        Span {
+            batch,
+            h0,
+            kvh,
+            rows_per_pos,
+            blocks,
+        }
+    }
+
+    /// Offset in Q and the output of row `r` of the tile whose first position is `i0`.
+    pub(super) fn q_at(&self, p: &FlashProblem, i0: usize, r: usize) -> usize {
+        let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
+        ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * p.head_dim
+    }
+
+    /// Offset in K and V of key 0 of this task's KV head; keys are `kv_heads · d` apart.
+    pub(super) fn kv_base(&self, p: &FlashProblem) -> usize {
+        (self.batch * p.kv_len * p.kv_heads + self.kvh) * p.head_dim
+    }
+}
+
+/// How far the causal diagonal is shifted: query `i` sees keys `0..=i + offset` (queries
+/// aligned to the end of the keys, as in chunked prefill). Zero without the mask, where
+/// `q_len` may exceed `kv_len`.
+pub(super) fn causal_offset(p: &FlashProblem) -> usize {
+    if p.causal {
+        p.kv_len - p.q_len
+    } else {
+        0
+    }
+}
+
+/// The keys positions `i0..i1` read.
+pub(super) fn kv_end(p: &FlashProblem, i1: usize) -> usize {
+    if p.causal {
+        (i1 + causal_offset(p)).min(p.kv_len)
+    } else {
+        p.kv_len
+    }
 }
 
 /// One task's fixed context.
@@ -138,10 +196,7 @@ struct Tile<'a> {
     mr: usize,
     nr: usize,
     lay: &'a Layout,
-    rows_per_pos: usize,
-    batch: usize,
-    h0: usize,
-    kvh: usize,
+    span: &'a Span,
 }
 
 impl Tile<'_> {
@@ -163,7 +218,8 @@ impl Tile<'_> {
         let fns = T::fns(self.t);
         let i0 = blk * c.br;
         let i1 = (i0 + c.br).min(p.q_len);
-        let rows = (i1 - i0) * self.rows_per_pos;
+        let span = self.span;
+        let rows = (i1 - i0) * span.rows_per_pos;
         let rp = lay.rows_pad;
         let (qt, rest) = buf.split_at_mut(rp * lay.dp);
         let (ot, rest) = rest.split_at_mut(rp * lay.dp);
@@ -178,8 +234,7 @@ impl Tile<'_> {
         // is widened into O's buffer (free until the accumulators are reset) and scattered.
         let qscale = p.scale.get() * std::f32::consts::LOG2_E;
         for r in 0..rows {
-            let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
-            let src = ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * d;
+            let src = span.q_at(p, i0, r);
             // SAFETY: row `src..src + d` lies in q; the destination row holds dp >= d values.
             unsafe {
                 (fns.widen)(
@@ -201,15 +256,10 @@ impl Tile<'_> {
         mx[..rows].fill(f32::NEG_INFINITY);
         sum[..rows].fill(0.0);
 
-        // Query i sees keys 0..=i + off when causal.
-        let off = p.kv_len - p.q_len;
-        let kv_end = if p.causal {
-            (i1 + off).min(p.kv_len)
-        } else {
-            p.kv_len
-        };
+        let off = causal_offset(p);
+        let kv_end = kv_end(p, i1);
         let kv_stride = p.kv_heads * d;
-        let kv_base = (self.batch * p.kv_len * p.kv_heads + self.kvh) * d;
+        let kv_base = span.kv_base(p);
         for j0 in (0..kv_end).step_by(c.bc) {
             let w = c.bc.min(kv_end - j0);
             // K and V tiles [w][dp], widened; V zero-padded where the microkernel reads past
@@ -252,7 +302,7 @@ impl Tile<'_> {
             if p.causal && j0 + w > i0 + off + 1 {
                 for j in 0..w {
                     let hidden = (j0 + j).saturating_sub(off + i0);
-                    let upto = (hidden * self.rows_per_pos).min(rows);
+                    let upto = (hidden * span.rows_per_pos).min(rows);
                     st[j * rp..j * rp + upto].fill(f32::NEG_INFINITY);
                 }
             }
@@ -283,8 +333,7 @@ impl Tile<'_> {
         }
 
         for r in 0..rows {
-            let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
-            let dst = ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * d;
+            let dst = span.q_at(p, i0, r);
             let inv = 1.0 / sum[r];
             for x in 0..d {
                 // SAFETY: caller contract: this row of out belongs to this task.
