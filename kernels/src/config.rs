@@ -256,6 +256,11 @@ pub struct FlashConfig {
     pub group_heads: bool,
     pub split: FlashSplit,
     pub threads: usize,
+    /// Both products on AMX tiles (bf16 with an even head dimension, isa `avx512-amx`), the
+    /// softmax weights rounded to bf16 for `P·V`. Absent in results stored before it existed,
+    /// and left out when false, so those configs keep their text: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub amx: bool,
 }
 
 /// Paged attention decode on the CPU. `partition` is the number of context tokens one task

@@ -93,14 +93,19 @@ fn every_isa_runs_attention_correctly() {
         for (br, bc) in [(1, lanes), (7, 2 * lanes), (32, 4 * lanes)] {
             for group_heads in [false, true] {
                 for split in [FlashSplit::Heads, FlashSplit::Blocks] {
-                    flash.push(Config::Flash(FlashConfig {
+                    let c = FlashConfig {
                         isa,
                         br,
                         bc,
                         group_heads,
                         split,
                         threads: host.threads,
-                    }));
+                        amx: false,
+                    };
+                    flash.push(Config::Flash(c));
+                    if isa == Isa::Avx512Amx {
+                        flash.push(Config::Flash(FlashConfig { amx: true, ..c }));
+                    }
                 }
             }
         }
@@ -261,4 +266,66 @@ proptest! {
         let candidates = CpuSpace.candidates(&p, &device);
         check_all(&p, &[CpuSpace.default_config(&p, &device), CpuSpace.heuristic(&p, &device), *pick.get(&candidates)]);
     }
+}
+
+/// Flash attention on AMX tiles: offered for bf16 with an even head dimension on AMX hosts
+/// (described here, as a colleague's machine is, so every machine checks the space), run
+/// against the reference where this host has tiles, refused with the reason where it does not.
+#[test]
+fn amx_flash_matches_reference_or_is_refused() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let mut info = host.clone();
+    info.model = "Intel Xeon Platinum 8480+".into();
+    info.isa = Isa::Avx512Amx;
+    info.avx512_bf16 = true;
+    info.threads = 4;
+    let amx_host = Device::Cpu(info);
+    let bf16 = problem(
+        "flash:batch=1,q_len=21,kv_len=40,q_heads=4,kv_heads=2,head_dim=72,causal=true,dtype=bf16",
+    );
+    let tiles = |c: &Config| matches!(c, Config::Flash(f) if f.amx);
+    let amx: Vec<Config> = CpuSpace
+        .candidates(&bf16, &amx_host)
+        .into_iter()
+        .filter(tiles)
+        .collect();
+    // 5 br × 3 bc × grouped or not × 2 splits, on 1, 2 and 4 threads.
+    assert_eq!(amx.len(), 60 * 3);
+    for c in &amx {
+        CpuSpace
+            .validate(c, &bf16, &amx_host)
+            .unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+    assert!(tiles(&CpuSpace.heuristic(&bf16, &amx_host)));
+    for other in [
+        "flash:batch=1,q_len=21,kv_len=40,q_heads=4,kv_heads=2,head_dim=72,causal=true,dtype=f16",
+        "flash:batch=1,q_len=21,kv_len=40,q_heads=4,kv_heads=2,head_dim=71,causal=true,dtype=bf16",
+    ] {
+        let p = problem(other);
+        assert!(!CpuSpace.candidates(&p, &amx_host).iter().any(tiles), "{p}");
+        assert!(!tiles(&CpuSpace.heuristic(&p, &amx_host)), "{p}");
+        let err = CpuSpace.validate(&amx[0], &p, &amx_host).unwrap_err();
+        assert!(err.to_string().contains("even head_dim"), "{err}");
+    }
+
+    let device = Device::host();
+    if host.isa != Isa::Avx512Amx {
+        for c in &amx {
+            let err = CpuSpace.validate(c, &bf16, &device).unwrap_err();
+            assert!(err.to_string().contains("AMX tiles"), "{err}");
+        }
+        assert!(!CpuSpace.candidates(&bf16, &device).iter().any(tiles));
+        eprintln!(
+            "amx flash kernel not run on tiles: {} has no usable AMX ({}; refusal checked)",
+            host.model, host.isa
+        );
+        return;
+    }
+    let here: Vec<Config> = CpuSpace
+        .candidates(&bf16, &device)
+        .into_iter()
+        .filter(tiles)
+        .collect();
+    assert!(!here.is_empty());
+    assert_eq!(check_all(&bf16, &here), here.len());
 }

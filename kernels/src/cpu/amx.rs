@@ -225,7 +225,7 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
 /// The tiles are configured for `MT × NT`; A has `16·MT` rows of 64 bytes at `a`, B 16 pair
 /// rows of `16·NT` words at `b`.
 #[inline(always)]
-unsafe fn block<T: Tiles, const MT: usize, const NT: usize>(
+pub(super) unsafe fn block<T: Tiles, const MT: usize, const NT: usize>(
     tiles: &mut T,
     a: *const u32,
     lda: usize,

@@ -6,7 +6,7 @@
 //! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
 //! model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
 //! weights in place, on the f32 tables or the AVX-512-BF16 pair kernels, and [`amx_direct`]
-//! on AMX tiles.
+//! on AMX tiles. [`flash_amx`] is flash attention with both products on AMX tiles.
 
 mod amx;
 mod amx_direct;
@@ -15,6 +15,7 @@ mod direct;
 pub(crate) mod dpbf16;
 mod dpbf16_stream;
 mod flash;
+mod flash_amx;
 mod gemm;
 mod leaf;
 mod paged;
@@ -50,6 +51,7 @@ impl Backend for CpuBackend {
     fn scratch_len(&self, problem: &Problem, config: &Config) -> usize {
         let len = match (problem, config) {
             (Problem::Gemm(p), Config::Gemm(c)) => gemm::scratch_len(p, c),
+            (Problem::Flash(p), Config::Flash(c)) if c.amx => flash_amx::scratch_len(p, c),
             (Problem::Flash(p), Config::Flash(c)) => flash::scratch_len(p, c),
             (Problem::Paged(p), Config::Paged(c)) => paged::scratch_len(p, c),
             _ => 0,
@@ -131,6 +133,9 @@ impl Backend for CpuBackend {
                     }
                     (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => {
                         flash::run(p, c, q, k, v, out, scratch)
+                    }
+                    (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) if c.amx => {
+                        flash_amx::run(p, c, q, k, v, out, scratch)
                     }
                     (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => {
                         flash::run(p, c, q, k, v, out, scratch)
