@@ -113,8 +113,14 @@ impl fmt::Display for Config {
             },
             Config::Flash(c) => write!(
                 f,
-                "{} br={} bc={} group={} split={} t={}",
-                c.isa, c.br, c.bc, c.group_heads, c.split, c.threads
+                "{}{} br={} bc={} group={} split={} t={}",
+                c.isa,
+                if c.amx { " amx" } else { "" },
+                c.br,
+                c.bc,
+                c.group_heads,
+                c.split,
+                c.threads
             ),
             Config::Paged(c) => write!(
                 f,
