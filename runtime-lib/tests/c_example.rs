@@ -6,12 +6,12 @@ use std::process::Command;
 
 /// The directory of `libkerntune.so`: the library crate lists `cdylib` among its crate types,
 /// so the `cargo test` that built this test built the shared library with the same profile and
-/// features, beside the `deps/` directory this test runs from. (Building it again into a target
-/// directory of its own took two of the test suite's four minutes.)
+/// features, into the `deps/` directory this test runs from (`cargo build` copies it one level
+/// up; `cargo test` does not). Building it again into a target directory of its own took two of
+/// the test suite's four minutes.
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
     exe.parent()
-        .and_then(Path::parent)
         .expect("a test runs from <target>/<profile>/deps")
         .to_path_buf()
 }
