@@ -34,16 +34,40 @@ pub unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
     let mut acc = [[S::zero(); NV]; MR];
     let mut ap = a;
     let mut bp = b;
-    for _ in 0..k {
-        // SAFETY: caller contract: B row readable for NV·LANES, A readable for MR rows.
-        unsafe {
-            let bv: [S::V; NV] = std::array::from_fn(|v| S::load(bp.add(v * l)));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = S::splat(*ap.add(i * rsa));
-                for (accv, bvv) in row.iter_mut().zip(bv.iter()) {
-                    *accv = S::fma(av, *bvv, *accv);
+    // One k step: NV loads of B, MR broadcasts of A, MR × NV FMAs. A macro, not a closure:
+    // a closure is a function of its own that need not inherit the ISA this body is
+    // instantiated for, and would be called without it.
+    macro_rules! step {
+        ($ap:expr, $bp:expr) => {{
+            let (ap, bp) = ($ap, $bp);
+            // SAFETY: caller contract: B row readable for NV·LANES, A readable for MR rows.
+            unsafe {
+                let bv: [S::V; NV] = std::array::from_fn(|v| S::load(bp.add(v * l)));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = S::splat(*ap.add(i * rsa));
+                    for (accv, bvv) in row.iter_mut().zip(bv.iter()) {
+                        *accv = S::fma(av, *bvv, *accv);
+                    }
                 }
             }
+        }};
+    }
+    // Unrolled by four: the loop's own three instructions were a tenth of an 8×48 step's.
+    for _ in 0..k / 4 {
+        for u in 0..4 {
+            // SAFETY: caller contract: k steps of A and B.
+            step!(unsafe { ap.add(u * csa) }, unsafe { bp.add(u * ldb) });
+        }
+        // SAFETY: as above.
+        unsafe {
+            ap = ap.add(4 * csa);
+            bp = bp.add(4 * ldb);
+        }
+    }
+    for _ in 0..k % 4 {
+        step!(ap, bp);
+        // SAFETY: as above.
+        unsafe {
             ap = ap.add(csa);
             bp = bp.add(ldb);
         }
