@@ -61,6 +61,12 @@ fn isa_levels(host: Isa) -> Vec<Isa> {
         .collect()
 }
 
+/// Whether flash attention on AMX tiles can take a problem (on a host with them): the tiles
+/// multiply bf16 pairs.
+fn flash_on_tiles(p: &FlashProblem) -> bool {
+    p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(2)
+}
+
 /// The ISA whose tables run a config's ISA (AMX machines use the AVX-512 kernels).
 fn kernel_isa(isa: Isa) -> Isa {
     if isa == Isa::Avx512Amx {
@@ -717,12 +723,17 @@ impl CpuSpace {
 
     fn flash_candidates(&self, p: &FlashProblem, host: &CpuInfo) -> Vec<FlashConfig> {
         let mut out = Vec::new();
-        for isa in isa_levels(host.isa) {
+        // Every valid tiling of one grid: query tiles of `brs` positions (at most `max_rows`
+        // rows with the group's heads) × key tiles of `bcs`, heads grouped or not, both splits.
+        let mut grid = |isa: Isa, amx: bool, brs: &[usize], bcs: &[usize], max_rows: usize| {
             for &threads in &thread_counts(host) {
-                for br in [16, 32, 64] {
-                    for bc in [64, 128, 256] {
+                for &br in brs {
+                    for &bc in bcs {
                         for group_heads in [false, true] {
                             if group_heads && p.group() == 1 {
+                                continue;
+                            }
+                            if br * if group_heads { p.group() } else { 1 } > max_rows {
                                 continue;
                             }
                             for split in [FlashSplit::Heads, FlashSplit::Blocks] {
@@ -733,7 +744,7 @@ impl CpuSpace {
                                     group_heads,
                                     split,
                                     threads,
-                                    amx: false,
+                                    amx,
                                 };
                                 if self.validate_flash(&c, p, host).is_ok() {
                                     out.push(c);
@@ -743,37 +754,19 @@ impl CpuSpace {
                     }
                 }
             }
+        };
+        for isa in isa_levels(host.isa) {
+            grid(isa, false, &[16, 32, 64], &[64, 128, 256], usize::MAX);
         }
         // On AMX tiles (bf16): query tiles of up to 512 rows, key tiles of 128 to 512.
         if host.isa == Isa::Avx512Amx {
-            for &threads in &thread_counts(host) {
-                for br in [16, 32, 64, 128, 256] {
-                    for bc in [128, 256, 512] {
-                        for group_heads in [false, true] {
-                            if group_heads && p.group() == 1 {
-                                continue;
-                            }
-                            if br * if group_heads { p.group() } else { 1 } > 512 {
-                                continue;
-                            }
-                            for split in [FlashSplit::Heads, FlashSplit::Blocks] {
-                                let c = FlashConfig {
-                                    isa: Isa::Avx512Amx,
-                                    br,
-                                    bc,
-                                    group_heads,
-                                    split,
-                                    threads,
-                                    amx: true,
-                                };
-                                if self.validate_flash(&c, p, host).is_ok() {
-                                    out.push(c);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+            grid(
+                Isa::Avx512Amx,
+                true,
+                &[16, 32, 64, 128, 256],
+                &[128, 256, 512],
+                512,
+            );
         }
         out
     }
@@ -818,7 +811,7 @@ impl CpuSpace {
                     ),
                 ));
             }
-            if p.dtype != DType::Bf16 || !p.head_dim.is_multiple_of(2) {
+            if !flash_on_tiles(p) {
                 return Err(invalid(
                     f,
                     format!(
@@ -984,23 +977,17 @@ impl Space for CpuSpace {
         let threads = host.threads.max(1);
         match problem {
             Problem::Gemm(p) => Config::Gemm(self.heuristic_gemm(p, host)),
-            Problem::Flash(p)
-                if host.isa == Isa::Avx512Amx
-                    && p.dtype == DType::Bf16
-                    && p.head_dim.is_multiple_of(2) =>
-            {
+            Problem::Flash(p) if host.isa == Isa::Avx512Amx && flash_on_tiles(p) => {
                 // AMX tiles: query tiles of about 256 rows (the group's heads × positions)
                 // and 512 keys, fewer positions where a short prompt would leave a thread
                 // without a tile. Two threads of a Xeon with AMX, causal prefill of 2048
                 // tokens, d = 128: 8 query heads on 1 KV head br = 32, bc = 512 6.2-6.4 ms
                 // against 6.4 at bc = 256, 7.2 at 128, 7.8 at 1024 and 27.8 for the AVX-512
                 // kernel's default; 8 on 8 KV heads br = 256 8.1-8.2 ms against 16.6 at 32.
-                let units = p.batch * p.kv_heads;
-                let blocks = threads.div_ceil(units);
-                let br = (256 / p.group()).max(1).min(p.q_len.div_ceil(blocks));
+                let blocks = threads.div_ceil(p.batch * p.kv_heads);
                 Config::Flash(FlashConfig {
                     isa: host.isa,
-                    br,
+                    br: (256 / p.group()).max(1).min(p.q_len.div_ceil(blocks)),
                     bc: 512,
                     group_heads: p.group() > 1,
                     split: FlashSplit::Blocks,
