@@ -84,11 +84,8 @@ pub fn run(
     scratch: &mut [f32],
 ) {
     debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
-    // Every AMX host has AVX-512; `supported` lists its best level last.
-    let level = *Level::supported()
-        .last()
-        .expect("portable is always supported");
-    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, out, scratch, passes(level));
+    // Every AMX host has AVX-512.
+    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, out, scratch, passes(Level::best()));
 }
 
 /// The passes between the tile products: packing the key tiles, the softmax, packing the value
@@ -113,21 +110,29 @@ enum Level {
 }
 
 impl Level {
-    /// The levels this host runs, best last. The instructions themselves decide, whatever
+    /// The best level this host runs. The instructions themselves decide, whatever
     /// `KERNTUNE_AVX512_BF16` hides from config choice.
-    fn supported() -> Vec<Level> {
-        let mut out = vec![Level::Portable];
+    fn best() -> Level {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
             if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") {
-                out.push(Level::Avx512);
-                if has!("avx512bf16") {
-                    out.push(Level::Avx512Bf16);
-                }
+                return if has!("avx512bf16") {
+                    Level::Avx512Bf16
+                } else {
+                    Level::Avx512
+                };
             }
         }
-        out
+        Level::Portable
+    }
+
+    /// Every level this host runs, for the tests.
+    #[cfg(test)]
+    fn supported() -> Vec<Level> {
+        let all = [Level::Portable, Level::Avx512, Level::Avx512Bf16];
+        let best = all.iter().position(|&l| l == Level::best()).unwrap_or(0);
+        all[..=best].to_vec()
     }
 }
 
