@@ -124,9 +124,10 @@ impl fmt::Display for Config {
             ),
             Config::Paged(c) => write!(
                 f,
-                "{}{} partition={} group={} t={}",
+                "{}{}{} partition={} group={} t={}",
                 c.isa,
                 if c.key_tiles { " key-tiles" } else { "" },
+                if c.amx { " amx" } else { "" },
                 c.partition,
                 c.group_heads,
                 c.threads
@@ -286,6 +287,12 @@ pub struct PagedConfig {
     /// Absent in results stored before it existed: false.
     #[serde(default)]
     pub key_tiles: bool,
+    /// Both products on AMX tiles (bf16 with a head dimension that is a multiple of 32, isa
+    /// `avx512-amx`, `key_tiles` false), the weights rounded to bf16 for `P·V`. Absent in
+    /// results stored before it existed, and left out when false, so those configs keep their
+    /// text: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub amx: bool,
 }
 
 /// The GPU GEMM kernels of `kernels/hip/gemm.hip`.

@@ -120,6 +120,7 @@ fn every_isa_runs_attention_correctly() {
                         group_heads,
                         threads: host.threads,
                         key_tiles: false,
+                        amx: false,
                     })
                 })
             })
@@ -158,6 +159,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
                         group_heads,
                         threads: host.threads,
                         key_tiles: true,
+                        amx: false,
                     }));
                 }
             }
@@ -170,6 +172,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         group_heads: true,
         threads: 1,
         key_tiles: true,
+        amx: false,
     });
     let p = "paged:num_seqs=1,context_len=20,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
     let err = CpuSpace
@@ -220,6 +223,91 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         }
     }
     eprintln!("verified {ran} key-tile configs");
+}
+
+/// Paged attention on AMX tiles: offered for bf16 with a head dimension that is a multiple
+/// of 32 on AMX hosts (a described one here, as a colleague's database would describe it)
+/// and taken by the heuristic there; refused with the reason for f16, head_dim 80, alongside
+/// `key_tiles`, and on hosts without usable tiles. On a host with them, every candidate runs
+/// on the tiles against the reference, with sequences of mixed lengths. The kernel's awkward
+/// shapes run on the software model of the tiles on every host (`paged_amx`'s unit test).
+#[test]
+fn amx_paged_matches_reference_or_is_refused() {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let mut info = host.clone();
+    info.model = "Intel Xeon Platinum 8480+".into();
+    info.isa = Isa::Avx512Amx;
+    info.avx512_bf16 = true;
+    info.threads = 4;
+    let amx_host = Device::Cpu(info);
+    let spec = "num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=64,block_size=16";
+    let bf16 = problem(&format!("paged:{spec},dtype=bf16"));
+    let tiles = |c: &Config| matches!(c, Config::Paged(p) if p.amx);
+    let amx: Vec<Config> = CpuSpace
+        .candidates(&bf16, &amx_host)
+        .into_iter()
+        .filter(tiles)
+        .collect();
+    // Partitions 0, 256 and 512 × grouped or not, on 1, 2 and 4 threads.
+    assert_eq!(amx.len(), 3 * 2 * 3);
+    for c in &amx {
+        CpuSpace
+            .validate(c, &bf16, &amx_host)
+            .unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+    assert!(tiles(&CpuSpace.heuristic(&bf16, &amx_host)));
+    for (other, why) in [
+        (format!("paged:{spec},dtype=f16"), "bf16 caches"),
+        (
+            "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=80,block_size=16,dtype=bf16".to_string(),
+            "multiple of 32",
+        ),
+    ] {
+        let p = problem(&other);
+        assert!(!CpuSpace.candidates(&p, &amx_host).iter().any(tiles), "{p}");
+        let heuristic = CpuSpace.heuristic(&p, &amx_host);
+        assert!(!tiles(&heuristic), "{p}");
+        assert!(matches!(heuristic, Config::Paged(c) if c.key_tiles), "{p}");
+        let err = CpuSpace.validate(&amx[0], &p, &amx_host).unwrap_err();
+        assert!(err.to_string().contains(why), "{err}");
+    }
+    let Config::Paged(c) = amx[0] else {
+        unreachable!("paged candidates")
+    };
+    let both = Config::Paged(PagedConfig {
+        key_tiles: true,
+        ..c
+    });
+    let err = CpuSpace.validate(&both, &bf16, &amx_host).unwrap_err();
+    assert!(err.to_string().contains("two different kernels"), "{err}");
+
+    let device = Device::host();
+    if host.isa != Isa::Avx512Amx {
+        for c in &amx {
+            let err = CpuSpace.validate(c, &bf16, &device).unwrap_err();
+            assert!(err.to_string().contains("AMX tiles"), "{err}");
+        }
+        assert!(!CpuSpace.candidates(&bf16, &device).iter().any(tiles));
+        eprintln!(
+            "amx paged kernel not run on tiles: {} has no usable AMX ({}; refusal checked)",
+            host.model, host.isa
+        );
+        return;
+    }
+    let here: Vec<Config> = CpuSpace
+        .candidates(&bf16, &device)
+        .into_iter()
+        .filter(tiles)
+        .collect();
+    assert!(!here.is_empty());
+    assert_eq!(check_all(&bf16, &here), here.len());
+    let mut data = ProblemData::random(&bf16, 7).with_context_lens(vec![1, 600, 250]);
+    let reference = data.reference();
+    let mut scratch = Scratch::new();
+    for c in &here {
+        let err = error_of(&mut data, c, &reference, &mut scratch);
+        assert!(err <= bf16.tolerance(), "{c}: {err:e}");
+    }
 }
 
 /// Sequences of different lengths in one call, some a single token, through every partition size.

@@ -163,6 +163,7 @@ fn hostile_configs_are_rejected_before_running() {
         group_heads: false,
         threads: 1,
         key_tiles: false,
+        amx: false,
     });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),

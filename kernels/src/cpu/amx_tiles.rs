@@ -33,15 +33,27 @@ impl TileConfig {
     /// Configures the tiles of an `mt × nt` block of accumulators (`mt` A tiles, `nt` B tiles)
     /// as full 16 × 64-byte tiles; the rest stay unconfigured.
     pub fn full(mt: usize, nt: usize) -> TileConfig {
+        TileConfig::shaped(&[ROWS; 2][..mt], nt)
+    }
+
+    /// As [`TileConfig::full`], but A tile `i` and its row of accumulators have `a_rows[i]`
+    /// rows (at most 16): products whose A side is short, such as a few query rows, load and
+    /// store only the rows that exist.
+    pub fn shaped(a_rows: &[usize], nt: usize) -> TileConfig {
         let mut raw = [0u8; 64];
         raw[0] = 1;
-        let used = (0..mt)
-            .flat_map(|i| (0..nt).map(move |j| c_tile(i, j)))
-            .chain(A_TILE..A_TILE + mt)
-            .chain(B_TILE..B_TILE + nt);
-        for t in used {
+        let mut set = |t: usize, rows: usize| {
             raw[16 + 2 * t..18 + 2 * t].copy_from_slice(&(ROW_BYTES as u16).to_le_bytes());
-            raw[48 + t] = ROWS as u8;
+            raw[48 + t] = rows.min(ROWS) as u8;
+        };
+        for (i, &rows) in a_rows.iter().enumerate() {
+            for j in 0..nt {
+                set(c_tile(i, j), rows);
+            }
+            set(A_TILE + i, rows);
+        }
+        for j in 0..nt {
+            set(B_TILE + j, ROWS);
         }
         TileConfig(raw)
     }

@@ -6,7 +6,8 @@
 //! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
 //! model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
 //! weights in place, on the f32 tables or the AVX-512-BF16 pair kernels, and [`amx_direct`]
-//! on AMX tiles. [`flash_amx`] is flash attention with both products on AMX tiles.
+//! on AMX tiles. [`flash_amx`] and [`paged_amx`] are flash and paged attention with both
+//! products on AMX tiles.
 
 mod amx;
 mod amx_direct;
@@ -19,6 +20,8 @@ mod flash_amx;
 mod gemm;
 mod leaf;
 mod paged;
+#[cfg(target_arch = "x86_64")]
+mod paged_amx;
 #[cfg(target_arch = "x86_64")]
 mod paged_elems;
 #[cfg(target_arch = "x86_64")]

@@ -47,6 +47,7 @@ impl Layout {
             use super::paged_elems::{Bf16Bits, F16Bits, F32Words, Widened};
             use super::paged_tiles::q_words;
             match (c.key_tiles, p.dtype) {
+                _ if c.amx => super::paged_amx::scratch_words(p.head_dim, rows, part_len),
                 (false, _) => 0,
                 (true, _) if c.isa < crate::Isa::Avx512 => {
                     super::paged_tiles_avx2::q_words(p.head_dim, rows)
@@ -98,6 +99,32 @@ pub fn run<T: TableElem>(
     context_lens: &[u32],
     out: &mut [f32],
     scratch: &mut [f32],
+) {
+    let caches = (query, key_cache, value_cache);
+    let tables = (block_tables, max_blocks, context_lens);
+    run_with(p, c, caches, tables, out, scratch, Engine::Hardware);
+}
+
+/// What the tasks of `amx` configs run on: the tiles, or in tests their software model (which
+/// lets every host check the kernel against the reference).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Engine {
+    Hardware,
+    /// With the AVX-512 passes (the host has AVX-512F) or the portable ones.
+    #[cfg(test)]
+    Model {
+        avx512: bool,
+    },
+}
+
+pub(super) fn run_with<T: TableElem>(
+    p: &PagedProblem,
+    c: &PagedConfig,
+    (query, key_cache, value_cache): (&[T], &[T], &[T]),
+    (block_tables, max_blocks, context_lens): (&[u32], usize, &[u32]),
+    out: &mut [f32],
+    scratch: &mut [f32],
+    engine: Engine,
 ) {
     let t = table(c.isa);
     let fns = T::fns(t);
@@ -166,11 +193,14 @@ pub fn run<T: TableElem>(
                 }
             }
         };
-        if c.key_tiles {
+        if c.key_tiles || c.amx {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: validation admits `key_tiles` at ISA avx2-fma and above on hosts that
             // run it (T is the cache type, read as raw bytes; the AVX-512 kernels at avx512 and
-            // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even); block indices were checked against the cache size by the caller; the
+            // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even),
+            // and `amx` for bf16 with head_dim a multiple of 32 on hosts with usable AMX tiles
+            // (every one has AVX-512); block indices were checked against the cache size by
+            // the caller, so every block a token lies in is wholly inside the cache; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
                 use super::paged_tiles::Rows;
@@ -200,6 +230,13 @@ pub fn run<T: TableElem>(
                 acc.fill(0.0);
                 use super::paged_tiles_avx2 as avx2;
                 let run = match p.dtype {
+                    _ if c.amx => match engine {
+                        Engine::Hardware => super::paged_amx::task,
+                        #[cfg(test)]
+                        Engine::Model { avx512: false } => super::paged_amx::task_on_model::<false>,
+                        #[cfg(test)]
+                        Engine::Model { avx512: true } => super::paged_amx::task_on_model::<true>,
+                    },
                     _ if c.isa < crate::Isa::Avx512 => match p.dtype {
                         DType::Bf16 => avx2::task::<avx2::Bf16>,
                         DType::F16 => avx2::task::<avx2::F16>,

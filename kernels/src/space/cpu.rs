@@ -67,6 +67,22 @@ fn flash_on_tiles(p: &FlashProblem) -> bool {
     p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(2)
 }
 
+/// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
+/// rows are A tiles of 32 values a row.
+fn paged_on_tiles(p: &PagedProblem) -> bool {
+    p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(32)
+}
+
+/// Why an `amx` attention config cannot run at `isa` on `host`.
+fn amx_refusal(kernel: &str, isa: Isa, host: &CpuInfo) -> String {
+    format!(
+        "amx {kernel} runs at isa avx512-amx on a host with AMX tiles (AMX-TILE and AMX-BF16, \
+         Sapphire Rapids or later, with the kernel's permission for tile data); this config \
+         asks for {isa} on {} ({})",
+        host.model, host.isa
+    )
+}
+
 /// The ISA whose tables run a config's ISA (AMX machines use the AVX-512 kernels).
 fn kernel_isa(isa: Isa) -> Isa {
     if isa == Isa::Avx512Amx {
@@ -801,15 +817,7 @@ impl CpuSpace {
         }
         if c.amx {
             if host.isa != Isa::Avx512Amx || c.isa != Isa::Avx512Amx {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "amx flash attention runs at isa avx512-amx on a host with AMX tiles \
-                         (AMX-TILE and AMX-BF16, Sapphire Rapids or later, with the kernel's \
-                         permission for tile data); this config asks for {} on {} ({})",
-                        c.isa, host.model, host.isa
-                    ),
-                ));
+                return Err(invalid(f, amx_refusal("flash attention", c.isa, host)));
             }
             if !flash_on_tiles(p) {
                 return Err(invalid(
@@ -827,24 +835,34 @@ impl CpuSpace {
 
     fn paged_candidates(&self, p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
         let mut out = Vec::new();
-        for isa in isa_levels(host.isa) {
+        // The per-token and key-tile kernels at the host's top two levels below avx512-amx
+        // (AMX hosts run them at avx512), and on AMX hosts the tile kernel at avx512-amx:
+        // each level's kernels side by side in the innermost loop.
+        let mut levels: Vec<Vec<(Isa, bool, bool)>> = isa_levels(host.isa)
+            .into_iter()
+            .map(|isa| vec![(isa, false, false), (isa, true, false)])
+            .collect();
+        if host.isa == Isa::Avx512Amx {
+            levels.push(vec![(Isa::Avx512Amx, false, true)]);
+        }
+        for kernels in &levels {
             for &threads in &thread_counts(host) {
                 for partition in [0, 256, 512, 1024, 2048] {
                     for group_heads in [false, true] {
-                        for key_tiles in [false, true] {
-                            if group_heads && p.group() == 1 {
-                                continue;
-                            }
+                        if (group_heads && p.group() == 1)
+                            || (partition >= p.context_len && partition != 0)
+                        {
+                            continue;
+                        }
+                        for &(isa, key_tiles, amx) in kernels {
                             let c = PagedConfig {
                                 isa,
                                 partition,
                                 group_heads,
                                 threads,
                                 key_tiles,
+                                amx,
                             };
-                            if partition >= p.context_len && partition != 0 {
-                                continue;
-                            }
                             if self.validate_paged(&c, p, host).is_ok() {
                                 out.push(c);
                             }
@@ -867,6 +885,28 @@ impl CpuSpace {
         if c.key_tiles {
             if let Some(why) = key_tiles_refusal(c.isa) {
                 return Err(invalid(f, why));
+            }
+        }
+        if c.amx {
+            if c.key_tiles {
+                return Err(invalid(
+                    f,
+                    "amx and key_tiles name two different kernels: set one of them",
+                ));
+            }
+            if host.isa != Isa::Avx512Amx || c.isa != Isa::Avx512Amx {
+                return Err(invalid(f, amx_refusal("paged attention", c.isa, host)));
+            }
+            if !paged_on_tiles(p) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "amx paged attention needs bf16 caches and a head_dim that is a \
+                         multiple of 32 (key rows are tiles of 32 values), not {} with \
+                         head_dim = {}",
+                        p.dtype, p.head_dim
+                    ),
+                ));
             }
         }
         if c.partition != 0 && (!c.partition.is_multiple_of(p.block_size) || c.partition > 1 << 20)
@@ -965,6 +1005,7 @@ impl Space for CpuSpace {
                 group_heads: true,
                 threads: host.threads.max(1),
                 key_tiles: key_tiles_refusal(host.isa).is_none(),
+                amx: false,
             }),
         }
     }
@@ -1012,12 +1053,14 @@ impl Space for CpuSpace {
                 } else {
                     512usize.max(p.block_size)
                 };
+                let amx = host.isa == Isa::Avx512Amx && paged_on_tiles(p);
                 Config::Paged(PagedConfig {
                     isa: host.isa,
                     partition,
                     group_heads: p.group() > 1,
                     threads,
-                    key_tiles: key_tiles_refusal(host.isa).is_none(),
+                    key_tiles: !amx && key_tiles_refusal(host.isa).is_none(),
+                    amx,
                 })
             }
         }
