@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{check_all, error_of};
+use common::{check_all, described_amx_host, error_of};
 use kerntune_kernels::config::{FlashConfig, FlashSplit, PagedConfig};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
@@ -233,13 +233,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
 /// shapes run on the software model of the tiles on every host (`paged_amx`'s unit test).
 #[test]
 fn amx_paged_matches_reference_or_is_refused() {
-    let host = kerntune_kernels::CpuInfo::detect();
-    let mut info = host.clone();
-    info.model = "Intel Xeon Platinum 8480+".into();
-    info.isa = Isa::Avx512Amx;
-    info.avx512_bf16 = true;
-    info.threads = 4;
-    let amx_host = Device::Cpu(info);
+    let amx_host = described_amx_host();
     let spec = "num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=64,block_size=16";
     let bf16 = problem(&format!("paged:{spec},dtype=bf16"));
     let tiles = |c: &Config| matches!(c, Config::Paged(p) if p.amx);
@@ -281,26 +275,9 @@ fn amx_paged_matches_reference_or_is_refused() {
     let err = CpuSpace.validate(&both, &bf16, &amx_host).unwrap_err();
     assert!(err.to_string().contains("two different kernels"), "{err}");
 
-    let device = Device::host();
-    if host.isa != Isa::Avx512Amx {
-        for c in &amx {
-            let err = CpuSpace.validate(c, &bf16, &device).unwrap_err();
-            assert!(err.to_string().contains("AMX tiles"), "{err}");
-        }
-        assert!(!CpuSpace.candidates(&bf16, &device).iter().any(tiles));
-        eprintln!(
-            "amx paged kernel not run on tiles: {} has no usable AMX ({}; refusal checked)",
-            host.model, host.isa
-        );
+    let Some(here) = on_tiles_or_refused("paged", &bf16, &amx, tiles) else {
         return;
-    }
-    let here: Vec<Config> = CpuSpace
-        .candidates(&bf16, &device)
-        .into_iter()
-        .filter(tiles)
-        .collect();
-    assert!(!here.is_empty());
-    assert_eq!(check_all(&bf16, &here), here.len());
+    };
     let mut data = ProblemData::random(&bf16, 7).with_context_lens(vec![1, 600, 250]);
     let reference = data.reference();
     let mut scratch = Scratch::new();
@@ -356,18 +333,45 @@ proptest! {
     }
 }
 
+/// On a host without usable AMX tiles: every one of `amx` (valid on a described AMX host) is
+/// refused here with the reason, and none is offered; `None`. On a host with them: every AMX
+/// candidate (`tiles`) of `problem` here matches the reference; `Some` of them.
+fn on_tiles_or_refused(
+    kernel: &str,
+    problem: &Problem,
+    amx: &[Config],
+    tiles: impl Fn(&Config) -> bool,
+) -> Option<Vec<Config>> {
+    let host = kerntune_kernels::CpuInfo::detect();
+    let device = Device::host();
+    if host.isa != Isa::Avx512Amx {
+        for c in amx {
+            let err = CpuSpace.validate(c, problem, &device).unwrap_err();
+            assert!(err.to_string().contains("AMX tiles"), "{err}");
+        }
+        assert!(!CpuSpace.candidates(problem, &device).iter().any(&tiles));
+        eprintln!(
+            "amx {kernel} kernel not run on tiles: {} has no usable AMX ({}; refusal checked)",
+            host.model, host.isa
+        );
+        return None;
+    }
+    let here: Vec<Config> = CpuSpace
+        .candidates(problem, &device)
+        .into_iter()
+        .filter(|c| tiles(c))
+        .collect();
+    assert!(!here.is_empty());
+    assert_eq!(check_all(problem, &here), here.len());
+    Some(here)
+}
+
 /// Flash attention on AMX tiles: offered for bf16 with an even head dimension on AMX hosts
 /// (described here, as a colleague's machine is, so every machine checks the space), run
 /// against the reference where this host has tiles, refused with the reason where it does not.
 #[test]
 fn amx_flash_matches_reference_or_is_refused() {
-    let host = kerntune_kernels::CpuInfo::detect();
-    let mut info = host.clone();
-    info.model = "Intel Xeon Platinum 8480+".into();
-    info.isa = Isa::Avx512Amx;
-    info.avx512_bf16 = true;
-    info.threads = 4;
-    let amx_host = Device::Cpu(info);
+    let amx_host = described_amx_host();
     let bf16 = problem(
         "flash:batch=1,q_len=21,kv_len=40,q_heads=4,kv_heads=2,head_dim=72,causal=true,dtype=bf16",
     );
@@ -396,24 +400,5 @@ fn amx_flash_matches_reference_or_is_refused() {
         assert!(err.to_string().contains("even head_dim"), "{err}");
     }
 
-    let device = Device::host();
-    if host.isa != Isa::Avx512Amx {
-        for c in &amx {
-            let err = CpuSpace.validate(c, &bf16, &device).unwrap_err();
-            assert!(err.to_string().contains("AMX tiles"), "{err}");
-        }
-        assert!(!CpuSpace.candidates(&bf16, &device).iter().any(tiles));
-        eprintln!(
-            "amx flash kernel not run on tiles: {} has no usable AMX ({}; refusal checked)",
-            host.model, host.isa
-        );
-        return;
-    }
-    let here: Vec<Config> = CpuSpace
-        .candidates(&bf16, &device)
-        .into_iter()
-        .filter(tiles)
-        .collect();
-    assert!(!here.is_empty());
-    assert_eq!(check_all(&bf16, &here), here.len());
+    on_tiles_or_refused("flash", &bf16, &amx, tiles);
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::check_all;
+use common::{check_all, described_amx_host};
 use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
 use kerntune_kernels::cpu::microkernel_shapes;
 use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
@@ -372,12 +372,7 @@ fn amx_shapes_match_reference_or_are_refused() {
 /// and other dtypes none.
 #[test]
 fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
-    let mut info = kerntune_kernels::CpuInfo::detect().clone();
-    info.model = "Intel Xeon Platinum 8480+".into();
-    info.isa = Isa::Avx512Amx;
-    info.avx512_bf16 = true;
-    info.threads = 4;
-    let amx_host = Device::Cpu(info);
+    let amx_host = described_amx_host();
     let bf16 = problem("gemm:m=128,n=7168,k=8192,dtype=bf16,b=nk");
     let of = |variant| -> Vec<Config> {
         CpuSpace

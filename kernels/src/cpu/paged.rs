@@ -203,7 +203,7 @@ pub(super) fn run_with<T: TableElem>(
             // the caller, so every block a token lies in is wholly inside the cache; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
-                use super::paged_tiles::Rows;
+                use super::paged_tiles::{Rows, Task};
                 let size = std::mem::size_of::<T>();
                 let rows = |cache: &[T]| Rows {
                     base: cache.as_ptr().add(kvh * d).cast::<u8>(),
@@ -247,20 +247,20 @@ pub(super) fn run_with<T: TableElem>(
                     DType::F16 => super::paged_tiles::task_f16,
                     DType::F32 => super::paged_tiles::task_f32,
                 };
-                run(
+                let task = Task {
                     q,
-                    lay.rows,
+                    rows: lay.rows,
                     d,
                     n,
                     key,
                     value,
-                    qscale,
-                    scores.as_mut_ptr(),
-                    lay.part_len,
-                    tile,
-                    normalise,
-                    acc.as_mut_ptr(),
-                );
+                    scale: qscale,
+                    scores: scores.as_mut_ptr(),
+                    ld: lay.part_len,
+                    scratch: tile,
+                    acc: acc.as_mut_ptr(),
+                };
+                run(task, normalise);
                 finish(acc, stats);
             }
             return;

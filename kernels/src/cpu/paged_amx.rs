@@ -29,7 +29,7 @@
 
 use super::amx_tiles::{c_tile, TileConfig, Tiles, A_TILE, B_TILE, ROWS};
 use super::leaf::prefetch;
-use super::paged_tiles::Rows;
+use super::paged_tiles::{Rows, Task};
 /// Tokens per scores step: two A tiles of 16 keys.
 const STEP: usize = 2 * ROWS;
 /// Query rows per block of the scores: two groups of 16 (their B tiles).
@@ -86,39 +86,18 @@ pub fn scratch_words(d: usize, rows: usize, part_len: usize) -> usize {
     Parts::new(d, rows, part_len).total
 }
 
-/// One paged-attention task on bf16 caches: `scores_buf` gets `rows` rows of `n` scaled
-/// scores `ld` apart; `softmax` (handed the same pointer) turns them into weights; `P·V` is
-/// added to `acc` (`rows × d`, zeroed by the caller).
+/// One paged-attention task on bf16 caches: `t.scores` gets the scaled scores; `softmax`
+/// (handed the same pointer) turns them into weights; `P·V` is added to `t.acc`.
 ///
 /// # Safety
 /// The host has AMX-TILE and AMX-BF16 with the kernel's permission, and AVX-512F/BW/VL/DQ;
-/// `d` is a multiple of 32; `q` holds `rows` rows of `d` bf16; `key.at(i)` and `value.at(i)`
-/// point at `d` readable bf16 for `i < n`, inside blocks of the cache that are wholly readable;
-/// `scores_buf` holds `rows × ld` with `ld >= n`; `scratch` holds [`scratch_words`]`(d, rows,
-/// ld)` words.
+/// `t.d` is a multiple of 32; `t.q` holds bf16 rows; `key.at(i)` and `value.at(i)` point at
+/// `d` readable bf16 for `i < n`, inside blocks of the cache that are wholly readable;
+/// `t.scratch` holds [`scratch_words`]`(d, rows, ld)` words.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn task(
-    q: *const u8,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: Rows,
-    value: Rows,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    scratch: *mut u32,
-    softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
-) {
-    let mut tiles = super::amx_tiles::Hardware;
+pub unsafe fn task(t: Task, softmax: impl FnOnce(*mut f32)) {
     // SAFETY: the caller's contract.
-    unsafe {
-        task_on::<_, true>(
-            &mut tiles, q, rows, d, n, key, value, scale, scores_buf, ld, scratch, softmax, acc,
-        )
-    }
+    unsafe { task_on::<_, true>(&mut super::amx_tiles::Hardware, t, softmax) }
 }
 
 /// [`task`] on any implementation of the tiles; `AVX512` moves the scores out of the
@@ -127,22 +106,24 @@ pub unsafe fn task(
 /// # Safety
 /// As [`task`], with `T`'s requirements for the AMX ones.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn task_on<T: Tiles, const AVX512: bool>(
     tiles: &mut T,
-    q: *const u8,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: Rows,
-    value: Rows,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    scratch: *mut u32,
+    t: Task,
     softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
 ) {
+    let Task {
+        q,
+        rows,
+        d,
+        n,
+        key,
+        value,
+        scale,
+        scores: scores_buf,
+        ld,
+        scratch,
+        acc,
+    } = t;
     let parts = Parts::new(d, rows, ld);
     // SAFETY: every pointer below stays inside the caller's buffers: the scratch parts by
     // `Parts`, the cache rows by `Rows::at` for tokens below `n` (or rows of a block that
@@ -518,28 +499,10 @@ fn to_bf16_bits(x: f32) -> u32 {
 /// # Safety
 /// As [`task`], but any host (with AVX-512F for `AVX512`).
 #[cfg(test)]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn task_on_model<const AVX512: bool>(
-    q: *const u8,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: Rows,
-    value: Rows,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    scratch: *mut u32,
-    softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
-) {
+pub(super) unsafe fn task_on_model<const AVX512: bool>(t: Task, softmax: impl FnOnce(*mut f32)) {
     let mut tiles = super::amx_tiles::Model::default();
     // SAFETY: the caller's contract; the model runs anywhere.
-    unsafe {
-        task_on::<_, AVX512>(
-            &mut tiles, q, rows, d, n, key, value, scale, scores_buf, ld, scratch, softmax, acc,
-        )
-    }
+    unsafe { task_on::<_, AVX512>(&mut tiles, t, softmax) }
 }
 
 #[cfg(test)]

@@ -87,6 +87,26 @@ impl Rows {
     }
 }
 
+/// One task's buffers, as every tile kernel's entry point takes them: `q` holds `rows` query
+/// rows of `d` values; the `n` tokens' keys and values are read through `key` and `value`;
+/// `scores` holds `rows` rows `ld >= n` apart, to receive the scores times `scale`; `scratch`
+/// is the kernel's own (its size is the kernel's to say); `P·V` is added to `acc` (`rows × d`,
+/// zeroed by the caller).
+#[derive(Clone, Copy)]
+pub struct Task {
+    pub q: *const u8,
+    pub rows: usize,
+    pub d: usize,
+    pub n: usize,
+    pub key: Rows,
+    pub value: Rows,
+    pub scale: f32,
+    pub scores: *mut f32,
+    pub ld: usize,
+    pub scratch: *mut u32,
+    pub acc: *mut f32,
+}
+
 /// Scratch words for `rows` query rows of head dimension `d` laid out for [`scores`] (per
 /// group of up to 16 rows, a vector of 16 words per step of at most `d / E::PER_WORD`
 /// steps), then a tile of key rows widened to f32 where the cache holds 16-bit values that are
@@ -370,33 +390,20 @@ unsafe fn pv_rows<E: TileElem, const R: usize>(
 
 /// The public entry points, one per element type, each compiled for the target features that
 /// element's instructions need (everything above is inlined into them): one task's scores into
-/// `scores_buf` and, after `softmax` (handed the same pointer) turned them into weights, `P·V`
-/// into `acc` (zeroed by the caller).
+/// `t.scores` and, after `softmax` (handed the same pointer) turned them into weights, `P·V`
+/// into `t.acc`; `t.scratch` holds [`q_words`] words.
 macro_rules! entry {
     ($(#[$doc:meta])* $name:ident, $elem:ty, $features:literal) => {
         $(#[$doc])*
         #[target_feature(enable = $features)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $name(
-            q: *const u8,
-            rows: usize,
-            d: usize,
-            n: usize,
-            key: Rows,
-            value: Rows,
-            scale: f32,
-            scores_buf: *mut f32,
-            ld: usize,
-            qs: *mut u32,
-            softmax: impl FnOnce(*mut f32),
-            acc: *mut f32,
-        ) {
+        pub unsafe fn $name(t: Task, softmax: impl FnOnce(*mut f32)) {
+            let Task { q, rows, d, n, key, value, scale, scores: s, ld, scratch, acc } = t;
             // SAFETY: the caller's contract.
             unsafe {
-                scores::<$elem>(q, rows, d, n, key, scale, scores_buf, ld, qs);
-                softmax(scores_buf);
-                <$elem>::pack_weights(scores_buf, rows, ld, n);
-                accumulate::<$elem>(scores_buf.cast(), ld, rows, d, n, value, acc);
+                scores::<$elem>(q, rows, d, n, key, scale, s, ld, scratch);
+                softmax(s);
+                <$elem>::pack_weights(s, rows, ld, n);
+                accumulate::<$elem>(s.cast(), ld, rows, d, n, value, acc);
             }
         }
     };

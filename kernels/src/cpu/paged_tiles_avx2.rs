@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::leaf::prefetch;
-use super::paged_tiles::{by_rows, Rows};
+use super::paged_tiles::{by_rows, Rows, Task};
 use super::transpose::transpose8;
 
 /// Tokens per score tile: one vector of scores per query row (16 registers in all).
@@ -361,31 +361,30 @@ unsafe fn pv_rows<E: Elem8, const R: usize>(
     }
 }
 
-/// One paged-attention task: scores into `scores_buf`, `softmax` (handed the same pointer)
-/// turning them into weights, then `P·V` into `acc` (zeroed by the caller).
+/// One paged-attention task: scores into `t.scores`, `softmax` (handed the same pointer)
+/// turning them into weights, then `P·V` into `t.acc`; `t.scratch` holds [`q_words`] words.
 ///
 /// # Safety
 /// As [`scores`] and [`accumulate`]; the CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn task<E: Elem8>(
-    q: *const u8,
-    rows: usize,
-    d: usize,
-    n: usize,
-    key: Rows,
-    value: Rows,
-    scale: f32,
-    scores_buf: *mut f32,
-    ld: usize,
-    qs: *mut u32,
-    softmax: impl FnOnce(*mut f32),
-    acc: *mut f32,
-) {
+pub unsafe fn task<E: Elem8>(t: Task, softmax: impl FnOnce(*mut f32)) {
+    let Task {
+        q,
+        rows,
+        d,
+        n,
+        key,
+        value,
+        scale,
+        scores: s,
+        ld,
+        scratch,
+        acc,
+    } = t;
     // SAFETY: the caller's contract.
     unsafe {
-        scores::<E>(q, rows, d, n, key, scale, scores_buf, ld, qs.cast());
-        softmax(scores_buf);
-        accumulate::<E>(scores_buf, ld, rows, d, n, value, acc);
+        scores::<E>(q, rows, d, n, key, scale, s, ld, scratch.cast());
+        softmax(s);
+        accumulate::<E>(s, ld, rows, d, n, value, acc);
     }
 }

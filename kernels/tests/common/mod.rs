@@ -3,7 +3,7 @@
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::reference::relative_error;
-use kerntune_kernels::{Backend, Config, CpuBackend, Problem};
+use kerntune_kernels::{Backend, Config, CpuBackend, Device, Isa, Problem};
 
 /// Runs `config` on `data` and returns its error against `reference`.
 pub fn error_of(
@@ -36,4 +36,16 @@ pub fn check_all(problem: &Problem, configs: &[Config]) -> usize {
         );
     }
     configs.len()
+}
+
+/// A 4-thread Xeon with AMX tiles, described as the tuner's sharing checks describe a
+/// colleague's machine: this host's details with that model, level and thread count.
+#[allow(dead_code)] // Not every test binary describes one.
+pub fn described_amx_host() -> Device {
+    let mut info = kerntune_kernels::CpuInfo::detect().clone();
+    info.model = "Intel Xeon Platinum 8480+".into();
+    info.isa = Isa::Avx512Amx;
+    info.avx512_bf16 = true;
+    info.threads = 4;
+    Device::Cpu(info)
 }
