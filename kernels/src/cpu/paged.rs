@@ -26,7 +26,8 @@ struct Layout {
     /// Context tokens per partition.
     part_len: usize,
     parts: usize,
-    /// Words of the transposed key tile of the `key_tiles` kernels.
+    /// Words of a tile kernel's own scratch: the laid-out query and key tile of `key_tiles`,
+    /// the tiles' parts of `amx`.
     tile: usize,
 }
 
@@ -117,6 +118,7 @@ pub(super) enum Engine {
     },
 }
 
+/// [`run`], with the tasks of `amx` configs on `engine`.
 pub(super) fn run_with<T: TableElem>(
     p: &PagedProblem,
     c: &PagedConfig,

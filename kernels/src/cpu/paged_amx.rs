@@ -30,6 +30,7 @@
 use super::amx_tiles::{c_tile, TileConfig, Tiles, A_TILE, B_TILE, ROWS};
 use super::leaf::prefetch;
 use super::paged_tiles::{Rows, Task};
+
 /// Tokens per scores step: two A tiles of 16 keys.
 const STEP: usize = 2 * ROWS;
 /// Query rows per block of the scores: two groups of 16 (their B tiles).
@@ -129,11 +130,11 @@ pub(super) unsafe fn task_on<T: Tiles, const AVX512: bool>(
     // `Parts`, the cache rows by `Rows::at` for tokens below `n` (or rows of a block that
     // holds one), the scores and `acc` by their row counts.
     unsafe {
-        lay_out_queries(q, rows, d, scratch);
         if n == 0 {
             softmax(scores_buf);
             return;
         }
+        lay_out_queries(q, rows, d, scratch);
         let qk = (&key, &value, scale);
         scores::<T, AVX512>(tiles, rows, d, n, qk, scores_buf, ld, scratch, &parts);
         softmax(scores_buf);

@@ -1057,6 +1057,10 @@ impl Space for CpuSpace {
                 } else {
                     512usize.max(p.block_size)
                 };
+                // AMX tiles where the head dimension allows: two threads of a Xeon with AMX,
+                // bf16, 32 sequences × 4096 tokens, d = 128, 8 query heads on 1 KV head 2.5 ms
+                // against 4.6 for the key tiles, 64 on 8 38.9 against 69.1, 8 on 8 35.1
+                // against 43.5.
                 let amx = host.isa == Isa::Avx512Amx && paged_on_tiles(p);
                 Config::Paged(PagedConfig {
                     isa: host.isa,
