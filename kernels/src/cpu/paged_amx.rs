@@ -365,9 +365,11 @@ unsafe fn values<T: Tiles>(
 
 /// A tile [`AHEAD`] tokens on, to request as the current tiles are read. Where its rows fill
 /// their memory back to back (16 rows of one block, one KV head), the first [`HEAD`] bytes,
-/// once per task pass, from which the L2 streamer fetches the rest of the page in order: cold,
-/// 32 × 4096 tokens, two threads, 4.21–4.35 ms against 4.42–4.69 with every line requested
-/// (warm unchanged). Otherwise each row's lines that the current pass reads.
+/// once per task pass, from which the L2 streamer fetches the rest of the page in order:
+/// alternating builds, 32 × 4096 tokens, two threads, cold 4.51–4.60 ms against 4.78–4.82 with
+/// every line requested, warm 2.27–2.28 against 2.70–2.78. Otherwise each row's lines that the
+/// current pass reads. (Looking each chunk's tiles up once for every row group and pass, rather
+/// than per pass, measured 4–10% slower.)
 struct Ahead {
     /// The tile's rows, null from the task's last token on.
     rows: [*const u8; ROWS],
