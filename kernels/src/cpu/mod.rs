@@ -1,7 +1,7 @@
 //! The CPU backend, the default: runs everywhere, SIMD chosen at run time.
 //!
 //! Module map: [`simd`] is the vector vocabulary, [`leaf`] the innermost loops written over it,
-//! [`table`] their per-ISA instantiation, [`parallel`] the thread pools; [`gemm`], [`flash`] and
+//! [`table`] their per-ISA instantiation, [`parallel`] and [`team`] the threads; [`gemm`], [`flash`] and
 //! [`paged`] are the three kernel drivers. bf16 GEMM has variants of its own: [`dpbf16`] and
 //! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
 //! model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
@@ -31,6 +31,7 @@ mod paged_tiles_avx2;
 pub(crate) mod parallel;
 pub(crate) mod simd;
 pub(crate) mod table;
+mod team;
 mod transpose;
 
 pub(crate) use amx_direct::scratch_len as amx_direct_scratch_len;
