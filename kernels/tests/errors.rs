@@ -116,6 +116,7 @@ fn hostile_configs_are_rejected_before_running() {
         nc: 16,
         split: Split::N,
         threads: 1,
+        prefetch: true,
     };
     let bad = [
         GemmConfig { mr: 5, ..base },

@@ -68,6 +68,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
                         nc,
                         split,
                         threads: host.threads,
+                        prefetch: true,
                     }));
                 }
             }
@@ -83,6 +84,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
                 nc: 8,
                 split: Split::N,
                 threads: host.threads,
+                prefetch: true,
             }));
         }
         check_all(&p, &configs);
@@ -133,6 +135,7 @@ fn blocked(
                     nc,
                     split,
                     threads,
+                    prefetch: true,
                 }));
             }
         }
@@ -243,6 +246,7 @@ fn direct_matches_reference_for_every_shape() {
                                 nc,
                                 split,
                                 threads: host.threads,
+                                prefetch: true,
                             }));
                         }
                     }
@@ -264,6 +268,7 @@ fn direct_matches_reference_for_every_shape() {
         nc: nr,
         split: Split::N,
         threads: 1,
+        prefetch: true,
     };
     let f32_shape = microkernel_shapes(host.isa)[0];
     let refused = |spec: &str, c: GemmConfig, why: &str| {
@@ -335,6 +340,7 @@ fn amx_shapes_match_reference_or_are_refused() {
             nc: 32,
             split: Split::N,
             threads: 1,
+            prefetch: true,
         });
         for c in configs.iter().chain([&direct]) {
             let err = CpuSpace.validate(c, &problems[3], &device).unwrap_err();
@@ -447,6 +453,7 @@ fn stream_dpbf16_matches_reference_or_is_refused() {
                 nc,
                 split: Split::N,
                 threads: host.threads,
+                prefetch: true,
             }));
         }
     }
@@ -538,4 +545,106 @@ fn scratch_at_any_alignment_is_enough() {
         }
     }
     assert!(ran >= 3 * 3 * 2, "only {ran} runs");
+}
+
+/// The stream kernels' weight-row prefetch is a tuned field: both settings are offered for
+/// weights stored `[N, K]` and match the reference; stored configs from before the field read
+/// as prefetching and keep their text; other variants and `[K, N]` weights refuse `false`.
+#[test]
+fn the_stream_prefetch_is_tuned_and_old_configs_keep_their_meaning() {
+    let host = Device::host();
+    for spec in [
+        "gemm:m=1,n=37,k=1031,dtype=f32,b=nk",
+        "gemm:m=3,n=5,k=4099,dtype=bf16,b=nk",
+        "gemm:m=1,n=13,k=17,dtype=f16,b=nk",
+    ] {
+        let p = problem(spec);
+        let streams: Vec<Config> = CpuSpace
+            .candidates(&p, &host)
+            .into_iter()
+            .filter(|c| {
+                matches!(c, Config::Gemm(g)
+                    if matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16))
+            })
+            .collect();
+        let off = streams
+            .iter()
+            .filter(|c| matches!(c, Config::Gemm(g) if !g.prefetch))
+            .count();
+        assert_eq!(
+            2 * off,
+            streams.len(),
+            "{spec}: every stream config both ways"
+        );
+        assert!(off > 0, "{spec}");
+        check_all(&p, &streams);
+    }
+
+    let kn = problem("gemm:m=1,n=37,k=1031,dtype=f32,b=kn");
+    assert!(CpuSpace
+        .candidates(&kn, &host)
+        .iter()
+        .all(|c| matches!(c, Config::Gemm(g) if g.prefetch)));
+
+    // A winner stored before the field: no `prefetch` key, read as prefetching, written back
+    // the same; turning it off adds the key.
+    let stored = r#"{"family":"gemm","variant":"stream","isa":"portable","mr":1,"nr":8,"mc":4,"kc":1031,"nc":256,"split":"n","threads":1}"#;
+    let old: Config = serde_json::from_str(stored).unwrap();
+    let Config::Gemm(mut g) = old else {
+        panic!("{old}")
+    };
+    assert!(g.prefetch);
+    assert_eq!(serde_json::to_string(&old).unwrap(), stored);
+    g.prefetch = false;
+    let off = Config::Gemm(g);
+    let text = serde_json::to_string(&off).unwrap();
+    assert!(text.contains(r#""prefetch":false"#), "{text}");
+    assert_eq!(serde_json::from_str::<Config>(&text).unwrap(), off);
+    assert!(off.to_string().ends_with(" no-prefetch"), "{off}");
+    let nk = problem("gemm:m=1,n=37,k=1031,dtype=f32,b=nk");
+    CpuSpace.validate(&off, &nk, &host).unwrap();
+
+    for (config, p) in [
+        (off, kn),
+        (
+            {
+                let mut packed = match CpuSpace.default_config(&nk, &host) {
+                    Config::Gemm(g) => g,
+                    other => panic!("{other}"),
+                };
+                packed.prefetch = false;
+                Config::Gemm(packed)
+            },
+            nk,
+        ),
+    ] {
+        let err = CpuSpace
+            .validate(&config, &p, &host)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prefetch = false"), "{config} on {p}: {err}");
+        assert!(err.contains("drop the field"), "{err}");
+    }
+}
+
+/// The untuned path's prefetch choice on an AMX Xeon, as measured there: the widening f32
+/// kernel without it for rows of up to 16 KiB, with it beyond; the bf16 pair kernel with it.
+#[test]
+fn the_heuristic_prefetch_follows_the_row_length_on_amx_hosts() {
+    let amx = described_amx_host();
+    let prefetch = |spec: &str| match CpuSpace.heuristic(&problem(spec), &amx) {
+        Config::Gemm(g) => {
+            assert!(
+                matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16),
+                "{spec}: {g:?}"
+            );
+            g.prefetch
+        }
+        other => panic!("{spec}: {other}"),
+    };
+    assert!(!prefetch("gemm:m=1,n=8192,k=1024,dtype=f32,b=nk"));
+    assert!(!prefetch("gemm:m=1,n=8192,k=3584,dtype=f32,b=nk"));
+    assert!(prefetch("gemm:m=1,n=1280,k=8192,dtype=f32,b=nk"));
+    assert!(prefetch("gemm:m=1,n=8192,k=1024,dtype=bf16,b=nk"));
+    assert!(prefetch("gemm:m=4,n=8192,k=1024,dtype=f32,b=nk"));
 }

@@ -100,6 +100,7 @@ fn marked(tiles: usize) -> Config {
         nc: 8 * tiles,
         split: Split::N,
         threads: 1,
+        prefetch: true,
     })
 }
 

@@ -35,6 +35,7 @@ fn marker(tiles: usize) -> Config {
         nc: 8 * tiles,
         split: Split::N,
         threads: host.threads.min(1),
+        prefetch: true,
     })
 }
 

@@ -199,6 +199,7 @@ mod tests {
                             nc,
                             split,
                             threads,
+                            prefetch: true,
                         };
                         let mut scratch = vec![0f32; scratch_len(&p, &c)];
                         data.out.fill(f32::NAN);

@@ -45,15 +45,15 @@ pub fn run(p: &GemmProblem, c: &GemmConfig, a: &[bf16], b: &[bf16], out: &mut [f
             unsafe {
                 let ap = a.as_ptr().add(i0 * k).cast::<u16>();
                 let (bp, cp) = (b.as_ptr().cast::<u16>(), out.get().add(i0 * n));
-                columns(p.b_layout, rows, k, ap, bp, c0, c1, cp, n);
+                columns(p.b_layout, rows, k, ap, bp, c0, c1, cp, n, c.prefetch);
             }
             i0 += rows;
         }
     });
 }
 
-/// Columns `c0..c1` of `rows` rows of C: passes of 4 columns (B `[N, K]`) or strips of
-/// [`KN_STRIP`] columns (B `[K, N]`, `ldc` columns wide).
+/// Columns `c0..c1` of `rows` rows of C: passes of 4 columns (B `[N, K]`, its rows prefetched
+/// with `prefetch`) or strips of [`KN_STRIP`] columns (B `[K, N]`, `ldc` columns wide).
 ///
 /// # Safety
 /// As [`run`]'s task: A holds `rows × k`, B its `n × k` values, C `rows × ldc` from its pointer.
@@ -68,6 +68,7 @@ unsafe fn columns(
     c1: usize,
     c: *mut f32,
     ldc: usize,
+    prefetch: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -81,9 +82,9 @@ unsafe fn columns(
             // SAFETY: the caller's contract, narrowed to one pass.
             unsafe {
                 match (layout, rows) {
-                    (BLayout::Nk, 4) => x86::nk::<4>(k, a, b.add(j0 * k), w, cp, ldc),
-                    (BLayout::Nk, 2) => x86::nk::<2>(k, a, b.add(j0 * k), w, cp, ldc),
-                    (BLayout::Nk, _) => x86::nk::<1>(k, a, b.add(j0 * k), w, cp, ldc),
+                    (BLayout::Nk, 4) => x86::nk::<4>(k, a, b.add(j0 * k), w, cp, ldc, prefetch),
+                    (BLayout::Nk, 2) => x86::nk::<2>(k, a, b.add(j0 * k), w, cp, ldc, prefetch),
+                    (BLayout::Nk, _) => x86::nk::<1>(k, a, b.add(j0 * k), w, cp, ldc, prefetch),
                     (BLayout::Kn, 4) => x86::kn::<4>(k, a, b.add(j0), ldc, w, cp, ldc),
                     (BLayout::Kn, 2) => x86::kn::<2>(k, a, b.add(j0), ldc, w, cp, ldc),
                     (BLayout::Kn, _) => x86::kn::<1>(k, a, b.add(j0), ldc, w, cp, ldc),
@@ -92,7 +93,7 @@ unsafe fn columns(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (layout, rows, k, a, b, c0, c1, c, ldc);
+    let _ = (layout, rows, k, a, b, c0, c1, c, ldc, prefetch);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -135,6 +136,7 @@ mod x86 {
         cols: usize,
         c: *mut f32,
         ldc: usize,
+        prefetch: bool,
     ) {
         // Unused columns read row 0 again; their sums are never stored.
         let rows: [*const u16; 4] =
@@ -146,8 +148,10 @@ mod x86 {
         // never fault, wherever they point.
         unsafe {
             while p < full {
-                for r in rows {
-                    _mm_prefetch::<_MM_HINT_T1>(r.wrapping_add(p + PREFETCH).cast());
+                if prefetch {
+                    for r in rows {
+                        _mm_prefetch::<_MM_HINT_T1>(r.wrapping_add(p + PREFETCH).cast());
+                    }
                 }
                 let bv: [__m512bh; 4] =
                     std::array::from_fn(|j| bh(_mm512_loadu_si512(rows[j].add(p).cast())));

@@ -305,6 +305,7 @@ fn stream<T: TableElem>(
                                 cols,
                                 out.get().add(i0 * n + j0),
                                 n,
+                                c.prefetch,
                             )
                         };
                     }

@@ -142,7 +142,8 @@ pub fn prefetch<T, const L2: bool>(p: *const T, bytes: usize) {
 }
 
 /// Decode-shaped GEMM with B stored `[N, K]`: `C[i, j] = A_i · B_j` for `R` rows of A (f32,
-/// row stride `lda`) against 4 rows of B (row stride `ldb`), streaming B once.
+/// row stride `lda`) against 4 rows of B (row stride `ldb`), streaming B once; with `prefetching`
+/// each B row's line 1 KiB ahead is requested into L2 (the config's `prefetch`).
 ///
 /// # Safety
 /// A readable for `R` rows of `k`, B for `cols <= 4` rows of `k`, C writable for `R × cols`.
@@ -157,6 +158,7 @@ pub unsafe fn stream_nk<S: Simd, T: Elem, const R: usize>(
     cols: usize,
     c: *mut f32,
     ldc: usize,
+    prefetching: bool,
 ) {
     let l = S::LANES;
     let full = k / l * l;
@@ -169,13 +171,13 @@ pub unsafe fn stream_nk<S: Simd, T: Elem, const R: usize>(
             b
         }
     });
-    // Four rows stream at once, more than the hardware prefetcher keeps ahead of: each row's
-    // line 1 KiB ahead is requested into L2.
     let ahead = 1024 / std::mem::size_of::<T>();
     let mut p = 0;
     while p < full {
-        for r in rows {
-            prefetch::<_, true>(r.wrapping_add(p + ahead), 1);
+        if prefetching {
+            for r in rows {
+                prefetch::<_, true>(r.wrapping_add(p + ahead), 1);
+            }
         }
         // SAFETY: p + LANES <= k within each row.
         unsafe {

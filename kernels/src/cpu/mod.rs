@@ -1,13 +1,13 @@
 //! The CPU backend, the default: runs everywhere, SIMD chosen at run time.
 //!
 //! Module map: [`simd`] is the vector vocabulary, [`leaf`] the innermost loops written over it,
-//! [`table`] their per-ISA instantiation, [`parallel`] and [`team`] the threads; [`gemm`], [`flash`] and
-//! [`paged`] are the three kernel drivers. bf16 GEMM has variants of its own: [`dpbf16`] and
-//! [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and a software
-//! model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
-//! weights in place, on the f32 tables or the AVX-512-BF16 pair kernels, and [`amx_direct`]
-//! on AMX tiles. [`flash_amx`] and [`paged_amx`] are flash and paged attention with both
-//! products on AMX tiles.
+//! [`table`] their per-ISA instantiation, [`parallel`] and [`team`] the threads; [`gemm`],
+//! [`flash`] and [`paged`] are the three kernel drivers. bf16 GEMM has variants of its own:
+//! [`dpbf16`] and [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and
+//! a software model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
+//! weights in place, on the f32 tables or the AVX-512-BF16 pair kernels, and [`amx_direct`] on AMX
+//! tiles. [`flash_amx`] and [`paged_amx`] are flash and paged attention with both products on AMX
+//! tiles.
 
 mod amx;
 mod amx_direct;

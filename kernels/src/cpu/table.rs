@@ -23,6 +23,9 @@ pub type UkrFn = unsafe fn(
 );
 
 pub type StreamFn<T> = unsafe fn(usize, *const f32, usize, *const T, usize, usize, *mut f32, usize);
+/// [`StreamFn`] with the config's `prefetch` last.
+pub type StreamNkFn<T> =
+    unsafe fn(usize, *const f32, usize, *const T, usize, usize, *mut f32, usize, bool);
 pub type DotFn<T> = unsafe fn(*const f32, *const T, usize) -> f32;
 pub type AxpyFn<T> = unsafe fn(*mut f32, f32, *const T, usize);
 pub type WidenFn<T> = unsafe fn(*const T, *mut f32, usize, f32);
@@ -49,7 +52,7 @@ pub const STREAM_KN_VECTORS: usize = 4;
 #[derive(Debug)]
 pub struct ElemFns<T: 'static> {
     /// Indexed like [`STREAM_ROWS`].
-    pub stream_nk: [StreamFn<T>; 3],
+    pub stream_nk: [StreamNkFn<T>; 3],
     pub stream_kn: [StreamFn<T>; 3],
     pub dot: DotFn<T>,
     pub axpy: AxpyFn<T>,
@@ -148,10 +151,10 @@ macro_rules! isa_table {
             #[allow(clippy::too_many_arguments)]
             unsafe fn stream_nk<T: Elem, const R: usize>(
                 k: usize, a: *const f32, lda: usize, b: *const T, ldb: usize, cols: usize,
-                c: *mut f32, ldc: usize,
+                c: *mut f32, ldc: usize, prefetch: bool,
             ) {
                 // SAFETY: forwarded caller contract.
-                unsafe { leaf::stream_nk::<S, T, R>(k, a, lda, b, ldb, cols, c, ldc) }
+                unsafe { leaf::stream_nk::<S, T, R>(k, a, lda, b, ldb, cols, c, ldc, prefetch) }
             }
 
             $(#[target_feature(enable = $feature)])?

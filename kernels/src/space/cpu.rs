@@ -236,6 +236,7 @@ impl Blocking<'_> {
                             nc: nr * nc_tiles,
                             split,
                             threads,
+                            prefetch: true,
                         });
                     }
                 }
@@ -333,20 +334,28 @@ impl CpuSpace {
                         widths.push(nc);
                     }
                 }
+                // Weights stored `[K, N]` stream without the row prefetch either way.
+                let prefetches: &[bool] = match p.b_layout {
+                    BLayout::Nk => &[true, false],
+                    BLayout::Kn => &[true],
+                };
                 for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M) {
                     for &rows in &STREAM_ROWS {
                         for &nc in &widths {
-                            out.push(GemmConfig {
-                                variant,
-                                isa,
-                                mr: rows,
-                                nr,
-                                mc: rows,
-                                kc: p.k,
-                                nc,
-                                split: Split::N,
-                                threads,
-                            });
+                            for &prefetch in prefetches {
+                                out.push(GemmConfig {
+                                    variant,
+                                    isa,
+                                    mr: rows,
+                                    nr,
+                                    mc: rows,
+                                    kc: p.k,
+                                    nc,
+                                    split: Split::N,
+                                    threads,
+                                    prefetch,
+                                });
+                            }
                         }
                     }
                 }
@@ -440,6 +449,21 @@ impl CpuSpace {
             ));
         }
         check_common(f, c.isa, c.threads, host)?;
+        if !c.prefetch {
+            let streaming = matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16);
+            if !streaming || p.b_layout != BLayout::Nk {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "prefetch = false applies to the stream variants with B stored [N, K] \
+                         (b=nk), which prefetch their weight rows; the {} variant with b={} \
+                         has no prefetch to turn off: drop the field",
+                        c.variant.name(),
+                        p.b_layout
+                    ),
+                ));
+            }
+        }
         match c.variant {
             GemmVariant::Stream | GemmVariant::StreamDpbf16 => {
                 if c.variant == GemmVariant::StreamDpbf16 {
@@ -546,6 +570,7 @@ impl CpuSpace {
             nc: nr * 32,
             split: Split::N,
             threads: host.threads.max(1),
+            prefetch: true,
         }
     }
 
@@ -590,6 +615,7 @@ impl CpuSpace {
                     nc: 1024,
                     split: Split::N,
                     threads,
+                    prefetch: true,
                 };
             }
             if in_place {
@@ -604,6 +630,7 @@ impl CpuSpace {
                     nc: p.m.next_multiple_of(nr).min(256),
                     split: Split::N,
                     threads,
+                    prefetch: true,
                 };
             }
             let mr = if p.m <= 16 { 16 } else { 32 };
@@ -617,6 +644,7 @@ impl CpuSpace {
                 nc: 512,
                 split: Split::N,
                 threads,
+                prefetch: true,
             };
         }
         let direct_few = pairs && p.m > 8 && in_place;
@@ -632,6 +660,18 @@ impl CpuSpace {
             // chunks of 256, one of two threads read three fifths of the weights (qkv, two
             // threads, repeated calls: 1.15 ms against 0.77 ms with ten chunks of 128).
             let chunks = p.n.div_ceil(256 * threads).max(1) * threads;
+            // The weight-row prefetch, measured cold at M = 1 (`tune bench`, alternating, two
+            // threads): on an AMX Xeon the widening kernel did better without it for rows of
+            // up to 16 KiB (f32 o, 4 KiB rows: 1.04–1.07 ms against 1.07–1.10; down, 14 KiB:
+            // 3.71–3.75 against 3.82–3.84) and with it beyond (qkv, 32 KiB: 1.24–1.27 against
+            // 1.28–1.30; gate_up even), while the bf16 pair kernel gained 4–21% from it
+            // everywhere; on a Zen 4 it paid for both (f32 down 7%).
+            let row_bytes = p.k * p.dtype.size();
+            let prefetch = !(variant == GemmVariant::Stream
+                && host.isa == Isa::Avx512Amx
+                && p.m == 1
+                && p.b_layout == BLayout::Nk
+                && row_bytes <= 16 << 10);
             return GemmConfig {
                 variant,
                 isa: host.isa,
@@ -642,6 +682,7 @@ impl CpuSpace {
                 nc: p.n.div_ceil(chunks).next_multiple_of(4).min(256),
                 split: Split::N,
                 threads,
+                prefetch,
             };
         }
         // A Linear layer's weights read in place, all of K deep (up to 8192 per slice), token
@@ -675,6 +716,7 @@ impl CpuSpace {
                 nc: p.m.next_multiple_of(nr).min(256),
                 split: Split::N,
                 threads,
+                prefetch: true,
             };
         }
         // bf16 on AVX-512-BF16: the pair kernel does twice the multiply-adds per instruction.
@@ -692,6 +734,7 @@ impl CpuSpace {
                 nc: (if p.m <= 256 { 512 } else { 2048 }).min(p.n.next_multiple_of(32)),
                 split: if p.n >= p.m { Split::N } else { Split::M },
                 threads,
+                prefetch: true,
             };
         }
         // Two vectors wide and 8 rows (or the tallest below): 16 accumulators leave registers for
@@ -738,6 +781,7 @@ impl CpuSpace {
             nc,
             split,
             threads,
+            prefetch: true,
         }
     }
 
