@@ -14,20 +14,36 @@ use super::team::Team;
 /// Most threads a config may ask for.
 pub const MAX_THREADS: usize = 256;
 
+/// Lazily started threads per helper count (a [`Team`] or a rayon pool): `None` where threads
+/// could not be started.
+type PerCount<T> = OnceLock<Vec<OnceLock<Option<T>>>>;
+
+/// The entry for `helpers` helper threads, started by `start` on first use.
+fn per_count<T>(
+    all: &'static PerCount<T>,
+    helpers: usize,
+    start: impl FnOnce() -> Option<T>,
+) -> Option<&'static T> {
+    let slots = all.get_or_init(|| (0..MAX_THREADS).map(|_| OnceLock::new()).collect());
+    slots[helpers].get_or_init(start).as_ref()
+}
+
 /// The rayon pool of `helpers` threads that joins a caller whose [`Team`] is busy.
-/// `None` where threads cannot be started.
 fn pool(helpers: usize) -> Option<&'static ThreadPool> {
-    static POOLS: OnceLock<Vec<OnceLock<Option<ThreadPool>>>> = OnceLock::new();
-    let pools = POOLS.get_or_init(|| (0..MAX_THREADS).map(|_| OnceLock::new()).collect());
-    pools[helpers]
-        .get_or_init(|| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(helpers)
-                .thread_name(move |i| format!("kerntune-{}t-spare-{}", helpers + 1, i + 1))
-                .build()
-                .ok()
-        })
-        .as_ref()
+    static POOLS: PerCount<ThreadPool> = OnceLock::new();
+    per_count(&POOLS, helpers, || {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(helpers)
+            .thread_name(move |i| format!("kerntune-{}t-spare-{}", helpers + 1, i + 1))
+            .build()
+            .ok()
+    })
+}
+
+/// The team of `helpers` threads.
+fn team(helpers: usize) -> Option<&'static Team> {
+    static TEAMS: PerCount<Team> = OnceLock::new();
+    per_count(&TEAMS, helpers, || Team::new(helpers).ok())
 }
 
 /// 32-bit words in a 64-byte cache line.
@@ -101,16 +117,6 @@ pub fn for_each_task(threads: usize, tasks: usize, task: impl Fn(usize, usize) +
         }
         run(0);
     });
-}
-
-/// The team of `helpers` threads, started on first use; `None` where threads cannot be
-/// started.
-fn team(helpers: usize) -> Option<&'static Team> {
-    static TEAMS: OnceLock<Vec<OnceLock<Option<Team>>>> = OnceLock::new();
-    let teams = TEAMS.get_or_init(|| (0..MAX_THREADS).map(|_| OnceLock::new()).collect());
-    teams[helpers]
-        .get_or_init(|| Team::new(helpers).ok())
-        .as_ref()
 }
 
 /// Most contiguous ranges a call's tasks are cut into (workers beyond share them).
