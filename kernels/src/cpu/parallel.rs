@@ -89,6 +89,10 @@ unsafe impl<T> Sync for SharedMut<T> {}
 /// contiguous ranges matched rayon's splitting.
 pub fn for_each_task(threads: usize, tasks: usize, task: impl Fn(usize, usize) + Sync + Send) {
     let threads = threads.clamp(1, MAX_THREADS).min(tasks.max(1));
+    if threads == 1 {
+        // No counters on the single-thread path: it serves the smallest calls.
+        return (0..tasks).for_each(|i| task(i, 0));
+    }
     let ranges = Ranges::new(threads.min(RANGES), tasks);
     let run = |worker: usize| {
         let first = worker % ranges.count;
@@ -98,9 +102,6 @@ pub fn for_each_task(threads: usize, tasks: usize, task: impl Fn(usize, usize) +
             }
         }
     };
-    if threads == 1 {
-        return run(0);
-    }
     if let Some(team) = team(threads - 1) {
         if let Some(claim) = team.claim() {
             return team.run(&claim, &run);
@@ -135,7 +136,7 @@ struct Line(AtomicUsize);
 impl Ranges {
     fn new(count: usize, tasks: usize) -> Ranges {
         Ranges {
-            next: std::array::from_fn(|r| Line(AtomicUsize::new(r * tasks / count.max(1)))),
+            next: std::array::from_fn(|r| Line(AtomicUsize::new(r * tasks / count))),
             count,
             tasks,
         }
