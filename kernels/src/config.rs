@@ -79,8 +79,16 @@ impl fmt::Display for Config {
             Config::Gemm(c) => match c.variant {
                 GemmVariant::Packed => write!(
                     f,
-                    "packed {} {}x{} mc={} kc={} nc={} split={} t={}",
-                    c.isa, c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
+                    "packed {} {}x{} mc={} kc={} nc={} split={} t={}{}",
+                    c.isa,
+                    c.mr,
+                    c.nr,
+                    c.mc,
+                    c.kc,
+                    c.nc,
+                    c.split,
+                    c.threads,
+                    inner_note(c.inner)
                 ),
                 GemmVariant::Stream => write!(
                     f,
@@ -93,8 +101,15 @@ impl fmt::Display for Config {
                 ),
                 GemmVariant::Dpbf16 => write!(
                     f,
-                    "dpbf16 {}x{} mc={} kc={} nc={} split={} t={}",
-                    c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
+                    "dpbf16 {}x{} mc={} kc={} nc={} split={} t={}{}",
+                    c.mr,
+                    c.nr,
+                    c.mc,
+                    c.kc,
+                    c.nc,
+                    c.split,
+                    c.threads,
+                    inner_note(c.inner)
                 ),
                 GemmVariant::StreamDpbf16 => write!(
                     f,
@@ -106,8 +121,15 @@ impl fmt::Display for Config {
                 ),
                 GemmVariant::Amx => write!(
                     f,
-                    "amx {}x{} mc={} kc={} nc={} split={} t={}",
-                    c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
+                    "amx {}x{} mc={} kc={} nc={} split={} t={}{}",
+                    c.mr,
+                    c.nr,
+                    c.mc,
+                    c.kc,
+                    c.nc,
+                    c.split,
+                    c.threads,
+                    inner_note(c.inner)
                 ),
                 GemmVariant::Direct => write!(
                     f,
@@ -246,6 +268,42 @@ pub struct GemmConfig {
     /// the field read as `true`, and `true` is not written, so their text stays the same.
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub prefetch: bool,
+    /// Packed loop nest (`Packed`, `Dpbf16`, `Amx`): which dimension the innermost loop walks.
+    /// Stored configs from before the field read as `m`, which is not written.
+    #[serde(default, skip_serializing_if = "Inner::is_m")]
+    pub inner: Inner,
+}
+
+/// The innermost loop of the packed loop nest, around the microkernel.
+///
+/// `M`: one B sliver (`kc × nr`) meets every A sliver of the block in turn, so the A block
+/// (`mc × kc`) should sit in L2. `N`: one A sliver (`mr × kc`) meets every B sliver of the
+/// panel, so the B panel (`kc × nc`) should sit in L2 and the small A sliver stays in L1
+/// (BLIS keeps its broadcast operand's sliver there the same way). With a shallow `kc` the
+/// second reads less from L2 per multiply-add; which wins depends on the shape and the host,
+/// so it is tuned.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Inner {
+    #[default]
+    M,
+    N,
+}
+
+impl Inner {
+    fn is_m(&self) -> bool {
+        *self == Inner::M
+    }
+}
+
+/// The loop order in a config's text, only where it is not the default.
+fn inner_note(inner: Inner) -> &'static str {
+    match inner {
+        Inner::M => "",
+        Inner::N => " inner=n",
+    }
 }
 
 fn yes() -> bool {

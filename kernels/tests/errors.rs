@@ -1,6 +1,6 @@
 //! Invalid problems, specs, configs and buffers give typed errors, never panics.
 
-use kerntune_kernels::config::{GemmConfig, GemmVariant, PagedConfig, Split};
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, PagedConfig, Split};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::{Args, GemmArgs, Scratch};
 use kerntune_kernels::{
@@ -117,6 +117,7 @@ fn hostile_configs_are_rejected_before_running() {
         split: Split::N,
         threads: 1,
         prefetch: true,
+        inner: Inner::M,
     };
     let bad = [
         GemmConfig { mr: 5, ..base },

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{check_all, described_amx_host};
-use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, Split};
 use kerntune_kernels::cpu::microkernel_shapes;
 use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
 use proptest::prelude::*;
@@ -57,7 +57,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
         let mut configs = Vec::new();
         for (mr, nr) in microkernel_shapes(isa) {
             for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2)] {
-                for split in [Split::M, Split::N] {
+                for (split, inner) in splits_and_orders() {
                     configs.push(Config::Gemm(GemmConfig {
                         variant: GemmVariant::Packed,
                         isa,
@@ -69,6 +69,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
                         split,
                         threads: host.threads,
                         prefetch: true,
+                        inner,
                     }));
                 }
             }
@@ -85,6 +86,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
                 split: Split::N,
                 threads: host.threads,
                 prefetch: true,
+                inner: Inner::M,
             }));
         }
         check_all(&p, &configs);
@@ -112,9 +114,16 @@ proptest! {
     }
 }
 
+/// Both thread splits, each with both tile orders of the packed loop nest.
+fn splits_and_orders() -> impl Iterator<Item = (Split, Inner)> {
+    [Split::M, Split::N]
+        .into_iter()
+        .flat_map(|s| [(s, Inner::M), (s, Inner::N)])
+}
+
 /// Configs of a packed-loop-nest variant for every shape: one-tile blocks with a depth below a
 /// vector, several tiles with an even depth, and an odd depth (a lone value after the last
-/// bf16 pair), each split by M and by N.
+/// bf16 pair), each split by M and by N, in both tile orders.
 fn blocked(
     variant: GemmVariant,
     isa: Isa,
@@ -124,7 +133,7 @@ fn blocked(
     let mut configs = Vec::new();
     for &(mr, nr) in shapes {
         for (mc, kc, nc) in [(mr, 7, nr), (mr * 3, 64, nr * 2), (mr * 2, 33, nr)] {
-            for split in [Split::M, Split::N] {
+            for (split, inner) in splits_and_orders() {
                 configs.push(Config::Gemm(GemmConfig {
                     variant,
                     isa,
@@ -136,6 +145,7 @@ fn blocked(
                     split,
                     threads,
                     prefetch: true,
+                    inner,
                 }));
             }
         }
@@ -247,6 +257,7 @@ fn direct_matches_reference_for_every_shape() {
                                 split,
                                 threads: host.threads,
                                 prefetch: true,
+                                inner: Inner::M,
                             }));
                         }
                     }
@@ -269,6 +280,7 @@ fn direct_matches_reference_for_every_shape() {
         split: Split::N,
         threads: 1,
         prefetch: true,
+        inner: Inner::M,
     };
     let f32_shape = microkernel_shapes(host.isa)[0];
     let refused = |spec: &str, c: GemmConfig, why: &str| {
@@ -341,6 +353,7 @@ fn amx_shapes_match_reference_or_are_refused() {
             split: Split::N,
             threads: 1,
             prefetch: true,
+            inner: Inner::M,
         });
         for c in configs.iter().chain([&direct]) {
             let err = CpuSpace.validate(c, &problems[3], &device).unwrap_err();
@@ -388,8 +401,16 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
             .collect()
     };
     let (amx, direct) = (of(GemmVariant::Amx), of(GemmVariant::AmxDirect));
-    // 3 shapes × 2 mc × 4 kc × 2 nc, both splits on 2 and 4 threads, one on 1.
-    assert_eq!(amx.len(), 48 + 96 + 96);
+    // 3 shapes × 2 mc × 4 kc × 2 nc = 48 blockings, 44 of them in both tile orders (a
+    // 2048 × 1024 bf16 B panel, 4 MiB, is past the 2 MiB L2 for `inner = n`); both splits on
+    // 2 and 4 threads, one on 1.
+    assert_eq!(amx.len(), 92 * (1 + 2 + 2));
+    assert_eq!(
+        amx.iter()
+            .filter(|c| matches!(c, Config::Gemm(g) if g.inner == Inner::N))
+            .count(),
+        44 * (1 + 2 + 2)
+    );
     // 3 shapes × 2 mc × 4 kc (256, 512, 1024, all of K) × 3 nc, splits as above.
     assert_eq!(direct.len(), 72 + 144 + 144);
     for c in amx.iter().chain(&direct) {
@@ -454,6 +475,7 @@ fn stream_dpbf16_matches_reference_or_is_refused() {
                 split: Split::N,
                 threads: host.threads,
                 prefetch: true,
+                inner: Inner::M,
             }));
         }
     }
@@ -647,4 +669,79 @@ fn the_heuristic_prefetch_follows_the_row_length_on_amx_hosts() {
     assert!(prefetch("gemm:m=1,n=1280,k=8192,dtype=f32,b=nk"));
     assert!(prefetch("gemm:m=1,n=8192,k=1024,dtype=bf16,b=nk"));
     assert!(prefetch("gemm:m=4,n=8192,k=1024,dtype=f32,b=nk"));
+}
+
+/// The packed loop nest's tile order: both orders offered where the `inner = n` B panel fits
+/// L2, verified; stored winners without the field keep their meaning and text; variants
+/// without the loop nest refuse `inner = n` with the fix.
+#[test]
+fn the_tile_order_is_tuned_and_old_configs_keep_their_meaning() {
+    let host = Device::host();
+    let Device::Cpu(info) = &host else {
+        panic!("the host is a CPU")
+    };
+    let p = problem("gemm:m=53,n=101,k=300,dtype=f32,b=kn");
+    let packed: Vec<GemmConfig> = CpuSpace
+        .candidates(&p, &host)
+        .into_iter()
+        .filter_map(|c| match c {
+            Config::Gemm(g) if g.variant == GemmVariant::Packed => Some(g),
+            _ => None,
+        })
+        .collect();
+    let n_inner: Vec<Config> = packed
+        .iter()
+        .filter(|g| g.inner == Inner::N)
+        .map(|&g| Config::Gemm(g))
+        .collect();
+    assert!(!n_inner.is_empty());
+    for c in &n_inner {
+        let Config::Gemm(g) = c else { unreachable!() };
+        assert!(g.kc * g.nc * 4 <= info.l2_bytes, "{c}: B panel past L2");
+        // Its twin in the other order is a candidate too.
+        let twin = GemmConfig {
+            inner: Inner::M,
+            ..*g
+        };
+        assert!(packed.contains(&twin), "{c}");
+    }
+    check_all(&p, &n_inner);
+
+    let stored = r#"{"family":"gemm","variant":"packed","isa":"portable","mr":4,"nr":8,"mc":64,"kc":256,"nc":256,"split":"n","threads":1}"#;
+    let old: Config = serde_json::from_str(stored).unwrap();
+    let Config::Gemm(mut g) = old else {
+        panic!("{old}")
+    };
+    assert_eq!(g.inner, Inner::M);
+    assert_eq!(serde_json::to_string(&old).unwrap(), stored);
+    g.inner = Inner::N;
+    let swapped = Config::Gemm(g);
+    let text = serde_json::to_string(&swapped).unwrap();
+    assert!(text.contains(r#""inner":"n""#), "{text}");
+    assert_eq!(serde_json::from_str::<Config>(&text).unwrap(), swapped);
+    assert!(swapped.to_string().ends_with(" inner=n"), "{swapped}");
+    CpuSpace.validate(&swapped, &p, &host).unwrap();
+
+    let decode = problem("gemm:m=1,n=37,k=1031,dtype=f32,b=nk");
+    let stream = CpuSpace
+        .candidates(&decode, &host)
+        .into_iter()
+        .find_map(|c| match c {
+            Config::Gemm(g) if g.variant == GemmVariant::Stream => Some(g),
+            _ => None,
+        })
+        .expect("decode shapes stream");
+    let err = CpuSpace
+        .validate(
+            &Config::Gemm(GemmConfig {
+                inner: Inner::N,
+                ..stream
+            }),
+            &decode,
+            &host,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("inner = n"), "{err}");
+    assert!(err.contains("drop the field"), "{err}");
 }

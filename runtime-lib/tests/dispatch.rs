@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kerntune::{Dispatcher, Match};
 use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus, Stats, Status};
-use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, Split};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Args;
 use kerntune_kernels::reference::relative_error;
@@ -101,6 +101,7 @@ fn marked(tiles: usize) -> Config {
         split: Split::N,
         threads: 1,
         prefetch: true,
+        inner: Inner::M,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kerntune_kernels::config::{GemmConfig, GemmVariant, Split};
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, Split};
 use kerntune_kernels::kernel::Args;
 use kerntune_kernels::{
     Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem, Space,
@@ -36,6 +36,7 @@ fn marker(tiles: usize) -> Config {
         split: Split::N,
         threads: host.threads.min(1),
         prefetch: true,
+        inner: Inner::M,
     })
 }
 

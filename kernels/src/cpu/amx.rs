@@ -337,7 +337,7 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::config::{GemmVariant, Split};
+    use crate::config::{GemmVariant, Inner, Split};
     use crate::cpu::amx_tiles::Model;
     use crate::data::ProblemData;
     use crate::{Isa, Problem, TensorBuf};
@@ -367,8 +367,8 @@ pub(super) mod tests {
         (problem, p, data, reference, a, b)
     }
 
-    /// Every shape with blocks that cut M, N and K in awkward places, on the software model of
-    /// the tile operations, against the f64 reference.
+    /// Every shape with blocks that cut M, N and K in awkward places, in both loop orders, on
+    /// the software model of the tile operations, against the f64 reference.
     #[test]
     fn every_shape_matches_the_reference_on_the_tile_model() {
         let mut ran = 0;
@@ -385,7 +385,10 @@ pub(super) mod tests {
                 // K below a block, a block and a bit, several blocks; one and two row blocks
                 // and column panels; both splits over two threads.
                 for (mc, kc, nc) in [(mr, 7, nr), (mr * 2, 33, nr * 2), (mr, 64, nr * 3)] {
-                    for (split, threads) in [(Split::N, 1), (Split::M, 2), (Split::N, 2)] {
+                    let orders = [(Split::N, 1), (Split::M, 2), (Split::N, 2)]
+                        .into_iter()
+                        .flat_map(|st| [(st, Inner::M), (st, Inner::N)]);
+                    for ((split, threads), inner) in orders {
                         let c = GemmConfig {
                             variant: GemmVariant::Amx,
                             isa: Isa::Avx512Amx,
@@ -397,6 +400,7 @@ pub(super) mod tests {
                             split,
                             threads,
                             prefetch: true,
+                            inner,
                         };
                         let mut scratch = vec![0f32; scratch_len(&p, &c)];
                         data.out.fill(f32::NAN);
@@ -411,7 +415,7 @@ pub(super) mod tests {
                 }
             }
         }
-        assert_eq!(ran, 6 * AMX_SHAPES.len() * 9);
+        assert_eq!(ran, 6 * AMX_SHAPES.len() * 18);
     }
 
     #[test]

@@ -160,7 +160,7 @@ fn run_on<T: Tiles + Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{GemmVariant, Split};
+    use crate::config::{GemmVariant, Inner, Split};
     use crate::cpu::amx::{tests::case, AMX_SHAPES};
     use crate::cpu::amx_tiles::Model;
     use crate::Isa;
@@ -200,6 +200,7 @@ mod tests {
                             split,
                             threads,
                             prefetch: true,
+                            inner: Inner::M,
                         };
                         let mut scratch = vec![0f32; scratch_len(&p, &c)];
                         data.out.fill(f32::NAN);

@@ -11,7 +11,7 @@
 
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, TableElem, STREAM_KN_VECTORS, STREAM_ROWS};
-use crate::config::{GemmConfig, GemmVariant, Split};
+use crate::config::{GemmConfig, GemmVariant, Inner, Split};
 use crate::problem::{BLayout, GemmProblem};
 
 /// Scratch (f32 values) a GEMM call needs.
@@ -84,11 +84,11 @@ fn packed<T: TableElem>(
     );
 }
 
-/// The packed loop nest (BLIS order: nc panels of B, kc slices, mc blocks of A, microkernel
-/// tiles), shared by the f32 kernels and the bf16-pair kernel, which differ in what a packed
-/// word is (`W`), how deep a kc slice packs (`depth`), and how they pack and multiply. Threads
-/// own disjoint rows or columns of C (`split`) and pack what they read, so they never wait on
-/// each other.
+/// The packed loop nest (BLIS order: nc panels of B, kc slices, mc blocks of A, then the
+/// microkernel tiles in the config's `inner` order), shared by the f32, bf16-pair and AMX
+/// kernels, which differ in what a packed word is (`W`), how deep a kc slice packs
+/// (`depth`), and how they pack and multiply. Threads own disjoint rows or columns of C
+/// (`split`) and pack what they read, so they never wait on each other.
 ///
 /// `ukr(depth, a, b, c, rows, cols, accumulate)` gets slivers zero-padded to full `mr` / `nr`
 /// and `depth` deep, and a C corner with `rows × cols` live values inside the thread's share.
@@ -141,14 +141,28 @@ pub(super) fn loop_nest<W: Copy>(
                 for ic in rows.clone().step_by(c.mc) {
                     let mcur = c.mc.min(rows.end - ic);
                     pack_a(ic, mcur, pc, kcur, ap_buf);
-                    for jr in (0..ncur).step_by(nr) {
+                    let tile = |ir: usize, jr: usize| {
+                        let ap = ap_buf[ir / mr * d * mr..].as_ptr();
                         let bp = bp_buf[jr / nr * d * nr..].as_ptr();
-                        for ir in (0..mcur).step_by(mr) {
-                            let ap = ap_buf[ir / mr * d * mr..].as_ptr();
-                            // SAFETY (for `ukr`'s contract): the C corner lies inside this
-                            // thread's rows and columns.
-                            let cp = unsafe { out.get().add((ic + ir) * p.n + jc + jr) };
-                            ukr(d, ap, bp, cp, mr.min(mcur - ir), nr.min(ncur - jr), pc > 0);
+                        // SAFETY (for `ukr`'s contract): the C corner lies inside this
+                        // thread's rows and columns.
+                        let cp = unsafe { out.get().add((ic + ir) * p.n + jc + jr) };
+                        ukr(d, ap, bp, cp, mr.min(mcur - ir), nr.min(ncur - jr), pc > 0);
+                    };
+                    match c.inner {
+                        Inner::M => {
+                            for jr in (0..ncur).step_by(nr) {
+                                for ir in (0..mcur).step_by(mr) {
+                                    tile(ir, jr);
+                                }
+                            }
+                        }
+                        Inner::N => {
+                            for ir in (0..mcur).step_by(mr) {
+                                for jr in (0..ncur).step_by(nr) {
+                                    tile(ir, jr);
+                                }
+                            }
                         }
                     }
                 }

@@ -4,7 +4,7 @@
 //! that has it, blocks are multiples of the register tile, the thread count is capped by the
 //! host's threads, and working sets stay within what the scratch allocator will hand out.
 
-use crate::config::{FlashConfig, FlashSplit, GemmConfig, GemmVariant, PagedConfig, Split};
+use crate::config::{FlashConfig, FlashSplit, GemmConfig, GemmVariant, Inner, PagedConfig, Split};
 use crate::cpu::dpbf16::BF16_SHAPES;
 use crate::cpu::table::{table, STREAM_ROWS};
 use crate::cpu::AMX_SHAPES;
@@ -202,8 +202,17 @@ fn check_blocks(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// The cache blockings swept for one packed-loop-nest microkernel: `mc` and `nc` in tiles of
-/// `mr` and `nr`, both thread splits (one on a single thread).
+/// Whether a variant runs the packed loop nest, whose tile order `inner` sets.
+fn in_loop_nest(variant: GemmVariant) -> bool {
+    matches!(
+        variant,
+        GemmVariant::Packed | GemmVariant::Dpbf16 | GemmVariant::Amx
+    )
+}
+
+/// The cache blockings swept for one microkernel: `mc` and `nc` in tiles of `mr` and `nr`,
+/// both thread splits (one on a single thread), and for the packed loop nest both tile
+/// orders where the other one's B panel fits the host's L2.
 struct Blocking<'a> {
     mc_tiles: &'a [usize],
     kc: &'a [usize],
@@ -217,27 +226,43 @@ impl Blocking<'_> {
         isa: Isa,
         (mr, nr): (usize, usize),
         threads: usize,
+        host: &CpuInfo,
         out: &mut Vec<GemmConfig>,
     ) {
+        // Bytes a packed B value takes: f32 in the packed kernel, bf16 in the pair and AMX
+        // kernels.
+        let word = if variant == GemmVariant::Packed { 4 } else { 2 };
         for &mc_tiles in self.mc_tiles {
             for &kc in self.kc {
                 for &nc_tiles in self.nc_tiles {
+                    let nc = nr * nc_tiles;
+                    // With `inner = n` the B panel is what each A sliver sweeps: past L2 it
+                    // streams from L3 once per sliver, which no blocking repays.
+                    let n_inner = in_loop_nest(variant) && kc * nc * word <= host.l2_bytes;
+                    let orders: &[Inner] = if n_inner {
+                        &[Inner::M, Inner::N]
+                    } else {
+                        &[Inner::M]
+                    };
                     for split in [Split::M, Split::N] {
                         if threads == 1 && split == Split::M {
                             continue;
                         }
-                        out.push(GemmConfig {
-                            variant,
-                            isa,
-                            mr,
-                            nr,
-                            mc: mr * mc_tiles,
-                            kc,
-                            nc: nr * nc_tiles,
-                            split,
-                            threads,
-                            prefetch: true,
-                        });
+                        for &inner in orders {
+                            out.push(GemmConfig {
+                                variant,
+                                isa,
+                                mr,
+                                nr,
+                                mc: mr * mc_tiles,
+                                kc,
+                                nc,
+                                split,
+                                threads,
+                                prefetch: true,
+                                inner,
+                            });
+                        }
                     }
                 }
             }
@@ -354,6 +379,7 @@ impl CpuSpace {
                                     split: Split::N,
                                     threads,
                                     prefetch,
+                                    inner: Inner::M,
                                 });
                             }
                         }
@@ -371,7 +397,7 @@ impl CpuSpace {
                     nc_tiles: &[32, 128],
                 };
                 for (variant, shape) in shapes {
-                    grid.push(variant, isa, shape, threads, &mut out);
+                    grid.push(variant, isa, shape, threads, host, &mut out);
                 }
                 // Weights read in place: depths up to all of K, token panels of 4 to 16
                 // slivers; no mc blocking.
@@ -388,7 +414,7 @@ impl CpuSpace {
                         nc_tiles: &[4, 8, 16],
                     };
                     for &shape in shapes {
-                        grid.push(GemmVariant::Direct, isa, shape, threads, &mut out);
+                        grid.push(GemmVariant::Direct, isa, shape, threads, host, &mut out);
                     }
                 }
             }
@@ -412,13 +438,21 @@ impl CpuSpace {
             let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
             for &threads in &thread_counts(host) {
                 for &shape in AMX_SHAPES {
-                    grid.push(GemmVariant::Amx, Isa::Avx512Amx, shape, threads, &mut out);
+                    grid.push(
+                        GemmVariant::Amx,
+                        Isa::Avx512Amx,
+                        shape,
+                        threads,
+                        host,
+                        &mut out,
+                    );
                     if in_place {
                         direct.push(
                             GemmVariant::AmxDirect,
                             Isa::Avx512Amx,
                             shape,
                             threads,
+                            host,
                             &mut out,
                         );
                     }
@@ -463,6 +497,16 @@ impl CpuSpace {
                     ),
                 ));
             }
+        }
+        if c.inner == Inner::N && !in_loop_nest(c.variant) {
+            return Err(invalid(
+                f,
+                format!(
+                    "inner = n orders the tiles of the packed loop nest (the packed, dpbf16 and \
+                     amx variants); the {} variant has no such loop: drop the field",
+                    c.variant.name()
+                ),
+            ));
         }
         match c.variant {
             GemmVariant::Stream | GemmVariant::StreamDpbf16 => {
@@ -571,6 +615,7 @@ impl CpuSpace {
             split: Split::N,
             threads: host.threads.max(1),
             prefetch: true,
+            inner: Inner::M,
         }
     }
 
@@ -616,6 +661,7 @@ impl CpuSpace {
                     split: Split::N,
                     threads,
                     prefetch: true,
+                    inner: Inner::M,
                 };
             }
             if in_place {
@@ -631,6 +677,7 @@ impl CpuSpace {
                     split: Split::N,
                     threads,
                     prefetch: true,
+                    inner: Inner::M,
                 };
             }
             let mr = if p.m <= 16 { 16 } else { 32 };
@@ -645,6 +692,7 @@ impl CpuSpace {
                 split: Split::N,
                 threads,
                 prefetch: true,
+                inner: Inner::M,
             };
         }
         let direct_few = pairs && p.m > 8 && in_place;
@@ -683,6 +731,7 @@ impl CpuSpace {
                 split: Split::N,
                 threads,
                 prefetch,
+                inner: Inner::M,
             };
         }
         // A Linear layer's weights read in place, all of K deep (up to 8192 per slice), token
@@ -717,6 +766,7 @@ impl CpuSpace {
                 split: Split::N,
                 threads,
                 prefetch: true,
+                inner: Inner::M,
             };
         }
         // bf16 on AVX-512-BF16: the pair kernel does twice the multiply-adds per instruction.
@@ -735,6 +785,7 @@ impl CpuSpace {
                 split: if p.n >= p.m { Split::N } else { Split::M },
                 threads,
                 prefetch: true,
+                inner: Inner::M,
             };
         }
         // Two vectors wide and 8 rows (or the tallest below): 16 accumulators leave registers for
@@ -759,7 +810,17 @@ impl CpuSpace {
         // A thread's columns up to 1280 wide take one panel: a second, narrow one re-packs all
         // of A for little work (Llama-70B qkv, N = 1280, M = 2048, one thread: 395 ms against
         // 417 ms with nc = 1024).
-        let kc = p.k.min(1024);
+        // On the Xeons with AMX the other tile order with a shallow kc: each A sliver (12 ×
+        // 256, 12 KiB) stays in L1 while it sweeps a B panel of at most 1280 × 256 (1.25 MiB)
+        // in L2. Two threads, f32, repeated calls, the configs interleaved round by round
+        // (session 13): 2048³ 47.4 ms against 49.1, Llama-70B at M = 2048 o 95.0 against 97.0,
+        // qkv 118.6 against 122.7, gate_up 692 against 702; one thread 2048³ 93.5 against
+        // 95.7. Other hosts unmeasured.
+        let (inner, kc) = if host.isa == Isa::Avx512Amx {
+            (Inner::N, p.k.min(256))
+        } else {
+            (Inner::M, p.k.min(1024))
+        };
         let mc = (mr * 8).min(p.m.next_multiple_of(mr));
         let split = if p.n >= p.m { Split::N } else { Split::M };
         let share = match split {
@@ -782,6 +843,7 @@ impl CpuSpace {
             split,
             threads,
             prefetch: true,
+            inner,
         }
     }
 

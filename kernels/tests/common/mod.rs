@@ -47,5 +47,7 @@ pub fn described_amx_host() -> Device {
     info.isa = Isa::Avx512Amx;
     info.avx512_bf16 = true;
     info.threads = 4;
+    // The 8480+'s L2 per core; the space's loop-order candidates depend on it.
+    info.l2_bytes = 2 << 20;
     Device::Cpu(info)
 }
