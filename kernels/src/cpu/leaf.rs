@@ -58,8 +58,12 @@ pub unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
             }
         }};
     }
-    // Unrolled by four: the loop's own three instructions were a tenth of an 8×48 step's.
-    for _ in 0..k / 4 {
+    // Unrolled by four: the loop's own three instructions were a tenth of an 8×48 step's. Not
+    // past 24 accumulators: unrolled, 14×32's 28 left LLVM too few registers and it kept
+    // accumulators on the stack (2048³ f32, one thread, 243 ms against 95-100 one step at a
+    // time, session 13).
+    let unrolled = if MR * NV > 24 { 0 } else { k / 4 };
+    for _ in 0..unrolled {
         for u in 0..4 {
             // SAFETY: caller contract: k steps of A and B.
             step!(unsafe { ap.add(u * csa) }, unsafe { bp.add(u * ldb) });
@@ -70,7 +74,7 @@ pub unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
             bp = bp.add(4 * ldb);
         }
     }
-    for _ in 0..k % 4 {
+    for _ in 0..k - 4 * unrolled {
         step!(ap, bp);
         // SAFETY: as above.
         unsafe {
