@@ -815,7 +815,8 @@ impl CpuSpace {
         // in L2. Two threads, f32, repeated calls, the configs interleaved round by round
         // (session 13): 2048³ 47.4 ms against 49.1, Llama-70B at M = 2048 o 95.0 against 97.0,
         // qkv 118.6 against 122.7, gate_up 692 against 702; one thread 2048³ 93.5 against
-        // 95.7. Other hosts unmeasured.
+        // 95.7. At M = 256 to 1024 mixed, within 4% either way (o at M = 1024 43.9 against
+        // 45.4, gate_up 320 against 315). Other hosts unmeasured.
         let (inner, kc) = if host.isa == Isa::Avx512Amx {
             (Inner::N, p.k.min(256))
         } else {
