@@ -77,19 +77,7 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Config::Gemm(c) => match c.variant {
-                GemmVariant::Packed => write!(
-                    f,
-                    "packed {} {}x{} mc={} kc={} nc={} split={} t={}{}",
-                    c.isa,
-                    c.mr,
-                    c.nr,
-                    c.mc,
-                    c.kc,
-                    c.nc,
-                    c.split,
-                    c.threads,
-                    inner_note(c.inner)
-                ),
+                GemmVariant::Packed => write!(f, "packed {} {}", c.isa, Blocked(c)),
                 GemmVariant::Stream => write!(
                     f,
                     "stream {} rows={} nc={} t={}{}",
@@ -99,18 +87,7 @@ impl fmt::Display for Config {
                     c.threads,
                     if c.prefetch { "" } else { " no-prefetch" }
                 ),
-                GemmVariant::Dpbf16 => write!(
-                    f,
-                    "dpbf16 {}x{} mc={} kc={} nc={} split={} t={}{}",
-                    c.mr,
-                    c.nr,
-                    c.mc,
-                    c.kc,
-                    c.nc,
-                    c.split,
-                    c.threads,
-                    inner_note(c.inner)
-                ),
+                GemmVariant::Dpbf16 => write!(f, "dpbf16 {}", Blocked(c)),
                 GemmVariant::StreamDpbf16 => write!(
                     f,
                     "stream-dpbf16 rows={} nc={} t={}{}",
@@ -119,28 +96,9 @@ impl fmt::Display for Config {
                     c.threads,
                     if c.prefetch { "" } else { " no-prefetch" }
                 ),
-                GemmVariant::Amx => write!(
-                    f,
-                    "amx {}x{} mc={} kc={} nc={} split={} t={}{}",
-                    c.mr,
-                    c.nr,
-                    c.mc,
-                    c.kc,
-                    c.nc,
-                    c.split,
-                    c.threads,
-                    inner_note(c.inner)
-                ),
-                GemmVariant::Direct => write!(
-                    f,
-                    "direct {} {}x{} mc={} kc={} nc={} split={} t={}",
-                    c.isa, c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
-                ),
-                GemmVariant::AmxDirect => write!(
-                    f,
-                    "amx-direct {}x{} mc={} kc={} nc={} split={} t={}",
-                    c.mr, c.nr, c.mc, c.kc, c.nc, c.split, c.threads
-                ),
+                GemmVariant::Amx => write!(f, "amx {}", Blocked(c)),
+                GemmVariant::Direct => write!(f, "direct {} {}", c.isa, Blocked(c)),
+                GemmVariant::AmxDirect => write!(f, "amx-direct {}", Blocked(c)),
             },
             Config::Flash(c) => write!(
                 f,
@@ -298,11 +256,28 @@ impl Inner {
     }
 }
 
-/// The loop order in a config's text, only where it is not the default.
-fn inner_note(inner: Inner) -> &'static str {
-    match inner {
-        Inner::M => "",
-        Inner::N => " inner=n",
+/// A blocked GEMM config's text after its variant and ISA: tile, blocks, split, threads, and
+/// the tile order where it is not the default.
+struct Blocked<'a>(&'a GemmConfig);
+
+impl fmt::Display for Blocked<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.0;
+        write!(
+            f,
+            "{}x{} mc={} kc={} nc={} split={} t={}{}",
+            c.mr,
+            c.nr,
+            c.mc,
+            c.kc,
+            c.nc,
+            c.split,
+            c.threads,
+            match c.inner {
+                Inner::M => "",
+                Inner::N => " inner=n",
+            }
+        )
     }
 }
 
