@@ -150,7 +150,13 @@ impl Db {
     async fn migrate(&self) -> Result<()> {
         let mut attempts = 0;
         loop {
-            let Err(source) = MIGRATOR.run(&self.pool).await else {
+            // On a connection of its own, closed after: the migrator leaves a read open on
+            // the connection it ran on, and `close`'s checkpoint would wait out the busy
+            // timeout (30 s) for it.
+            let mut conn = self.pool.acquire().await?;
+            let ran = MIGRATOR.run(&mut *conn).await;
+            let _ = conn.close().await;
+            let Err(source) = ran else {
                 return Ok(());
             };
             attempts += 1;

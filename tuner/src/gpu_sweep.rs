@@ -196,6 +196,7 @@ impl Sweep for GpuSweep<'_> {
                     pruned,
                     bar,
                     &mut |_| Err(Failure::Error(why.clone())),
+                    None,
                 );
             }
         };
@@ -211,8 +212,17 @@ impl Sweep for GpuSweep<'_> {
             }
         }
         let me = &*self;
-        sweep_candidates(job, problem, default, &runnable, pruned, bar, &mut |c| {
-            me.measure(job, on_device.as_mut(), &truth, c)
-        })
+        // The final round re-times each finalist in turn, back to back: side by side would
+        // load each finalist's module again for every batch of launches.
+        sweep_candidates(
+            job,
+            problem,
+            default,
+            &runnable,
+            pruned,
+            bar,
+            &mut |c| me.measure(job, on_device.as_mut(), &truth, c),
+            None,
+        )
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Timing runs the kernel on copies of the operands in rotation, enough copies to exceed the
 //! last-level cache twice over, so every call starts cold as it does in a server where other
-//! layers evicted the weights. Repetitions continue until the 95% confidence interval of the
+//! layers evicted the weights. The rotation runs on from one config to the next. Repetitions continue until the 95% confidence interval of the
 //! median (order statistics) is within `target_ci` of it, or the repetition or time cap is hit.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -38,12 +38,18 @@ impl Default for Policy {
     }
 }
 
+/// Rotation copies beyond this many would be for problems so small (under 16 KiB) that the
+/// rotation's bookkeeping is what gets timed.
+const MAX_COPIES: usize = 1 << 16;
+
 /// The operands of one problem: the verification copy with its reference rows, and the
 /// rotation copies for timing.
 #[derive(Debug)]
 pub struct Workload {
     pub problem: Problem,
     copies: Vec<ProblemData>,
+    /// Timed calls so far, the rotation's position.
+    next: usize,
     rows: Vec<usize>,
     reference: Vec<Vec<f64>>,
     scratch: Scratch,
@@ -64,21 +70,49 @@ impl Workload {
         let rows = first.verify_rows();
         let reference = rows.iter().map(|&r| first.reference_row(r)).collect();
         let per_copy = first.bytes().max(1);
-        // Memory for rotation is capped at 1 GiB: beyond that the operands dwarf any cache.
-        let copies = policy
-            .rotate_bytes
-            .div_ceil(per_copy)
-            .clamp(1, 64)
-            .min(((1usize << 30) / per_copy).max(1));
-        let mut all = vec![first];
-        all.extend((1..copies).map(|i| ProblemData::random(problem, i as u64)));
+        // Copy 0 is verified and warms up; timing rotates through the others, so between two
+        // calls on one copy the rest, `rotate_bytes` of them, pass through the caches.
+        let wanted = if policy.rotate_bytes == 0 {
+            1
+        } else {
+            policy.rotate_bytes.div_ceil(per_copy) + 1
+        };
+        // A quarter of the host's memory at most: a problem that large dwarfs any cache.
+        let fit = (crate::host_memory_bytes() as usize / 4 / per_copy).max(1);
+        let copies = wanted.min(fit).min(MAX_COPIES);
+        // The copies need other addresses, not other values: cloning the first is quicker
+        // than drawing and converting fresh random data, and the kernels' speed does not
+        // depend on the values.
+        let mut all = Vec::with_capacity(copies);
+        all.push(first);
+        for _ in 1..copies {
+            all.push(all[0].clone());
+        }
         Workload {
             problem: *problem,
             copies: all,
+            next: 0,
             rows,
             reference,
             scratch: Scratch::new(),
         }
+    }
+
+    /// How many copies of the operands there are: the verification copy and the rotation's.
+    pub fn copies(&self) -> usize {
+        self.copies.len()
+    }
+
+    /// The copy the next timed call runs on: the one least recently timed. The rotation
+    /// goes on across configs; restarting it for each would hand a config the copies the
+    /// previous one just read, still in a large last-level cache.
+    fn timing_copy(&mut self) -> usize {
+        let n = self.copies.len();
+        if n == 1 {
+            return 0;
+        }
+        self.next += 1;
+        1 + self.next % (n - 1)
     }
 
     fn run(&mut self, backend: &dyn Backend, config: &Config, copy: usize) -> Result<(), Failure> {
@@ -136,7 +170,7 @@ impl Workload {
         let mut samples = Vec::with_capacity(policy.min_reps);
         let n = self.copies.len();
         while samples.len() < policy.max_reps {
-            let copy = samples.len() % n;
+            let copy = self.timing_copy();
             let t = Instant::now();
             self.run(backend, config, copy)?;
             samples.push(t.elapsed().as_nanos() as f64);
@@ -148,6 +182,76 @@ impl Workload {
             }
         }
         Ok(stats(&self.problem, samples, n > 1))
+    }
+
+    /// Times verified configs side by side: each round runs every config in turn, a short
+    /// burst each, so a host whose speed drifts (a shared VM moves 5-10% within a minute)
+    /// slows them all alike and their medians compare. The sweep's own timings of two configs can be minutes
+    /// apart; this is what picks the winner among the best of them and the default. Stops
+    /// when every config has `min_reps` samples and either their medians' CIs are all within
+    /// `target_ci` or `max_time` per config has passed.
+    pub fn time_together(
+        &mut self,
+        backend: &dyn Backend,
+        configs: &[Config],
+        policy: &Policy,
+    ) -> Vec<Result<Stats, Failure>> {
+        let mut failed: Vec<Option<Failure>> = vec![None; configs.len()];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        let warm = Instant::now();
+        for (c, f) in configs.iter().zip(&mut failed) {
+            *f = self.run(backend, c, 0).err();
+        }
+        let live = failed.iter().filter(|f| f.is_none()).count() as u32;
+        let budget = policy.max_time * live.max(1);
+        let min_reps = if warm.elapsed() * policy.min_reps as u32 > budget {
+            policy.min_reps.min(3)
+        } else {
+            policy.min_reps
+        };
+        let n = self.copies.len();
+        let start = Instant::now();
+        while samples.iter().map(Vec::len).max().unwrap_or(0) < policy.max_reps {
+            for (i, c) in configs.iter().enumerate() {
+                // A burst per config: its first call is not timed, since it pays for the
+                // switch from the config before it (a decode kernel called after two AMX
+                // kernels took 1.5 times as long as after itself, on a cold cache all the
+                // same), which the search's timings, one config after another, do not.
+                for timed in [false, true, true] {
+                    if failed[i].is_some() {
+                        break;
+                    }
+                    let copy = self.timing_copy();
+                    let t = Instant::now();
+                    match self.run(backend, c, copy) {
+                        Ok(()) if timed => samples[i].push(t.elapsed().as_nanos() as f64),
+                        Ok(()) => {}
+                        Err(e) => failed[i] = Some(e),
+                    }
+                }
+            }
+            let timed = samples.iter().zip(&failed).filter(|(_, f)| f.is_none());
+            let reps = timed.clone().map(|(s, _)| s.len()).min().unwrap_or(0);
+            if reps >= min_reps
+                && (start.elapsed() >= budget
+                    || timed
+                        .clone()
+                        .all(|(s, _)| ci_half_width(s) <= policy.target_ci))
+            {
+                break;
+            }
+            if reps == 0 && failed.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        samples
+            .into_iter()
+            .zip(failed)
+            .map(|(s, f)| match f {
+                Some(f) => Err(f),
+                None => Ok(stats(&self.problem, s, n > 1)),
+            })
+            .collect()
     }
 }
 

@@ -54,7 +54,9 @@ pub struct Outcome {
     pub throughput: Option<f64>,
     pub unit: Option<String>,
     pub speedup: Option<f64>,
+    /// Candidates measured by the search, and measurements of the final round besides.
     pub measured: usize,
+    pub final_round: usize,
     pub pruned: usize,
     pub failed: usize,
 }
@@ -81,6 +83,8 @@ pub trait Sweep {
 #[derive(Debug)]
 pub struct Swept {
     pub records: Vec<MeasurementRecord>,
+    /// How many of the records (the last ones) are the final round's.
+    pub final_round: usize,
     pub winner: Option<usize>,
     pub default: Option<usize>,
     pub pruned: usize,
@@ -185,6 +189,7 @@ pub async fn run(
             unit: None,
             speedup: None,
             measured: 0,
+            final_round: 0,
             pruned: 0,
             failed: 0,
         };
@@ -214,6 +219,7 @@ pub async fn run(
         bars.remove(&bar);
         let Some(Swept {
             records: measurements,
+            final_round,
             winner,
             default,
             pruned,
@@ -252,7 +258,8 @@ pub async fn run(
             throughput: ws.map(|s| s.throughput),
             unit: ws.map(|s| s.unit.clone()),
             speedup: ws.zip(ds).map(|(w, d)| d.median_ns / w.median_ns),
-            measured: measurements.len() - pruned,
+            measured: measurements.len() - pruned - final_round,
+            final_round,
             pruned,
             failed: measurements
                 .iter()
@@ -314,12 +321,27 @@ impl Sweep for CpuSweep<'_> {
                 Err(e) => pruned.push(invalid(&c, e.to_string())),
             }
         }
-        let mut workload = Workload::new(problem, &job.policy);
+        let workload = std::cell::RefCell::new(Workload::new(problem, &job.policy));
         let backend = self.backend;
-        sweep_candidates(job, problem, default, &runnable, pruned, bar, &mut |c| {
-            let err = workload.verify(backend, c)?;
-            Ok((err, workload.time(backend, c, &job.policy)?))
-        })
+        let policy = &job.policy;
+        sweep_candidates(
+            job,
+            problem,
+            default,
+            &runnable,
+            pruned,
+            bar,
+            &mut |c| {
+                let mut w = workload.borrow_mut();
+                let err = w.verify(backend, c)?;
+                Ok((err, w.time(backend, c, policy)?))
+            },
+            Some(&mut |finalists| {
+                workload
+                    .borrow_mut()
+                    .time_together(backend, finalists, policy)
+            }),
+        )
     }
 }
 
@@ -337,9 +359,25 @@ pub fn invalid(config: &Config, why: String) -> MeasurementRecord {
 /// How a candidate fared: its verification error and timing, or why it has none.
 pub type Measured = std::result::Result<(f64, Stats), Failure>;
 
+/// Times the finalists of a sweep side by side (see [`Workload::time_together`]), one result
+/// each, in their order.
+pub type TimeTogether<'a> = dyn FnMut(&[Config]) -> Vec<std::result::Result<Stats, Failure>> + 'a;
+
+/// How many of the fastest candidates besides the default go to the final round.
+const FINALISTS: usize = 3;
+
 /// Searches `runnable` with the job's strategy within its budgets, measuring each candidate
 /// with `measure`; `records` starts with the pruned ones. The default is always measured; a
 /// candidate that fails verification or errors is recorded and never wins.
+///
+/// The winner comes from a final round: the default and the [`FINALISTS`] fastest candidates
+/// of the search timed again, side by side with `together`, or (without it) each re-measured
+/// in turn with `measure`. A search's timings of two candidates can be minutes apart, and on
+/// a shared machine its speed moves by more than the margins between near-equal candidates
+/// in that time; the fastest of many noisy timings also tends to be one that was lucky. The
+/// final round's timings are stored as measurements of their own, and the winner's speedup
+/// is against the default's final-round timing. A finalist that fails there cannot win.
+#[allow(clippy::too_many_arguments)]
 pub fn sweep_candidates(
     job: &Job<'_>,
     problem: &Problem,
@@ -348,12 +386,13 @@ pub fn sweep_candidates(
     mut records: Vec<MeasurementRecord>,
     bar: &ProgressBar,
     measure: &mut dyn FnMut(&Config) -> Measured,
+    together: Option<&mut TimeTogether<'_>>,
 ) -> Option<Swept> {
     let pruned = records.len();
     bar.set_length(runnable.len().min(job.max_configs) as u64);
     let started = Instant::now();
-    let mut measured = 0usize;
-    let mut default_idx = None;
+    // The configs measured, in the order of their records after the pruned ones.
+    let mut tried: Vec<Config> = Vec::new();
     let mut stopped = false;
     let mut eval = |c: &Config| -> std::result::Result<Option<f64>, ()> {
         if STOP.load(Ordering::SeqCst) {
@@ -361,45 +400,14 @@ pub fn sweep_candidates(
             return Err(());
         }
         // The default is always measured, so the budget applies after it.
-        if measured > 0 && (measured >= job.max_configs || started.elapsed() >= job.budget) {
+        if !tried.is_empty() && (tried.len() >= job.max_configs || started.elapsed() >= job.budget)
+        {
             return Err(());
         }
-        measured += 1;
         bar.inc(1);
-        let mut rec = MeasurementRecord {
-            config: c.to_json(),
-            status: Status::Ok,
-            message: None,
-            error: None,
-            stats: None,
-        };
-        let median = match measure(c) {
-            Ok((err, stats)) => {
-                let m = stats.median_ns;
-                rec.error = Some(err);
-                rec.stats = Some(stats);
-                Some(m)
-            }
-            Err(Failure::Wrong(err)) => {
-                rec.status = Status::FailedVerification;
-                rec.error = Some(err);
-                rec.message = Some(format!(
-                    "relative error {err:.3e} exceeds the {} {} tolerance {:.1e}",
-                    problem.dtype(),
-                    problem.family(),
-                    problem.tolerance()
-                ));
-                None
-            }
-            Err(Failure::Error(msg)) => {
-                rec.status = Status::Error;
-                rec.message = Some(msg);
-                None
-            }
-        };
-        if *c == default {
-            default_idx = Some(records.len());
-        }
+        let rec = record(problem, c, measure(c), None);
+        let median = rec.stats.as_ref().map(|s| s.median_ns);
+        tried.push(*c);
         records.push(rec);
         Ok(median)
     };
@@ -410,17 +418,108 @@ pub fn sweep_candidates(
     if stopped {
         return None;
     }
-    let winner = records
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.status == Status::Ok)
-        .filter_map(|(i, r)| r.stats.as_ref().map(|s| (i, s.median_ns)))
+    let searched = &records[pruned..];
+    let mut finalists: Vec<usize> = (0..searched.len())
+        .filter(|&i| searched[i].status == Status::Ok && tried[i] != default)
+        .collect();
+    finalists.sort_by(|&a, &b| median_of(&searched[a]).total_cmp(&median_of(&searched[b])));
+    // A strategy that measured a config twice puts it in the final round once.
+    let mut seen = std::collections::HashSet::new();
+    finalists.retain(|&i| seen.insert(tried[i]));
+    finalists.truncate(FINALISTS);
+    finalists.extend(
+        (0..searched.len()).find(|&i| tried[i] == default && searched[i].status == Status::Ok),
+    );
+    let mut default_idx = tried.iter().position(|c| *c == default).map(|i| pruned + i);
+    let mut contenders: Vec<usize> = (pruned..records.len()).collect();
+    if finalists.len() > 1 {
+        if STOP.load(Ordering::SeqCst) {
+            return None;
+        }
+        bar.set_message(format!("{}: final round", problem.key()));
+        let configs: Vec<Config> = finalists.iter().map(|&i| tried[i]).collect();
+        let how = format!(
+            "final round: {} with {} others",
+            if together.is_some() {
+                "timed side by side"
+            } else {
+                "re-timed in turn"
+            },
+            configs.len() - 1
+        );
+        let results: Vec<Measured> = match together {
+            Some(together) => together(&configs)
+                .into_iter()
+                .zip(&finalists)
+                .map(|(r, &i)| r.map(|s| (records[pruned + i].error.unwrap_or(0.0), s)))
+                .collect(),
+            None => configs.iter().map(&mut *measure).collect(),
+        };
+        if STOP.load(Ordering::SeqCst) {
+            return None;
+        }
+        contenders.clear();
+        for (c, r) in configs.iter().zip(results) {
+            if *c == default {
+                default_idx = Some(records.len());
+            }
+            contenders.push(records.len());
+            records.push(record(problem, c, r, Some(how.clone())));
+        }
+    }
+    let winner = contenders
+        .into_iter()
+        .filter(|&i| records[i].status == Status::Ok)
+        .filter_map(|i| records[i].stats.as_ref().map(|s| (i, s.median_ns)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(i, _)| i);
     Some(Swept {
+        final_round: records.len() - pruned - tried.len(),
         records,
         winner,
         default: default_idx,
         pruned,
     })
+}
+
+fn median_of(r: &MeasurementRecord) -> f64 {
+    r.stats.as_ref().map_or(f64::INFINITY, |s| s.median_ns)
+}
+
+/// The record of a measured candidate; `round` says which round it was timed in, when it
+/// was the final one.
+fn record(problem: &Problem, c: &Config, m: Measured, round: Option<String>) -> MeasurementRecord {
+    let mut rec = MeasurementRecord {
+        config: c.to_json(),
+        status: Status::Ok,
+        message: None,
+        error: None,
+        stats: None,
+    };
+    let why = match m {
+        Ok((err, stats)) => {
+            rec.error = Some(err);
+            rec.stats = Some(stats);
+            None
+        }
+        Err(Failure::Wrong(err)) => {
+            rec.status = Status::FailedVerification;
+            rec.error = Some(err);
+            Some(format!(
+                "relative error {err:.3e} exceeds the {} {} tolerance {:.1e}",
+                problem.dtype(),
+                problem.family(),
+                problem.tolerance()
+            ))
+        }
+        Err(Failure::Error(msg)) => {
+            rec.status = Status::Error;
+            Some(msg)
+        }
+    };
+    rec.message = match (round, why) {
+        (Some(round), Some(why)) => Some(format!("{round}: {why}")),
+        (round, why) => round.or(why),
+    };
+    rec
 }

@@ -111,7 +111,12 @@ fn four_tuners_share_one_database_and_lose_nothing() {
         );
         written += summary
             .iter()
-            .map(|o| o["measured"].as_u64().unwrap() + o["pruned"].as_u64().unwrap())
+            .map(|o| {
+                ["measured", "final_round", "pruned"]
+                    .map(|f| o[f].as_u64().unwrap())
+                    .iter()
+                    .sum::<u64>()
+            })
             .sum::<u64>() as usize;
     }
     // Every winner and every measurement each process wrote is there.

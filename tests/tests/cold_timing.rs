@@ -1,0 +1,115 @@
+//! Cold-cache timing: the rotation through operand copies runs on from one config to the
+//! next, so no config is timed on copies another config just read.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kerntune_e2e::small_problems;
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::kernel::Args;
+use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem, Space};
+use kerntune_tuner::measure::{Policy, Workload};
+
+/// The CPU backend, noting which output buffer (so which copy) each call wrote.
+#[derive(Default)]
+struct Recorder {
+    outputs: Mutex<Vec<usize>>,
+}
+
+impl Backend for Recorder {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn scratch_len(&self, problem: &Problem, config: &Config) -> usize {
+        CpuBackend.scratch_len(problem, config)
+    }
+    fn run(
+        &self,
+        problem: &Problem,
+        config: &Config,
+        args: Args<'_>,
+        scratch: &mut [f32],
+    ) -> Result<(), KernelError> {
+        if let Args::Gemm(g) = &args {
+            self.outputs.lock().unwrap().push(g.c.as_ptr() as usize);
+        }
+        CpuBackend.run(problem, config, args, scratch)
+    }
+}
+
+#[test]
+fn timing_rotates_through_every_copy_before_reusing_one_across_configs() {
+    let problem = small_problems()[0].problem;
+    let device = Device::host();
+    let per_copy = ProblemData::random(&problem, 1).bytes();
+    let policy = Policy {
+        min_reps: 3,
+        max_reps: 3,
+        max_time: Duration::from_secs(5),
+        target_ci: 1.0,
+        rotate_bytes: 8 * per_copy,
+    };
+    let mut w = Workload::new(&problem, &policy);
+    // The verification copy and enough others to hold `rotate_bytes` between two calls on one.
+    assert_eq!(w.copies(), 9);
+    let configs: Vec<Config> = CpuSpace
+        .candidates(&problem, &device)
+        .into_iter()
+        .take(3)
+        .collect();
+    let r = Recorder::default();
+    w.verify(&r, &configs[0]).unwrap();
+    let verified = r.outputs.lock().unwrap()[0];
+    let mut timed = Vec::new();
+    for c in &configs {
+        r.outputs.lock().unwrap().clear();
+        let s = w.time(&r, c, &policy).unwrap();
+        assert!(s.cold_cache);
+        let calls = r.outputs.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1 + 3, "a warm-up call and three timed ones");
+        assert_eq!(calls[0], verified, "the warm-up runs on the verified copy");
+        timed.extend_from_slice(&calls[1..]);
+    }
+    // Nine timed calls over the eight rotation copies: each copy once before any again, and
+    // never the verified one (which every warm-up just read).
+    assert!(!timed.contains(&verified));
+    let mut first_eight = timed[..8].to_vec();
+    first_eight.sort_unstable();
+    first_eight.dedup();
+    assert_eq!(first_eight.len(), 8, "{timed:?}");
+    assert_eq!(timed[8], timed[0], "the ninth call is back at the least recently read");
+}
+
+#[test]
+fn side_by_side_timing_continues_the_rotation() {
+    let problem = small_problems()[0].problem;
+    let device = Device::host();
+    let per_copy = ProblemData::random(&problem, 1).bytes();
+    let policy = Policy {
+        min_reps: 2,
+        max_reps: 2,
+        max_time: Duration::from_secs(5),
+        target_ci: 1.0,
+        rotate_bytes: 100 * per_copy,
+    };
+    let mut w = Workload::new(&problem, &policy);
+    let configs: Vec<Config> = CpuSpace
+        .candidates(&problem, &device)
+        .into_iter()
+        .take(2)
+        .collect();
+    let r = Recorder::default();
+    w.time(&r, &configs[0], &policy).unwrap();
+    let before: Vec<usize> = r.outputs.lock().unwrap()[1..].to_vec();
+    r.outputs.lock().unwrap().clear();
+    let out = w.time_together(&r, &configs, &policy);
+    assert!(out.iter().all(|s| s.as_ref().is_ok_and(|s| s.reps == 2)), "{out:?}");
+    let calls = r.outputs.lock().unwrap().clone();
+    // A warm-up each, then one round: a burst of three per config, the first untimed.
+    assert_eq!(calls.len(), 2 + 2 * 3);
+    let rotated = &calls[2..];
+    let mut all: Vec<usize> = before.iter().chain(rotated).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), before.len() + rotated.len(), "no copy read twice");
+}
