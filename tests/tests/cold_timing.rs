@@ -1,14 +1,17 @@
 //! Cold-cache timing: the rotation through operand copies runs on from one config to the
 //! next, so no config is timed on copies another config just read.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use kerntune_e2e::small_problems;
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Args;
-use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem, Space};
-use kerntune_tuner::measure::{Policy, Workload};
+use kerntune_kernels::{
+    Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem, Space,
+};
+use kerntune_tuner::measure::{Failure, Policy, Workload};
 
 /// The CPU backend, noting which output buffer (so which copy) each call wrote.
 #[derive(Default)]
@@ -77,7 +80,10 @@ fn timing_rotates_through_every_copy_before_reusing_one_across_configs() {
     first_eight.sort_unstable();
     first_eight.dedup();
     assert_eq!(first_eight.len(), 8, "{timed:?}");
-    assert_eq!(timed[8], timed[0], "the ninth call is back at the least recently read");
+    assert_eq!(
+        timed[8], timed[0],
+        "the ninth call is back at the least recently read"
+    );
 }
 
 #[test]
@@ -102,8 +108,11 @@ fn side_by_side_timing_continues_the_rotation() {
     w.time(&r, &configs[0], &policy).unwrap();
     let before: Vec<usize> = r.outputs.lock().unwrap()[1..].to_vec();
     r.outputs.lock().unwrap().clear();
-    let out = w.time_together(&r, &configs, &policy);
-    assert!(out.iter().all(|s| s.as_ref().is_ok_and(|s| s.reps == 2)), "{out:?}");
+    let out = w.time_together(&r, &configs, &policy, &AtomicBool::new(false));
+    assert!(
+        out.iter().all(|s| s.as_ref().is_ok_and(|s| s.reps == 2)),
+        "{out:?}"
+    );
     let calls = r.outputs.lock().unwrap().clone();
     // A warm-up each, then one round: a burst of three per config, the first untimed.
     assert_eq!(calls.len(), 2 + 2 * 3);
@@ -111,5 +120,36 @@ fn side_by_side_timing_continues_the_rotation() {
     let mut all: Vec<usize> = before.iter().chain(rotated).copied().collect();
     all.sort_unstable();
     all.dedup();
-    assert_eq!(all.len(), before.len() + rotated.len(), "no copy read twice");
+    assert_eq!(
+        all.len(),
+        before.len() + rotated.len(),
+        "no copy read twice"
+    );
+}
+
+#[test]
+fn side_by_side_timing_stops_between_bursts_when_asked() {
+    let problem = small_problems()[0].problem;
+    let device = Device::host();
+    let policy = Policy {
+        min_reps: 50,
+        max_reps: 200,
+        max_time: Duration::from_secs(60),
+        target_ci: 0.0,
+        rotate_bytes: 0,
+    };
+    let mut w = Workload::new(&problem, &policy);
+    let configs: Vec<Config> = CpuSpace
+        .candidates(&problem, &device)
+        .into_iter()
+        .take(2)
+        .collect();
+    let r = Recorder::default();
+    let out = w.time_together(&r, &configs, &policy, &AtomicBool::new(true));
+    assert_eq!(r.outputs.lock().unwrap().len(), 2, "the warm-ups only");
+    assert!(
+        out.iter()
+            .all(|s| matches!(s, Err(Failure::Error(m)) if m == "interrupted")),
+        "{out:?}"
+    );
 }

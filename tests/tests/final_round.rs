@@ -2,6 +2,7 @@
 //! again, side by side, and the winner and its speedup taken from those timings.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use indicatif::ProgressBar;
@@ -190,7 +191,7 @@ fn side_by_side_timing_times_each_config_and_keeps_a_crash_to_its_own() {
     };
     let mut w = Workload::new(&problem, &policy);
     let configs = [list[0], panicking_config(), list[1]];
-    let out = w.time_together(&FakeBackend, &configs, &policy);
+    let out = w.time_together(&FakeBackend, &configs, &policy, &AtomicBool::new(false));
     assert_eq!(out.len(), 3);
     for i in [0, 2] {
         let s = out[i].as_ref().expect("times");

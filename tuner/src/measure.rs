@@ -6,6 +6,7 @@
 //! median (order statistics) is within `target_ci` of it, or the repetition or time cap is hit.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kerntune_db::Stats;
@@ -190,11 +191,15 @@ impl Workload {
     /// apart; this is what picks the winner among the best of them and the default. Stops
     /// when every config has `min_reps` samples and either their medians' CIs are all within
     /// `target_ci` or `max_time` per config has passed.
+    ///
+    /// `stop` is looked at between bursts: once set, the round ends early (the caller
+    /// discards what it got), so Ctrl-C is not kept waiting on a round of slow calls.
     pub fn time_together(
         &mut self,
         backend: &dyn Backend,
         configs: &[Config],
         policy: &Policy,
+        stop: &AtomicBool,
     ) -> Vec<Result<Stats, Failure>> {
         let mut failed: Vec<Option<Failure>> = vec![None; configs.len()];
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
@@ -213,6 +218,9 @@ impl Workload {
         let start = Instant::now();
         while samples.iter().map(Vec::len).max().unwrap_or(0) < policy.max_reps {
             for (i, c) in configs.iter().enumerate() {
+                if stop.load(Ordering::SeqCst) {
+                    return interrupted(configs.len());
+                }
                 // A burst per config: its first call is not timed, since it pays for the
                 // switch from the config before it (a decode kernel called after two AMX
                 // kernels took 1.5 times as long as after itself, on a cold cache all the
@@ -253,6 +261,11 @@ impl Workload {
             })
             .collect()
     }
+}
+
+/// What a side-by-side round stopped early answers for each of its configs.
+fn interrupted(configs: usize) -> Vec<Result<Stats, Failure>> {
+    vec![Err(Failure::Error("interrupted".into())); configs]
 }
 
 /// The worst relative error of `out` over the verification `rows` (of `row_len` values each)

@@ -339,7 +339,7 @@ impl Sweep for CpuSweep<'_> {
             Some(&mut |finalists| {
                 workload
                     .borrow_mut()
-                    .time_together(backend, finalists, policy)
+                    .time_together(backend, finalists, policy, &STOP)
             }),
         )
     }
