@@ -49,6 +49,9 @@ pub struct ExportRow {
     pub stats: Option<Stats>,
     /// The default config's measurement, kept so a winner's speedup travels with it.
     pub is_default: bool,
+    /// Timed in its problem's final round (absent in files written before schema 4).
+    #[serde(default)]
+    pub final_round: bool,
     pub measured_at: String,
     /// Whether it is its problem's winner in the exporting database.
     pub winner: bool,
@@ -97,7 +100,7 @@ const EXPORT_SELECT: &str = "
            m.error, m.median_ns, m.min_ns, m.p20_ns, m.p80_ns, m.reps, m.throughput, m.unit,
            m.cold_cache, m.is_default, m.measured_at,
            EXISTS (SELECT 1 FROM winners w WHERE w.measurement_id = m.id) AS is_winner,
-           m.id
+           m.id, m.final_round
     FROM measurements m
     JOIN runs r ON r.id = m.run_id
     JOIN devices d ON d.id = m.device_id
@@ -152,6 +155,7 @@ fn export_row(r: &SqliteRow) -> ExportRow {
             cold_cache: r.get(31),
         }),
         is_default: r.get(32),
+        final_round: r.get(36),
         measured_at: r.get(33),
         winner: r.get(34),
     }
@@ -240,7 +244,9 @@ impl Db {
 }
 
 /// Gives every (device, kernel version, problem) with verified measurements but no winner
-/// its fastest one (ties broken by id); returns how many it set.
+/// its fastest one (ties broken by id); returns how many it set. A run that held a final
+/// round for the problem offers only that round's measurements, as its tuner chose among
+/// them: a search timing faster than its own final-round timing was a lucky one.
 pub(crate) async fn recompute_missing_winners(tx: &mut Transaction<'_, Sqlite>) -> Result<u64> {
     let best: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM (
@@ -250,7 +256,11 @@ pub(crate) async fn recompute_missing_winners(tx: &mut Transaction<'_, Sqlite>) 
            FROM measurements m
            WHERE m.status = 'ok' AND m.median_ns IS NOT NULL
              AND NOT EXISTS (SELECT 1 FROM winners w WHERE w.device_id = m.device_id
-                             AND w.kernel_id = m.kernel_id AND w.problem_id = m.problem_id))
+                             AND w.kernel_id = m.kernel_id AND w.problem_id = m.problem_id)
+             AND (m.final_round OR NOT EXISTS (
+                   SELECT 1 FROM measurements f WHERE f.run_id = m.run_id
+                     AND f.device_id = m.device_id AND f.kernel_id = m.kernel_id
+                     AND f.problem_id = m.problem_id AND f.final_round)))
          WHERE rank = 1",
     )
     .fetch_all(&mut **tx)
@@ -356,6 +366,7 @@ async fn file_row(
         error: row.error,
         stats: row.stats.as_ref(),
         is_default: row.is_default,
+        final_round: row.final_round,
         measured_at: Some(&row.measured_at),
     };
     let id = insert_measurement(tx, &new).await?;

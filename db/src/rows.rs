@@ -89,6 +89,8 @@ pub(crate) struct NewMeasurement<'a> {
     pub error: Option<f64>,
     pub stats: Option<&'a Stats>,
     pub is_default: bool,
+    /// Timed in its problem's final round.
+    pub final_round: bool,
     pub measured_at: Option<&'a str>,
 }
 
@@ -100,8 +102,8 @@ pub(crate) async fn insert_measurement(
     Ok(sqlx::query_scalar(&format!(
         "INSERT INTO measurements (uid, run_id, device_id, kernel_id, problem_id, config, status,
            message, error, median_ns, min_ns, p20_ns, p80_ns, reps, throughput, unit, cold_cache,
-           is_default, measured_at)
-         VALUES (COALESCE(?, {NEW_UID}), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+           is_default, final_round, measured_at)
+         VALUES (COALESCE(?, {NEW_UID}), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
                  COALESCE(?, {NOW}))
          RETURNING id"
     ))
@@ -123,6 +125,7 @@ pub(crate) async fn insert_measurement(
     .bind(s.map(|s| s.unit.as_str()))
     .bind(s.map(|s| s.cold_cache).unwrap_or(true))
     .bind(m.is_default)
+    .bind(m.final_round)
     .bind(m.measured_at)
     .fetch_one(&mut *conn)
     .await?)

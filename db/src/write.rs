@@ -30,6 +30,8 @@ pub struct ProblemResult<'a> {
     pub winner: Option<usize>,
     /// Index into `measurements` of the default config's measurement.
     pub default: Option<usize>,
+    /// How many of `measurements`, the last ones, were timed in the final round.
+    pub final_round: usize,
     pub tool_version: &'a str,
 }
 
@@ -85,6 +87,7 @@ impl Db {
         let p = r.problem;
         let problem_id = upsert_problem(&mut tx, &p.family, &p.key, &p.fields).await?;
         let mut ids = Vec::with_capacity(r.measurements.len());
+        let finals_from = r.measurements.len().saturating_sub(r.final_round);
         for (i, m) in r.measurements.iter().enumerate() {
             let new = NewMeasurement {
                 uid: None,
@@ -98,6 +101,7 @@ impl Db {
                 error: m.error,
                 stats: m.stats.as_ref(),
                 is_default: r.default == Some(i),
+                final_round: i >= finals_from,
                 measured_at: None,
             };
             ids.push(insert_measurement(&mut tx, &new).await?);

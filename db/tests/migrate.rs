@@ -9,7 +9,8 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, Executor};
 
-/// Writes a database at schema 1 with one run, two measurements and a winner.
+/// Writes a database at schema 1 with one run, three measurements (one of them a final round's,
+/// by its message) and a winner.
 async fn schema_one(path: &Path) {
     let only_first = tempfile::tempdir().unwrap();
     std::fs::copy(
@@ -36,9 +37,11 @@ async fn schema_one(path: &Path) {
          INSERT INTO runs (id, tool_version, command_line, device_id, started_at, status)
            VALUES (1, '0.1.0', 'tune', 1, '2026-11-30T00:00:00Z', 'done');
          INSERT INTO measurements (id, run_id, device_id, kernel_id, problem_id, config, status,
-           median_ns, measured_at)
-           VALUES (1, 1, 1, 1, 1, '{\"a\":1}', 'ok', 50.0, 't'),
-                  (2, 1, 1, 1, 1, '{\"a\":2}', 'ok', 80.0, 't');
+           message, median_ns, measured_at)
+           VALUES (1, 1, 1, 1, 1, '{\"a\":1}', 'ok', NULL, 50.0, 't'),
+                  (2, 1, 1, 1, 1, '{\"a\":2}', 'ok', NULL, 80.0, 't'),
+                  (3, 1, 1, 1, 1, '{\"a\":1}', 'ok',
+                   'final round: timed side by side with 1 others', 55.0, 't');
          INSERT INTO winners VALUES (1, 1, 1, 1, '{\"a\":1}', 50.0, 80.0, 1.6, '0.1.0', 't');",
     )
     .await
@@ -86,12 +89,18 @@ async fn schema_one_reads_without_migrating_and_migrates_on_open() {
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    assert_eq!((uids, host.as_str()), (2, "host-a"));
+    assert_eq!((uids, host.as_str()), (3, "host-a"));
     let default: i64 = sqlx::query_scalar("SELECT id FROM measurements WHERE is_default = 1")
         .fetch_one(&mut conn)
         .await
         .unwrap();
     assert_eq!(default, 2);
+    // Schema 4: a final-round measurement written before the mark existed gets it.
+    let finals: Vec<i64> = sqlx::query_scalar("SELECT id FROM measurements WHERE final_round")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(finals, [3]);
 }
 
 /// A database created and closed at once (as `tune import` into a new file can do) closes

@@ -77,6 +77,7 @@ fn fill(path: &Path, n: usize, finish: bool) {
                 measurements: &ms,
                 winner: Some(0),
                 default: Some(0),
+                final_round: 0,
                 tool_version: "bench",
             })
             .await

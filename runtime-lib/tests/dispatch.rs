@@ -66,6 +66,7 @@ fn craft(path: &Path, rows: &[(&str, String)], hash: &str, finish: bool) {
                 measurements: &[m],
                 winner: Some(0),
                 default: Some(0),
+                final_round: 0,
                 tool_version: "test",
             })
             .await

@@ -6,11 +6,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use kerntune_db::{Db, Stats, Status};
+use kerntune_db::{Db, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus, Stats, Status};
 use kerntune_e2e::{job, panicking_config, small_problems, FakeBackend};
 use kerntune_kernels::{Config, CpuSpace, Device, Problem, Space};
 use kerntune_tuner::measure::{stats, Failure, Policy, Workload};
-use kerntune_tuner::tune::{sweep_candidates, Measured, Swept, TimeTogether};
+use kerntune_tuner::tune::{self, sweep_candidates, Measured, Swept, TimeTogether};
 
 /// Five distinct configs of a small GEMM, the default first.
 fn configs(device: &Device) -> (Problem, Vec<Config>) {
@@ -204,4 +204,106 @@ fn side_by_side_timing_times_each_config_and_keeps_a_crash_to_its_own() {
         "{:?}",
         out[1]
     );
+}
+
+/// Writes one run of the five configs: the search's timings, and (when `finals` is given)
+/// a final round of configs 1, 2 and the default, whose fastest is the winner.
+async fn one_run(path: &std::path::Path, host: &str, search: [f64; 5], finals: Option<[f64; 3]>) {
+    let db = Db::open(path).await.unwrap();
+    let device = Device::host();
+    let (problem, list) = configs(&device);
+    let mut record = tune::device_record(&device);
+    record.host = host.into();
+    let dev = db.device_id(&record).await.unwrap();
+    let kernel = tune::kernel_record(&problem, "cpu", kerntune_kernels::CPU_SOURCE_HASH);
+    let kid = db.kernel_id(&kernel).await.unwrap();
+    let run = db.begin_run("test", "test", dev, host).await.unwrap();
+    let ok = |c: &Config, ns: f64, message: Option<&str>| MeasurementRecord {
+        config: c.to_json(),
+        status: Status::Ok,
+        message: message.map(String::from),
+        error: Some(0.0),
+        stats: Some(stats(&problem, vec![ns; 3], true)),
+    };
+    let mut ms: Vec<MeasurementRecord> = list
+        .iter()
+        .zip(search)
+        .map(|(c, ns)| ok(c, ns, None))
+        .collect();
+    let (winner, default, final_round) = match finals {
+        Some(f) => {
+            let round = [1, 2, 0];
+            for (&i, ns) in round.iter().zip(f) {
+                ms.push(ok(
+                    &list[i],
+                    ns,
+                    Some("final round: timed side by side with 2 others"),
+                ));
+            }
+            let best = (0..3).min_by(|&a, &b| f[a].total_cmp(&f[b])).unwrap();
+            (5 + best, 7, 3)
+        }
+        None => {
+            let best = (0..5)
+                .min_by(|&a, &b| search[a].total_cmp(&search[b]))
+                .unwrap();
+            (best, 0, 0)
+        }
+    };
+    db.record_problem(&ProblemResult {
+        run_id: run,
+        device_id: dev,
+        kernel_id: kid,
+        problem: &ProblemRecord {
+            family: problem.family().to_string(),
+            key: problem.key(),
+            fields: serde_json::to_string(&problem).unwrap(),
+        },
+        measurements: &ms,
+        winner: Some(winner),
+        default: Some(default),
+        final_round,
+        tool_version: "test",
+    })
+    .await
+    .unwrap();
+    db.finish_run(run, RunStatus::Done).await.unwrap();
+    db.close().await;
+}
+
+async fn merged_winner(inputs: &[std::path::PathBuf], out: &std::path::Path) -> (Config, f64) {
+    kerntune_tuner::share::merge(inputs, out, 10.0)
+        .await
+        .unwrap();
+    let db = Db::open_existing(out).await.unwrap();
+    let w = db.winners(None).await.unwrap();
+    db.close().await;
+    assert_eq!(w.len(), 1);
+    (Config::from_json(&w[0].config).unwrap(), w[0].median_ns)
+}
+
+#[tokio::test]
+async fn a_merge_chooses_winners_among_final_rounds_not_lucky_search_timings() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Device::host();
+    let (_, list) = configs(&device);
+    // Config 1's search timing (90) was lucky: side by side config 2 is faster.
+    let a = dir.path().join("a.db");
+    one_run(
+        &a,
+        "host-a",
+        [150.0, 90.0, 100.0, 120.0, 300.0],
+        Some([110.0, 100.0, 150.0]),
+    )
+    .await;
+    let (config, ns) = merged_winner(std::slice::from_ref(&a), &dir.path().join("m1.db")).await;
+    assert_eq!((config, ns), (list[2], 100.0));
+    // The mark survives the merge: merging the merge again picks the same.
+    let (config, _) = merged_winner(&[dir.path().join("m1.db")], &dir.path().join("m2.db")).await;
+    assert_eq!(config, list[2]);
+    // A run without a final round (written before there was one) offers every timing.
+    let b = dir.path().join("b.db");
+    one_run(&b, "host-b", [150.0, 95.0, 100.0, 120.0, 300.0], None).await;
+    let (config, ns) = merged_winner(&[a, b], &dir.path().join("m3.db")).await;
+    assert_eq!((config, ns), (list[1], 95.0));
 }

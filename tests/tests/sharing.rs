@@ -80,6 +80,7 @@ async fn build(path: &Path, specs: &[Spec], hash: &str, tool: &str) {
                 measurements: &ms,
                 winner: Some(best),
                 default: Some(0),
+                final_round: 0,
                 tool_version: tool,
             })
             .await

@@ -242,6 +242,7 @@ pub async fn run(
                 measurements: &measurements,
                 winner,
                 default,
+                final_round,
                 tool_version: TOOL_VERSION,
             })
             .await?;

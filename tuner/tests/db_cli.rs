@@ -208,7 +208,7 @@ fn db_commands_exit_codes_and_messages() {
     verify_ok("m.db", d);
     let out = tune(&["--db", "m.db", "db", "migrate"], d);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("schema 3"), "{}", text(&out));
+    assert!(text(&out).contains("schema 4"), "{}", text(&out));
 
     // Usage errors: exit 2, a message naming the input and the fix, nothing written.
     let text_of = |path: &str| std::fs::read_to_string(d.join(path)).unwrap();

@@ -95,7 +95,7 @@ fn line<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-const CSV_COLUMNS: [&str; 27] = [
+const CSV_COLUMNS: [&str; 28] = [
     "device",
     "device_kind",
     "device_model",
@@ -109,6 +109,7 @@ const CSV_COLUMNS: [&str; 27] = [
     "status",
     "winner",
     "is_default",
+    "final_round",
     "median_ns",
     "min_ns",
     "p20_ns",
@@ -142,6 +143,7 @@ fn csv_record(r: &ExportRow) -> Vec<String> {
         r.status.as_str().into(),
         r.winner.to_string(),
         r.is_default.to_string(),
+        r.final_round.to_string(),
         opt(s.map(|s| s.median_ns)),
         opt(s.map(|s| s.min_ns)),
         opt(s.map(|s| s.p20_ns)),
