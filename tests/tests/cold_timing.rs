@@ -40,26 +40,30 @@ impl Backend for Recorder {
     }
 }
 
+/// A workload of a small GEMM whose rotation holds `copies` copies' worth of bytes (0: warm
+/// timing), timed with exactly `reps` repetitions (or stopped), and `n` configs of it.
+fn setup(copies: usize, reps: usize, n: usize) -> (Workload, Policy, Vec<Config>) {
+    let problem = small_problems()[0].problem;
+    let policy = Policy {
+        min_reps: reps,
+        max_reps: reps,
+        max_time: Duration::from_secs(60),
+        target_ci: 0.0,
+        rotate_bytes: copies * ProblemData::random(&problem, 1).bytes(),
+    };
+    let configs = CpuSpace
+        .candidates(&problem, &Device::host())
+        .into_iter()
+        .take(n)
+        .collect();
+    (Workload::new(&problem, &policy), policy, configs)
+}
+
 #[test]
 fn timing_rotates_through_every_copy_before_reusing_one_across_configs() {
-    let problem = small_problems()[0].problem;
-    let device = Device::host();
-    let per_copy = ProblemData::random(&problem, 1).bytes();
-    let policy = Policy {
-        min_reps: 3,
-        max_reps: 3,
-        max_time: Duration::from_secs(5),
-        target_ci: 1.0,
-        rotate_bytes: 8 * per_copy,
-    };
-    let mut w = Workload::new(&problem, &policy);
+    let (mut w, policy, configs) = setup(8, 3, 3);
     // The verification copy and enough others to hold `rotate_bytes` between two calls on one.
     assert_eq!(w.copies(), 9);
-    let configs: Vec<Config> = CpuSpace
-        .candidates(&problem, &device)
-        .into_iter()
-        .take(3)
-        .collect();
     let r = Recorder::default();
     w.verify(&r, &configs[0]).unwrap();
     let verified = r.outputs.lock().unwrap()[0];
@@ -88,22 +92,7 @@ fn timing_rotates_through_every_copy_before_reusing_one_across_configs() {
 
 #[test]
 fn side_by_side_timing_continues_the_rotation() {
-    let problem = small_problems()[0].problem;
-    let device = Device::host();
-    let per_copy = ProblemData::random(&problem, 1).bytes();
-    let policy = Policy {
-        min_reps: 2,
-        max_reps: 2,
-        max_time: Duration::from_secs(5),
-        target_ci: 1.0,
-        rotate_bytes: 100 * per_copy,
-    };
-    let mut w = Workload::new(&problem, &policy);
-    let configs: Vec<Config> = CpuSpace
-        .candidates(&problem, &device)
-        .into_iter()
-        .take(2)
-        .collect();
+    let (mut w, policy, configs) = setup(100, 2, 2);
     let r = Recorder::default();
     w.time(&r, &configs[0], &policy).unwrap();
     let before: Vec<usize> = r.outputs.lock().unwrap()[1..].to_vec();
@@ -129,21 +118,7 @@ fn side_by_side_timing_continues_the_rotation() {
 
 #[test]
 fn side_by_side_timing_stops_between_bursts_when_asked() {
-    let problem = small_problems()[0].problem;
-    let device = Device::host();
-    let policy = Policy {
-        min_reps: 50,
-        max_reps: 200,
-        max_time: Duration::from_secs(60),
-        target_ci: 0.0,
-        rotate_bytes: 0,
-    };
-    let mut w = Workload::new(&problem, &policy);
-    let configs: Vec<Config> = CpuSpace
-        .candidates(&problem, &device)
-        .into_iter()
-        .take(2)
-        .collect();
+    let (mut w, policy, configs) = setup(0, 200, 2);
     let r = Recorder::default();
     let out = w.time_together(&r, &configs, &policy, &AtomicBool::new(true));
     assert_eq!(r.outputs.lock().unwrap().len(), 2, "the warm-ups only");
