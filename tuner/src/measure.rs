@@ -2,8 +2,10 @@
 //!
 //! Timing runs the kernel on copies of the operands in rotation, enough copies to exceed the
 //! last-level cache twice over, so every call starts cold as it does in a server where other
-//! layers evicted the weights. The rotation runs on from one config to the next. Repetitions continue until the 95% confidence interval of the
-//! median (order statistics) is within `target_ci` of it, or the repetition or time cap is hit.
+//! layers evicted the weights. The rotation runs on from one config to the next. Repetitions
+//! continue until the 95% confidence interval of the median (order statistics) is within
+//! `target_ci` of it, or the repetition or time cap is hit. A sweep's finalists are timed side
+//! by side ([`Workload::time_together`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -54,8 +54,9 @@ pub struct Outcome {
     pub throughput: Option<f64>,
     pub unit: Option<String>,
     pub speedup: Option<f64>,
-    /// Candidates measured by the search, and measurements of the final round besides.
+    /// Candidates the search measured.
     pub measured: usize,
+    /// Measurements of the final round, besides the search's.
     pub final_round: usize,
     pub pruned: usize,
     pub failed: usize,
@@ -371,7 +372,7 @@ const FINALISTS: usize = 3;
 /// with `measure`; `records` starts with the pruned ones. The default is always measured; a
 /// candidate that fails verification or errors is recorded and never wins.
 ///
-/// The winner comes from a final round: the default and the [`FINALISTS`] fastest candidates
+/// The winner comes from a final round: the default and the `FINALISTS` (3) fastest candidates
 /// of the search timed again, side by side with `together`, or (without it) each re-measured
 /// in turn with `measure`. A search's timings of two candidates can be minutes apart, and on
 /// a shared machine its speed moves by more than the margins between near-equal candidates
