@@ -114,9 +114,19 @@ def paged(threads):
     import torch
 
     torch.set_num_threads(threads)
-    seqs, ctx, hq, hkv, d, bs = 32, 4096, 8, 1, 128, 16
+    # Llama-3.1-70B on one TP8 shard (f32 and bf16), and Llama-3.1-8B on one device (bf16),
+    # whose cache rows hold 8 KV heads side by side.
+    for name, seqs, ctx, hq, hkv, d, bs, dtypes in [
+            ("", 32, 4096, 8, 1, 128, 16, [torch.float32, torch.bfloat16]),
+            (" llama8b", 8, 4096, 32, 8, 128, 16, [torch.bfloat16])]:
+        paged_shape(name, seqs, ctx, hq, hkv, d, bs, dtypes, threads)
+
+
+def paged_shape(name, seqs, ctx, hq, hkv, d, bs, dtypes, threads):
+    import torch
+
     blocks = seqs * ctx // bs
-    for dtype in [torch.float32, torch.bfloat16]:
+    for dtype in dtypes:
         kc = torch.rand(blocks, bs, hkv, d, dtype=dtype)
         vc = torch.rand(blocks, bs, hkv, d, dtype=dtype)
         table = torch.randperm(blocks).reshape(seqs, ctx // bs)
@@ -134,7 +144,7 @@ def paged(threads):
             return torch.stack(out)
 
         nbytes = 2 * seqs * ctx * hkv * d * kc.element_size()
-        report(f"torch paged gather decode {str(dtype)[6:]}", threads, median_time(run, reps=5),
+        report(f"torch paged gather decode{name} {str(dtype)[6:]}", threads, median_time(run, reps=5),
                4 * seqs * hq * d * ctx, nbytes)
 
 

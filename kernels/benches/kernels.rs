@@ -12,7 +12,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::shapes::{
-    llama70b_tp8_decode, llama70b_tp8_prefill, LLAMA70B_TP8_GEMMS, TOKEN_COUNTS,
+    llama70b_tp8_decode, llama70b_tp8_prefill, llama8b_decode, LLAMA70B_TP8_GEMMS, TOKEN_COUNTS,
 };
 use kerntune_kernels::{
     Backend, Config, CpuBackend, CpuSpace, DType, Device, FlashConfig, GemmConfig, PagedConfig,
@@ -43,6 +43,11 @@ fn shapes() -> Vec<(String, String)> {
             llama70b_tp8_decode(dtype),
         ));
     }
+    // Several KV heads to a token row, as a model served without tensor parallelism has.
+    out.push((
+        "llama8b_decode_bf16".to_string(),
+        llama8b_decode(DType::Bf16),
+    ));
     out
 }
 

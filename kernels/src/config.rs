@@ -113,10 +113,11 @@ impl fmt::Display for Config {
             ),
             Config::Paged(c) => write!(
                 f,
-                "{}{}{} partition={} group={} t={}",
+                "{}{}{}{} partition={} group={} t={}",
                 c.isa,
                 if c.key_tiles { " key-tiles" } else { "" },
                 if c.amx { " amx" } else { "" },
+                if c.whole_rows { " whole-rows" } else { "" },
                 c.partition,
                 c.group_heads,
                 c.threads
@@ -350,6 +351,14 @@ pub struct PagedConfig {
     /// text: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub amx: bool,
+    /// One task covers every KV head of its sequence (and partition), the heads taken in
+    /// turn a tile of tokens at a time, so the cache is read in whole token rows: a block of
+    /// all KV heads is one contiguous run (32 KiB at 8 KV heads of 128 bf16, 16 tokens)
+    /// instead of one head's 256 bytes of each row. `amx` configs with `group_heads` (or one
+    /// query head per KV head). Absent in results stored before it existed, and left out when
+    /// false: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_rows: bool,
 }
 
 /// The GPU GEMM kernels of `kernels/hip/gemm.hip`.

@@ -20,3 +20,10 @@ pub fn llama70b_tp8_prefill(dtype: crate::DType) -> String {
 pub fn llama70b_tp8_decode(dtype: crate::DType) -> String {
     format!("paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,block_size=16,dtype={dtype}")
 }
+
+/// Paged decode of 8 sequences at 4096 context of Llama-3.1-8B on one device (no tensor
+/// parallelism): 32 query heads on 8 KV heads, so each token row of the cache holds 8 heads
+/// side by side.
+pub fn llama8b_decode(dtype: crate::DType) -> String {
+    format!("paged:num_seqs=8,context_len=4096,q_heads=32,kv_heads=8,head_dim=128,block_size=16,dtype={dtype}")
+}

@@ -121,6 +121,7 @@ fn every_isa_runs_attention_correctly() {
                         threads: host.threads,
                         key_tiles: false,
                         amx: false,
+                        whole_rows: false,
                     })
                 })
             })
@@ -160,6 +161,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
                         threads: host.threads,
                         key_tiles: true,
                         amx: false,
+                        whole_rows: false,
                     }));
                 }
             }
@@ -173,6 +175,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         threads: 1,
         key_tiles: true,
         amx: false,
+        whole_rows: false,
     });
     let p = "paged:num_seqs=1,context_len=20,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
     let err = CpuSpace
@@ -227,8 +230,10 @@ fn paged_key_tiles_match_reference_or_are_refused() {
 
 /// Paged attention on AMX tiles: offered for bf16 with a head dimension that is a multiple
 /// of 32 on AMX hosts (a described one here, as a colleague's database would describe it)
-/// and taken by the heuristic there; refused with the reason for f16, head_dim 80, alongside
-/// `key_tiles`, and on hosts without usable tiles. On a host with them, every candidate runs
+/// and taken by the heuristic there, with every KV head of a row in one task; refused with
+/// the reason for f16, head_dim 80, alongside `key_tiles`, and on hosts without usable tiles;
+/// `whole_rows` refused without `amx` and without grouped query heads. On a host with them,
+/// every candidate runs
 /// on the tiles against the reference, with sequences of mixed lengths. The kernel's awkward
 /// shapes run on the software model of the tiles on every host (`paged_amx`'s unit test).
 #[test]
@@ -242,14 +247,51 @@ fn amx_paged_matches_reference_or_is_refused() {
         .into_iter()
         .filter(tiles)
         .collect();
-    // Partitions 0, 256 and 512 × grouped or not, on 1, 2 and 4 threads.
-    assert_eq!(amx.len(), 3 * 2 * 3);
+    // Partitions 0, 256 and 512 × grouped (a KV head a task or whole rows) or not, on 1, 2
+    // and 4 threads.
+    assert_eq!(amx.len(), 3 * 3 * 3);
     for c in &amx {
         CpuSpace
             .validate(c, &bf16, &amx_host)
             .unwrap_or_else(|e| panic!("{c}: {e}"));
     }
-    assert!(tiles(&CpuSpace.heuristic(&bf16, &amx_host)));
+    let heuristic = CpuSpace.heuristic(&bf16, &amx_host);
+    assert!(
+        matches!(heuristic, Config::Paged(c) if c.amx && c.whole_rows),
+        "{heuristic}"
+    );
+    let one_kv = problem("paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=64,block_size=16,dtype=bf16");
+    let heuristic = CpuSpace.heuristic(&one_kv, &amx_host);
+    assert!(
+        matches!(heuristic, Config::Paged(c) if c.amx && !c.whole_rows),
+        "{heuristic}"
+    );
+    let Config::Paged(whole) = CpuSpace.heuristic(&bf16, &amx_host) else {
+        unreachable!("paged heuristic")
+    };
+    for (c, why) in [
+        (
+            PagedConfig {
+                amx: false,
+                key_tiles: true,
+                isa: Isa::Avx512,
+                ..whole
+            },
+            "set amx",
+        ),
+        (
+            PagedConfig {
+                group_heads: false,
+                ..whole
+            },
+            "set group_heads",
+        ),
+    ] {
+        let err = CpuSpace
+            .validate(&Config::Paged(c), &bf16, &amx_host)
+            .unwrap_err();
+        assert!(err.to_string().contains(why), "{c:?}: {err}");
+    }
     for (other, why) in [
         (format!("paged:{spec},dtype=f16"), "bf16 caches"),
         (
@@ -285,6 +327,27 @@ fn amx_paged_matches_reference_or_is_refused() {
         let err = error_of(&mut data, c, &reference, &mut scratch);
         assert!(err <= bf16.tolerance(), "{c}: {err:e}");
     }
+}
+
+/// Paged configs stored before `whole_rows` read as a KV head a task and keep their text;
+/// setting it adds the key, and the config's name says so.
+#[test]
+fn paged_configs_from_before_whole_rows_keep_their_meaning() {
+    let stored = r#"{"family":"paged","isa":"avx512-amx","partition":512,"group_heads":true,"threads":2,"key_tiles":false,"amx":true}"#;
+    let old: Config = serde_json::from_str(stored).unwrap();
+    let Config::Paged(c) = old else {
+        panic!("{old}")
+    };
+    assert!(!c.whole_rows);
+    assert_eq!(serde_json::to_string(&old).unwrap(), stored);
+    let whole = Config::Paged(PagedConfig {
+        whole_rows: true,
+        ..c
+    });
+    let text = serde_json::to_string(&whole).unwrap();
+    assert!(text.contains(r#""whole_rows":true"#), "{text}");
+    assert_eq!(serde_json::from_str::<Config>(&text).unwrap(), whole);
+    assert!(whole.to_string().contains(" whole-rows"), "{whole}");
 }
 
 /// Sequences of different lengths in one call, some a single token, through every partition size.

@@ -166,6 +166,7 @@ fn hostile_configs_are_rejected_before_running() {
         threads: 1,
         key_tiles: false,
         amx: false,
+        whole_rows: false,
     });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),

@@ -60,6 +60,7 @@ fn bf16_without_avx512_bf16_widens_or_refuses() {
                     threads: host.threads,
                     key_tiles: true,
                     amx: false,
+                    whole_rows: false,
                 })
             })
             .collect();

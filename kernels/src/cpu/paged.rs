@@ -1,7 +1,8 @@
 //! Paged attention decode on the CPU.
 //!
 //! Work is divided into tasks of (sequence, head unit, partition): a head unit is one KV head
-//! with all its query heads (`group_heads`) or a single query head. A task reads its
+//! with all its query heads (`group_heads`), a single query head, or (`whole_rows`, on AMX
+//! tiles) every KV head of the sequence with their query heads. A task reads its
 //! partition's keys and values through the block table once, keeps the scores in scratch, and
 //! leaves an unnormalised partial output with its row max and sum. A second pass combines the
 //! partitions of each head by log-sum-exp; with a single partition the first pass writes the
@@ -19,8 +20,10 @@ use crate::DType;
 const PREFETCH: usize = 32;
 
 struct Layout {
-    /// Query rows per task.
+    /// Query rows per KV head of a task.
     rows: usize,
+    /// KV heads per task: the cache's all with `whole_rows`, else one.
+    heads: usize,
     /// Head units per sequence.
     units: usize,
     /// Context tokens per partition.
@@ -33,10 +36,12 @@ struct Layout {
 
 impl Layout {
     fn new(p: &PagedProblem, c: &PagedConfig) -> Self {
-        let (rows, units) = if c.group_heads {
-            (p.group(), p.kv_heads)
+        let (rows, heads, units) = if c.whole_rows {
+            (p.group(), p.kv_heads, 1)
+        } else if c.group_heads {
+            (p.group(), 1, p.kv_heads)
         } else {
-            (1, p.q_heads)
+            (1, 1, p.q_heads)
         };
         let part_len = if c.partition == 0 {
             p.context_len
@@ -63,15 +68,20 @@ impl Layout {
         let tile = 0;
         Layout {
             rows,
+            heads,
             units,
             part_len,
             parts: p.context_len.div_ceil(part_len),
             tile,
         }
     }
-    /// Query rows, scores, each row's max and sum, and the key tile, of one task.
-    fn per_worker(&self, d: usize) -> usize {
+    /// Query rows, scores, each row's max and sum, and the key tile, of one KV head of a task.
+    fn per_head(&self, d: usize) -> usize {
         self.rows * (d + self.part_len + 2) + self.tile
+    }
+    /// A task's buffers: [`Layout::per_head`] for each of its KV heads.
+    fn per_worker(&self, d: usize) -> usize {
+        self.heads * self.per_head(d)
     }
     /// Partial results of every (sequence, query head, partition): output row, max, sum.
     fn partials(&self, p: &PagedProblem) -> usize {
@@ -133,7 +143,7 @@ pub(super) fn run_with<T: TableElem>(
     let lay = Layout::new(p, c);
     let d = p.head_dim;
     let (partials, workers) = scratch.split_at_mut(lay.partials(p));
-    let per_worker = lay.per_worker(d);
+    let (per_head, per_worker) = (lay.per_head(d), lay.per_worker(d));
     let partials = SharedMut(partials.as_mut_ptr());
     let workers = SharedMut(workers.as_mut_ptr());
     let out_ptr = SharedMut(out.as_mut_ptr());
@@ -153,13 +163,6 @@ pub(super) fn run_with<T: TableElem>(
         let ctx = context_lens[seq] as usize;
         let t0 = part * lay.part_len;
         let t1 = (t0 + lay.part_len).min(ctx);
-        // SAFETY: one task per worker at a time.
-        let buf = unsafe {
-            std::slice::from_raw_parts_mut(workers.get().add(worker * per_worker), per_worker)
-        };
-        let (qbuf, rest) = buf.split_at_mut(lay.rows * d);
-        let (scores, rest) = rest.split_at_mut(lay.rows * lay.part_len);
-        let (stats, tile) = rest.split_at_mut(2 * lay.rows);
         let n = t1.saturating_sub(t0);
         // Block sizes are powers of two (validated): shifts, where a division by the run-time
         // size cost more than the token's arithmetic.
@@ -170,10 +173,10 @@ pub(super) fn run_with<T: TableElem>(
         };
         // Normalises a finished task's rows into the output, or leaves them as a partition's
         // partial result with its max and sum.
-        let finish = |acc: &[f32], stats: &[f32]| {
+        let finish = |j: usize, acc: &[f32], stats: &[f32]| {
             for r in 0..lay.rows {
                 let (m, l) = (stats[2 * r], stats[2 * r + 1]);
-                let head = h0 + r;
+                let head = h0 + j * lay.rows + r;
                 if lay.parts == 1 {
                     let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
                     for x in 0..d {
@@ -195,14 +198,93 @@ pub(super) fn run_with<T: TableElem>(
                 }
             }
         };
-        if c.key_tiles || c.amx {
+        if c.amx {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: validation admits `amx` for bf16 caches (T) with head_dim a multiple of
+            // 32 on hosts with usable AMX tiles (every one has AVX-512), and `whole_rows` only
+            // with it; block indices were checked against the cache size by the caller, so
+            // every block a token lies in is wholly inside the cache; head `j`'s buffers are
+            // the `j`-th `per_head` words of this worker's, each part reached through one
+            // pointer at a time.
+            unsafe {
+                use super::paged_tiles::{Rows, Task};
+                let size = std::mem::size_of::<T>();
+                let base = workers.get().add(worker * per_worker);
+                let rows = |cache: &[T]| Rows {
+                    base: cache.as_ptr().add(kvh * d).cast::<u8>(),
+                    table: block_tables.as_ptr().add(seq * max_blocks),
+                    first: t0,
+                    shift,
+                    stride: p.kv_heads * d * size,
+                };
+                // Head j's buffers: accumulators (the query rows' place in the other
+                // kernels), scores, max and sum per row, the tile kernel's scratch.
+                let scores_at = |j: usize| base.add(j * per_head + lay.rows * d);
+                let stats_at = |j: usize| scores_at(j).add(lay.rows * lay.part_len);
+                let heads = super::paged_amx::Heads {
+                    count: lay.heads,
+                    first: Task {
+                        q: query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u8>(),
+                        rows: lay.rows,
+                        d,
+                        n,
+                        key: rows(key_cache),
+                        value: rows(value_cache),
+                        scale: qscale,
+                        scores: scores_at(0),
+                        ld: lay.part_len,
+                        scratch: stats_at(0).add(2 * lay.rows).cast::<u32>(),
+                        acc: base,
+                    },
+                    q: lay.rows * d * size,
+                    cache: d * size,
+                    buf: per_head,
+                };
+                let normalise = |j: usize, s: *mut f32| {
+                    softmax(
+                        t,
+                        std::slice::from_raw_parts_mut(s, lay.rows * lay.part_len),
+                        std::slice::from_raw_parts_mut(stats_at(j), 2 * lay.rows),
+                        lay.rows,
+                        lay.part_len,
+                        n,
+                    )
+                };
+                for j in 0..lay.heads {
+                    std::slice::from_raw_parts_mut(base.add(j * per_head), lay.rows * d).fill(0.0);
+                }
+                match engine {
+                    Engine::Hardware => super::paged_amx::task(heads, normalise),
+                    #[cfg(test)]
+                    Engine::Model { avx512: false } => {
+                        super::paged_amx::task_on_model::<false>(heads, normalise)
+                    }
+                    #[cfg(test)]
+                    Engine::Model { avx512: true } => {
+                        super::paged_amx::task_on_model::<true>(heads, normalise)
+                    }
+                }
+                for j in 0..lay.heads {
+                    let acc = std::slice::from_raw_parts(base.add(j * per_head), lay.rows * d);
+                    let stats = std::slice::from_raw_parts(stats_at(j), 2 * lay.rows);
+                    finish(j, acc, stats);
+                }
+            }
+            return;
+        }
+        // SAFETY: one task per worker at a time (one KV head a task but with `amx`).
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(workers.get().add(worker * per_worker), per_head)
+        };
+        let (qbuf, rest) = buf.split_at_mut(lay.rows * d);
+        let (scores, rest) = rest.split_at_mut(lay.rows * lay.part_len);
+        let (stats, tile) = rest.split_at_mut(2 * lay.rows);
+        if c.key_tiles {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: validation admits `key_tiles` at ISA avx2-fma and above on hosts that
             // run it (T is the cache type, read as raw bytes; the AVX-512 kernels at avx512 and
-            // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even),
-            // and `amx` for bf16 with head_dim a multiple of 32 on hosts with usable AMX tiles
-            // (every one has AVX-512); block indices were checked against the cache size by
-            // the caller, so every block a token lies in is wholly inside the cache; the
+            // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even);
+            // block indices were checked against the cache size by the caller, so every block a token lies in is wholly inside the cache; the
             // buffers are this worker's, and the scores are only reached through one pointer.
             unsafe {
                 use super::paged_tiles::{Rows, Task};
@@ -232,13 +314,6 @@ pub(super) fn run_with<T: TableElem>(
                 acc.fill(0.0);
                 use super::paged_tiles_avx2 as avx2;
                 let run = match p.dtype {
-                    _ if c.amx => match engine {
-                        Engine::Hardware => super::paged_amx::task,
-                        #[cfg(test)]
-                        Engine::Model { avx512: false } => super::paged_amx::task_on_model::<false>,
-                        #[cfg(test)]
-                        Engine::Model { avx512: true } => super::paged_amx::task_on_model::<true>,
-                    },
                     _ if c.isa < crate::Isa::Avx512 => match p.dtype {
                         DType::Bf16 => avx2::task::<avx2::Bf16>,
                         DType::F16 => avx2::task::<avx2::F16>,
@@ -263,7 +338,7 @@ pub(super) fn run_with<T: TableElem>(
                     acc: acc.as_mut_ptr(),
                 };
                 run(task, normalise);
-                finish(acc, stats);
+                finish(0, acc, stats);
             }
             return;
         }
@@ -313,7 +388,7 @@ pub(super) fn run_with<T: TableElem>(
                 unsafe { (fns.axpy)(acc.as_mut_ptr().add(r * d), w, vp, d) };
             }
         }
-        finish(acc, stats);
+        finish(0, acc, stats);
     });
     if lay.parts > 1 {
         combine(p, &lay, &scratch[..lay.partials(p)], out, c.threads);

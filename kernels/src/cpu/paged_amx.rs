@@ -37,6 +37,12 @@ const STEP: usize = 2 * ROWS;
 const BLOCK_ROWS: usize = 2 * ROWS;
 /// Tokens whose `P·V` accumulators stay in the tiles, per pass over 64 head-dim columns.
 const V_CHUNK: usize = 256;
+/// The same where the heads of whole rows take turns a chunk each. Head 0's pass requests
+/// every head's rows ahead, so the longer the chunk the burstier the reads: two threads, 8
+/// sequences × 4096 tokens, 32 query heads on 8 KV heads, cold 7.9 ms at 64 tokens against
+/// 8.5–8.8 at 256. (In an earlier build: 32 tokens as fast as 64, 128 as slow as 256, and
+/// each head requesting its share of the pages a chunk ahead slower than head 0 alone.)
+const V_CHUNK_ROWS: usize = 64;
 /// Tokens ahead whose rows are prefetched into L2 (see [`Ahead`]).
 const AHEAD: usize = 64;
 /// Bytes requested at the head of a tile whose rows fill their memory back to back.
@@ -87,18 +93,59 @@ pub fn scratch_words(d: usize, rows: usize, part_len: usize) -> usize {
     Parts::new(d, rows, part_len).total
 }
 
-/// One paged-attention task on bf16 caches: `t.scores` gets the scaled scores; `softmax`
-/// (handed the same pointer) turns them into weights; `P·V` is added to `t.acc`.
+/// Tasks of several KV heads side by side, as one task of [`task`] covers them: head `j`'s
+/// is `first` with its query rows `j · q` bytes on, its cache rows `j · cache` bytes on, and
+/// its buffers (scores, scratch, accumulators) `j · buf` words on: the heads of a task differ
+/// only in where their rows and buffers start.
+#[derive(Clone, Copy)]
+pub struct Heads {
+    pub count: usize,
+    pub first: Task,
+    pub q: usize,
+    pub cache: usize,
+    pub buf: usize,
+}
+
+impl Heads {
+    /// Head `j`'s task.
+    #[inline(always)]
+    fn task(&self, j: usize) -> Task {
+        let t = self.first;
+        let at = |r: Rows| Rows {
+            base: r.base.wrapping_add(j * self.cache),
+            ..r
+        };
+        Task {
+            q: t.q.wrapping_add(j * self.q),
+            key: at(t.key),
+            value: at(t.value),
+            scores: t.scores.wrapping_add(j * self.buf),
+            scratch: t.scratch.wrapping_add(j * self.buf),
+            acc: t.acc.wrapping_add(j * self.buf),
+            ..t
+        }
+    }
+}
+
+/// One paged-attention task on bf16 caches over `heads.count` KV heads (every head has the
+/// same rows, `d`, `n` and `ld`). Each head's `scores` get its scaled scores; `softmax(j, _)`
+/// (handed the same pointer) turns them into weights; `P·V` is added to its `acc`.
+///
+/// With several heads, the heads take turns a scores step (32 tokens) or a value chunk at a
+/// time, so the tokens' rows of all of them are read while they are in L2; where head 0's
+/// rows start a run of `heads` rows (`key.stride` is `heads` rows of `d`), the prefetches
+/// ahead cover that whole run and only head 0 issues them.
 ///
 /// # Safety
 /// The host has AMX-TILE and AMX-BF16 with the kernel's permission, and AVX-512F/BW/VL/DQ;
-/// `t.d` is a multiple of 32; `t.q` holds bf16 rows; `key.at(i)` and `value.at(i)` point at
-/// `d` readable bf16 for `i < n`, inside blocks of the cache that are wholly readable;
-/// `t.scratch` holds [`scratch_words`]`(d, rows, ld)` words.
+/// `d` is a multiple of 32; for every `j < heads.count`, head `j`'s task has a `q` that holds
+/// bf16 rows, whose `key.at(i)` and `value.at(i)` point at `d` readable bf16 for `i < n`,
+/// inside blocks of the cache that are wholly readable, and a `scratch` that holds
+/// [`scratch_words`]`(d, rows, ld)` words of its own.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-pub unsafe fn task(t: Task, softmax: impl FnOnce(*mut f32)) {
+pub unsafe fn task(heads: Heads, softmax: impl FnMut(usize, *mut f32)) {
     // SAFETY: the caller's contract.
-    unsafe { task_on::<_, true>(&mut super::amx_tiles::Hardware, t, softmax) }
+    unsafe { task_on::<_, true>(&mut super::amx_tiles::Hardware, heads, softmax) }
 }
 
 /// [`task`] on any implementation of the tiles; `AVX512` moves the scores out of the
@@ -109,82 +156,101 @@ pub unsafe fn task(t: Task, softmax: impl FnOnce(*mut f32)) {
 #[inline(always)]
 pub(super) unsafe fn task_on<T: Tiles, const AVX512: bool>(
     tiles: &mut T,
-    t: Task,
-    softmax: impl FnOnce(*mut f32),
+    all: Heads,
+    mut softmax: impl FnMut(usize, *mut f32),
 ) {
+    let heads = all.count;
+    let task_of = |j: usize| all.task(j);
     let Task {
-        q,
         rows,
         d,
         n,
-        key,
         value,
-        scale,
-        scores: scores_buf,
         ld,
-        scratch,
-        acc,
-    } = t;
+        ..
+    } = task_of(0);
     let parts = Parts::new(d, rows, ld);
+    // Heads whose rows head 0's prefetches cover: all, where their rows are one run.
+    let span = if heads > 1 && value.stride == heads * 2 * d {
+        heads
+    } else {
+        1
+    };
+    let v_chunk = if heads > 1 { V_CHUNK_ROWS } else { V_CHUNK };
     // SAFETY: every pointer below stays inside the caller's buffers: the scratch parts by
     // `Parts`, the cache rows by `Rows::at` for tokens below `n` (or rows of a block that
     // holds one), the scores and `acc` by their row counts.
     unsafe {
         if n == 0 {
-            softmax(scores_buf);
+            for j in 0..heads {
+                softmax(j, task_of(j).scores);
+            }
             return;
         }
-        lay_out_queries(q, rows, d, scratch);
-        let qk = (&key, &value, scale);
-        scores::<T, AVX512>(tiles, rows, d, n, qk, scores_buf, ld, scratch, &parts);
-        softmax(scores_buf);
-        let (np, n_pad) = (parts.np, n.next_multiple_of(ROWS));
-        let (p_even, p_odd) = (scratch.add(parts.p_even), scratch.add(parts.p_odd));
-        for r in 0..rows {
-            let w = std::slice::from_raw_parts(scores_buf.add(r * ld), n);
-            let even = std::slice::from_raw_parts_mut(p_even.add(r * np), n_pad);
-            let odd = std::slice::from_raw_parts_mut(p_odd.add(r * np), n_pad);
-            for ((e, o), &x) in even.iter_mut().zip(odd.iter_mut()).zip(w) {
-                let bits = to_bf16_bits(x);
-                *e = bits;
-                *o = bits << 16;
-            }
-            even[n..].fill(0);
-            odd[n..].fill(0);
+        for j in 0..heads {
+            let t = task_of(j);
+            lay_out_queries(t.q, rows, d, t.scratch);
         }
-        let gathered = scratch.add(parts.gathered).cast::<u8>();
-        let mut shape = None;
-        for c0 in (0..n).step_by(V_CHUNK) {
-            let count = V_CHUNK.min(n - c0).div_ceil(ROWS);
-            let mut sources = [(std::ptr::null(), 0); V_CHUNK / ROWS];
-            for (i, s) in sources.iter_mut().enumerate().take(count) {
-                let staging = gathered.add(i * ROWS * 2 * d);
-                *s = tile_source(&value, c0 + i * ROWS, n, d, staging);
-            }
-            for g in 0..rows.div_ceil(ROWS) {
-                let g_rows = ROWS.min(rows - g * ROWS);
-                if shape != Some(g_rows) {
-                    tiles.configure(&TileConfig::shaped(&[g_rows; 2], 2));
-                    shape = Some(g_rows);
+        scores::<T, AVX512>(tiles, &all, span, &parts);
+        let (np, n_pad) = (parts.np, n.next_multiple_of(ROWS));
+        for j in 0..heads {
+            let t = task_of(j);
+            softmax(j, t.scores);
+            let (p_even, p_odd) = (t.scratch.add(parts.p_even), t.scratch.add(parts.p_odd));
+            for r in 0..rows {
+                let w = std::slice::from_raw_parts(t.scores.add(r * ld), n);
+                let even = std::slice::from_raw_parts_mut(p_even.add(r * np), n_pad);
+                let odd = std::slice::from_raw_parts_mut(p_odd.add(r * np), n_pad);
+                for ((e, o), &x) in even.iter_mut().zip(odd.iter_mut()).zip(w) {
+                    let bits = to_bf16_bits(x);
+                    *e = bits;
+                    *o = bits << 16;
                 }
-                let (even, odd) = (p_even.add(g * ROWS * np), p_odd.add(g * ROWS * np));
-                let weights = (even.cast_const(), odd.cast_const(), np);
-                let acc = acc.add(g * ROWS * d);
-                let tokens = (c0, n, &sources[..count]);
-                values(tiles, weights, tokens, &value, d, acc, g == 0);
+                even[n..].fill(0);
+                odd[n..].fill(0);
+            }
+        }
+        let mut shape = None;
+        for c0 in (0..n).step_by(v_chunk) {
+            let count = v_chunk.min(n - c0).div_ceil(ROWS);
+            for j in 0..heads {
+                let t = task_of(j);
+                let gathered = t.scratch.add(parts.gathered).cast::<u8>();
+                let mut sources = [(std::ptr::null(), 0); V_CHUNK / ROWS];
+                for (i, s) in sources.iter_mut().enumerate().take(count) {
+                    let staging = gathered.add(i * ROWS * 2 * d);
+                    *s = tile_source(&t.value, c0 + i * ROWS, n, d, staging);
+                }
+                let (p_even, p_odd) = (t.scratch.add(parts.p_even), t.scratch.add(parts.p_odd));
+                for g in 0..rows.div_ceil(ROWS) {
+                    let g_rows = ROWS.min(rows - g * ROWS);
+                    if shape != Some(g_rows) {
+                        tiles.configure(&TileConfig::shaped(&[g_rows; 2], 2));
+                        shape = Some(g_rows);
+                    }
+                    let (even, odd) = (p_even.add(g * ROWS * np), p_odd.add(g * ROWS * np));
+                    let weights = (even.cast_const(), odd.cast_const(), np);
+                    let acc = t.acc.add(g * ROWS * d);
+                    let tokens = (c0, n, &sources[..count]);
+                    let lead = (j == 0 && g == 0).then_some((&value, span));
+                    values(tiles, weights, tokens, lead, d, acc);
+                }
             }
         }
         if shape.is_some() {
             tiles.release();
         }
         // Each 32 columns of `acc` hold the even columns, then the odd ones.
-        for r in 0..rows {
-            for x0 in (0..d).step_by(32) {
-                let at = acc.add(r * d + x0);
-                let held: [f32; 32] = std::ptr::read(at.cast());
-                for i in 0..16 {
-                    *at.add(2 * i) = held[i];
-                    *at.add(2 * i + 1) = held[16 + i];
+        for j in 0..heads {
+            let acc = task_of(j).acc;
+            for r in 0..rows {
+                for x0 in (0..d).step_by(32) {
+                    let at = acc.add(r * d + x0);
+                    let held: [f32; 32] = std::ptr::read(at.cast());
+                    for i in 0..16 {
+                        *at.add(2 * i) = held[i];
+                        *at.add(2 * i + 1) = held[16 + i];
+                    }
                 }
             }
         }
@@ -225,86 +291,94 @@ unsafe fn lay_out_queries(q: *const u8, rows: usize, d: usize, scratch: *mut u32
     }
 }
 
-/// The scaled scores of the task's `n` tokens into `scores_buf`, 32 tokens a step; `(key,
-/// value, scale)`.
+/// The scaled scores of every head's `n` tokens into its `scores`, 32 tokens a step, the
+/// heads in turn each step; head 0 prefetches the rows ahead, those of `span` heads.
 ///
 /// # Safety
-/// As [`task_on`]; the query tiles are laid out.
+/// As [`task_on`]; every head's query tiles are laid out.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn scores<T: Tiles, const AVX512: bool>(
     tiles: &mut T,
-    rows: usize,
-    d: usize,
-    n: usize,
-    (key, value, scale): (&Rows, &Rows, f32),
-    scores_buf: *mut f32,
-    ld: usize,
-    scratch: *mut u32,
+    all: &Heads,
+    span: usize,
     parts: &Parts,
 ) {
+    let (heads, task_of) = (all.count, |j: usize| all.task(j));
+    let Task {
+        rows,
+        d,
+        n,
+        key: lead_key,
+        value: lead_value,
+        scale,
+        ld,
+        ..
+    } = task_of(0);
     let chunks = d / 32;
     // SAFETY: the caller's contract.
     unsafe {
-        let gathered = scratch.add(parts.gathered).cast::<u8>();
-        let cst = scratch.add(parts.cst).cast::<f32>();
         tiles.configure(&TileConfig::full(2, rows.div_ceil(ROWS).min(2)));
         for i0 in (0..n).step_by(STEP) {
             let live = STEP.min(n - i0);
-            let first = tile_source(key, i0, n, d, gathered);
-            let sources = [
-                first,
-                if i0 + ROWS < n {
-                    tile_source(key, i0 + ROWS, n, d, gathered.add(ROWS * 2 * d))
-                } else {
-                    // No live keys: any readable rows do, their scores are not stored.
-                    first
-                },
-            ];
             // The tiles AHEAD tokens on; past the keys, the first value rows.
             let ahead = [0, ROWS].map(|j| {
                 let u = i0 + AHEAD + j;
                 if u < n {
-                    Ahead::of(key, u, n, d)
+                    Ahead::of(&lead_key, u, n, d, span)
                 } else if u - n < n {
-                    Ahead::of(value, u - n, n, d)
+                    Ahead::of(&lead_value, u - n, n, d, span)
                 } else {
                     Ahead::NONE
                 }
             });
-            for b in 0..rows.div_ceil(BLOCK_ROWS) {
-                let groups = (rows - b * BLOCK_ROWS).div_ceil(ROWS).min(2);
-                for i in 0..2 {
-                    for g in 0..groups {
-                        tiles.zero(c_tile(i, g));
-                    }
-                }
-                for kb in 0..chunks {
-                    for (i, &(base, stride)) in sources.iter().enumerate() {
-                        tiles.load(A_TILE + i, base.add(64 * kb), stride);
+            for h in 0..heads {
+                let t = task_of(h);
+                let gathered = t.scratch.add(parts.gathered).cast::<u8>();
+                let cst = t.scratch.add(parts.cst).cast::<f32>();
+                let first = tile_source(&t.key, i0, n, d, gathered);
+                let sources = [
+                    first,
+                    if i0 + ROWS < n {
+                        tile_source(&t.key, i0 + ROWS, n, d, gathered.add(ROWS * 2 * d))
+                    } else {
+                        // No live keys: any readable rows do, their scores are not stored.
+                        first
+                    },
+                ];
+                for b in 0..rows.div_ceil(BLOCK_ROWS) {
+                    let groups = (rows - b * BLOCK_ROWS).div_ceil(ROWS).min(2);
+                    for i in 0..2 {
                         for g in 0..groups {
-                            if i == 0 {
-                                let tile = scratch.add(((b * 2 + g) * chunks + kb) * QT_TILE);
-                                tiles.load(B_TILE + g, tile.cast(), 4 * ROWS);
+                            tiles.zero(c_tile(i, g));
+                        }
+                    }
+                    for kb in 0..chunks {
+                        for (i, &(base, stride)) in sources.iter().enumerate() {
+                            tiles.load(A_TILE + i, base.add(64 * kb), stride);
+                            for g in 0..groups {
+                                if i == 0 {
+                                    let tile = t.scratch.add(((b * 2 + g) * chunks + kb) * QT_TILE);
+                                    tiles.load(B_TILE + g, tile.cast(), 4 * ROWS);
+                                }
+                                tiles.dot(c_tile(i, g), A_TILE + i, B_TILE + g);
                             }
-                            tiles.dot(c_tile(i, g), A_TILE + i, B_TILE + g);
+                        }
+                        if h == 0 && b == 0 {
+                            for tile in &ahead {
+                                tile.prefetch(64 * kb, 64);
+                            }
                         }
                     }
-                    if b == 0 {
-                        for tile in &ahead {
-                            tile.prefetch(64 * kb, 64);
+                    for i in 0..2 {
+                        for g in 0..groups {
+                            let at = cst.add(i * ROWS * BLOCK_ROWS + g * ROWS);
+                            tiles.store(c_tile(i, g), at.cast(), 4 * BLOCK_ROWS);
                         }
                     }
+                    let block_rows = (rows - b * BLOCK_ROWS).min(BLOCK_ROWS);
+                    let dst = t.scores.add(b * BLOCK_ROWS * ld + i0);
+                    spill_scores::<AVX512>(cst, block_rows, dst, ld, live, scale);
                 }
-                for i in 0..2 {
-                    for g in 0..groups {
-                        let at = cst.add(i * ROWS * BLOCK_ROWS + g * ROWS);
-                        tiles.store(c_tile(i, g), at.cast(), 4 * BLOCK_ROWS);
-                    }
-                }
-                let block_rows = (rows - b * BLOCK_ROWS).min(BLOCK_ROWS);
-                let dst = scores_buf.add(b * BLOCK_ROWS * ld + i0);
-                spill_scores::<AVX512>(cst, block_rows, dst, ld, live, scale);
             }
         }
         tiles.release();
@@ -314,8 +388,9 @@ unsafe fn scores<T: Tiles, const AVX512: bool>(
 /// `acc += P·V` for one group of up to 16 query rows (`acc` at its first row, `d` apart)
 /// over the tokens of a chunk, whose value tiles are `sources`, 64 columns a pass: the even
 /// and odd columns of two 32-column blocks in the four accumulators, loaded once and stored
-/// once per pass. `weights` are the group's (even, odd, words a row). With `lead`, the rows
-/// [`AHEAD`] tokens on are prefetched, the pass's lines of each.
+/// once per pass. `weights` are the group's (even, odd, words a row). With `lead` (the
+/// value rows of head 0 and how many heads' rows to request), the rows [`AHEAD`] tokens on
+/// are prefetched, the pass's lines of each.
 ///
 /// # Safety
 /// As [`task_on`]; the tiles are configured for the group's rows, two A and two B tiles.
@@ -325,10 +400,9 @@ unsafe fn values<T: Tiles>(
     tiles: &mut T,
     (p_even, p_odd, np): (*const u32, *const u32, usize),
     (c0, n, sources): (usize, usize, &[(*const u8, usize)]),
-    value: &Rows,
+    lead: Option<(&Rows, usize)>,
     d: usize,
     acc: *mut f32,
-    lead: bool,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
@@ -350,8 +424,8 @@ unsafe fn values<T: Tiles>(
                     tiles.dot(c_tile(0, j), A_TILE, B_TILE + j);
                     tiles.dot(c_tile(1, j), A_TILE + 1, B_TILE + j);
                 }
-                if lead && t0 + AHEAD < n {
-                    Ahead::of(value, t0 + AHEAD, n, d).prefetch(2 * x0, 2 * 32 * blocks);
+                if let Some((value, span)) = lead.filter(|_| t0 + AHEAD < n) {
+                    Ahead::of(value, t0 + AHEAD, n, d, span).prefetch(2 * x0, 2 * 32 * blocks);
                 }
             }
             for h in 0..2 {
@@ -363,8 +437,8 @@ unsafe fn values<T: Tiles>(
     }
 }
 
-/// A tile [`AHEAD`] tokens on, to request as the current tiles are read. Where its rows fill
-/// their memory back to back (16 rows of one block, one KV head), the first [`HEAD`] bytes,
+/// A tile [`AHEAD`] tokens on, to request as the current tiles are read. Where its rows fill their memory back to back (16 rows of one
+/// block, every KV head of the cache's rows), the first [`HEAD`] bytes of each page,
 /// once per task pass, from which the L2 streamer fetches the rest of the page in order:
 /// alternating builds, 32 × 4096 tokens, two threads, cold 4.51–4.60 ms against 4.78–4.82 with
 /// every line requested, warm 2.27–2.28 against 2.70–2.78. Otherwise each row's lines that the
@@ -385,12 +459,16 @@ impl Ahead {
     };
 
     /// The tile of tokens `i0 .. i0 + 16`: one lookup where they are 16 consecutive rows of
-    /// one block, else one each.
+    /// one block, else one each. Packed where the rows of `span` heads side by side fill
+    /// their memory back to back; unpacked rows are requested a head's lines at a time
+    /// whatever the span (whole rows on blocks of fewer than 16 tokens leave the other
+    /// heads' lines to the streamer: scaling the requests to the span cost the one-head
+    /// kernel 15%, 2.52 against 2.17 ms on 32 × 4096 tokens, though it never took that path).
     ///
     /// # Safety
-    /// As [`task_on`]; `i0 < n`.
+    /// As [`task_on`]; `i0 < n`; each row's `span` heads are inside the cache.
     #[inline(always)]
-    unsafe fn of(rows: &Rows, i0: usize, n: usize, d: usize) -> Ahead {
+    unsafe fn of(rows: &Rows, i0: usize, n: usize, d: usize, span: usize) -> Ahead {
         let mut out = Ahead::NONE;
         // SAFETY: the caller's contract; rows are looked up only for tokens below `n`.
         unsafe {
@@ -398,7 +476,7 @@ impl Ahead {
                 for (u, row) in out.rows.iter_mut().enumerate().take(n - i0) {
                     *row = base.add(u * rows.stride);
                 }
-                out.packed = (rows.stride == 2 * d).then_some(ROWS * 2 * d);
+                out.packed = (rows.stride == span * 2 * d).then_some(ROWS * rows.stride);
             } else {
                 for (u, row) in out.rows.iter_mut().enumerate().take(n - i0) {
                     *row = rows.at(i0 + u);
@@ -408,8 +486,8 @@ impl Ahead {
         out
     }
 
-    /// Requests bytes `at .. at + len` of every row, or the head of a packed tile on a pass's
-    /// first lines (`at` 0). A prefetch neither faults nor changes memory.
+    /// Requests bytes `at .. at + len` of every row, or the head of each page of a packed
+    /// tile on a pass's first lines (`at` 0). A prefetch neither faults nor changes memory.
     #[inline(always)]
     fn prefetch(&self, at: usize, len: usize) {
         const PAGE: usize = 4096;
@@ -543,10 +621,13 @@ fn to_bf16_bits(x: f32) -> u32 {
 /// # Safety
 /// As [`task`], but any host (with AVX-512F for `AVX512`).
 #[cfg(test)]
-pub(super) unsafe fn task_on_model<const AVX512: bool>(t: Task, softmax: impl FnOnce(*mut f32)) {
+pub(super) unsafe fn task_on_model<const AVX512: bool>(
+    heads: Heads,
+    softmax: impl FnMut(usize, *mut f32),
+) {
     let mut tiles = super::amx_tiles::Model::default();
     // SAFETY: the caller's contract; the model runs anywhere.
-    unsafe { task_on::<_, AVX512>(&mut tiles, t, softmax) }
+    unsafe { task_on::<_, AVX512>(&mut tiles, heads, softmax) }
 }
 
 #[cfg(test)]
@@ -561,8 +642,11 @@ mod tests {
     /// contexts of 1 token, shorter than a tile and not a multiple of any, sequences of
     /// mixed lengths; 1, 5, 8, 20 (two row groups), 40 (two row blocks, the second short)
     /// and 64 query rows per task; partitions whose tasks start inside a 16-token tile (24
-    /// tokens on blocks of 8), several per block, and the whole context; one and two
-    /// threads; the portable passes and, where the host has them, the AVX-512 ones. The
+    /// tokens on blocks of 8), several per block, and the whole context; a KV head a task
+    /// and (`whole_rows`) every KV head of a row in one, 2 or 3 heads on 16-token blocks
+    /// (the rows' prefetch as one run) and 2 on blocks of 8 (row by row), grouped or one
+    /// query head per KV head; one and two threads; the portable passes and, where the
+    /// host has them, the AVX-512 ones. The
     /// cache rows past each sequence's context are NaN, as stale or never-written rows of
     /// a block may be: no weight of zero may meet them.
     #[test]
@@ -592,6 +676,14 @@ mod tests {
             (
                 "num_seqs=1,context_len=300,q_heads=64,kv_heads=1,head_dim=256,block_size=16",
                 vec![300],
+            ),
+            (
+                "num_seqs=3,context_len=130,q_heads=6,kv_heads=3,head_dim=64,block_size=16",
+                vec![130, 1, 77],
+            ),
+            (
+                "num_seqs=2,context_len=90,q_heads=2,kv_heads=2,head_dim=32,block_size=16",
+                vec![90, 40],
             ),
         ] {
             let problem: Problem = format!("paged:{spec},dtype=bf16").parse().unwrap();
@@ -626,7 +718,13 @@ mod tests {
                 if partition % p.block_size != 0 {
                     continue;
                 }
-                for group_heads in [false, true] {
+                for (group_heads, whole_rows) in
+                    [(false, false), (true, false), (true, true), (false, true)]
+                {
+                    // Whole rows take each KV head with all its query heads.
+                    if whole_rows && (p.kv_heads == 1 || (!group_heads && p.group() > 1)) {
+                        continue;
+                    }
                     for threads in [1, 2] {
                         let c = PagedConfig {
                             isa: Isa::Avx512Amx,
@@ -635,6 +733,7 @@ mod tests {
                             threads,
                             key_tiles: false,
                             amx: true,
+                            whole_rows,
                         };
                         for &engine in &engines {
                             let mut scratch = vec![0f32; scratch_len(p, &c)];
@@ -659,7 +758,12 @@ mod tests {
                 }
             }
         }
-        // The partitions each block size divides: 16 three, 8 four, 32 two.
-        assert_eq!(ran, (3 + 4 + 2 + 3 + 3) * 2 * 2 * engines.len());
+        // The partitions each block size divides (16 three, 8 four, 32 two) times the head
+        // splits: two on one KV head, three with grouped query heads, four with one query
+        // head per KV head.
+        assert_eq!(
+            ran,
+            (3 * 2 + 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2 + 3 * 3 + 3 * 4) * 2 * engines.len()
+        );
     }
 }

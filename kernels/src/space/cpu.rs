@@ -956,6 +956,12 @@ impl CpuSpace {
         if host.isa == Isa::Avx512Amx {
             levels.push(vec![(Isa::Avx512Amx, false, true)]);
         }
+        // Whole rows only where a row holds more than one KV head.
+        let row_splits: &[bool] = if p.kv_heads > 1 {
+            &[false, true]
+        } else {
+            &[false]
+        };
         for kernels in &levels {
             for &threads in &thread_counts(host) {
                 for partition in [0, 256, 512, 1024, 2048] {
@@ -966,16 +972,19 @@ impl CpuSpace {
                             continue;
                         }
                         for &(isa, key_tiles, amx) in kernels {
-                            let c = PagedConfig {
-                                isa,
-                                partition,
-                                group_heads,
-                                threads,
-                                key_tiles,
-                                amx,
-                            };
-                            if self.validate_paged(&c, p, host).is_ok() {
-                                out.push(c);
+                            for &whole_rows in row_splits {
+                                let c = PagedConfig {
+                                    isa,
+                                    partition,
+                                    group_heads,
+                                    threads,
+                                    key_tiles,
+                                    amx,
+                                    whole_rows,
+                                };
+                                if self.validate_paged(&c, p, host).is_ok() {
+                                    out.push(c);
+                                }
                             }
                         }
                     }
@@ -1016,6 +1025,25 @@ impl CpuSpace {
                          multiple of 32 (key rows are tiles of 32 values), not {} with \
                          head_dim = {}",
                         p.dtype, p.head_dim
+                    ),
+                ));
+            }
+        }
+        if c.whole_rows {
+            if !c.amx {
+                return Err(invalid(
+                    f,
+                    "whole_rows (every KV head of a token row in one task) is a mode of the amx \
+                     kernel: set amx, or drop whole_rows",
+                ));
+            }
+            if !c.group_heads && p.group() > 1 {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "whole_rows takes each KV head with all {} of its query heads: set \
+                         group_heads",
+                        p.group()
                     ),
                 ));
             }
@@ -1117,6 +1145,7 @@ impl Space for CpuSpace {
                 threads: host.threads.max(1),
                 key_tiles: key_tiles_refusal(host.isa).is_none(),
                 amx: false,
+                whole_rows: false,
             }),
         }
     }
@@ -1157,18 +1186,25 @@ impl Space for CpuSpace {
                 amx: false,
             }),
             Problem::Paged(p) => {
-                // Split long contexts so every thread has work even with few sequences.
-                let units = p.num_seqs * p.kv_heads;
-                let partition = if units >= 4 * threads || p.context_len <= 512 {
-                    0
-                } else {
-                    512usize.max(p.block_size)
-                };
                 // AMX tiles where the head dimension allows: two threads of a Xeon with AMX,
                 // bf16, 32 sequences × 4096 tokens, d = 128, 8 query heads on 1 KV head 2.5 ms
                 // against 4.6 for the key tiles, 64 on 8 38.9 against 69.1, 8 on 8 35.1
                 // against 43.5.
                 let amx = host.isa == Isa::Avx512Amx && paged_on_tiles(p);
+                // On tiles, every KV head of a row in one task where a row holds several. Two
+                // threads, cold (`tune bench`), 8 sequences × 4096 tokens, 32 query heads on 8
+                // KV heads 7.9–8.3 ms against 9.1–9.6 a KV head a task (one thread 15.4–15.6
+                // against 18.2–18.7); 32 on 4 4.3 against 4.8–5.1; 64 on 8 (4 sequences)
+                // 4.2–4.3 against 5.0–5.2; 32 on 32 (4 × 2048) 8.3 against 9.8–9.9; one
+                // sequence of 32768 in partitions of 512 7.7–7.8 against 10.3–10.5.
+                let whole_rows = amx && p.kv_heads > 1;
+                // Split long contexts so every thread has work even with few sequences.
+                let units = p.num_seqs * if whole_rows { 1 } else { p.kv_heads };
+                let partition = if units >= 4 * threads || p.context_len <= 512 {
+                    0
+                } else {
+                    512usize.max(p.block_size)
+                };
                 Config::Paged(PagedConfig {
                     isa: host.isa,
                     partition,
@@ -1176,6 +1212,7 @@ impl Space for CpuSpace {
                     threads,
                     key_tiles: !amx && key_tiles_refusal(host.isa).is_none(),
                     amx,
+                    whole_rows,
                 })
             }
         }
