@@ -136,8 +136,9 @@ fn every_isa_runs_attention_correctly() {
 /// vector, fall short of one (80, 96: a partial step; 2: one bf16 pair) or span several
 /// (256), query-row groups of 1, 3 (padded to 4 lanes' rows), 8, 9 (two register groups in
 /// P·V, 16 lanes in scores) and 64 (four score groups), every block size, partitions from one
-/// block to the whole context, sequences of mixed lengths; at the host's ISA level and at
-/// avx2-fma (the 8-lane kernels). Levels below avx2-fma must refuse them.
+/// block to the whole context, sequences of mixed lengths, a KV head a task and whole rows
+/// (1 or 2 KV heads, the heads taking turns 16 tokens at a time); at the host's ISA level
+/// and at avx2-fma (the 8-lane kernels). Levels below avx2-fma must refuse them.
 #[test]
 fn paged_key_tiles_match_reference_or_are_refused() {
     let host = kerntune_kernels::CpuInfo::detect();
@@ -153,7 +154,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         let mut out = Vec::new();
         for &isa in &isas {
             for partition in [0, bs, 2 * bs, 64] {
-                for group_heads in [false, true] {
+                for (group_heads, whole_rows) in [(false, false), (true, false), (true, true)] {
                     out.push(Config::Paged(PagedConfig {
                         isa,
                         partition,
@@ -161,7 +162,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
                         threads: host.threads,
                         key_tiles: true,
                         amx: false,
-                        whole_rows: false,
+                        whole_rows,
                     }));
                 }
             }
@@ -232,10 +233,10 @@ fn paged_key_tiles_match_reference_or_are_refused() {
 /// of 32 on AMX hosts (a described one here, as a colleague's database would describe it)
 /// and taken by the heuristic there, with every KV head of a row in one task; refused with
 /// the reason for f16, head_dim 80, alongside `key_tiles`, and on hosts without usable tiles;
-/// `whole_rows` refused without `amx` and without grouped query heads. On a host with them,
-/// every candidate runs
-/// on the tiles against the reference, with sequences of mixed lengths. The kernel's awkward
-/// shapes run on the software model of the tiles on every host (`paged_amx`'s unit test).
+/// `whole_rows` refused on the per-token kernel and without grouped query heads. On a host
+/// with them, every candidate runs on the tiles against the reference, with sequences of
+/// mixed lengths. The kernel's awkward shapes run on the software model of the tiles on
+/// every host (`paged_amx`'s unit test).
 #[test]
 fn amx_paged_matches_reference_or_is_refused() {
     let amx_host = described_amx_host();
@@ -273,11 +274,11 @@ fn amx_paged_matches_reference_or_is_refused() {
         (
             PagedConfig {
                 amx: false,
-                key_tiles: true,
+                key_tiles: false,
                 isa: Isa::Avx512,
                 ..whole
             },
-            "set amx",
+            "set one of them",
         ),
         (
             PagedConfig {

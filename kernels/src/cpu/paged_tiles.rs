@@ -105,6 +105,11 @@ pub struct Task {
     pub ld: usize,
     pub scratch: *mut u32,
     pub acc: *mut f32,
+    /// The query rows are laid out in `scratch` already, by the call before on the same
+    /// rows and scratch (a `whole_rows` task's heads take turns a block at a time, and laying
+    /// the rows out each turn cost as much as the turn's arithmetic). The tile kernels here
+    /// skip laying them out; the AMX kernel lays its heads out once a task and ignores it.
+    pub q_ready: bool,
 }
 
 /// Scratch words for `rows` query rows of head dimension `d` laid out for [`scores`] (per
@@ -143,12 +148,13 @@ unsafe fn scores<E: TileElem>(
     scores: *mut f32,
     ld: usize,
     qs: *mut u32,
+    q_ready: bool,
 ) {
     let words = d / E::PER_WORD;
     let groups = rows.div_ceil(16);
     // SAFETY: the caller's contract on the query and `qs`.
     unsafe {
-        for g in 0..groups {
+        for g in (0..groups).filter(|_| !q_ready) {
             let g_rows = 16.min(rows - 16 * g);
             let u = 16 / g_rows.next_power_of_two();
             let dst = qs.add(g * words * 16);
@@ -397,10 +403,10 @@ macro_rules! entry {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub unsafe fn $name(t: Task, softmax: impl FnOnce(*mut f32)) {
-            let Task { q, rows, d, n, key, value, scale, scores: s, ld, scratch, acc } = t;
+            let Task { q, rows, d, n, key, value, scale, scores: s, ld, scratch, acc, q_ready } = t;
             // SAFETY: the caller's contract.
             unsafe {
-                scores::<$elem>(q, rows, d, n, key, scale, s, ld, scratch);
+                scores::<$elem>(q, rows, d, n, key, scale, s, ld, scratch, q_ready);
                 softmax(s);
                 <$elem>::pack_weights(s, rows, ld, n);
                 accumulate::<$elem>(s.cast(), ld, rows, d, n, value, acc);

@@ -169,12 +169,13 @@ unsafe fn scores<E: Elem8>(
     scores: *mut f32,
     ld: usize,
     qs: *mut f32,
+    q_ready: bool,
 ) {
     let dp = padded(d);
     let groups = rows.div_ceil(8);
     // SAFETY: the caller's contract on the query and `qs`.
     unsafe {
-        for g in 0..groups {
+        for g in (0..groups).filter(|_| !q_ready) {
             let g_rows = 8.min(rows - 8 * g);
             let u = 8 / g_rows.next_power_of_two();
             let dst = qs.add(g * dp * 8);
@@ -380,10 +381,11 @@ pub unsafe fn task<E: Elem8>(t: Task, softmax: impl FnOnce(*mut f32)) {
         ld,
         scratch,
         acc,
+        q_ready,
     } = t;
     // SAFETY: the caller's contract.
     unsafe {
-        scores::<E>(q, rows, d, n, key, scale, s, ld, scratch.cast());
+        scores::<E>(q, rows, d, n, key, scale, s, ld, scratch.cast(), q_ready);
         softmax(s);
         accumulate::<E>(s, ld, rows, d, n, value, acc);
     }

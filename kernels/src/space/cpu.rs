@@ -1030,11 +1030,11 @@ impl CpuSpace {
             }
         }
         if c.whole_rows {
-            if !c.amx {
+            if !c.amx && !c.key_tiles {
                 return Err(invalid(
                     f,
                     "whole_rows (every KV head of a token row in one task) is a mode of the amx \
-                     kernel: set amx, or drop whole_rows",
+                     and key_tiles kernels: set one of them, or drop whole_rows",
                 ));
             }
             if !c.group_heads && p.group() > 1 {
@@ -1191,13 +1191,18 @@ impl Space for CpuSpace {
                 // against 4.6 for the key tiles, 64 on 8 38.9 against 69.1, 8 on 8 35.1
                 // against 43.5.
                 let amx = host.isa == Isa::Avx512Amx && paged_on_tiles(p);
-                // On tiles, every KV head of a row in one task where a row holds several. Two
-                // threads, cold (`tune bench`), 8 sequences × 4096 tokens, 32 query heads on 8
-                // KV heads 7.9–8.3 ms against 9.1–9.6 a KV head a task (one thread 15.4–15.6
-                // against 18.2–18.7); 32 on 4 4.3 against 4.8–5.1; 64 on 8 (4 sequences)
-                // 4.2–4.3 against 5.0–5.2; 32 on 32 (4 × 2048) 8.3 against 9.8–9.9; one
-                // sequence of 32768 in partitions of 512 7.7–7.8 against 10.3–10.5.
-                let whole_rows = amx && p.kv_heads > 1;
+                // On tiles (AMX or key tiles), every KV head of a row in one task where a row
+                // holds several. Two threads, cold (`tune bench`), 8 sequences × 4096 tokens,
+                // 32 query heads on 8 KV heads: AMX 7.9–8.3 ms against 9.1–9.6 a KV head a
+                // task (one thread 15.4–15.6 against 18.2–18.7); 32 on 4 4.3 against 4.8–5.1;
+                // 64 on 8 (4 sequences) 4.2–4.3 against 5.0–5.2; 32 on 32 (4 × 2048) 8.3
+                // against 9.8–9.9; one sequence of 32768 in partitions of 512 7.7–7.8 against
+                // 10.3–10.5. Key tiles on the same 8 × 4096: f32 12.8–12.9 against 19.6–19.7
+                // (one thread 25.4 against 39.0; AVX2 15.3–15.7 against 34.1–34.2), bf16
+                // pairs 13.0–13.2 against 16.1, f16 12.1–12.4 against 13.5–13.6. Warm (the
+                // cache in L3) f16 is slower, 11.7 against 9.7; a server reads from DRAM.
+                let key_tiles = !amx && key_tiles_refusal(host.isa).is_none();
+                let whole_rows = (amx || key_tiles) && p.kv_heads > 1;
                 // Split long contexts so every thread has work even with few sequences.
                 let units = p.num_seqs * if whole_rows { 1 } else { p.kv_heads };
                 let partition = if units >= 4 * threads || p.context_len <= 512 {
@@ -1210,7 +1215,7 @@ impl Space for CpuSpace {
                     partition,
                     group_heads: p.group() > 1,
                     threads,
-                    key_tiles: !amx && key_tiles_refusal(host.isa).is_none(),
+                    key_tiles,
                     amx,
                     whole_rows,
                 })
