@@ -10,8 +10,8 @@
 //!
 //! The heads of a `whole_rows` task take turns so that each token row, all KV heads side by
 //! side, is read by all of them while it is in L2: on AMX tiles inside the kernel (a scores
-//! step, a value chunk), on key tiles a block of [`ROW_CHUNK`] tokens at a time, each turn
-//! added to its head's sums by an online softmax.
+//! step, a value chunk), on key tiles a block or two of tokens at a time ([`TURN_BYTES`]),
+//! each turn added to its head's sums by an online softmax.
 
 use super::leaf::prefetch;
 use super::parallel::{for_each_task, SharedMut};
@@ -24,11 +24,18 @@ use crate::DType;
 /// memory latency at the rate a task consumes rows.
 const PREFETCH: usize = 32;
 
-/// Tokens a head of a `whole_rows` task on key tiles takes before the next head's turn, a
-/// block of 16 in the common layout: two threads, cold, 8 sequences × 4096 tokens, 32 query
-/// heads on 8 KV heads, f32 12.5–12.8 ms at 16 against 16.0–17.0 at 32 and 18.4–18.7 at 64
-/// (a KV head a task: 19.6–19.7); f16 12.2–12.4 against 11.1 at 32 and 13.3–13.5 at 64.
-const ROW_CHUNK: usize = 16;
+/// Bytes of its rows a head of a `whole_rows` task on key tiles reads before the next head's
+/// turn (16 tokens of f32 at d = 128, 32 of bf16 or f16): two threads, cold, 8 sequences ×
+/// 4096 tokens, 32 query heads on 8 KV heads, d = 128, f32 12.5–12.8 ms at 16 tokens against
+/// 16.0–17.0 at 32 and 18.4–18.7 at 64 (a KV head a task: 19.6–19.7); f16 11.1–12.3 at 32
+/// against 12.2–13.1 at 16 and 13.3–13.5 at 64, bf16 12.8–13.6 at 32 against 13.6–13.8 at
+/// 16. Other head dimensions were not measured.
+const TURN_BYTES: usize = 8192;
+
+/// Tokens of one head's turn: [`TURN_BYTES`] of its rows, whole tiles of 16, 16 to 256.
+fn turn_tokens(p: &PagedProblem) -> usize {
+    (TURN_BYTES / (p.head_dim * p.dtype.size())).clamp(16, 256) / 16 * 16
+}
 
 struct Layout {
     /// Query rows per KV head of a task.
@@ -81,7 +88,7 @@ impl Layout {
         #[cfg(not(target_arch = "x86_64"))]
         let tile = 0;
         let ld = if heads > 1 && !c.amx {
-            ROW_CHUNK.min(part_len)
+            turn_tokens(p).min(part_len)
         } else {
             part_len
         };
@@ -339,7 +346,7 @@ pub(super) fn run_with<T: TableElem>(
                 // With several heads they take turns a block of tokens at a time, so every
                 // row is read by all of them while it is in L2: each turn adds its tokens to
                 // the head's sums by an online softmax (see `online_softmax`).
-                let chunk = if lay.heads > 1 { ROW_CHUNK } else { n.max(1) };
+                let chunk = if lay.heads > 1 { lay.ld } else { n.max(1) };
                 for c0 in (0..n).step_by(chunk) {
                     let len = chunk.min(n - c0);
                     for j in 0..lay.heads {
