@@ -228,10 +228,10 @@ pub(super) fn run_with<T: TableElem>(
         if c.amx {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: validation admits `amx` for bf16 caches (T) with head_dim a multiple of
-            // 32 on hosts with usable AMX tiles (every one has AVX-512); block indices were checked against the cache size by the caller, so
-            // every block a token lies in is wholly inside the cache; head `j`'s buffers are
-            // the `j`-th `per_head` words of this worker's, each part reached through one
-            // pointer at a time.
+            // 32 on hosts with usable AMX tiles (every one has AVX-512); block indices were
+            // checked against the cache size by the caller, so every block a token lies in is
+            // wholly inside the cache; head `j`'s buffers are the `j`-th `per_head` words of
+            // this worker's, each part reached through one pointer at a time.
             unsafe {
                 use super::paged_tiles::{Rows, Task};
                 let size = std::mem::size_of::<T>();
@@ -306,8 +306,7 @@ pub(super) fn run_with<T: TableElem>(
             // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even);
             // block indices were checked against the cache size by the caller, so every block
             // a token lies in is wholly inside the cache; head `j`'s buffers are the `j`-th
-            // `per_head` words of this worker's and the chunk's partial result the words after
-            // them, each reached through one pointer at a time.
+            // `per_head` words of this worker's, each reached through one pointer at a time.
             unsafe {
                 use super::paged_tiles::{Rows, Task};
                 let size = std::mem::size_of::<T>();
@@ -343,7 +342,7 @@ pub(super) fn run_with<T: TableElem>(
                         stats[2 * r + 1] = 0.0;
                     }
                 }
-                // With several heads they take turns a block of tokens at a time, so every
+                // With several heads they take turns, `lay.ld` tokens each, so every
                 // row is read by all of them while it is in L2: each turn adds its tokens to
                 // the head's sums by an online softmax (see `online_softmax`).
                 let chunk = if lay.heads > 1 { lay.ld } else { n.max(1) };

@@ -1199,8 +1199,9 @@ impl Space for CpuSpace {
                 // against 9.8–9.9; one sequence of 32768 in partitions of 512 7.7–7.8 against
                 // 10.3–10.5. Key tiles on the same 8 × 4096: f32 12.8–12.9 against 19.6–19.7
                 // (one thread 25.4 against 39.0; AVX2 15.3–15.7 against 34.1–34.2), bf16
-                // pairs 13.0–13.2 against 16.1, f16 12.1–12.4 against 13.5–13.6. Warm (the
-                // cache in L3) f16 is slower, 11.7 against 9.7; a server reads from DRAM.
+                // pairs 13.0–13.2 against 16.1, f16 12.1–12.4 against 13.5–13.6 in turns of
+                // 16 tokens (the 32-token turns they now take: 12.8–13.6 and 11.8–12.3). Warm
+                // (the cache in L3) f16 is slower, 11.7 against 9.7; a server reads from DRAM.
                 let key_tiles = !amx && key_tiles_refusal(host.isa).is_none();
                 let whole_rows = (amx || key_tiles) && p.kv_heads > 1;
                 // Split long contexts so every thread has work even with few sequences.
