@@ -354,8 +354,8 @@ pub struct PagedConfig {
     /// One task covers every KV head of its sequence (and partition), the heads taken in
     /// turn a few tiles of tokens at a time, so the cache is read in whole token rows: a
     /// block of all KV heads is one contiguous run (32 KiB at 8 KV heads of 128 bf16, 16
-    /// tokens) instead of one head's 256 bytes of each row. `amx` and `key_tiles` configs
-    /// with `group_heads` (or one query head per KV head). Absent in results stored before it
+    /// tokens) instead of one head's 256 bytes of each row. Every paged kernel, with
+    /// `group_heads` (or one query head per KV head). Absent in results stored before it
     /// existed, and left out when false: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole_rows: bool,

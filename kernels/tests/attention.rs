@@ -110,10 +110,12 @@ fn every_isa_runs_attention_correctly() {
             }
         }
         check_all(&f, &flash);
+        // The per-token kernel: a KV head a task, one query head a task, and whole rows
+        // (both KV heads of a row in one task).
         let paged: Vec<Config> = [0, 8, 24, 64]
             .into_iter()
             .flat_map(|partition| {
-                [false, true].map(|group_heads| {
+                [(false, false), (true, false), (true, true)].map(|(group_heads, whole_rows)| {
                     Config::Paged(PagedConfig {
                         isa,
                         partition,
@@ -121,7 +123,7 @@ fn every_isa_runs_attention_correctly() {
                         threads: host.threads,
                         key_tiles: false,
                         amx: false,
-                        whole_rows: false,
+                        whole_rows,
                     })
                 })
             })
@@ -233,7 +235,8 @@ fn paged_key_tiles_match_reference_or_are_refused() {
 /// of 32 on AMX hosts (a described one here, as a colleague's database would describe it)
 /// and taken by the heuristic there, with every KV head of a row in one task; refused with
 /// the reason for f16, head_dim 80, alongside `key_tiles`, and on hosts without usable tiles;
-/// `whole_rows` refused on the per-token kernel and without grouped query heads. On a host
+/// `whole_rows` refused without grouped query heads and taken by the heuristic for the
+/// vectorised per-token kernel too. On a host
 /// with them, every candidate runs on the tiles against the reference, with sequences of
 /// mixed lengths. The kernel's awkward shapes run on the software model of the tiles on
 /// every host (`paged_amx`'s unit test).
@@ -270,28 +273,37 @@ fn amx_paged_matches_reference_or_is_refused() {
     let Config::Paged(whole) = CpuSpace.heuristic(&bf16, &amx_host) else {
         unreachable!("paged heuristic")
     };
-    for (c, why) in [
-        (
-            PagedConfig {
-                amx: false,
-                key_tiles: false,
-                isa: Isa::Avx512,
-                ..whole
-            },
-            "set one of them",
-        ),
-        (
-            PagedConfig {
-                group_heads: false,
-                ..whole
-            },
-            "set group_heads",
-        ),
-    ] {
-        let err = CpuSpace
-            .validate(&Config::Paged(c), &bf16, &amx_host)
-            .unwrap_err();
-        assert!(err.to_string().contains(why), "{c:?}: {err}");
+    let per_token = PagedConfig {
+        amx: false,
+        key_tiles: false,
+        isa: Isa::Avx512,
+        ..whole
+    };
+    CpuSpace
+        .validate(&Config::Paged(per_token), &bf16, &amx_host)
+        .unwrap_or_else(|e| panic!("{per_token:?}: {e}"));
+    let ungrouped = PagedConfig {
+        group_heads: false,
+        ..whole
+    };
+    let err = CpuSpace
+        .validate(&Config::Paged(ungrouped), &bf16, &amx_host)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("set group_heads"),
+        "{ungrouped:?}: {err}"
+    );
+    // A host without AVX2 runs the per-token kernel untuned: over whole rows where it is
+    // vectorised (NEON), a KV head a task on the portable level.
+    let mut info = kerntune_kernels::CpuInfo::detect().clone();
+    for (isa, whole_rows) in [(Isa::Neon, true), (Isa::Portable, false)] {
+        info.isa = isa;
+        let heuristic = CpuSpace.heuristic(&bf16, &Device::Cpu(info.clone()));
+        assert!(
+            matches!(heuristic, Config::Paged(c)
+                if !c.amx && !c.key_tiles && c.whole_rows == whole_rows && c.isa == isa),
+            "{isa}: {heuristic}"
+        );
     }
     for (other, why) in [
         (format!("paged:{spec},dtype=f16"), "bf16 caches"),

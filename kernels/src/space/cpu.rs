@@ -1029,24 +1029,15 @@ impl CpuSpace {
                 ));
             }
         }
-        if c.whole_rows {
-            if !c.amx && !c.key_tiles {
-                return Err(invalid(
-                    f,
-                    "whole_rows (every KV head of a token row in one task) is a mode of the amx \
-                     and key_tiles kernels: set one of them, or drop whole_rows",
-                ));
-            }
-            if !c.group_heads && p.group() > 1 {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "whole_rows takes each KV head with all {} of its query heads: set \
-                         group_heads",
-                        p.group()
-                    ),
-                ));
-            }
+        if c.whole_rows && !c.group_heads && p.group() > 1 {
+            return Err(invalid(
+                f,
+                format!(
+                    "whole_rows takes each KV head with all {} of its query heads: set \
+                     group_heads",
+                    p.group()
+                ),
+            ));
         }
         if c.partition != 0 && (!c.partition.is_multiple_of(p.block_size) || c.partition > 1 << 20)
         {
@@ -1202,8 +1193,13 @@ impl Space for CpuSpace {
                 // pairs 13.0–13.2 against 16.1, f16 12.1–12.4 against 13.5–13.6 in turns of
                 // 16 tokens (the 32-token turns they now take: 12.8–13.6 and 11.8–12.3). Warm
                 // (the cache in L3) f16 is slower, 11.7 against 9.7; a server reads from DRAM.
+                // The per-token kernel (what hosts without AVX2 run) at avx512 on the same
+                // shape: f32 18.7–19.4 against 24.2–24.4, bf16 13.8–14.2 against 15.6–16.4;
+                // portable, whose arithmetic sets its pace, f32 66.1–68.6 against 60.1–69.5
+                // (median 66.9 against 64.1), so it keeps a KV head a task. NEON, vectorised
+                // like the avx512 kernel, takes whole rows (not measured).
                 let key_tiles = !amx && key_tiles_refusal(host.isa).is_none();
-                let whole_rows = (amx || key_tiles) && p.kv_heads > 1;
+                let whole_rows = p.kv_heads > 1 && host.isa != Isa::Portable;
                 // Split long contexts so every thread has work even with few sequences.
                 let units = p.num_seqs * if whole_rows { 1 } else { p.kv_heads };
                 let partition = if units >= 4 * threads || p.context_len <= 512 {
