@@ -111,17 +111,23 @@ impl fmt::Display for Config {
                 c.split,
                 c.threads
             ),
-            Config::Paged(c) => write!(
-                f,
-                "{}{}{}{} partition={} group={} t={}",
-                c.isa,
-                if c.key_tiles { " key-tiles" } else { "" },
-                if c.amx { " amx" } else { "" },
-                if c.whole_rows { " whole-rows" } else { "" },
-                c.partition,
-                c.group_heads,
-                c.threads
-            ),
+            Config::Paged(c) => {
+                write!(
+                    f,
+                    "{}{}{}{} partition={} group={} t={}",
+                    c.isa,
+                    if c.key_tiles { " key-tiles" } else { "" },
+                    if c.amx { " amx" } else { "" },
+                    if c.whole_rows { " whole-rows" } else { "" },
+                    c.partition,
+                    c.group_heads,
+                    c.threads
+                )?;
+                if c.turn != 0 {
+                    write!(f, " turn={}", c.turn)?;
+                }
+                Ok(())
+            }
             Config::GpuGemm(c) => write!(
                 f,
                 "gpu {} {}x{}x{} tile {}x{}",
@@ -290,6 +296,10 @@ fn is_yes(b: &bool) -> bool {
     *b
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// How flash attention divides work among threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -359,6 +369,12 @@ pub struct PagedConfig {
     /// existed, and left out when false: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole_rows: bool,
+    /// Tokens a head of a `whole_rows` task on key tiles takes before the next head's turn,
+    /// a multiple of 16 from 16 to 256; 0 for the kernel's rule (256 where a token row holds
+    /// at most 512 values, else 8 KiB of a head's rows), which stays the untuned choice.
+    /// Absent in results stored before it existed, and left out when 0: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub turn: usize,
 }
 
 /// The GPU GEMM kernels of `kernels/hip/gemm.hip`.

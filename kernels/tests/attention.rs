@@ -124,6 +124,7 @@ fn every_isa_runs_attention_correctly() {
                         key_tiles: false,
                         amx: false,
                         whole_rows,
+                        turn: 0,
                     })
                 })
             })
@@ -156,7 +157,13 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         let mut out = Vec::new();
         for &isa in &isas {
             for partition in [0, bs, 2 * bs, 64] {
-                for (group_heads, whole_rows) in [(false, false), (true, false), (true, true)] {
+                for (group_heads, whole_rows, turn) in [
+                    (false, false, 0),
+                    (true, false, 0),
+                    (true, true, 0),
+                    (true, true, 16),
+                    (true, true, 48),
+                ] {
                     out.push(Config::Paged(PagedConfig {
                         isa,
                         partition,
@@ -165,6 +172,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
                         key_tiles: true,
                         amx: false,
                         whole_rows,
+                        turn,
                     }));
                 }
             }
@@ -179,6 +187,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         key_tiles: true,
         amx: false,
         whole_rows: false,
+        turn: 0,
     });
     let p = "paged:num_seqs=1,context_len=20,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
     let err = CpuSpace
@@ -186,6 +195,68 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("avx2-fma"), "{p}: {err}");
+    // A turn is a length for the heads of whole rows on key tiles, 16 to 256 in tiles of 16.
+    if let Some(&isa) = isas.first() {
+        let two =
+            problem("paged:num_seqs=1,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=f32");
+        let whole = PagedConfig {
+            isa,
+            partition: 0,
+            group_heads: true,
+            threads: 1,
+            key_tiles: true,
+            amx: false,
+            whole_rows: true,
+            turn: 64,
+        };
+        CpuSpace
+            .validate(&Config::Paged(whole), &two, &device)
+            .unwrap_or_else(|e| panic!("{whole:?}: {e}"));
+        for (c, why) in [
+            (
+                PagedConfig {
+                    whole_rows: false,
+                    ..whole
+                },
+                "set key_tiles and whole_rows",
+            ),
+            (
+                PagedConfig {
+                    key_tiles: false,
+                    ..whole
+                },
+                "set key_tiles and whole_rows",
+            ),
+            (
+                PagedConfig { turn: 40, ..whole },
+                "multiple of 16 from 16 to 256",
+            ),
+            (
+                PagedConfig { turn: 272, ..whole },
+                "multiple of 16 from 16 to 256",
+            ),
+        ] {
+            let err = CpuSpace
+                .validate(&Config::Paged(c), &two, &device)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why), "{c:?}: {err}");
+        }
+        // Candidates offer the rule's turn (0) and the others shorter than the context.
+        let turns: std::collections::BTreeSet<usize> = CpuSpace
+            .candidates(&two, &device)
+            .iter()
+            .filter_map(|c| match c {
+                Config::Paged(c) if c.key_tiles && c.whole_rows => Some(c.turn),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            turns.contains(&0) && turns.contains(&16) && turns.len() >= 4,
+            "{turns:?}"
+        );
+        assert!(turns.iter().all(|&t| t < 300), "{turns:?}");
+    }
     let mut ran = 0;
     for dtype in [DType::F32, DType::F16, DType::Bf16] {
         let mut problems = Vec::new();
@@ -342,8 +413,9 @@ fn amx_paged_matches_reference_or_is_refused() {
     }
 }
 
-/// Paged configs stored before `whole_rows` read as a KV head a task and keep their text;
-/// setting it adds the key, and the config's name says so.
+/// Paged configs stored before `whole_rows` and `turn` read as a KV head a task (and the
+/// kernel's turn) and keep their text; setting either adds its key, and the config's name
+/// says so.
 #[test]
 fn paged_configs_from_before_whole_rows_keep_their_meaning() {
     let stored = r#"{"family":"paged","isa":"avx512-amx","partition":512,"group_heads":true,"threads":2,"key_tiles":false,"amx":true}"#;
@@ -353,14 +425,27 @@ fn paged_configs_from_before_whole_rows_keep_their_meaning() {
     };
     assert!(!c.whole_rows);
     assert_eq!(serde_json::to_string(&old).unwrap(), stored);
+    assert_eq!(c.turn, 0);
     let whole = Config::Paged(PagedConfig {
         whole_rows: true,
         ..c
     });
     let text = serde_json::to_string(&whole).unwrap();
     assert!(text.contains(r#""whole_rows":true"#), "{text}");
+    assert!(!text.contains("turn"), "{text}");
     assert_eq!(serde_json::from_str::<Config>(&text).unwrap(), whole);
     assert!(whole.to_string().contains(" whole-rows"), "{whole}");
+    let turned = Config::Paged(PagedConfig {
+        whole_rows: true,
+        key_tiles: true,
+        amx: false,
+        turn: 64,
+        ..c
+    });
+    let text = serde_json::to_string(&turned).unwrap();
+    assert!(text.contains(r#""turn":64"#), "{text}");
+    assert_eq!(serde_json::from_str::<Config>(&text).unwrap(), turned);
+    assert!(turned.to_string().ends_with(" turn=64"), "{turned}");
 }
 
 /// Sequences of different lengths in one call, some a single token, through every partition size.

@@ -167,6 +167,7 @@ fn hostile_configs_are_rejected_before_running() {
         key_tiles: false,
         amx: false,
         whole_rows: false,
+        turn: 0,
     });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),

@@ -61,6 +61,7 @@ fn bf16_without_avx512_bf16_widens_or_refuses() {
                     key_tiles: true,
                     amx: false,
                     whole_rows: false,
+                    turn: 0,
                 })
             })
             .collect();

@@ -26,15 +26,34 @@ use crate::DType;
 const PREFETCH: usize = 32;
 
 /// Bytes of its rows a head of a `whole_rows` task on key tiles reads before the next head's
-/// turn (16 tokens of f32 at d = 128, 32 of bf16 or f16): two threads, cold, 8 sequences ×
-/// 4096 tokens, 32 query heads on 8 KV heads, d = 128, f32 12.5–12.8 ms at 16 tokens against
-/// 16.0–17.0 at 32 and 18.4–18.7 at 64 (a KV head a task: 19.6–19.7); f16 11.1–12.3 at 32
-/// against 12.2–13.1 at 16 and 13.3–13.5 at 64, bf16 12.8–13.6 at 32 against 13.6–13.8 at
-/// 16. Other head dimensions were not measured.
+/// turn where a token row is wide (more than [`NARROW_ROW`] values): 16 tokens of f32 at d =
+/// 128 and 8 KV heads, 32 of bf16 or f16. Two threads, cold, 8 sequences × 4096 tokens, 32
+/// query heads on 8 KV heads, d = 128: f32 12.5–12.8 ms at 16 tokens against 16.0–17.0 at 32
+/// and 18.4–18.7 at 64 (a KV head a task: 19.6–19.7); f16 11.1–12.3 at 32 against 12.2–13.1
+/// at 16 and 13.3–13.5 at 64, bf16 12.8–13.6 at 32 against 13.6–13.8 at 16 and 21.3–21.6 at
+/// 64; at d = 256 (4 sequences) bf16 7.8–8.3 at 16 against 12.0–13.2 at 32.
 const TURN_BYTES: usize = 8192;
 
-/// Tokens of one head's turn: [`TURN_BYTES`] of its rows, whole tiles of 16, 16 to 256.
-fn turn_tokens(p: &PagedProblem) -> usize {
+/// Values in a token row (every KV head) up to which a turn is [`LONG_TURN`] tokens. The same
+/// 16 sequences × 4096 tokens at d = 128, 32 query heads on 4 KV heads: bf16 13.9–14.6 ms in
+/// turns of 256 against 21.2–21.7 at 32 (the 8 KiB rule), f32 19.5–20.1 against 26.1–27.3 at
+/// 16; on 2 KV heads bf16 14.2–14.4 against 22.5–24.1, f32 9.2–9.3 against 14.8–15.3; d = 64
+/// on 8 KV heads (8 sequences), bf16 6.1–6.4 against 8.9–9.6 at 64, f16 6.1–6.4 against
+/// 7.5–8.2, f32 even (9.9–10.3 at 256 and at 32; 16 sequences of 24 query heads 18.6–18.8
+/// against 18.9–19.3). Measured on one host (an AMX Xeon running the AVX-512 kernels); the
+/// turn is not yet a tuned field, so other hosts take the same rule.
+const NARROW_ROW: usize = 512;
+
+/// A turn's tokens where a row is narrow.
+const LONG_TURN: usize = 256;
+
+/// Tokens of one head's turn where the config leaves it to the kernel (`turn` 0):
+/// [`LONG_TURN`] where a row holds at most [`NARROW_ROW`] values, else [`TURN_BYTES`] of its
+/// rows, whole tiles of 16, 16 to 256.
+pub(crate) fn turn_tokens(p: &PagedProblem) -> usize {
+    if p.kv_heads * p.head_dim <= NARROW_ROW {
+        return LONG_TURN;
+    }
     (TURN_BYTES / (p.head_dim * p.dtype.size())).clamp(16, 256) / 16 * 16
 }
 
@@ -89,7 +108,8 @@ impl Layout {
         #[cfg(not(target_arch = "x86_64"))]
         let tile = 0;
         let ld = if heads > 1 && c.key_tiles {
-            turn_tokens(p).min(part_len)
+            let turn = if c.turn == 0 { turn_tokens(p) } else { c.turn };
+            turn.min(part_len)
         } else {
             part_len
         };

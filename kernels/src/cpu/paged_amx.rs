@@ -734,6 +734,7 @@ mod tests {
                             key_tiles: false,
                             amx: true,
                             whole_rows,
+                            turn: 0,
                         };
                         for &engine in &engines {
                             let mut scratch = vec![0f32; scratch_len(p, &c)];

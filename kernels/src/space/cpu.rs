@@ -69,6 +69,9 @@ fn flash_on_tiles(p: &FlashProblem) -> bool {
 
 /// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
 /// rows are A tiles of 32 values a row.
+/// The longest turn a `whole_rows` task on key tiles takes (`turn` in paged configs).
+const MAX_TURN: usize = 256;
+
 fn paged_on_tiles(p: &PagedProblem) -> bool {
     p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(32)
 }
@@ -945,6 +948,11 @@ impl CpuSpace {
     }
 
     fn paged_candidates(&self, p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
+        // The turns offered besides the rule's. Where the best turn lies was not one rule's
+        // reach: on one AMX Xeon's AVX-512 kernels, 8 KV heads at d = 128 ran best in turns
+        // of 16 (f32) or 32 (bf16) tokens and 1.5 times slower at 64, while 4 KV heads at d
+        // = 128 and 8 at d = 64 ran best at 256 (README, session 16).
+        const TURNS: [usize; 5] = [16, 32, 64, 128, MAX_TURN];
         let mut out = Vec::new();
         // The per-token and key-tile kernels at the host's top two levels below avx512-amx
         // (AMX hosts run them at avx512), and on AMX hosts the tile kernel at avx512-amx:
@@ -981,9 +989,24 @@ impl CpuSpace {
                                     key_tiles,
                                     amx,
                                     whole_rows,
+                                    turn: 0,
                                 };
-                                if self.validate_paged(&c, p, host).is_ok() {
-                                    out.push(c);
+                                if self.validate_paged(&c, p, host).is_err() {
+                                    continue;
+                                }
+                                out.push(c);
+                                // Turns other than the kernel's rule, where heads take turns.
+                                if key_tiles && whole_rows {
+                                    let rule = crate::cpu::paged_turn_tokens(p);
+                                    // Turns as long as the partition are all the same.
+                                    let part_len = match partition {
+                                        0 => p.context_len,
+                                        n => n.min(p.context_len),
+                                    };
+                                    let differs = |&t: &usize| t != rule && t < part_len;
+                                    for turn in TURNS.into_iter().filter(differs) {
+                                        out.push(PagedConfig { turn, ..c });
+                                    }
                                 }
                             }
                         }
@@ -1025,6 +1048,28 @@ impl CpuSpace {
                          multiple of 32 (key rows are tiles of 32 values), not {} with \
                          head_dim = {}",
                         p.dtype, p.head_dim
+                    ),
+                ));
+            }
+        }
+        if c.turn != 0 {
+            if !(c.key_tiles && c.whole_rows) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "turn = {} is how many tokens a head of a whole_rows task on key tiles \
+                         takes at a time: set key_tiles and whole_rows, or turn = 0",
+                        c.turn
+                    ),
+                ));
+            }
+            if !c.turn.is_multiple_of(16) || !(16..=MAX_TURN).contains(&c.turn) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "turn = {} must be 0 (the kernel's rule) or a multiple of 16 from 16 to \
+                         {MAX_TURN}",
+                        c.turn
                     ),
                 ));
             }
@@ -1137,6 +1182,7 @@ impl Space for CpuSpace {
                 key_tiles: key_tiles_refusal(host.isa).is_none(),
                 amx: false,
                 whole_rows: false,
+                turn: 0,
             }),
         }
     }
@@ -1215,6 +1261,7 @@ impl Space for CpuSpace {
                     key_tiles,
                     amx,
                     whole_rows,
+                    turn: 0,
                 })
             }
         }
