@@ -2,17 +2,16 @@
 //!
 //! Work is divided into tasks of (sequence, head unit, partition): a head unit is one KV head
 //! with all its query heads (`group_heads`), a single query head, or (`whole_rows`) every KV
-//! head of the sequence with their query heads. A task reads its
-//! partition's keys and values through the block table once, keeps the scores in scratch, and
-//! leaves an unnormalised partial output with its row max and sum. A second pass combines the
-//! partitions of each head by log-sum-exp; with a single partition the first pass writes the
-//! output directly.
+//! head of the sequence with their query heads. A task reads its partition's keys and values
+//! through the block table once, keeps the scores in scratch, and leaves an unnormalised
+//! partial output with its row max and sum. A second pass combines the partitions of each
+//! head by log-sum-exp; with a single partition the first pass writes the output directly.
 //!
 //! The heads of a `whole_rows` task take turns so that each token row, all KV heads side by
 //! side, is read by all of them while it is in L2: on AMX tiles inside the kernel (a scores
-//! step, a value chunk), on key tiles a block or two of tokens at a time ([`TURN_BYTES`]),
-//! each turn added to its head's sums by an online softmax; the per-token kernel takes every
-//! head's row of a token before the next token.
+//! step, a value chunk), on key tiles a turn of tokens at a time ([`turn_tokens`], or the
+//! config's `turn`), each added to its head's sums by an online softmax; the per-token kernel
+//! takes every head's row of a token before the next token.
 
 use super::leaf::prefetch;
 use super::parallel::{for_each_task, SharedMut};
@@ -40,8 +39,8 @@ const TURN_BYTES: usize = 8192;
 /// 16; on 2 KV heads bf16 14.2–14.4 against 22.5–24.1, f32 9.2–9.3 against 14.8–15.3; d = 64
 /// on 8 KV heads (8 sequences), bf16 6.1–6.4 against 8.9–9.6 at 64, f16 6.1–6.4 against
 /// 7.5–8.2, f32 even (9.9–10.3 at 256 and at 32; 16 sequences of 24 query heads 18.6–18.8
-/// against 18.9–19.3). Measured on one host (an AMX Xeon running the AVX-512 kernels); the
-/// turn is not yet a tuned field, so other hosts take the same rule.
+/// against 18.9–19.3). Measured on one host (an AMX Xeon running the AVX-512 kernels): other
+/// hosts take the same rule untuned, and `tune` tries the other turns (`turn` in the config).
 const NARROW_ROW: usize = 512;
 
 /// A turn's tokens where a row is narrow.

@@ -67,11 +67,11 @@ fn flash_on_tiles(p: &FlashProblem) -> bool {
     p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(2)
 }
 
-/// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
-/// rows are A tiles of 32 values a row.
 /// The longest turn a `whole_rows` task on key tiles takes (`turn` in paged configs).
 const MAX_TURN: usize = 256;
 
+/// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
+/// rows are A tiles of 32 values a row.
 fn paged_on_tiles(p: &PagedProblem) -> bool {
     p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(32)
 }
