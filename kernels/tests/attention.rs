@@ -140,7 +140,8 @@ fn every_isa_runs_attention_correctly() {
 /// (256), query-row groups of 1, 3 (padded to 4 lanes' rows), 8, 9 (two register groups in
 /// P·V, 16 lanes in scores) and 64 (four score groups), every block size, partitions from one
 /// block to the whole context, sequences of mixed lengths, a KV head a task and whole rows
-/// (1 or 2 KV heads, the heads taking turns 16 tokens at a time); at the host's ISA level
+/// (1 or 2 KV heads, the heads taking turns of the rule's, 16 and 48 tokens), value chunks of
+/// 16 tokens where rows lie 1 KiB or more apart (2 KV heads of 256); at the host's ISA level
 /// and at avx2-fma (the 8-lane kernels). Levels below avx2-fma must refuse them.
 #[test]
 fn paged_key_tiles_match_reference_or_are_refused() {

@@ -21,7 +21,8 @@ const TILE: usize = 8;
 const AHEAD: usize = 64;
 /// Query rows whose `P·V` sums stay in registers together.
 const ROWS: usize = 8;
-/// Tokens whose value rows are reused from L1 across the passes over the head dimension.
+/// Tokens whose value rows are reused from L1 across the passes over the head dimension, at
+/// most (fewer on rows far apart, [`super::paged_tiles::value_chunk`]).
 const V_CHUNK: usize = 64;
 
 /// A cache element type, read as f32.
@@ -288,16 +289,17 @@ unsafe fn accumulate<E: Elem8>(
 ) {
     let mut vrows = [std::ptr::null::<u8>(); V_CHUNK];
     let mut next = [std::ptr::null::<u8>(); V_CHUNK];
-    for c0 in (0..n).step_by(V_CHUNK) {
-        let live = V_CHUNK.min(n - c0);
+    let chunk = super::paged_tiles::value_chunk(value.stride);
+    for c0 in (0..n).step_by(chunk) {
+        let live = chunk.min(n - c0);
         // SAFETY: the caller's contract on values, weights and sums.
         unsafe {
             for (t, row) in vrows.iter_mut().enumerate().take(live) {
                 *row = value.at(c0 + t);
             }
-            let next_live = V_CHUNK.min(n.saturating_sub(c0 + V_CHUNK));
+            let next_live = chunk.min(n.saturating_sub(c0 + chunk));
             for (t, row) in next.iter_mut().enumerate().take(next_live) {
-                *row = value.at(c0 + V_CHUNK + t);
+                *row = value.at(c0 + chunk + t);
             }
             let mut r0 = 0;
             while r0 < rows {
