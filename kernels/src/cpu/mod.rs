@@ -35,7 +35,7 @@ mod team;
 mod transpose;
 
 pub(crate) use amx_direct::scratch_len as amx_direct_scratch_len;
-pub(crate) use paged::turn_tokens as paged_turn_tokens;
+pub(crate) use paged::{part_len as paged_part_len, turn_tokens as paged_turn_tokens};
 
 use half::{bf16, f16};
 

@@ -56,6 +56,15 @@ pub(crate) fn turn_tokens(p: &PagedProblem) -> usize {
     (TURN_BYTES / (p.head_dim * p.dtype.size())).clamp(16, 256) / 16 * 16
 }
 
+/// Context tokens one task covers: a partition's, or the whole context's (`partition` 0).
+pub(crate) fn part_len(p: &PagedProblem, partition: usize) -> usize {
+    if partition == 0 {
+        p.context_len
+    } else {
+        partition.min(p.context_len)
+    }
+}
+
 struct Layout {
     /// Query rows per KV head of a task.
     rows: usize,
@@ -83,11 +92,7 @@ impl Layout {
         } else {
             (1, 1, p.q_heads)
         };
-        let part_len = if c.partition == 0 {
-            p.context_len
-        } else {
-            c.partition.min(p.context_len)
-        };
+        let part_len = part_len(p, c.partition);
         #[cfg(target_arch = "x86_64")]
         let tile = {
             use super::paged_elems::{Bf16Bits, F16Bits, F32Words, Widened};

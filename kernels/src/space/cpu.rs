@@ -999,10 +999,7 @@ impl CpuSpace {
                                 if key_tiles && whole_rows {
                                     let rule = crate::cpu::paged_turn_tokens(p);
                                     // Turns as long as the partition are all the same.
-                                    let part_len = match partition {
-                                        0 => p.context_len,
-                                        n => n.min(p.context_len),
-                                    };
+                                    let part_len = crate::cpu::paged_part_len(p, partition);
                                     let differs = |&t: &usize| t != rule && t < part_len;
                                     for turn in TURNS.into_iter().filter(differs) {
                                         out.push(PagedConfig { turn, ..c });
