@@ -1,0 +1,724 @@
+//! GEMM's CPU space: the stream kernels for decode shapes, the packed loop nest and its
+//! AVX-512-BF16 twin, the weights read in place, and on AMX hosts both on tiles; microkernel
+//! shapes, cache blocks, thread splits and tile orders.
+
+use crate::config::{GemmConfig, GemmVariant, Inner, Split};
+use crate::cpu::dpbf16::BF16_SHAPES;
+use crate::cpu::table::{table, STREAM_ROWS};
+use crate::cpu::AMX_SHAPES;
+use crate::device::{CpuInfo, Isa};
+use crate::problem::{BLayout, GemmProblem};
+use crate::{DType, Family, KernelError};
+
+use super::{
+    check_common, invalid, isa_levels, kernel_isa, thread_counts, MAX_BLOCK,
+    MAX_SCRATCH_PER_THREAD, STREAM_MAX_M,
+};
+
+/// Slice depths swept by the direct variants: the given ones within K, and all of K.
+fn in_place_depths(k: usize, depths: &[usize]) -> Vec<usize> {
+    let mut out: Vec<usize> = depths.iter().map(|&kc| kc.min(k)).chain([k]).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The `vdpbf16ps` variants: bf16 inputs on a host with AVX-512-BF16.
+fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    let name = c.variant.name();
+    if p.dtype != DType::Bf16 {
+        return Err(invalid(
+            f,
+            format!("the {name} variant takes bf16 inputs, not {}", p.dtype),
+        ));
+    }
+    if !host.avx512_bf16 {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant needs AVX-512-BF16, which {} lacks",
+                host.model
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The cache blocks of a packed loop nest: tiles that divide, within bounds and scratch.
+fn check_blocks(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
+    if c.mc == 0 || !c.mc.is_multiple_of(c.mr) || c.mc > MAX_BLOCK {
+        return Err(invalid(
+            f,
+            format!(
+                "mc = {} must be a positive multiple of mr = {} up to {MAX_BLOCK}",
+                c.mc, c.mr
+            ),
+        ));
+    }
+    if c.nc == 0 || !c.nc.is_multiple_of(c.nr) || c.nc > MAX_BLOCK {
+        return Err(invalid(
+            f,
+            format!(
+                "nc = {} must be a positive multiple of nr = {} up to {MAX_BLOCK}",
+                c.nc, c.nr
+            ),
+        ));
+    }
+    if c.kc == 0 || c.kc > MAX_BLOCK {
+        return Err(invalid(
+            f,
+            format!("kc = {} must be between 1 and {MAX_BLOCK}", c.kc),
+        ));
+    }
+    if c.mc * c.kc + c.kc * c.nc > MAX_SCRATCH_PER_THREAD {
+        return Err(invalid(
+            f,
+            format!(
+                "packing buffers of mc·kc + kc·nc = {} values exceed {MAX_SCRATCH_PER_THREAD}",
+                c.mc * c.kc + c.kc * c.nc
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a variant runs the packed loop nest, whose tile order `inner` sets.
+fn in_loop_nest(variant: GemmVariant) -> bool {
+    matches!(
+        variant,
+        GemmVariant::Packed | GemmVariant::Dpbf16 | GemmVariant::Amx
+    )
+}
+
+/// The cache blockings swept for one microkernel: `mc` and `nc` in tiles of `mr` and `nr`,
+/// both thread splits (one on a single thread), and for the packed loop nest both tile
+/// orders where the other one's B panel fits the host's L2.
+struct Blocking<'a> {
+    mc_tiles: &'a [usize],
+    kc: &'a [usize],
+    nc_tiles: &'a [usize],
+}
+
+impl Blocking<'_> {
+    fn push(
+        &self,
+        variant: GemmVariant,
+        isa: Isa,
+        (mr, nr): (usize, usize),
+        threads: usize,
+        host: &CpuInfo,
+        out: &mut Vec<GemmConfig>,
+    ) {
+        // Bytes a packed B value takes: f32 in the packed kernel, bf16 in the pair and AMX
+        // kernels.
+        let word = if variant == GemmVariant::Packed { 4 } else { 2 };
+        for &mc_tiles in self.mc_tiles {
+            for &kc in self.kc {
+                for &nc_tiles in self.nc_tiles {
+                    let nc = nr * nc_tiles;
+                    // With `inner = n` the B panel is what each A sliver sweeps: past L2 it
+                    // streams from L3 once per sliver, which no blocking repays.
+                    let n_inner = in_loop_nest(variant) && kc * nc * word <= host.l2_bytes;
+                    let orders: &[Inner] = if n_inner {
+                        &[Inner::M, Inner::N]
+                    } else {
+                        &[Inner::M]
+                    };
+                    for split in [Split::M, Split::N] {
+                        if threads == 1 && split == Split::M {
+                            continue;
+                        }
+                        for &inner in orders {
+                            out.push(GemmConfig {
+                                variant,
+                                isa,
+                                mr,
+                                nr,
+                                mc: mr * mc_tiles,
+                                kc,
+                                nc,
+                                split,
+                                threads,
+                                prefetch: true,
+                                inner,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A microkernel shape of a variant, or why there is none.
+fn check_shape(
+    f: Family,
+    name: &str,
+    shapes: &[(usize, usize)],
+    c: &GemmConfig,
+) -> Result<(), KernelError> {
+    if shapes.contains(&(c.mr, c.nr)) {
+        return Ok(());
+    }
+    Err(invalid(
+        f,
+        format!(
+            "no {}x{} {name} microkernel; shapes: {shapes:?}",
+            c.mr, c.nr
+        ),
+    ))
+}
+
+/// What the direct variants need of a problem and config: B stored `[N, K]`, rows and slices
+/// of bf16 that start on a pair of k values, and no `mc` blocking.
+fn check_direct(f: Family, c: &GemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
+    let name = c.variant.name();
+    if p.b_layout != BLayout::Nk {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant reads B stored [N, K] as a Linear layer's weights (b=nk), \
+                 not [K, N]"
+            ),
+        ));
+    }
+    if p.dtype == DType::Bf16 && (!p.k.is_multiple_of(2) || !c.kc.is_multiple_of(2)) {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant on bf16 needs an even K and kc (pairs of k values); K = {}, \
+                 kc = {}",
+                p.k, c.kc
+            ),
+        ));
+    }
+    // The AMX kernel blocks the weights by mc rows; the others have no use for mc.
+    if c.variant != GemmVariant::AmxDirect && c.mc != c.mr {
+        return Err(invalid(
+            f,
+            format!(
+                "the {name} variant has no mc blocking: mc must equal mr = {}, not {}",
+                c.mr, c.mc
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A microkernel shape of the f32 tables at the config's ISA level, or why there is none.
+fn check_table_shape(f: Family, c: &GemmConfig) -> Result<(), KernelError> {
+    let t = table(kernel_isa(c.isa));
+    if t.ukr(c.mr, c.nr).is_some() {
+        return Ok(());
+    }
+    Err(invalid(
+        f,
+        format!(
+            "no {}x{} microkernel for {}; shapes: {:?}",
+            c.mr, c.nr, c.isa, t.shapes
+        ),
+    ))
+}
+
+pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
+    let mut out = Vec::new();
+    for isa in isa_levels(host.isa) {
+        let t = table(kernel_isa(isa));
+        for &threads in &thread_counts(host) {
+            let dpbf16 = p.dtype == DType::Bf16 && host.avx512_bf16 && isa >= Isa::Avx512;
+            let streams = [(GemmVariant::Stream, t.lanes)]
+                .into_iter()
+                .chain(dpbf16.then_some((GemmVariant::StreamDpbf16, 32)));
+            // Fixed chunk widths, and widths that deal the columns out evenly: one or four
+            // chunks per thread.
+            let mut widths = vec![64, 256, 1024];
+            for per_thread in [1, 4] {
+                let nc = p.n.div_ceil(threads * per_thread).next_multiple_of(4);
+                if nc <= MAX_BLOCK && !widths.contains(&nc) {
+                    widths.push(nc);
+                }
+            }
+            // Weights stored `[K, N]` stream without the row prefetch either way.
+            let prefetches: &[bool] = match p.b_layout {
+                BLayout::Nk => &[true, false],
+                BLayout::Kn => &[true],
+            };
+            for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M) {
+                for &rows in &STREAM_ROWS {
+                    for &nc in &widths {
+                        for &prefetch in prefetches {
+                            out.push(GemmConfig {
+                                variant,
+                                isa,
+                                mr: rows,
+                                nr,
+                                mc: rows,
+                                kc: p.k,
+                                nc,
+                                split: Split::N,
+                                threads,
+                                prefetch,
+                                inner: Inner::M,
+                            });
+                        }
+                    }
+                }
+            }
+            let shapes = t.shapes.iter().map(|&s| (GemmVariant::Packed, s)).chain(
+                BF16_SHAPES
+                    .iter()
+                    .filter(|_| dpbf16)
+                    .map(|&s| (GemmVariant::Dpbf16, s)),
+            );
+            let grid = Blocking {
+                mc_tiles: &[8, 16],
+                kc: &[256, 512, 768, 1024],
+                nc_tiles: &[32, 128],
+            };
+            for (variant, shape) in shapes {
+                grid.push(variant, isa, shape, threads, host, &mut out);
+            }
+            // Weights read in place: depths up to all of K, token panels of 4 to 16
+            // slivers; no mc blocking.
+            if p.b_layout == BLayout::Nk {
+                let shapes: &[(usize, usize)] = match p.dtype {
+                    DType::F32 => t.shapes,
+                    DType::Bf16 if dpbf16 && p.k.is_multiple_of(2) => BF16_SHAPES,
+                    _ => &[],
+                };
+                let depths = in_place_depths(p.k, &[1024, 4096]);
+                let grid = Blocking {
+                    mc_tiles: &[1],
+                    kc: &depths,
+                    nc_tiles: &[4, 8, 16],
+                };
+                for &shape in shapes {
+                    grid.push(GemmVariant::Direct, isa, shape, threads, host, &mut out);
+                }
+            }
+        }
+    }
+    // AMX tiles, at their own level: blocks of 4 or 8 tiles of rows, a B panel of 8 or 32
+    // tiles of columns, depths of 8 to 64 k blocks.
+    if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx {
+        let grid = Blocking {
+            mc_tiles: &[4, 8],
+            kc: &[256, 512, 1024, 2048],
+            nc_tiles: &[8, 32],
+        };
+        // The weights in place: blocks of one and eight weight slivers, depths of 8 k
+        // blocks to all of K, token panels of 4 to 16 slivers.
+        let depths = in_place_depths(p.k, &[256, 512, 1024]);
+        let direct = Blocking {
+            mc_tiles: &[1, 8],
+            kc: &depths,
+            nc_tiles: &[4, 8, 16],
+        };
+        let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+        for &threads in &thread_counts(host) {
+            for &shape in AMX_SHAPES {
+                grid.push(
+                    GemmVariant::Amx,
+                    Isa::Avx512Amx,
+                    shape,
+                    threads,
+                    host,
+                    &mut out,
+                );
+                if in_place {
+                    direct.push(
+                        GemmVariant::AmxDirect,
+                        Isa::Avx512Amx,
+                        shape,
+                        threads,
+                        host,
+                        &mut out,
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    let amx = matches!(c.variant, GemmVariant::Amx | GemmVariant::AmxDirect);
+    if amx && host.isa != Isa::Avx512Amx {
+        return Err(invalid(
+            f,
+            format!(
+                "the {} variant needs AMX tiles (AMX-TILE and AMX-BF16, Sapphire Rapids or \
+                 later, with the kernel's permission for tile data), which {} ({}) lacks",
+                c.variant.name(),
+                host.model,
+                host.isa
+            ),
+        ));
+    }
+    check_common(f, c.isa, c.threads, host)?;
+    if !c.prefetch {
+        let streaming = matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16);
+        if !streaming || p.b_layout != BLayout::Nk {
+            return Err(invalid(
+                f,
+                format!(
+                    "prefetch = false applies to the stream variants with B stored [N, K] \
+                     (b=nk), which prefetch their weight rows; the {} variant with b={} \
+                     has no prefetch to turn off: drop the field",
+                    c.variant.name(),
+                    p.b_layout
+                ),
+            ));
+        }
+    }
+    if c.inner == Inner::N && !in_loop_nest(c.variant) {
+        return Err(invalid(
+            f,
+            format!(
+                "inner = n orders the tiles of the packed loop nest (the packed, dpbf16 and \
+                 amx variants); the {} variant has no such loop: drop the field",
+                c.variant.name()
+            ),
+        ));
+    }
+    match c.variant {
+        GemmVariant::Stream | GemmVariant::StreamDpbf16 => {
+            if c.variant == GemmVariant::StreamDpbf16 {
+                bf16_pairs(c, p, host)?;
+            }
+            if p.m > STREAM_MAX_M {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "the stream variant is for decode shapes, M <= {STREAM_MAX_M}; M = {}",
+                        p.m
+                    ),
+                ));
+            }
+            if !STREAM_ROWS.contains(&c.mr) {
+                return Err(invalid(
+                    f,
+                    format!("stream rows mr = {} must be one of {STREAM_ROWS:?}", c.mr),
+                ));
+            }
+            if c.nc == 0 || c.nc > MAX_BLOCK || !c.nc.is_multiple_of(4) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "stream nc = {} must be a multiple of 4 in 4..={MAX_BLOCK}",
+                        c.nc
+                    ),
+                ));
+            }
+        }
+        GemmVariant::Dpbf16 => {
+            bf16_pairs(c, p, host)?;
+            check_shape(f, "dpbf16", BF16_SHAPES, c)?;
+            check_blocks(f, c)?;
+        }
+        GemmVariant::Direct => {
+            match p.dtype {
+                DType::F32 => check_table_shape(f, c)?,
+                DType::Bf16 => {
+                    bf16_pairs(c, p, host)?;
+                    check_shape(f, "direct bf16", BF16_SHAPES, c)?;
+                }
+                DType::F16 => {
+                    return Err(invalid(
+                        f,
+                        "the direct variant takes f32, or bf16 on hosts with AVX-512-BF16, \
+                         not f16",
+                    ))
+                }
+            }
+            check_direct(f, c, p)?;
+            check_blocks(f, c)?;
+        }
+        GemmVariant::Amx | GemmVariant::AmxDirect => {
+            let name = c.variant.name();
+            if p.dtype != DType::Bf16 {
+                return Err(invalid(
+                    f,
+                    format!("the {name} variant takes bf16 inputs, not {}", p.dtype),
+                ));
+            }
+            if c.isa != Isa::Avx512Amx {
+                return Err(invalid(
+                    f,
+                    format!("the {name} variant runs at isa avx512-amx, not {}", c.isa),
+                ));
+            }
+            check_shape(f, name, AMX_SHAPES, c)?;
+            check_blocks(f, c)?;
+            if c.variant == GemmVariant::AmxDirect {
+                check_direct(f, c, p)?;
+                let words = crate::cpu::amx_direct_scratch_len(p, c) / c.threads;
+                if words > MAX_SCRATCH_PER_THREAD {
+                    return Err(invalid(
+                        f,
+                        format!(
+                            "the amx-direct token panel (nc = {} tokens × K = {}) and \
+                             accumulators (mc × nc) need {words} values per thread, more \
+                             than {MAX_SCRATCH_PER_THREAD}: lower nc",
+                            c.nc, p.k
+                        ),
+                    ));
+                }
+            }
+        }
+        GemmVariant::Packed => {
+            check_table_shape(f, c)?;
+            check_blocks(f, c)?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn default(host: &CpuInfo) -> GemmConfig {
+    let t = table(kernel_isa(host.isa));
+    let (mr, nr) = t.shapes[t.shapes.len().min(2) - 1];
+    GemmConfig {
+        variant: GemmVariant::Packed,
+        isa: host.isa,
+        mr,
+        nr,
+        mc: mr * 16,
+        kc: 256,
+        nc: nr * 32,
+        split: Split::N,
+        threads: host.threads.max(1),
+        prefetch: true,
+        inner: Inner::M,
+    }
+}
+
+pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
+    let threads = host.threads.max(1);
+    let t = table(kernel_isa(host.isa));
+    let pairs = p.dtype == DType::Bf16 && host.avx512_bf16;
+    // bf16 pairs at 9 to 16 rows: the direct kernel's 8×16 tile (below). Two Zen 4
+    // threads, Llama-70B TP8 qkv / o / gate_up / down: M = 16 1.18 / 1.29 / 6.37 / 3.80 ms
+    // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
+    // / 6.28 / 3.40 against 1.49 / 1.31 / 6.61 / 3.53; at M = 8 streaming is faster (5.13
+    // against 6.41 ms for gate_up).
+    let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+    // bf16 on AMX tiles, the weights in place, from 3 rows up: two threads of a Xeon with
+    // AMX (KVM guest, family 6 model 207), Llama-70B gate_up (N = 7168, K = 8192), cold,
+    // against the AVX-512-BF16 kernels below: M = 4 / 8 / 16 / 128 / 2048 4.34 / 5.56 /
+    // 4.56 / 19.2 / 300 ms against 5.06 / 8.76 / 16.6 / 97.7 / 1593 (M = 1: 4.52 against
+    // 4.19 streaming); 32 × 32 tiles beat 32 × 16 and 16 × 32 (25.8, 28.1 ms at M = 128).
+    // Blocks of 256 weight rows whose accumulators stay in L2 across slices of 1024
+    // (amx_direct's blocking) against all of K in one slice with 64 tokens, 64-byte
+    // aligned operands, repeated calls, gate_up M = 2048: one thread 400-414 ms against
+    // 625-830 over two rounds, two threads 226 against 426; qkv (N = 1280) two threads
+    // 38 against 118 ms. Cold, two threads, the two were within this host's noise at
+    // M = 16 and 128.
+    // B stored [K, N] (or an odd K): the packed AMX kernel, M = 16 / 128 15.2 / 25.3 ms
+    // against 55.6 / 106 for the AVX-512-BF16 ones.
+    if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
+        // Long prompts: the packed kernel with large blocks. Packing the weights is one
+        // pass, repaid over 1024 tokens and more; 64-byte aligned operands, repeated
+        // calls, two threads, M = 2048: qkv / o / gate_up / down 46 / 59 / 149 / 196 ms
+        // against amx-direct's 65 / 65 / 203 / 206, one thread gate_up 319-357 against
+        // 383-418; at M = 512 even or behind (gate_up 96 against 86 ms), at M = 128
+        // behind on three of four shapes.
+        if in_place && p.m >= 1024 {
+            return GemmConfig {
+                variant: GemmVariant::Amx,
+                isa: host.isa,
+                mr: 32,
+                nr: 32,
+                mc: 256,
+                kc: 2048,
+                nc: 1024,
+                split: Split::N,
+                threads,
+                prefetch: true,
+                inner: Inner::M,
+            };
+        }
+        if in_place {
+            let nr = if p.m <= 16 { 16 } else { 32 };
+            return GemmConfig {
+                variant: GemmVariant::AmxDirect,
+                isa: host.isa,
+                mr: 32,
+                nr,
+                mc: 256,
+                kc: p.k.min(1024),
+                nc: p.m.next_multiple_of(nr).min(256),
+                split: Split::N,
+                threads,
+                prefetch: true,
+                inner: Inner::M,
+            };
+        }
+        let mr = if p.m <= 16 { 16 } else { 32 };
+        return GemmConfig {
+            variant: GemmVariant::Amx,
+            isa: host.isa,
+            mr,
+            nr: 32,
+            mc: p.m.next_multiple_of(mr).min(128),
+            kc: 512,
+            nc: 512,
+            split: Split::N,
+            threads,
+            prefetch: true,
+            inner: Inner::M,
+        };
+    }
+    let direct_few = pairs && p.m > 8 && in_place;
+    if p.m <= 16 && !direct_few {
+        // bf16 pairs multiplied as loaded: measured on two Zen 4 cores at M = 1, cold,
+        // 29.8 GB/s against 18.1 GB/s for widening (qkv, 8192 → 1280).
+        let (variant, nr) = if pairs {
+            (GemmVariant::StreamDpbf16, 32)
+        } else {
+            (GemmVariant::Stream, t.lanes)
+        };
+        // Column chunks of about 256, as many per thread: with 1280 columns in five
+        // chunks of 256, one of two threads read three fifths of the weights (qkv, two
+        // threads, repeated calls: 1.15 ms against 0.77 ms with ten chunks of 128).
+        let chunks = p.n.div_ceil(256 * threads).max(1) * threads;
+        // The weight-row prefetch, measured cold at M = 1 (`tune bench`, alternating, two
+        // threads): on an AMX Xeon the widening kernel did better without it for rows of
+        // up to 16 KiB (f32 o, 4 KiB rows: 1.04–1.07 ms against 1.07–1.10; down, 14 KiB:
+        // 3.71–3.75 against 3.82–3.84) and with it beyond (qkv, 32 KiB: 1.24–1.27 against
+        // 1.28–1.30; gate_up even), while the bf16 pair kernel gained 4–21% from it
+        // everywhere; on a Zen 4 it paid for both (f32 down 7%).
+        let row_bytes = p.k * p.dtype.size();
+        let prefetch = !(variant == GemmVariant::Stream
+            && host.isa == Isa::Avx512Amx
+            && p.m == 1
+            && p.b_layout == BLayout::Nk
+            && row_bytes <= 16 << 10);
+        return GemmConfig {
+            variant,
+            isa: host.isa,
+            mr: if p.m >= 4 { 4 } else { p.m.min(2) },
+            nr,
+            mc: 4,
+            kc: p.k,
+            nc: p.n.div_ceil(chunks).next_multiple_of(4).min(256),
+            split: Split::N,
+            threads,
+            prefetch,
+            inner: Inner::M,
+        };
+    }
+    // A Linear layer's weights read in place, all of K deep (up to 8192 per slice), token
+    // panels of up to 256. Measured on two Zen 4 threads against the packed heuristic below
+    // (`tune bench`, medians, Llama-70B gate_up N = 7168, K = 8192): bf16 8×32 at M = 32 /
+    // 128 / 256 / 2048: 8.9 / 34.0 / 67.6 / 555 ms against 15.2 / 40.7 / 76.4 / 588 (qkv,
+    // o and down at M = 2048 5–9% faster too); f32 12×32 at M = 32 / 128: 18.9 / 75.7 ms
+    // against 29.7 / 80.4, but 162 against 150 at M = 256. At M = 16 the stream kernels
+    // above are as fast or faster. f32 takes it where the 12×32 microkernel exists
+    // (AVX-512); other levels were not measured.
+    let direct_max_m = if pairs { usize::MAX } else { 128 };
+    let (mr, nr) = match (pairs, p.m <= 16) {
+        (true, true) => (8, 16),
+        (true, false) => (8, 32),
+        (false, _) => (12, 32),
+    };
+    let kernel = if pairs {
+        p.k.is_multiple_of(2)
+    } else {
+        p.dtype == DType::F32 && t.ukr(mr, nr).is_some()
+    };
+    if p.b_layout == BLayout::Nk && p.m <= direct_max_m && kernel {
+        let slices = p.k.div_ceil(8192);
+        return GemmConfig {
+            variant: GemmVariant::Direct,
+            isa: host.isa,
+            mr,
+            nr,
+            mc: mr,
+            kc: p.k.div_ceil(slices).next_multiple_of(2),
+            nc: p.m.next_multiple_of(nr).min(256),
+            split: Split::N,
+            threads,
+            prefetch: true,
+            inner: Inner::M,
+        };
+    }
+    // bf16 on AVX-512-BF16: the pair kernel does twice the multiply-adds per instruction.
+    // Measured on one Zen 4 core: 12×32 with nc = 2048 is fastest on 2048³ (202 GFLOP/s);
+    // with few rows a narrower B panel that stays in L2 wins (M = 128: nc = 512).
+    if pairs {
+        let kc = p.k.min(768);
+        return GemmConfig {
+            variant: GemmVariant::Dpbf16,
+            isa: host.isa,
+            mr: 12,
+            nr: 32,
+            mc: 96.min(p.m.next_multiple_of(12)),
+            kc,
+            nc: (if p.m <= 256 { 512 } else { 2048 }).min(p.n.next_multiple_of(32)),
+            split: if p.n >= p.m { Split::N } else { Split::M },
+            threads,
+            prefetch: true,
+            inner: Inner::M,
+        };
+    }
+    // Two vectors wide and 8 rows (or the tallest below): 16 accumulators leave registers for
+    // the B loads and broadcasts on every ISA with 32 vector registers. On the Xeons with
+    // AMX, 12 rows (24 accumulators, 12 broadcasts and 2 loads per 24 FMAs): one thread,
+    // f32, repeated calls, 2048³ 91.2 ms against 95.7 and Llama-70B qkv / o / down at
+    // M = 2048 5%, 3%, 4% faster, two threads 5-7% (session 11); other hosts unmeasured.
+    let tallest = if host.isa == Isa::Avx512Amx { 12 } else { 8 };
+    let (mr, nr) = t
+        .shapes
+        .iter()
+        .copied()
+        .filter(|&(mr, nr)| nr == 2 * t.lanes && mr <= tallest)
+        .max_by_key(|&(mr, _)| mr)
+        .unwrap_or(t.shapes[0]);
+    // A deep kc amortises C updates; an A sliver of mr·kc stays in L1 while a B sliver of
+    // kc·nr streams from L2, and a B panel of kc·nc (4 MiB) is reused from L3 by every row
+    // block. Measured on a 2-core Zen 4 (1 MiB L2, 32 MiB L3), f32, cold cache: 2048³ on
+    // one thread 165 ms with kc = 1024, nc = 1024 against 171 ms with kc = 768 and 176 ms
+    // with the L2-sized panel (nc = 160) this used before; Llama-70B gate_up at M = 2048 on
+    // two threads 1272 ms against 1661 ms.
+    // A thread's columns up to 1280 wide take one panel: a second, narrow one re-packs all
+    // of A for little work (Llama-70B qkv, N = 1280, M = 2048, one thread: 395 ms against
+    // 417 ms with nc = 1024).
+    // On the Xeons with AMX the other tile order with a shallow kc: each A sliver (12 ×
+    // 256, 12 KiB) stays in L1 while it sweeps a B panel of at most 1280 × 256 (1.25 MiB)
+    // in L2. Two threads, f32, repeated calls, the configs interleaved round by round
+    // (session 13): 2048³ 47.4 ms against 49.1, Llama-70B at M = 2048 o 95.0 against 97.0,
+    // qkv 118.6 against 122.7, gate_up 692 against 702; one thread 2048³ 93.5 against
+    // 95.7. At M = 256 to 1024 mixed, within 4% either way (o at M = 1024 43.9 against
+    // 45.4, gate_up 320 against 315). Other hosts unmeasured.
+    let (inner, kc) = if host.isa == Isa::Avx512Amx {
+        (Inner::N, p.k.min(256))
+    } else {
+        (Inner::M, p.k.min(1024))
+    };
+    let mc = (mr * 8).min(p.m.next_multiple_of(mr));
+    let split = if p.n >= p.m { Split::N } else { Split::M };
+    let share = match split {
+        Split::N => p.n.div_ceil(threads),
+        Split::M => p.n,
+    };
+    let nc = if share <= 1280 {
+        share.next_multiple_of(nr)
+    } else {
+        1024
+    };
+    GemmConfig {
+        variant: GemmVariant::Packed,
+        isa: host.isa,
+        mr,
+        nr,
+        mc,
+        kc,
+        nc,
+        split,
+        threads,
+        prefetch: true,
+        inner,
+    }
+}
