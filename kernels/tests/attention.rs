@@ -376,6 +376,12 @@ fn amx_paged_matches_reference_or_is_refused() {
                 if !c.amx && !c.key_tiles && c.whole_rows == whole_rows && c.isa == isa),
             "{isa}: {heuristic}"
         );
+        // A tuned AMX config carried to such a host is refused for the tiles it lacks, not
+        // only for its ISA level.
+        let err = CpuSpace
+            .validate(&amx[0], &bf16, &Device::Cpu(info.clone()))
+            .unwrap_err();
+        assert!(err.to_string().contains("AMX tiles"), "{isa}: {err}");
     }
     for (other, why) in [
         (format!("paged:{spec},dtype=f16"), "bf16 caches"),

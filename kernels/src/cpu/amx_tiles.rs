@@ -91,6 +91,7 @@ pub trait Tiles {
 pub struct Hardware;
 
 /// Expands `$op!(N)` for the constant tile number equal to `$t`, over the given numbers.
+#[cfg(target_arch = "x86_64")]
 macro_rules! with_tile {
     ($t:expr, [$($n:literal),*], $op:ident) => {
         match $t {

@@ -193,9 +193,9 @@ pub(super) fn pack_b(
                 // A Linear layer's rows are k-contiguous, so each pair is already one 32-bit
                 // word in memory (little endian: the even k in the low half): a full sliver is
                 // a transpose of 32-bit words, done with gathers of 16 columns.
-                let full = kcur / 2;
                 #[cfg(target_arch = "x86_64")]
                 if avx512 {
+                    let full = kcur / 2;
                     // SAFETY: the sliver's `live` rows of B hold kcur values from pc; the
                     // gather reads pairs 0..full of each; the detected host has AVX-512.
                     unsafe {

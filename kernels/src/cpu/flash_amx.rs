@@ -101,6 +101,7 @@ struct Passes {
 
 /// Which build of the [`Passes`] to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Level {
     Portable,
     /// AVX-512F, BW, VL and DQ, weights rounded to bf16 in integer steps.

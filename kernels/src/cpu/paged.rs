@@ -18,6 +18,7 @@ use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, TableElem};
 use crate::config::PagedConfig;
 use crate::problem::PagedProblem;
+#[cfg(target_arch = "x86_64")]
 use crate::DType;
 
 /// Tokens ahead whose key or value row is prefetched: two blocks of 16, enough to cover the
@@ -174,7 +175,7 @@ pub fn run<T: TableElem>(
 pub(super) enum Engine {
     Hardware,
     /// With the AVX-512 passes (the host has AVX-512F) or the portable ones.
-    #[cfg(test)]
+    #[cfg(all(test, target_arch = "x86_64"))]
     Model {
         avx512: bool,
     },
@@ -190,6 +191,9 @@ pub(super) fn run_with<T: TableElem>(
     scratch: &mut [f32],
     engine: Engine,
 ) {
+    // The AMX and key-tile kernels are x86-64's; elsewhere every config runs per token.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = engine;
     let t = table(c.isa);
     let fns = T::fns(t);
     let lay = Layout::new(p, c);
@@ -202,6 +206,7 @@ pub(super) fn run_with<T: TableElem>(
     let qscale = p.scale.get() * std::f32::consts::LOG2_E;
     let tasks = p.num_seqs * lay.units * lay.parts;
     // bf16 key tiles multiply pairs where the host has AVX-512-BF16 and head_dim is even.
+    #[cfg(target_arch = "x86_64")]
     let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16;
     for_each_task(c.threads, tasks, |task, worker| {
         let part = task % lay.parts;

@@ -4,7 +4,7 @@
 //! `libnvrtc.so.13` (CUDA 13, the version this build is pinned to): from a CUDA toolkit, or
 //! from PyPI (`pip install nvidia-cuda-nvrtc`).
 
-use std::ffi::CString;
+use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -125,22 +125,11 @@ impl NvrtcCompiler {
         unsafe {
             let compiled = result::compile_program(program, &options);
             let log = result::get_program_log(program)
-                .map(|l| {
-                    let bytes: Vec<u8> = l
-                        .iter()
-                        .take_while(|&&c| c != 0)
-                        .map(|&c| c as u8)
-                        .collect();
-                    String::from_utf8_lossy(&bytes).into_owned()
-                })
+                .map(|l| String::from_utf8_lossy(&c_text(&l)).into_owned())
                 .unwrap_or_default();
             let ptx = compiled.map_err(|e| e.to_string()).and_then(|()| {
                 let text = result::get_ptx(program).map_err(|e| e.to_string())?;
-                Ok(text
-                    .iter()
-                    .take_while(|&&c| c != 0)
-                    .map(|&c| c as u8)
-                    .collect::<Vec<u8>>())
+                Ok(c_text(&text))
             });
             let _ = result::destroy_program(program);
             match ptx {
@@ -174,6 +163,15 @@ impl NvrtcCompiler {
 }
 
 /// The number before `unit` in `line` (`Used 48 registers` → 48 for `registers`).
+/// The bytes of a NUL-terminated text NVRTC returned (`c_char` is `i8` on x86-64, `u8` on
+/// aarch64, so no cast fits both).
+fn c_text(text: &[c_char]) -> Vec<u8> {
+    text.iter()
+        .take_while(|&&c| c != 0)
+        .map(|c| c.to_ne_bytes()[0])
+        .collect()
+}
+
 fn count_before(line: &str, unit: &str) -> u32 {
     line.find(unit)
         .and_then(|at| line[..at].split([' ', ',']).rfind(|w| !w.is_empty()))

@@ -72,6 +72,11 @@ pub(super) fn validate(
     host: &CpuInfo,
 ) -> Result<(), KernelError> {
     let f = Family::Flash;
+    // An amx config names the tiles before its ISA level, so a host without them (an AVX2
+    // or NEON one) is told what it lacks.
+    if c.amx && (host.isa != Isa::Avx512Amx || c.isa != Isa::Avx512Amx) {
+        return Err(invalid(f, amx_refusal("flash attention", c.isa, host)));
+    }
     check_common(f, c.isa, c.threads, host)?;
     if c.br == 0 || c.br > 1024 {
         return Err(invalid(
@@ -93,20 +98,15 @@ pub(super) fn validate(
             format!("br x group = {rows} query rows per tile exceeds 4096"),
         ));
     }
-    if c.amx {
-        if host.isa != Isa::Avx512Amx || c.isa != Isa::Avx512Amx {
-            return Err(invalid(f, amx_refusal("flash attention", c.isa, host)));
-        }
-        if !flash_on_tiles(p) {
-            return Err(invalid(
-                f,
-                format!(
-                    "amx flash attention needs bf16 inputs and an even head_dim (tiles \
-                     multiply pairs of values), not {} with head_dim = {}",
-                    p.dtype, p.head_dim
-                ),
-            ));
-        }
+    if c.amx && !flash_on_tiles(p) {
+        return Err(invalid(
+            f,
+            format!(
+                "amx flash attention needs bf16 inputs and an even head_dim (tiles multiply \
+                 pairs of values), not {} with head_dim = {}",
+                p.dtype, p.head_dim
+            ),
+        ));
     }
     Ok(())
 }

@@ -99,6 +99,11 @@ pub(super) fn validate(
     host: &CpuInfo,
 ) -> Result<(), KernelError> {
     let f = Family::Paged;
+    // An amx config names the tiles before its ISA level, so a host without them (an AVX2
+    // or NEON one) is told what it lacks.
+    if c.amx && (host.isa != Isa::Avx512Amx || c.isa != Isa::Avx512Amx) {
+        return Err(invalid(f, amx_refusal("paged attention", c.isa, host)));
+    }
     check_common(f, c.isa, c.threads, host)?;
     if c.key_tiles {
         if let Some(why) = key_tiles_refusal(c.isa) {
@@ -111,9 +116,6 @@ pub(super) fn validate(
                 f,
                 "amx and key_tiles name two different kernels: set one of them",
             ));
-        }
-        if host.isa != Isa::Avx512Amx || c.isa != Isa::Avx512Amx {
-            return Err(invalid(f, amx_refusal("paged attention", c.isa, host)));
         }
         if !paged_on_tiles(p) {
             return Err(invalid(
