@@ -45,8 +45,12 @@ const V_CHUNK: usize = 256;
 const V_CHUNK_ROWS: usize = 64;
 /// Tokens ahead whose rows are prefetched into L2 (see [`Ahead`]).
 const AHEAD: usize = 64;
-/// Bytes requested at the head of a tile whose rows fill their memory back to back.
-const HEAD: usize = 512;
+/// Bytes requested at the head of a tile whose rows fill their memory back to back. Cold
+/// (`tune bench`), two threads, builds alternating round by round: 32 × 4096 tokens, 8 query
+/// heads on 1 KV head, 4.86–5.06 ms at 768 against 5.14–5.30 at 512 (eight rounds; 1024 about
+/// as 768, 2048 as 512); 8 × 4096, 32 on 8 KV heads, 8.31–8.40 against 8.55–8.87. Warm no
+/// slower (one thread 5.70–6.16 against 6.08–6.76).
+const HEAD: usize = 768;
 /// Words of one B tile of query pairs: 16 pair rows of 16 heads.
 const QT_TILE: usize = ROWS * ROWS;
 
