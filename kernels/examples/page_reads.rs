@@ -137,6 +137,8 @@ fn work_alone(data: &[u8], work: Work) -> f64 {
 fn walk(data: &[u8], pages: &[u32], prefetch: bool, work: Work) -> u64 {
     let mut sum = 0u64;
     let mut chain = 1.0001f64;
+    // Written only by the FMA work, which exists on x86-64.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut lanes = [0.5f32; 256];
     for (i, &page) in pages.iter().enumerate() {
         let at = page as usize * PAGE;
