@@ -142,6 +142,80 @@ impl Simd for Portable {
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx512};
 
+#[cfg(target_arch = "aarch64")]
+pub use arm::Neon;
+
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use std::arch::aarch64::*;
+
+    use half::f16;
+
+    use super::Simd;
+
+    /// AArch64 Advanced SIMD, 4 lanes. Its own table, not the portable kernels vectorised by
+    /// LLVM: those keep a multiply and an add apart (Rust does not contract `a * b + c`), so
+    /// every multiply-add of their microkernels was two instructions where `fmla` is one.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Neon;
+
+    // SAFETY (whole impl): Advanced SIMD is part of every AArch64 target Rust builds for, and
+    // these bodies run inside functions compiled with `target_feature(enable = "neon")`.
+    impl Simd for Neon {
+        type V = float32x4_t;
+        const LANES: usize = 4;
+
+        #[inline(always)]
+        fn zero() -> float32x4_t {
+            unsafe { vdupq_n_f32(0.0) }
+        }
+        #[inline(always)]
+        fn splat(v: f32) -> float32x4_t {
+            unsafe { vdupq_n_f32(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> float32x4_t {
+            unsafe { vld1q_f32(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> float32x4_t {
+            unsafe { vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p))) }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> float32x4_t {
+            // `vcvt_f32_f16` needs Rust's unstable f16 vector type; half converts per value.
+            let raw = unsafe { p.cast::<[u16; 4]>().read_unaligned() };
+            let wide = raw.map(|b| f16::from_bits(b).to_f32());
+            unsafe { vld1q_f32(wide.as_ptr()) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: float32x4_t) {
+            unsafe { vst1q_f32(p, v) }
+        }
+        #[inline(always)]
+        fn fma(a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
+            unsafe { vfmaq_f32(c, a, b) }
+        }
+        #[inline(always)]
+        fn add(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            unsafe { vaddq_f32(a, b) }
+        }
+        #[inline(always)]
+        fn mul(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            unsafe { vmulq_f32(a, b) }
+        }
+        /// IEEE maxNum, as the portable kernels' `f32::max`: a NaN lane takes the other value.
+        #[inline(always)]
+        fn max(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+            unsafe { vmaxnmq_f32(a, b) }
+        }
+        #[inline(always)]
+        fn hsum(v: float32x4_t) -> f32 {
+            unsafe { vaddvq_f32(v) }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;

@@ -280,8 +280,22 @@ isa_table!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 );
 
+#[cfg(target_arch = "aarch64")]
+use super::simd::Neon;
+
+// 32 vector registers of 4 lanes: up to 24 accumulators beside the B loads and a broadcast.
+// The shapes include the portable table's (4 × 8, 4 × 16, 8 × 8), so configs stored on NEON
+// hosts before this table keep their meaning.
+#[cfg(target_arch = "aarch64")]
+isa_table!(
+    neon,
+    Neon,
+    [(4, 2), (4, 4), (6, 4), (8, 2), (8, 3), (12, 2)],
+    "neon"
+);
+
 /// The table for an ISA level. Levels without kernels of their own use the nearest lower one:
-/// NEON runs the portable kernels (which LLVM vectorises to NEON), AMX machines the AVX-512 ones.
+/// AMX machines run the AVX-512 ones.
 ///
 /// A level the host cannot run falls back to the portable table, so no path can execute an
 /// instruction the CPU lacks; the space validation rejects such configs before they get here.
@@ -294,6 +308,45 @@ pub fn table(isa: Isa) -> &'static Table {
         Isa::Avx512 | Isa::Avx512Amx => &avx512::TABLE,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => &avx2::TABLE,
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => &neon::TABLE,
         _ => &portable::TABLE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An AArch64 host runs its own NEON table, whose shapes keep the meaning of configs that
+    /// NEON hosts stored when they ran the portable one.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_has_its_own_table_with_the_portable_shapes() {
+        let neon = table(Isa::Neon);
+        assert_eq!(crate::device::CpuInfo::detect().isa, Isa::Neon);
+        assert!(!std::ptr::eq(neon, &portable::TABLE));
+        assert_eq!(neon.lanes, Isa::Neon.f32_lanes());
+        for shape in portable::TABLE.shapes {
+            assert!(
+                neon.shapes.contains(shape),
+                "{shape:?} of {:?}",
+                neon.shapes
+            );
+        }
+    }
+
+    /// Every level a host cannot run gets the portable table, whatever it asks for.
+    #[test]
+    fn levels_the_host_lacks_fall_back_to_portable() {
+        let host = crate::device::CpuInfo::detect().isa;
+        for isa in [Isa::Neon, Isa::Avx2Fma, Isa::Avx512, Isa::Avx512Amx] {
+            if !isa.runs_on(host) {
+                assert!(
+                    std::ptr::eq(table(isa), &portable::TABLE),
+                    "{isa} on {host}"
+                );
+            }
+        }
     }
 }

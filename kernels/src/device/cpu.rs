@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub enum Isa {
     /// Plain Rust, whatever the compiler vectorises for the baseline target.
     Portable,
-    /// AArch64 Advanced SIMD (baseline on aarch64; the portable kernels vectorise to it).
+    /// AArch64 Advanced SIMD (baseline on aarch64), with kernels of its own (`fmla`).
     Neon,
     /// x86-64 with AVX2 and FMA.
     Avx2Fma,
