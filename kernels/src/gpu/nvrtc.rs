@@ -162,7 +162,6 @@ impl NvrtcCompiler {
     }
 }
 
-/// The number before `unit` in `line` (`Used 48 registers` → 48 for `registers`).
 /// The bytes of a NUL-terminated text NVRTC returned (`c_char` is `i8` on x86-64, `u8` on
 /// aarch64, so no cast fits both).
 fn c_text(text: &[c_char]) -> Vec<u8> {
@@ -172,6 +171,7 @@ fn c_text(text: &[c_char]) -> Vec<u8> {
         .collect()
 }
 
+/// The number before `unit` in `line` (`Used 48 registers` → 48 for `registers`).
 fn count_before(line: &str, unit: &str) -> u32 {
     line.find(unit)
         .and_then(|at| line[..at].split([' ', ',']).rfind(|w| !w.is_empty()))
