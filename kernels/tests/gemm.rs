@@ -671,6 +671,52 @@ fn the_heuristic_prefetch_follows_the_row_length_on_amx_hosts() {
     assert!(prefetch("gemm:m=4,n=8192,k=1024,dtype=f32,b=nk"));
 }
 
+/// The untuned path for bf16 prompts follows the core, not only the ISA level: on an Intel
+/// core that lacks AMX tiles (a guest that hides them) long prompts widen to f32, because
+/// `vdpbf16ps` runs there at half the FMA rate; on Zen 4, where it runs at the full rate, and
+/// for short prompts, the pair kernels keep them. Every pick is valid on its host (the
+/// widening packed kernel on bf16 is verified with the rest of the space).
+#[test]
+fn the_bf16_prompt_heuristic_follows_the_core() {
+    let described = |model: &str| {
+        let mut info = kerntune_kernels::CpuInfo::detect().clone();
+        info.model = model.into();
+        info.isa = Isa::Avx512;
+        info.avx512_bf16 = true;
+        info.threads = 2;
+        Device::Cpu(info)
+    };
+    let xeon = described("Intel(R) Xeon(R) Processor");
+    let zen4 = described("AMD EPYC 9R14 96-Core Processor");
+    let variant = |spec: &str, host: &Device| match CpuSpace.heuristic(&problem(spec), host) {
+        Config::Gemm(g) => {
+            CpuSpace
+                .validate(&Config::Gemm(g), &problem(spec), host)
+                .unwrap_or_else(|e| panic!("{spec} on {host:?}: {e}"));
+            g.variant
+        }
+        other => panic!("{spec}: {other}"),
+    };
+    let long = "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk";
+    let short = "gemm:m=128,n=1280,k=8192,dtype=bf16,b=nk";
+    assert_eq!(variant(long, &xeon), GemmVariant::Packed);
+    assert_eq!(variant(long, &zen4), GemmVariant::Direct);
+    assert_eq!(variant(short, &xeon), GemmVariant::Direct);
+    assert_eq!(
+        variant("gemm:m=1024,n=96,k=64,dtype=bf16,b=kn", &xeon),
+        GemmVariant::Packed
+    );
+    assert_eq!(
+        variant("gemm:m=1024,n=96,k=64,dtype=bf16,b=kn", &zen4),
+        GemmVariant::Dpbf16
+    );
+    assert_eq!(
+        variant(long, &described_amx_host()),
+        GemmVariant::Amx,
+        "AMX tiles where the host grants them"
+    );
+}
+
 /// The packed loop nest's tile order: both orders offered where the `inner = n` B panel fits
 /// L2, verified; stored winners without the field keep their meaning and text; variants
 /// without the loop nest refuse `inner = n` with the fix.

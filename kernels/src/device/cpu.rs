@@ -105,6 +105,14 @@ pub struct CpuInfo {
 }
 
 impl CpuInfo {
+    /// Intel cores, with or without AMX granted: heuristics key on the core, not only on the
+    /// ISA level, where the two part (`vdpbf16ps` issues at half the f32 FMA rate on Intel
+    /// cores and at the full rate on Zen 4). Read off the model name because that is what a
+    /// database record keeps of a CPU device; an AMX host is Intel whatever its name says.
+    pub fn intel(&self) -> bool {
+        self.isa == Isa::Avx512Amx || self.model.contains("Intel")
+    }
+
     /// Detects the host once per process. `KERNTUNE_ISA` caps the level (to compare or debug
     /// the lower paths); it can lower the detected level, never raise it.
     /// `KERNTUNE_AVX512_BF16=0` hides AVX-512-BF16 the same way (the kernels of AVX-512 hosts

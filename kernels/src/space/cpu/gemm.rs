@@ -497,7 +497,20 @@ pub(super) fn default(host: &CpuInfo) -> GemmConfig {
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
     let t = table(kernel_isa(host.isa));
-    let pairs = p.dtype == DType::Bf16 && host.avx512_bf16;
+    // Long prompts on Intel cores without AMX tiles: bf16 widened to f32 while packing, the
+    // f32 microkernels doing the multiply-adds, because `vdpbf16ps` issues there at half the
+    // f32 FMA rate and so buys no arithmetic, only a costlier repacking. Two threads of a
+    // Xeon whose KVM guest reports AVX-512-BF16 but no AMX (family 6 model 207, session 18),
+    // cold, Llama-70B at M = 2048: gate_up 1319-1347 ms widened (8×32, kc = 1024) against
+    // 1680-1752 for the direct pair kernel this took before and 1686-1723 packed on pairs;
+    // qkv 241-242 against 291-428 and 303-381; o 170-207 against 274-290; this heuristic
+    // against the one before, alternating: qkv 227-232 against 349-376, down 604-645 against
+    // 837-859 (PyTorch's oneDNN, warm, in the same session: 282 and 818). At M = 128 the
+    // pair kernels led (gate_up 111-113 against 134-136 widened); M = 512 was within this
+    // host's noise.
+    let pairs = p.dtype == DType::Bf16
+        && host.avx512_bf16
+        && !(host.intel() && host.isa != Isa::Avx512Amx && p.m >= 1024);
     // bf16 pairs at 9 to 16 rows: the direct kernel's 8×16 tile (below). Two Zen 4
     // threads, Llama-70B TP8 qkv / o / gate_up / down: M = 16 1.18 / 1.29 / 6.37 / 3.80 ms
     // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
