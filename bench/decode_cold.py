@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode GEMMs (M = 1) cold, kerntune against its peer, alternating on the same machine.
+"""GEMMs cold, kerntune against its peer, alternating on the same machine (decode, M = 1, unless asked).
 
 `bench/peers.py` repeats each call on the same buffers, so whatever part of the weights the L3
 keeps between calls is read warm, and how much it keeps varies from run to run on a shared
@@ -11,10 +11,15 @@ turn, `--rounds` times, so a drift in the machine's memory bandwidth touches bot
 
     cargo build --release -p kerntune-tuner
     python3 bench/decode_cold.py [--tune target/release/tune] [--threads 2] [--rounds 3]
+        [--tokens 1,2048] [--square] [--dtypes f32,bf16] [--config heuristic|best --db FILE]
 
-Ours is `tune bench --config heuristic` (the untuned path for these shapes, also what a tuned
-database holds when nothing beat it); the peers are numpy (OpenBLAS) `x @ w.T` for f32 and
-PyTorch `linear` for bf16.
+Ours is `tune bench --config heuristic` by default (the untuned path for these shapes, also
+what a tuned database holds when nothing beat it), or `--config best` (the winner `tune`
+stored in `--db`). The peers are numpy (OpenBLAS) `x @ w.T` for f32 and PyTorch `linear` for
+bf16; `--square` adds f32 2048³ (`a @ b`, B stored `[K, N]`). Prompt-sized rows (`--tokens
+2048`) are bound by arithmetic, not by the weights' reads, so there the rotation matters less
+than the alternation: criterion and `bench/peers.py` run minutes apart, and this host's speed
+moves by 5-10% in that time, more than the margins between the two.
 """
 import argparse
 import json
@@ -35,14 +40,18 @@ def l3_bytes():
         return 32 << 20
 
 
-def ours(tune, n, k, dtype, threads):
-    spec = f"gemm:m=1,n={n},k={k},dtype={dtype},b=nk"
-    config = json.loads(subprocess.run(
-        [tune, "bench", "--shapes", spec, "--config", "heuristic", "--json"],
-        check=True, capture_output=True, text=True).stdout)[0]["config"]
-    config["threads"] = threads
+def ours(args, spec):
+    """Median seconds of `args.config` on `spec`, on `args.threads` threads."""
+    db = ["--db", args.db] if args.db else []
+    first = json.loads(subprocess.run(
+        [args.tune, "bench", "--shapes", spec, "--config", args.config, "--json", *db],
+        check=True, capture_output=True, text=True).stdout)[0]
+    config = first["config"]
+    if config["threads"] == args.threads:
+        return first["stats"]["median_ns"] / 1e9
+    config["threads"] = args.threads
     out = subprocess.run(
-        [tune, "bench", "--shapes", spec, "--config", json.dumps(config), "--json"],
+        [args.tune, "bench", "--shapes", spec, "--config", json.dumps(config), "--json"],
         check=True, capture_output=True, text=True).stdout
     return json.loads(out)[0]["stats"]["median_ns"] / 1e9
 
@@ -50,7 +59,7 @@ def ours(tune, n, k, dtype, threads):
 class Peer:
     """The peer's weights for one shape, in enough copies to rotate through."""
 
-    def __init__(self, n, k, dtype, threads):
+    def __init__(self, m, n, k, dtype, threads, b_kn=False):
         import numpy as np
         import torch
 
@@ -58,24 +67,27 @@ class Peer:
         copies = min(64, max(1, -(-2 * l3_bytes() // (n * k * itemsize))))
         if dtype == "f32":
             rng = np.random.default_rng(0)
-            self.ws = [rng.random((n, k), dtype=np.float32) for _ in range(copies)]
-            x = rng.random((1, k), dtype=np.float32)
-            self.call = lambda w: x @ w.T
+            shape = (k, n) if b_kn else (n, k)
+            self.ws = [rng.random(shape, dtype=np.float32) for _ in range(copies)]
+            x = rng.random((m, k), dtype=np.float32)
+            self.call = (lambda w: x @ w) if b_kn else (lambda w: x @ w.T)
         else:
             torch.set_num_threads(threads)
             self.ws = [torch.rand(n, k).to(torch.bfloat16) for _ in range(copies)]
-            x = torch.rand(1, k).to(torch.bfloat16)
+            x = torch.rand(m, k).to(torch.bfloat16)
             self.call = lambda w: torch.nn.functional.linear(x, w)
         self.threads = threads
+        # As many calls as `tune bench` makes of a long one: its timing stops after 0.5 s.
+        self.reps = 30 if m * n * k < 1 << 30 else 7
 
-    def time(self, reps=30):
+    def time(self):
         from threadpoolctl import threadpool_limits
 
         times = []
         with threadpool_limits(self.threads):
             for w in self.ws:
                 self.call(w)
-            for i in range(reps):
+            for i in range(self.reps):
                 w = self.ws[i % len(self.ws)]
                 start = time.perf_counter()
                 self.call(w)
@@ -88,23 +100,34 @@ def main():
     parser.add_argument("--tune", default="target/release/tune")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", default="1", help="GEMM rows M (default: %(default)s)")
+    parser.add_argument("--dtypes", default="f32,bf16")
+    parser.add_argument("--square", action="store_true", help="also f32 2048x2048x2048")
+    parser.add_argument("--config", default="heuristic", help="heuristic, default or best")
+    parser.add_argument("--db", help="the database whose winners --config best runs")
     args = parser.parse_args()
-    print(f"L3 {l3_bytes() >> 20} MiB, {args.threads} threads, {args.rounds} alternating rounds")
-    for dtype in ["f32", "bf16"]:
-        for name, n, k in LLAMA70B_TP8:
-            peer = Peer(n, k, dtype, args.threads)
-            a, b = [], []
-            for _ in range(args.rounds):
-                a.append(ours(args.tune, n, k, dtype, args.threads))
-                b.append(peer.time())
-            del peer
-            mine, theirs = statistics.median(a), statistics.median(b)
-            gbs = n * k * (4 if dtype == "f32" else 2) / mine / 1e9
-            lib = "numpy" if dtype == "f32" else "torch"
-            print(f"{name:<8} {dtype:<5} ours {mine * 1e3:7.3f} ms ({gbs:5.1f} GB/s)  "
-                  f"{lib} {theirs * 1e3:7.3f} ms  ratio {theirs / mine:5.2f}  "
-                  f"ours {' '.join(f'{t * 1e3:.2f}' for t in a)}  "
-                  f"{lib} {' '.join(f'{t * 1e3:.2f}' for t in b)}", flush=True)
+    print(f"L3 {l3_bytes() >> 20} MiB, {args.threads} threads, {args.rounds} alternating rounds, "
+          f"ours: {args.config}")
+    shapes = [("2048^3", 2048, 2048, 2048, "f32", True)] if args.square else []
+    for dtype in args.dtypes.split(","):
+        for m in map(int, args.tokens.split(",")):
+            shapes += [(f"{name} m={m}", m, n, k, dtype, False) for name, n, k in LLAMA70B_TP8]
+    for name, m, n, k, dtype, b_kn in shapes:
+        spec = f"gemm:m={m},n={n},k={k},dtype={dtype},b={'kn' if b_kn else 'nk'}"
+        peer = Peer(m, n, k, dtype, args.threads, b_kn)
+        a, b = [], []
+        for _ in range(args.rounds):
+            a.append(ours(args, spec))
+            b.append(peer.time())
+        del peer
+        mine, theirs = statistics.median(a), statistics.median(b)
+        gbs = n * k * (4 if dtype == "f32" else 2) / mine / 1e9
+        rate = f"{gbs:5.1f} GB/s" if m <= 16 else f"{2 * m * n * k / mine / 1e9:5.0f} GF/s"
+        lib = "numpy" if dtype == "f32" else "torch"
+        print(f"{name:<14} {dtype:<5} ours {mine * 1e3:8.3f} ms ({rate})  "
+              f"{lib} {theirs * 1e3:8.3f} ms  ratio {theirs / mine:5.2f}  "
+              f"ours {' '.join(f'{t * 1e3:.2f}' for t in a)}  "
+              f"{lib} {' '.join(f'{t * 1e3:.2f}' for t in b)}", flush=True)
 
 
 if __name__ == "__main__":
