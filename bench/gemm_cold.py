@@ -10,7 +10,7 @@ that together exceed twice the L3 (one copy when a single one does), and the two
 turn, `--rounds` times, so a drift in the machine's memory bandwidth touches both.
 
     cargo build --release -p kerntune-tuner
-    python3 bench/decode_cold.py [--tune target/release/tune] [--threads 2] [--rounds 3]
+    python3 bench/gemm_cold.py [--tune target/release/tune] [--threads 2] [--rounds 3]
         [--tokens 1,2048] [--square] [--dtypes f32,bf16] [--config heuristic|best --db FILE]
 
 Ours is `tune bench --config heuristic` by default (the untuned path for these shapes, also
