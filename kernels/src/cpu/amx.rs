@@ -14,7 +14,7 @@
 
 use half::bf16;
 
-use super::amx_tiles::{c_tile, TileConfig, Tiles, A_TILE, B_TILE, ROWS, ROW_BYTES};
+use super::amx_tiles::{c_tile, Configured, TileConfig, Tiles, A_TILE, B_TILE, ROWS, ROW_BYTES};
 use crate::config::GemmConfig;
 use crate::problem::GemmProblem;
 
@@ -79,20 +79,12 @@ fn run_on<T: Tiles + Default>(
             super::dpbf16::pack_b(p, b, pc, kcur, jc, ncur, nr, depth(kcur), dst)
         },
         |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
-        // SAFETY: loop_nest's contract on slivers (`depth` pair rows) and C; validation
-        // checked the host runs AMX, or T is the software model.
-        |d, ap, bp, cp, rows, cols, accumulate| unsafe {
-            ukr(
-                &mut T::default(),
-                d,
-                ap,
-                bp,
-                cp,
-                p.n,
-                rows,
-                cols,
-                accumulate,
-            )
+        // SAFETY: validation checked the host runs AMX, or T is the software model.
+        || unsafe { Configured::new(T::default(), &TileConfig::full(mr / ROWS, nr / ROWS)) },
+        // SAFETY: loop_nest's contract on slivers (`depth` pair rows) and C; the task's tiles
+        // are configured for this shape.
+        |tiles, d, ap, bp, cp, rows, cols, accumulate| unsafe {
+            ukr(&mut **tiles, d, ap, bp, cp, p.n, rows, cols, accumulate)
         },
     );
 }
@@ -151,7 +143,8 @@ type Ukr<T> = unsafe fn(&mut T, usize, *const u32, *const u32, *mut f32, usize, 
 ///
 /// # Safety
 /// `a` holds `d · 16·MT` and `b` `d · 16·NT` pair words in the module's layouts, `d` a multiple
-/// of 16; C is writable for `rows` rows of `cols` columns at `ldc` apart; `T` runs on this host.
+/// of 16; C is writable for `rows` rows of `cols` columns at `ldc` apart; `T` runs on this host
+/// and is configured for `MT × NT` ([`TileConfig::full`], held by a [`Configured`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
@@ -170,10 +163,6 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
     // SAFETY: the caller's contract; every tile is 16 rows of 64 bytes, and full corners have
     // 16·MT rows of 16·NT columns of C.
     unsafe {
-        // Configured per call rather than once per thread: the call owns no state between
-        // calls, so other tile users on the thread (a framework's own AMX kernels) cannot
-        // leave it a configuration it does not expect.
-        tiles.configure(&TileConfig::full(MT, NT));
         let corner = |i: usize, j: usize| c.add(i * ROWS * ldc + j * ROWS);
         for i in 0..MT {
             for j in 0..NT {
@@ -210,7 +199,6 @@ unsafe fn ukr<T: Tiles, const MT: usize, const NT: usize>(
                 }
             }
         }
-        tiles.release();
     }
 }
 
@@ -273,7 +261,8 @@ pub(super) fn ukr_rows_for<T: Tiles>(mr: usize, nr: usize) -> Option<UkrRows<T>>
 /// # Safety
 /// Each of the `16·MT` rows at `w` holds `live` readable words; `x` holds `d · 16·NT` words, `d`
 /// a multiple of 16 and at least `live`; `tile` is writable (readable too when accumulating)
-/// for `16·MT · 16·NT` values; `T` runs on this host.
+/// for `16·MT · 16·NT` values; `T` runs on this host and is configured for `MT × NT`
+/// ([`TileConfig::full`], held by a [`Configured`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
@@ -290,7 +279,6 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
     let mut tail = [0u32; 2 * ROWS * BLOCK_PAIRS];
     // SAFETY: the caller's contract; every tile is 16 rows of 64 bytes.
     unsafe {
-        tiles.configure(&TileConfig::full(MT, NT));
         for i in 0..MT {
             for j in 0..NT {
                 if accumulate {
@@ -330,7 +318,6 @@ unsafe fn ukr_rows<T: Tiles, const MT: usize, const NT: usize>(
                 tiles.store(c_tile(i, j), at.cast(), 4 * nr);
             }
         }
-        tiles.release();
     }
 }
 
@@ -416,6 +403,52 @@ pub(super) mod tests {
             }
         }
         assert_eq!(ran, 6 * AMX_SHAPES.len() * 18);
+    }
+
+    /// On the hardware, both AMX GEMM kernels leave the calling thread's tiles released after
+    /// a call (they configure once per task, not per tile), as a framework's own AMX kernels
+    /// on that thread expect to find them, and match the reference.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_call_leaves_the_calling_threads_tiles_released() {
+        use crate::{Backend, Config, CpuBackend, CpuInfo};
+        if CpuInfo::detect().isa != Isa::Avx512Amx {
+            eprintln!(
+                "a_call_leaves_the_calling_threads_tiles_released did not run: this host has \
+                 no AMX tiles (the kernels' work on tiles is checked on the tile model)"
+            );
+            return;
+        }
+        let spec = "gemm:m=70,n=96,k=130,dtype=bf16,b=nk";
+        let (problem, _, mut data, reference, _, _) = case(spec, 3);
+        for variant in [GemmVariant::Amx, GemmVariant::AmxDirect] {
+            for threads in [1, 2] {
+                let c = GemmConfig {
+                    variant,
+                    isa: Isa::Avx512Amx,
+                    mr: 32,
+                    nr: 32,
+                    mc: 64,
+                    kc: 64,
+                    nc: 64,
+                    split: Split::N,
+                    threads,
+                    prefetch: true,
+                    inner: Inner::M,
+                };
+                let config = Config::Gemm(c);
+                let mut scratch = vec![0f32; CpuBackend.scratch_len(&problem, &config)];
+                data.out.fill(f32::NAN);
+                CpuBackend
+                    .run(&problem, &config, data.args(), &mut scratch)
+                    .unwrap();
+                let err = crate::reference::relative_error(&data.out, &reference);
+                assert!(err <= problem.tolerance(), "{c:?}: relative error {err:e}");
+                // SAFETY: the host runs AMX.
+                let loaded = unsafe { crate::cpu::amx_tiles::Hardware::loaded() };
+                assert_eq!(loaded, [0; 64], "{c:?} left the tiles configured");
+            }
+        }
     }
 
     #[test]

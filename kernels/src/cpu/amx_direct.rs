@@ -21,7 +21,7 @@
 use half::bf16;
 
 use super::amx::{depth, ukr_rows_for};
-use super::amx_tiles::Tiles;
+use super::amx_tiles::{Configured, TileConfig, Tiles, ROWS};
 use super::direct::{for_each_share, tile_into_c, weight_sliver};
 use super::parallel::SharedMut;
 use crate::config::GemmConfig;
@@ -92,7 +92,9 @@ fn run_on<T: Tiles + Default>(
             unsafe { std::slice::from_raw_parts_mut(acc.as_mut_ptr().cast::<f32>(), acc_len) };
         // A transposed tile: nr rows of mr, both at most 32 for the AMX shapes.
         let mut transposed = [0f32; 32 * 32];
-        let mut tiles = T::default();
+        // SAFETY: validation checked the host runs AMX, or T is the software model.
+        let mut tiles =
+            unsafe { Configured::new(T::default(), &TileConfig::full(mr / ROWS, nr / ROWS)) };
         for jc in tokens.clone().step_by(c.nc) {
             let ncur = c.nc.min(tokens.end - jc);
             let slivers = ncur.div_ceil(nr);
@@ -120,11 +122,11 @@ fn run_on<T: Tiles + Default>(
                             let t = ((n0 - nb) / mr * slivers + s) * mr * nr;
                             let tile = &mut acc[t..t + mr * nr];
                             // SAFETY: `w` has `mr` rows of `live` words `rsa` apart, `x` a
-                            // sliver of `d` pair rows per token; validation checked the host
-                            // runs AMX, or T is the software model.
+                            // sliver of `d` pair rows per token; `tiles` are configured for
+                            // this shape.
                             unsafe {
                                 ukr(
-                                    &mut tiles,
+                                    &mut *tiles,
                                     d,
                                     live,
                                     w,

@@ -67,9 +67,10 @@ pub fn run(
         |kcur| kcur.div_ceil(2),
         |pc, kcur, jc, ncur, dst| pack_b(p, b, pc, kcur, jc, ncur, nr, kcur.div_ceil(2), dst),
         |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
+        || (),
         // SAFETY: loop_nest's contract on slivers and C; the backend validated the config
         // against the detected host, which has AVX-512-BF16.
-        |depth, ap, bp, cp, rows, cols, accumulate| unsafe {
+        |_, depth, ap, bp, cp, rows, cols, accumulate| unsafe {
             ukr(depth, ap, bp, cp, p.n, rows, cols, accumulate)
         },
     );

@@ -78,7 +78,8 @@ fn packed<T: TableElem>(
         |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, c.isa, dst),
         // SAFETY: loop_nest's contract: zero-padded slivers `depth` deep, C inside the
         // thread's rows and columns.
-        |depth, ap, bp, cp, rows, cols, accumulate| unsafe {
+        || (),
+        |_, depth, ap, bp, cp, rows, cols, accumulate| unsafe {
             ukr(depth, ap, 1, mr, bp, nr, cp, p.n, rows, cols, accumulate)
         },
     );
@@ -90,10 +91,12 @@ fn packed<T: TableElem>(
 /// (`depth`), and how they pack and multiply. Threads own disjoint rows or columns of C
 /// (`split`) and pack what they read, so they never wait on each other.
 ///
-/// `ukr(depth, a, b, c, rows, cols, accumulate)` gets slivers zero-padded to full `mr` / `nr`
-/// and `depth` deep, and a C corner with `rows × cols` live values inside the thread's share.
+/// `ukr(state, depth, a, b, c, rows, cols, accumulate)` gets slivers zero-padded to full `mr` /
+/// `nr` and `depth` deep, and a C corner with `rows × cols` live values inside the thread's
+/// share; `state` is what `task()` made for the task it runs in (the AMX kernel's configured
+/// tiles), dropped when the task ends.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn loop_nest<W: Copy>(
+pub(super) fn loop_nest<W: Copy, S>(
     p: &GemmProblem,
     c: &GemmConfig,
     out: &mut [f32],
@@ -101,7 +104,8 @@ pub(super) fn loop_nest<W: Copy>(
     depth: impl Fn(usize) -> usize + Sync,
     pack_b: impl Fn(usize, usize, usize, usize, &mut [W]) + Sync,
     pack_a: impl Fn(usize, usize, usize, usize, &mut [W]) + Sync,
-    ukr: impl Fn(usize, *const W, *const W, *mut f32, usize, usize, bool) + Sync,
+    task: impl Fn() -> S + Sync,
+    ukr: impl Fn(&mut S, usize, *const W, *const W, *mut f32, usize, usize, bool) + Sync,
 ) {
     let (mr, nr) = (c.mr, c.nr);
     let (units, unit) = match c.split {
@@ -132,6 +136,7 @@ pub(super) fn loop_nest<W: Copy>(
         let (ap_buf, bp_buf) = buf.split_at_mut(
             (mc_max * depth(c.kc.min(p.k))).next_multiple_of(super::parallel::LINE_WORDS),
         );
+        let mut state = task();
         for jc in cols.clone().step_by(c.nc) {
             let ncur = c.nc.min(cols.end - jc);
             for pc in (0..p.k).step_by(c.kc) {
@@ -141,13 +146,14 @@ pub(super) fn loop_nest<W: Copy>(
                 for ic in rows.clone().step_by(c.mc) {
                     let mcur = c.mc.min(rows.end - ic);
                     pack_a(ic, mcur, pc, kcur, ap_buf);
-                    let tile = |ir: usize, jr: usize| {
+                    let mut tile = |ir: usize, jr: usize| {
                         let ap = ap_buf[ir / mr * d * mr..].as_ptr();
                         let bp = bp_buf[jr / nr * d * nr..].as_ptr();
                         // SAFETY (for `ukr`'s contract): the C corner lies inside this
                         // thread's rows and columns.
                         let cp = unsafe { out.get().add((ic + ir) * p.n + jc + jr) };
-                        ukr(d, ap, bp, cp, mr.min(mcur - ir), nr.min(ncur - jr), pc > 0);
+                        let (rows, cols) = (mr.min(mcur - ir), nr.min(ncur - jr));
+                        ukr(&mut state, d, ap, bp, cp, rows, cols, pc > 0);
                     };
                     match c.inner {
                         Inner::M => {
