@@ -439,13 +439,22 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
     let err = CpuSpace.validate(&amx[0], &f16, &amx_host).unwrap_err();
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
     // The heuristic there: the weights in place for short prompts, the packed kernel with
-    // large blocks from 1024 tokens; valid on that host either way.
-    for (m, variant) in [(128, GemmVariant::AmxDirect), (2048, GemmVariant::Amx)] {
-        let p = problem(&format!("gemm:m={m},n=7168,k=8192,dtype=bf16,b=nk"));
+    // large blocks from 512 tokens, or from 64 where K is at most 1024; valid on that host
+    // either way.
+    for (m, k, variant) in [
+        (128, 8192, GemmVariant::AmxDirect),
+        (256, 3584, GemmVariant::AmxDirect),
+        (512, 8192, GemmVariant::Amx),
+        (2048, 8192, GemmVariant::Amx),
+        (32, 1024, GemmVariant::AmxDirect),
+        (64, 1024, GemmVariant::Amx),
+        (128, 1024, GemmVariant::Amx),
+    ] {
+        let p = problem(&format!("gemm:m={m},n=7168,k={k},dtype=bf16,b=nk"));
         let h = CpuSpace.heuristic(&p, &amx_host);
         assert!(
             matches!(h, Config::Gemm(g) if g.variant == variant),
-            "M = {m}: {h}"
+            "M = {m}, K = {k}: {h}"
         );
         CpuSpace
             .validate(&h, &p, &amx_host)

@@ -531,13 +531,19 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // B stored [K, N] (or an odd K): the packed AMX kernel, M = 16 / 128 15.2 / 25.3 ms
     // against 55.6 / 106 for the AVX-512-BF16 ones.
     if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
-        // Long prompts: the packed kernel with large blocks. Packing the weights is one
-        // pass, repaid over 1024 tokens and more; 64-byte aligned operands, repeated
-        // calls, two threads, M = 2048: qkv / o / gate_up / down 46 / 59 / 149 / 196 ms
-        // against amx-direct's 65 / 65 / 203 / 206, one thread gate_up 319-357 against
-        // 383-418; at M = 512 even or behind (gate_up 96 against 86 ms), at M = 128
-        // behind on three of four shapes.
-        if in_place && p.m >= 1024 {
+        // Prompts: the packed kernel with large blocks. Packing the weights is one pass,
+        // repaid over 1024 tokens and more; 64-byte aligned operands, repeated calls, two
+        // threads, M = 2048: qkv / o / gate_up / down 46 / 59 / 149 / 196 ms against
+        // amx-direct's 65 / 65 / 203 / 206, one thread gate_up 319-357 against 383-418.
+        // Since the tiles are configured once a task (session 19), over 512 tokens too, and
+        // over 64 where K is at most 1024 (the direct kernel's transposition of each Cᵀ tile
+        // into C is then a large share of its work). Cold, two threads, the packed config
+        // below against amx-direct's below it, Llama-70B TP8 (ms): M = 512 qkv 7.2 / 8.1, o
+        // 6.7 / 11.2, gate_up 37.6-38.9 / 36.8-39.6, down 20.3-21.3 / 22.8-23.8; o (K = 1024)
+        // at M = 64 / 128 / 256 1.5 / 2.2 / 4.2 against 1.9 / 3.1 / 5.4, at M = 16 and 32
+        // behind (1.2-1.3 against 0.7-0.9); at M = 256 with K = 3584 and 8192 behind (12.2-12.3
+        // against 11.4-11.5, 22.5-23.8 against 19.1-19.9).
+        if in_place && (p.m >= 512 || (p.k <= 1024 && p.m >= 64)) {
             return GemmConfig {
                 variant: GemmVariant::Amx,
                 isa: host.isa,
