@@ -93,9 +93,10 @@ pub trait Tiles {
 /// the tiles for each 32 × 32 tile of C cost a quarter of a bf16 GEMM whose K is short
 /// (Llama-70B TP8 o, K = 1024, at M = 2048, two threads, cold: 21.7-22.6 ms against
 /// 29.4-29.8, builds alternating, session 19), 2-7% where the direct kernel runs many short
-/// slices (qkv at M = 512) and nothing measurable at K = 8192. Nothing else runs on the thread within a task, and nothing stays configured past it,
-/// so other tile users on the thread (a framework's own AMX kernels) still find the tiles
-/// released between kerntune's calls.
+/// slices (qkv at M = 512) and nothing measurable at K = 8192. Nothing else runs on the
+/// thread within a task, and nothing stays configured past it, so other tile users on the
+/// thread (a framework's own AMX kernels) still find the tiles released between kerntune's
+/// calls.
 #[derive(Debug)]
 pub struct Configured<T: Tiles>(T);
 
@@ -127,6 +128,29 @@ impl<T: Tiles> Drop for Configured<T> {
     fn drop(&mut self) {
         // SAFETY: `new` configured the tiles, so releasing them is allowed.
         unsafe { self.0.release() }
+    }
+}
+
+/// A borrowed implementation, so a test can look at what a [`Configured`] left behind.
+#[cfg(test)]
+impl<T: Tiles> Tiles for &mut T {
+    unsafe fn configure(&mut self, config: &TileConfig) {
+        unsafe { (**self).configure(config) }
+    }
+    unsafe fn zero(&mut self, t: usize) {
+        unsafe { (**self).zero(t) }
+    }
+    unsafe fn load(&mut self, t: usize, base: *const u8, stride: usize) {
+        unsafe { (**self).load(t, base, stride) }
+    }
+    unsafe fn store(&mut self, t: usize, base: *mut u8, stride: usize) {
+        unsafe { (**self).store(t, base, stride) }
+    }
+    unsafe fn dot(&mut self, c: usize, a: usize, b: usize) {
+        unsafe { (**self).dot(c, a, b) }
+    }
+    unsafe fn release(&mut self) {
+        unsafe { (**self).release() }
     }
 }
 
@@ -402,30 +426,6 @@ impl Tiles for Model {
 mod tests {
     use super::*;
 
-    /// A model borrowed, so what [`Configured`] leaves behind can be looked at.
-    struct Probe<'a>(&'a mut Model);
-
-    impl Tiles for Probe<'_> {
-        unsafe fn configure(&mut self, config: &TileConfig) {
-            unsafe { self.0.configure(config) }
-        }
-        unsafe fn zero(&mut self, t: usize) {
-            unsafe { self.0.zero(t) }
-        }
-        unsafe fn load(&mut self, t: usize, base: *const u8, stride: usize) {
-            unsafe { self.0.load(t, base, stride) }
-        }
-        unsafe fn store(&mut self, t: usize, base: *mut u8, stride: usize) {
-            unsafe { self.0.store(t, base, stride) }
-        }
-        unsafe fn dot(&mut self, c: usize, a: usize, b: usize) {
-            unsafe { self.0.dot(c, a, b) }
-        }
-        unsafe fn release(&mut self) {
-            unsafe { self.0.release() }
-        }
-    }
-
     /// A task's tiles are configured while its guard lives and released when it goes, on
     /// unwinding too.
     #[test]
@@ -433,9 +433,9 @@ mod tests {
         let mut model = Model::default();
         {
             // SAFETY: the model runs anywhere.
-            let mut tiles = unsafe { Configured::new(Probe(&mut model), &TileConfig::full(2, 2)) };
+            let mut tiles = unsafe { Configured::new(&mut model, &TileConfig::full(2, 2)) };
             unsafe { tiles.zero(c_tile(1, 1)) };
-            assert!(tiles.0 .0.config.is_some());
+            assert!(tiles.config.is_some());
         }
         assert!(
             model.config.is_none(),
@@ -443,7 +443,7 @@ mod tests {
         );
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // SAFETY: as above.
-            let _tiles = unsafe { Configured::new(Probe(&mut model), &TileConfig::full(1, 2)) };
+            let _tiles = unsafe { Configured::new(&mut model, &TileConfig::full(1, 2)) };
             panic!("a kernel's task fails");
         }));
         assert!(unwound.is_err());
