@@ -40,20 +40,19 @@ def l3_bytes():
         return 32 << 20
 
 
-def ours(args, spec):
-    """Median seconds of `args.config` on `spec`, on `args.threads` threads."""
-    db = ["--db", args.db] if args.db else []
-    first = json.loads(subprocess.run(
-        [args.tune, "bench", "--shapes", spec, "--config", args.config, "--json", *db],
+def bench(args, spec, config, db=()):
+    """`tune bench` of `config` (a name or JSON) on `spec`: its config and median seconds."""
+    out = json.loads(subprocess.run(
+        [args.tune, "bench", "--shapes", spec, "--config", config, "--json", *db],
         check=True, capture_output=True, text=True).stdout)[0]
-    config = first["config"]
-    if config["threads"] == args.threads:
-        return first["stats"]["median_ns"] / 1e9
+    return out["config"], out["stats"]["median_ns"] / 1e9
+
+
+def our_config(args, spec):
+    """`args.config` on `spec` as JSON, on `args.threads` threads (looked up once a shape)."""
+    config, _ = bench(args, spec, args.config, ["--db", args.db] if args.db else [])
     config["threads"] = args.threads
-    out = subprocess.run(
-        [args.tune, "bench", "--shapes", spec, "--config", json.dumps(config), "--json"],
-        check=True, capture_output=True, text=True).stdout
-    return json.loads(out)[0]["stats"]["median_ns"] / 1e9
+    return json.dumps(config)
 
 
 class Peer:
@@ -115,9 +114,10 @@ def main():
     for name, m, n, k, dtype, b_kn in shapes:
         spec = f"gemm:m={m},n={n},k={k},dtype={dtype},b={'kn' if b_kn else 'nk'}"
         peer = Peer(m, n, k, dtype, args.threads, b_kn)
+        config = our_config(args, spec)
         a, b = [], []
         for _ in range(args.rounds):
-            a.append(ours(args, spec))
+            a.append(bench(args, spec, config)[1])
             b.append(peer.time())
         del peer
         mine, theirs = statistics.median(a), statistics.median(b)
