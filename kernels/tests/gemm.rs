@@ -403,8 +403,10 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
     let (amx, direct) = (of(GemmVariant::Amx), of(GemmVariant::AmxDirect));
     // 3 shapes × 2 mc × 4 kc × 2 nc = 48 blockings, 44 of them in both tile orders (a
     // 2048 × 1024 bf16 B panel, 4 MiB, is past the 2 MiB L2 for `inner = n`); both splits on
-    // 2 and 4 threads, one on 1.
-    assert_eq!(amx.len(), 92 * (1 + 2 + 2));
+    // 2 and 4 threads, one on 1. Then per shape and thread count a thread's share of N as
+    // the panel (3584 columns on 1 and 2 threads, 1792 on 4), at kc 1024 and 2048, past L2
+    // for `inner = n`.
+    assert_eq!(amx.len(), 92 * (1 + 2 + 2) + 3 * 2 * (1 + 2 + 2));
     assert_eq!(
         amx.iter()
             .filter(|c| matches!(c, Config::Gemm(g) if g.inner == Inner::N))
@@ -460,6 +462,40 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
             .validate(&h, &p, &amx_host)
             .unwrap_or_else(|e| panic!("{h}: {e}"));
     }
+    // From 128 tokens the packed heuristic's B panel is a thread's share of N, in equal
+    // panels of at most 4096 columns, and the tuner sweeps it too.
+    for (n, threads, nc) in [
+        (7168, 4, 1792),
+        (1280, 4, 320),
+        (7168, 1, 3584),
+        (8192, 1, 4096),
+    ] {
+        let mut host = described_amx_host();
+        let Device::Cpu(info) = &mut host else {
+            unreachable!("a described CPU")
+        };
+        info.threads = threads;
+        let p = problem(&format!("gemm:m=2048,n={n},k=8192,dtype=bf16,b=nk"));
+        let h = CpuSpace.heuristic(&p, &host);
+        assert!(
+            matches!(h, Config::Gemm(g) if g.variant == GemmVariant::Amx && g.nc == nc),
+            "N = {n} on {threads} threads: {h}"
+        );
+        // Narrower shares are the grid's 1024-column panel, cut at the share's edge.
+        let Config::Gemm(g) = h else { unreachable!() };
+        let swept = Config::Gemm(GemmConfig {
+            nc: nc.max(1024),
+            ..g
+        });
+        assert!(CpuSpace.candidates(&p, &host).contains(&swept), "{h}");
+    }
+    // Below 128 tokens A is packed again per 1024-column panel: cheaper than a wider panel.
+    let short = problem("gemm:m=64,n=8192,k=1024,dtype=bf16,b=nk");
+    let h = CpuSpace.heuristic(&short, &amx_host);
+    assert!(
+        matches!(h, Config::Gemm(g) if g.variant == GemmVariant::Amx && g.nc == 1024),
+        "{h}"
+    );
 }
 
 /// The streaming AVX-512-BF16 kernel: every row count and a narrow and a wide column chunk,

@@ -151,6 +151,20 @@ impl Blocking<'_> {
     }
 }
 
+/// Widest B panel the AMX kernel packs: 4096 columns, 16 MiB of scratch a thread at kc = 2048.
+const AMX_SHARE_MAX: usize = 4096;
+
+/// A thread's whole share of N as one B panel for the packed AMX kernel (split over N), in
+/// equal panels of at most [`AMX_SHARE_MAX`] columns, `nr` wide each: A is packed once per
+/// panel, and a panel of 1024 columns left a tail of 256 (qkv, N = 1280) or packed A four
+/// times a thread (gate_up, N = 7168, two threads), for B slivers that stream from L3 either
+/// way.
+fn amx_share(n: usize, nr: usize, threads: usize) -> usize {
+    let share = n.div_ceil(nr).div_ceil(threads.max(1)) * nr;
+    let panels = share.div_ceil(AMX_SHARE_MAX);
+    share.div_ceil(panels).next_multiple_of(nr)
+}
+
 /// A microkernel shape of a variant, or why there is none.
 fn check_shape(
     f: Family,
@@ -326,6 +340,24 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
                     host,
                     &mut out,
                 );
+                // A thread's share of N in one panel (or a few equal ones), where it is wider
+                // than the grid's: what the heuristic takes for prompts.
+                let share_tiles = amx_share(p.n, shape.1, threads) / shape.1;
+                if share_tiles > 32 {
+                    Blocking {
+                        mc_tiles: &[8],
+                        kc: &[1024, 2048],
+                        nc_tiles: &[share_tiles],
+                    }
+                    .push(
+                        GemmVariant::Amx,
+                        Isa::Avx512Amx,
+                        shape,
+                        threads,
+                        host,
+                        &mut out,
+                    );
+                }
                 if in_place {
                     direct.push(
                         GemmVariant::AmxDirect,
@@ -542,7 +574,13 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
         // 6.7 / 11.2, gate_up 37.6-38.9 / 36.8-39.6, down 20.3-21.3 / 22.8-23.8; o (K = 1024)
         // at M = 64 / 128 / 256 1.5 / 2.2 / 4.2 against 1.9 / 3.1 / 5.4, at M = 16 and 32
         // behind (1.2-1.3 against 0.7-0.9); at M = 256 with K = 3584 and 8192 behind (12.2-12.3
-        // against 11.4-11.5, 22.5-23.8 against 19.1-19.9).
+        // against 11.4-11.5, 22.5-23.8 against 19.1-19.9). B panels of a thread's whole share
+        // of N ([`amx_share`]) against 1024 columns, cold, two threads (session 20): M = 2048
+        // gate_up 106.9 against 114.2 ms, o 18.5 against 20.1, down 57.1 against 69.9; M =
+        // 512 gate_up 32.2 / 34.8, o 5.3 / 6.4, down 16.7 / 18.2; o at M = 256 3.3 / 3.9;
+        // one thread, M = 2048, gate_up 218.6 (3584 columns) / 227.4 (7168: 208.7, at 32 MiB
+        // of scratch), qkv 39.5 / 43.6. Below 128 tokens A is cheap to pack again: o at M = 64
+        // 1.51 against 1.47 ms, so 1024 columns there.
         if in_place && (p.m >= 512 || (p.k <= 1024 && p.m >= 64)) {
             return GemmConfig {
                 variant: GemmVariant::Amx,
@@ -551,7 +589,11 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
                 nr: 32,
                 mc: 256,
                 kc: 2048,
-                nc: 1024,
+                nc: if p.m >= 128 {
+                    amx_share(p.n, 32, threads)
+                } else {
+                    1024
+                },
                 split: Split::N,
                 threads,
                 prefetch: true,
