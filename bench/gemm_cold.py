@@ -23,6 +23,7 @@ moves by 5-10% in that time, more than the margins between the two.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -40,17 +41,25 @@ def l3_bytes():
         return 32 << 20
 
 
-def bench(args, spec, config, db=()):
+def bench(args, spec, config, db=(), env=None):
     """`tune bench` of `config` (a name or JSON) on `spec`: its config and median seconds."""
     out = json.loads(subprocess.run(
         [args.tune, "bench", "--shapes", spec, "--config", config, "--json", *db],
-        check=True, capture_output=True, text=True).stdout)[0]
+        check=True, capture_output=True, text=True, env=env).stdout)[0]
     return out["config"], out["stats"]["median_ns"] / 1e9
 
 
 def our_config(args, spec):
-    """`args.config` on `spec` as JSON, on `args.threads` threads (looked up once a shape)."""
-    config, _ = bench(args, spec, args.config, ["--db", args.db] if args.db else [])
+    """`args.config` on `spec` as JSON, on `args.threads` threads (looked up once a shape).
+
+    The heuristic and the default are those of a host with `args.threads` threads (rayon's
+    thread count is the detected one), as the heuristic sizes blocks by each thread's share;
+    a database's winners are those of this host, run on `args.threads` threads."""
+    if args.config == "best":
+        config, _ = bench(args, spec, args.config, ["--db", args.db] if args.db else [])
+    else:
+        env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+        config, _ = bench(args, spec, args.config, env=env)
     config["threads"] = args.threads
     return json.dumps(config)
 
