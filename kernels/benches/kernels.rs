@@ -15,8 +15,8 @@ use kerntune_kernels::shapes::{
     llama70b_tp8_decode, llama70b_tp8_prefill, llama8b_decode, LLAMA70B_TP8_GEMMS, TOKEN_COUNTS,
 };
 use kerntune_kernels::{
-    Backend, Config, CpuBackend, CpuSpace, DType, Device, FlashConfig, GemmConfig, PagedConfig,
-    Problem, Space,
+    Backend, Config, CpuBackend, CpuInfo, CpuSpace, DType, Device, FlashConfig, GemmConfig,
+    PagedConfig, Problem, Space,
 };
 
 /// Named problems: `(name, spec)`.
@@ -82,9 +82,18 @@ fn small_sweep(
         .collect();
     let step = (candidates.len() / 12).max(1);
     let mut pool: Vec<Config> = candidates.into_iter().step_by(step).collect();
+    // The heuristic and default of a host with `threads` threads, as such a host picks them
+    // (the heuristic sizes blocks by each thread's share of the work).
+    let host = match device {
+        Device::Cpu(info) => Device::Cpu(CpuInfo {
+            threads,
+            ..info.clone()
+        }),
+        other => other.clone(),
+    };
     for c in [
-        CpuSpace.heuristic(problem, device),
-        CpuSpace.default_config(problem, device),
+        CpuSpace.heuristic(problem, &host),
+        CpuSpace.default_config(problem, &host),
     ] {
         pool.push(match c {
             Config::Gemm(g) => Config::Gemm(GemmConfig { threads, ..g }),
