@@ -372,6 +372,15 @@ fn amx_shapes_match_reference_or_are_refused() {
     for p in &problems {
         assert_eq!(check_all(p, &configs), configs.len(), "{p}");
     }
+    // The prompt heuristic: B panels of a thread's share of N in equal parts (two of 2272
+    // columns a thread on two threads), the last one short.
+    let wide = problem("gemm:m=130,n=9001,k=40,dtype=bf16,b=nk");
+    let h = CpuSpace.heuristic(&wide, &device);
+    assert!(
+        matches!(h, Config::Gemm(g) if g.variant == GemmVariant::Amx),
+        "{h}"
+    );
+    assert_eq!(check_all(&wide, std::slice::from_ref(&h)), 1, "{h}");
     assert!(CpuSpace
         .candidates(&problems[3], &device)
         .iter()
