@@ -332,24 +332,17 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
         for &threads in &thread_counts(host) {
             for &shape in AMX_SHAPES {
-                grid.push(
-                    GemmVariant::Amx,
-                    Isa::Avx512Amx,
-                    shape,
-                    threads,
-                    host,
-                    &mut out,
-                );
-                // A thread's share of N in one panel (or a few equal ones), where it is wider
-                // than the grid's: what the heuristic takes for prompts.
-                let share_tiles = amx_share(p.n, shape.1, threads) / shape.1;
-                if share_tiles > 32 {
-                    Blocking {
-                        mc_tiles: &[8],
-                        kc: &[1024, 2048],
-                        nc_tiles: &[share_tiles],
-                    }
-                    .push(
+                // And a thread's share of N in one panel (or a few equal ones), where it is
+                // wider than the grid's: what the heuristic takes for prompts.
+                let share_tiles = [amx_share(p.n, shape.1, threads) / shape.1];
+                let share = Blocking {
+                    mc_tiles: &[8],
+                    kc: &[1024, 2048],
+                    nc_tiles: &share_tiles,
+                };
+                let wide = share_tiles[0] > 32;
+                for blocking in std::iter::once(&grid).chain(wide.then_some(&share)) {
+                    blocking.push(
                         GemmVariant::Amx,
                         Isa::Avx512Amx,
                         shape,
