@@ -87,35 +87,16 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 #elif KT_VARIANT == 1
 
-#if !defined(KT_HIP)
-#error "the MFMA variant is for AMD CDNA targets; NVIDIA uses its own matrix-core variant"
+#if !defined(KT_MFMA)
+#error "the MFMA variant needs gfx90a or gfx94x (or the host emulator of one)"
 #endif
 #if KT_DTYPE == 0
 #error "the MFMA variant takes f16 or bf16 inputs"
-#endif
-#if defined(__HIP_DEVICE_COMPILE__) && !(defined(__gfx90a__) || defined(__gfx940__) || \
-                                         defined(__gfx941__) || defined(__gfx942__))
-#error "v_mfma_f32_32x32x8 needs gfx90a or gfx94x"
 #endif
 
 #define KT_WAVES_M (KT_BM / (32 * KT_TM))
 #define KT_WAVES_N (KT_BN / (32 * KT_TN))
 #define KT_THREADS (64 * KT_WAVES_M * KT_WAVES_N)
-
-typedef float kt_f32x16 __attribute__((ext_vector_type(16)));
-#if KT_DTYPE == 1
-typedef _Float16 kt_frag __attribute__((ext_vector_type(4)));
-#else
-typedef short kt_frag __attribute__((ext_vector_type(4)));
-#endif
-
-KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
-#if KT_DTYPE == 1
-    return __builtin_amdgcn_mfma_f32_32x32x8f16(x, y, acc, 0, 0, 0);
-#else
-    return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(x, y, acc, 0, 0, 0);
-#endif
-}
 
 // Four consecutive 16-bit values as one fragment.
 KT_DEVICE kt_frag kt_frag_at(const unsigned short* p) {
@@ -195,8 +176,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 #elif KT_VARIANT == 2
 
-#if !defined(KT_CUDA)
-#error "the mma variant is for NVIDIA sm_80+; AMD uses the MFMA variant"
+#if !defined(KT_MMA)
+#error "the mma variant needs NVIDIA sm_80+ (or the host emulator of one)"
 #endif
 #if KT_DTYPE == 0
 #error "the mma variant takes f16 or bf16 inputs"
@@ -207,23 +188,6 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_THREADS (32 * KT_WARPS_M * KT_WARPS_N)
 // 8 halves of padding: rows of a fragment (stride BK + 8 halves) land on distinct banks.
 #define KT_LDK (KT_BK + 8)
-
-// d += a · b for one 16×8×16 step; a: 4 registers of two 16-bit values, b: 2.
-KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-#if KT_DTYPE == 1
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
 
 // Two consecutive 16-bit values (k and k + 1) as one register.
 KT_DEVICE unsigned kt_pair(const unsigned short* p) {

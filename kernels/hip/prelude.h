@@ -3,6 +3,10 @@
 //
 // Configuration arrives as -D macros (KT_*), one code object per candidate: tile sizes are
 // compile-time constants, so loops unroll and register tiles stay in registers.
+//
+// A third target, KT_HOST, is the CPU: the emulator (kernels/emulator/simt.h, included before
+// this file) runs the same source with fibers for threads, so GPU configs are verified on
+// machines without a GPU. It emulates one vendor's wave width and matrix instructions.
 #pragma once
 
 #if defined(__HIP__) || defined(__HIPCC__)
@@ -16,15 +20,46 @@
 #define KT_WAVE 64
 #endif
 #define KT_SHFL_XOR(v, m) __shfl_xor((v), (m))
+// v_mfma_f32_32x32x8 exists on CDNA2 and CDNA3 only; the host pass of hipcc sees no target.
+#if !defined(__HIP_DEVICE_COMPILE__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__)
+#define KT_MFMA 1
+#endif
 #elif defined(__CUDACC__) || defined(__CUDACC_RTC__)
 // No CUDA headers: NVRTC from a wheel ships none, and the kernels need only builtins.
 #define KT_CUDA 1
 #define KT_WAVE 32
 #define KT_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define KT_MMA 1
+#elif defined(KT_HOST)
+#ifndef KT_HOST_WAVE
+#error "the host emulator's simt.h must come first"
+#endif
+#define KT_WAVE KT_HOST_WAVE
+#define KT_SHFL_XOR(v, m) kt_host::shfl_xor((v), (m))
+#if KT_HOST_MFMA
+#define KT_MFMA 1
+#endif
+#if KT_HOST_MMA
+#define KT_MMA 1
+#endif
 #else
-#error "kerntune GPU kernels build with HIP (clang -x hip) or CUDA (nvcc / NVRTC)"
+#error "kerntune GPU kernels build with HIP (clang -x hip), CUDA (nvcc / NVRTC) or the host emulator"
 #endif
 
+#if defined(KT_HOST)
+#define KT_GLOBAL static
+#define KT_DEVICE static inline
+#define KT_SHARED static thread_local
+#define KT_SYNC() kt_host::sync(__LINE__)
+#define KT_TID kt_host::tid()
+#define KT_BID_X kt_host::bid(0)
+#define KT_BID_Y kt_host::bid(1)
+#define KT_BID_Z kt_host::bid(2)
+#define KT_LAUNCH_BOUNDS(threads)
+#define KT_INF INFINITY
+#define KT_BITS_F32(u) kt_host::bits_f32(u)
+#else
 #define KT_GLOBAL extern "C" __global__
 #define KT_DEVICE __device__ __forceinline__
 #define KT_SHARED __shared__
@@ -36,6 +71,8 @@
 #define KT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 // Positive infinity without <math.h>, which NVRTC does not provide.
 #define KT_INF __int_as_float(0x7f800000)
+#define KT_BITS_F32(u) __uint_as_float(u)
+#endif
 
 // Input element type: 0 = f32, 1 = f16, 2 = bf16. Half types travel as raw 16-bit words and
 // widen to f32 on load: accumulation is f32, as in the CPU kernels and the reference.
@@ -49,6 +86,8 @@ KT_DEVICE float kt_widen(kt_in x) { return x; }
 typedef unsigned short kt_in;
 #if defined(KT_HIP)
 KT_DEVICE float kt_widen(kt_in x) { return __half2float(__ushort_as_half(x)); }
+#elif defined(KT_HOST)
+KT_DEVICE float kt_widen(kt_in x) { return kt_host::f16_f32(x); }
 #else
 KT_DEVICE float kt_widen(kt_in x) {
     float f;
@@ -58,7 +97,7 @@ KT_DEVICE float kt_widen(kt_in x) {
 #endif
 #elif KT_DTYPE == 2
 typedef unsigned short kt_in;
-KT_DEVICE float kt_widen(kt_in x) { return __uint_as_float(((unsigned)x) << 16); }
+KT_DEVICE float kt_widen(kt_in x) { return KT_BITS_F32(((unsigned)x) << 16); }
 #else
 #error "KT_DTYPE must be 0, 1 or 2"
 #endif
@@ -76,3 +115,52 @@ KT_DEVICE float kt_wave_sum(float v) {
     for (int m = KT_WAVE / 2; m > 0; m /= 2) v += KT_SHFL_XOR(v, m);
     return v;
 }
+
+// Matrix-core steps, per vendor (the GEMM's MFMA and mma variants), for 16-bit inputs.
+#if defined(KT_MFMA) && KT_DTYPE != 0
+// v_mfma_f32_32x32x8: four consecutive 16-bit values of an A row or a B column per lane, 16
+// f32 accumulators per lane.
+#if defined(KT_HOST)
+typedef kt_host::f32x16 kt_f32x16;
+typedef kt_host::frag4 kt_frag;
+KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
+    return kt_host::mfma_32x32x8(x, y, acc);
+}
+#else
+typedef float kt_f32x16 __attribute__((ext_vector_type(16)));
+#if KT_DTYPE == 1
+typedef _Float16 kt_frag __attribute__((ext_vector_type(4)));
+#else
+typedef short kt_frag __attribute__((ext_vector_type(4)));
+#endif
+KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
+#if KT_DTYPE == 1
+    return __builtin_amdgcn_mfma_f32_32x32x8f16(x, y, acc, 0, 0, 0);
+#else
+    return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(x, y, acc, 0, 0, 0);
+#endif
+}
+#endif
+#endif
+
+#if defined(KT_MMA) && KT_DTYPE != 0
+// d += a · b for one mma.sync.aligned.m16n8k16 step; a: 4 registers of two 16-bit values,
+// b: 2. Inline PTX, so NVRTC needs no headers.
+KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if defined(KT_HOST)
+    kt_host::mma_16x8x16(d, a, b);
+#elif KT_DTYPE == 1
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#endif

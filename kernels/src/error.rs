@@ -41,6 +41,10 @@ pub enum KernelError {
         backend: &'static str,
         reason: String,
     },
+    /// A GPU build failed on the host emulator: it does not compile as C++, or a launch broke
+    /// a rule of the GPU (barriers, whole waves, writes within the output).
+    #[error("{build} on the host emulator: {reason}")]
+    EmulatorFault { build: String, reason: String },
 }
 
 /// Shorthand for results in this crate.

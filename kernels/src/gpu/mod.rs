@@ -3,11 +3,13 @@
 //! compiler ([`hip`]), the resources read back from each code object ([`metadata`]) and the
 //! occupancy they allow ([`occupancy`]), and the HIP runtime's device list ([`hip_runtime`],
 //! loaded at run time). Everything here runs, and is tested, without a GPU; the on-device
-//! paths ([`rocm`], [`cuda`], behind Cargo features) share one interface, [`device`].
+//! paths ([`rocm`], [`cuda`], behind Cargo features) share one interface, [`device`]. The
+//! [`emulator`] runs the same sources on the CPU, so every GPU config is verified without a GPU.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod emulator;
 pub mod hip;
 pub mod hip_runtime;
 mod judge;

@@ -8,10 +8,19 @@ use crate::{BLayout, Config, DType, Family, KernelError, Problem};
 /// Hash of `kernels/hip/`: GPU results are bound to it as CPU results are to theirs.
 pub const GPU_SOURCE_HASH: &str = env!("KERNTUNE_GPU_SOURCE_HASH");
 
-const PRELUDE: &str = include_str!("../../hip/prelude.h");
+pub(crate) const PRELUDE: &str = include_str!("../../hip/prelude.h");
 const GEMM: &str = include_str!("../../hip/gemm.hip");
 const FLASH: &str = include_str!("../../hip/flash.hip");
 const PAGED: &str = include_str!("../../hip/paged.hip");
+
+/// A family's kernel source, as written (it includes the prelude).
+pub(crate) fn body_of(family: Family) -> &'static str {
+    match family {
+        Family::Gemm => GEMM,
+        Family::Flash => FLASH,
+        Family::Paged => PAGED,
+    }
+}
 
 /// One compile: a family's source with the macros of a config and the static parts of a
 /// problem (dtype, layout, head size). Problems that differ only in sizes passed at launch
@@ -125,11 +134,6 @@ impl KernelBuild {
 
     /// The translation unit, with the prelude inlined so it compiles from standard input.
     pub fn source(&self) -> String {
-        let body = match self.family {
-            Family::Gemm => GEMM,
-            Family::Flash => FLASH,
-            Family::Paged => PAGED,
-        };
-        body.replacen("#include \"prelude.h\"", PRELUDE, 1)
+        body_of(self.family).replacen("#include \"prelude.h\"", PRELUDE, 1)
     }
 }

@@ -1,0 +1,463 @@
+// kerntune's host SIMT runtime: the GPU kernels of kernels/hip/ compiled as plain C++ and run
+// on the CPU, so every GPU config is verified against the reference on machines without a GPU.
+//
+// A launch runs its blocks one after another on the calling thread. Each thread of a block is
+// a fiber with its own stack; a barrier parks the fiber and the block moves on once
+// every thread has parked at the same barrier. Warp-wide operations (shuffles, NVIDIA's
+// mma.sync, AMD's MFMA) exchange their operands through the block and are barriers too, so
+// they are computed from what every lane passed, in the layout the vendor documents, and not
+// from what the kernel meant to pass. A block whose threads reach different barriers, or whose
+// threads leave while others wait, is an error naming both, where a GPU would hang or compute
+// garbage.
+//
+// Shared memory (`KT_SHARED`) is `static thread_local`: one copy per OS thread, shared by the
+// fibers of the block it runs. Fibers run in alternating order between barriers (forward, then
+// backward), so a read of shared memory that misses a barrier sees a different writer in some
+// phase.
+//
+// Hand-written rather than a library: no maintained crate or C++ package runs CUDA/HIP-style
+// kernel source on a CPU with warp collectives; ucontext (in every glibc) or a few lines of
+// assembly switch the fibers.
+#pragma once
+
+// No standard headers: parsing <cmath> and friends was half of every candidate's compile. The
+// few C library functions used are declared here (they are in libc and libm, which every C++
+// shared object links), and the compiler treats the math ones as builtins.
+extern "C" {
+float fmaf(float, float, float);
+float fmaxf(float, float);
+float exp2f(float);
+float ldexpf(float, int);
+void* calloc(decltype(sizeof 0), decltype(sizeof 0));
+void* malloc(decltype(sizeof 0));
+void free(void*);
+[[noreturn]] void abort();
+int snprintf(char*, decltype(sizeof 0), const char*, ...);
+}
+#define INFINITY (__builtin_inff())
+
+#ifndef KT_HOST_WAVE
+#error "KT_HOST_WAVE (the emulated wave / warp width) must be defined"
+#endif
+
+template <typename T>
+static inline T min(T a, T b) {
+    return b < a ? b : a;
+}
+
+namespace kt_host {
+
+typedef decltype(sizeof 0) size_t;
+
+constexpr int kMaxThreads = 1024;
+// Kernel locals are small arrays (register tiles, one score row): 64 KiB is ample.
+constexpr size_t kStack = 64 * 1024;
+
+// Barrier kinds other than a source line's KT_SYNC().
+constexpr int kShuffle = -1;
+constexpr int kMma = -2;
+constexpr int kMfma = -3;
+
+enum class State : unsigned char { Ready, Waiting, Done };
+
+}  // namespace kt_host
+
+// Switching fibers. glibc's swapcontext saves the signal mask with a system call on every
+// switch, which made barriers the emulator's main cost; on x86-64 a switch saves the
+// callee-saved registers on the fiber's stack and swaps stack pointers, nothing more (the
+// kernels change no floating-point control state). Elsewhere ucontext does it.
+#if defined(__x86_64__) && !defined(KT_HOST_UCONTEXT)
+#define KT_HOST_FAST_SWITCH 1
+extern "C" void kt_host_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .hidden kt_host_switch
+    .globl kt_host_switch
+    .type kt_host_switch, @function
+kt_host_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kt_host_switch, .-kt_host_switch
+)");
+#else
+#define KT_HOST_FAST_SWITCH 0
+#include <ucontext.h>
+#endif
+
+namespace kt_host {
+
+struct Entry {
+    void* fn;
+    void (*call)(void* fn, void** params);
+};
+
+struct Block {
+    const Entry* entry;
+    void** params;
+    int threads;
+    unsigned bid[3];
+    int current;
+    bool failed;
+    char message[512];
+#if KT_HOST_FAST_SWITCH
+    void* sched;
+    void* ctx[kMaxThreads];  // each parked fiber's stack pointer
+#else
+    ucontext_t sched;
+    ucontext_t ctx[kMaxThreads];
+#endif
+    State state[kMaxThreads];
+    int site[kMaxThreads];
+    char* stacks;
+    // Operands of warp-wide operations, one slot per thread.
+    float xf[kMaxThreads];
+    unsigned xa[kMaxThreads][4];
+    unsigned xb[kMaxThreads][4];
+};
+
+inline thread_local Block* tl_block = nullptr;
+
+inline Block& block() { return *tl_block; }
+
+// Parks the running fiber and resumes the scheduler.
+inline void to_scheduler(Block& b) {
+#if KT_HOST_FAST_SWITCH
+    kt_host_switch(&b.ctx[b.current], b.sched);
+#else
+    swapcontext(&b.ctx[b.current], &b.sched);
+#endif
+}
+inline int tid() { return tl_block->current; }
+inline int bid(int axis) { return (int)tl_block->bid[axis]; }
+
+inline void describe(int site, char* out, size_t len) {
+    switch (site) {
+    case kShuffle: snprintf(out, len, "a wave shuffle"); break;
+    case kMma: snprintf(out, len, "an mma.sync"); break;
+    case kMfma: snprintf(out, len, "an MFMA"); break;
+    default: snprintf(out, len, "the barrier at line %d", site); break;
+    }
+}
+
+// Stops the block with `message`; the calling fiber never resumes.
+[[noreturn]] inline void fail(const char* message) {
+    Block& b = block();
+    if (!b.failed) {
+        b.failed = true;
+        snprintf(b.message, sizeof b.message, "block (%u,%u,%u), thread %d: %s", b.bid[0],
+                      b.bid[1], b.bid[2], b.current, message);
+    }
+    b.state[b.current] = State::Done;
+    to_scheduler(b);
+    abort();  // unreachable: a failed block's fibers are never resumed
+}
+
+// Parks the calling thread at barrier `site` until every thread of the block is there.
+inline void wait(int site) {
+    Block& b = block();
+    b.state[b.current] = State::Waiting;
+    b.site[b.current] = site;
+    to_scheduler(b);
+}
+
+inline void sync(int line) { wait(line); }
+
+inline void fiber_main() {
+    Block& b = block();
+    b.entry->call(b.entry->fn, b.params);
+    b.state[b.current] = State::Done;
+#if KT_HOST_FAST_SWITCH
+    to_scheduler(b);  // never resumed
+    abort();
+#endif
+    // With ucontext, returning resumes uc_link, the scheduler.
+}
+
+// A fresh fiber for thread i, starting in fiber_main.
+inline void start_fiber(Block& b, int i) {
+    char* stack = b.stacks + (size_t)i * kStack;
+#if KT_HOST_FAST_SWITCH
+    // The frame kt_host_switch pops: six registers, then fiber_main as the return address,
+    // above it a null return address for fiber_main, which leaves the stack aligned as at
+    // a call.
+    void** top = reinterpret_cast<void**>(stack + kStack);
+    top -= 2;
+    top[1] = nullptr;
+    top[0] = reinterpret_cast<void*>(&fiber_main);
+    top -= 6;
+    for (int r = 0; r < 6; ++r) top[r] = nullptr;
+    b.ctx[i] = top;
+#else
+    getcontext(&b.ctx[i]);
+    b.ctx[i].uc_stack.ss_sp = stack;
+    b.ctx[i].uc_stack.ss_size = kStack;
+    b.ctx[i].uc_link = &b.sched;
+    makecontext(&b.ctx[i], fiber_main, 0);
+#endif
+}
+
+inline void to_fiber(Block& b, int i) {
+    b.current = i;
+#if KT_HOST_FAST_SWITCH
+    kt_host_switch(&b.sched, b.ctx[i]);
+#else
+    swapcontext(&b.sched, &b.ctx[i]);
+#endif
+}
+
+// Runs one block to completion; false with b.message set when it cannot complete.
+inline bool run_block(Block& b) {
+    for (int i = 0; i < b.threads; ++i) {
+        start_fiber(b, i);
+        b.state[i] = State::Ready;
+    }
+    for (int phase = 0;; ++phase) {
+        for (int n = 0; n < b.threads; ++n) {
+            const int i = (phase & 1) ? b.threads - 1 - n : n;
+            if (b.state[i] != State::Ready) continue;
+            to_fiber(b, i);
+            if (b.failed) return false;
+        }
+        int waiting = -1, done = -1;
+        for (int i = 0; i < b.threads; ++i) {
+            if (b.state[i] == State::Done) {
+                if (done < 0) done = i;
+                continue;
+            }
+            if (waiting < 0) {
+                waiting = i;
+            } else if (b.site[i] != b.site[waiting]) {
+                char x[64], y[64];
+                describe(b.site[waiting], x, sizeof x);
+                describe(b.site[i], y, sizeof y);
+                snprintf(b.message, sizeof b.message,
+                              "block (%u,%u,%u): thread %d waits at %s, thread %d at %s", b.bid[0],
+                              b.bid[1], b.bid[2], waiting, x, i, y);
+                return false;
+            }
+        }
+        if (waiting < 0) return true;
+        if (done >= 0) {
+            char x[64];
+            describe(b.site[waiting], x, sizeof x);
+            snprintf(b.message, sizeof b.message,
+                          "block (%u,%u,%u): thread %d left the kernel while thread %d waits at %s",
+                          b.bid[0], b.bid[1], b.bid[2], done, waiting, x);
+            return false;
+        }
+        for (int i = 0; i < b.threads; ++i) b.state[i] = State::Ready;
+    }
+}
+
+inline int launch(const Entry* entries, int count, int entry, const unsigned grid[3],
+                  unsigned threads, void** params, char* err, size_t err_len) {
+    auto refuse = [&](const char* what) {
+        snprintf(err, err_len, "%s", what);
+        return 1;
+    };
+    if (entry < 0 || entry >= count) return refuse("no such entry point in this build");
+    if (threads == 0 || threads > (unsigned)kMaxThreads)
+        return refuse("threads per block must be 1 to 1024");
+    if (threads % KT_HOST_WAVE != 0)
+        return refuse("threads per block must be a multiple of the wave");
+    Block* b = static_cast<Block*>(calloc(1, sizeof(Block)));
+    if (b == nullptr) return refuse("out of memory for the block's state");
+    b->stacks = static_cast<char*>(malloc(kStack * threads));
+    if (b->stacks == nullptr) {
+        free(b);
+        return refuse("out of memory for the threads' stacks");
+    }
+    b->entry = &entries[entry];
+    b->params = params;
+    b->threads = (int)threads;
+    Block* outer = tl_block;
+    tl_block = b;
+    bool ok = true;
+    for (unsigned z = 0; ok && z < grid[2]; ++z)
+        for (unsigned y = 0; ok && y < grid[1]; ++y)
+            for (unsigned x = 0; ok && x < grid[0]; ++x) {
+                b->bid[0] = x;
+                b->bid[1] = y;
+                b->bid[2] = z;
+                ok = run_block(*b);
+            }
+    tl_block = outer;
+    if (!ok) snprintf(err, err_len, "%s", b->message);
+    free(b->stacks);
+    free(b);
+    return ok ? 0 : 1;
+}
+
+// Calls a kernel with its arguments unpacked from `params`, as cuLaunchKernel and
+// hipModuleLaunchKernel take them: one pointer to each argument's value.
+// std::index_sequence and std::remove_cv/remove_reference, without <utility>.
+template <size_t... I>
+struct indices {};
+template <size_t N, size_t... I>
+struct make_indices : make_indices<N - 1, N - 1, I...> {};
+template <size_t... I>
+struct make_indices<0, I...> {
+    typedef indices<I...> type;
+};
+template <typename T>
+struct bare {
+    typedef T type;
+};
+template <typename T>
+struct bare<const T> : bare<T> {};
+template <typename T>
+struct bare<T&> : bare<T> {};
+
+template <typename... A, size_t... I>
+void call_unpacked(void (*f)(A...), void** params, indices<I...>) {
+    f(*static_cast<typename bare<A>::type*>(params[I])...);
+}
+
+template <typename... A>
+void call_kernel(void* fn, void** params) {
+    call_unpacked(reinterpret_cast<void (*)(A...)>(fn), params,
+                  typename make_indices<sizeof...(A)>::type{});
+}
+
+template <typename... A>
+Entry entry_of(void (*f)(A...)) {
+    return Entry{reinterpret_cast<void*>(f), &call_kernel<A...>};
+}
+
+inline float bits_f32(unsigned u) {
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+inline float bf16_f32(unsigned short x) { return bits_f32((unsigned)x << 16); }
+
+// IEEE binary16 to f32, subnormals, infinities and NaN included.
+inline float f16_f32(unsigned short h) {
+    const unsigned sign = (unsigned)(h & 0x8000u) << 16;
+    const unsigned exp = (h >> 10) & 0x1fu;
+    const unsigned man = h & 0x3ffu;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+    const float mag = ldexpf((float)man, -24);
+    return sign ? -mag : mag;
+}
+
+// A 16-bit input element (KT_DTYPE 1: f16, 2: bf16) as f32.
+inline float half_f32(unsigned short x) {
+#if KT_DTYPE == 1
+    return f16_f32(x);
+#else
+    return bf16_f32(x);
+#endif
+}
+
+// Element `i` (0: low half) of a register holding two 16-bit values.
+inline float pair_elem(unsigned r, int i) { return half_f32((unsigned short)(r >> (16 * i))); }
+
+// The calling thread's lane and the first thread of its wave; an error when the wave is not
+// whole (a warp-wide operation in a block that ends mid-wave).
+inline int wave_base(const char* what) {
+    Block& b = block();
+    const int base = b.current & ~(KT_HOST_WAVE - 1);
+    if (base + KT_HOST_WAVE > b.threads) fail(what);
+    return base;
+}
+
+inline float shfl_xor(float v, int mask) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("a shuffle in a wave the block does not fill");
+    if (mask < 0 || mask >= KT_HOST_WAVE) fail("a shuffle mask outside the wave");
+    b.xf[me] = v;
+    wait(kShuffle);
+    const float r = b.xf[base + ((me - base) ^ mask)];
+    wait(kShuffle);
+    return r;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A·B over a 32-thread warp, with the
+// fragments of the PTX ISA ("Matrix Fragments for mma.m16n8k16"). Lane = 4·group + t.
+// A (16×16, row-major): register r of lane (g, t) holds row g + 8·(r % 2), columns
+// 2t + 8·(r / 2) and + 1 (low half first). B (16×8, column-major): register r holds column g,
+// rows 2t + 8·r and + 1. D: element e holds row g + 8·(e / 2), column 2t + e % 2.
+inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2]) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("an mma.sync in a warp the block does not fill");
+    for (int r = 0; r < 4; ++r) b.xa[me][r] = a[r];
+    for (int r = 0; r < 2; ++r) b.xb[me][r] = bv[r];
+    wait(kMma);
+    const int lane = me - base, g = lane / 4, t = lane % 4;
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float acc = d[e];
+        for (int k = 0; k < 16; ++k) {
+            const int a_lane = 4 * (row % 8) + (k % 8) / 2, a_reg = row / 8 + 2 * (k / 8);
+            const int b_lane = 4 * col + (k % 8) / 2, b_reg = k / 8;
+            acc = fmaf(pair_elem(b.xa[base + a_lane][a_reg], k % 2),
+                           pair_elem(b.xb[base + b_lane][b_reg], k % 2), acc);
+        }
+        out[e] = acc;
+    }
+    wait(kMma);
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef unsigned short frag4 __attribute__((vector_size(8)));
+
+// v_mfma_f32_32x32x8{f16,bf16_1k}: acc += A·B over a 64-lane wave, in the layout of AMD's
+// CDNA ISA guides: lane l passes A row l % 32 and B column l % 32, each at k = 4·(l / 32) to
+// 4·(l / 32) + 3; accumulator element e of lane l is row 8·(e / 4) + 4·(l / 32) + e % 4,
+// column l % 32.
+inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("an MFMA in a wave the block does not fill");
+    __builtin_memcpy(b.xa[me], &a, sizeof a);
+    __builtin_memcpy(b.xb[me], &bv, sizeof bv);
+    wait(kMfma);
+    const int lane = me - base;
+    f32x16 out;
+    for (int e = 0; e < 16; ++e) {
+        const int row = 8 * (e / 4) + 4 * (lane / 32) + e % 4, col = lane % 32;
+        float sum = acc[e];
+        for (int k = 0; k < 8; ++k) {
+            unsigned short x[4], y[4];
+            __builtin_memcpy(x, b.xa[base + 32 * (k / 4) + row], sizeof x);
+            __builtin_memcpy(y, b.xb[base + 32 * (k / 4) + col], sizeof y);
+            sum = fmaf(half_f32(x[k % 4]), half_f32(y[k % 4]), sum);
+        }
+        out[e] = sum;
+    }
+    wait(kMfma);
+    return out;
+}
+
+}  // namespace kt_host
+
+// The exported launcher of a build; `KT_HOST_ENTRIES` names its kernels in entry order.
+#define KT_HOST_ENTRIES(...)                                                                    \
+    static const kt_host::Entry kt_host_entries[] = {__VA_ARGS__};                              \
+    extern "C" int kt_host_launch(int entry, const unsigned* grid, unsigned threads,            \
+                                  void** params, char* err, kt_host::size_t err_len) {              \
+        return kt_host::launch(kt_host_entries,                                                 \
+                               (int)(sizeof kt_host_entries / sizeof kt_host_entries[0]), entry, \
+                               grid, threads, params, err, err_len);                            \
+    }

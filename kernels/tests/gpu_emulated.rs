@@ -1,0 +1,266 @@
+//! Every GPU config of the space, run by the host emulator (kernels/emulator/simt.h) and
+//! checked against the reference on awkward sizes: the GPU kernels' numerics, fragment
+//! layouts of NVIDIA's mma.sync and AMD's MFMA included, verified without a GPU.
+//!
+//! Three emulated models cover the kernels' paths: an H200 (32-wide warps, mma.sync), an
+//! MI250 (64-wide waves, MFMA) and a Radeon RX 7900 XTX (32-wide waves, neither). The A100,
+//! H100, MI300X and MI325X emulate as the model of their kind: same wave width, same
+//! instructions; their spaces differ only in limits.
+//!
+//! Needs a C++ compiler (`c++`, `g++` or `clang++`, or `$KERNTUNE_HOST_CXX`); without one the
+//! tests fail, saying so.
+
+use kerntune_kernels::data::ProblemData;
+use kerntune_kernels::gpu::emulator::Emulator;
+use kerntune_kernels::reference::relative_error;
+use kerntune_kernels::{Config, Device, GpuSpace, KernelError, Problem, Space};
+
+fn emulator(model: &str) -> (Device, Emulator) {
+    let device = Device::lookup(model).unwrap();
+    let Device::Gpu(g) = device else {
+        unreachable!("{model} is a GPU of the catalog")
+    };
+    let emu = Emulator::new(g).unwrap_or_else(|e| panic!("the GPU emulator tests need it: {e}"));
+    (device, emu)
+}
+
+/// Runs every candidate of the space for `spec` (with sequences of `context_lens`, for paged
+/// attention) and asserts each matches the reference; returns how many ran.
+fn every_candidate(model: &str, spec: &str, context_lens: Option<Vec<u32>>) -> usize {
+    let (device, emu) = emulator(model);
+    let problem: Problem = spec.parse().unwrap();
+    let mut data = ProblemData::random(&problem, 11);
+    if let Some(lens) = context_lens {
+        data = data.with_context_lens(lens);
+    }
+    let reference = data.reference();
+    let tol = problem.tolerance();
+    let mut configs = GpuSpace.candidates(&problem, &device);
+    configs.push(GpuSpace.default_config(&problem, &device));
+    configs.push(GpuSpace.heuristic(&problem, &device));
+    assert!(configs.len() > 2, "{model} {spec}: no candidates");
+    for config in &configs {
+        let out = emu
+            .run(&data, config)
+            .unwrap_or_else(|e| panic!("{model} {spec} {config}: {e}"));
+        let err = relative_error(&out, &reference);
+        assert!(
+            err <= tol,
+            "{model} {spec} {config}: relative error {err:e} exceeds {tol:e}"
+        );
+    }
+    configs.len()
+}
+
+fn variants(model: &str, spec: &str) -> Vec<String> {
+    let (device, _) = emulator(model);
+    let problem: Problem = spec.parse().unwrap();
+    let mut v: Vec<String> = GpuSpace
+        .candidates(&problem, &device)
+        .iter()
+        .filter_map(|c| match c {
+            Config::GpuGemm(g) => Some(format!("{:?}", g.variant)),
+            _ => None,
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+// GEMM: primes and sizes no tile divides, M = 1, K shorter than a k tile; both B layouts and
+// the three input types. The 16-bit problems run the matrix-core variants too.
+const GEMM_BF16_NK: &str = "gemm:m=67,n=130,k=40,dtype=bf16,b=nk";
+const GEMM_F16_KN: &str = "gemm:m=1,n=97,k=7,dtype=f16,b=kn";
+const GEMM_F32: &str = "gemm:m=37,n=100,k=61,dtype=f32,b=nk";
+// Flash: causal with fewer queries than keys (aligned to the end), GQA, a batch of two, a
+// head size that is not a power of two, one query row.
+const FLASH_BF16: &str =
+    "flash:batch=2,q_len=17,kv_len=37,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16";
+const FLASH_F16: &str =
+    "flash:q_len=1,kv_len=45,q_heads=3,kv_heads=1,head_dim=80,dtype=f16,causal=false";
+// Paged: sequences of 1 token, a whole partition and a ragged one.
+const PAGED_BF16: &str =
+    "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16";
+const PAGED_F32: &str =
+    "paged:num_seqs=2,context_len=77,q_heads=4,kv_heads=4,head_dim=96,block_size=32,dtype=f32";
+
+#[test]
+fn nvidia_gemm_candidates_match_the_reference() {
+    assert!(variants("h200", GEMM_BF16_NK).contains(&"Mma".to_string()));
+    for spec in [GEMM_BF16_NK, GEMM_F16_KN, GEMM_F32] {
+        every_candidate("h200", spec, None);
+    }
+}
+
+#[test]
+fn amd_cdna_gemm_candidates_match_the_reference() {
+    assert!(variants("mi250", GEMM_BF16_NK).contains(&"Mfma".to_string()));
+    for spec in [GEMM_BF16_NK, GEMM_F16_KN, GEMM_F32] {
+        every_candidate("mi250", spec, None);
+    }
+}
+
+#[test]
+fn amd_rdna_gemm_candidates_match_the_reference() {
+    assert_eq!(variants("rx7900xtx", GEMM_BF16_NK), ["Tiled"]);
+    every_candidate("rx7900xtx", GEMM_BF16_NK, None);
+}
+
+#[test]
+fn flash_candidates_match_the_reference_on_32_and_64_wide_waves() {
+    for model in ["h200", "mi250"] {
+        for spec in [FLASH_BF16, FLASH_F16] {
+            every_candidate(model, spec, None);
+        }
+    }
+}
+
+#[test]
+fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
+    for model in ["h200", "mi250", "rx7900xtx"] {
+        every_candidate(model, PAGED_BF16, Some(vec![1, 600, 333]));
+        every_candidate(model, PAGED_F32, Some(vec![77, 5]));
+    }
+}
+
+#[test]
+fn configs_outside_the_space_are_refused_before_compiling() {
+    let (device, emu) = emulator("rx7900xtx");
+    let problem: Problem = GEMM_BF16_NK.parse().unwrap();
+    let data = ProblemData::random(&problem, 1);
+    // The MFMA variant of an MI250 config does not exist on RDNA.
+    let (mi250, _) = emulator("mi250");
+    let mfma = GpuSpace
+        .candidates(&problem, &mi250)
+        .into_iter()
+        .find(|c| matches!(c, Config::GpuGemm(g) if format!("{:?}", g.variant) == "Mfma"))
+        .unwrap();
+    let e = emu.run(&data, &mfma).unwrap_err();
+    assert!(
+        matches!(e, KernelError::InvalidConfig { .. }) && e.to_string().contains("MFMA"),
+        "{e}"
+    );
+    // A CPU config is not a GPU build.
+    let cpu = kerntune_kernels::CpuSpace.default_config(&problem, &Device::host());
+    assert!(emu.run(&data, &cpu).is_err());
+    let _ = device;
+}
+
+#[test]
+fn defaults_match_the_reference_with_portable_fibers() {
+    // ucontext switches the fibers on hosts without the x86-64 switch (AArch64 among them).
+    for model in ["h200", "mi250"] {
+        let (device, emu) = emulator(model);
+        let emu = emu.with_portable_fibers();
+        for spec in [GEMM_BF16_NK, FLASH_BF16, PAGED_BF16] {
+            let problem: Problem = spec.parse().unwrap();
+            let data = ProblemData::random(&problem, 5);
+            let reference = data.reference();
+            for config in [
+                GpuSpace.default_config(&problem, &device),
+                GpuSpace.heuristic(&problem, &device),
+            ] {
+                let out = emu.run(&data, &config).unwrap();
+                let err = relative_error(&out, &reference);
+                assert!(
+                    err <= problem.tolerance(),
+                    "{model} {spec} {config}: {err:e}"
+                );
+            }
+        }
+    }
+}
+
+/// The GEMM source with `from` replaced by `to` (which must occur).
+fn gemm_with(from: &str, to: &str) -> String {
+    let source = include_str!("../hip/gemm.hip");
+    assert!(source.contains(from), "gemm.hip no longer has `{from}`");
+    source.replace(from, to)
+}
+
+/// The tiled GEMM of `model` on an awkward problem, with `body` as its source.
+fn tiled_gemm_with(model: &str, body: &str) -> Result<Vec<f32>, KernelError> {
+    let (device, emu) = emulator(model);
+    let problem: Problem = GEMM_F32.parse().unwrap();
+    let data = ProblemData::random(&problem, 3);
+    let config = GpuSpace.default_config(&problem, &device);
+    emu.run_source(&data, &config, body)
+}
+
+#[test]
+fn threads_leaving_before_a_barrier_are_an_error_naming_it() {
+    // The first occurrence is the tiled variant's.
+    let body = gemm_with(
+        "    const int tid = KT_TID;\n",
+        "    const int tid = KT_TID;\n    if (tid >= 32) return;\n",
+    );
+    let e = tiled_gemm_with("h200", &body).unwrap_err().to_string();
+    assert!(
+        e.contains("thread 32 left the kernel while thread 0 waits at the barrier at line"),
+        "{e}"
+    );
+}
+
+#[test]
+fn threads_at_different_barriers_are_an_error_naming_both() {
+    let body = gemm_with(
+        "        KT_SYNC();\n#pragma unroll 4",
+        "        if (KT_TID < 64) KT_SYNC();\n        else KT_SYNC();\n#pragma unroll 4",
+    );
+    let e = tiled_gemm_with("mi250", &body).unwrap_err().to_string();
+    assert!(e.contains("thread 0 waits at the barrier at line"), "{e}");
+    assert!(e.contains("thread 64 at the barrier at line"), "{e}");
+}
+
+#[test]
+fn a_write_past_the_output_is_an_error() {
+    // Without its column check the last row's tile writes past C's end (M is a multiple of
+    // the tile, N is not).
+    let body = gemm_with(
+        "            if (gc < n) c[(long)gr * n + gc] = acc[i][j];",
+        "            c[(long)gr * n + gc] = acc[i][j];",
+    );
+    let (device, emu) = emulator("h200");
+    let problem: Problem = "gemm:m=64,n=100,k=7,dtype=f32".parse().unwrap();
+    let data = ProblemData::random(&problem, 3);
+    let config = GpuSpace.default_config(&problem, &device);
+    let e = emu
+        .run_source(&data, &config, &body)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kt_gemm wrote outside `out`"), "{e}");
+}
+
+#[test]
+fn a_missing_barrier_fails_verification() {
+    // Without the barrier after the k loop's products, threads restage the next tiles while
+    // others still read the current ones; the fibers' alternating order exposes it.
+    let source = include_str!("../hip/gemm.hip");
+    let tiled_end = source.find("#elif KT_VARIANT == 1").unwrap();
+    let last_sync = source[..tiled_end].rfind("KT_SYNC();").unwrap();
+    let body = format!(
+        "{}{}",
+        &source[..last_sync],
+        &source[last_sync + "KT_SYNC();".len()..]
+    );
+    let out = tiled_gemm_with("h200", &body).unwrap();
+    let problem: Problem = GEMM_F32.parse().unwrap();
+    let reference = ProblemData::random(&problem, 3).reference();
+    let err = relative_error(&out, &reference);
+    assert!(err > problem.tolerance(), "{err:e}");
+}
+
+#[test]
+fn a_source_that_does_not_compile_names_the_error() {
+    let body = gemm_with(
+        "float acc[KT_TM][KT_TN];",
+        "float acc[KT_TM][KT_TN] = undeclared;",
+    );
+    let e = tiled_gemm_with("h200", &body).unwrap_err();
+    assert!(matches!(e, KernelError::EmulatorFault { .. }), "{e}");
+    assert!(
+        e.to_string().contains("does not compile") && e.to_string().contains("undeclared"),
+        "{e}"
+    );
+}
