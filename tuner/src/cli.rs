@@ -216,6 +216,10 @@ pub struct PlanArgs {
     /// Plan at most this many candidates per problem (evenly spaced, plus the default).
     #[arg(long)]
     pub max_candidates: Option<usize>,
+    /// Also run each kept build on this CPU through the host emulator, against the reference
+    /// on a reduced problem, and prune the wrong ones (needs a C++ compiler).
+    #[arg(long)]
+    pub emulate: bool,
 }
 
 #[derive(Debug, Args)]

@@ -79,6 +79,7 @@ impl<'g> GpuSweep<'g> {
             problems,
             min_waves,
             Some(max_candidates),
+            false,
             progress,
         )
         .await?;

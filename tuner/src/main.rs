@@ -196,7 +196,7 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
     let device = Device::Gpu(g);
     let problems = derive(&args.shapes, &device)?;
     // A missing compiler fails here, before the database is created.
-    kerntune_tuner::plan::plan(None, &device, &[], 0.0, None, false).await?;
+    kerntune_tuner::plan::plan(None, &device, &[], 0.0, None, false, false).await?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
     ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))

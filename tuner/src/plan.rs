@@ -4,18 +4,21 @@
 //! spills read from the code object, its occupancy computed, and what is not worth timing on
 //! the device pruned with the reason. Compiles are cached in the database by kernel source
 //! hash, target, compiler and build, so neither a later plan nor the device run repeats them.
-//! Needs no GPU.
+//! With `--emulate`, each kept build also runs on the host emulator against the reference (on
+//! a reduced problem of the same build), and wrong or failing builds are pruned before any
+//! device time is spent on them. Needs no GPU.
 
 use std::collections::{BTreeMap, HashMap};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kerntune_db::{CompileRecord, Db};
 use kerntune_kernels::device::{GpuModel, Vendor};
+use kerntune_kernels::gpu::emulator::{self, Emulator};
 use kerntune_kernels::gpu::hip::HipCompiler;
 use kerntune_kernels::gpu::metadata::{self, KernelResources};
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::{judge, KernelBuild, Verdict, GPU_SOURCE_HASH};
-use kerntune_kernels::{Config, Device, GpuSpace, Space};
+use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -68,6 +71,18 @@ pub struct Plan {
     pub estimate_s: f64,
     /// Pruning reasons by kind (`spills`, `over-LDS`, `low occupancy`, ...), counted.
     pub pruned: BTreeMap<String, usize>,
+    /// What the host emulator checked, when asked to.
+    pub emulated: Option<Emulated>,
+}
+
+/// The host emulator's part of a plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Emulated {
+    /// The C++ compiler that built the kernels for the host.
+    pub compiler: String,
+    /// Distinct (build, reduced problem) pairs run, and how many failed or were wrong.
+    pub runs: usize,
+    pub failed: usize,
 }
 
 /// The compiler of a vendor.
@@ -144,9 +159,19 @@ pub async fn plan(
     problems: &[Derived],
     min_waves: f64,
     max_candidates: Option<usize>,
+    emulate: bool,
     progress: bool,
 ) -> Result<Plan> {
     let g = model(device)?;
+    let emulator = emulate
+        .then(|| {
+            Emulator::new(g).map_err(|e| {
+                usage(format!(
+                    "{e}. --emulate needs a C++ compiler: it runs each kept build on this CPU"
+                ))
+            })
+        })
+        .transpose()?;
     let toolchain = Toolchain::find(g)?;
     let (target, warning) = toolchain.target_for(g)?;
     let version = toolchain.version().to_string();
@@ -252,10 +277,6 @@ pub async fn plan(
             let result = &compiled[&key];
             let build = &builds[&key];
             let verdict = judge(build, result, g, min_waves);
-            if let Verdict::Pruned { reason } = &verdict {
-                let kind = reason.split(':').next().unwrap_or(reason).to_string();
-                *pruned.entry(kind).or_default() += 1;
-            }
             let resources = result
                 .as_ref()
                 .ok()
@@ -267,15 +288,30 @@ pub async fn plan(
                 resources,
             });
         }
-        let kept = candidates.iter().filter(|c| c.verdict.is_kept()).count();
-        out.push(ProblemPlan {
-            problem: d.problem.key(),
-            origin: d.origin.clone(),
-            estimate_s: kept as f64 * (PER_CANDIDATE_S + LAUNCHES * kernel_s),
-            candidates,
-            kept,
-        });
+        out.push((d, kernel_s, candidates));
     }
+    let emulated = emulator
+        .as_ref()
+        .map(|emu| emulate_kept(emu, &mut out, progress));
+    let out: Vec<ProblemPlan> = out
+        .into_iter()
+        .map(|(d, kernel_s, candidates)| {
+            let kept = candidates.iter().filter(|c| c.verdict.is_kept()).count();
+            for c in &candidates {
+                if let Verdict::Pruned { reason } = &c.verdict {
+                    let kind = reason.split(':').next().unwrap_or(reason).to_string();
+                    *pruned.entry(kind).or_default() += 1;
+                }
+            }
+            ProblemPlan {
+                problem: d.problem.key(),
+                origin: d.origin.clone(),
+                estimate_s: kept as f64 * (PER_CANDIDATE_S + LAUNCHES * kernel_s),
+                candidates,
+                kept,
+            }
+        })
+        .collect();
     Ok(Plan {
         device: device.identity(),
         target,
@@ -288,5 +324,127 @@ pub async fn plan(
         builds: builds.len(),
         compiled: compiled_now,
         pruned,
+        emulated,
     })
+}
+
+/// Runs every kept candidate's build on the host emulator, once per reduced problem, and
+/// prunes the candidates of builds that fail or are wrong there.
+fn emulate_kept(
+    emu: &Emulator,
+    plans: &mut [(&Derived, f64, Vec<Candidate>)],
+    progress: bool,
+) -> Emulated {
+    // One run per distinct (build, reduced problem): builds repeat across a model's problems.
+    let mut runs: BTreeMap<(String, String), (Problem, Config)> = BTreeMap::new();
+    for (d, _, candidates) in plans.iter() {
+        for c in candidates.iter().filter(|c| c.verdict.is_kept()) {
+            let small = emulator::reduced(&d.problem, &c.config);
+            runs.entry((c.build.clone(), small.key()))
+                .or_insert((d.problem, c.config));
+        }
+    }
+    let bar = ProgressBar::new(runs.len() as u64);
+    if progress {
+        bar.set_style(
+            ProgressStyle::with_template(
+                "verifying on the host emulator {bar:30} {pos}/{len} {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let failures: HashMap<(String, String), String> = runs
+        .par_iter()
+        .filter_map(|(key, (problem, config))| {
+            let result = emu.verify(problem, config);
+            bar.inc(1);
+            let why = match result {
+                Ok(v) if v.passed() => return None,
+                Ok(v) => format!(
+                    "wrong on the host emulator: relative error {:.1e} (tolerance {:.0e}) on {}",
+                    v.error, v.tolerance, v.problem
+                ),
+                Err(e) => format!("fails on the host emulator: {e}"),
+            };
+            Some((key.clone(), why))
+        })
+        .collect();
+    bar.finish_and_clear();
+    for (d, _, candidates) in plans.iter_mut() {
+        for c in candidates.iter_mut().filter(|c| c.verdict.is_kept()) {
+            let key = (
+                c.build.clone(),
+                emulator::reduced(&d.problem, &c.config).key(),
+            );
+            if let Some(why) = failures.get(&key) {
+                c.verdict = Verdict::Pruned {
+                    reason: why.clone(),
+                };
+            }
+        }
+    }
+    Emulated {
+        compiler: emu.compiler(),
+        runs: runs.len(),
+        failed: failures.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kerntune_kernels::gpu::occupancy::Occupancy;
+
+    fn kept(config: Config, problem: &Problem) -> Candidate {
+        Candidate {
+            build: KernelBuild::new(problem, &config).unwrap().key(),
+            config,
+            verdict: Verdict::Keep {
+                occupancy: Occupancy {
+                    waves_per_simd: 4.0,
+                    workgroups_per_cu: 1,
+                    limited_by: "waves",
+                },
+            },
+            resources: None,
+        }
+    }
+
+    #[test]
+    fn builds_that_fail_on_the_emulator_are_pruned_with_the_reason() {
+        let h200 = Device::lookup("h200").unwrap();
+        let Device::Gpu(g) = h200 else { unreachable!() };
+        let emu = Emulator::new(g).unwrap();
+        let d = Derived {
+            problem: "gemm:m=5,n=7,k=3,dtype=bf16".parse().unwrap(),
+            origin: "test".into(),
+        };
+        let good = GpuSpace.default_config(&d.problem, &h200);
+        // An AMD MFMA config, as a plan built from a stale or hand-edited space might keep.
+        let mfma = GpuSpace
+            .candidates(&d.problem, &Device::lookup("mi250").unwrap())
+            .into_iter()
+            .find(|c| c.to_string().contains("mfma"))
+            .unwrap();
+        let mut plans = vec![(
+            &d,
+            0.0,
+            vec![kept(good, &d.problem), kept(mfma, &d.problem)],
+        )];
+        let e = emulate_kept(&emu, &mut plans, false);
+        assert_eq!((e.runs, e.failed), (2, 1));
+        let [ok, bad] = &plans[0].2[..] else {
+            unreachable!()
+        };
+        assert!(ok.verdict.is_kept());
+        let Verdict::Pruned { reason } = &bad.verdict else {
+            panic!("{bad:?}")
+        };
+        assert!(
+            reason.starts_with("fails on the host emulator") && reason.contains("MFMA"),
+            "{reason}"
+        );
+    }
 }

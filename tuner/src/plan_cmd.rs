@@ -28,9 +28,9 @@ pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
         .into());
     }
     let problems = derive(&p.shapes, &device)?;
-    // A missing compiler, a target it lacks or an NVIDIA device fail here, before the
-    // database is created.
-    plan(None, &device, &[], 0.0, None, false).await?;
+    // A missing compiler, a target it lacks or (with --emulate) no host C++ compiler fail
+    // here, before the database is created.
+    plan(None, &device, &[], 0.0, None, p.emulate, false).await?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
     let progress = std::io::stderr().is_terminal() && !args.json;
@@ -40,6 +40,7 @@ pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
         &problems,
         p.min_occupancy,
         p.max_candidates,
+        p.emulate,
         progress,
     )
     .await;
@@ -80,6 +81,12 @@ fn print_plan(plan: &Plan) {
         plan.compiled,
         plan.builds - plan.compiled
     );
+    if let Some(e) = &plan.emulated {
+        println!(
+            "host emulator ({}): {} runs of kept builds against the reference, {} wrong or failing",
+            e.compiler, e.runs, e.failed
+        );
+    }
     for (kind, n) in &plan.pruned {
         println!("pruned {n}: {kind}");
     }

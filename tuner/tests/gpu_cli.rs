@@ -157,6 +157,7 @@ fn plan_for_h100_with_nvrtc() {
         "h100",
         "--max-candidates",
         "2",
+        "--emulate",
     ];
     args.extend(SHAPES);
     let out = tune(&args, d);
@@ -185,4 +186,31 @@ fn plan_for_h100_with_nvrtc() {
             }
         }
     }
+    // --emulate ran every kept build on the host emulator (at least one per family), and none
+    // of our kernels is wrong there.
+    let emulated = &plan["emulated"];
+    assert!(emulated["runs"].as_u64().unwrap() >= 3, "{emulated}");
+    assert_eq!(emulated["failed"], 0, "{emulated}");
+    assert!(!emulated["compiler"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn plan_emulate_without_a_host_compiler_says_so_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = Command::new(env!("CARGO_BIN_EXE_tune"))
+        .args(["--db", "plan.db", "plan", "--device", "mi250", "--emulate"])
+        .args(SHAPES)
+        .current_dir(d)
+        .env_remove("KERNTUNE_DB")
+        .env("KERNTUNE_HOST_CXX", d.join("no-such-compiler"))
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("KERNTUNE_HOST_CXX") && t.contains("--emulate needs a C++ compiler"),
+        "{t}"
+    );
+    assert!(files_in(d).is_empty(), "{:?}", files_in(d));
 }

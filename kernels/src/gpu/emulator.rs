@@ -25,8 +25,10 @@ use super::source::{body_of, PRELUDE};
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
+use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
+use crate::reference::relative_error;
 use crate::space::{has_mfma, has_mma};
-use crate::{Config, Device, GpuSpace, KernelError, Space, TensorBuf};
+use crate::{Config, Device, GpuSpace, KernelError, Problem, Space, TensorBuf};
 
 const SIMT: &str = include_str!("../../emulator/simt.h");
 
@@ -58,6 +60,69 @@ fn fault(build: &KernelBuild, reason: impl Into<String>) -> KernelError {
     KernelError::EmulatorFault {
         build: build.key(),
         reason: reason.into(),
+    }
+}
+
+/// A problem of the same build as `problem` under `config` (dtype, B layout, head size, block
+/// size, GQA group are the build's or the kernel's indexing), small enough to emulate: each
+/// size cut to one tile and a ragged one beyond it (two partitions for paged attention), two
+/// KV heads at most, one batch, two sequences. `problem` when it is already that small.
+pub fn reduced(problem: &Problem, config: &Config) -> Problem {
+    let heads = |q: usize, kv: usize| {
+        let kv2 = kv.min(2);
+        (q / kv * kv2, kv2)
+    };
+    let small = match (problem, config) {
+        (Problem::Gemm(p), Config::GpuGemm(c)) => GemmProblem::new(
+            p.m.min(c.bm + 1),
+            p.n.min(c.bn + 3),
+            p.k.min(c.bk + 5),
+            p.dtype,
+            p.b_layout,
+        )
+        .map(Problem::Gemm),
+        (Problem::Flash(p), Config::GpuFlash(c)) => {
+            let q_len = p.q_len.min(c.br + 1);
+            let kv_len = p.kv_len.min(c.bc + 3).max(q_len.min(p.kv_len));
+            let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
+            FlashProblem::new(
+                1, q_len, kv_len, q_heads, kv_heads, p.head_dim, p.causal, p.scale, p.dtype,
+            )
+            .map(Problem::Flash)
+        }
+        (Problem::Paged(p), Config::GpuPaged(c)) => {
+            let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
+            PagedProblem::new(
+                p.num_seqs.min(2),
+                p.context_len.min(c.partition + 7),
+                q_heads,
+                kv_heads,
+                p.head_dim,
+                p.block_size,
+                p.scale,
+                p.dtype,
+            )
+            .map(Problem::Paged)
+        }
+        _ => Ok(*problem),
+    };
+    // Every size only shrinks, so the smaller problem is valid whenever the original is.
+    small.unwrap_or(*problem)
+}
+
+/// What [`Emulator::verify`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verification {
+    /// The problem it ran: [`reduced`] from the one asked about.
+    pub problem: Problem,
+    /// Relative error against the reference.
+    pub error: f64,
+    pub tolerance: f64,
+}
+
+impl Verification {
+    pub fn passed(&self) -> bool {
+        self.error <= self.tolerance
     }
 }
 
@@ -313,6 +378,24 @@ impl Emulator {
     /// for the model (the space says why not).
     pub fn run(&self, data: &ProblemData, config: &Config) -> Result<Vec<f32>, KernelError> {
         self.run_source(data, config, body_of(data.problem.family()))
+    }
+
+    /// Runs `config` on the [`reduced`] form of `problem` (for paged attention with a second
+    /// sequence of one token) and compares the output with the reference.
+    pub fn verify(&self, problem: &Problem, config: &Config) -> Result<Verification, KernelError> {
+        let small = reduced(problem, config);
+        let mut data = ProblemData::random(&small, 0x6b74);
+        if let Problem::Paged(p) = &small {
+            if p.num_seqs == 2 {
+                data = data.with_context_lens(vec![p.context_len as u32, 1]);
+            }
+        }
+        let out = self.run(&data, config)?;
+        Ok(Verification {
+            problem: small,
+            error: relative_error(&out, &data.reference()),
+            tolerance: small.tolerance(),
+        })
     }
 
     /// [`run`](Self::run) with `body` in place of the family's kernel source: a kernel under
