@@ -13,13 +13,13 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
 
+use super::compiler_io::{first_errors, run_with_input};
 use super::launch::{launches, partial_slots, DevicePtrs};
 use super::source::{body_of, PRELUDE};
 use super::KernelBuild;
@@ -327,42 +327,25 @@ impl Emulator {
             std::process::id(),
             std::thread::current().id()
         ));
-        let mut child = Command::new(&self.cxx)
-            .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-pthread"])
-            .args(defines)
-            .args(["-x", "c++", "-", "-o"])
-            .arg(&tmp)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| unavailable(format!("cannot run {}: {e}", self.cxx.display())))?;
-        let mut stdin = child.stdin.take().expect("stdin was piped");
-        let text = source.to_string();
-        // Written from another thread: a compiler that fails early stops reading.
-        let writer = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
-        let out = child
-            .wait_with_output()
-            .map_err(|e| unavailable(format!("{} failed to run: {e}", self.cxx.display())))?;
-        let _ = writer.join();
+        let out = run_with_input(
+            Command::new(&self.cxx)
+                .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-pthread"])
+                .args(defines)
+                .args(["-x", "c++", "-", "-o"])
+                .arg(&tmp),
+            source,
+        )
+        .map_err(unavailable)?;
         if !out.status.success() {
             let _ = std::fs::remove_file(&tmp);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let errors: Vec<&str> = stderr
-                .lines()
-                .filter(|l| l.contains("error"))
-                .take(3)
-                .collect();
+            let errors = first_errors(&String::from_utf8_lossy(&out.stderr), || {
+                out.status.to_string()
+            });
             return Err(fault(
                 build,
                 format!(
-                    "does not compile for the host with {}: {}",
-                    self.cxx.display(),
-                    if errors.is_empty() {
-                        out.status.to_string()
-                    } else {
-                        errors.join("; ")
-                    }
+                    "does not compile for the host with {}: {errors}",
+                    self.cxx.display()
                 ),
             ));
         }

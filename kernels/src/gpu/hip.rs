@@ -5,11 +5,11 @@
 //! `clang-19` also targets gfx942).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 
+use super::compiler_io::{first_errors, run_with_input};
 use super::KernelBuild;
 use crate::device::GpuModel;
 use crate::KernelError;
@@ -154,49 +154,31 @@ impl HipCompiler {
     }
 
     fn run(&self, source: &str, target: &str, extra: &[String]) -> Result<Vec<u8>, String> {
-        let mut child = Command::new(&self.clang)
-            .args([
-                "-x",
-                "hip",
-                "--cuda-device-only",
-                "--no-gpu-bundle-output",
-                "-O3",
-            ])
-            .arg(format!("--rocm-path={}", self.rocm_path.display()))
-            .arg(format!(
-                "--rocm-device-lib-path={}",
-                self.device_libs.display()
-            ))
-            .arg(format!("--offload-arch={target}"))
-            .args(extra)
-            .args(["-", "-o", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", self.clang.display()))?;
-        // Write from another thread: a compiler that fails early stops reading its input.
-        let mut stdin = child.stdin.take().expect("stdin was piped");
-        let source = source.to_string();
-        let writer = std::thread::spawn(move || stdin.write_all(source.as_bytes()));
-        let out = child
-            .wait_with_output()
-            .map_err(|e| format!("{} failed to run: {e}", self.clang.display()))?;
-        let _ = writer.join();
+        let out = run_with_input(
+            Command::new(&self.clang)
+                .args([
+                    "-x",
+                    "hip",
+                    "--cuda-device-only",
+                    "--no-gpu-bundle-output",
+                    "-O3",
+                ])
+                .arg(format!("--rocm-path={}", self.rocm_path.display()))
+                .arg(format!(
+                    "--rocm-device-lib-path={}",
+                    self.device_libs.display()
+                ))
+                .arg(format!("--offload-arch={target}"))
+                .args(extra)
+                .args(["-", "-o", "-"]),
+            source,
+        )?;
         if out.status.success() && !out.stdout.is_empty() {
             return Ok(out.stdout);
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let errors: Vec<&str> = stderr
-            .lines()
-            .filter(|l| l.contains("error"))
-            .take(3)
-            .collect();
-        Err(if errors.is_empty() {
+        Err(first_errors(&String::from_utf8_lossy(&out.stderr), || {
             format!("compiler exited with {}", out.status)
-        } else {
-            errors.join("; ")
-        })
+        }))
     }
 }
 

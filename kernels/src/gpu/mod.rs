@@ -6,6 +6,7 @@
 //! paths ([`rocm`], [`cuda`], behind Cargo features) share one interface, [`device`]. The
 //! [`emulator`] runs the same sources on the CPU, so every GPU config is verified without a GPU.
 
+mod compiler_io;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;

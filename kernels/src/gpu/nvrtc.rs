@@ -146,16 +146,7 @@ impl NvrtcCompiler {
                             k.name, k.lds
                         ));
                     }
-                    let errors: Vec<&str> = log
-                        .lines()
-                        .filter(|l| l.contains("error"))
-                        .take(3)
-                        .collect();
-                    Err(if errors.is_empty() {
-                        e
-                    } else {
-                        errors.join("; ")
-                    })
+                    Err(super::compiler_io::first_errors(&log, || e))
                 }
             }
         }
