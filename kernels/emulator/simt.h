@@ -366,6 +366,44 @@ inline float half_f32(unsigned short x) {
 #endif
 }
 
+// f32 to bf16, to nearest even (NaN stays NaN).
+inline unsigned short f32_bf16(float f) {
+    unsigned u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// f32 to IEEE binary16, to nearest even: overflow to infinity, subnormals, NaN.
+inline unsigned short f32_f16(float f) {
+    unsigned u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    const unsigned sign = (u >> 16) & 0x8000u;
+    const unsigned a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (unsigned short)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0));
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // rounds past 65504
+    if (a < 0x38800000u) {
+        // Below 2^-14: a multiple of 2^-24, rounded by the float addition itself.
+        const float scaled = bits_f32(a) * 16777216.0f;
+        const float big = 8388608.0f;
+        volatile float sum = scaled + big;  // volatile: keep the rounding step
+        return (unsigned short)(sign | (unsigned)(sum - big));
+    }
+    unsigned r = a - 0x38000000u;  // exponent bias 127 to 15
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (unsigned short)(sign | (r >> 13));
+}
+
+// Two f32 values as one register of the input type's 16-bit values, `lo` in the low half.
+inline unsigned pack2(float lo, float hi) {
+#if KT_DTYPE == 1
+    return (unsigned)f32_f16(lo) | ((unsigned)f32_f16(hi) << 16);
+#else
+    return (unsigned)f32_bf16(lo) | ((unsigned)f32_bf16(hi) << 16);
+#endif
+}
+
 // Element `i` (0: low half) of a register holding two 16-bit values.
 inline float pair_elem(unsigned r, int i) { return half_f32((unsigned short)(r >> (16 * i))); }
 

@@ -3,20 +3,31 @@
 // in f32. GQA/MQA: query head h reads kv head h / (q_heads / kv_heads). Causal with
 // q_len < kv_len aligns the queries to the end of the keys, as in chunked prefill.
 //
-// Grid (ceil(q_len / BR), q_heads, batch); KT_BR × KT_LANES threads: each query row is held by
-// KT_LANES neighbouring lanes, lane j owning dims j, j + LANES, ... of q and of the output row
-// (so the lanes' LDS reads are consecutive), with dot products summed across the lanes by
-// shuffles. Key and value tiles of KT_BC rows are staged in LDS as f32 and shared by the
-// block's rows; the softmax is online, in base 2 with the scale folded into q. Causal blocks
-// stop at the last tile any of their rows may see.
+// Grid (ceil(q_len / BR), q_heads, batch), one block per KT_BR query rows of one head; key and
+// value tiles of KT_BC rows are staged in LDS and shared by the block's rows; the softmax is
+// online, in base 2. Causal blocks stop at the last tile any of their rows may see.
+//
+// KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
+//   lanes, lane j owning dims j, j + LANES, ... of q and of the output row (so the lanes' LDS
+//   reads are consecutive), with dot products summed across the lanes by shuffles. Tiles in
+//   LDS as f32, the scale folded into q. Every vendor and dtype.
+// KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query rows.
+//   S = Q·Kᵀ by mma.sync.m16n8k16 with Q's fragments in registers and K 16-bit in shared
+//   memory, k contiguous; the scores' accumulators are the A fragments of P·V once rounded to
+//   16 bits (the m16n8 accumulator layout is the m16k16 operand layout, two tiles at a time),
+//   with V transposed in shared memory so each B fragment register is one 4-byte load. A
+//   thread holds two rows (g and g + 8 of its warp's 16); row maxima and sums combine the four
+//   threads of a row by shuffles.
 #include "prelude.h"
 
 #ifndef KT_BR
-#error "KT_BR, KT_BC, KT_LANES and KT_D must be defined"
+#error "KT_BR, KT_BC, KT_LANES, KT_D and KT_VARIANT must be defined"
 #endif
 #if KT_D % KT_LANES != 0
 #error "KT_LANES must divide KT_D"
 #endif
+
+#if KT_VARIANT == 0
 
 #define KT_THREADS (KT_BR * KT_LANES)
 #define KT_PER_LANE (KT_D / KT_LANES)
@@ -96,3 +107,163 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int x = 0; x < KT_PER_LANE; ++x) out[qrow + lane + KT_LANES * x] = o[x] * inv;
     }
 }
+
+#elif KT_VARIANT == 1
+
+#if !defined(KT_MMA)
+#error "the mma variant needs NVIDIA sm_80+ (or the host emulator of one)"
+#endif
+#if KT_DTYPE == 0
+#error "the mma variant takes f16 or bf16 inputs"
+#endif
+#if KT_D % 16 != 0 || KT_BR % 16 != 0 || KT_BC % 16 != 0
+#error "the mma variant needs KT_D, KT_BR and KT_BC multiples of 16"
+#endif
+
+#define KT_THREADS (2 * KT_BR)
+#define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
+#define KT_ST (KT_BC / 8)   // 8-key tiles of S
+#define KT_OT (KT_D / 8)    // 8-dim tiles of O
+// 8 halves of padding: the rows a fragment load touches land on distinct banks.
+#define KT_LDD (KT_D + 8)
+#define KT_LDC (KT_BC + 8)
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
+         float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
+         float scale) {
+    KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
+    KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
+    const int tid = KT_TID;
+    const int lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int h = KT_BID_Y;
+    const int b = KT_BID_Z;
+    const int kvh = h / (q_heads / kv_heads);
+    const int row0 = KT_BID_X * KT_BR + (tid / 32) * 16;
+    const float qscale = scale * 1.4426950408889634f;
+    const int shift = kv_len - q_len;
+
+    // Row r of this thread is g + 8·r of its warp's 16; `seen` keys of each are visible.
+    int seen[2];
+    long qrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int i = row0 + g + 8 * r;
+        seen[r] = i >= q_len ? 0 : (causal ? min(kv_len, i + shift + 1) : kv_len);
+        qrow[r] = (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
+    }
+    // Q's A fragments: register x of step s holds row g + 8·(x % 2), dims 16s + 2t + 8·(x / 2)
+    // and the next.
+    unsigned qf[KT_QK][4];
+#pragma unroll
+    for (int s = 0; s < KT_QK; ++s)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int r = x % 2;
+            const long at = qrow[r] + 16 * s + 2 * t + 8 * (x / 2);
+            qf[s][x] = row0 + g + 8 * r < q_len ? (unsigned)q[at] | ((unsigned)q[at + 1] << 16)
+                                               : 0u;
+        }
+
+    float o[KT_OT][4];
+#pragma unroll
+    for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
+    float mx[2] = {-KT_INF, -KT_INF}, sum[2] = {0.0f, 0.0f};
+
+    const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
+    const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
+    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+        for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {
+            const int r = e / KT_D, x = e % KT_D;
+            const int j = j0 + r;
+            const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
+            ks[r][x] = j < kv_len ? k[at] : (unsigned short)0;
+            vt[x][r] = j < kv_len ? v[at] : (unsigned short)0;
+        }
+        KT_SYNC();
+        // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2.
+        float s[KT_ST][4];
+#pragma unroll
+        for (int n = 0; n < KT_ST; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll
+            for (int st = 0; st < KT_QK; ++st) {
+                const unsigned short* col = &ks[8 * n + g][16 * st + 2 * t];
+                const unsigned bf[2] = {kt_pair(col), kt_pair(col + 8)};
+                kt_mma(s[n], qf[st], bf);
+            }
+        }
+        float tile_max[2] = {-KT_INF, -KT_INF};
+#pragma unroll
+        for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = e / 2;
+                const int j = j0 + 8 * n + 2 * t + e % 2;
+                s[n][e] = j < seen[r] ? s[n][e] * qscale : -KT_INF;
+                tile_max[r] = fmaxf(tile_max[r], s[n][e]);
+            }
+        float base[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            // The four threads of a row are lanes 4g .. 4g + 3.
+            tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 2));
+            const float m_new = fmaxf(mx[r], tile_max[r]);
+            // A row with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
+            base[r] = m_new == -KT_INF ? 0.0f : m_new;
+            const float correction = exp2f(mx[r] - base[r]);
+            sum[r] *= correction;
+#pragma unroll
+            for (int d = 0; d < KT_OT; ++d) {
+                o[d][2 * r] *= correction;
+                o[d][2 * r + 1] *= correction;
+            }
+            mx[r] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[n][e] = exp2f(s[n][e] - base[e / 2]);
+                sum[e / 2] += s[n][e];
+            }
+        // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1.
+#pragma unroll
+        for (int c = 0; c < KT_BC / 16; ++c) {
+            const unsigned pf[4] = {
+                kt_pack2(s[2 * c][0], s[2 * c][1]),
+                kt_pack2(s[2 * c][2], s[2 * c][3]),
+                kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]),
+                kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]),
+            };
+#pragma unroll
+            for (int d = 0; d < KT_OT; ++d) {
+                const unsigned short* col = &vt[8 * d + g][16 * c + 2 * t];
+                const unsigned bf[2] = {kt_pair(col), kt_pair(col + 8)};
+                kt_mma(o[d], pf, bf);
+            }
+        }
+        KT_SYNC();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        sum[r] += KT_SHFL_XOR(sum[r], 1);
+        sum[r] += KT_SHFL_XOR(sum[r], 2);
+        if (row0 + g + 8 * r >= q_len) continue;
+        const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+#pragma unroll
+        for (int d = 0; d < KT_OT; ++d) {
+            out[qrow[r] + 8 * d + 2 * t] = o[d][2 * r] * inv;
+            out[qrow[r] + 8 * d + 2 * t + 1] = o[d][2 * r + 1] * inv;
+        }
+    }
+}
+
+#else
+#error "KT_VARIANT must be 0 (rows) or 1 (mma)"
+#endif

@@ -189,11 +189,6 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 // 8 halves of padding: rows of a fragment (stride BK + 8 halves) land on distinct banks.
 #define KT_LDK (KT_BK + 8)
 
-// Two consecutive 16-bit values (k and k + 1) as one register.
-KT_DEVICE unsigned kt_pair(const unsigned short* p) {
-    return *reinterpret_cast<const unsigned*>(p);
-}
-
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k) {

@@ -144,6 +144,28 @@ KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
 #endif
 
 #if defined(KT_MMA) && KT_DTYPE != 0
+// Two consecutive 16-bit values (k and k + 1) as one fragment register, the first in the low
+// half.
+KT_DEVICE unsigned kt_pair(const unsigned short* p) {
+    return *reinterpret_cast<const unsigned*>(p);
+}
+
+// Two f32 values rounded to the input type (to nearest even) as one fragment register, `lo`
+// in the low half: probabilities entering the P·V product.
+KT_DEVICE unsigned kt_pack2(float lo, float hi) {
+#if defined(KT_HOST)
+    return kt_host::pack2(lo, hi);
+#else
+    unsigned r;
+#if KT_DTYPE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+#endif
+}
+
 // d += a · b for one mma.sync.aligned.m16n8k16 step; a: 4 registers of two 16-bit values,
 // b: 2. Inline PTX, so NVRTC needs no headers.
 KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {

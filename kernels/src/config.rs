@@ -133,7 +133,12 @@ impl fmt::Display for Config {
                 "gpu {} {}x{}x{} tile {}x{}",
                 c.variant, c.bm, c.bn, c.bk, c.tm, c.tn
             ),
-            Config::GpuFlash(c) => write!(f, "gpu br={} bc={} lanes={}", c.br, c.bc, c.lanes),
+            Config::GpuFlash(c) => match c.variant {
+                GpuFlashVariant::Rows => {
+                    write!(f, "gpu br={} bc={} lanes={}", c.br, c.bc, c.lanes)
+                }
+                GpuFlashVariant::Mma => write!(f, "gpu mma br={} bc={}", c.br, c.bc),
+            },
             Config::GpuPaged(c) => write!(f, "gpu partition={} threads={}", c.partition, c.threads),
             Config::Rocblas(c) => write!(
                 f,
@@ -433,14 +438,38 @@ impl GpuGemmConfig {
     }
 }
 
-/// Flash attention on a GPU: `br` query rows per block, each held by `lanes` threads (each
-/// owning `head_dim / lanes` dims), key/value tiles of `bc` rows in LDS.
+/// Flash attention on a GPU: `br` query rows per block, key/value tiles of `bc` rows in LDS.
+/// Rows variant: each query row held by `lanes` threads (each owning `head_dim / lanes` dims).
+/// Mma variant: each warp owns 16 rows, so `lanes` is 2 (two threads a row on average).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuFlashConfig {
     pub br: usize,
     pub bc: usize,
     pub lanes: usize,
+    /// Absent in stored configs of the rows variant, which predate the others.
+    #[serde(default, skip_serializing_if = "GpuFlashVariant::is_rows")]
+    pub variant: GpuFlashVariant,
+}
+
+/// The GPU flash-attention kernels of `kernels/hip/flash.hip`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuFlashVariant {
+    /// Query rows split over lanes, dot products summed by shuffles; every vendor and dtype.
+    #[default]
+    Rows,
+    /// NVIDIA tensor cores (`mma.sync.m16n8k16`, sm_80 and later), f16 and bf16: S = Q·Kᵀ and
+    /// O += P·V on 16-row tiles per warp, P kept in registers between the two.
+    Mma,
+}
+
+impl GpuFlashVariant {
+    fn is_rows(&self) -> bool {
+        *self == GpuFlashVariant::Rows
+    }
 }
 
 /// Paged attention decode on a GPU: `partition` context tokens per block, `threads` per block,

@@ -42,8 +42,8 @@ pub mod shapes;
 pub mod space;
 
 pub use config::{
-    Config, FlashConfig, GemmConfig, GpuFlashConfig, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig,
-    PagedConfig,
+    Config, FlashConfig, GemmConfig, GpuFlashConfig, GpuFlashVariant, GpuGemmConfig,
+    GpuGemmVariant, GpuPagedConfig, PagedConfig,
 };
 pub use cpu::CpuBackend;
 pub use device::{CpuInfo, Device, GpuModel, Isa};

@@ -7,7 +7,7 @@
 
 use kerntune_kernels::gpu::hip::HipCompiler;
 use kerntune_kernels::gpu::{judge, metadata, KernelBuild, Verdict};
-use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuSpace, Problem, Space};
+use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, Problem, Space};
 
 fn compiler(test: &str) -> Option<HipCompiler> {
     match HipCompiler::find() {
@@ -137,6 +137,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         br: 16,
         bc: 128,
         lanes: 8,
+        variant: GpuFlashVariant::Rows,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

@@ -7,7 +7,7 @@
 
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::{judge, KernelBuild, Verdict};
-use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuSpace, Problem, Space};
+use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, Problem, Space};
 
 fn compiler(test: &str) -> Option<NvrtcCompiler> {
     match NvrtcCompiler::find() {
@@ -96,6 +96,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         br: 32,
         bc: 64,
         lanes: 8,
+        variant: GpuFlashVariant::Rows,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
@@ -166,4 +167,79 @@ fn every_mma_candidate_compiles_for_sm80_and_sm90() {
         .candidates(&p, &h100)
         .iter()
         .any(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma)));
+}
+
+#[test]
+fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
+    use rayon::prelude::*;
+    let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {
+        return;
+    };
+    for (name, spec) in [
+        (
+            "a100",
+            "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+        ),
+        (
+            "h200",
+            "flash:q_len=500,q_heads=4,kv_heads=4,head_dim=80,dtype=f16,causal=false",
+        ),
+    ] {
+        let device = Device::lookup(name).unwrap();
+        let Device::Gpu(g) = device else {
+            unreachable!()
+        };
+        let p: Problem = spec.parse().unwrap();
+        let mma: Vec<Config> = GpuSpace
+            .candidates(&p, &device)
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mma))
+            .collect();
+        assert_eq!(mma.len(), 12, "{name}: {mma:?}");
+        let heuristic = GpuSpace.heuristic(&p, &device);
+        assert!(mma.contains(&heuristic), "{name}: heuristic {heuristic}");
+        let results: Vec<_> = mma
+            .par_iter()
+            .map(|c| {
+                let build = KernelBuild::new(&p, c).unwrap();
+                (*c, nvrtc.compile(&build, g.arch, build.threads as u32))
+            })
+            .collect();
+        for (c, out) in results {
+            let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+            let ptx = String::from_utf8(ptx).unwrap();
+            assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
+            let k = &kernels[0];
+            assert_eq!(
+                k.lds as usize,
+                kerntune_kernels::space::lds_bytes(&c, &p, g),
+                "{name} {c}"
+            );
+            if c == heuristic {
+                assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
+            }
+            eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
+        }
+    }
+    // f32, head sizes not a multiple of 16, and AMD get no mma flash candidates.
+    for (name, spec) in [
+        (
+            "h100",
+            "flash:q_len=64,q_heads=2,kv_heads=2,head_dim=64,dtype=f32",
+        ),
+        (
+            "h100",
+            "flash:q_len=64,q_heads=2,kv_heads=2,head_dim=72,dtype=bf16",
+        ),
+        (
+            "mi300x",
+            "flash:q_len=64,q_heads=2,kv_heads=2,head_dim=64,dtype=bf16",
+        ),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        assert!(!GpuSpace
+            .candidates(&p, &Device::lookup(name).unwrap())
+            .iter()
+            .any(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mma)));
+    }
 }

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::config::GpuGemmVariant;
+use crate::config::{GpuFlashVariant, GpuGemmVariant};
 use crate::{BLayout, Config, DType, Family, KernelError, Problem};
 
 /// Hash of `kernels/hip/`: GPU results are bound to it as CPU results are to theirs.
@@ -78,6 +78,13 @@ impl KernelBuild {
                 file: "flash.hip",
                 defines: vec![
                     ("KT_DTYPE", dtype_code(p.dtype)),
+                    (
+                        "KT_VARIANT",
+                        match c.variant {
+                            GpuFlashVariant::Rows => 0,
+                            GpuFlashVariant::Mma => 1,
+                        },
+                    ),
                     ("KT_BR", c.br),
                     ("KT_BC", c.bc),
                     ("KT_LANES", c.lanes),

@@ -4,7 +4,9 @@
 //! model's limit, tiles that divide, MFMA only on CDNA2/3 and only for 16-bit inputs. What the
 //! compiler decides (registers, spills, occupancy) is checked after compiling, by the plan.
 
-use crate::config::{GpuFlashConfig, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig};
+use crate::config::{
+    GpuFlashConfig, GpuFlashVariant, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig,
+};
 use crate::device::{GpuModel, Vendor};
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
 use crate::{Config, DType, Device, Family, KernelError, Problem, Space};
@@ -55,7 +57,11 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
         },
-        (Config::GpuFlash(c), Problem::Flash(p)) => 4 * 2 * c.bc * p.head_dim,
+        (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
+            GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
+            // 16-bit K [bc][d + 8] and Vᵀ [d][bc + 8].
+            GpuFlashVariant::Mma => 2 * (c.bc * (p.head_dim + 8) + p.head_dim * (c.bc + 8)),
+        },
         (Config::GpuPaged(c), Problem::Paged(p)) => {
             4 * (p.head_dim + c.partition + c.threads / g.wave_size as usize)
         }
@@ -191,6 +197,36 @@ impl GpuSpace {
                 format!("bc = {} must be a power of two up to 128", c.bc),
             ));
         }
+        if c.variant == GpuFlashVariant::Mma {
+            if !has_mma(g) {
+                return Err(invalid(
+                    f,
+                    format!("{} ({}) has no mma.sync tensor cores", g.name, g.arch),
+                ));
+            }
+            if p.dtype == DType::F32 {
+                return Err(invalid(f, "the mma variant takes f16 or bf16 inputs"));
+            }
+            if !p.head_dim.is_multiple_of(16) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "the mma variant steps through head_dim {} 16 at a time",
+                        p.head_dim
+                    ),
+                ));
+            }
+            if c.br == 0 || !c.br.is_multiple_of(16) || c.bc < 16 || c.lanes != 2 {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "mma tiles: br = {} a multiple of 16 (a warp's rows), bc = {} of at least 16, lanes = {} must be 2",
+                        c.br, c.bc, c.lanes
+                    ),
+                ));
+            }
+            return check_threads(f, c.br * c.lanes, g);
+        }
         // Lanes of a row exchange partial dot products by shuffles inside one wave.
         if !c.lanes.is_power_of_two() || c.lanes > 32 || !p.head_dim.is_multiple_of(c.lanes) {
             return Err(invalid(
@@ -291,8 +327,20 @@ impl Space for GpuSpace {
                 for br in [16, 32, 64, 128] {
                     for bc in [16, 32, 64] {
                         for lanes in [1, 2, 4, 8, 16] {
-                            out.push(Config::GpuFlash(GpuFlashConfig { br, bc, lanes }));
+                            out.push(Config::GpuFlash(GpuFlashConfig {
+                                br,
+                                bc,
+                                lanes,
+                                variant: GpuFlashVariant::Rows,
+                            }));
                         }
+                        // Validation drops these where there are no tensor cores.
+                        out.push(Config::GpuFlash(GpuFlashConfig {
+                            br,
+                            bc,
+                            lanes: 2,
+                            variant: GpuFlashVariant::Mma,
+                        }));
                     }
                 }
                 out
@@ -384,6 +432,7 @@ impl Space for GpuSpace {
                     br: (256 / lanes).min(64),
                     bc: if p.head_dim > 128 { 16 } else { 32 },
                     lanes,
+                    variant: GpuFlashVariant::Rows,
                 })
             }
             Problem::Paged(p) => Config::GpuPaged(GpuPagedConfig {
@@ -404,6 +453,20 @@ impl Space for GpuSpace {
         };
         match problem {
             // Tensor cores for prefill-sized 16-bit GEMMs: a 128×128 tile over 8 warps.
+            // Tensor cores for 16-bit attention: four warps of 16 rows, 64-key tiles (32 for
+            // head sizes over 128, within 48 KiB of shared memory).
+            Problem::Flash(p)
+                if matches!(device, Device::Gpu(g) if has_mma(g))
+                    && p.dtype != DType::F32
+                    && p.head_dim.is_multiple_of(16) =>
+            {
+                Config::GpuFlash(GpuFlashConfig {
+                    br: 64,
+                    bc: if p.head_dim > 128 { 32 } else { 64 },
+                    lanes: 2,
+                    variant: GpuFlashVariant::Mma,
+                })
+            }
             Problem::Gemm(p) if mma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Mma,
                 bm: 128,
