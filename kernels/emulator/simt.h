@@ -460,6 +460,16 @@ inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef unsigned short frag4 __attribute__((vector_size(8)));
 
+// Four f32 values as one fragment of the input type's 16-bit values.
+inline frag4 pack4(float a, float b, float c, float d) {
+#if KT_DTYPE == 1
+    const frag4 f = {f32_f16(a), f32_f16(b), f32_f16(c), f32_f16(d)};
+#else
+    const frag4 f = {f32_bf16(a), f32_bf16(b), f32_bf16(c), f32_bf16(d)};
+#endif
+    return f;
+}
+
 // v_mfma_f32_32x32x8{f16,bf16_1k}: acc += A·B over a 64-lane wave, in the layout of AMD's
 // CDNA ISA guides: lane l passes A row l % 32 and B column l % 32, each at k = 4·(l / 32) to
 // 4·(l / 32) + 3; accumulator element e of lane l is row 8·(e / 4) + 4·(l / 32) + e % 4,

@@ -18,6 +18,12 @@
 //   with V transposed in shared memory so each B fragment register is one 4-byte load. A
 //   thread holds two rows (g and g + 8 of its warp's 16); row maxima and sums combine the four
 //   threads of a row by shuffles.
+// KT_VARIANT 2, MFMA (AMD CDNA2/3, f16 and bf16): KT_BR / 32 waves, each owning 32 query rows.
+//   The transposed scores Sᵀ = K·Qᵀ by v_mfma_f32_32x32x8 (K 16-bit in LDS as the A operand,
+//   Qᵀ's fragments in registers), so that a lane's accumulators hold one query's scores for
+//   the keys that lane passes as the B operand of Oᵀ += Vᵀ·Pᵀ: P is rounded to 16 bits in
+//   place, Vᵀ read from LDS as the A operand. A lane holds one query (lane % 32); its two
+//   half-waves combine maxima and sums by one shuffle.
 #include "prelude.h"
 
 #ifndef KT_BR
@@ -264,6 +270,125 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     }
 }
 
+#elif KT_VARIANT == 2
+
+#if !defined(KT_MFMA)
+#error "the MFMA variant needs gfx90a or gfx94x (or the host emulator of one)"
+#endif
+#if KT_DTYPE == 0
+#error "the MFMA variant takes f16 or bf16 inputs"
+#endif
+#if KT_D % 32 != 0 || KT_BR % 32 != 0 || KT_BC % 32 != 0
+#error "the MFMA variant needs KT_D, KT_BR and KT_BC multiples of 32"
+#endif
+
+#define KT_THREADS (2 * KT_BR)
+#define KT_QK (KT_D / 8)    // k steps of K·Qᵀ
+#define KT_ST (KT_BC / 32)  // 32-key tiles of Sᵀ
+#define KT_OT (KT_D / 32)   // 32-dim tiles of Oᵀ
+// 4 halves of padding keep 8-byte fragment reads aligned and spread the 32 rows over banks.
+#define KT_LDD (KT_D + 4)
+#define KT_LDC (KT_BC + 4)
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
+         float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
+         float scale) {
+    KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
+    KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
+    const int tid = KT_TID;
+    const int lane = tid % 64;
+    const int half = lane / 32, col = lane % 32;
+    const int h = KT_BID_Y;
+    const int b = KT_BID_Z;
+    const int kvh = h / (q_heads / kv_heads);
+    const int i = KT_BID_X * KT_BR + (tid / 64) * 32 + col;
+    const bool live = i < q_len;
+    const float qscale = scale * 1.4426950408889634f;
+    const int shift = kv_len - q_len;
+    const int seen = live ? (causal ? min(kv_len, i + shift + 1) : kv_len) : 0;
+    const long qrow = (((long)b * q_len + (live ? i : 0)) * q_heads + h) * KT_D;
+
+    // Qᵀ's B fragments: step s is dims 8s + 4·half .. + 3 of this lane's query.
+    kt_frag qf[KT_QK];
+#pragma unroll
+    for (int s = 0; s < KT_QK; ++s) qf[s] = kt_frag_at(q + qrow + 8 * s + 4 * half);
+    kt_f32x16 o[KT_OT];
+#pragma unroll
+    for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+        for (int e = 0; e < 16; ++e) o[d][e] = 0.0f;
+    float mx = -KT_INF, sum = 0.0f;
+
+    const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
+    const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
+    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+        for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {
+            const int r = e / KT_D, x = e % KT_D;
+            const int j = j0 + r;
+            const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
+            ks[r][x] = j < kv_len ? k[at] : (unsigned short)0;
+            vt[x][r] = j < kv_len ? v[at] : (unsigned short)0;
+        }
+        KT_SYNC();
+        // Sᵀ tile n: accumulator e is key j0 + 32n + 8·(e / 4) + 4·half + e % 4.
+        kt_f32x16 s[KT_ST];
+        float tile_max = -KT_INF;
+#pragma unroll
+        for (int n = 0; n < KT_ST; ++n) {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) s[n][e] = 0.0f;
+#pragma unroll
+            for (int st = 0; st < KT_QK; ++st)
+                s[n] = kt_mfma(kt_frag_at(&ks[32 * n + col][8 * st + 4 * half]), qf[st], s[n]);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                const int j = j0 + 32 * n + 8 * (e / 4) + 4 * half + e % 4;
+                s[n][e] = j < seen ? s[n][e] * qscale : -KT_INF;
+                tile_max = fmaxf(tile_max, s[n][e]);
+            }
+        }
+        tile_max = fmaxf(tile_max, KT_SHFL_XOR(tile_max, 32));
+        const float m_new = fmaxf(mx, tile_max);
+        // A query with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
+        const float base = m_new == -KT_INF ? 0.0f : m_new;
+        const float correction = exp2f(mx - base);
+        sum *= correction;
+#pragma unroll
+        for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) o[d][e] *= correction;
+        mx = m_new;
+#pragma unroll
+        for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                s[n][e] = exp2f(s[n][e] - base);
+                sum += s[n][e];
+            }
+        // Pᵀ's B fragment for keys 8c .. 8c + 7 is accumulators 4·(c % 4) .. + 3 of tile c / 4.
+#pragma unroll
+        for (int c = 0; c < KT_BC / 8; ++c) {
+            const int n = c / 4, e = 4 * (c % 4);
+            const kt_frag pf = kt_pack4(s[n][e], s[n][e + 1], s[n][e + 2], s[n][e + 3]);
+#pragma unroll
+            for (int d = 0; d < KT_OT; ++d)
+                o[d] = kt_mfma(kt_frag_at(&vt[32 * d + col][8 * c + 4 * half]), pf, o[d]);
+        }
+        KT_SYNC();
+    }
+    sum += KT_SHFL_XOR(sum, 32);
+    if (live) {
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        // Oᵀ tile d: accumulator e is dim 32d + 8·(e / 4) + 4·half + e % 4.
+#pragma unroll
+        for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+                out[qrow + 32 * d + 8 * (e / 4) + 4 * half + e % 4] = o[d][e] * inv;
+    }
+}
+
 #else
-#error "KT_VARIANT must be 0 (rows) or 1 (mma)"
+#error "KT_VARIANT must be 0 (rows), 1 (mma) or 2 (MFMA)"
 #endif

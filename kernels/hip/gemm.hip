@@ -98,13 +98,6 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_WAVES_N (KT_BN / (32 * KT_TN))
 #define KT_THREADS (64 * KT_WAVES_M * KT_WAVES_N)
 
-// Four consecutive 16-bit values as one fragment.
-KT_DEVICE kt_frag kt_frag_at(const unsigned short* p) {
-    kt_frag f;
-    __builtin_memcpy(&f, p, sizeof f);
-    return f;
-}
-
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k) {

@@ -141,6 +141,38 @@ KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
 #endif
 }
 #endif
+
+// Four consecutive 16-bit values as one fragment.
+KT_DEVICE kt_frag kt_frag_at(const unsigned short* p) {
+    kt_frag f;
+    __builtin_memcpy(&f, p, sizeof f);
+    return f;
+}
+
+// Four f32 values rounded to the input type (to nearest even) as one fragment: probabilities
+// entering the P·V product.
+#if defined(KT_HOST)
+KT_DEVICE kt_frag kt_pack4(float a, float b, float c, float d) {
+    return kt_host::pack4(a, b, c, d);
+}
+#elif KT_DTYPE == 1
+KT_DEVICE kt_frag kt_pack4(float a, float b, float c, float d) {
+    const kt_frag f = {(_Float16)a, (_Float16)b, (_Float16)c, (_Float16)d};
+    return f;
+}
+#else
+// CDNA2 has no f32-to-bf16 instruction: round in integer arithmetic, NaN kept a NaN.
+KT_DEVICE short kt_bf16(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (short)(u >> 16);
+}
+KT_DEVICE kt_frag kt_pack4(float a, float b, float c, float d) {
+    const kt_frag f = {kt_bf16(a), kt_bf16(b), kt_bf16(c), kt_bf16(d)};
+    return f;
+}
+#endif
 #endif
 
 #if defined(KT_MMA) && KT_DTYPE != 0

@@ -138,6 +138,7 @@ impl fmt::Display for Config {
                     write!(f, "gpu br={} bc={} lanes={}", c.br, c.bc, c.lanes)
                 }
                 GpuFlashVariant::Mma => write!(f, "gpu mma br={} bc={}", c.br, c.bc),
+                GpuFlashVariant::Mfma => write!(f, "gpu mfma br={} bc={}", c.br, c.bc),
             },
             Config::GpuPaged(c) => write!(f, "gpu partition={} threads={}", c.partition, c.threads),
             Config::Rocblas(c) => write!(
@@ -440,7 +441,8 @@ impl GpuGemmConfig {
 
 /// Flash attention on a GPU: `br` query rows per block, key/value tiles of `bc` rows in LDS.
 /// Rows variant: each query row held by `lanes` threads (each owning `head_dim / lanes` dims).
-/// Mma variant: each warp owns 16 rows, so `lanes` is 2 (two threads a row on average).
+/// Mma variant: each warp owns 16 rows; MFMA variant: each wave 32. So `lanes` is 2 for both
+/// (two threads a row on average).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuFlashConfig {
@@ -464,6 +466,9 @@ pub enum GpuFlashVariant {
     /// NVIDIA tensor cores (`mma.sync.m16n8k16`, sm_80 and later), f16 and bf16: S = Q·Kᵀ and
     /// O += P·V on 16-row tiles per warp, P kept in registers between the two.
     Mma,
+    /// AMD matrix cores (`v_mfma_f32_32x32x8`, CDNA2/3), f16 and bf16: Sᵀ = K·Qᵀ and
+    /// Oᵀ += Vᵀ·Pᵀ on 32-query tiles per wave, P kept in registers between the two.
+    Mfma,
 }
 
 impl GpuFlashVariant {

@@ -79,6 +79,8 @@ const FLASH_BF16: &str =
     "flash:batch=2,q_len=17,kv_len=37,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16";
 const FLASH_F16: &str =
     "flash:q_len=1,kv_len=45,q_heads=3,kv_heads=1,head_dim=80,dtype=f16,causal=false";
+// Head size 128 in f16: the MFMA variant's (it needs multiples of 32), causal over two tiles.
+const FLASH_F16_128: &str = "flash:q_len=40,kv_len=100,q_heads=2,kv_heads=1,head_dim=128,dtype=f16";
 // Paged: sequences of 1 token, a whole partition and a ragged one.
 const PAGED_BF16: &str =
     "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16";
@@ -110,7 +112,7 @@ fn amd_rdna_gemm_candidates_match_the_reference() {
 #[test]
 fn flash_candidates_match_the_reference_on_32_and_64_wide_waves() {
     for model in ["h200", "mi250"] {
-        for spec in [FLASH_BF16, FLASH_F16] {
+        for spec in [FLASH_BF16, FLASH_F16, FLASH_F16_128] {
             every_candidate(model, spec, None);
         }
     }

@@ -268,3 +268,58 @@ fn the_rocm_device_path_opens_or_says_why() {
         }
     }
 }
+
+#[test]
+fn every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940() {
+    use rayon::prelude::*;
+    let Some(hip) = compiler("every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940") else {
+        return;
+    };
+    for (name, target, spec) in [
+        (
+            "mi250",
+            "gfx90a",
+            "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+        ),
+        (
+            "mi300x",
+            "gfx940",
+            "flash:q_len=500,q_heads=4,kv_heads=4,head_dim=64,dtype=f16,causal=false",
+        ),
+    ] {
+        let device = Device::lookup(name).unwrap();
+        let Device::Gpu(g) = device else {
+            unreachable!()
+        };
+        let p: Problem = spec.parse().unwrap();
+        let mfma: Vec<Config> = GpuSpace
+            .candidates(&p, &device)
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mfma))
+            .collect();
+        assert_eq!(mfma.len(), 6, "{name}: {mfma:?}");
+        let heuristic = GpuSpace.heuristic(&p, &device);
+        assert!(mfma.contains(&heuristic), "{name}: heuristic {heuristic}");
+        let results: Vec<_> = mfma
+            .par_iter()
+            .map(|c| (*c, compile(&hip, &KernelBuild::new(&p, c).unwrap(), target)))
+            .collect();
+        for (c, out) in results {
+            let kernels = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+            let k = &kernels[0];
+            assert_eq!(
+                k.lds as usize,
+                kerntune_kernels::space::lds_bytes(&c, &p, g),
+                "{name} {c}"
+            );
+            assert!(k.agpr > 0 || k.vgpr > 0, "{name} {c}: {k:?}");
+            if c == heuristic {
+                assert_eq!((k.vgpr_spill, k.sgpr_spill), (0, 0), "{name} {c}: {k:?}");
+            }
+            eprintln!(
+                "{name} {c}: {} VGPRs, {} AGPRs, {} spilled",
+                k.vgpr, k.agpr, k.vgpr_spill
+            );
+        }
+    }
+}

@@ -83,6 +83,7 @@ impl KernelBuild {
                         match c.variant {
                             GpuFlashVariant::Rows => 0,
                             GpuFlashVariant::Mma => 1,
+                            GpuFlashVariant::Mfma => 2,
                         },
                     ),
                     ("KT_BR", c.br),

@@ -61,6 +61,8 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
             // 16-bit K [bc][d + 8] and Vᵀ [d][bc + 8].
             GpuFlashVariant::Mma => 2 * (c.bc * (p.head_dim + 8) + p.head_dim * (c.bc + 8)),
+            // 16-bit K [bc][d + 4] and Vᵀ [d][bc + 4].
+            GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.head_dim * (c.bc + 4)),
         },
         (Config::GpuPaged(c), Problem::Paged(p)) => {
             4 * (p.head_dim + c.partition + c.threads / g.wave_size as usize)
@@ -227,6 +229,41 @@ impl GpuSpace {
             }
             return check_threads(f, c.br * c.lanes, g);
         }
+        if c.variant == GpuFlashVariant::Mfma {
+            if !has_mfma(g) {
+                return Err(invalid(
+                    f,
+                    format!("{} ({}) has no MFMA instructions", g.name, g.arch),
+                ));
+            }
+            if p.dtype == DType::F32 {
+                return Err(invalid(f, "the MFMA variant takes f16 or bf16 inputs"));
+            }
+            if !p.head_dim.is_multiple_of(32) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "the MFMA variant needs head_dim {} a multiple of 32",
+                        p.head_dim
+                    ),
+                ));
+            }
+            if c.br == 0
+                || !c.br.is_multiple_of(32)
+                || c.bc == 0
+                || !c.bc.is_multiple_of(32)
+                || c.lanes != 2
+            {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "MFMA tiles: br = {} and bc = {} multiples of 32 (a wave's queries, a 32-key tile), lanes = {} must be 2",
+                        c.br, c.bc, c.lanes
+                    ),
+                ));
+            }
+            return check_threads(f, c.br * c.lanes, g);
+        }
         // Lanes of a row exchange partial dot products by shuffles inside one wave.
         if !c.lanes.is_power_of_two() || c.lanes > 32 || !p.head_dim.is_multiple_of(c.lanes) {
             return Err(invalid(
@@ -334,13 +371,15 @@ impl Space for GpuSpace {
                                 variant: GpuFlashVariant::Rows,
                             }));
                         }
-                        // Validation drops these where there are no tensor cores.
-                        out.push(Config::GpuFlash(GpuFlashConfig {
-                            br,
-                            bc,
-                            lanes: 2,
-                            variant: GpuFlashVariant::Mma,
-                        }));
+                        // Validation drops these where there are no matrix cores.
+                        for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
+                            out.push(Config::GpuFlash(GpuFlashConfig {
+                                br,
+                                bc,
+                                lanes: 2,
+                                variant,
+                            }));
+                        }
                     }
                 }
                 out
@@ -465,6 +504,20 @@ impl Space for GpuSpace {
                     bc: if p.head_dim > 128 { 32 } else { 64 },
                     lanes: 2,
                     variant: GpuFlashVariant::Mma,
+                })
+            }
+            // Matrix cores for 16-bit attention on CDNA: two waves of 32 queries, 64-key tiles
+            // (32 over head size 128).
+            Problem::Flash(p)
+                if matches!(device, Device::Gpu(g) if has_mfma(g))
+                    && p.dtype != DType::F32
+                    && p.head_dim.is_multiple_of(32) =>
+            {
+                Config::GpuFlash(GpuFlashConfig {
+                    br: 64,
+                    bc: if p.head_dim > 128 { 32 } else { 64 },
+                    lanes: 2,
+                    variant: GpuFlashVariant::Mfma,
                 })
             }
             Problem::Gemm(p) if mma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
