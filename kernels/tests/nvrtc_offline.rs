@@ -22,6 +22,44 @@ fn compiler(test: &str) -> Option<NvrtcCompiler> {
     }
 }
 
+/// Compiles every config of `configs` for `name`'s target in parallel and checks each: PTX
+/// with mma.sync, shared memory as the space computes it, no spills for `heuristic`, which
+/// must be among them.
+fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs: &[Config]) {
+    use rayon::prelude::*;
+    let device = Device::lookup(name).unwrap();
+    let Device::Gpu(g) = device else {
+        unreachable!()
+    };
+    let heuristic = GpuSpace.heuristic(p, &device);
+    assert!(
+        configs.contains(&heuristic),
+        "{name}: heuristic {heuristic}"
+    );
+    let results: Vec<_> = configs
+        .par_iter()
+        .map(|c| {
+            let build = KernelBuild::new(p, c).unwrap();
+            (*c, nvrtc.compile(&build, g.arch, build.threads as u32))
+        })
+        .collect();
+    for (c, out) in results {
+        let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+        let ptx = String::from_utf8(ptx).unwrap();
+        assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
+        let k = &kernels[0];
+        assert_eq!(
+            k.lds as usize,
+            kerntune_kernels::space::lds_bytes(&c, p, g),
+            "{name} {c}"
+        );
+        if c == heuristic {
+            assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
+        }
+        eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
+    }
+}
+
 fn problems() -> Vec<Problem> {
     [
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
@@ -116,7 +154,6 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
 #[test]
 fn every_mma_candidate_compiles_for_sm80_and_sm90() {
     use kerntune_kernels::config::GpuGemmVariant;
-    use rayon::prelude::*;
     let Some(nvrtc) = compiler("every_mma_candidate_compiles_for_sm80_and_sm90") else {
         return;
     };
@@ -125,9 +162,6 @@ fn every_mma_candidate_compiles_for_sm80_and_sm90() {
         ("h100", "gemm:m=133,n=1000,k=4096,dtype=f16,b=kn"),
     ] {
         let device = Device::lookup(name).unwrap();
-        let Device::Gpu(g) = device else {
-            unreachable!()
-        };
         let p: Problem = spec.parse().unwrap();
         let mma: Vec<Config> = GpuSpace
             .candidates(&p, &device)
@@ -135,30 +169,7 @@ fn every_mma_candidate_compiles_for_sm80_and_sm90() {
             .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma))
             .collect();
         assert!(mma.len() >= 20, "{name}: {} mma candidates", mma.len());
-        let heuristic = GpuSpace.heuristic(&p, &device);
-        assert!(mma.contains(&heuristic), "{name}: heuristic {heuristic}");
-        let results: Vec<_> = mma
-            .par_iter()
-            .map(|c| {
-                let build = KernelBuild::new(&p, c).unwrap();
-                let out = nvrtc.compile(&build, g.arch, build.threads as u32);
-                (*c, out)
-            })
-            .collect();
-        for (c, out) in results {
-            let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
-            let ptx = String::from_utf8(ptx).unwrap();
-            assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
-            let k = &kernels[0];
-            assert_eq!(
-                k.lds as usize,
-                kerntune_kernels::space::lds_bytes(&c, &p, g),
-                "{name} {c}"
-            );
-            if c == heuristic {
-                assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
-            }
-        }
+        check_mma_candidates(&nvrtc, name, &p, &mma);
     }
     // f32 and AMD get no mma candidates.
     let p: Problem = "gemm:m=64,n=64,k=64,dtype=f32".parse().unwrap();
@@ -171,7 +182,6 @@ fn every_mma_candidate_compiles_for_sm80_and_sm90() {
 
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
-    use rayon::prelude::*;
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {
         return;
     };
@@ -186,9 +196,6 @@ fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
         ),
     ] {
         let device = Device::lookup(name).unwrap();
-        let Device::Gpu(g) = device else {
-            unreachable!()
-        };
         let p: Problem = spec.parse().unwrap();
         let mma: Vec<Config> = GpuSpace
             .candidates(&p, &device)
@@ -196,30 +203,7 @@ fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
             .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mma))
             .collect();
         assert_eq!(mma.len(), 12, "{name}: {mma:?}");
-        let heuristic = GpuSpace.heuristic(&p, &device);
-        assert!(mma.contains(&heuristic), "{name}: heuristic {heuristic}");
-        let results: Vec<_> = mma
-            .par_iter()
-            .map(|c| {
-                let build = KernelBuild::new(&p, c).unwrap();
-                (*c, nvrtc.compile(&build, g.arch, build.threads as u32))
-            })
-            .collect();
-        for (c, out) in results {
-            let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
-            let ptx = String::from_utf8(ptx).unwrap();
-            assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
-            let k = &kernels[0];
-            assert_eq!(
-                k.lds as usize,
-                kerntune_kernels::space::lds_bytes(&c, &p, g),
-                "{name} {c}"
-            );
-            if c == heuristic {
-                assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
-            }
-            eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
-        }
+        check_mma_candidates(&nvrtc, name, &p, &mma);
     }
     // f32, head sizes not a multiple of 16, and AMD get no mma flash candidates.
     for (name, spec) in [

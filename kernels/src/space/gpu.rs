@@ -199,65 +199,45 @@ impl GpuSpace {
                 format!("bc = {} must be a power of two up to 128", c.bc),
             ));
         }
-        if c.variant == GpuFlashVariant::Mma {
-            if !has_mma(g) {
+        // The matrix-core variants: the instructions, and the multiple of 16 (mma.sync's rows
+        // and k step) or 32 (MFMA's) that rows, key tiles and the head size must be.
+        let matrix = match c.variant {
+            GpuFlashVariant::Rows => None,
+            GpuFlashVariant::Mma => Some(("mma", "mma.sync tensor cores", has_mma(g), 16)),
+            GpuFlashVariant::Mfma => Some(("MFMA", "MFMA instructions", has_mfma(g), 32)),
+        };
+        if let Some((variant, instructions, present, tile)) = matrix {
+            if !present {
                 return Err(invalid(
                     f,
-                    format!("{} ({}) has no mma.sync tensor cores", g.name, g.arch),
+                    format!("{} ({}) has no {instructions}", g.name, g.arch),
                 ));
             }
             if p.dtype == DType::F32 {
-                return Err(invalid(f, "the mma variant takes f16 or bf16 inputs"));
+                return Err(invalid(
+                    f,
+                    format!("the {variant} variant takes f16 or bf16 inputs"),
+                ));
             }
-            if !p.head_dim.is_multiple_of(16) {
+            if !p.head_dim.is_multiple_of(tile) {
                 return Err(invalid(
                     f,
                     format!(
-                        "the mma variant steps through head_dim {} 16 at a time",
-                        p.head_dim
-                    ),
-                ));
-            }
-            if c.br == 0 || !c.br.is_multiple_of(16) || c.bc < 16 || c.lanes != 2 {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "mma tiles: br = {} a multiple of 16 (a warp's rows), bc = {} of at least 16, lanes = {} must be 2",
-                        c.br, c.bc, c.lanes
-                    ),
-                ));
-            }
-            return check_threads(f, c.br * c.lanes, g);
-        }
-        if c.variant == GpuFlashVariant::Mfma {
-            if !has_mfma(g) {
-                return Err(invalid(
-                    f,
-                    format!("{} ({}) has no MFMA instructions", g.name, g.arch),
-                ));
-            }
-            if p.dtype == DType::F32 {
-                return Err(invalid(f, "the MFMA variant takes f16 or bf16 inputs"));
-            }
-            if !p.head_dim.is_multiple_of(32) {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "the MFMA variant needs head_dim {} a multiple of 32",
+                        "the {variant} variant needs head_dim {} a multiple of {tile}",
                         p.head_dim
                     ),
                 ));
             }
             if c.br == 0
-                || !c.br.is_multiple_of(32)
+                || !c.br.is_multiple_of(tile)
                 || c.bc == 0
-                || !c.bc.is_multiple_of(32)
+                || !c.bc.is_multiple_of(tile)
                 || c.lanes != 2
             {
                 return Err(invalid(
                     f,
                     format!(
-                        "MFMA tiles: br = {} and bc = {} multiples of 32 (a wave's queries, a 32-key tile), lanes = {} must be 2",
+                        "{variant} tiles: br = {} and bc = {} must be multiples of {tile}, lanes = {} must be 2",
                         c.br, c.bc, c.lanes
                     ),
                 ));
@@ -490,36 +470,32 @@ impl Space for GpuSpace {
             ),
             _ => (false, false),
         };
+        let flash_matrix = match (problem, device) {
+            (Problem::Flash(p), Device::Gpu(g)) if p.dtype != DType::F32 => {
+                if has_mma(g) && p.head_dim.is_multiple_of(16) {
+                    Some(GpuFlashVariant::Mma)
+                } else if has_mfma(g) && p.head_dim.is_multiple_of(32) {
+                    Some(GpuFlashVariant::Mfma)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
         match problem {
+            // Matrix cores for 16-bit attention: 64 query rows (four warps of 16 on NVIDIA, two
+            // waves of 32 on CDNA) and 64-key tiles, 32 over head size 128 (within 48 KiB of
+            // shared memory on NVIDIA).
+            Problem::Flash(p) => match flash_matrix {
+                Some(variant) => Config::GpuFlash(GpuFlashConfig {
+                    br: 64,
+                    bc: if p.head_dim > 128 { 32 } else { 64 },
+                    lanes: 2,
+                    variant,
+                }),
+                None => self.default_config(problem, device),
+            },
             // Tensor cores for prefill-sized 16-bit GEMMs: a 128×128 tile over 8 warps.
-            // Tensor cores for 16-bit attention: four warps of 16 rows, 64-key tiles (32 for
-            // head sizes over 128, within 48 KiB of shared memory).
-            Problem::Flash(p)
-                if matches!(device, Device::Gpu(g) if has_mma(g))
-                    && p.dtype != DType::F32
-                    && p.head_dim.is_multiple_of(16) =>
-            {
-                Config::GpuFlash(GpuFlashConfig {
-                    br: 64,
-                    bc: if p.head_dim > 128 { 32 } else { 64 },
-                    lanes: 2,
-                    variant: GpuFlashVariant::Mma,
-                })
-            }
-            // Matrix cores for 16-bit attention on CDNA: two waves of 32 queries, 64-key tiles
-            // (32 over head size 128).
-            Problem::Flash(p)
-                if matches!(device, Device::Gpu(g) if has_mfma(g))
-                    && p.dtype != DType::F32
-                    && p.head_dim.is_multiple_of(32) =>
-            {
-                Config::GpuFlash(GpuFlashConfig {
-                    br: 64,
-                    bc: if p.head_dim > 128 { 32 } else { 64 },
-                    lanes: 2,
-                    variant: GpuFlashVariant::Mfma,
-                })
-            }
             Problem::Gemm(p) if mma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Mma,
                 bm: 128,
