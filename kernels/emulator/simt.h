@@ -2,8 +2,8 @@
 // on the CPU, so every GPU config is verified against the reference on machines without a GPU.
 //
 // A launch runs its blocks one after another on the calling thread. Each thread of a block is
-// a fiber with its own stack; a barrier parks the fiber and the block moves on once
-// every thread has parked at the same barrier. Warp-wide operations (shuffles, NVIDIA's
+// a fiber with its own stack; a barrier parks the fiber and the block moves on once every
+// thread has parked at the same barrier. Warp-wide operations (shuffles, NVIDIA's
 // mma.sync, AMD's MFMA) exchange their operands through the block and are barriers too, so
 // they are computed from what every lane passed, in the layout the vendor documents, and not
 // from what the kernel meant to pass. A block whose threads reach different barriers, or whose

@@ -401,7 +401,7 @@ impl Emulator {
         let mut out = Guarded::output(data.out.len());
         let slots = partial_slots(problem, config);
         let head_dim = match problem {
-            crate::Problem::Paged(p) => p.head_dim,
+            Problem::Paged(p) => p.head_dim,
             _ => 0,
         };
         let mut partials = [
@@ -414,7 +414,6 @@ impl Emulator {
             block_tables: tables.addr(),
             context_lens: lens.addr(),
             max_blocks_per_seq: data.max_blocks_per_seq,
-            partials: [0; 3],
             ..DevicePtrs::default()
         };
         for (slot, buf) in ptrs.inputs.iter_mut().zip(&mut inputs) {
