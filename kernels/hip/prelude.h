@@ -203,15 +203,14 @@ KT_DEVICE unsigned kt_pack2(float lo, float hi) {
 KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
 #if defined(KT_HOST)
     kt_host::mma_16x8x16(d, a, b);
-#elif KT_DTYPE == 1
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
+#if KT_DTYPE == 1
+#define KT_MMA_IN "f16"
+#else
+#define KT_MMA_IN "bf16"
+#endif
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "mma.sync.aligned.m16n8k16.row.col.f32." KT_MMA_IN "." KT_MMA_IN ".f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
