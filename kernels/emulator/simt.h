@@ -3,17 +3,17 @@
 //
 // A launch runs its blocks one after another on the calling thread. Each thread of a block is
 // a fiber with its own stack; a barrier parks the fiber and the block moves on once every
-// thread has parked at the same barrier. Warp-wide operations (shuffles, NVIDIA's
-// mma.sync, AMD's MFMA) exchange their operands through the block and are barriers too, so
-// they are computed from what every lane passed, in the layout the vendor documents, and not
-// from what the kernel meant to pass. A block whose threads reach different barriers, or whose
+// thread has parked at the same barrier. Warp-wide operations (shuffles, NVIDIA's mma.sync
+// and ldmatrix, AMD's MFMA) exchange their operands through the block and park the wave until
+// all its lanes arrive, so they are computed from what every lane passed, in the layout the
+// vendor documents, and not from what the kernel meant to pass. A block whose threads reach different barriers, or whose
 // threads leave while others wait, is an error naming both, where a GPU would hang or compute
 // garbage.
 //
 // Shared memory (`KT_SHARED`) is `static thread_local`: one copy per OS thread, shared by the
-// fibers of the block it runs. Fibers run in alternating order between barriers (forward, then
-// backward), so a read of shared memory that misses a barrier sees a different writer in some
-// phase.
+// fibers of the block it runs. Waves run one at a time between barriers, in alternating order
+// (forward, then backward), so a read of shared memory that misses a barrier sees a different
+// writer in some phase.
 //
 // Hand-written rather than a library: no maintained crate or C++ package runs CUDA/HIP-style
 // kernel source on a CPU with warp collectives; ucontext (in every glibc) or a few lines of
@@ -57,6 +57,17 @@ constexpr size_t kStack = 64 * 1024;
 constexpr int kShuffle = -1;
 constexpr int kMma = -2;
 constexpr int kMfma = -3;
+constexpr int kLdmatrix = -4;
+
+// cp.async copies one thread may have in flight.
+constexpr int kMaxCopies = 64;
+
+struct Copy {
+    void* dst;
+    const void* src;
+    int bytes;
+    int group;
+};
 
 enum class State : unsigned char { Ready, Waiting, Done };
 
@@ -127,6 +138,12 @@ struct Block {
     float xf[kMaxThreads];
     unsigned xa[kMaxThreads][4];
     unsigned xb[kMaxThreads][4];
+    const unsigned short* xp[kMaxThreads];
+    // Each thread's cp.async copies not yet waited for (kMaxCopies a thread, allocated at the
+    // first), and its commit groups so far.
+    Copy* copies;
+    int pending[kMaxThreads];
+    int groups[kMaxThreads];
 };
 
 inline thread_local Block* tl_block = nullptr;
@@ -149,6 +166,7 @@ inline void describe(int site, char* out, size_t len) {
     case kShuffle: snprintf(out, len, "a wave shuffle"); break;
     case kMma: snprintf(out, len, "an mma.sync"); break;
     case kMfma: snprintf(out, len, "an MFMA"); break;
+    case kLdmatrix: snprintf(out, len, "an ldmatrix"); break;
     default: snprintf(out, len, "the barrier at line %d", site); break;
     }
 }
@@ -219,44 +237,74 @@ inline void to_fiber(Block& b, int i) {
 #endif
 }
 
+// Why the block cannot go on (no thread can resume, some still wait), into b.message.
+inline void deadlock(Block& b) {
+    int waiting = -1, other = -1, done = -1;
+    for (int i = 0; i < b.threads; ++i) {
+        if (b.state[i] == State::Done) {
+            if (done < 0) done = i;
+        } else if (waiting < 0) {
+            waiting = i;
+        } else if (other < 0 && b.site[i] != b.site[waiting]) {
+            other = i;
+        }
+    }
+    char x[64], y[64];
+    describe(b.site[waiting], x, sizeof x);
+    if (other >= 0) {
+        describe(b.site[other], y, sizeof y);
+        snprintf(b.message, sizeof b.message,
+                 "block (%u,%u,%u): thread %d waits at %s, thread %d at %s", b.bid[0], b.bid[1],
+                 b.bid[2], waiting, x, other, y);
+    } else {
+        snprintf(b.message, sizeof b.message,
+                 "block (%u,%u,%u): thread %d left the kernel while thread %d waits at %s",
+                 b.bid[0], b.bid[1], b.bid[2], done, waiting, x);
+    }
+}
+
 // Runs one block to completion; false with b.message set when it cannot complete.
+//
+// Waves run one at a time, each as far as it can go: its warp-wide operations (negative
+// sites) resume once its own threads all wait at one, whatever the other waves do; a barrier
+// (a positive site, a source line) once every thread of the block waits at it. Between
+// barriers the waves take turns first to last, then last to first (and threads within a wave
+// likewise), so a wave reads what others wrote before a barrier only where the kernel has the
+// barrier: a missing one shows as a wrong result.
 inline bool run_block(Block& b) {
     for (int i = 0; i < b.threads; ++i) {
         start_fiber(b, i);
         b.state[i] = State::Ready;
+        b.pending[i] = 0;
+        b.groups[i] = 0;
     }
+    const int waves = b.threads / KT_HOST_WAVE;  // launch() refuses partial waves
     for (int phase = 0;; ++phase) {
-        for (int n = 0; n < b.threads; ++n) {
-            const int i = (phase & 1) ? b.threads - 1 - n : n;
-            if (b.state[i] != State::Ready) continue;
-            to_fiber(b, i);
-            if (b.failed) return false;
+        const bool back = phase & 1;
+        for (int v = 0; v < waves; ++v) {
+            const int w = KT_HOST_WAVE * (back ? waves - 1 - v : v);
+            for (bool resumed = true; resumed;) {
+                for (int n = 0; n < KT_HOST_WAVE; ++n) {
+                    const int i = w + (back ? KT_HOST_WAVE - 1 - n : n);
+                    if (b.state[i] != State::Ready) continue;
+                    to_fiber(b, i);
+                    if (b.failed) return false;
+                }
+                resumed = b.state[w] == State::Waiting && b.site[w] < 0;
+                for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i)
+                    resumed = b.state[i] == State::Waiting && b.site[i] == b.site[w];
+                for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i) b.state[i] = State::Ready;
+            }
         }
-        int waiting = -1, done = -1;
+        bool all_done = true, together = true;
         for (int i = 0; i < b.threads; ++i) {
-            if (b.state[i] == State::Done) {
-                if (done < 0) done = i;
-                continue;
-            }
-            if (waiting < 0) {
-                waiting = i;
-            } else if (b.site[i] != b.site[waiting]) {
-                char x[64], y[64];
-                describe(b.site[waiting], x, sizeof x);
-                describe(b.site[i], y, sizeof y);
-                snprintf(b.message, sizeof b.message,
-                              "block (%u,%u,%u): thread %d waits at %s, thread %d at %s", b.bid[0],
-                              b.bid[1], b.bid[2], waiting, x, i, y);
-                return false;
-            }
+            all_done = all_done && b.state[i] == State::Done;
+            together = together && b.state[i] == State::Waiting && b.site[i] > 0 &&
+                       b.site[i] == b.site[0];
         }
-        if (waiting < 0) return true;
-        if (done >= 0) {
-            char x[64];
-            describe(b.site[waiting], x, sizeof x);
-            snprintf(b.message, sizeof b.message,
-                          "block (%u,%u,%u): thread %d left the kernel while thread %d waits at %s",
-                          b.bid[0], b.bid[1], b.bid[2], done, waiting, x);
+        if (all_done) return true;
+        if (!together) {
+            deadlock(b);
             return false;
         }
         for (int i = 0; i < b.threads; ++i) b.state[i] = State::Ready;
@@ -297,6 +345,7 @@ inline int launch(const Entry* entries, int count, int entry, const unsigned gri
             }
     tl_block = outer;
     if (!ok) snprintf(err, err_len, "%s", b->message);
+    free(b->copies);
     free(b->stacks);
     free(b);
     return ok ? 0 : 1;
@@ -455,6 +504,75 @@ inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&
     }
     wait(kMma);
     for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+inline bool aligned16(const void* p) { return ((decltype(sizeof 0))p & 15) == 0; }
+
+// cp.async.cg.shared.global of 16 bytes, `bytes` of them from `src`, the rest zeros. The copy
+// happens at the wait that covers its group; until then its destination holds 0xff bytes (NaN
+// in every input type), so reading it early, or copying into a tile others still read, shows.
+inline void cp_async(void* dst, const void* src, int bytes) {
+    Block& b = block();
+    const int me = b.current;
+    if (bytes < 0 || bytes > 16) fail("a cp.async reading more than its 16 bytes");
+    if (!aligned16(dst) || (bytes > 0 && !aligned16(src)))
+        fail("a 16-byte cp.async from or to an address not 16-byte aligned");
+    if (b.copies == nullptr) {
+        b.copies = static_cast<Copy*>(malloc(sizeof(Copy) * kMaxCopies * kMaxThreads));
+        if (b.copies == nullptr) fail("out of memory for cp.async copies");
+    }
+    if (b.pending[me] == kMaxCopies) fail("more than 64 cp.async copies in flight in one thread");
+    b.copies[me * kMaxCopies + b.pending[me]++] = Copy{dst, src, bytes, b.groups[me]};
+    __builtin_memset(dst, 0xff, 16);
+}
+
+inline void cp_commit() { ++block().groups[block().current]; }
+
+// cp.async.wait_group n: every copy but those of the newest n committed groups (and any not
+// yet committed) completes.
+inline void cp_wait(int n) {
+    Block& b = block();
+    const int me = b.current;
+    Copy* mine = b.copies + me * kMaxCopies;
+    int kept = 0;
+    for (int i = 0; i < b.pending[me]; ++i) {
+        const Copy c = mine[i];
+        if (c.group < b.groups[me] - n) {
+            __builtin_memcpy(c.dst, c.src, c.bytes);
+            __builtin_memset(static_cast<char*>(c.dst) + c.bytes, 0, 16 - c.bytes);
+        } else {
+            mine[kept++] = c;
+        }
+    }
+    b.pending[me] = kept;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8q .. 8q + 7 pass the rows of 8×8
+// matrix q (16-byte aligned); register q of lane l receives elements 2·(l % 4) and + 1 of row
+// l / 4 of it, or with `trans` those rows' elements in column l / 4.
+inline void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p, bool trans) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("an ldmatrix in a warp the block does not fill");
+    if (!aligned16(p)) fail("an ldmatrix row address not 16-byte aligned");
+    b.xp[me] = p;
+    wait(kLdmatrix);
+    const int lane = me - base;
+    unsigned out[4];
+    for (int q = 0; q < 4; ++q) {
+        const unsigned short* const* rows = &b.xp[base + 8 * q];
+        unsigned short lo, hi;
+        if (trans) {
+            lo = rows[2 * (lane % 4)][lane / 4];
+            hi = rows[2 * (lane % 4) + 1][lane / 4];
+        } else {
+            lo = rows[lane / 4][2 * (lane % 4)];
+            hi = rows[lane / 4][2 * (lane % 4) + 1];
+        }
+        out[q] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    wait(kLdmatrix);
+    for (int q = 0; q < 4; ++q) r[q] = out[q];
 }
 
 typedef float f32x16 __attribute__((vector_size(64)));

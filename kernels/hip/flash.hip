@@ -13,11 +13,12 @@
 //   LDS as f32, the scale folded into q. Every vendor and dtype.
 // KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query rows.
 //   S = Q·Kᵀ by mma.sync.m16n8k16 with Q's fragments in registers and K 16-bit in shared
-//   memory, k contiguous; the scores' accumulators are the A fragments of P·V once rounded to
-//   16 bits (the m16n8 accumulator layout is the m16k16 operand layout, two tiles at a time),
-//   with V transposed in shared memory so each B fragment register is one 4-byte load. A
-//   thread holds two rows (g and g + 8 of its warp's 16); row maxima and sums combine the four
-//   threads of a row by shuffles.
+//   memory; the scores' accumulators are the A fragments of P·V once rounded to 16 bits (the
+//   m16n8 accumulator layout is the m16k16 operand layout, two tiles at a time). K and V tiles
+//   arrive by 16-byte cp.async, each waited for only when used (the next K tile loads during
+//   the softmax and P·V, the next V tile during Q·Kᵀ), and B fragments come by ldmatrix (V's
+//   transposed). A thread holds two rows (g and g + 8 of its warp's 16); row maxima and sums
+//   combine the four threads of a row by shuffles.
 // KT_VARIANT 2, MFMA (AMD CDNA2/3, f16 and bf16): KT_BR / 32 waves, each owning 32 query rows.
 //   The transposed scores Sᵀ = K·Qᵀ by v_mfma_f32_32x32x8 (K 16-bit in LDS as the A operand,
 //   Qᵀ's fragments in registers), so that a lane's accumulators hold one query's scores for
@@ -130,16 +131,16 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
 #define KT_ST (KT_BC / 8)   // 8-key tiles of S
 #define KT_OT (KT_D / 8)    // 8-dim tiles of O
-// 8 halves of padding: the rows a fragment load touches land on distinct banks.
+// 8 halves of padding put the 8 rows of one ldmatrix on distinct banks and keep every row
+// 16-byte aligned for cp.async.
 #define KT_LDD (KT_D + 8)
-#define KT_LDC (KT_BC + 8)
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
          float scale) {
     KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
-    KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
+    KT_SHARED __attribute__((aligned(16))) unsigned short vs[KT_BC][KT_LDD];
     const int tid = KT_TID;
     const int lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -181,28 +182,50 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 
     const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
-    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
-        for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {
-            const int r = e / KT_D, x = e % KT_D;
+    // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
+    // the keys zero-filled.
+    auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
+        for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
+            const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
             const int j = j0 + r;
-            const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
-            ks[r][x] = j < kv_len ? k[at] : (unsigned short)0;
-            vt[x][r] = j < kv_len ? v[at] : (unsigned short)0;
+            const bool in = j < kv_len;
+            const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
+            kt_cp_async16(&dst[r][x], src + at, in ? 16 : 0);
         }
+    };
+    // K and V tiles travel as separate commit groups, so each is waited for only when used:
+    // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
+    if (block_seen > 0) {
+        load(ks, k, 0);
+        kt_cp_async_commit();
+        load(vs, v, 0);
+        kt_cp_async_commit();
+    }
+    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+        kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
         KT_SYNC();
-        // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2.
+        // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
+        // of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7 address keys
+        // 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
         float s[KT_ST][4];
 #pragma unroll
-        for (int n = 0; n < KT_ST; ++n) {
+        for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
 #pragma unroll
+        for (int nn = 0; nn < KT_ST / 2; ++nn)
+#pragma unroll
             for (int st = 0; st < KT_QK; ++st) {
-                const unsigned short* col = &ks[8 * n + g][16 * st + 2 * t];
-                const unsigned bf[2] = {kt_pair(col), kt_pair(col + 8)};
-                kt_mma(s[n], qf[st], bf);
+                unsigned r[4];
+                kt_ldmatrix_x4(r, &ks[16 * nn + 8 * (lane / 16) + lane % 8]
+                                     [16 * st + 8 * ((lane / 8) % 2)]);
+                const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                kt_mma(s[2 * nn], qf[st], b0);
+                kt_mma(s[2 * nn + 1], qf[st], b1);
             }
-        }
+        KT_SYNC();  // every warp is done with this K tile: load the next over it
+        if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
+        kt_cp_async_commit();
         float tile_max[2] = {-KT_INF, -KT_INF};
 #pragma unroll
         for (int n = 0; n < KT_ST; ++n)
@@ -238,7 +261,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 s[n][e] = exp2f(s[n][e] - base[e / 2]);
                 sum[e / 2] += s[n][e];
             }
-        // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1.
+        kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
+        KT_SYNC();
+        // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1. V's B fragments of
+        // dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes 8q .. 8q + 7 address
+        // keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
 #pragma unroll
         for (int c = 0; c < KT_BC / 16; ++c) {
             const unsigned pf[4] = {
@@ -248,13 +275,18 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]),
             };
 #pragma unroll
-            for (int d = 0; d < KT_OT; ++d) {
-                const unsigned short* col = &vt[8 * d + g][16 * c + 2 * t];
-                const unsigned bf[2] = {kt_pair(col), kt_pair(col + 8)};
-                kt_mma(o[d], pf, bf);
+            for (int dd = 0; dd < KT_OT / 2; ++dd) {
+                unsigned r[4];
+                kt_ldmatrix_x4_trans(r, &vs[16 * c + 8 * ((lane / 8) % 2) + lane % 8]
+                                           [16 * dd + 8 * (lane / 16)]);
+                const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                kt_mma(o[2 * dd], pf, b0);
+                kt_mma(o[2 * dd + 1], pf, b1);
             }
         }
-        KT_SYNC();
+        KT_SYNC();  // every warp is done with this V tile: load the next over it
+        if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
+        kt_cp_async_commit();
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -10,13 +10,37 @@
 //   its four k values in one 8-byte load. Threads = 64 · (BM / (32·TM)) · (BN / (32·TN)).
 // KT_VARIANT 2, mma (NVIDIA sm_80+, f16 and bf16): each warp owns TM×TN tiles of 16×8
 //   computed by mma.sync.aligned.m16n8k16 (f32 accumulation); A and B tiles stay 16-bit in
-//   shared memory, k contiguous, so each fragment register is one 4-byte load. Threads =
-//   32 · (BM / (16·TM)) · (BN / (8·TN)).
+//   shared memory. Threads = 32 · (BM / (16·TM)) · (BN / (8·TN)). KT_STAGES 1: plain loads,
+//   k contiguous, each fragment register one 4-byte load. KT_STAGES 2 to 4: that many tiles
+//   in flight, copied by 16-byte cp.async (rows of 8 elements: k % 8 == 0, and n % 8 == 0
+//   for a [K,N] B, which the space checks) and read by ldmatrix.
+//
+// Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
+// of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
+// floats; kt_gemm_reduce then adds the slices into C in order z = 0, 1, ..., so results do not
+// depend on scheduling.
 #include "prelude.h"
 
 #ifndef KT_BM
 #error "KT_BM, KT_BN, KT_BK, KT_TM, KT_TN, KT_VARIANT and KT_B_NK must be defined"
 #endif
+#ifndef KT_SPLIT
+#define KT_SPLIT 1
+#endif
+#ifndef KT_STAGES
+#define KT_STAGES 1
+#endif
+#if KT_STAGES != 1 && KT_VARIANT != 2
+#error "only the mma variant (KT_VARIANT 2) pipelines its k tiles: KT_STAGES must be 1"
+#endif
+
+// The k range [*begin, *end) of this block's split, in whole k tiles.
+KT_DEVICE void kt_split_range(int k, int* begin, int* end) {
+    const int tiles = (k + KT_BK - 1) / KT_BK;
+    const int per = (tiles + KT_SPLIT - 1) / KT_SPLIT;
+    *begin = KT_BID_Z * per * KT_BK;
+    *end = min(k, *begin + per * KT_BK);
+}
 
 #if KT_VARIANT == 0
 
@@ -34,28 +58,31 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     const int ty = tid / (KT_BN / KT_TN);
     const int row0 = KT_BID_Y * KT_BM;
     const int col0 = KT_BID_X * KT_BN;
+    int kb, ke;
+    kt_split_range(k, &kb, &ke);
+    c += (long)KT_BID_Z * m * n;
     float acc[KT_TM][KT_TN];
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i)
 #pragma unroll
         for (int j = 0; j < KT_TN; ++j) acc[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < k; k0 += KT_BK) {
+    for (int k0 = kb; k0 < ke; k0 += KT_BK) {
         // Consecutive threads read consecutive k of one row of A: coalesced.
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
-            as[kk][r] = (gr < m && gk < k) ? kt_load(a, (long)gr * k + gk) : 0.0f;
+            as[kk][r] = (gr < m && gk < ke) ? kt_load(a, (long)gr * k + gk) : 0.0f;
         }
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[kk][col] = (gc < n && gk < k) ? kt_load(b, (long)gc * k + gk) : 0.0f;
+            bs[kk][col] = (gc < n && gk < ke) ? kt_load(b, (long)gc * k + gk) : 0.0f;
 #else
             const int kk = i / KT_BN, col = i % KT_BN;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[kk][col] = (gc < n && gk < k) ? kt_load(b, (long)gk * n + gc) : 0.0f;
+            bs[kk][col] = (gc < n && gk < ke) ? kt_load(b, (long)gk * n + gc) : 0.0f;
 #endif
         }
         KT_SYNC();
@@ -112,6 +139,9 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     const int wn = (wave % KT_WAVES_N) * 32 * KT_TN;
     const int row0 = KT_BID_Y * KT_BM;
     const int col0 = KT_BID_X * KT_BN;
+    int kb, ke;
+    kt_split_range(k, &kb, &ke);
+    c += (long)KT_BID_Z * m * n;
     kt_f32x16 acc[KT_TM][KT_TN];
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i)
@@ -120,21 +150,21 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int e = 0; e < 16; ++e) acc[i][j][e] = 0.0f;
 
-    for (int k0 = 0; k0 < k; k0 += KT_BK) {
+    for (int k0 = kb; k0 < ke; k0 += KT_BK) {
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
-            as[r][kk] = (gr < m && gk < k) ? a[(long)gr * k + gk] : (unsigned short)0;
+            as[r][kk] = (gr < m && gk < ke) ? a[(long)gr * k + gk] : (unsigned short)0;
         }
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < k) ? b[(long)gc * k + gk] : (unsigned short)0;
+            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gc * k + gk] : (unsigned short)0;
 #else
             const int kk = i / KT_BN, col = i % KT_BN;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < k) ? b[(long)gk * n + gc] : (unsigned short)0;
+            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gk * n + gc] : (unsigned short)0;
 #endif
         }
         KT_SYNC();
@@ -179,14 +209,39 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_WARPS_M (KT_BM / (16 * KT_TM))
 #define KT_WARPS_N (KT_BN / (8 * KT_TN))
 #define KT_THREADS (32 * KT_WARPS_M * KT_WARPS_N)
+#if KT_STAGES == 1
 // 8 halves of padding: rows of a fragment (stride BK + 8 halves) land on distinct banks.
 #define KT_LDK (KT_BK + 8)
+#else
+#if KT_STAGES > 4
+#error "KT_STAGES must be 1 to 4"
+#endif
+#if KT_TN % 2 != 0
+#error "the pipelined mma variant reads the B fragments of two n tiles at once: KT_TN must be even"
+#endif
+// A [stage][BM][BK + 8]; B [stage][BN][BK + 8] (N×K) or [stage][BK][BN + 8] (K×N). The 8
+// halves of padding put the 8 rows of one ldmatrix on distinct banks and keep every row
+// 16-byte aligned for cp.async.
+#define KT_LDA (KT_BK + 8)
+#if KT_B_NK
+#define KT_B_ROWS KT_BN
+#define KT_LDB (KT_BK + 8)
+#else
+#define KT_B_ROWS KT_BK
+#define KT_LDB (KT_BN + 8)
+#endif
+#endif
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k) {
+#if KT_STAGES == 1
     KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_BM][KT_LDK];
     KT_SHARED __attribute__((aligned(16))) unsigned short bs[KT_BN][KT_LDK];
+#else
+    KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_STAGES][KT_BM][KT_LDA];
+    KT_SHARED __attribute__((aligned(16))) unsigned short bs[KT_STAGES][KT_B_ROWS][KT_LDB];
+#endif
     const int tid = KT_TID;
     const int lane = tid % 32;
     const int warp = tid / 32;
@@ -196,6 +251,9 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     const int wn = (warp % KT_WARPS_N) * 8 * KT_TN;
     const int row0 = KT_BID_Y * KT_BM;
     const int col0 = KT_BID_X * KT_BN;
+    int kb, ke;
+    kt_split_range(k, &kb, &ke);
+    c += (long)KT_BID_Z * m * n;
     float acc[KT_TM][KT_TN][4];
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i)
@@ -204,21 +262,22 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-    for (int k0 = 0; k0 < k; k0 += KT_BK) {
+#if KT_STAGES == 1
+    for (int k0 = kb; k0 < ke; k0 += KT_BK) {
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
-            as[r][kk] = (gr < m && gk < k) ? a[(long)gr * k + gk] : (unsigned short)0;
+            as[r][kk] = (gr < m && gk < ke) ? a[(long)gr * k + gk] : (unsigned short)0;
         }
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < k) ? b[(long)gc * k + gk] : (unsigned short)0;
+            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gc * k + gk] : (unsigned short)0;
 #else
             const int kk = i / KT_BN, col = i % KT_BN;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < k) ? b[(long)gk * n + gc] : (unsigned short)0;
+            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gk * n + gc] : (unsigned short)0;
 #endif
         }
         KT_SYNC();
@@ -248,6 +307,82 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         }
         KT_SYNC();
     }
+#else
+    // Copies the k tile at k0 into stage st, 16 bytes a copy; chunks outside the matrix or
+    // this split's k range are zero-filled (a row of 8 lies wholly inside or outside, as k,
+    // and n for a K×N B, are multiples of 8).
+    auto load = [&](int st, int k0) {
+        for (int i = tid; i < KT_BM * (KT_BK / 8); i += KT_THREADS) {
+            const int r = i / (KT_BK / 8), ch = 8 * (i % (KT_BK / 8));
+            const int gr = row0 + r, gk = k0 + ch;
+            const bool in = gr < m && gk < ke;
+            kt_cp_async16(&as[st][r][ch], in ? a + ((long)gr * k + gk) : a, in ? 16 : 0);
+        }
+#if KT_B_NK
+        for (int i = tid; i < KT_BN * (KT_BK / 8); i += KT_THREADS) {
+            const int r = i / (KT_BK / 8), ch = 8 * (i % (KT_BK / 8));
+            const int gc = col0 + r, gk = k0 + ch;
+            const bool in = gc < n && gk < ke;
+            kt_cp_async16(&bs[st][r][ch], in ? b + ((long)gc * k + gk) : b, in ? 16 : 0);
+        }
+#else
+        for (int i = tid; i < KT_BK * (KT_BN / 8); i += KT_THREADS) {
+            const int r = i / (KT_BN / 8), ch = 8 * (i % (KT_BN / 8));
+            const int gk = k0 + r, gc = col0 + ch;
+            const bool in = gk < ke && gc < n;
+            kt_cp_async16(&bs[st][r][ch], in ? b + ((long)gk * n + gc) : b, in ? 16 : 0);
+        }
+#endif
+    };
+    const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
+    // Tiles 0 .. STAGES-2 in flight before the first product, one commit group each (empty
+    // groups past the end keep the count that the waits rely on).
+#pragma unroll
+    for (int st = 0; st < KT_STAGES - 1; ++st) {
+        if (st < tiles) load(st, kb + st * KT_BK);
+        kt_cp_async_commit();
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+        // This thread's copies of `tile` have landed; after the barrier everyone's have, and
+        // every warp is done with the stage the next copies overwrite (read last iteration).
+        kt_cp_async_wait<KT_STAGES - 2>();
+        KT_SYNC();
+        const int next = tile + KT_STAGES - 1;
+        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
+        kt_cp_async_commit();
+        const int st = tile % KT_STAGES;
+#pragma unroll
+        for (int kk = 0; kk < KT_BK; kk += 16) {
+            // Lanes 8q .. 8q + 7 address the rows of 8×8 matrix q. A: matrices (rows 0-7,
+            // k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are fragment registers 0-3.
+            // B: (n 0-7, k 0-7), (0-7, 8-15) of tile 2jj, then the same of tile 2jj + 1.
+            unsigned af[KT_TM][4], bf[KT_TN][2];
+#pragma unroll
+            for (int i = 0; i < KT_TM; ++i)
+                kt_ldmatrix_x4(af[i], &as[st][wm + 16 * i + lane % 16][kk + 8 * (lane / 16)]);
+#pragma unroll
+            for (int jj = 0; jj < KT_TN / 2; ++jj) {
+                unsigned r[4];
+#if KT_B_NK
+                kt_ldmatrix_x4(r, &bs[st][wn + 16 * jj + 8 * (lane / 16) + lane % 8]
+                                     [kk + 8 * ((lane / 8) % 2)]);
+#else
+                // Rows of the K×N tile are k: transposed, each lane gets a k pair of one n.
+                kt_ldmatrix_x4_trans(r, &bs[st][kk + 8 * ((lane / 8) % 2) + lane % 8]
+                                           [wn + 16 * jj + 8 * (lane / 16)]);
+#endif
+                bf[2 * jj][0] = r[0];
+                bf[2 * jj][1] = r[1];
+                bf[2 * jj + 1][0] = r[2];
+                bf[2 * jj + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < KT_TN; ++j) kt_mma(acc[i][j], af[i], bf[j]);
+        }
+    }
+#endif
     // Accumulator e of lane (g, t): row g + 8·(e / 2), column 2t + e % 2.
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i)
@@ -263,4 +398,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 #else
 #error "KT_VARIANT must be 0 (tiled), 1 (MFMA) or 2 (mma)"
+#endif
+
+#if KT_SPLIT > 1
+// C = the sum of the KT_SPLIT partial slices, added in slice order.
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_gemm_reduce(const float* __restrict__ ws, float* __restrict__ c, int mn) {
+    const long i = (long)KT_BID_X * KT_THREADS + KT_TID;
+    if (i >= mn) return;
+    float sum = 0.0f;
+#pragma unroll
+    for (int z = 0; z < KT_SPLIT; ++z) sum += ws[(long)z * mn + i];
+    c[i] = sum;
+}
 #endif

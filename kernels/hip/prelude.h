@@ -198,6 +198,57 @@ KT_DEVICE unsigned kt_pack2(float lo, float hi) {
 #endif
 }
 
+// sm_80's asynchronous copies, 16 bytes from global to shared memory: `bytes` (0 or 16) read
+// from `src`, the rest zero-filled; a thread's copies complete by commit group. And ldmatrix:
+// four 8×8 matrices of 16-bit values whose rows lanes 8q .. 8q + 7 address; register q of lane
+// l holds elements 2·(l % 4) and + 1 of row l / 4 of matrix q (`_trans`: of column l / 4).
+// The emulator delays each copy to the wait and poisons its destination meanwhile, so a read
+// before the wait, or a copy into a stage still being read, shows in the output.
+#if defined(KT_HOST)
+KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
+    kt_host::cp_async(dst, src, bytes);
+}
+KT_DEVICE void kt_cp_async_commit() { kt_host::cp_commit(); }
+template <int N>
+KT_DEVICE void kt_cp_async_wait() {
+    kt_host::cp_wait(N);
+}
+KT_DEVICE void kt_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+    kt_host::ldmatrix_x4(r, p, false);
+}
+KT_DEVICE void kt_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+    kt_host::ldmatrix_x4(r, p, true);
+}
+#else
+// A shared-memory address as the 32-bit offset the instructions take (what CUDA's
+// __cvta_generic_to_shared returns, in PTX so NVRTC needs no headers).
+KT_DEVICE unsigned kt_smem(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(kt_smem(dst)), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+KT_DEVICE void kt_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+KT_DEVICE void kt_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+KT_DEVICE void kt_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(kt_smem(p)));
+}
+KT_DEVICE void kt_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(kt_smem(p)));
+}
+#endif
+
 // d += a · b for one mma.sync.aligned.m16n8k16 step; a: 4 registers of two 16-bit values,
 // b: 2. Inline PTX, so NVRTC needs no headers.
 KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {

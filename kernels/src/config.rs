@@ -128,11 +128,20 @@ impl fmt::Display for Config {
                 }
                 Ok(())
             }
-            Config::GpuGemm(c) => write!(
-                f,
-                "gpu {} {}x{}x{} tile {}x{}",
-                c.variant, c.bm, c.bn, c.bk, c.tm, c.tn
-            ),
+            Config::GpuGemm(c) => {
+                write!(
+                    f,
+                    "gpu {} {}x{}x{} tile {}x{}",
+                    c.variant, c.bm, c.bn, c.bk, c.tm, c.tn
+                )?;
+                if c.stages != 1 {
+                    write!(f, " stages={}", c.stages)?;
+                }
+                if c.split_k != 1 {
+                    write!(f, " split-k={}", c.split_k)?;
+                }
+                Ok(())
+            }
             Config::GpuFlash(c) => match c.variant {
                 GpuFlashVariant::Rows => {
                     write!(f, "gpu br={} bc={} lanes={}", c.br, c.bc, c.lanes)
@@ -306,6 +315,14 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
 /// How flash attention divides work among threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -417,6 +434,18 @@ pub struct GpuGemmConfig {
     pub bk: usize,
     pub tm: usize,
     pub tn: usize,
+    /// Shared-memory stages of the mma variant: 1 stages each k tile with plain loads
+    /// between two barriers; 2 to 4 keep that many tiles in flight with 16-byte `cp.async`
+    /// copies and read fragments with `ldmatrix` (rows of 8 elements: k, and n for a
+    /// `[K, N]` B, multiples of 8). Absent in results stored before it existed, and left
+    /// out when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub stages: usize,
+    /// Blocks sharing the k range of one C tile (split-K), each writing its partial sums
+    /// to a workspace that a second kernel adds in a fixed order: decode shapes, whose few
+    /// rows give too few tiles to fill the device. Absent when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub split_k: usize,
 }
 
 impl GpuGemmConfig {

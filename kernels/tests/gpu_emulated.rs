@@ -73,6 +73,10 @@ fn variants(model: &str, spec: &str) -> Vec<String> {
 const GEMM_BF16_NK: &str = "gemm:m=67,n=130,k=40,dtype=bf16,b=nk";
 const GEMM_F16_KN: &str = "gemm:m=1,n=97,k=7,dtype=f16,b=kn";
 const GEMM_F32: &str = "gemm:m=37,n=100,k=61,dtype=f32,b=nk";
+// Decode: a few rows, k a multiple of 8 (the pipelined mma variant's 16-byte copies) but of
+// no k tile, so split-K leaves some splits a partial tile and others none; n of no n tile.
+const GEMM_F16_KN_DECODE: &str = "gemm:m=5,n=136,k=72,dtype=f16,b=kn";
+const GEMM_BF16_NK_DECODE: &str = "gemm:m=3,n=200,k=264,dtype=bf16,b=nk";
 // Flash: causal with fewer queries than keys (aligned to the end), GQA, a batch of two, a
 // head size that is not a power of two, one query row.
 const FLASH_BF16: &str =
@@ -90,7 +94,13 @@ const PAGED_F32: &str =
 #[test]
 fn nvidia_gemm_candidates_match_the_reference() {
     assert!(variants("h200", GEMM_BF16_NK).contains(&"Mma".to_string()));
-    for spec in [GEMM_BF16_NK, GEMM_F16_KN, GEMM_F32] {
+    for spec in [
+        GEMM_BF16_NK,
+        GEMM_F16_KN,
+        GEMM_F32,
+        GEMM_F16_KN_DECODE,
+        GEMM_BF16_NK_DECODE,
+    ] {
         every_candidate("h200", spec, None);
     }
 }
@@ -98,7 +108,7 @@ fn nvidia_gemm_candidates_match_the_reference() {
 #[test]
 fn amd_cdna_gemm_candidates_match_the_reference() {
     assert!(variants("mi250", GEMM_BF16_NK).contains(&"Mfma".to_string()));
-    for spec in [GEMM_BF16_NK, GEMM_F16_KN, GEMM_F32] {
+    for spec in [GEMM_BF16_NK, GEMM_F16_KN, GEMM_F32, GEMM_BF16_NK_DECODE] {
         every_candidate("mi250", spec, None);
     }
 }
@@ -265,4 +275,150 @@ fn a_source_that_does_not_compile_names_the_error() {
         e.to_string().contains("does not compile") && e.to_string().contains("undeclared"),
         "{e}"
     );
+}
+
+/// The pipelined mma GEMM (four stages of 32, split-K 2) of the H200 on a decode problem
+/// whose two splits both hold k tiles, with `body` as its source: its relative error.
+fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
+    let (device, emu) = emulator("h200");
+    let problem: Problem = spec.parse().unwrap();
+    let data = ProblemData::random(&problem, 9);
+    let Config::GpuGemm(mut config) = GpuSpace.heuristic(&problem, &device) else {
+        unreachable!("GEMM problems get GEMM configs")
+    };
+    assert_eq!(
+        config.stages, 4,
+        "the decode heuristic pipelines: {config:?}"
+    );
+    config.split_k = 2;
+    let out = emu.run_source(&data, &Config::GpuGemm(config), body)?;
+    Ok(relative_error(&out, &data.reference()))
+}
+
+#[test]
+fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
+    let tol = GEMM_BF16_NK_DECODE.parse::<Problem>().unwrap().tolerance();
+    let source = include_str!("../hip/gemm.hip");
+    let ok = pipelined_gemm_error(GEMM_BF16_NK_DECODE, source).unwrap();
+    assert!(ok <= tol, "the unchanged source: {ok:e}");
+    let wait = "kt_cp_async_wait<KT_STAGES - 2>();";
+    for (what, from, to, spec) in [
+        // Waiting for one group fewer reads a tile whose copies are still in flight.
+        (
+            "an early read",
+            wait,
+            "kt_cp_async_wait<KT_STAGES - 1>();",
+            GEMM_BF16_NK_DECODE,
+        ),
+        // Without the barrier, warps read other threads' copies before those land, and the
+        // next copies overwrite a stage others still read.
+        (
+            "a missing barrier",
+            "kt_cp_async_wait<KT_STAGES - 2>();\n        KT_SYNC();",
+            wait,
+            GEMM_BF16_NK_DECODE,
+        ),
+        // B fragments from the wrong 8×8 matrices of an ldmatrix.
+        (
+            "swapped ldmatrix rows",
+            "[kk + 8 * ((lane / 8) % 2)]);",
+            "[kk + 8 * (lane / 16)]);",
+            GEMM_BF16_NK_DECODE,
+        ),
+        // A K×N B read without the transpose.
+        (
+            "a missing transpose",
+            "kt_ldmatrix_x4_trans(r,",
+            "kt_ldmatrix_x4(r,",
+            GEMM_F16_KN_DECODE,
+        ),
+        // The reduction dropping the last split's partial products.
+        (
+            "a dropped split",
+            "for (int z = 0; z < KT_SPLIT; ++z)",
+            "for (int z = 0; z < KT_SPLIT - 1; ++z)",
+            GEMM_BF16_NK_DECODE,
+        ),
+    ] {
+        let body = gemm_with(from, to);
+        match pipelined_gemm_error(spec, &body) {
+            // NaN (a poisoned read) counts as caught.
+            Ok(err) => assert!(
+                err.is_nan() || err > tol,
+                "{what} went unnoticed: error {err:e}"
+            ),
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn misaligned_cp_async_and_ldmatrix_addresses_are_errors() {
+    for (from, to, says) in [
+        (
+            "kt_cp_async16(&as[st][r][ch],",
+            "kt_cp_async16(&as[st][r][ch] + 1,",
+            "cp.async from or to an address not 16-byte aligned",
+        ),
+        (
+            "kt_ldmatrix_x4(af[i], &as[st][wm + 16 * i + lane % 16][kk + 8 * (lane / 16)]);",
+            "kt_ldmatrix_x4(af[i], &as[st][wm + 16 * i + lane % 16][kk + 4 * (lane / 16)]);",
+            "ldmatrix row address not 16-byte aligned",
+        ),
+    ] {
+        let e = pipelined_gemm_error(GEMM_BF16_NK_DECODE, &gemm_with(from, to)).unwrap_err();
+        assert!(
+            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn the_mma_flash_pipeline_checks_catch_each_mistake() {
+    // Head size 128 over two key tiles of 64: the next tiles' copies overlap the current ones'
+    // use, four warps share them.
+    let (device, emu) = emulator("h200");
+    let problem: Problem = FLASH_F16_128.parse().unwrap();
+    let data = ProblemData::random(&problem, 4);
+    let reference = data.reference();
+    let config = GpuSpace.heuristic(&problem, &device);
+    assert!(
+        matches!(config, Config::GpuFlash(c) if c.bc == 64 && c.br == 64 && format!("{:?}", c.variant) == "Mma"),
+        "{config}"
+    );
+    let source = include_str!("../hip/flash.hip");
+    let error = |body: &str| {
+        let out = emu.run_source(&data, &config, body).unwrap();
+        relative_error(&out, &reference)
+    };
+    assert!(error(source) <= problem.tolerance());
+    for (what, from, to) in [
+        // The next K tile copied over the current one while other warps still read it.
+        (
+            "a missing barrier before the next K tile",
+            "        KT_SYNC();  // every warp is done with this K tile: load the next over it\n",
+            "",
+        ),
+        // P·V before this V tile has landed.
+        (
+            "an early read of V",
+            "kt_cp_async_wait<1>();  // this V tile",
+            "kt_cp_async_wait<2>();  // this V tile",
+        ),
+        // V's fragments without the transpose.
+        (
+            "a missing transpose",
+            "kt_ldmatrix_x4_trans(r, &vs[",
+            "kt_ldmatrix_x4(r, &vs[",
+        ),
+    ] {
+        assert!(source.contains(from), "flash.hip no longer has `{from}`");
+        let err = error(&source.replacen(from, to, 1));
+        // NaN (a poisoned read) counts as caught.
+        assert!(
+            err.is_nan() || err > problem.tolerance(),
+            "{what} went unnoticed: error {err:e}"
+        );
+    }
 }

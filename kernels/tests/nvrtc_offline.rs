@@ -47,7 +47,19 @@ fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs:
         let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
         let ptx = String::from_utf8(ptx).unwrap();
         assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
-        let k = &kernels[0];
+        if matches!(c, Config::GpuGemm(g) if g.stages > 1) {
+            for op in [
+                "cp.async.cg.shared.global",
+                "cp.async.wait_group",
+                "ldmatrix.sync",
+            ] {
+                assert!(ptx.contains(op), "{name} {c}: no {op}");
+            }
+        }
+        let k = kernels
+            .iter()
+            .find(|k| k.name == build_entry(p, &c))
+            .unwrap();
         assert_eq!(
             k.lds as usize,
             kerntune_kernels::space::lds_bytes(&c, p, g),
@@ -58,6 +70,11 @@ fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs:
         }
         eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
     }
+}
+
+/// The entry point whose resources count: the main kernel (a split-K GEMM has a second).
+fn build_entry(p: &Problem, c: &Config) -> &'static str {
+    KernelBuild::new(p, c).unwrap().entries[0]
 }
 
 fn problems() -> Vec<Problem> {
@@ -160,6 +177,10 @@ fn every_mma_candidate_compiles_for_sm80_and_sm90() {
     for (name, spec) in [
         ("a100", "gemm:m=2048,n=1280,k=8192,dtype=bf16"),
         ("h100", "gemm:m=133,n=1000,k=4096,dtype=f16,b=kn"),
+        // Decode: split-K and the one-warp-high tiles.
+        ("h200", "gemm:m=16,n=1280,k=8192,dtype=bf16,b=nk"),
+        // Rows not of 8 elements: the single-stage kernel only.
+        ("h100", "gemm:m=100,n=1000,k=4092,dtype=bf16,b=kn"),
     ] {
         let device = Device::lookup(name).unwrap();
         let p: Problem = spec.parse().unwrap();

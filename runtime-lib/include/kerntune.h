@@ -289,11 +289,13 @@ enum KtStatus kt_gpu_open(const char *db_path, const char *device, struct KtGpuD
 void kt_gpu_free(struct KtGpuDispatcher *d);
 
 /*
- `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float.
+ `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float;
+ `scratch` holds kt_gpu_gemm_scratch_bytes() bytes (NULL where that is 0).
 
  # Safety
  `d` is a live handle; `a`, `b`, `c` are device memory of m·k, k·n and m·n elements on its
- GPU; `stream` is NULL or a stream of that GPU.
+ GPU, `scratch` NULL or device memory of the size asked; `stream` is NULL or a stream of
+ that GPU.
  */
 enum KtStatus kt_gpu_gemm(const struct KtGpuDispatcher *d,
                           size_t m,
@@ -304,8 +306,24 @@ enum KtStatus kt_gpu_gemm(const struct KtGpuDispatcher *d,
                           const void *a,
                           const void *b,
                           float *c,
+                          void *scratch,
                           void *stream,
                           KtMatch *matched);
+
+/*
+ Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
+ kernel, else 0 (then `scratch` may be NULL). Allocate once for the largest shape served
+ and ask again after a reload. 0 on error.
+
+ # Safety
+ `d` is a live handle.
+ */
+size_t kt_gpu_gemm_scratch_bytes(const struct KtGpuDispatcher *d,
+                                 size_t m,
+                                 size_t n,
+                                 size_t k,
+                                 enum KtDtype dtype_,
+                                 bool b_is_nk);
 
 /*
  Flash attention prefill on the device (layouts as kt_flash_attention()).

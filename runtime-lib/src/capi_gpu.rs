@@ -32,7 +32,7 @@ fn status(e: RuntimeError) -> (KtStatus, String) {
     let code = match &e {
         RuntimeError::NoGpuKernel { .. } => KtStatus::NotTuned,
         RuntimeError::Kernel(KernelError::BackendUnavailable { .. }) => KtStatus::NoDevice,
-        RuntimeError::Kernel(_) => KtStatus::InvalidArgument,
+        RuntimeError::Kernel(_) | RuntimeError::NoScratch { .. } => KtStatus::InvalidArgument,
         _ => KtStatus::KernelError,
     };
     (code, e.to_string())
@@ -107,11 +107,13 @@ pub unsafe extern "C" fn kt_gpu_free(d: *mut KtGpuDispatcher) {
     unsafe { free_handle(d) }
 }
 
-/// `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float.
+/// `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float;
+/// `scratch` holds kt_gpu_gemm_scratch_bytes() bytes (NULL where that is 0).
 ///
 /// # Safety
 /// `d` is a live handle; `a`, `b`, `c` are device memory of m·k, k·n and m·n elements on its
-/// GPU; `stream` is NULL or a stream of that GPU.
+/// GPU, `scratch` NULL or device memory of the size asked; `stream` is NULL or a stream of
+/// that GPU.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kt_gpu_gemm(
@@ -124,22 +126,57 @@ pub unsafe extern "C" fn kt_gpu_gemm(
     a: *const c_void,
     b: *const c_void,
     c: *mut f32,
+    scratch: *mut c_void,
     stream: *mut c_void,
     matched: *mut KtMatch,
 ) -> KtStatus {
     guard(|| {
         let d = gpu(d)?;
-        let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
-        let p =
-            GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))?;
+        let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
         let ptrs = DevicePtrs {
             inputs: [addr("a", a)?, addr("b", b)?, 0],
             out: addr("c", c.cast_const().cast())?,
             ..DevicePtrs::default()
         };
+        let scratch = scratch as usize as u64;
         // SAFETY: caller contract.
-        unsafe { launch(d, &Problem::Gemm(p), &ptrs, 0, stream, matched) }
+        unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
     })
+}
+
+fn gemm_problem(
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    b_is_nk: bool,
+) -> Result<GemmProblem, (KtStatus, String)> {
+    let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
+    GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))
+}
+
+/// Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
+/// kernel, else 0 (then `scratch` may be NULL). Allocate once for the largest shape served
+/// and ask again after a reload. 0 on error.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_gemm_scratch_bytes(
+    d: *const KtGpuDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    b_is_nk: bool,
+) -> usize {
+    let mut bytes = 0;
+    guard(|| {
+        let d = gpu(d)?;
+        bytes = d.scratch_bytes(&Problem::Gemm(gemm_problem(m, n, k, dtype_, b_is_nk)?));
+        Ok(())
+    });
+    bytes
 }
 
 /// Flash attention prefill on the device (layouts as kt_flash_attention()).

@@ -19,6 +19,13 @@ pub enum RuntimeError {
     /// kernel for it.
     #[error("no compiled kernel for {problem} (config {config}) in the database; tune this shape class on the device: tune --device <gpu> --shapes {problem}")]
     NoGpuKernel { problem: String, config: String },
+    /// The selected kernel needs device scratch and the call passed none.
+    #[error("{problem} runs config {config}, which needs {bytes} bytes of device scratch; pass scratch of the size scratch_bytes() reports (ask again after a reload)")]
+    NoScratch {
+        problem: String,
+        config: String,
+        bytes: usize,
+    },
     #[error("writing untuned shapes to {path}: {source}")]
     Write {
         path: std::path::PathBuf,

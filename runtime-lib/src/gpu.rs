@@ -13,7 +13,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use kerntune_kernels::device::{GpuModel, Vendor};
 use kerntune_kernels::gpu::device::{GpuDevice, LoadedBuild};
-use kerntune_kernels::gpu::launch::{partial_slots, DevicePtrs};
+use kerntune_kernels::gpu::launch::{partial_floats, DevicePtrs};
 use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
 use kerntune_kernels::{Config, Device, KernelError, Problem};
 use rustc_hash::FxHashMap;
@@ -201,8 +201,9 @@ impl GpuDispatcher {
         self.dispatcher.select(problem)
     }
 
-    /// Bytes of device scratch a call of `problem` needs (paged attention's partial results;
-    /// 0 for the other families): allocate it once, at the largest shape served.
+    /// Bytes of device scratch a call of `problem` needs with its selected config (paged
+    /// attention's partial results, a split-K GEMM's partial products; else 0): allocate it
+    /// once, at the largest shape served, and ask again after a reload.
     pub fn scratch_bytes(&self, problem: &Problem) -> usize {
         let config = self.dispatcher.peek(problem);
         scratch_bytes(problem, &config)
@@ -231,15 +232,17 @@ impl GpuDispatcher {
                 config: config.to_string(),
             });
         };
-        let mut ptrs = *ptrs;
-        if let (Problem::Paged(p), Config::GpuPaged(_)) = (problem, &config) {
-            let slots = partial_slots(problem, &config) as u64;
-            ptrs.partials = [
-                scratch,
-                scratch + 4 * slots * p.head_dim as u64,
-                scratch + 4 * slots * (p.head_dim as u64 + 1),
-            ];
+        let bytes = scratch_bytes(problem, &config);
+        if bytes > 0 && scratch == 0 {
+            return Err(RuntimeError::NoScratch {
+                problem: problem.key(),
+                config: config.to_string(),
+                bytes,
+            });
         }
+        let mut ptrs = *ptrs;
+        let [outputs, maxima, _] = partial_floats(problem, &config).map(|n| 4 * n as u64);
+        ptrs.partials = [scratch, scratch + outputs, scratch + outputs + maxima];
         // SAFETY: the caller's promise on the addresses and the stream.
         unsafe { build.launch(problem, &config, &ptrs, stream) }?;
         Ok(matched)
@@ -274,10 +277,8 @@ impl GpuDispatcher {
     }
 }
 
-/// Scratch bytes of `config` on `problem`: paged attention's partial outputs, maxima and sums.
+/// Scratch bytes of `config` on `problem`: paged attention's partial outputs, maxima and sums;
+/// a split-K GEMM's partial products.
 fn scratch_bytes(problem: &Problem, config: &Config) -> usize {
-    match problem {
-        Problem::Paged(p) => 4 * partial_slots(problem, config) * (p.head_dim + 2),
-        _ => 0,
-    }
+    4 * partial_floats(problem, config).iter().sum::<usize>()
 }

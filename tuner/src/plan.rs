@@ -187,10 +187,15 @@ pub async fn plan(
                 .map(|i| configs[(i as f64 * step) as usize])
                 .collect();
         }
+        // The default first (the device run always times it), then the heuristic: a
+        // budgeted search takes candidates in this order, the space's likeliest first.
         let default = GpuSpace.default_config(&d.problem, device);
-        if !configs.contains(&default) {
-            configs.insert(0, default);
+        let heuristic = GpuSpace.heuristic(&d.problem, device);
+        configs.retain(|c| *c != default && *c != heuristic);
+        if heuristic != default && GpuSpace.validate(&heuristic, &d.problem, device).is_ok() {
+            configs.insert(0, heuristic);
         }
+        configs.insert(0, default);
         let mut list = Vec::new();
         for c in configs {
             let build = KernelBuild::new(&d.problem, &c)?;

@@ -15,7 +15,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use serde::Serialize;
 
-use super::launch::{launches, Arg, DevicePtrs, Launch};
+use super::launch::{launches, split_k_workspace, Arg, DevicePtrs, Launch};
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
@@ -179,6 +179,8 @@ pub struct DeviceProblem {
     out: CudaSlice<f32>,
     /// Paged attention: partial outputs, maxima and sums of every partition.
     partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
+    /// GEMM: split-K partial products, as many as any valid config needs.
+    workspace: Option<CudaSlice<f32>>,
     flush: CudaSlice<u8>,
 }
 
@@ -240,6 +242,14 @@ impl DeviceProblem {
             tables,
             out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
             partials,
+            workspace: match &data.problem {
+                Problem::Gemm(p) => Some(
+                    gpu.stream
+                        .alloc_zeros::<f32>(split_k_workspace(p).max(1))
+                        .map_err(err)?,
+                ),
+                _ => None,
+            },
             flush: gpu.stream.alloc_zeros::<u8>(flush_bytes).map_err(err)?,
         })
     }
@@ -280,6 +290,9 @@ impl DeviceProblem {
                 addr(m.device_ptr_mut(stream)),
                 addr(s.device_ptr_mut(stream)),
             ];
+        }
+        if let Some(w) = &mut self.workspace {
+            ptrs.partials[0] = addr(w.device_ptr_mut(stream));
         }
         let list = launches(&self.problem, config, &ptrs)?;
         kernel.launch(stream, &list)?;

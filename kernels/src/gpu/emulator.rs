@@ -20,7 +20,7 @@ use std::sync::{Mutex, OnceLock};
 use libloading::Library;
 
 use super::compiler_io::{first_errors, run_with_input};
-use super::launch::{launches, partial_slots, DevicePtrs};
+use super::launch::{launches, partial_floats, DevicePtrs};
 use super::source::{body_of, PRELUDE};
 use super::KernelBuild;
 use crate::data::ProblemData;
@@ -73,14 +73,19 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
         (q / kv * kv2, kv2)
     };
     let small = match (problem, config) {
-        (Problem::Gemm(p), Config::GpuGemm(c)) => GemmProblem::new(
-            p.m.min(c.bm + 1),
-            p.n.min(c.bn + 3),
-            p.k.min(c.bk + 5),
-            p.dtype,
-            p.b_layout,
-        )
-        .map(Problem::Gemm),
+        (Problem::Gemm(p), Config::GpuGemm(c)) => {
+            // Pipelined builds copy rows of 8 elements: their ragged part stays a multiple
+            // of 8 (the original sizes are, or the config would not be valid for them).
+            let (dn, dk) = if c.stages > 1 { (8, 8) } else { (3, 5) };
+            GemmProblem::new(
+                p.m.min(c.bm + 1),
+                p.n.min(c.bn + dn),
+                p.k.min(c.bk + dk),
+                p.dtype,
+                p.b_layout,
+            )
+            .map(Problem::Gemm)
+        }
         (Problem::Flash(p), Config::GpuFlash(c)) => {
             let q_len = p.q_len.min(c.br + 1);
             let kv_len = p.kv_len.min(c.bc + 3).max(q_len.min(p.kv_len));
@@ -399,16 +404,7 @@ impl Emulator {
         let mut tables = Guarded::words(&data.block_tables);
         let mut lens = Guarded::words(&data.context_lens);
         let mut out = Guarded::output(data.out.len());
-        let slots = partial_slots(problem, config);
-        let head_dim = match problem {
-            Problem::Paged(p) => p.head_dim,
-            _ => 0,
-        };
-        let mut partials = [
-            Guarded::output(slots * head_dim),
-            Guarded::output(slots),
-            Guarded::output(slots),
-        ];
+        let mut partials = partial_floats(problem, config).map(Guarded::output);
         let mut ptrs = DevicePtrs {
             out: out.addr(),
             block_tables: tables.addr(),
@@ -453,11 +449,14 @@ impl Emulator {
                     ),
                 ));
             }
-            for (name, buf) in [("out", &out)].into_iter().chain(
-                ["partial outputs", "partial maxima", "partial sums"]
-                    .into_iter()
-                    .zip(&partials),
-            ) {
+            let partial_names = match problem {
+                Problem::Gemm(_) => ["split-K partial products", "", ""],
+                _ => ["partial outputs", "partial maxima", "partial sums"],
+            };
+            for (name, buf) in [("out", &out)]
+                .into_iter()
+                .chain(partial_names.into_iter().zip(&partials))
+            {
                 if let Some(at) = buf.damaged_guard() {
                     return Err(fault(
                         &build,
@@ -473,9 +472,10 @@ impl Emulator {
     }
 }
 
-/// A buffer between guard bytes. The storage is `u64` words so every element type is aligned.
+/// A buffer between guard bytes. The storage is 16-byte words so every element type, and the
+/// 16-byte copies of the pipelined kernels, are aligned as on a device.
 struct Guarded {
-    words: Vec<u64>,
+    words: Vec<u128>,
     /// Data bytes, starting at `GUARD`.
     len: usize,
     guard: u8,
@@ -483,7 +483,7 @@ struct Guarded {
 
 impl Guarded {
     fn with(len: usize, guard: u8) -> Guarded {
-        let total = (2 * GUARD + len).div_ceil(8);
+        let total = (2 * GUARD + len).div_ceil(16);
         let mut g = Guarded {
             words: vec![0; total],
             len,
@@ -494,13 +494,13 @@ impl Guarded {
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        let n = self.words.len() * 8;
+        let n = self.words.len() * 16;
         // SAFETY: the words' storage is n initialised bytes.
         unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), n) }
     }
 
     fn bytes(&self) -> &[u8] {
-        let n = self.words.len() * 8;
+        let n = self.words.len() * 16;
         // SAFETY: as above, read-only.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), n) }
     }

@@ -5,6 +5,8 @@
 
 use std::ffi::c_void;
 
+use crate::problem::GemmProblem;
+use crate::space::{GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
 use crate::{Config, KernelError, Problem};
 
 /// One kernel argument, by value.
@@ -49,8 +51,9 @@ pub struct DevicePtrs {
     pub block_tables: u64,
     pub context_lens: u64,
     pub max_blocks_per_seq: usize,
-    /// Paged only: partial outputs, maxima and sums, of [`partial_slots`] slots (outputs
-    /// `head_dim` floats per slot).
+    /// Paged: partial outputs, maxima and sums, of [`partial_slots`] slots (outputs
+    /// `head_dim` floats per slot). Split-K GEMM: the partial products, in the first.
+    /// [`partial_floats`] sizes them.
     pub partials: [u64; 3],
 }
 
@@ -63,6 +66,27 @@ pub fn partial_slots(problem: &Problem, config: &Config) -> usize {
         }
         _ => 0,
     }
+}
+
+/// Floats each of the three [`DevicePtrs::partials`] buffers must hold for `config`: paged
+/// attention's partial outputs, maxima and sums; a split-K GEMM's partial products
+/// (`split_k` slices of M×N, in the first); nothing otherwise.
+pub fn partial_floats(problem: &Problem, config: &Config) -> [usize; 3] {
+    match (problem, config) {
+        (Problem::Paged(p), Config::GpuPaged(_)) => {
+            let slots = partial_slots(problem, config);
+            [slots * p.head_dim, slots, slots]
+        }
+        (Problem::Gemm(p), Config::GpuGemm(c)) if c.split_k > 1 => [c.split_k * p.m * p.n, 0, 0],
+        _ => [0; 3],
+    }
+}
+
+/// Floats of split-K partial products that any valid config of `problem` needs at most: a
+/// device path allocates this once per problem.
+pub fn split_k_workspace(problem: &GemmProblem) -> usize {
+    let most = GPU_MAX_SPLIT_K * problem.m * problem.n;
+    most.min(GPU_SPLIT_K_WORKSPACE_BYTES / 4)
 }
 
 /// The kernels index with 32-bit integers.
@@ -102,12 +126,36 @@ pub fn launches(
     let [i0, i1, i2] = ptrs.inputs.map(Arg::Ptr);
     let out = Arg::Ptr(ptrs.out);
     Ok(match (problem, config) {
-        (Problem::Gemm(p), Config::GpuGemm(c)) => vec![Launch {
-            entry: 0,
-            grid: grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), 1)?,
-            block,
-            args: vec![i0, i1, out, int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?],
-        }],
+        (Problem::Gemm(p), Config::GpuGemm(c)) => {
+            let sizes = [int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?];
+            let tiles = grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?;
+            if c.split_k <= 1 {
+                vec![Launch {
+                    entry: 0,
+                    grid: tiles,
+                    block,
+                    args: [vec![i0, i1, out], sizes.to_vec()].concat(),
+                }]
+            } else {
+                // Partial products into the workspace, then their sum into C.
+                let ws = Arg::Ptr(ptrs.partials[0]);
+                let mn = p.m * p.n;
+                vec![
+                    Launch {
+                        entry: 0,
+                        grid: tiles,
+                        block,
+                        args: [vec![i0, i1, ws], sizes.to_vec()].concat(),
+                    },
+                    Launch {
+                        entry: 1,
+                        grid: grid(mn.div_ceil(block as usize), 1, 1)?,
+                        block,
+                        args: vec![ws, out, int(mn, "m·n")?],
+                    },
+                ]
+            }
+        }
         (Problem::Flash(p), Config::GpuFlash(c)) => vec![Launch {
             entry: 0,
             grid: grid(p.q_len.div_ceil(c.br), p.q_heads, p.batch)?,

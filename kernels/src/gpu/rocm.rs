@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use libloading::Library;
 
-use super::launch::{launches, Arg, DevicePtrs, Launch};
+use super::launch::{launches, split_k_workspace, Arg, DevicePtrs, Launch};
 use super::rocblas::{Rocblas, RocblasHandle};
 use super::KernelBuild;
 use crate::config::RocblasConfig;
@@ -347,6 +347,8 @@ pub struct HipProblem<'g> {
     inputs: Vec<DeviceMem<'g>>,
     tables: Option<(DeviceMem<'g>, DeviceMem<'g>, usize)>,
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
+    /// GEMM: split-K partial products, as many as any valid config needs.
+    workspace: Option<DeviceMem<'g>>,
     out: DeviceMem<'g>,
     flush: DeviceMem<'g>,
 }
@@ -393,6 +395,10 @@ impl<'g> HipProblem<'g> {
             inputs,
             tables,
             partials,
+            workspace: match &data.problem {
+                Problem::Gemm(p) => Some(gpu.alloc(4 * split_k_workspace(p).max(1))?),
+                _ => None,
+            },
             out: gpu.alloc(4 * data.out.len())?,
             flush: gpu.alloc(FLUSH_BYTES)?,
         })
@@ -417,6 +423,9 @@ impl<'g> HipProblem<'g> {
         }
         if let Some((o, m, s)) = &self.partials {
             ptrs.partials = [addr(o), addr(m), addr(s)];
+        }
+        if let Some(w) = &self.workspace {
+            ptrs.partials[0] = addr(w);
         }
         ptrs
     }

@@ -69,8 +69,14 @@ impl KernelBuild {
                     ("KT_TM", c.tm),
                     ("KT_TN", c.tn),
                     ("KT_B_NK", usize::from(p.b_layout == BLayout::Nk)),
+                    ("KT_STAGES", c.stages),
+                    ("KT_SPLIT", c.split_k),
                 ],
-                entries: &["kt_gemm"],
+                entries: if c.split_k > 1 {
+                    &["kt_gemm", "kt_gemm_reduce"]
+                } else {
+                    &["kt_gemm"]
+                },
                 threads: c.threads(),
             },
             (Problem::Flash(p), Config::GpuFlash(c)) => KernelBuild {

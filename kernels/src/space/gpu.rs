@@ -9,10 +9,17 @@ use crate::config::{
 };
 use crate::device::{GpuModel, Vendor};
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
-use crate::{Config, DType, Device, Family, KernelError, Problem, Space};
+use crate::{BLayout, Config, DType, Device, Family, KernelError, Problem, Space};
 
 /// Head dimensions the flash kernel holds in registers: beyond this a row does not fit.
 pub const GPU_MAX_HEAD_DIM: usize = 256;
+
+/// Blocks that may share the k range of one GEMM tile (split-K).
+pub const GPU_MAX_SPLIT_K: usize = 16;
+
+/// The most device memory a split-K GEMM's partial products may take; splits needing more
+/// are invalid (they belong to prefill shapes, which have tiles enough without them).
+pub const GPU_SPLIT_K_WORKSPACE_BYTES: usize = 64 << 20;
 
 /// The GPU kernels' parameter space.
 #[derive(Debug, Clone, Copy, Default)]
@@ -55,12 +62,19 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         (Config::GpuGemm(c), _) => match c.variant {
             GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
+            GpuGemmVariant::Mma if c.stages > 1 => {
+                let b = match problem {
+                    Problem::Gemm(p) if p.b_layout == BLayout::Kn => c.bk * (c.bn + 8),
+                    _ => c.bn * (c.bk + 8),
+                };
+                2 * c.stages * (c.bm * (c.bk + 8) + b)
+            }
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
             GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
-            // 16-bit K [bc][d + 8] and Vᵀ [d][bc + 8].
-            GpuFlashVariant::Mma => 2 * (c.bc * (p.head_dim + 8) + p.head_dim * (c.bc + 8)),
+            // 16-bit K and V tiles, [bc][d + 8] each.
+            GpuFlashVariant::Mma => 2 * 2 * c.bc * (p.head_dim + 8),
             // 16-bit K [bc][d + 4] and Vᵀ [d][bc + 4].
             GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.head_dim * (c.bc + 4)),
         },
@@ -174,6 +188,68 @@ impl GpuSpace {
                 }
             }
         }
+        if !(1..=4).contains(&c.stages) {
+            return Err(invalid(f, format!("stages = {}: must be 1 to 4", c.stages)));
+        }
+        if c.stages > 1 {
+            if c.variant != GpuGemmVariant::Mma {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "stages = {}: only the mma variant pipelines its k tiles",
+                        c.stages
+                    ),
+                ));
+            }
+            if !c.tn.is_multiple_of(2) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "the pipelined mma variant reads B fragments of two n tiles at once: tn = {} must be even",
+                        c.tn
+                    ),
+                ));
+            }
+            // 16-byte copies of 8 elements: rows of A and B must start 16-byte aligned.
+            let (dim, v) = match p.b_layout {
+                BLayout::Kn if !p.n.is_multiple_of(8) => ("n", p.n),
+                _ => ("k", p.k),
+            };
+            if !v.is_multiple_of(8) {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "stages = {}: 16-byte copies need {dim} = {v} a multiple of 8 (stages = 1 takes any size)",
+                        c.stages
+                    ),
+                ));
+            }
+        }
+        if !c.split_k.is_power_of_two() || c.split_k > GPU_MAX_SPLIT_K {
+            return Err(invalid(
+                f,
+                format!(
+                    "split_k = {}: must be a power of two up to {GPU_MAX_SPLIT_K}",
+                    c.split_k
+                ),
+            ));
+        }
+        if c.split_k > 1 {
+            let bytes = 4 * c.split_k * p.m * p.n;
+            if bytes > GPU_SPLIT_K_WORKSPACE_BYTES {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "split_k = {} needs {} MiB of partial products for {}x{}; at most {} MiB",
+                        c.split_k,
+                        bytes >> 20,
+                        p.m,
+                        p.n,
+                        GPU_SPLIT_K_WORKSPACE_BYTES >> 20
+                    ),
+                ));
+            }
+        }
         check_threads(f, c.threads(), g)
     }
 
@@ -276,56 +352,113 @@ impl GpuSpace {
         check_threads(f, c.threads, g)
     }
 
+    /// The GEMM candidates, the likeliest winners first (a budgeted search takes the first):
+    /// matrix-core variants before the tiled one on models that have them, and for decode
+    /// shapes the one-warp-high split-K tiles first of all.
     fn gemm_candidates(&self, p: &GemmProblem, g: &GpuModel) -> Vec<Config> {
         let mut out = Vec::new();
-        for (bm, bn) in [(32, 32), (64, 64), (64, 128), (128, 64), (128, 128)] {
-            for bk in [8, 16, 32] {
-                for (tm, tn) in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
-                    out.push(GpuGemmConfig {
-                        variant: GpuGemmVariant::Tiled,
-                        bm,
-                        bn,
-                        bk,
-                        tm,
-                        tn,
-                    });
+        let mut push = |variant, (bm, bn, bk), (tm, tn), stages, split_k| {
+            out.push(GpuGemmConfig {
+                variant,
+                bm,
+                bn,
+                bk,
+                tm,
+                tn,
+                stages,
+                split_k,
+            })
+        };
+        // Decode: a few rows give few tiles; split-K fills the device.
+        let decode = p.m <= 64;
+        let splits: &[usize] = if decode { &[1, 2, 4, 8, 16] } else { &[1] };
+        if has_mma(g) && p.dtype != DType::F32 {
+            let mma = GpuGemmVariant::Mma;
+            if pipelines(p) {
+                if decode {
+                    let bm = decode_rows(p.m);
+                    for &split in splits.iter().rev() {
+                        for (bn, tn) in [(64, 2), (128, 4)] {
+                            for (bk, stages) in [(32, 4), (64, 3)] {
+                                push(mma, (bm, bn, bk), (bm / 16, tn), stages, split);
+                            }
+                        }
+                    }
+                }
+                // At least 64 of k in flight, at most 128, within 48 KiB (validation).
+                for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
+                    for (bk, stages) in [(32, 2), (32, 3), (32, 4), (16, 4), (64, 2)] {
+                        for tile in [(4, 4), (4, 2), (2, 4), (2, 2)] {
+                            push(mma, (bm, bn, bk), tile, stages, 1);
+                        }
+                    }
+                }
+            } else {
+                if decode {
+                    let bm = decode_rows(p.m);
+                    for &split in splits.iter().rev() {
+                        push(mma, (bm, 64, 32), (bm / 16, 2), 1, split);
+                    }
+                }
+                for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
+                    for bk in [32, 16, 64] {
+                        for tile in [(4, 4), (4, 2), (2, 4), (2, 2), (1, 2)] {
+                            push(mma, (bm, bn, bk), tile, 1, 1);
+                        }
+                    }
                 }
             }
         }
         if has_mfma(g) && p.dtype != DType::F32 {
-            for (bm, bn) in [(64, 64), (64, 128), (128, 64), (128, 128), (256, 128)] {
-                for bk in [16, 32, 64] {
-                    for (tm, tn) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
-                        out.push(GpuGemmConfig {
-                            variant: GpuGemmVariant::Mfma,
-                            bm,
-                            bn,
-                            bk,
-                            tm,
-                            tn,
-                        });
+            if decode {
+                for &split in splits.iter().rev() {
+                    push(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 1, split);
+                    push(GpuGemmVariant::Mfma, (32, 128, 64), (1, 2), 1, split);
+                }
+            }
+            for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
+                for bk in [32, 16, 64] {
+                    for tile in [(2, 2), (1, 2), (2, 1), (1, 1)] {
+                        push(GpuGemmVariant::Mfma, (bm, bn, bk), tile, 1, 1);
                     }
                 }
             }
         }
-        if has_mma(g) && p.dtype != DType::F32 {
-            for (bm, bn) in [(64, 64), (64, 128), (128, 64), (128, 128)] {
-                for bk in [16, 32, 64] {
-                    for (tm, tn) in [(1, 2), (2, 2), (2, 4), (4, 2), (4, 4)] {
-                        out.push(GpuGemmConfig {
-                            variant: GpuGemmVariant::Mma,
-                            bm,
-                            bn,
-                            bk,
-                            tm,
-                            tn,
-                        });
-                    }
+        for &split in splits[1..].iter().rev() {
+            push(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split);
+        }
+        for (bm, bn) in [(32, 32), (64, 64), (64, 128), (128, 64), (128, 128)] {
+            for bk in [8, 16, 32] {
+                for tile in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
+                    push(GpuGemmVariant::Tiled, (bm, bn, bk), tile, 1, 1);
                 }
             }
         }
         out.into_iter().map(Config::GpuGemm).collect()
     }
+}
+
+/// Whether the pipelined mma variant's 16-byte copies apply: rows of A and B (k, and n for a
+/// K×N B) multiples of 8 elements.
+fn pipelines(p: &GemmProblem) -> bool {
+    p.k.is_multiple_of(8) && (p.b_layout == BLayout::Nk || p.n.is_multiple_of(8))
+}
+
+/// Rows of a decode tile for `m` rows: 16, 32 or 64, one warp high.
+fn decode_rows(m: usize) -> usize {
+    m.next_power_of_two().clamp(16, 64)
+}
+
+/// The split-K of a decode GEMM: the fewest splits (a power of two up to 16) that give two
+/// blocks per CU / SM, each split keeping at least 256 of k.
+fn decode_split(p: &GemmProblem, bm: usize, bn: usize, g: &GpuModel) -> usize {
+    let tiles = p.m.div_ceil(bm) * p.n.div_ceil(bn);
+    let want = 2 * g.compute_units as usize;
+    let mut split = 1;
+    while split < GPU_MAX_SPLIT_K && tiles * split < want && p.k / (2 * split) >= 256 {
+        split *= 2;
+    }
+    split
 }
 
 impl Space for GpuSpace {
@@ -341,6 +474,20 @@ impl Space for GpuSpace {
             Problem::Gemm(p) => self.gemm_candidates(p, g),
             Problem::Flash(_) => {
                 let mut out = Vec::new();
+                // Matrix-core variants first, the likeliest winners where they exist
+                // (validation drops them elsewhere); larger tiles first.
+                for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
+                    for br in [64, 128, 32, 16] {
+                        for bc in [64, 32, 16] {
+                            out.push(Config::GpuFlash(GpuFlashConfig {
+                                br,
+                                bc,
+                                lanes: 2,
+                                variant,
+                            }));
+                        }
+                    }
+                }
                 for br in [16, 32, 64, 128] {
                     for bc in [16, 32, 64] {
                         for lanes in [1, 2, 4, 8, 16] {
@@ -349,15 +496,6 @@ impl Space for GpuSpace {
                                 bc,
                                 lanes,
                                 variant: GpuFlashVariant::Rows,
-                            }));
-                        }
-                        // Validation drops these where there are no matrix cores.
-                        for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
-                            out.push(Config::GpuFlash(GpuFlashConfig {
-                                br,
-                                bc,
-                                lanes: 2,
-                                variant,
                             }));
                         }
                     }
@@ -440,6 +578,8 @@ impl Space for GpuSpace {
                 bk: 16,
                 tm: 4,
                 tn: 4,
+                stages: 1,
+                split_k: 1,
             }),
             Problem::Flash(p) => {
                 // Head sizes are multiples of 8 in practice; odd ones get fewer lanes.
@@ -463,6 +603,10 @@ impl Space for GpuSpace {
     }
 
     fn heuristic(&self, problem: &Problem, device: &Device) -> Config {
+        let gpu = match device {
+            Device::Gpu(g) => Some(*g),
+            Device::Cpu(_) => None,
+        };
         let (mfma, mma) = match (problem, device) {
             (Problem::Gemm(p), Device::Gpu(g)) => (
                 has_mfma(g) && p.dtype != DType::F32,
@@ -495,15 +639,33 @@ impl Space for GpuSpace {
                 }),
                 None => self.default_config(problem, device),
             },
-            // Tensor cores for prefill-sized 16-bit GEMMs: a 128×128 tile over 8 warps.
-            Problem::Gemm(p) if mma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
+            // Tensor cores for prefill-sized 16-bit GEMMs: a 128×128 tile over 8 warps, two
+            // stages of 32 in flight where rows allow 16-byte copies.
+            Problem::Gemm(p) if mma && p.m > 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Mma,
                 bm: 128,
                 bn: 128,
                 bk: 32,
                 tm: 4,
                 tn: 4,
+                stages: if pipelines(p) { 2 } else { 1 },
+                split_k: 1,
             }),
+            // Tensor cores for decode: one warp high, four stages of 32 streaming the weights,
+            // split-K until every SM has two blocks.
+            Problem::Gemm(p) if mma && pipelines(p) => {
+                let bm = decode_rows(p.m);
+                Config::GpuGemm(GpuGemmConfig {
+                    variant: GpuGemmVariant::Mma,
+                    bm,
+                    bn: 64,
+                    bk: 32,
+                    tm: bm / 16,
+                    tn: 2,
+                    stages: 4,
+                    split_k: gpu.map_or(1, |g| decode_split(p, bm, 64, g)),
+                })
+            }
             Problem::Gemm(p) if mfma && p.m >= 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Mfma,
                 bm: 128,
@@ -511,15 +673,19 @@ impl Space for GpuSpace {
                 bk: 32,
                 tm: 2,
                 tn: 2,
+                stages: 1,
+                split_k: 1,
             }),
-            // Decode: few rows, many columns; a narrow tile keeps every CU busy.
-            Problem::Gemm(p) if p.m <= 16 => Config::GpuGemm(GpuGemmConfig {
+            // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
+            Problem::Gemm(p) if p.m <= 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Tiled,
                 bm: 32,
                 bn: 32,
                 bk: 32,
                 tm: 2,
                 tn: 2,
+                stages: 1,
+                split_k: gpu.map_or(1, |g| decode_split(p, 32, 32, g)),
             }),
             _ => self.default_config(problem, device),
         }

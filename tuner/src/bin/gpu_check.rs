@@ -156,12 +156,17 @@ impl Check<'_> {
     }
 }
 
+/// At most `max` candidates besides the default and the heuristic: the first half of them
+/// from the front of the space's order (its likeliest winners), the rest spread evenly over
+/// the remainder.
 fn candidates(p: &Problem, device: &Device, max: usize) -> Vec<Config> {
     let all = GpuSpace.candidates(p, device);
-    let step = (all.len() as f64 / max.max(1) as f64).max(1.0);
-    let mut picked: Vec<Config> = (0..max.min(all.len()))
-        .map(|i| all[(i as f64 * step) as usize])
-        .collect();
+    let front = (max / 2).min(all.len());
+    let rest = &all[front..];
+    let spread = (max - front).min(rest.len());
+    let step = rest.len() as f64 / spread.max(1) as f64;
+    let mut picked: Vec<Config> = all[..front].to_vec();
+    picked.extend((0..spread).map(|i| rest[(i as f64 * step) as usize]));
     for c in [
         GpuSpace.default_config(p, device),
         GpuSpace.heuristic(p, device),
