@@ -22,7 +22,7 @@ use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::device::GpuModel;
 use kerntune_kernels::gpu::device::{GpuDevice, GpuProblem, LoadedBuild};
 use kerntune_kernels::gpu::emulator::Emulator;
-use kerntune_kernels::gpu::launch::{launches, Arg, DevicePtrs, Launch};
+use kerntune_kernels::gpu::launch::{launches, partial_floats, Arg, DevicePtrs, Launch};
 use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::{
@@ -347,13 +347,19 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     for (d, w) in problems.iter().zip(&plan.problems) {
         let p = &d.problem;
         let scratch = runtime.scratch_bytes(p);
-        assert_eq!(scratch > 0, matches!(p, Problem::Paged(_)), "{}", w.problem);
+        let winner = runtime.select(p).config;
+        // Paged attention's partial results, or a split-K GEMM's partial products.
+        let needs = partial_floats(p, &winner).iter().sum::<usize>();
+        assert_eq!(scratch, 4 * needs, "{}", w.problem);
+        assert_eq!(
+            needs > 0,
+            matches!(p, Problem::Paged(_)) || matches!(winner, Config::GpuGemm(g) if g.split_k > 1)
+        );
         // SAFETY: the stand-in device dereferences nothing.
         let how = unsafe { runtime.launch(p, &ptrs, 0x9000, 7) }.unwrap();
         assert_eq!(how, kerntune::Match::Exact);
         let (key, list, stream) = launched.lock().unwrap().pop().unwrap();
         assert_eq!(stream, 7);
-        let winner = runtime.select(p).config;
         if winner == LIBRARY {
             // The GEMM's winner is the library's solution: launched through the library.
             assert!(matches!(p, Problem::Gemm(_)));
@@ -362,16 +368,26 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
         }
         assert_eq!(key, KernelBuild::new(p, &winner).unwrap().key());
         assert!(list.last().unwrap().args.contains(&Arg::Ptr(0x4000)));
-        if matches!(p, Problem::Paged(_)) {
+        if needs > 0 {
             // The partial results go to the caller's scratch.
             assert!(list[0].args.contains(&Arg::Ptr(0x9000)));
+            // Without scratch the call is refused, saying how much it needs, and nothing
+            // is launched.
+            let before = launched.lock().unwrap().len();
+            // SAFETY: as above.
+            let err = unsafe { runtime.launch(p, &ptrs, 0, 7) }.unwrap_err();
+            assert!(
+                matches!(err, RuntimeError::NoScratch { bytes, .. } if bytes == scratch),
+                "{err}"
+            );
+            assert_eq!(launched.lock().unwrap().len(), before);
         }
     }
     // A smaller batch of the tuned GEMM's class runs the tuned build (bucket); a class never
     // tuned on the device has no kernel, and says so without launching.
     let smaller: Problem = "gemm:m=2,n=96,k=70,dtype=bf16".parse().unwrap();
     // SAFETY: as above.
-    let how = unsafe { runtime.launch(&smaller, &ptrs, 0, 0) }.unwrap();
+    let how = unsafe { runtime.launch(&smaller, &ptrs, 0x9000, 0) }.unwrap();
     assert_eq!(how, kerntune::Match::Bucket);
     let untuned: Problem = "gemm:m=2,n=64,k=64,dtype=f16".parse().unwrap();
     let before = launched.lock().unwrap().len();

@@ -271,4 +271,39 @@ mod tests {
         let cpu = crate::CpuSpace.default_config(&p, &Device::host());
         assert!(launches(&p, &cpu, &ptrs).is_err());
     }
+
+    #[test]
+    fn split_k_writes_partials_then_sums_them_into_c() {
+        let h200 = Device::lookup("h200").unwrap();
+        let p: Problem = "gemm:m=16,n=1280,k=8192,dtype=bf16".parse().unwrap();
+        let Config::GpuGemm(mut c) = GpuSpace.heuristic(&p, &h200) else {
+            unreachable!()
+        };
+        c.split_k = 4;
+        let config = Config::GpuGemm(c);
+        let ptrs = DevicePtrs {
+            inputs: [1, 2, 0],
+            out: 4,
+            partials: [8, 0, 0],
+            ..DevicePtrs::default()
+        };
+        let l = launches(&p, &config, &ptrs).unwrap();
+        let build = KernelBuild::new(&p, &config).unwrap();
+        assert_eq!(build.entries, ["kt_gemm", "kt_gemm_reduce"]);
+        assert_eq!(l.len(), 2);
+        assert_eq!((l[0].entry, l[0].grid), (0, [1280 / c.bn as u32, 1, 4]));
+        assert_eq!(l[0].args[2], Arg::Ptr(8), "the partials, not C");
+        assert_eq!(
+            l[1].args,
+            [Arg::Ptr(8), Arg::Ptr(4), Arg::Int(16 * 1280)].to_vec()
+        );
+        assert_eq!(
+            l[1].grid[0] as usize,
+            (16 * 1280usize).div_ceil(build.threads)
+        );
+        assert_eq!(partial_floats(&p, &config), [4 * 16 * 1280, 0, 0]);
+        // Any valid split fits the workspace a device path allocates per problem.
+        let Problem::Gemm(g) = p else { unreachable!() };
+        assert!(split_k_workspace(&g) >= 16 * 16 * 1280);
+    }
 }
