@@ -1,0 +1,191 @@
+//! GPU kernel configurations (`kernels/hip/` and vendor libraries). Kept out of `config.rs`,
+//! which the CPU kernels' source hash covers, so GPU changes leave CPU results current.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The GPU GEMM kernels of `kernels/hip/gemm.hip`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuGemmVariant {
+    /// LDS tiles of A and B, a `tm × tn` register tile per thread; every vendor and dtype.
+    Tiled,
+    /// AMD matrix cores (`v_mfma_f32_32x32x8`, CDNA2/3), f16 and bf16: each wave owns
+    /// `tm × tn` tiles of 32×32.
+    Mfma,
+    /// NVIDIA tensor cores (`mma.sync.m16n8k16`, sm_80 and later), f16 and bf16: each warp
+    /// owns `tm × tn` tiles of 16×8.
+    Mma,
+}
+
+impl fmt::Display for GpuGemmVariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GpuGemmVariant::Tiled => "tiled",
+            GpuGemmVariant::Mfma => "mfma",
+            GpuGemmVariant::Mma => "mma",
+        })
+    }
+}
+
+/// GEMM on a GPU: a `bm × bn` tile of C per block, `bk` deep per LDS stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuGemmConfig {
+    pub variant: GpuGemmVariant,
+    pub bm: usize,
+    pub bn: usize,
+    pub bk: usize,
+    pub tm: usize,
+    pub tn: usize,
+    /// Shared-memory stages of the mma variant: 1 stages each k tile with plain loads
+    /// between two barriers; 2 to 4 keep that many tiles in flight with 16-byte `cp.async`
+    /// copies and read fragments with `ldmatrix` (rows of 8 elements: k, and n for a
+    /// `[K, N]` B, multiples of 8). Absent in results stored before it existed, and left
+    /// out when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub stages: usize,
+    /// Blocks sharing the k range of one C tile (split-K), each writing its partial sums
+    /// to a workspace that a second kernel adds in a fixed order: decode shapes, whose few
+    /// rows give too few tiles to fill the device. Absent when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub split_k: usize,
+}
+
+impl GpuGemmConfig {
+    /// Threads per block the kernel is compiled for (0 when the tile does not divide).
+    pub fn threads(&self) -> usize {
+        match self.variant {
+            GpuGemmVariant::Tiled => {
+                self.bm.checked_div(self.tm).unwrap_or(0)
+                    * self.bn.checked_div(self.tn).unwrap_or(0)
+            }
+            GpuGemmVariant::Mfma => {
+                64 * self.bm.checked_div(32 * self.tm).unwrap_or(0)
+                    * self.bn.checked_div(32 * self.tn).unwrap_or(0)
+            }
+            GpuGemmVariant::Mma => {
+                32 * self.bm.checked_div(16 * self.tm).unwrap_or(0)
+                    * self.bn.checked_div(8 * self.tn).unwrap_or(0)
+            }
+        }
+    }
+}
+
+/// Flash attention on a GPU: `br` query rows per block, key/value tiles of `bc` rows in LDS.
+/// Rows variant: each query row held by `lanes` threads (each owning `head_dim / lanes` dims).
+/// Mma variant: each warp owns 16 rows; MFMA variant: each wave 32. So `lanes` is 2 for both
+/// (two threads a row on average).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuFlashConfig {
+    pub br: usize,
+    pub bc: usize,
+    pub lanes: usize,
+    /// Absent in stored configs of the rows variant, which predate the others.
+    #[serde(default, skip_serializing_if = "GpuFlashVariant::is_rows")]
+    pub variant: GpuFlashVariant,
+}
+
+/// The GPU flash-attention kernels of `kernels/hip/flash.hip`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuFlashVariant {
+    /// Query rows split over lanes, dot products summed by shuffles; every vendor and dtype.
+    #[default]
+    Rows,
+    /// NVIDIA tensor cores (`mma.sync.m16n8k16`, sm_80 and later), f16 and bf16: S = Q·Kᵀ and
+    /// O += P·V on 16-row tiles per warp, P kept in registers between the two.
+    Mma,
+    /// AMD matrix cores (`v_mfma_f32_32x32x8`, CDNA2/3), f16 and bf16: Sᵀ = K·Qᵀ and
+    /// Oᵀ += Vᵀ·Pᵀ on 32-query tiles per wave, P kept in registers between the two.
+    Mfma,
+}
+
+impl GpuFlashVariant {
+    fn is_rows(&self) -> bool {
+        *self == GpuFlashVariant::Rows
+    }
+}
+
+/// Paged attention decode on a GPU: `partition` context tokens per block, `threads` per block,
+/// partitions combined by a second kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPagedConfig {
+    pub partition: usize,
+    pub threads: usize,
+}
+
+/// A rocBLAS GEMM solution (`rocblas_gemm_ex` with `rocblas_gemm_algo_solution_index`).
+/// Solution indices are only meaningful for the rocBLAS release that listed them, so the
+/// version (`major·10000 + minor·100 + patch`) is part of the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RocblasConfig {
+    pub solution: i32,
+    pub version: u32,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+impl fmt::Display for GpuGemmConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "gpu {} {}x{}x{} tile {}x{}",
+            self.variant, self.bm, self.bn, self.bk, self.tm, self.tn
+        )?;
+        if self.stages != 1 {
+            write!(f, " stages={}", self.stages)?;
+        }
+        if self.split_k != 1 {
+            write!(f, " split-k={}", self.split_k)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for GpuFlashConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.variant {
+            GpuFlashVariant::Rows => {
+                write!(f, "gpu br={} bc={} lanes={}", self.br, self.bc, self.lanes)
+            }
+            GpuFlashVariant::Mma => write!(f, "gpu mma br={} bc={}", self.br, self.bc),
+            GpuFlashVariant::Mfma => write!(f, "gpu mfma br={} bc={}", self.br, self.bc),
+        }
+    }
+}
+
+impl fmt::Display for GpuPagedConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "gpu partition={} threads={}",
+            self.partition, self.threads
+        )
+    }
+}
+
+impl fmt::Display for RocblasConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rocblas solution={} (rocBLAS {}.{}.{})",
+            self.solution,
+            self.version / 10_000,
+            self.version / 100 % 100,
+            self.version % 100
+        )
+    }
+}
