@@ -4,7 +4,11 @@
 //! cuBLAS as ratios. `scripts/gpu-check.sh` builds and runs it; the flash-attention peer
 //! (PyTorch SDPA) is timed by `bench/sdpa_peer.py` in the same script.
 //!
-//! Usage: `gpu-check [--max-candidates N] [--reps N] [--json FILE]`
+//! Usage: `gpu-check [--family gemm|flash|paged]... [--max-candidates N] [--reps N] [--json FILE]`
+//!
+//! A problem whose upload, launch or timing fails is reported and the check goes on; the
+//! script runs each family in a process of its own, so a kernel that leaves the CUDA context
+//! unusable costs only its family's results.
 
 use std::time::Instant;
 
@@ -87,6 +91,17 @@ impl Check<'_> {
     fn load(&self, p: &Problem, c: &Config, ptx: &[u8]) -> anyhow::Result<LoadedKernel> {
         let build = KernelBuild::new(p, c)?;
         Ok(self.gpu.load(&build, ptx)?)
+    }
+
+    /// [`sweep`](Self::sweep), or None with the error printed.
+    fn sweep_or_report(&self, p: &Problem, configs: &[Config], reps: usize) -> Option<Row> {
+        match self.sweep(p, configs, reps) {
+            Ok(row) => Some(row),
+            Err(e) => {
+                println!("      ERROR {}: {e:#}", p.key());
+                None
+            }
+        }
     }
 
     /// Verifies and (with `reps > 0`) times each config; failures are listed, never timed.
@@ -194,16 +209,31 @@ fn run() -> anyhow::Result<bool> {
     let mut max_candidates = 24;
     let mut reps = 20;
     let mut json = None;
+    let mut families: Vec<String> = Vec::new();
+    let usage = "usage: gpu-check [--family gemm|flash|paged]... [--max-candidates N] [--reps N] [--json FILE]";
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+        let mut value = || {
+            args.next()
+                .with_context(|| format!("{a} needs a value; {usage}"))
+        };
         match a.as_str() {
             "--max-candidates" => max_candidates = value()?.parse()?,
             "--reps" => reps = value()?.parse()?,
             "--json" => json = Some(value()?),
-            other => bail!("unknown argument {other}; usage: gpu-check [--max-candidates N] [--reps N] [--json FILE]"),
+            "--family" => {
+                let f = value()?;
+                if !["gemm", "flash", "paged"].contains(&f.as_str()) {
+                    bail!("--family {f}: not a kernel family; {usage}");
+                }
+                families.push(f);
+            }
+            other => bail!("unknown argument {other}; {usage}"),
         }
     }
+    let wanted = |spec: &&&str| {
+        families.is_empty() || families.iter().any(|f| spec.split(':').next() == Some(f))
+    };
     let started = Instant::now();
     let gpu = CudaGpu::open(0)?;
     let nvrtc = NvrtcCompiler::find()?;
@@ -233,10 +263,13 @@ fn run() -> anyhow::Result<bool> {
 
     println!("\n== verification on the device (every family, awkward sizes)");
     let mut failures = 0;
-    for spec in AWKWARD {
+    for spec in AWKWARD.iter().filter(&wanted) {
         let p: Problem = spec.parse()?;
         let configs = candidates(&p, &check.device, 12);
-        let row = check.sweep(&p, &configs, 0)?;
+        let Some(row) = check.sweep_or_report(&p, &configs, 0) else {
+            failures += 1;
+            continue;
+        };
         println!(
             "{:>3}/{:<3} verified  {}",
             row.verified, row.candidates, row.problem
@@ -253,10 +286,13 @@ fn run() -> anyhow::Result<bool> {
         "default", "tuned", "cuBLAS", "vs def", "vs peer"
     );
     let mut rows = Vec::new();
-    for spec in LLAMA70B_TP8 {
+    for spec in LLAMA70B_TP8.iter().filter(&wanted) {
         let p: Problem = spec.parse()?;
         let configs = candidates(&p, &check.device, max_candidates);
-        let row = check.sweep(&p, &configs, reps)?;
+        let Some(row) = check.sweep_or_report(&p, &configs, reps) else {
+            failures += 1;
+            continue;
+        };
         let us = |v: Option<f64>| v.map(|v| format!("{:.1}us", v / 1e3)).unwrap_or("-".into());
         let ratio = |a: Option<f64>, b: Option<f64>| {
             a.zip(b)
