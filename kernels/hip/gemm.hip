@@ -219,9 +219,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_TN % 2 != 0
 #error "the pipelined mma variant reads the B fragments of two n tiles at once: KT_TN must be even"
 #endif
-// A [stage][BM][BK + 8]; B [stage][BN][BK + 8] (N×K) or [stage][BK][BN + 8] (K×N). The 8
-// halves of padding put the 8 rows of one ldmatrix on distinct banks and keep every row
-// 16-byte aligned for cp.async.
+// A [stage][BM][BK + 8]; B [stage][BN][BK + 8] (N×K) or [stage][BK][BN + 8] (K×N), in
+// dynamic shared memory of KT_DYN_LDS bytes (the launch passes the same). The 8 halves of
+// padding put the 8 rows of one ldmatrix on distinct banks and keep every row 16-byte aligned
+// for cp.async.
 #define KT_LDA (KT_BK + 8)
 #if KT_B_NK
 #define KT_B_ROWS KT_BN
@@ -239,8 +240,11 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_BM][KT_LDK];
     KT_SHARED __attribute__((aligned(16))) unsigned short bs[KT_BN][KT_LDK];
 #else
-    KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_STAGES][KT_BM][KT_LDA];
-    KT_SHARED __attribute__((aligned(16))) unsigned short bs[KT_STAGES][KT_B_ROWS][KT_LDB];
+    // Dynamic shared memory: the stages may exceed the 48 KiB a block declares statically.
+    KT_DYNAMIC_SHARED(smem);
+    unsigned short(*as)[KT_BM][KT_LDA] = reinterpret_cast<unsigned short(*)[KT_BM][KT_LDA]>(smem);
+    unsigned short(*bs)[KT_B_ROWS][KT_LDB] = reinterpret_cast<unsigned short(*)[KT_B_ROWS][KT_LDB]>(
+        smem + 2 * KT_STAGES * KT_BM * KT_LDA);
 #endif
     const int tid = KT_TID;
     const int lane = tid % 32;

@@ -47,6 +47,14 @@
 #error "kerntune GPU kernels build with HIP (clang -x hip), CUDA (nvcc / NVRTC) or the host emulator"
 #endif
 
+// Dynamic shared memory (`KT_DYN_LDS` bytes, passed at launch) as a byte array `name`.
+#if defined(KT_HOST)
+#define KT_DYNAMIC_SHARED(name) \
+    static thread_local __attribute__((aligned(16))) unsigned char name[KT_DYN_LDS]
+#else
+#define KT_DYNAMIC_SHARED(name) extern __shared__ __attribute__((aligned(16))) unsigned char name[]
+#endif
+
 #if defined(KT_HOST)
 #define KT_GLOBAL static
 #define KT_DEVICE static inline

@@ -110,7 +110,7 @@ impl CudaGpu {
             .ctx
             .load_module(Ptx::from_src(text))
             .map_err(|e| driver("loading the PTX module", e))?;
-        let functions = build
+        let functions: Vec<CudaFunction> = build
             .entries
             .iter()
             .map(|e| {
@@ -119,6 +119,11 @@ impl CudaGpu {
                     .map_err(|err| driver(&format!("finding kernel {e}"), err))
             })
             .collect::<Result<_, _>>()?;
+        if build.dynamic_lds > 0 {
+            functions[0]
+                .set_attribute(DYNAMIC_SHARED, dynamic_lds(build)?)
+                .map_err(|e| driver("allowing the kernel its dynamic shared memory", e))?;
+        }
         Ok(LoadedKernel { functions })
     }
 
@@ -127,6 +132,15 @@ impl CudaGpu {
             .synchronize()
             .map_err(|e| driver("a kernel failed", e))
     }
+}
+
+/// Beyond 48 KiB a kernel's dynamic shared memory needs this attribute set to the amount.
+const DYNAMIC_SHARED: sys::CUfunction_attribute =
+    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+
+fn dynamic_lds(build: &KernelBuild) -> Result<i32, KernelError> {
+    i32::try_from(build.dynamic_lds)
+        .map_err(|_| unavailable(format!("{} bytes of shared memory", build.dynamic_lds)))
 }
 
 /// A build's kernels, loaded.
@@ -153,7 +167,7 @@ impl LoadedKernel {
             let cfg = LaunchConfig {
                 grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
                 block_dim: (l.block, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: l.shared_bytes,
             };
             // SAFETY: the arguments follow the kernel's signature (gpu::launch); the addresses
             // are the problem's own buffers, sized for it.
@@ -557,6 +571,17 @@ impl RawKernel {
                 .map_err(|err| driver(&format!("finding kernel {e}"), err))?;
             kernel.functions.push(f);
         }
+        if build.dynamic_lds > 0 {
+            // SAFETY: a function of the module just loaded.
+            unsafe {
+                cudarc::driver::result::function::set_function_attribute(
+                    kernel.functions[0],
+                    DYNAMIC_SHARED,
+                    dynamic_lds(build)?,
+                )
+            }
+            .map_err(|e| driver("allowing the kernel its dynamic shared memory", e))?;
+        }
         Ok(kernel)
     }
 }
@@ -596,7 +621,7 @@ impl super::device::LoadedBuild for RawKernel {
                     f,
                     (l.grid[0], l.grid[1], l.grid[2]),
                     (l.block, 1, 1),
-                    0,
+                    l.shared_bytes,
                     stream as usize as sys::CUstream,
                     &mut params,
                 )

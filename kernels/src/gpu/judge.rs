@@ -43,14 +43,27 @@ pub fn judge(
             return pruned(format!("the code object lacks kernel {entry}"));
         }
     }
-    for k in kernels {
+    // The code object counts static LDS; the main kernel (the first entry) may take dynamic
+    // shared memory at launch on top, which lifts NVIDIA's 48 KiB static limit.
+    let with_dynamic = |k: &KernelResources| {
+        let mut k = k.clone();
+        if k.name == build.entries[0] {
+            k.lds += build.dynamic_lds as u32;
+        }
+        k
+    };
+    let limit = if build.dynamic_lds > 0 {
+        g.lds_per_block as usize
+    } else {
+        crate::space::lds_limit(g)
+    };
+    for k in kernels.iter().map(with_dynamic) {
         if k.vgpr_spill > 0 || k.sgpr_spill > 0 {
             return pruned(format!(
                 "spills: {} spills {} vector and {} scalar registers ({} bytes of scratch per lane)",
                 k.name, k.vgpr_spill, k.sgpr_spill, k.scratch
             ));
         }
-        let limit = crate::space::lds_limit(g);
         if k.lds as usize > limit {
             return pruned(format!(
                 "over-LDS: {} uses {} bytes of LDS, {} allows {limit}",
@@ -58,11 +71,14 @@ pub fn judge(
             ));
         }
     }
-    // The main kernel (the first entry) does the work; helpers such as a reduction are small.
-    let main = kernels
-        .iter()
-        .find(|k| k.name == build.entries[0])
-        .expect("checked above");
+    // The main kernel does the work; helpers such as a reduction are small.
+    let main = with_dynamic(
+        kernels
+            .iter()
+            .find(|k| k.name == build.entries[0])
+            .expect("checked above"),
+    );
+    let main = &main;
     let occupancy = occupancy::of(main, build.threads as u32, g);
     if occupancy.workgroups_per_cu == 0 {
         return pruned(format!(

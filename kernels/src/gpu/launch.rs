@@ -37,6 +37,11 @@ pub struct Launch {
     pub entry: usize,
     pub grid: [u32; 3],
     pub block: u32,
+    /// Bytes of dynamic shared memory (the build's [`KernelBuild::dynamic_lds`] for its main
+    /// kernel, else 0).
+    ///
+    /// [`KernelBuild::dynamic_lds`]: super::KernelBuild::dynamic_lds
+    pub shared_bytes: u32,
     pub args: Vec<Arg>,
 }
 
@@ -128,12 +133,14 @@ pub fn launches(
     Ok(match (problem, config) {
         (Problem::Gemm(p), Config::GpuGemm(c)) => {
             let sizes = [int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?];
+            let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?;
             if c.split_k <= 1 {
                 vec![Launch {
                     entry: 0,
                     grid: tiles,
                     block,
+                    shared_bytes,
                     args: [vec![i0, i1, out], sizes.to_vec()].concat(),
                 }]
             } else {
@@ -145,12 +152,14 @@ pub fn launches(
                         entry: 0,
                         grid: tiles,
                         block,
+                        shared_bytes,
                         args: [vec![i0, i1, ws], sizes.to_vec()].concat(),
                     },
                     Launch {
                         entry: 1,
                         grid: grid(mn.div_ceil(block as usize), 1, 1)?,
                         block,
+                        shared_bytes: 0,
                         args: vec![ws, out, int(mn, "m·n")?],
                     },
                 ]
@@ -160,6 +169,7 @@ pub fn launches(
             entry: 0,
             grid: grid(p.q_len.div_ceil(c.br), p.q_heads, p.batch)?,
             block,
+            shared_bytes: 0,
             args: vec![
                 i0,
                 i1,
@@ -181,6 +191,7 @@ pub fn launches(
                     entry: 0,
                     grid: grid(parts, p.q_heads, p.num_seqs)?,
                     block,
+                    shared_bytes: 0,
                     args: vec![
                         i0,
                         i1,
@@ -201,6 +212,7 @@ pub fn launches(
                     entry: 1,
                     grid: grid(p.q_heads, p.num_seqs, 1)?,
                     block,
+                    shared_bytes: 0,
                     args: vec![
                         part_out,
                         part_max,
@@ -225,7 +237,7 @@ pub fn launches(
 mod tests {
     use super::*;
     use crate::gpu::KernelBuild;
-    use crate::{Device, GpuSpace, Space};
+    use crate::{Device, GpuGemmConfig, GpuSpace, Space};
 
     #[test]
     fn launches_follow_the_kernel_signatures() {
@@ -273,6 +285,46 @@ mod tests {
     }
 
     #[test]
+    fn dynamic_shared_memory_goes_with_the_launch_up_to_the_models_limit() {
+        let p: Problem = "gemm:m=2048,n=7168,k=8192,dtype=bf16".parse().unwrap();
+        let h200 = Device::lookup("h200").unwrap();
+        let config = GpuSpace.heuristic(&p, &h200);
+        let Config::GpuGemm(c) = config else {
+            unreachable!()
+        };
+        // 128×256, three stages of 32: 90 KiB, past the 48 KiB of static shared memory.
+        assert_eq!((c.bm, c.bn, c.stages), (128, 256, 3));
+        let build = KernelBuild::new(&p, &config).unwrap();
+        assert_eq!(build.dynamic_lds, 2 * 3 * (128 + 256) * 40);
+        assert!(build.key().contains("KT_DYN_LDS=92160"), "{}", build.key());
+        GpuSpace.validate(&config, &p, &h200).unwrap();
+        let l = launches(&p, &config, &DevicePtrs::default()).unwrap();
+        assert_eq!(l[0].shared_bytes as usize, build.dynamic_lds);
+        // Four stages of 64 on 256×128: 216 KiB, within an H200's 227 KiB a block, past an
+        // A100's 163 KiB.
+        let big = Config::GpuGemm(GpuGemmConfig {
+            bm: 256,
+            bn: 128,
+            bk: 64,
+            stages: 4,
+            ..c
+        });
+        GpuSpace.validate(&big, &p, &h200).unwrap();
+        let e = GpuSpace
+            .validate(&big, &p, &Device::lookup("a100").unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("221184 bytes of shared memory per block"), "{e}");
+        // Builds with static shared memory only launch with none.
+        let tiled = GpuSpace.default_config(&p, &h200);
+        assert_eq!(KernelBuild::new(&p, &tiled).unwrap().dynamic_lds, 0);
+        assert_eq!(
+            launches(&p, &tiled, &DevicePtrs::default()).unwrap()[0].shared_bytes,
+            0
+        );
+    }
+
+    #[test]
     fn split_k_writes_partials_then_sums_them_into_c() {
         let h200 = Device::lookup("h200").unwrap();
         let p: Problem = "gemm:m=16,n=1280,k=8192,dtype=bf16".parse().unwrap();
@@ -293,6 +345,8 @@ mod tests {
         assert_eq!(l.len(), 2);
         assert_eq!((l[0].entry, l[0].grid), (0, [1280 / c.bn as u32, 1, 4]));
         assert_eq!(l[0].args[2], Arg::Ptr(8), "the partials, not C");
+        assert_eq!(l[0].shared_bytes as usize, build.dynamic_lds);
+        assert_eq!(l[1].shared_bytes, 0);
         assert_eq!(
             l[1].args,
             [Arg::Ptr(8), Arg::Ptr(4), Arg::Int(16 * 1280)].to_vec()

@@ -320,7 +320,7 @@ impl HipKernel {
                     l.block,
                     1,
                     1,
-                    0,
+                    l.shared_bytes,
                     stream,
                     params.as_mut_ptr(),
                     std::ptr::null_mut(),

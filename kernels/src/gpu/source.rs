@@ -36,6 +36,9 @@ pub struct KernelBuild {
     pub entries: &'static [&'static str],
     /// Threads per block it is compiled and launched with.
     pub threads: usize,
+    /// Bytes of dynamic shared memory its main kernel takes at launch (0: static only);
+    /// also the `KT_DYN_LDS` macro, which sizes the emulator's copy.
+    pub dynamic_lds: usize,
 }
 
 fn dtype_code(d: DType) -> usize {
@@ -49,7 +52,8 @@ fn dtype_code(d: DType) -> usize {
 impl KernelBuild {
     /// The build of `config` for `problem`; an error for CPU configs and family mismatches.
     pub fn new(problem: &Problem, config: &Config) -> Result<KernelBuild, KernelError> {
-        let build = match (problem, config) {
+        let dynamic_lds = crate::space::dynamic_lds_bytes(config, problem);
+        let mut build = match (problem, config) {
             (Problem::Gemm(p), Config::GpuGemm(c)) => KernelBuild {
                 family: Family::Gemm,
                 file: "gemm.hip",
@@ -78,6 +82,7 @@ impl KernelBuild {
                     &["kt_gemm"]
                 },
                 threads: c.threads(),
+                dynamic_lds,
             },
             (Problem::Flash(p), Config::GpuFlash(c)) => KernelBuild {
                 family: Family::Flash,
@@ -99,6 +104,7 @@ impl KernelBuild {
                 ],
                 entries: &["kt_flash"],
                 threads: c.br * c.lanes,
+                dynamic_lds,
             },
             (Problem::Paged(p), Config::GpuPaged(c)) => KernelBuild {
                 family: Family::Paged,
@@ -112,6 +118,7 @@ impl KernelBuild {
                 ],
                 entries: &["kt_paged", "kt_paged_reduce"],
                 threads: c.threads,
+                dynamic_lds,
             },
             (p, c) if !c.is_gpu() => {
                 return Err(KernelError::InvalidConfig {
@@ -133,6 +140,9 @@ impl KernelBuild {
                 })
             }
         };
+        if dynamic_lds > 0 {
+            build.defines.push(("KT_DYN_LDS", dynamic_lds));
+        }
         Ok(build)
     }
 

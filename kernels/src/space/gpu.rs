@@ -62,13 +62,7 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         (Config::GpuGemm(c), _) => match c.variant {
             GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
-            GpuGemmVariant::Mma if c.stages > 1 => {
-                let b = match problem {
-                    Problem::Gemm(p) if p.b_layout == BLayout::Kn => c.bk * (c.bn + 8),
-                    _ => c.bn * (c.bk + 8),
-                };
-                2 * c.stages * (c.bm * (c.bk + 8) + b)
-            }
+            GpuGemmVariant::Mma if c.stages > 1 => dynamic_lds_bytes(config, problem),
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
@@ -85,12 +79,41 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
     }
 }
 
-/// LDS a block of our kernels may use: the model's limit, and on NVIDIA the 48 KiB of static
-/// shared memory (more needs dynamic shared memory and an opt-in the kernels do not use).
+/// Bytes of dynamic shared memory a build of `config` declares: the pipelined mma GEMM's
+/// stages of 16-bit A and B tiles (rows padded by 8 elements; B `[bk][bn + 8]` for a K×N B,
+/// else `[bn][bk + 8]`). 0 for builds whose shared memory is all static.
+pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
+    match (config, problem) {
+        (Config::GpuGemm(c), Problem::Gemm(p))
+            if c.variant == GpuGemmVariant::Mma && c.stages > 1 =>
+        {
+            let b = match p.b_layout {
+                BLayout::Kn => c.bk * (c.bn + 8),
+                BLayout::Nk => c.bn * (c.bk + 8),
+            };
+            2 * c.stages * (c.bm * (c.bk + 8) + b)
+        }
+        _ => 0,
+    }
+}
+
+/// Static LDS a block of our kernels may use: the model's limit, and on NVIDIA the 48 KiB of
+/// static shared memory. Builds with dynamic shared memory may use the model's whole
+/// per-block limit ([`lds_limit_of`]): the device path opts in for each.
 pub fn lds_limit(g: &GpuModel) -> usize {
     match g.vendor {
         Vendor::Amd => g.lds_per_block as usize,
         Vendor::Nvidia => (g.lds_per_block as usize).min(48 * 1024),
+    }
+}
+
+/// The LDS limit for a build of `config`: the model's per-block limit where the build's
+/// shared memory is dynamic, else [`lds_limit`].
+pub fn lds_limit_of(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
+    if dynamic_lds_bytes(config, problem) > 0 {
+        g.lds_per_block as usize
+    } else {
+        lds_limit(g)
     }
 }
 
@@ -385,9 +408,16 @@ impl GpuSpace {
                         }
                     }
                 }
-                // At least 64 of k in flight, at most 128, within 48 KiB (validation).
+                // Eight warps of 64×64 on the largest tiles (as CUTLASS's sm_80 GEMMs), then
+                // 64 to 192 of k in flight on the others; shared memory is dynamic, up to the
+                // model's per-block limit (validation).
+                for (bm, bn) in [(128, 256), (256, 128)] {
+                    for (bk, stages) in [(32, 3), (32, 4), (64, 3)] {
+                        push(mma, (bm, bn, bk), (4, 8), stages, 1);
+                    }
+                }
                 for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
-                    for (bk, stages) in [(32, 2), (32, 3), (32, 4), (16, 4), (64, 2)] {
+                    for (bk, stages) in [(32, 3), (32, 4), (64, 3), (32, 2)] {
                         for tile in [(4, 4), (4, 2), (2, 4), (2, 2)] {
                             push(mma, (bm, bn, bk), tile, stages, 1);
                         }
@@ -556,14 +586,21 @@ impl Space for GpuSpace {
             }
         }
         let lds = lds_bytes(config, problem, g);
-        if lds > lds_limit(g) {
+        let limit = lds_limit_of(config, problem, g);
+        if lds > limit {
             return Err(invalid(
                 problem.family(),
-                format!(
-                    "needs {lds} bytes of LDS per block; {} allows {} to the kernels' static allocations",
-                    g.name,
-                    lds_limit(g)
-                ),
+                if limit == lds_limit(g) {
+                    format!(
+                        "needs {lds} bytes of LDS per block; {} allows {limit} to the kernels' static allocations",
+                        g.name
+                    )
+                } else {
+                    format!(
+                        "needs {lds} bytes of shared memory per block; {} allows {limit}",
+                        g.name
+                    )
+                },
             ));
         }
         Ok(())
@@ -639,8 +676,28 @@ impl Space for GpuSpace {
                 }),
                 None => self.default_config(problem, device),
             },
-            // Tensor cores for prefill-sized 16-bit GEMMs: a 128×128 tile over 8 warps, two
-            // stages of 32 in flight where rows allow 16-byte copies.
+            // Tensor cores for prefill-sized 16-bit GEMMs where rows allow 16-byte copies: the
+            // largest tile of 8 warps that still gives every SM a block (128×256, 3 stages of
+            // 32; then 128×128, 4 stages), else 64×128.
+            Problem::Gemm(p) if mma && p.m > 64 && pipelines(p) => {
+                let sms = gpu.map_or(1, |g| g.compute_units as usize);
+                let tiles = |bm: usize, bn: usize| p.m.div_ceil(bm) * p.n.div_ceil(bn);
+                let (bm, bn, tm, tn, stages) = [(128, 256, 4, 8, 3), (128, 128, 4, 4, 4)]
+                    .into_iter()
+                    .find(|&(bm, bn, ..)| tiles(bm, bn) >= sms)
+                    .unwrap_or((64, 128, 2, 4, 4));
+                Config::GpuGemm(GpuGemmConfig {
+                    variant: GpuGemmVariant::Mma,
+                    bm,
+                    bn,
+                    bk: 32,
+                    tm,
+                    tn,
+                    stages,
+                    split_k: 1,
+                })
+            }
+            // Rows not of 8 elements: a 128×128 tile over 8 warps, plain loads.
             Problem::Gemm(p) if mma && p.m > 64 => Config::GpuGemm(GpuGemmConfig {
                 variant: GpuGemmVariant::Mma,
                 bm: 128,
@@ -648,7 +705,7 @@ impl Space for GpuSpace {
                 bk: 32,
                 tm: 4,
                 tn: 4,
-                stages: if pipelines(p) { 2 } else { 1 },
+                stages: 1,
                 split_k: 1,
             }),
             // Tensor cores for decode: one warp high, four stages of 32 streaming the weights,

@@ -6,8 +6,8 @@ mod gpu;
 
 pub use cpu::{CpuSpace, STREAM_MAX_M};
 pub use gpu::{
-    has_mfma, has_mma, lds_bytes, lds_limit, GpuSpace, GPU_MAX_HEAD_DIM, GPU_MAX_SPLIT_K,
-    GPU_SPLIT_K_WORKSPACE_BYTES,
+    dynamic_lds_bytes, has_mfma, has_mma, lds_bytes, lds_limit, lds_limit_of, GpuSpace,
+    GPU_MAX_HEAD_DIM, GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES,
 };
 
 use crate::{Config, Device, KernelError, Problem};
