@@ -52,11 +52,7 @@ pub fn judge(
         }
         k
     };
-    let limit = if build.dynamic_lds > 0 {
-        g.lds_per_block as usize
-    } else {
-        crate::space::lds_limit(g)
-    };
+    let limit = crate::space::lds_limit_of(build.dynamic_lds, g);
     for k in kernels.iter().map(with_dynamic) {
         if k.vgpr_spill > 0 || k.sgpr_spill > 0 {
             return pruned(format!(

@@ -107,10 +107,11 @@ pub fn lds_limit(g: &GpuModel) -> usize {
     }
 }
 
-/// The LDS limit for a build of `config`: the model's per-block limit where the build's
-/// shared memory is dynamic, else [`lds_limit`].
-pub fn lds_limit_of(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
-    if dynamic_lds_bytes(config, problem) > 0 {
+/// The LDS limit for a build taking `dynamic_lds` bytes of dynamic shared memory
+/// ([`dynamic_lds_bytes`]): the model's per-block limit where it takes any, else
+/// [`lds_limit`].
+pub fn lds_limit_of(dynamic_lds: usize, g: &GpuModel) -> usize {
+    if dynamic_lds > 0 {
         g.lds_per_block as usize
     } else {
         lds_limit(g)
@@ -234,11 +235,12 @@ impl GpuSpace {
                 ));
             }
             // 16-byte copies of 8 elements: rows of A and B must start 16-byte aligned.
-            let (dim, v) = match p.b_layout {
-                BLayout::Kn if !p.n.is_multiple_of(8) => ("n", p.n),
-                _ => ("k", p.k),
-            };
-            if !v.is_multiple_of(8) {
+            if !pipelines(p) {
+                let (dim, v) = if p.k.is_multiple_of(8) {
+                    ("n", p.n)
+                } else {
+                    ("k", p.k)
+                };
                 return Err(invalid(
                     f,
                     format!(
@@ -586,7 +588,7 @@ impl Space for GpuSpace {
             }
         }
         let lds = lds_bytes(config, problem, g);
-        let limit = lds_limit_of(config, problem, g);
+        let limit = lds_limit_of(dynamic_lds_bytes(config, problem), g);
         if lds > limit {
             return Err(invalid(
                 problem.family(),
