@@ -231,6 +231,9 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_B_ROWS KT_BK
 #define KT_LDB (KT_BN + 8)
 #endif
+#if !defined(KT_DYN_LDS) || 2 * KT_STAGES * (KT_BM * KT_LDA + KT_B_ROWS * KT_LDB) != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
+#endif
 #endif
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
