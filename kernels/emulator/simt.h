@@ -59,9 +59,6 @@ constexpr int kMma = -2;
 constexpr int kMfma = -3;
 constexpr int kLdmatrix = -4;
 
-// cp.async copies one thread may have in flight.
-constexpr int kMaxCopies = 64;
-
 struct Copy {
     void* dst;
     const void* src;
@@ -139,9 +136,10 @@ struct Block {
     unsigned xa[kMaxThreads][4];
     unsigned xb[kMaxThreads][4];
     const unsigned short* xp[kMaxThreads];
-    // Each thread's cp.async copies not yet waited for (kMaxCopies a thread, allocated at the
-    // first), and its commit groups so far.
+    // Each thread's cp.async copies not yet waited for (`copy_cap` a thread, allocated at the
+    // first and doubled as needed), and its commit groups so far.
     Copy* copies;
+    int copy_cap;
     int pending[kMaxThreads];
     int groups[kMaxThreads];
 };
@@ -517,12 +515,19 @@ inline void cp_async(void* dst, const void* src, int bytes) {
     if (bytes < 0 || bytes > 16) fail("a cp.async reading more than its 16 bytes");
     if (!aligned16(dst) || (bytes > 0 && !aligned16(src)))
         fail("a 16-byte cp.async from or to an address not 16-byte aligned");
-    if (b.copies == nullptr) {
-        b.copies = static_cast<Copy*>(malloc(sizeof(Copy) * kMaxCopies * kMaxThreads));
-        if (b.copies == nullptr) fail("out of memory for cp.async copies");
+    if (b.pending[me] == b.copy_cap) {
+        // Room for twice as many a thread; each thread's pending copies move to its new slots.
+        const int cap = b.copy_cap == 0 ? 64 : 2 * b.copy_cap;
+        Copy* grown = static_cast<Copy*>(malloc(sizeof(Copy) * (size_t)cap * (size_t)b.threads));
+        if (grown == nullptr) fail("out of memory for cp.async copies");
+        for (int t = 0; t < b.threads; ++t)
+            for (int i = 0; i < b.pending[t]; ++i)
+                grown[t * cap + i] = b.copies[t * b.copy_cap + i];
+        free(b.copies);
+        b.copies = grown;
+        b.copy_cap = cap;
     }
-    if (b.pending[me] == kMaxCopies) fail("more than 64 cp.async copies in flight in one thread");
-    b.copies[me * kMaxCopies + b.pending[me]++] = Copy{dst, src, bytes, b.groups[me]};
+    b.copies[me * b.copy_cap + b.pending[me]++] = Copy{dst, src, bytes, b.groups[me]};
     __builtin_memset(dst, 0xff, 16);
 }
 
@@ -533,7 +538,7 @@ inline void cp_commit() { ++block().groups[block().current]; }
 inline void cp_wait(int n) {
     Block& b = block();
     const int me = b.current;
-    Copy* mine = b.copies + me * kMaxCopies;
+    Copy* mine = b.copies + me * b.copy_cap;
     int kept = 0;
     for (int i = 0; i < b.pending[me]; ++i) {
         const Copy c = mine[i];

@@ -131,16 +131,23 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
 #define KT_ST (KT_BC / 8)   // 8-key tiles of S
 #define KT_OT (KT_D / 8)    // 8-dim tiles of O
-// 8 halves of padding put the 8 rows of one ldmatrix on distinct banks and keep every row
-// 16-byte aligned for cp.async.
+// K and V tiles [BC][D + 8] each, in dynamic shared memory of KT_DYN_LDS bytes (the launch
+// passes the same). 8 halves of padding put the 8 rows of one ldmatrix on distinct banks and
+// keep every row 16-byte aligned for cp.async.
 #define KT_LDD (KT_D + 8)
+#if !defined(KT_DYN_LDS) || 2 * 2 * KT_BC * KT_LDD != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the K and V tiles, as the launch passes them"
+#endif
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
          float scale) {
-    KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
-    KT_SHARED __attribute__((aligned(16))) unsigned short vs[KT_BC][KT_LDD];
+    // Dynamic shared memory: 128-key tiles of head size 128 pass the 48 KiB a block declares
+    // statically.
+    KT_DYNAMIC_SHARED(smem);
+    unsigned short(*ks)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem);
+    unsigned short(*vs)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem + 2 * KT_BC * KT_LDD);
     const int tid = KT_TID;
     const int lane = tid % 32;
     const int g = lane / 4, t = lane % 4;

@@ -169,7 +169,7 @@ pub fn launches(
             entry: 0,
             grid: grid(p.q_len.div_ceil(c.br), p.q_heads, p.batch)?,
             block,
-            shared_bytes: 0,
+            shared_bytes: crate::space::dynamic_lds_bytes(config, problem) as u32,
             args: vec![
                 i0,
                 i1,

@@ -67,8 +67,7 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
             GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
-            // 16-bit K and V tiles, [bc][d + 8] each.
-            GpuFlashVariant::Mma => 2 * 2 * c.bc * (p.head_dim + 8),
+            GpuFlashVariant::Mma => dynamic_lds_bytes(config, problem),
             // 16-bit K [bc][d + 4] and Vᵀ [d][bc + 4].
             GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.head_dim * (c.bc + 4)),
         },
@@ -81,9 +80,13 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
 
 /// Bytes of dynamic shared memory a build of `config` declares: the pipelined mma GEMM's
 /// stages of 16-bit A and B tiles (rows padded by 8 elements; B `[bk][bn + 8]` for a K×N B,
-/// else `[bn][bk + 8]`). 0 for builds whose shared memory is all static.
+/// else `[bn][bk + 8]`), the mma flash attention's 16-bit K and V tiles (`[bc][d + 8]`
+/// each). 0 for builds whose shared memory is all static.
 pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
     match (config, problem) {
+        (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
+            2 * 2 * c.bc * (p.head_dim + 8)
+        }
         (Config::GpuGemm(c), Problem::Gemm(p))
             if c.variant == GpuGemmVariant::Mma && c.stages > 1 =>
         {
@@ -507,10 +510,16 @@ impl Space for GpuSpace {
             Problem::Flash(_) => {
                 let mut out = Vec::new();
                 // Matrix-core variants first, the likeliest winners where they exist
-                // (validation drops them elsewhere); larger tiles first.
+                // (validation drops them elsewhere); larger tiles first. 128-key tiles for
+                // mma only, whose tiles are in dynamic shared memory.
                 for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
                     for br in [64, 128, 32, 16] {
-                        for bc in [64, 32, 16] {
+                        let wide: &[usize] = if variant == GpuFlashVariant::Mma {
+                            &[128, 64, 32, 16]
+                        } else {
+                            &[64, 32, 16]
+                        };
+                        for &bc in wide {
                             out.push(Config::GpuFlash(GpuFlashConfig {
                                 br,
                                 bc,
