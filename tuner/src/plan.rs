@@ -285,12 +285,8 @@ pub async fn plan(
             let resources = result
                 .as_ref()
                 .ok()
-                .and_then(|ks| ks.iter().find(|k| k.name == build.entries[0]).cloned())
-                .map(|mut k| {
-                    // Static LDS from the code object, dynamic from the launch.
-                    k.lds += build.dynamic_lds as u32;
-                    k
-                });
+                .and_then(|ks| ks.iter().find(|k| k.name == build.entries[0]))
+                .map(|k| build.at_launch(k));
             candidates.push(Candidate {
                 config,
                 build: key,

@@ -43,17 +43,9 @@ pub fn judge(
             return pruned(format!("the code object lacks kernel {entry}"));
         }
     }
-    // The code object counts static LDS; the main kernel (the first entry) may take dynamic
-    // shared memory at launch on top, which lifts NVIDIA's 48 KiB static limit.
-    let with_dynamic = |k: &KernelResources| {
-        let mut k = k.clone();
-        if k.name == build.entries[0] {
-            k.lds += build.dynamic_lds as u32;
-        }
-        k
-    };
+    // Dynamic shared memory at launch lifts NVIDIA's 48 KiB static limit.
     let limit = crate::space::lds_limit_of(build.dynamic_lds, g);
-    for k in kernels.iter().map(with_dynamic) {
+    for k in kernels.iter().map(|k| build.at_launch(k)) {
         if k.vgpr_spill > 0 || k.sgpr_spill > 0 {
             return pruned(format!(
                 "spills: {} spills {} vector and {} scalar registers ({} bytes of scratch per lane)",
@@ -68,13 +60,12 @@ pub fn judge(
         }
     }
     // The main kernel does the work; helpers such as a reduction are small.
-    let main = with_dynamic(
+    let main = &build.at_launch(
         kernels
             .iter()
             .find(|k| k.name == build.entries[0])
             .expect("checked above"),
     );
-    let main = &main;
     let occupancy = occupancy::of(main, build.threads as u32, g);
     if occupancy.workgroups_per_cu == 0 {
         return pruned(format!(

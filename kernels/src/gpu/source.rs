@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::metadata::KernelResources;
 use crate::config::{GpuFlashVariant, GpuGemmVariant};
 use crate::{BLayout, Config, DType, Family, KernelError, Problem};
 
@@ -154,6 +155,17 @@ impl KernelBuild {
             s.push_str(&format!(" {name}={value}"));
         }
         s
+    }
+
+    /// `k`, one of this build's compiled kernels, as launched: the code object counts static
+    /// LDS only, and the main kernel (the first entry) takes [`dynamic_lds`](Self::dynamic_lds)
+    /// more at launch.
+    pub fn at_launch(&self, k: &KernelResources) -> KernelResources {
+        let mut k = k.clone();
+        if k.name == self.entries[0] {
+            k.lds += self.dynamic_lds as u32;
+        }
+        k
     }
 
     /// The translation unit, with the prelude inlined so it compiles from standard input.
