@@ -58,11 +58,24 @@ constexpr int kShuffle = -1;
 constexpr int kMma = -2;
 constexpr int kMfma = -3;
 constexpr int kLdmatrix = -4;
+constexpr int kWgmma = -5;
+
+// wgmma operations a thread may have issued and not yet waited for.
+constexpr int kMaxWgmma = 32;
 
 struct Copy {
     void* dst;
     const void* src;
     int bytes;
+    int group;
+};
+
+// An issued wgmma.mma_async: its accumulators (`n / 2` of this thread's), N, the operand
+// descriptors and its commit group.
+struct Wgmma {
+    float* d;
+    int n;
+    unsigned long long a, b;
     int group;
 };
 
@@ -142,6 +155,14 @@ struct Block {
     int copy_cap;
     int pending[kMaxThreads];
     int groups[kMaxThreads];
+    // The dynamic shared memory the kernel declared (descriptors address into it), and each
+    // thread's wgmma operations not yet waited for, commit groups and fence.
+    unsigned char* shared_base;
+    size_t shared_bytes;
+    Wgmma wgmma[kMaxThreads][kMaxWgmma];
+    int wg_pending[kMaxThreads];
+    int wg_groups[kMaxThreads];
+    bool wg_fenced[kMaxThreads];
 };
 
 inline thread_local Block* tl_block = nullptr;
@@ -165,6 +186,7 @@ inline void describe(int site, char* out, size_t len) {
     case kMma: snprintf(out, len, "an mma.sync"); break;
     case kMfma: snprintf(out, len, "an MFMA"); break;
     case kLdmatrix: snprintf(out, len, "an ldmatrix"); break;
+    case kWgmma: snprintf(out, len, "a wgmma"); break;
     default: snprintf(out, len, "the barrier at line %d", site); break;
     }
 }
@@ -195,6 +217,8 @@ inline void sync(int line) { wait(line); }
 inline void fiber_main() {
     Block& b = block();
     b.entry->call(b.entry->fn, b.params);
+    // A GPU would write these accumulators after the thread stopped reading them.
+    if (b.wg_pending[b.current] > 0) fail("left the kernel with wgmma operations not waited for");
     b.state[b.current] = State::Done;
 #if KT_HOST_FAST_SWITCH
     to_scheduler(b);  // never resumed
@@ -275,6 +299,9 @@ inline bool run_block(Block& b) {
         b.state[i] = State::Ready;
         b.pending[i] = 0;
         b.groups[i] = 0;
+        b.wg_pending[i] = 0;
+        b.wg_groups[i] = 0;
+        b.wg_fenced[i] = false;
     }
     const int waves = b.threads / KT_HOST_WAVE;  // launch() refuses partial waves
     for (int phase = 0;; ++phase) {
@@ -578,6 +605,87 @@ inline void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p, bool trans) {
     }
     wait(kLdmatrix);
     for (int q = 0; q < 4; ++q) r[q] = out[q];
+}
+
+// Where the kernel's dynamic shared memory is; every thread of the block passes the same.
+inline void shared_window(unsigned char* base, size_t bytes) {
+    block().shared_base = base;
+    block().shared_bytes = bytes;
+}
+
+// The offset of `p` in the block's dynamic shared memory, as the 32-bit shared-window address
+// the device's instructions take.
+inline unsigned smem_offset(const void* p) {
+    Block& b = block();
+    const unsigned char* c = static_cast<const unsigned char*>(p);
+    if (b.shared_base == nullptr || c < b.shared_base || c >= b.shared_base + b.shared_bytes)
+        fail("a shared-memory address outside the kernel's dynamic shared memory");
+    return (unsigned)(c - b.shared_base);
+}
+
+inline void wgmma_fence() { block().wg_fenced[block().current] = true; }
+
+inline void wgmma_commit() { ++block().wg_groups[block().current]; }
+
+// Element (row, k) of a wgmma operand, k-major without swizzling (see kt_wgmma_desc).
+inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
+    if ((desc >> 49 & 7u) != 0 || (desc >> 62) != 0)
+        fail("a wgmma descriptor with swizzling or a base offset: only plain core matrices are emulated");
+    const size_t start = (size_t)(desc & 0x3fffu) << 4;
+    const size_t lbo = (size_t)(desc >> 16 & 0x3fffu) << 4;
+    const size_t sbo = (size_t)(desc >> 32 & 0x3fffu) << 4;
+    const size_t at = start + (size_t)(row / 8) * sbo + (size_t)(k / 8) * lbo +
+                      (size_t)(row % 8) * 16 + (size_t)(k % 8) * 2;
+    if (at + 2 > b.shared_bytes) fail("a wgmma operand element outside dynamic shared memory");
+    unsigned short x;
+    __builtin_memcpy(&x, b.shared_base + at, sizeof x);
+    return half_f32(x);
+}
+
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}, both operands from shared memory,
+// neither transposed (k-major): recorded, and computed at the wgmma.wait_group covering it.
+// The warp's lanes must pass one pair of descriptors.
+inline void wgmma(float* d, int n, unsigned long long da, unsigned long long db) {
+    Block& b = block();
+    const int me = b.current;
+    if (b.threads % 128 != 0) fail("a wgmma in a block that is not whole warpgroups");
+    if (!b.wg_fenced[me]) fail("a wgmma without a wgmma.fence before it");
+    const int base = wave_base("a wgmma in a warp the block does not fill");
+    b.xa[me][0] = (unsigned)da;
+    b.xa[me][1] = (unsigned)(da >> 32);
+    b.xa[me][2] = (unsigned)db;
+    b.xa[me][3] = (unsigned)(db >> 32);
+    wait(kWgmma);
+    for (int r = 0; r < 4; ++r)
+        if (b.xa[base][r] != b.xa[me][r]) fail("lanes of one warp passed different wgmma descriptors");
+    wait(kWgmma);
+    if (b.wg_pending[me] == kMaxWgmma) fail("too many wgmma operations in flight");
+    b.wgmma[me][b.wg_pending[me]++] = Wgmma{d, n, da, db, b.wg_groups[me]};
+}
+
+// wgmma.wait_group n: the thread's operations but those of the newest n committed groups (and
+// any not committed) complete, in issue order.
+inline void wgmma_wait(int n) {
+    Block& b = block();
+    const int me = b.current;
+    const int w = (me / 32) % 4, g = (me % 32) / 4, t = me % 4;
+    int kept = 0;
+    for (int i = 0; i < b.wg_pending[me]; ++i) {
+        const Wgmma op = b.wgmma[me][i];
+        if (op.group >= b.wg_groups[me] - n) {
+            b.wgmma[me][kept++] = op;
+            continue;
+        }
+        for (int j = 0; j < op.n / 8; ++j)
+            for (int e = 0; e < 4; ++e) {
+                const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
+                float acc = op.d[4 * j + e];
+                for (int k = 0; k < 16; ++k)
+                    acc = fmaf(wgmma_elem(b, op.a, row, k), wgmma_elem(b, op.b, col, k), acc);
+                op.d[4 * j + e] = acc;
+            }
+    }
+    b.wg_pending[me] = kept;
 }
 
 typedef float f32x16 __attribute__((vector_size(64)));

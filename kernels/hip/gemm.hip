@@ -14,6 +14,10 @@
 //   k contiguous, each fragment register one 4-byte load. KT_STAGES 2 to 4: that many tiles
 //   in flight, copied by 16-byte cp.async (rows of 8 elements: k % 8 == 0, and n % 8 == 0
 //   for a [K,N] B, which the space checks) and read by ldmatrix.
+// KT_VARIANT 3, wgmma (NVIDIA sm_90a, f16 and bf16, B [N,K]): each warpgroup of 4 warps owns
+//   TM tiles of 64×TN computed by wgmma.mma_async.m64nNk16 (N = TN) straight from shared
+//   memory, where KT_STAGES (2 to 4) k tiles are in flight by 16-byte cp.async, stored as 8×8
+//   core matrices. Threads = 128 · (BM / (64·TM)) · (BN / TN).
 //
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
@@ -30,8 +34,8 @@
 #ifndef KT_STAGES
 #define KT_STAGES 1
 #endif
-#if KT_STAGES != 1 && KT_VARIANT != 2
-#error "only the mma variant (KT_VARIANT 2) pipelines its k tiles: KT_STAGES must be 1"
+#if KT_STAGES != 1 && KT_VARIANT < 2
+#error "only the mma and wgmma variants (KT_VARIANT 2, 3) pipeline their k tiles: KT_STAGES must be 1"
 #endif
 
 // The k range [*begin, *end) of this block's split, in whole k tiles.
@@ -403,8 +407,123 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             }
 }
 
+#elif KT_VARIANT == 3
+
+#if !defined(KT_WGMMA)
+#error "the wgmma variant needs NVIDIA sm_90a (or the host emulator of one)"
+#endif
+#if KT_DTYPE == 0 || !KT_B_NK
+#error "the wgmma variant takes f16 or bf16 inputs and B as [N, K]"
+#endif
+#if KT_STAGES < 2 || KT_STAGES > 4
+#error "the wgmma variant keeps 2 to 4 k tiles in flight"
+#endif
+
+#define KT_WG_N (KT_BN / KT_TN)
+#define KT_THREADS (128 * (KT_BM / (64 * KT_TM)) * KT_WG_N)
+// A tile of R rows by BK stores core matrix (rows 8·rc .., k 8·kc ..) at element
+// (rc · BK/8 + kc) · 64, row r of it 16 bytes after row r - 1: cores adjacent in k are 128
+// bytes apart (the descriptors' leading offset), cores adjacent in rows BK · 16 (their stride
+// offset). A [stage][BM·BK], then B [stage][BN·BK], in dynamic shared memory.
+#define KT_LBO 128
+#define KT_SBO (KT_BK * 16)
+#if !defined(KT_DYN_LDS) || 2 * KT_STAGES * (KT_BM + KT_BN) * KT_BK != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
+#endif
+
+// Copies rows r0 .. r0 + R of `src` ([rows, k] row-major), k0 .. k0 + BK, into core-matrix
+// order at `dst`, 16 bytes a copy: 8 consecutive threads fill the 8 rows of one core matrix
+// (128 contiguous bytes of shared memory), a warp 4 k-adjacent ones. Pieces outside the
+// matrix or past `ke` are zero-filled (k % 8 == 0: a piece lies wholly inside or outside).
+template <int R>
+KT_DEVICE void kt_load_cores(unsigned short* dst, const kt_in* src, int r0, int rows, int k,
+                             int k0, int ke, int tid) {
+    for (int i = tid; i < R * (KT_BK / 8); i += KT_THREADS) {
+        const int r8 = i % 8, kc = (i / 8) % (KT_BK / 8), rc = i / KT_BK;
+        const int gr = r0 + 8 * rc + r8, gk = k0 + 8 * kc;
+        const bool in = gr < rows && gk < ke;
+        kt_cp_async16(dst + (rc * (KT_BK / 8) + kc) * 64 + r8 * 8,
+                      in ? src + ((long)gr * k + gk) : src, in ? 16 : 0);
+    }
+}
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+        int m, int n, int k) {
+    KT_DYNAMIC_SHARED(smem);
+    unsigned short* const as = reinterpret_cast<unsigned short*>(smem);
+    unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BK;
+    const int tid = KT_TID;
+    const int wg = tid / 128;
+    const int wm = (wg / KT_WG_N) * 64 * KT_TM;
+    const int wn = (wg % KT_WG_N) * KT_TN;
+    // The accumulator layout: warp w of the warpgroup, lane = 4·group + t.
+    const int w = (tid / 32) % 4, g = (tid % 32) / 4, t = tid % 4;
+    const int row0 = KT_BID_Y * KT_BM;
+    const int col0 = KT_BID_X * KT_BN;
+    int kb, ke;
+    kt_split_range(k, &kb, &ke);
+    c += (long)KT_BID_Z * m * n;
+    float acc[KT_TM][KT_TN / 2];
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i) {
+#pragma unroll
+        for (int e = 0; e < KT_TN / 2; ++e) acc[i][e] = 0.0f;
+        kt_wgmma_fence_operand(acc[i]);
+    }
+    auto load = [&](int st, int k0) {
+        kt_load_cores<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, tid);
+        kt_load_cores<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, tid);
+    };
+    const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
+#pragma unroll
+    for (int st = 0; st < KT_STAGES - 1; ++st) {
+        if (st < tiles) load(st, kb + st * KT_BK);
+        kt_cp_async_commit();
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+        // This thread's copies of `tile` have landed; the proxy fence hands them to wgmma's
+        // reads (the async proxy), the barrier makes everyone's visible and says every
+        // warpgroup has finished the products of the stage the next copies overwrite (each
+        // waited for its own below).
+        kt_cp_async_wait<KT_STAGES - 2>();
+        kt_fence_async_shared();
+        KT_SYNC();
+        const int next = tile + KT_STAGES - 1;
+        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
+        kt_cp_async_commit();
+        const int st = tile % KT_STAGES;
+        const unsigned short* at = as + st * KT_BM * KT_BK + (wm / 8) * (KT_BK / 8) * 64;
+        const unsigned short* bt = bs + st * KT_BN * KT_BK + (wn / 8) * (KT_BK / 8) * 64;
+        kt_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KT_BK / 16; ++kk) {
+            // k 16·kk .. +16: the core matrices kc = 2·kk and 2·kk + 1, 128 elements on.
+            const unsigned long long bd = kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO);
+#pragma unroll
+            for (int i = 0; i < KT_TM; ++i)
+                kt_wgmma(acc[i], kt_wgmma_desc(at + 8 * i * (KT_BK / 8) * 64 + 128 * kk, KT_LBO, KT_SBO),
+                         bd);
+        }
+        kt_wgmma_commit();
+        kt_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int gr = row0 + wm + 64 * i + 16 * w + g + 8 * (e / 2);
+                const int gc = col0 + wn + 8 * j + 2 * t + e % 2;
+                if (gr < m && gc < n) c[(long)gr * n + gc] = acc[i][4 * j + e];
+            }
+}
+
 #else
-#error "KT_VARIANT must be 0 (tiled), 1 (MFMA) or 2 (mma)"
+#error "KT_VARIANT must be 0 (tiled), 1 (MFMA), 2 (mma) or 3 (wgmma)"
 #endif
 
 #if KT_SPLIT > 1

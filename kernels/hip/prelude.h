@@ -31,6 +31,10 @@
 #define KT_WAVE 32
 #define KT_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 #define KT_MMA 1
+// Hopper's warpgroup MMA: the arch-specific target sm_90a only (a build asks for it).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KT_WGMMA 1
+#endif
 #elif defined(KT_HOST)
 #ifndef KT_HOST_WAVE
 #error "the host emulator's simt.h must come first"
@@ -43,14 +47,19 @@
 #if KT_HOST_MMA
 #define KT_MMA 1
 #endif
+#if KT_HOST_WGMMA
+#define KT_WGMMA 1
+#endif
 #else
 #error "kerntune GPU kernels build with HIP (clang -x hip), CUDA (nvcc / NVRTC) or the host emulator"
 #endif
 
 // Dynamic shared memory (`KT_DYN_LDS` bytes, passed at launch) as a byte array `name`.
 #if defined(KT_HOST)
-#define KT_DYNAMIC_SHARED(name) \
-    static thread_local __attribute__((aligned(16))) unsigned char name[KT_DYN_LDS]
+// The emulator learns where it is, to resolve the shared-memory addresses of descriptors.
+#define KT_DYNAMIC_SHARED(name)                                                              \
+    static thread_local __attribute__((aligned(16))) unsigned char name[KT_DYN_LDS];         \
+    kt_host::shared_window(name, sizeof name)
 #else
 #define KT_DYNAMIC_SHARED(name) extern __shared__ __attribute__((aligned(16))) unsigned char name[]
 #endif
@@ -275,4 +284,141 @@ KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
+#endif
+
+#if defined(KT_WGMMA) && KT_DTYPE != 0
+// Hopper's warpgroup MMA (wgmma.mma_async.m64nNk16, f32 accumulation): the 128 threads of a
+// warpgroup compute a 64×N tile of D += A·Bᵀ, A (64×16) and B (N×16) read from shared memory
+// through descriptors, asynchronously: issued after a wgmma.fence, completed by commit group
+// (kt_wgmma_wait<n> leaves the newest n groups in flight). Thread (warp w of the warpgroup,
+// lane 4g + t) holds in d[4j + e] row 16w + g + 8·(e / 2), column 8j + 2t + e % 2.
+//
+// Operands are k-major without swizzling: 8×8 core matrices of 128 contiguous bytes (8 rows
+// of 16), `lbo` bytes between core matrices adjacent in k, `sbo` between those adjacent in
+// rows. The emulator computes each operation at the wait that covers it, from shared memory
+// as it is then, so a copy into a tile still being read shows.
+#if defined(KT_HOST)
+KT_DEVICE unsigned kt_smem(const void* p) { return kt_host::smem_offset(p); }
+#endif
+KT_DEVICE unsigned long long kt_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((kt_smem(p) >> 4) & 0x3fffu) |
+           ((unsigned long long)((lbo >> 4) & 0x3fffu) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3fffu) << 32);
+}
+#if defined(KT_HOST)
+KT_DEVICE void kt_wgmma_fence() { kt_host::wgmma_fence(); }
+KT_DEVICE void kt_wgmma_commit() { kt_host::wgmma_commit(); }
+template <int N>
+KT_DEVICE void kt_wgmma_wait() {
+    kt_host::wgmma_wait(N);
+}
+// Shared memory written by the generic proxy (plain stores, cp.async) made visible to the
+// async proxy that wgmma reads through; the emulator has one proxy.
+KT_DEVICE void kt_fence_async_shared() {}
+template <int N>
+KT_DEVICE void kt_wgmma_fence_operand(float (&)[N]) {}
+template <int N>
+KT_DEVICE void kt_wgmma(float (&d)[N], unsigned long long a, unsigned long long b) {
+    kt_host::wgmma(d, 2 * N, a, b);
+}
+#else
+KT_DEVICE void kt_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+KT_DEVICE void kt_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+KT_DEVICE void kt_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+KT_DEVICE void kt_fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Pins the accumulators at this point of the program: the wgmma writes them asynchronously,
+// so the compiler must not read or move them across the wait (or the fence) on its own.
+template <int N>
+KT_DEVICE void kt_wgmma_fence_operand(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+#if KT_DTYPE == 1
+#define KT_WGMMA_IN "f16"
+#else
+#define KT_WGMMA_IN "bf16"
+#endif
+// One operand list per N the kernels use (64, 128, 256): inline PTX names every register.
+KT_DEVICE void kt_wgmma(float (&d)[32], unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %34, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." KT_WGMMA_IN "." KT_WGMMA_IN " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+}
+KT_DEVICE void kt_wgmma(float (&d)[64], unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %66, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." KT_WGMMA_IN "." KT_WGMMA_IN " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(1));
+}
+KT_DEVICE void kt_wgmma(float (&d)[128], unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %130, 0; "
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32." KT_WGMMA_IN "." KT_WGMMA_IN " {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
+          "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
+          "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
+          "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
+          "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
+          "+f"(d[126]), "+f"(d[127])
+        : "l"(a), "l"(b), "r"(1));
+}
+#endif
 #endif

@@ -10,6 +10,7 @@
 //! Needs a C++ compiler (`c++`, `g++` or `clang++`, or `$KERNTUNE_HOST_CXX`); without one the
 //! tests fail, saying so.
 
+use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::gpu::emulator::Emulator;
 use kerntune_kernels::reference::relative_error;
@@ -94,6 +95,8 @@ const PAGED_F32: &str =
 #[test]
 fn nvidia_gemm_candidates_match_the_reference() {
     assert!(variants("h200", GEMM_BF16_NK).contains(&"Mma".to_string()));
+    assert!(variants("h200", GEMM_BF16_NK).contains(&"Wgmma".to_string()));
+    assert!(variants("h200", GEMM_BF16_NK_DECODE).contains(&"Wgmma".to_string()));
     for spec in [
         GEMM_BF16_NK,
         GEMM_F16_KN,
@@ -349,6 +352,101 @@ fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
             ),
             Err(e) => panic!("{what}: {e}"),
         }
+    }
+}
+
+/// The wgmma GEMM of the H200 (two warpgroups of 64×128, three stages of 32) on a problem of
+/// seven k tiles, none of whose sizes a tile divides, with `body` as its source: its relative
+/// error.
+fn wgmma_gemm_error(body: &str) -> Result<f64, KernelError> {
+    let (_, emu) = emulator("h200");
+    let problem: Problem = "gemm:m=67,n=130,k=200,dtype=bf16,b=nk".parse().unwrap();
+    let data = ProblemData::random(&problem, 5);
+    let config = Config::GpuGemm(GpuGemmConfig {
+        variant: GpuGemmVariant::Wgmma,
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        tm: 1,
+        tn: 128,
+        stages: 3,
+        split_k: 1,
+    });
+    let out = emu.run_source(&data, &config, body)?;
+    Ok(relative_error(&out, &data.reference()))
+}
+
+#[test]
+fn the_wgmma_gemm_checks_catch_each_mistake() {
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let ok = wgmma_gemm_error(include_str!("../hip/gemm.hip")).unwrap();
+    assert!(ok <= tol, "the unchanged source: {ok:e}");
+    let fence_sync = "kt_fence_async_shared();\n        KT_SYNC();";
+    // Wrong results: the operands' layout or the pipeline's order.
+    for (what, from, to) in [
+        // A tile whose copies are still in flight (poisoned until the wait).
+        (
+            "an early read",
+            "kt_cp_async_wait<KT_STAGES - 2>();\n        kt_fence",
+            "kt_cp_async_wait<KT_STAGES - 1>();\n        kt_fence",
+        ),
+        // Other threads' copies not yet landed, a stage overwritten while others read it.
+        ("a missing barrier", fence_sync, "kt_fence_async_shared();"),
+        // Descriptors whose offsets do not match the core-matrix layout.
+        (
+            "a wrong stride offset",
+            "#define KT_SBO (KT_BK * 16)",
+            "#define KT_SBO (KT_BK * 8)",
+        ),
+        (
+            "swapped offsets",
+            "kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO)",
+            "kt_wgmma_desc(bt + 128 * kk, KT_SBO, KT_LBO)",
+        ),
+        // The next k step starting one core matrix on instead of two.
+        (
+            "a short k step",
+            "kt_wgmma_desc(bt + 128 * kk,",
+            "kt_wgmma_desc(bt + 64 * kk,",
+        ),
+        // Copies into the stage the products are reading: one tile ahead too many.
+        (
+            "a stage overwritten in use",
+            "const int next = tile + KT_STAGES - 1;\n        if (next < tiles) load(next % KT_STAGES,",
+            "const int next = tile + KT_STAGES;\n        if (next < tiles) load(next % KT_STAGES,",
+        ),
+    ] {
+        match wgmma_gemm_error(&gemm_with(from, to)) {
+            Ok(err) => assert!(
+                err.is_nan() || err > tol,
+                "{what} went unnoticed: error {err:e}"
+            ),
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+    // Errors the emulator names: what a GPU would run into as garbage or a hang.
+    for (from, to, says) in [
+        (
+            "        kt_wgmma_fence();\n",
+            "",
+            "a wgmma without a wgmma.fence before it",
+        ),
+        (
+            "kt_wgmma_wait<0>();",
+            "kt_wgmma_wait<1>();",
+            "left the kernel with wgmma operations not waited for",
+        ),
+        (
+            "kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO)",
+            "kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO) | 1ull << 62",
+            "descriptor with swizzling",
+        ),
+    ] {
+        let e = wgmma_gemm_error(&gemm_with(from, to)).unwrap_err();
+        assert!(
+            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
+            "{e}"
+        );
     }
 }
 

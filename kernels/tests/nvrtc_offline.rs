@@ -5,6 +5,7 @@
 //! says it did not run and why; with `KERNTUNE_REQUIRE_NVRTC=1` (set by `.ci/run`, which
 //! installs the wheel) a missing NVRTC fails the test instead.
 
+use kerntune_kernels::config::GpuGemmVariant;
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::{judge, KernelBuild, Verdict};
 use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, Problem, Space};
@@ -23,19 +24,33 @@ fn compiler(test: &str) -> Option<NvrtcCompiler> {
 }
 
 /// Compiles every config of `configs` for `name`'s target in parallel and checks each: PTX
-/// with mma.sync, shared memory as the space computes it, no spills for `heuristic`, which
+/// with mma.sync, shared memory as the space computes it, no spills for the heuristic, which
 /// must be among them.
 fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs: &[Config]) {
+    let heuristic = GpuSpace.heuristic(p, &Device::lookup(name).unwrap());
+    assert!(
+        configs.contains(&heuristic),
+        "{name}: heuristic {heuristic}"
+    );
+    check_candidates(nvrtc, name, p, configs, "mma.sync.aligned.m16n8k16");
+}
+
+/// Compiles every config of `configs` for `name`'s target in parallel and checks each: PTX
+/// with `instruction` (and the pipelines' copies and fragment loads where they have stages),
+/// shared memory as the space computes it, no spills for the heuristic if among them.
+fn check_candidates(
+    nvrtc: &NvrtcCompiler,
+    name: &str,
+    p: &Problem,
+    configs: &[Config],
+    instruction: &str,
+) {
     use rayon::prelude::*;
     let device = Device::lookup(name).unwrap();
     let Device::Gpu(g) = device else {
         unreachable!()
     };
     let heuristic = GpuSpace.heuristic(p, &device);
-    assert!(
-        configs.contains(&heuristic),
-        "{name}: heuristic {heuristic}"
-    );
     let results: Vec<_> = configs
         .par_iter()
         .map(|c| {
@@ -46,15 +61,26 @@ fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs:
     for (c, out) in results {
         let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
         let ptx = String::from_utf8(ptx).unwrap();
-        assert!(ptx.contains("mma.sync.aligned.m16n8k16"), "{name} {c}");
-        if matches!(c, Config::GpuGemm(g) if g.stages > 1) {
-            for op in [
+        assert!(ptx.contains(instruction), "{name} {c}: no {instruction}");
+        let pipelined: &[&str] = match c {
+            Config::GpuGemm(g) if g.variant == GpuGemmVariant::Wgmma => &[
+                ".target sm_90a",
+                "cp.async.cg.shared.global",
+                "cp.async.wait_group",
+                "fence.proxy.async.shared::cta",
+                "wgmma.fence.sync.aligned",
+                "wgmma.commit_group.sync.aligned",
+                "wgmma.wait_group.sync.aligned",
+            ],
+            Config::GpuGemm(g) if g.stages > 1 => &[
                 "cp.async.cg.shared.global",
                 "cp.async.wait_group",
                 "ldmatrix.sync",
-            ] {
-                assert!(ptx.contains(op), "{name} {c}: no {op}");
-            }
+            ],
+            _ => &[],
+        };
+        for op in pipelined {
+            assert!(ptx.contains(op), "{name} {c}: no {op}");
         }
         let build = KernelBuild::new(p, &c).unwrap();
         let k = kernels.iter().find(|k| k.name == build.entries[0]).unwrap();
@@ -64,7 +90,7 @@ fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs:
             kerntune_kernels::space::lds_bytes(&c, p, g),
             "{name} {c}"
         );
-        if c == heuristic {
+        if c == heuristic || instruction.starts_with("wgmma") {
             assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
         }
         eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
@@ -164,7 +190,6 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
 /// computes; none spills at the heuristic's tile.
 #[test]
 fn every_mma_candidate_compiles_for_sm80_and_sm90() {
-    use kerntune_kernels::config::GpuGemmVariant;
     let Some(nvrtc) = compiler("every_mma_candidate_compiles_for_sm80_and_sm90") else {
         return;
     };
@@ -193,6 +218,45 @@ fn every_mma_candidate_compiles_for_sm80_and_sm90() {
         .candidates(&p, &h100)
         .iter()
         .any(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma)));
+}
+
+/// Hopper's warpgroup MMA: every wgmma candidate of a Llama prefill and decode GEMM compiles
+/// for the arch-specific target sm_90a (the build asks for it), with the copies, the proxy
+/// fence and the wgmma fence, commit and wait in its PTX, shared memory as the space computes
+/// it and no spilled register; models without sm_90, f32, and a [K, N] B get none.
+#[test]
+fn every_wgmma_candidate_compiles_for_sm90a() {
+    let Some(nvrtc) = compiler("every_wgmma_candidate_compiles_for_sm90a") else {
+        return;
+    };
+    let wgmma = |p: &Problem, name: &str| -> Vec<Config> {
+        GpuSpace
+            .candidates(p, &Device::lookup(name).unwrap())
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Wgmma))
+            .collect()
+    };
+    for (name, spec, count) in [
+        ("h200", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk", 18),
+        // Decode: 64-row tiles with every split, after the mma ones.
+        ("h200", "gemm:m=16,n=1280,k=8192,dtype=bf16,b=nk", 28),
+        ("h100", "gemm:m=133,n=1000,k=4096,dtype=f16,b=nk", 18),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        let configs = wgmma(&p, name);
+        assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
+        check_candidates(&nvrtc, name, &p, &configs, "wgmma.mma_async.sync.aligned");
+    }
+    for (name, spec) in [
+        ("a100", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk"),
+        ("h100", "gemm:m=2048,n=1280,k=8192,dtype=f32,b=nk"),
+        ("h100", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=kn"),
+        ("h100", "gemm:m=2048,n=1280,k=8190,dtype=bf16,b=nk"),
+        ("mi300x", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk"),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        assert!(wgmma(&p, name).is_empty(), "{name} {spec}");
+    }
 }
 
 #[test]

@@ -17,6 +17,10 @@ pub enum GpuGemmVariant {
     /// NVIDIA tensor cores (`mma.sync.m16n8k16`, sm_80 and later), f16 and bf16: each warp
     /// owns `tm × tn` tiles of 16×8.
     Mma,
+    /// NVIDIA Hopper's warpgroup tensor cores (`wgmma.mma_async.m64nNk16`, sm_90a), f16 and
+    /// bf16, both operands read from shared memory: each warpgroup (4 warps) owns `tm` tiles
+    /// of 64 rows by `tn` columns, `tn` the instruction's N.
+    Wgmma,
 }
 
 impl fmt::Display for GpuGemmVariant {
@@ -25,6 +29,7 @@ impl fmt::Display for GpuGemmVariant {
             GpuGemmVariant::Tiled => "tiled",
             GpuGemmVariant::Mfma => "mfma",
             GpuGemmVariant::Mma => "mma",
+            GpuGemmVariant::Wgmma => "wgmma",
         })
     }
 }
@@ -42,8 +47,8 @@ pub struct GpuGemmConfig {
     /// Shared-memory stages of the mma variant: 1 stages each k tile with plain loads
     /// between two barriers; 2 to 4 keep that many tiles in flight with 16-byte `cp.async`
     /// copies and read fragments with `ldmatrix` (rows of 8 elements: k, and n for a
-    /// `[K, N]` B, multiples of 8). Absent in results stored before it existed, and left
-    /// out when 1: 1.
+    /// `[K, N]` B, multiples of 8). The wgmma variant always pipelines: 2 to 4. Absent in
+    /// results stored before it existed, and left out when 1: 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub stages: usize,
     /// Blocks sharing the k range of one C tile (split-K), each writing its partial sums
@@ -68,6 +73,10 @@ impl GpuGemmConfig {
             GpuGemmVariant::Mma => {
                 32 * self.bm.checked_div(16 * self.tm).unwrap_or(0)
                     * self.bn.checked_div(8 * self.tn).unwrap_or(0)
+            }
+            GpuGemmVariant::Wgmma => {
+                128 * self.bm.checked_div(64 * self.tm).unwrap_or(0)
+                    * self.bn.checked_div(self.tn).unwrap_or(0)
             }
         }
     }

@@ -27,7 +27,7 @@ use crate::data::ProblemData;
 use crate::device::GpuModel;
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
 use crate::reference::relative_error;
-use crate::space::{has_mfma, has_mma};
+use crate::space::{has_mfma, has_mma, has_wgmma};
 use crate::{Config, Device, GpuSpace, KernelError, Problem, Space, TensorBuf};
 
 const SIMT: &str = include_str!("../../emulator/simt.h");
@@ -240,6 +240,11 @@ impl Emulator {
             ("KT_HOST_WAVE", self.model.wave_size as usize),
             ("KT_HOST_MMA", flag(has_mma(self.model))),
             ("KT_HOST_MFMA", flag(has_mfma(self.model))),
+            // As on the device, where only the arch-specific target (sm_90a) has wgmma.
+            (
+                "KT_HOST_WGMMA",
+                flag(has_wgmma(self.model) && build.arch_specific),
+            ),
         ];
         if self.portable {
             defines.push(("KT_HOST_UCONTEXT", 1));

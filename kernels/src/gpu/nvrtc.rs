@@ -101,9 +101,10 @@ impl NvrtcCompiler {
         })
     }
 
-    /// Compiles one build for `arch` (`sm_80`, `sm_90`): its PTX (what the driver loads) and
-    /// each kernel's resources as ptxas reports them for that architecture, or the compiler's
-    /// messages on failure.
+    /// Compiles one build for `arch` (`sm_80`, `sm_90`; `sm_90a` for a build using
+    /// architecture-specific instructions): its PTX (what the driver loads) and each kernel's
+    /// resources as ptxas reports them for that architecture, or the compiler's messages on
+    /// failure.
     pub fn compile(
         &self,
         build: &KernelBuild,
@@ -111,7 +112,8 @@ impl NvrtcCompiler {
         threads: u32,
     ) -> Result<(Vec<u8>, Vec<KernelResources>), String> {
         let source = CString::new(build.source()).map_err(|e| e.to_string())?;
-        let mut options = vec![format!("-arch={arch}"), "-Xptxas=-v".to_string()];
+        let suffix = if build.arch_specific { "a" } else { "" };
+        let mut options = vec![format!("-arch={arch}{suffix}"), "-Xptxas=-v".to_string()];
         options.extend(
             build
                 .defines

@@ -40,6 +40,9 @@ pub struct KernelBuild {
     /// Bytes of dynamic shared memory its main kernel takes at launch (0: static only);
     /// also the `KT_DYN_LDS` macro, which sizes the emulator's copy.
     pub dynamic_lds: usize,
+    /// Uses instructions of one architecture only (wgmma: NVIDIA's `sm_90a` target, whose
+    /// code runs on sm_90 and no later architecture), so compiles for that target.
+    pub arch_specific: bool,
 }
 
 fn dtype_code(d: DType) -> usize {
@@ -66,6 +69,7 @@ impl KernelBuild {
                             GpuGemmVariant::Tiled => 0,
                             GpuGemmVariant::Mfma => 1,
                             GpuGemmVariant::Mma => 2,
+                            GpuGemmVariant::Wgmma => 3,
                         },
                     ),
                     ("KT_BM", c.bm),
@@ -84,6 +88,7 @@ impl KernelBuild {
                 },
                 threads: c.threads(),
                 dynamic_lds,
+                arch_specific: c.variant == GpuGemmVariant::Wgmma,
             },
             (Problem::Flash(p), Config::GpuFlash(c)) => KernelBuild {
                 family: Family::Flash,
@@ -106,6 +111,7 @@ impl KernelBuild {
                 entries: &["kt_flash"],
                 threads: c.br * c.lanes,
                 dynamic_lds,
+                arch_specific: false,
             },
             (Problem::Paged(p), Config::GpuPaged(c)) => KernelBuild {
                 family: Family::Paged,
@@ -120,6 +126,7 @@ impl KernelBuild {
                 entries: &["kt_paged", "kt_paged_reduce"],
                 threads: c.threads,
                 dynamic_lds,
+                arch_specific: false,
             },
             (p, c) if !c.is_gpu() => {
                 return Err(KernelError::InvalidConfig {

@@ -56,6 +56,16 @@ pub fn has_mma(g: &GpuModel) -> bool {
             .is_some_and(|v| v >= 80)
 }
 
+/// Whether the model has Hopper's warpgroup MMA (`wgmma.mma_async`), which the arch-specific
+/// target sm_90a compiles and only sm_90 devices run.
+pub fn has_wgmma(g: &GpuModel) -> bool {
+    g.vendor == Vendor::Nvidia && g.arch == "sm_90"
+}
+
+/// Accumulators a thread of the wgmma variant holds: `tm` tiles of 64 rows by `tn`, `tn / 2`
+/// floats each over a warpgroup's 128 threads.
+const WGMMA_MAX_ACCUMULATORS: usize = 128;
+
 /// LDS bytes one block of a config allocates (as declared in the sources).
 pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
     match (config, problem) {
@@ -64,6 +74,7 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
             GpuGemmVariant::Mma if c.stages > 1 => dynamic_lds_bytes(config, problem),
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
+            GpuGemmVariant::Wgmma => dynamic_lds_bytes(config, problem),
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
             GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
@@ -80,8 +91,10 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
 
 /// Bytes of dynamic shared memory a build of `config` declares: the pipelined mma GEMM's
 /// stages of 16-bit A and B tiles (rows padded by 8 elements; B `[bk][bn + 8]` for a K×N B,
-/// else `[bn][bk + 8]`), the mma flash attention's 16-bit K and V tiles (`[bc][d + 8]`
-/// each). 0 for builds whose shared memory is all static.
+/// else `[bn][bk + 8]`), the wgmma GEMM's stages of A and B in 8×8 core matrices (no
+/// padding: the instruction reads each core matrix as 128 contiguous bytes), the mma flash
+/// attention's 16-bit K and V tiles (`[bc][d + 8]` each). 0 for builds whose shared memory is
+/// all static.
 pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
     match (config, problem) {
         (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
@@ -95,6 +108,9 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
                 BLayout::Nk => c.bn * (c.bk + 8),
             };
             2 * c.stages * (c.bm * (c.bk + 8) + b)
+        }
+        (Config::GpuGemm(c), Problem::Gemm(_)) if c.variant == GpuGemmVariant::Wgmma => {
+            2 * c.stages * (c.bm + c.bn) * c.bk
         }
         _ => 0,
     }
@@ -214,21 +230,22 @@ impl GpuSpace {
                     ));
                 }
             }
+            GpuGemmVariant::Wgmma => self.validate_wgmma(c, p, g)?,
         }
         if !(1..=4).contains(&c.stages) {
             return Err(invalid(f, format!("stages = {}: must be 1 to 4", c.stages)));
         }
         if c.stages > 1 {
-            if c.variant != GpuGemmVariant::Mma {
+            if !matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) {
                 return Err(invalid(
                     f,
                     format!(
-                        "stages = {}: only the mma variant pipelines its k tiles",
+                        "stages = {}: only the mma and wgmma variants pipeline their k tiles",
                         c.stages
                     ),
                 ));
             }
-            if !c.tn.is_multiple_of(2) {
+            if c.variant == GpuGemmVariant::Mma && !c.tn.is_multiple_of(2) {
                 return Err(invalid(
                     f,
                     format!(
@@ -279,6 +296,70 @@ impl GpuSpace {
             }
         }
         check_threads(f, c.threads(), g)
+    }
+
+    /// The wgmma variant's own rules: sm_90, 16-bit inputs, B as `[N, K]` (both operands
+    /// k-major in shared memory), rows of 8 elements for the 16-byte copies, 64-row
+    /// warpgroup tiles of an N the instruction has, and always pipelined.
+    fn validate_wgmma(
+        &self,
+        c: &GpuGemmConfig,
+        p: &GemmProblem,
+        g: &GpuModel,
+    ) -> Result<(), KernelError> {
+        let f = Family::Gemm;
+        if !has_wgmma(g) {
+            return Err(invalid(
+                f,
+                format!(
+                    "{} ({}) has no wgmma instructions (sm_90 only)",
+                    g.name, g.arch
+                ),
+            ));
+        }
+        if p.dtype == DType::F32 {
+            return Err(invalid(f, "the wgmma variant takes f16 or bf16 inputs"));
+        }
+        if p.b_layout != BLayout::Nk {
+            return Err(invalid(
+                f,
+                "the wgmma variant reads B as [N, K] (a Linear layer's weights); a [K, N] B takes the mma variant",
+            ));
+        }
+        if !p.k.is_multiple_of(8) {
+            return Err(invalid(
+                f,
+                format!(
+                    "the wgmma variant copies rows in 16-byte pieces: k = {} must be a multiple of 8",
+                    p.k
+                ),
+            ));
+        }
+        if !(1..=2).contains(&c.tm)
+            || !matches!(c.tn, 64 | 128 | 256)
+            || c.tm * c.tn / 2 > WGMMA_MAX_ACCUMULATORS
+            || !c.bm.is_multiple_of(64 * c.tm)
+            || !c.bn.is_multiple_of(c.tn)
+            || !(16..=128).contains(&c.bk)
+        {
+            return Err(invalid(
+                f,
+                format!(
+                    "wgmma tiles: tm = {} (1 or 2) tiles of 64 rows by tn = {} (64, 128 or 256), at most {WGMMA_MAX_ACCUMULATORS} accumulators a thread, dividing {}x{}; bk = {} from 16 to 128",
+                    c.tm, c.tn, c.bm, c.bn, c.bk
+                ),
+            ));
+        }
+        if c.stages < 2 {
+            return Err(invalid(
+                f,
+                format!(
+                    "stages = {}: the wgmma variant keeps 2 to 4 k tiles in flight",
+                    c.stages
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_flash(
@@ -410,6 +491,30 @@ impl GpuSpace {
                             for (bk, stages) in [(32, 4), (64, 3)] {
                                 push(mma, (bm, bn, bk), (bm / 16, tn), stages, split);
                             }
+                        }
+                    }
+                }
+                // Hopper: a warpgroup's MMA reads both tiles from shared memory, as cuBLAS's
+                // sm_90 kernels do; one or two warpgroups of 64×256 or 64×128, 128 to 192 of
+                // k in flight. Decode shapes fill 64 rows of which most are padding, with
+                // split-K, after the one-warp-high mma tiles.
+                let wgmma = GpuGemmVariant::Wgmma;
+                if has_wgmma(g) && p.b_layout == BLayout::Nk {
+                    for &split in splits.iter().rev().filter(|_| decode) {
+                        for bn in [64, 128] {
+                            push(wgmma, (64, bn, 64), (1, bn), 3, split);
+                        }
+                    }
+                    for (bm, bn, tm, tn) in [
+                        (128, 256, 1, 256),
+                        (128, 128, 1, 128),
+                        (256, 128, 1, 128),
+                        (128, 256, 2, 128),
+                        (64, 256, 1, 256),
+                        (64, 128, 1, 128),
+                    ] {
+                        for (bk, stages) in [(64, 3), (64, 4), (32, 4)] {
+                            push(wgmma, (bm, bn, bk), (tm, tn), stages, 1);
                         }
                     }
                 }
