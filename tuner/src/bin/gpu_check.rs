@@ -4,11 +4,13 @@
 //! cuBLAS as ratios. `scripts/gpu-check.sh` builds and runs it; the flash-attention peer
 //! (PyTorch SDPA) is timed by `bench/sdpa_peer.py` in the same script.
 //!
-//! Usage: `gpu-check [--family gemm|flash|paged]... [--max-candidates N] [--reps N] [--json FILE]`
+//! Usage: `gpu-check [--family gemm|flash|paged]... [--only-variant V | --skip-variant V]...
+//! [--max-candidates N] [--reps N] [--json FILE]`
 //!
 //! A problem whose upload, launch or timing fails is reported and the check goes on; the
 //! script runs each family in a process of its own, so a kernel that leaves the CUDA context
-//! unusable costs only its family's results.
+//! unusable costs only its family's results, and the GEMM's wgmma variant (never yet run on
+//! a device) in one more, by `--only-variant` / `--skip-variant`.
 
 use std::time::Instant;
 
@@ -171,11 +173,37 @@ impl Check<'_> {
     }
 }
 
+/// Which GEMM variants a run samples from (`--only-variant`, `--skip-variant`).
+#[derive(Debug, Default)]
+struct Variants {
+    only: Vec<String>,
+    skip: Vec<String>,
+}
+
+impl Variants {
+    fn admits(&self, c: &Config) -> bool {
+        let Config::GpuGemm(g) = c else {
+            return true;
+        };
+        let v = g.variant.to_string();
+        (self.only.is_empty() || self.only.contains(&v)) && !self.skip.contains(&v)
+    }
+}
+
 /// At most `max` candidates besides the default and the heuristic: the first half of them
 /// from the front of the space's order (its likeliest winners), the rest spread evenly over
-/// the remainder.
-fn candidates(p: &Problem, device: &Device, max: usize) -> Vec<Config> {
-    let all = GpuSpace.candidates(p, device);
+/// the remainder; GEMM variants as `variants` admits (none where `--only-variant` admits
+/// none of the problem's).
+fn candidates(p: &Problem, device: &Device, max: usize, variants: &Variants) -> Vec<Config> {
+    let all: Vec<Config> = GpuSpace
+        .candidates(p, device)
+        .into_iter()
+        .filter(|c| variants.admits(c))
+        .collect();
+    // A run of chosen variants leaves problems they do not apply to to the others.
+    if all.is_empty() && !variants.only.is_empty() {
+        return all;
+    }
     let front = (max / 2).min(all.len());
     let rest = &all[front..];
     let spread = (max - front).min(rest.len());
@@ -210,7 +238,8 @@ fn run() -> anyhow::Result<bool> {
     let mut reps = 20;
     let mut json = None;
     let mut families: Vec<String> = Vec::new();
-    let usage = "usage: gpu-check [--family gemm|flash|paged]... [--max-candidates N] [--reps N] [--json FILE]";
+    let mut variants = Variants::default();
+    let usage = "usage: gpu-check [--family gemm|flash|paged]... [--only-variant V | --skip-variant V]... [--max-candidates N] [--reps N] [--json FILE]";
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -227,6 +256,17 @@ fn run() -> anyhow::Result<bool> {
                     bail!("--family {f}: not a kernel family; {usage}");
                 }
                 families.push(f);
+            }
+            "--only-variant" | "--skip-variant" => {
+                let v = value()?;
+                if !["tiled", "mfma", "mma", "wgmma"].contains(&v.as_str()) {
+                    bail!("{a} {v}: not a GEMM variant (tiled, mfma, mma, wgmma); {usage}");
+                }
+                if a == "--only-variant" {
+                    variants.only.push(v);
+                } else {
+                    variants.skip.push(v);
+                }
             }
             other => bail!("unknown argument {other}; {usage}"),
         }
@@ -265,7 +305,10 @@ fn run() -> anyhow::Result<bool> {
     let mut failures = 0;
     for spec in AWKWARD.iter().filter(&wanted) {
         let p: Problem = spec.parse()?;
-        let configs = candidates(&p, &check.device, 12);
+        let configs = candidates(&p, &check.device, 12, &variants);
+        if configs.is_empty() {
+            continue;
+        }
         let Some(row) = check.sweep_or_report(&p, &configs, 0) else {
             failures += 1;
             continue;
@@ -288,7 +331,10 @@ fn run() -> anyhow::Result<bool> {
     let mut rows = Vec::new();
     for spec in LLAMA70B_TP8.iter().filter(&wanted) {
         let p: Problem = spec.parse()?;
-        let configs = candidates(&p, &check.device, max_candidates);
+        let configs = candidates(&p, &check.device, max_candidates, &variants);
+        if configs.is_empty() {
+            continue;
+        }
         let Some(row) = check.sweep_or_report(&p, &configs, reps) else {
             failures += 1;
             continue;
