@@ -16,8 +16,9 @@
 //   for a [K,N] B, which the space checks) and read by ldmatrix.
 // KT_VARIANT 3, wgmma (NVIDIA sm_90a, f16 and bf16, B [N,K]): each warpgroup of 4 warps owns
 //   TM tiles of 64×TN computed by wgmma.mma_async.m64nNk16 (N = TN) straight from shared
-//   memory, where KT_STAGES (2 to 4) k tiles are in flight by 16-byte cp.async, stored as 8×8
-//   core matrices. Threads = 128 · (BM / (64·TM)) · (BN / TN).
+//   memory, stored there as 8×8 core matrices. Of KT_STAGES (3 or 4) k tiles in shared memory,
+//   one is being multiplied, the products of the one before may still be in flight, and the
+//   rest are arriving by 16-byte cp.async. Threads = 128 · (BM / (64·TM)) · (BN / TN).
 //
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
@@ -415,8 +416,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_DTYPE == 0 || !KT_B_NK
 #error "the wgmma variant takes f16 or bf16 inputs and B as [N, K]"
 #endif
-#if KT_STAGES < 2 || KT_STAGES > 4
-#error "the wgmma variant keeps 2 to 4 k tiles in flight"
+#if KT_STAGES < 3 || KT_STAGES > 4
+#error "the wgmma variant takes 3 or 4 stages: one multiplied, one finishing, the rest copied"
 #endif
 
 #define KT_WG_N (KT_BN / KT_TN)
@@ -475,21 +476,23 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_load_cores<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, tid);
         kt_load_cores<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, tid);
     };
+    // Of the STAGES stages, one holds the tile being multiplied, one the tile before it, whose
+    // products may still be in flight, and the rest tiles being copied: STAGES - 2 ahead.
     const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
 #pragma unroll
-    for (int st = 0; st < KT_STAGES - 1; ++st) {
+    for (int st = 0; st < KT_STAGES - 2; ++st) {
         if (st < tiles) load(st, kb + st * KT_BK);
         kt_cp_async_commit();
     }
     for (int tile = 0; tile < tiles; ++tile) {
         // This thread's copies of `tile` have landed; the proxy fence hands them to wgmma's
-        // reads (the async proxy), the barrier makes everyone's visible and says every
-        // warpgroup has finished the products of the stage the next copies overwrite (each
-        // waited for its own below).
-        kt_cp_async_wait<KT_STAGES - 2>();
+        // reads (the async proxy); after the barrier everyone's have, and every warpgroup has
+        // waited for the products of tile - 2 (below, in the last iteration), whose stage the
+        // next copies overwrite.
+        kt_cp_async_wait<KT_STAGES - 3>();
         kt_fence_async_shared();
         KT_SYNC();
-        const int next = tile + KT_STAGES - 1;
+        const int next = tile + KT_STAGES - 2;
         if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
         kt_cp_async_commit();
         const int st = tile % KT_STAGES;
@@ -506,10 +509,12 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
                          bd);
         }
         kt_wgmma_commit();
-        kt_wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
+        // This tile's products stay in flight while the next tile is prepared and issued.
+        kt_wgmma_wait<1>();
     }
+    kt_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i)
 #pragma unroll

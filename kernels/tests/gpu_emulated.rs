@@ -387,8 +387,8 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
         // A tile whose copies are still in flight (poisoned until the wait).
         (
             "an early read",
+            "kt_cp_async_wait<KT_STAGES - 3>();\n        kt_fence",
             "kt_cp_async_wait<KT_STAGES - 2>();\n        kt_fence",
-            "kt_cp_async_wait<KT_STAGES - 1>();\n        kt_fence",
         ),
         // Other threads' copies not yet landed, a stage overwritten while others read it.
         ("a missing barrier", fence_sync, "kt_fence_async_shared();"),
@@ -409,11 +409,17 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             "kt_wgmma_desc(bt + 128 * kk,",
             "kt_wgmma_desc(bt + 64 * kk,",
         ),
-        // Copies into the stage the products are reading: one tile ahead too many.
+        // Copies into the stage of the tile before, whose products may be in flight.
         (
             "a stage overwritten in use",
+            "const int next = tile + KT_STAGES - 2;\n        if (next < tiles) load(next % KT_STAGES,",
             "const int next = tile + KT_STAGES - 1;\n        if (next < tiles) load(next % KT_STAGES,",
-            "const int next = tile + KT_STAGES;\n        if (next < tiles) load(next % KT_STAGES,",
+        ),
+        // Two tiles' products left in flight: the copies overwrite the older one's stage.
+        (
+            "products waited for too late",
+            "kt_wgmma_wait<1>();",
+            "kt_wgmma_wait<2>();",
         ),
     ] {
         match wgmma_gemm_error(&gemm_with(from, to)) {
@@ -432,8 +438,8 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             "a wgmma without a wgmma.fence before it",
         ),
         (
-            "kt_wgmma_wait<0>();",
-            "kt_wgmma_wait<1>();",
+            "    kt_wgmma_wait<0>();\n",
+            "",
             "left the kernel with wgmma operations not waited for",
         ),
         (

@@ -47,7 +47,7 @@ pub struct GpuGemmConfig {
     /// Shared-memory stages of the mma variant: 1 stages each k tile with plain loads
     /// between two barriers; 2 to 4 keep that many tiles in flight with 16-byte `cp.async`
     /// copies and read fragments with `ldmatrix` (rows of 8 elements: k, and n for a
-    /// `[K, N]` B, multiples of 8). The wgmma variant always pipelines: 2 to 4. Absent in
+    /// `[K, N]` B, multiples of 8). The wgmma variant takes 3 or 4. Absent in
     /// results stored before it existed, and left out when 1: 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub stages: usize,

@@ -300,7 +300,7 @@ impl GpuSpace {
 
     /// The wgmma variant's own rules: sm_90, 16-bit inputs, B as `[N, K]` (both operands
     /// k-major in shared memory), rows of 8 elements for the 16-byte copies, 64-row
-    /// warpgroup tiles of an N the instruction has, and always pipelined.
+    /// warpgroup tiles of an N the instruction has, and 3 or 4 stages.
     fn validate_wgmma(
         &self,
         c: &GpuGemmConfig,
@@ -350,11 +350,11 @@ impl GpuSpace {
                 ),
             ));
         }
-        if c.stages < 2 {
+        if c.stages < 3 {
             return Err(invalid(
                 f,
                 format!(
-                    "stages = {}: the wgmma variant keeps 2 to 4 k tiles in flight",
+                    "stages = {}: the wgmma variant takes 3 or 4 (a tile multiplied, the one before it finishing, the rest copied)",
                     c.stages
                 ),
             ));
