@@ -137,6 +137,30 @@ pub fn lds_limit_of(dynamic_lds: usize, g: &GpuModel) -> usize {
     }
 }
 
+/// A matrix-core GEMM variant's first two rules: the model has its `instructions`, and the
+/// inputs are 16-bit.
+fn matrix_cores(
+    g: &GpuModel,
+    p: &GemmProblem,
+    present: bool,
+    variant: &str,
+    instructions: &str,
+) -> Result<(), KernelError> {
+    if !present {
+        return Err(invalid(
+            Family::Gemm,
+            format!("{} ({}) has no {instructions}", g.name, g.arch),
+        ));
+    }
+    if p.dtype == DType::F32 {
+        return Err(invalid(
+            Family::Gemm,
+            format!("the {variant} variant takes f16 or bf16 inputs"),
+        ));
+    }
+    Ok(())
+}
+
 fn check_threads(family: Family, threads: usize, g: &GpuModel) -> Result<(), KernelError> {
     let wave = g.wave_size as usize;
     if threads == 0 || !threads.is_multiple_of(wave) || threads > g.max_threads_per_block as usize {
@@ -182,15 +206,7 @@ impl GpuSpace {
                 }
             }
             GpuGemmVariant::Mfma => {
-                if !has_mfma(g) {
-                    return Err(invalid(
-                        f,
-                        format!("{} ({}) has no MFMA instructions", g.name, g.arch),
-                    ));
-                }
-                if p.dtype == DType::F32 {
-                    return Err(invalid(f, "the MFMA variant takes f16 or bf16 inputs"));
-                }
+                matrix_cores(g, p, has_mfma(g), "MFMA", "MFMA instructions")?;
                 if !c.bm.is_multiple_of(32 * c.tm)
                     || !c.bn.is_multiple_of(32 * c.tn)
                     || !c.bk.is_multiple_of(8)
@@ -205,18 +221,13 @@ impl GpuSpace {
                 }
             }
             GpuGemmVariant::Mma => {
-                if !has_mma(g) {
-                    return Err(invalid(
-                        f,
-                        format!(
-                            "{} ({}) has no mma.sync.m16n8k16 tensor-core instructions",
-                            g.name, g.arch
-                        ),
-                    ));
-                }
-                if p.dtype == DType::F32 {
-                    return Err(invalid(f, "the mma variant takes f16 or bf16 inputs"));
-                }
+                matrix_cores(
+                    g,
+                    p,
+                    has_mma(g),
+                    "mma",
+                    "mma.sync.m16n8k16 tensor-core instructions",
+                )?;
                 if !c.bm.is_multiple_of(16 * c.tm)
                     || !c.bn.is_multiple_of(8 * c.tn)
                     || !c.bk.is_multiple_of(16)
@@ -308,18 +319,13 @@ impl GpuSpace {
         g: &GpuModel,
     ) -> Result<(), KernelError> {
         let f = Family::Gemm;
-        if !has_wgmma(g) {
-            return Err(invalid(
-                f,
-                format!(
-                    "{} ({}) has no wgmma instructions (sm_90 only)",
-                    g.name, g.arch
-                ),
-            ));
-        }
-        if p.dtype == DType::F32 {
-            return Err(invalid(f, "the wgmma variant takes f16 or bf16 inputs"));
-        }
+        matrix_cores(
+            g,
+            p,
+            has_wgmma(g),
+            "wgmma",
+            "wgmma instructions (sm_90 only)",
+        )?;
         if p.b_layout != BLayout::Nk {
             return Err(invalid(
                 f,
