@@ -190,9 +190,15 @@ fn wait_for_call(shared: &Shared, sleeping: &AtomicBool, seen: usize) -> usize {
         std::hint::spin_loop();
     }
     // Parking: announce it, then look once more, so a caller that bumped the generation
-    // before seeing the announcement is not missed (both sides use SeqCst).
-    sleeping.store(true, Ordering::SeqCst);
+    // before seeing the announcement is not missed (both sides use SeqCst). The announcement
+    // is renewed after every wake: the caller of the call this helper just finished may still
+    // be going through its helpers, clearing each announcement it finds and unparking, and
+    // one it clears now belongs to the next call's wait. That wake returns here with the
+    // generation unchanged; without a new announcement the helper would sleep through the
+    // next call, its caller spinning for it forever (seen under qemu's aarch64 emulation,
+    // where a caller falls that far behind its helpers; a descheduled caller can anywhere).
     loop {
+        sleeping.store(true, Ordering::SeqCst);
         let generation = shared.generation.load(Ordering::SeqCst);
         if generation != seen {
             sleeping.store(false, Ordering::Relaxed);
