@@ -533,6 +533,15 @@ inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&
 
 inline bool aligned16(const void* p) { return ((decltype(sizeof 0))p & 15) == 0; }
 
+// A 16-byte vector load from global memory, which faults on the device when misaligned.
+template <class T>
+inline T load16(const void* p) {
+    if (!aligned16(p)) fail("a 16-byte load from an address not 16-byte aligned");
+    T v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
 // cp.async.cg.shared.global of 16 bytes, `bytes` of them from `src`, the rest zeros. The copy
 // happens at the wait that covers its group; until then its destination holds 0xff bytes (NaN
 // in every input type), so reading it early, or copying into a tile others still read, shows.

@@ -19,6 +19,12 @@
 //   memory, stored there as 8×8 core matrices. Of KT_STAGES (3 or 4) k tiles in shared memory,
 //   one is being multiplied, the products of the one before may still be in flight, and the
 //   rest are arriving by 16-byte cp.async. Threads = 128 · (BM / (64·TM)) · (BN / TN).
+// KT_VARIANT 4, skinny (every vendor and dtype, B [N,K], decode: a few rows of A): no shared
+//   memory; each group of 32 lanes owns TN weight rows (columns of C) and all BM rows of A,
+//   every lane a 16-byte piece of each row per step, KT_BK / (32·16 bytes) steps of weight
+//   loads issued before their products; the group's partial sums meet by shuffles. The
+//   weights are read once, in place, fully coalesced, as the GEMV kernels of vendors' BLAS
+//   and serving stacks do for decode. Threads = 32 · (BN / TN).
 //
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
@@ -527,8 +533,95 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             }
 }
 
+#elif KT_VARIANT == 4
+
+#if !KT_B_NK || KT_TM != 1
+#error "the skinny variant reads B as [N, K] and takes KT_TM 1"
+#endif
+// Lane groups of 32 on every vendor (half a CDNA wave): shuffles with masks below 32 stay
+// inside a group on 64-wide waves too.
+#define KT_GROUPS (KT_BN / KT_TN)
+#define KT_THREADS (32 * KT_GROUPS)
+#define KT_UNROLL (KT_BK / (32 * KT_VEC))
+#if KT_UNROLL < 1 || KT_UNROLL * 32 * KT_VEC != KT_BK
+#error "the skinny variant's KT_BK must be 32 lanes times 16 bytes times a whole unroll"
+#endif
+
+KT_DEVICE float kt_group_sum(float v) {
+#pragma unroll
+    for (int m = 16; m > 0; m /= 2) v += KT_SHFL_XOR(v, m);
+    return v;
+}
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+        int m, int n, int k) {
+    const int lane = KT_TID % 32;
+    const int row0 = KT_BID_Y * KT_BM;
+    const int col0 = KT_BID_X * KT_BN + (KT_TID / 32) * KT_TN;
+    int kb, ke;
+    kt_split_range(k, &kb, &ke);
+    c += (long)KT_BID_Z * m * n;
+    // Rows past m or n (bm is a power of two) read the last row and are not written: every
+    // load is unconditional, which keeps ptxas from spilling around branches. A's row
+    // addresses are computed where used (a pointer per row would hold a register pair each
+    // for the whole loop; on CDNA they spilled scalar registers at 16 rows).
+    const kt_in* brow[KT_TN];
+#pragma unroll
+    for (int j = 0; j < KT_TN; ++j) brow[j] = b + (long)min(col0 + j, n - 1) * k;
+    float acc[KT_BM][KT_TN];
+#pragma unroll
+    for (int i = 0; i < KT_BM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) acc[i][j] = 0.0f;
+    // One step: this lane's 16 bytes at `x` of every weight row, then of every row of A.
+    auto step = [&](const kt_u32x4 (&bw)[KT_TN], int x) {
+        float bv[KT_TN][KT_VEC];
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) kt_widen16(bw[j], bv[j]);
+#pragma unroll
+        for (int i = 0; i < KT_BM; ++i) {
+            float av[KT_VEC];
+            kt_widen16(kt_load16(a + (long)min(row0 + i, m - 1) * k + x), av);
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j)
+#pragma unroll
+                for (int e = 0; e < KT_VEC; ++e) acc[i][j] = fmaf(av[e], bv[j][e], acc[i][j]);
+        }
+    };
+    // Whole tiles: the weights' KT_UNROLL · KT_TN loads of 16 bytes a lane issued together,
+    // so that many bytes of the weight stream are in flight per lane.
+    int k0 = kb;
+    for (; k0 + KT_BK <= ke; k0 += KT_BK) {
+        kt_u32x4 bw[KT_UNROLL][KT_TN];
+#pragma unroll
+        for (int u = 0; u < KT_UNROLL; ++u)
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j)
+                bw[u][j] = kt_load16(brow[j] + k0 + (32 * u + lane) * KT_VEC);
+#pragma unroll
+        for (int u = 0; u < KT_UNROLL; ++u) step(bw[u], k0 + (32 * u + lane) * KT_VEC);
+    }
+    // The split's last partial tile: k % KT_VEC == 0, so a 16-byte piece is wholly inside.
+    for (int x = k0 + lane * KT_VEC; x < ke; x += 32 * KT_VEC) {
+        kt_u32x4 bw[KT_TN];
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) bw[j] = kt_load16(brow[j] + x);
+        step(bw, x);
+    }
+    // Every lane ends with the group's sums; lane i·TN + j (mod 32) writes element (i, j).
+#pragma unroll
+    for (int i = 0; i < KT_BM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) {
+            const float sum = kt_group_sum(acc[i][j]);
+            if (lane == (i * KT_TN + j) % 32 && row0 + i < m && col0 + j < n)
+                c[(long)(row0 + i) * n + col0 + j] = sum;
+        }
+}
+
 #else
-#error "KT_VARIANT must be 0 (tiled), 1 (MFMA), 2 (mma) or 3 (wgmma)"
+#error "KT_VARIANT must be 0 (tiled), 1 (MFMA), 2 (mma), 3 (wgmma) or 4 (skinny)"
 #endif
 
 #if KT_SPLIT > 1

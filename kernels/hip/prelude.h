@@ -121,6 +121,37 @@ KT_DEVICE float kt_widen(kt_in x) { return KT_BITS_F32(((unsigned)x) << 16); }
 
 KT_DEVICE float kt_load(const kt_in* p, long i) { return kt_widen(p[i]); }
 
+// Sixteen bytes of a row in one load (global_load_dwordx4 on AMD, ld.global.v4 on NVIDIA):
+// KT_VEC input values, widened after the load so the raw words can be in flight first. The
+// address must be 16-byte aligned, as on the device (the emulator fails otherwise).
+#if KT_DTYPE == 0
+#define KT_VEC 4
+#else
+#define KT_VEC 8
+#endif
+#if defined(KT_HOST)
+struct __attribute__((aligned(16))) kt_u32x4 {
+    unsigned x, y, z, w;
+};
+KT_DEVICE kt_u32x4 kt_load16(const kt_in* p) { return kt_host::load16<kt_u32x4>(p); }
+#else
+typedef uint4 kt_u32x4;
+KT_DEVICE kt_u32x4 kt_load16(const kt_in* p) { return *reinterpret_cast<const kt_u32x4*>(p); }
+#endif
+KT_DEVICE void kt_widen16(const kt_u32x4& v, float (&x)[KT_VEC]) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#if KT_DTYPE == 0
+        x[i] = KT_BITS_F32(w[i]);
+#else
+        // Little-endian: the lower half of each word is the earlier element.
+        x[2 * i] = kt_widen((kt_in)(w[i] & 0xffffu));
+        x[2 * i + 1] = kt_widen((kt_in)(w[i] >> 16));
+#endif
+    }
+}
+
 // Reductions across one wave/warp by butterfly shuffles.
 KT_DEVICE float kt_wave_max(float v) {
 #pragma unroll

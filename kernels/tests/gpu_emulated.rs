@@ -28,6 +28,26 @@ fn emulator(model: &str) -> (Device, Emulator) {
 /// Runs every candidate of the space for `spec` (with sequences of `context_lens`, for paged
 /// attention) and asserts each matches the reference; returns how many ran.
 fn every_candidate(model: &str, spec: &str, context_lens: Option<Vec<u32>>) -> usize {
+    candidates_where(model, spec, context_lens, |_| true)
+}
+
+/// As [`every_candidate`], for the candidates of one GEMM variant only: shapes that add a
+/// variant's sizes to what the other shapes cover.
+fn every_candidate_of(model: &str, spec: &str, variant: GpuGemmVariant) -> usize {
+    candidates_where(
+        model,
+        spec,
+        None,
+        |c| matches!(c, Config::GpuGemm(g) if g.variant == variant),
+    )
+}
+
+fn candidates_where(
+    model: &str,
+    spec: &str,
+    context_lens: Option<Vec<u32>>,
+    keep: impl Fn(&Config) -> bool,
+) -> usize {
     let (device, emu) = emulator(model);
     let problem: Problem = spec.parse().unwrap();
     let mut data = ProblemData::random(&problem, 11);
@@ -39,7 +59,8 @@ fn every_candidate(model: &str, spec: &str, context_lens: Option<Vec<u32>>) -> u
     let mut configs = GpuSpace.candidates(&problem, &device);
     configs.push(GpuSpace.default_config(&problem, &device));
     configs.push(GpuSpace.heuristic(&problem, &device));
-    assert!(configs.len() > 2, "{model} {spec}: no candidates");
+    configs.retain(|c| keep(c));
+    assert!(!configs.is_empty(), "{model} {spec}: no candidates");
     for config in &configs {
         let out = emu
             .run(&data, config)
@@ -78,6 +99,10 @@ const GEMM_F32: &str = "gemm:m=37,n=100,k=61,dtype=f32,b=nk";
 // no k tile, so split-K leaves some splits a partial tile and others none; n of no n tile.
 const GEMM_F16_KN_DECODE: &str = "gemm:m=5,n=136,k=72,dtype=f16,b=kn";
 const GEMM_BF16_NK_DECODE: &str = "gemm:m=3,n=200,k=264,dtype=bf16,b=nk";
+// The skinny variant's 16-byte pieces: 4 f32 or 8 f16 values, k of no tile (a partial last
+// tile), n prime.
+const GEMM_F32_NK_DECODE: &str = "gemm:m=2,n=61,k=132,dtype=f32,b=nk";
+const GEMM_F16_NK_GEMV: &str = "gemm:m=1,n=37,k=1000,dtype=f16,b=nk";
 // Flash: causal with fewer queries than keys (aligned to the end), GQA, a batch of two, a
 // head size that is not a power of two, one query row.
 const FLASH_BF16: &str =
@@ -97,6 +122,7 @@ fn nvidia_gemm_candidates_match_the_reference() {
     assert!(variants("h200", GEMM_BF16_NK).contains(&"Mma".to_string()));
     assert!(variants("h200", GEMM_BF16_NK).contains(&"Wgmma".to_string()));
     assert!(variants("h200", GEMM_BF16_NK_DECODE).contains(&"Wgmma".to_string()));
+    assert!(variants("h200", GEMM_BF16_NK_DECODE).contains(&"Skinny".to_string()));
     for spec in [
         GEMM_BF16_NK,
         GEMM_F16_KN,
@@ -106,20 +132,27 @@ fn nvidia_gemm_candidates_match_the_reference() {
     ] {
         every_candidate("h200", spec, None);
     }
+    for spec in [GEMM_F32_NK_DECODE, GEMM_F16_NK_GEMV] {
+        every_candidate_of("h200", spec, GpuGemmVariant::Skinny);
+    }
 }
 
 #[test]
 fn amd_cdna_gemm_candidates_match_the_reference() {
     assert!(variants("mi250", GEMM_BF16_NK).contains(&"Mfma".to_string()));
+    assert!(variants("mi250", GEMM_BF16_NK_DECODE).contains(&"Skinny".to_string()));
     for spec in [GEMM_BF16_NK, GEMM_F16_KN, GEMM_F32, GEMM_BF16_NK_DECODE] {
         every_candidate("mi250", spec, None);
     }
+    every_candidate_of("mi250", GEMM_F32_NK_DECODE, GpuGemmVariant::Skinny);
 }
 
 #[test]
 fn amd_rdna_gemm_candidates_match_the_reference() {
     assert_eq!(variants("rx7900xtx", GEMM_BF16_NK), ["Tiled"]);
+    assert_eq!(variants("rx7900xtx", GEMM_F16_NK_GEMV), ["Skinny", "Tiled"]);
     every_candidate("rx7900xtx", GEMM_BF16_NK, None);
+    every_candidate_of("rx7900xtx", GEMM_F16_NK_GEMV, GpuGemmVariant::Skinny);
 }
 
 #[test]
@@ -453,6 +486,78 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
             "{e}"
         );
+    }
+}
+
+/// The skinny GEMM of `model` (8 groups of two weight rows, two 16-byte steps a tile) on a
+/// problem whose k leaves a partial last tile, with `body` as its source: its relative error.
+fn skinny_gemm_error(model: &str, body: &str) -> Result<f64, KernelError> {
+    let (_, emu) = emulator(model);
+    let problem: Problem = "gemm:m=3,n=37,k=1000,dtype=bf16,b=nk".parse().unwrap();
+    let data = ProblemData::random(&problem, 9);
+    let config = Config::GpuGemm(GpuGemmConfig {
+        variant: GpuGemmVariant::Skinny,
+        bm: 4,
+        bn: 16,
+        bk: 512,
+        tm: 1,
+        tn: 2,
+        stages: 1,
+        split_k: 1,
+    });
+    let out = emu.run_source(&data, &config, body)?;
+    Ok(relative_error(&out, &data.reference()))
+}
+
+#[test]
+fn the_skinny_gemm_checks_catch_each_mistake() {
+    let tol = GEMM_BF16_NK_DECODE.parse::<Problem>().unwrap().tolerance();
+    for model in ["h200", "mi250"] {
+        let ok = skinny_gemm_error(model, include_str!("../hip/gemm.hip")).unwrap();
+        assert!(ok <= tol, "{model}, the unchanged source: {ok:e}");
+        for (what, from, to) in [
+            // A group's sums missing the lanes 16 apart.
+            (
+                "a short reduction",
+                "for (int m = 16; m > 0; m /= 2)",
+                "for (int m = 8; m > 0; m /= 2)",
+            ),
+            // The partial last tile's last piece left out.
+            (
+                "a short tail",
+                "x < ke; x += 32 * KT_VEC",
+                "x + KT_VEC < ke; x += 32 * KT_VEC",
+            ),
+            // Steps overlapping: half of each step read twice, the tile's end never.
+            (
+                "overlapping steps",
+                "(32 * u + lane) * KT_VEC",
+                "(16 * u + lane) * KT_VEC",
+            ),
+        ] {
+            match skinny_gemm_error(model, &gemm_with(from, to)) {
+                Ok(err) => assert!(
+                    err.is_nan() || err > tol,
+                    "{model}: {what} went unnoticed: error {err:e}"
+                ),
+                Err(e) => panic!("{model}: {what}: {e}"),
+            }
+        }
+        // What a device would fault on or scribble over.
+        for (from, to, says) in [
+            (
+                "(long)min(row0 + i, m - 1) * k + x)",
+                "(long)min(row0 + i, m - 1) * k + x + 1)",
+                "16-byte load from an address not 16-byte aligned",
+            ),
+            ("row0 + i < m && col0 + j < n", "col0 + j < n", "outside"),
+        ] {
+            let e = skinny_gemm_error(model, &gemm_with(from, to)).unwrap_err();
+            assert!(
+                matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
+                "{model}: {e}"
+            );
+        }
     }
 }
 

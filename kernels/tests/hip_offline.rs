@@ -323,3 +323,48 @@ fn every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940() {
         }
     }
 }
+
+#[test]
+fn every_skinny_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
+    use kerntune_kernels::config::GpuGemmVariant;
+    use rayon::prelude::*;
+    let Some(hip) = compiler("every_skinny_candidate_compiles_for_gfx90a_and_gfx940") else {
+        return;
+    };
+    for (name, target, spec, count) in [
+        (
+            "mi250",
+            "gfx90a",
+            "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk",
+            30,
+        ),
+        (
+            "mi250",
+            "gfx90a",
+            "gemm:m=16,n=8192,k=1024,dtype=f16,b=nk",
+            20,
+        ),
+        ("mi300x", "gfx940", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
+    ] {
+        let device = Device::lookup(name).unwrap();
+        let p: Problem = spec.parse().unwrap();
+        let skinny: Vec<Config> = GpuSpace
+            .candidates(&p, &device)
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny))
+            .collect();
+        assert_eq!(skinny.len(), count, "{name} {spec}: {skinny:?}");
+        let results: Vec<_> = skinny
+            .par_iter()
+            .map(|c| (*c, compile(&hip, &KernelBuild::new(&p, c).unwrap(), target)))
+            .collect();
+        for (c, out) in results {
+            let kernels = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+            let k = &kernels[0];
+            // No shared memory, nothing spilled to scratch.
+            assert_eq!(k.lds, 0, "{name} {c}: {k:?}");
+            assert_eq!((k.vgpr_spill, k.sgpr_spill), (0, 0), "{name} {c}: {k:?}");
+            eprintln!("{name} {c}: {} VGPRs, {} SGPRs", k.vgpr, k.sgpr);
+        }
+    }
+}

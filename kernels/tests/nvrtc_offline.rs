@@ -36,8 +36,10 @@ fn check_mma_candidates(nvrtc: &NvrtcCompiler, name: &str, p: &Problem, configs:
 }
 
 /// Compiles every config of `configs` for `name`'s target in parallel and checks each: PTX
-/// with `instruction` (and the pipelines' copies and fragment loads where they have stages),
-/// shared memory as the space computes it, no spills for the heuristic if among them.
+/// with `instruction` (and the pipelines' copies and fragment loads where they have stages,
+/// the skinny variant's shuffles),
+/// shared memory as the space computes it, no spills for the heuristic if among them nor for
+/// the wgmma and skinny variants.
 fn check_candidates(
     nvrtc: &NvrtcCompiler,
     name: &str,
@@ -62,7 +64,7 @@ fn check_candidates(
         let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
         let ptx = String::from_utf8(ptx).unwrap();
         assert!(ptx.contains(instruction), "{name} {c}: no {instruction}");
-        let pipelined: &[&str] = match c {
+        let also: &[&str] = match c {
             Config::GpuGemm(g) if g.variant == GpuGemmVariant::Wgmma => &[
                 ".target sm_90a",
                 "cp.async.cg.shared.global",
@@ -72,6 +74,7 @@ fn check_candidates(
                 "wgmma.commit_group.sync.aligned",
                 "wgmma.wait_group.sync.aligned",
             ],
+            Config::GpuGemm(g) if g.variant == GpuGemmVariant::Skinny => &["shfl.sync.bfly"],
             Config::GpuGemm(g) if g.stages > 1 => &[
                 "cp.async.cg.shared.global",
                 "cp.async.wait_group",
@@ -79,7 +82,7 @@ fn check_candidates(
             ],
             _ => &[],
         };
-        for op in pipelined {
+        for op in also {
             assert!(ptx.contains(op), "{name} {c}: no {op}");
         }
         let build = KernelBuild::new(p, &c).unwrap();
@@ -90,7 +93,9 @@ fn check_candidates(
             kerntune_kernels::space::lds_bytes(&c, p, g),
             "{name} {c}"
         );
-        if c == heuristic || instruction.starts_with("wgmma") {
+        // The heuristic, and every candidate of the variants whose registers have room.
+        let roomy = matches!(c, Config::GpuGemm(g) if matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny));
+        if c == heuristic || roomy {
             assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
         }
         eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
@@ -256,6 +261,35 @@ fn every_wgmma_candidate_compiles_for_sm90a() {
     ] {
         let p: Problem = spec.parse().unwrap();
         assert!(wgmma(&p, name).is_empty(), "{name} {spec}");
+    }
+}
+
+#[test]
+fn every_skinny_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads() {
+    let Some(nvrtc) =
+        compiler("every_skinny_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads")
+    else {
+        return;
+    };
+    // Three tiles (two where 16 rows of A leave room for two weight rows a group), two
+    // depths, five splits.
+    for (name, spec, count) in [
+        ("h200", "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk", 30),
+        ("h200", "gemm:m=4,n=1280,k=8192,dtype=bf16,b=nk", 30),
+        ("h200", "gemm:m=8,n=7168,k=8192,dtype=f16,b=nk", 30),
+        ("h200", "gemm:m=16,n=8192,k=1024,dtype=bf16,b=nk", 20),
+        ("a100", "gemm:m=4,n=1000,k=4096,dtype=f16,b=nk", 30),
+        ("a100", "gemm:m=3,n=61,k=132,dtype=f32,b=nk", 30),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        let configs: Vec<Config> = GpuSpace
+            .candidates(&p, &Device::lookup(name).unwrap())
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny))
+            .collect();
+        assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
+        // The weights and activations arrive in 16-byte loads; the sums meet by shuffles.
+        check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v4.");
     }
 }
 

@@ -21,6 +21,22 @@ pub enum GpuGemmVariant {
     /// bf16, both operands read from shared memory: each warpgroup (4 warps) owns `tm` tiles
     /// of 64 rows by `tn` columns, `tn` the instruction's N.
     Wgmma,
+    /// Decode GEMV-style kernel, every vendor and input type, B stored `[N, K]`: no shared
+    /// memory; each group of 32 lanes owns `tn` weight rows and all `bm` rows of A, reading
+    /// 16 bytes a lane per row and step, `bk / (32·16 bytes)` steps of weights in flight
+    /// (`tm` is 1). Threads = 32 · `bn / tn`.
+    Skinny,
+}
+
+impl GpuGemmVariant {
+    /// Every variant, in the order of their `KT_VARIANT` numbers.
+    pub const ALL: [GpuGemmVariant; 5] = [
+        GpuGemmVariant::Tiled,
+        GpuGemmVariant::Mfma,
+        GpuGemmVariant::Mma,
+        GpuGemmVariant::Wgmma,
+        GpuGemmVariant::Skinny,
+    ];
 }
 
 impl fmt::Display for GpuGemmVariant {
@@ -30,6 +46,7 @@ impl fmt::Display for GpuGemmVariant {
             GpuGemmVariant::Mfma => "mfma",
             GpuGemmVariant::Mma => "mma",
             GpuGemmVariant::Wgmma => "wgmma",
+            GpuGemmVariant::Skinny => "skinny",
         })
     }
 }
@@ -78,6 +95,7 @@ impl GpuGemmConfig {
                 128 * self.bm.checked_div(64 * self.tm).unwrap_or(0)
                     * self.bn.checked_div(self.tn).unwrap_or(0)
             }
+            GpuGemmVariant::Skinny => 32 * self.bn.checked_div(self.tn).unwrap_or(0),
         }
     }
 }

@@ -23,6 +23,7 @@ use super::compiler_io::{first_errors, run_with_input};
 use super::launch::{launches, partial_floats, DevicePtrs};
 use super::source::{body_of, PRELUDE};
 use super::KernelBuild;
+use crate::config::GpuGemmVariant;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
@@ -74,9 +75,11 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
     };
     let small = match (problem, config) {
         (Problem::Gemm(p), Config::GpuGemm(c)) => {
-            // Pipelined builds copy rows of 8 elements: their ragged part stays a multiple
-            // of 8 (the original sizes are, or the config would not be valid for them).
-            let (dn, dk) = if c.stages > 1 { (8, 8) } else { (3, 5) };
+            // Pipelined and skinny builds copy or load rows in 16-byte pieces (8 values, 4
+            // of f32): their ragged part stays a multiple of 8 (the original sizes are, or the
+            // config would not be valid for them).
+            let pieces = c.stages > 1 || c.variant == GpuGemmVariant::Skinny;
+            let (dn, dk) = if pieces { (8, 8) } else { (3, 5) };
             GemmProblem::new(
                 p.m.min(c.bm + 1),
                 p.n.min(c.bn + dn),
@@ -565,5 +568,37 @@ impl Guarded {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reduced;
+    use crate::{Device, GpuSpace, Problem, Space};
+
+    /// The plan emulates each candidate on its reduced problem: every candidate must be valid
+    /// there, or the plan would prune it as failing on the emulator.
+    #[test]
+    fn every_candidate_is_valid_on_its_reduced_problem() {
+        for model in ["h200", "a100", "mi250", "mi300x", "rx7900xtx"] {
+            let device = Device::lookup(model).unwrap();
+            for spec in [
+                "gemm:m=1,n=8192,k=4096,dtype=bf16,b=nk",
+                "gemm:m=16,n=1280,k=8192,dtype=f16,b=nk",
+                "gemm:m=3,n=5000,k=1000,dtype=f32,b=nk",
+                "gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk",
+                "gemm:m=512,n=1000,k=4104,dtype=f16,b=kn",
+                "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            ] {
+                let p: Problem = spec.parse().unwrap();
+                for c in GpuSpace.candidates(&p, &device) {
+                    let small = reduced(&p, &c);
+                    if let Err(e) = GpuSpace.validate(&c, &small, &device) {
+                        panic!("{model} {spec} {c}: not valid on {small}: {e}");
+                    }
+                }
+            }
+        }
     }
 }

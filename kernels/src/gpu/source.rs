@@ -70,6 +70,7 @@ impl KernelBuild {
                             GpuGemmVariant::Mfma => 1,
                             GpuGemmVariant::Mma => 2,
                             GpuGemmVariant::Wgmma => 3,
+                            GpuGemmVariant::Skinny => 4,
                         },
                     ),
                     ("KT_BM", c.bm),

@@ -66,6 +66,14 @@ pub fn has_wgmma(g: &GpuModel) -> bool {
 /// floats each over a warpgroup's 128 threads.
 const WGMMA_MAX_ACCUMULATORS: usize = 128;
 
+/// Accumulators a lane of the skinny variant holds: `bm` rows of A by `tn` weight rows.
+const SKINNY_MAX_ACCUMULATORS: usize = 32;
+
+/// Values of `dtype` in one of the skinny variant's 16-byte loads.
+fn skinny_vec(dtype: DType) -> usize {
+    16 / dtype.size()
+}
+
 /// LDS bytes one block of a config allocates (as declared in the sources).
 pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
     match (config, problem) {
@@ -75,6 +83,7 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             GpuGemmVariant::Mma if c.stages > 1 => dynamic_lds_bytes(config, problem),
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
             GpuGemmVariant::Wgmma => dynamic_lds_bytes(config, problem),
+            GpuGemmVariant::Skinny => 0,
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
             GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
@@ -242,6 +251,7 @@ impl GpuSpace {
                 }
             }
             GpuGemmVariant::Wgmma => self.validate_wgmma(c, p, g)?,
+            GpuGemmVariant::Skinny => self.validate_skinny(c, p)?,
         }
         if !(1..=4).contains(&c.stages) {
             return Err(invalid(f, format!("stages = {}: must be 1 to 4", c.stages)));
@@ -368,6 +378,47 @@ impl GpuSpace {
         Ok(())
     }
 
+    /// The skinny variant's rules: B as `[N, K]` (each weight row read along k), rows that
+    /// start 16-byte aligned, a whole number of 16-byte steps per tile, and accumulators
+    /// that stay in registers.
+    fn validate_skinny(&self, c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
+        let f = Family::Gemm;
+        if p.b_layout != BLayout::Nk {
+            return Err(invalid(
+                f,
+                "the skinny variant reads B as [N, K] (a Linear layer's weights); a [K, N] B takes the other variants",
+            ));
+        }
+        let vec = skinny_vec(p.dtype);
+        if !p.k.is_multiple_of(vec) {
+            return Err(invalid(
+                f,
+                format!(
+                    "the skinny variant loads rows in 16-byte pieces: k = {} must be a multiple of {vec} for {}",
+                    p.k, p.dtype
+                ),
+            ));
+        }
+        if c.tm != 1
+            || !c.bn.is_multiple_of(c.tn)
+            || c.bm * c.tn > SKINNY_MAX_ACCUMULATORS
+            || !c.bk.is_multiple_of(32 * vec)
+        {
+            return Err(invalid(
+                f,
+                format!(
+                    "skinny tiles: tm = {} must be 1, tn = {} must divide bn = {}, bm·tn = {} at most {SKINNY_MAX_ACCUMULATORS} accumulators, bk = {} a multiple of 32 lanes · {vec} values",
+                    c.tm,
+                    c.tn,
+                    c.bn,
+                    c.bm * c.tn,
+                    c.bk
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_flash(
         &self,
         c: &GpuFlashConfig,
@@ -468,8 +519,9 @@ impl GpuSpace {
     }
 
     /// The GEMM candidates, the likeliest winners first (a budgeted search takes the first):
-    /// matrix-core variants before the tiled one on models that have them, and for decode
-    /// shapes the one-warp-high split-K tiles first of all.
+    /// matrix-core variants before the skinny and tiled ones on models that have them, and
+    /// for decode shapes the one-warp-high split-K tiles first, after the skinny ones where A
+    /// has at most 8 rows.
     fn gemm_candidates(&self, p: &GemmProblem, g: &GpuModel) -> Vec<Config> {
         let mut out = Vec::new();
         let mut push = |variant, (bm, bn, bk), (tm, tn), stages, split_k| {
@@ -570,6 +622,26 @@ impl GpuSpace {
                 }
             }
         }
+        // GEMV-style decode (few rows, weights `[N, K]`): no matrix cores, so on every model;
+        // before the tiled variant, and first of all for the fewest rows (below).
+        let skinny = GpuGemmVariant::Skinny;
+        let vec = skinny_vec(p.dtype);
+        if p.m <= SKINNY_MAX_ROWS && p.b_layout == BLayout::Nk && p.k.is_multiple_of(vec) {
+            let bm = p.m.next_power_of_two();
+            for &split in splits.iter().rev() {
+                for (groups, tn) in [(8, 2), (4, 4), (8, 1)] {
+                    for steps in [2, 1] {
+                        push(
+                            skinny,
+                            (bm, groups * tn, 32 * vec * steps),
+                            (1, tn),
+                            1,
+                            split,
+                        );
+                    }
+                }
+            }
+        }
         for &split in splits[1..].iter().rev() {
             push(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split);
         }
@@ -580,9 +652,21 @@ impl GpuSpace {
                 }
             }
         }
+        // The skinny tiles go first where A has so few rows that the matrix cores' tiles are
+        // mostly padding (a stable sort keeps each variant's order).
+        if p.m <= SKINNY_FIRST_ROWS {
+            out.sort_by_key(|c| c.variant != skinny);
+        }
         out.into_iter().map(Config::GpuGemm).collect()
     }
 }
+
+/// Rows of A up to which the skinny variant is a candidate: beyond them a weight byte feeds
+/// more multiply-adds than the vector units keep up with at full memory bandwidth.
+const SKINNY_MAX_ROWS: usize = 16;
+
+/// Rows of A up to which the skinny candidates come first.
+const SKINNY_FIRST_ROWS: usize = 8;
 
 /// Whether the pipelined mma variant's 16-byte copies apply: rows of A and B (k, and n for a
 /// K×N B) multiples of 8 elements.

@@ -15,6 +15,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use kerntune_kernels::config::GpuGemmVariant;
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::gpu::cuda::{CudaGpu, DeviceProblem, LoadedKernel};
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
@@ -259,8 +260,13 @@ fn run() -> anyhow::Result<bool> {
             }
             "--only-variant" | "--skip-variant" => {
                 let v = value()?;
-                if !["tiled", "mfma", "mma", "wgmma"].contains(&v.as_str()) {
-                    bail!("{a} {v}: not a GEMM variant (tiled, mfma, mma, wgmma); {usage}");
+                let known: Vec<String> =
+                    GpuGemmVariant::ALL.iter().map(|v| v.to_string()).collect();
+                if !known.contains(&v) {
+                    bail!(
+                        "{a} {v}: not a GEMM variant ({}); {usage}",
+                        known.join(", ")
+                    );
                 }
                 if a == "--only-variant" {
                     variants.only.push(v);
