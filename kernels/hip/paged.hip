@@ -4,14 +4,24 @@
 // [num_seqs, q_heads, D] in f32.
 //
 // Two kernels. kt_paged: grid (partitions, q_heads, num_seqs), KT_THREADS threads; a block
-// takes KT_PART tokens of one sequence for one query head: scores into LDS (one token per
-// thread at a time), block-wide max and sum, then P·V with consecutive threads on consecutive
-// dims, written unnormalised with the partition's max and sum. kt_paged_reduce: grid
-// (q_heads, num_seqs), combines the partitions by their log-sum-exp.
+// takes KT_PART tokens of one sequence for one query head: scores into LDS, block-wide max
+// and sum, then P·V, written unnormalised with the partition's max and sum. kt_paged_reduce:
+// grid (q_heads, num_seqs), combines the partitions by their log-sum-exp.
+//
+// KT_LANES 1: a thread per token for the scores (its key row read element by element), and
+// for P·V consecutive threads on consecutive dims, each over every token.
+// KT_LANES 2 to 32: groups of KT_LANES lanes per token, for the scores and for P·V. A lane
+// holds KT_D / KT_LANES dims of the query and of its P·V accumulators, in 16-byte pieces
+// interleaved across the group (piece p of lane l at dims (p·LANES + l)·VEC), so each load of
+// a group reads LANES·16 contiguous bytes of a row; a token's dot product meets by shuffles
+// inside its group, the groups' P·V sums by shuffles inside each wave and then through LDS.
 #include "prelude.h"
 
 #ifndef KT_PART
 #error "KT_PART, KT_THREADS, KT_D and KT_BLOCK must be defined"
+#endif
+#ifndef KT_LANES
+#define KT_LANES 1
 #endif
 
 #define KT_WAVES (KT_THREADS / KT_WAVE)
@@ -35,6 +45,8 @@ KT_DEVICE float kt_block_sum(float v, float* scratch) {
     KT_SYNC();
     return r;
 }
+
+#if KT_LANES == 1
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
@@ -100,6 +112,146 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
         part_sum[slot] = sum;
     }
 }
+
+#else
+
+#define KT_GROUPS (KT_THREADS / KT_LANES)
+// Dims a lane owns, and its 16-byte pieces of a row.
+#define KT_PER (KT_D / KT_LANES)
+#define KT_PIECES (KT_PER / KT_VEC)
+#if KT_LANES > KT_WAVE || KT_PIECES < 1 || KT_PIECES * KT_VEC * KT_LANES != KT_D
+#error "KT_LANES must divide the wave, and KT_D must be whole 16-byte pieces for every lane"
+#endif
+
+// Sum over the lanes of one token group, every lane receiving it.
+KT_DEVICE float kt_lanes_sum(float v) {
+#pragma unroll
+    for (int m = KT_LANES / 2; m > 0; m /= 2) v += KT_SHFL_XOR(v, m);
+    return v;
+}
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
+         const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
+         const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
+         float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
+         int max_blocks, int partitions, float scale) {
+    KT_SHARED float scores[KT_PART];
+    KT_SHARED float red[KT_WAVES];
+    KT_SHARED float sums[KT_WAVES][KT_D];
+    const int tid = KT_TID;
+    const int part = KT_BID_X;
+    const int h = KT_BID_Y;
+    const int seq = KT_BID_Z;
+    const int kvh = h / (q_heads / kv_heads);
+    const int ctx = (int)context_lens[seq];
+    const int t0 = part * KT_PART;
+    const int t1 = min(ctx, t0 + KT_PART);
+    const long slot = ((long)seq * q_heads + h) * partitions + part;
+    if (t0 >= t1) {
+        // An empty partition contributes nothing to the reduction.
+        if (tid == 0) {
+            part_max[slot] = -KT_INF;
+            part_sum[slot] = 0.0f;
+        }
+        for (int x = tid; x < KT_D; x += KT_THREADS) part_out[slot * KT_D + x] = 0.0f;
+        return;
+    }
+    const int lane = tid % KT_LANES;
+    const int group = tid / KT_LANES;
+    // The dims of piece p of this lane start at (p·LANES + lane)·VEC.
+    auto dim = [&](int p) { return (p * KT_LANES + lane) * KT_VEC; };
+    const float log2e = 1.4426950408889634f;
+    float q[KT_PIECES][KT_VEC];
+    const kt_in* qrow = query + ((long)seq * q_heads + h) * KT_D;
+#pragma unroll
+    for (int p = 0; p < KT_PIECES; ++p) {
+        kt_widen16(kt_load16(qrow + dim(p)), q[p]);
+#pragma unroll
+        for (int e = 0; e < KT_VEC; ++e) q[p][e] *= scale * log2e;
+    }
+    const unsigned* table = block_tables + (long)seq * max_blocks;
+    auto row_of = [&](int t) {
+        return (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
+    };
+    float local_max = -KT_INF;
+    // Rounds of one token a group, the same number for every lane of a wave (the shuffles
+    // need all of them); a group past the end reads the last token and keeps nothing.
+    for (int base = t0; base < t1; base += KT_GROUPS) {
+        const int t = min(base + group, t1 - 1);
+        const long row = row_of(t);
+        kt_u32x4 kw[KT_PIECES];
+#pragma unroll
+        for (int p = 0; p < KT_PIECES; ++p) kw[p] = kt_load16(key_cache + row + dim(p));
+        float dot = 0.0f;
+#pragma unroll
+        for (int p = 0; p < KT_PIECES; ++p) {
+            float k[KT_VEC];
+            kt_widen16(kw[p], k);
+#pragma unroll
+            for (int e = 0; e < KT_VEC; ++e) dot = fmaf(q[p][e], k[e], dot);
+        }
+        dot = kt_lanes_sum(dot);
+        if (base + group < t1) {
+            if (lane == 0) scores[t - t0] = dot;
+            local_max = fmaxf(local_max, dot);
+        }
+    }
+    const float mx = kt_block_max(local_max, red);
+    float local_sum = 0.0f;
+    for (int t = t0 + tid; t < t1; t += KT_THREADS) {
+        const float p = exp2f(scores[t - t0] - mx);
+        scores[t - t0] = p;
+        local_sum += p;
+    }
+    // Its barriers also make every probability visible to every group.
+    const float sum = kt_block_sum(local_sum, red);
+    float acc[KT_PIECES][KT_VEC];
+#pragma unroll
+    for (int p = 0; p < KT_PIECES; ++p)
+#pragma unroll
+        for (int e = 0; e < KT_VEC; ++e) acc[p][e] = 0.0f;
+    for (int t = t0 + group; t < t1; t += KT_GROUPS) {
+        const long row = row_of(t);
+        const float w = scores[t - t0];
+        kt_u32x4 vw[KT_PIECES];
+#pragma unroll
+        for (int p = 0; p < KT_PIECES; ++p) vw[p] = kt_load16(value_cache + row + dim(p));
+#pragma unroll
+        for (int p = 0; p < KT_PIECES; ++p) {
+            float v[KT_VEC];
+            kt_widen16(vw[p], v);
+#pragma unroll
+            for (int e = 0; e < KT_VEC; ++e) acc[p][e] = fmaf(w, v[e], acc[p][e]);
+        }
+    }
+    // The groups of a wave sum by shuffles (lanes LANES apart hold the same dims), then the
+    // waves through LDS.
+#pragma unroll
+    for (int p = 0; p < KT_PIECES; ++p)
+#pragma unroll
+        for (int e = 0; e < KT_VEC; ++e)
+#pragma unroll
+            for (int m = KT_LANES; m < KT_WAVE; m *= 2) acc[p][e] += KT_SHFL_XOR(acc[p][e], m);
+    const int wave = tid / KT_WAVE;
+    if (tid % KT_WAVE < KT_LANES)
+#pragma unroll
+        for (int p = 0; p < KT_PIECES; ++p)
+#pragma unroll
+            for (int e = 0; e < KT_VEC; ++e) sums[wave][dim(p) + e] = acc[p][e];
+    KT_SYNC();
+    for (int x = tid; x < KT_D; x += KT_THREADS) {
+        float total = 0.0f;
+        for (int w = 0; w < KT_WAVES; ++w) total += sums[w][x];
+        part_out[slot * KT_D + x] = total;
+    }
+    if (tid == 0) {
+        part_max[slot] = mx;
+        part_sum[slot] = sum;
+    }
+}
+
+#endif
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,

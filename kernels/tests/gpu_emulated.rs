@@ -10,7 +10,7 @@
 //! Needs a C++ compiler (`c++`, `g++` or `clang++`, or `$KERNTUNE_HOST_CXX`); without one the
 //! tests fail, saying so.
 
-use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
+use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant, GpuPagedConfig};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::gpu::emulator::Emulator;
 use kerntune_kernels::reference::relative_error;
@@ -114,6 +114,10 @@ const FLASH_F16_128: &str = "flash:q_len=40,kv_len=100,q_heads=2,kv_heads=1,head
 // Paged: sequences of 1 token, a whole partition and a ragged one.
 const PAGED_BF16: &str =
     "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16";
+const PAGED_BF16_128: &str =
+    "paged:num_seqs=2,context_len=300,q_heads=4,kv_heads=1,head_dim=128,block_size=16,dtype=bf16";
+const PAGED_F16_256: &str =
+    "paged:num_seqs=1,context_len=40,q_heads=2,kv_heads=2,head_dim=256,block_size=16,dtype=f16";
 const PAGED_F32: &str =
     "paged:num_seqs=2,context_len=77,q_heads=4,kv_heads=4,head_dim=96,block_size=32,dtype=f32";
 
@@ -169,6 +173,85 @@ fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
     for model in ["h200", "mi250", "rx7900xtx"] {
         every_candidate(model, PAGED_BF16, Some(vec![1, 600, 333]));
         every_candidate(model, PAGED_F32, Some(vec![77, 5]));
+    }
+    // Head sizes 128 and 256 take groups of 16 and 32 lanes (one 16-byte piece a lane).
+    let grouped = |c: &Config| matches!(c, Config::GpuPaged(p) if p.lanes > 1);
+    for model in ["h200", "mi250"] {
+        for (spec, lens) in [(PAGED_BF16_128, vec![300, 17]), (PAGED_F16_256, vec![40])] {
+            candidates_where(model, spec, Some(lens), grouped);
+        }
+    }
+}
+
+/// The grouped paged attention (16 lanes a token, 256 threads) of `model` on sequences of 300
+/// and 17 tokens, with `body` as its source: its relative error.
+fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {
+    let (_, emu) = emulator(model);
+    let problem: Problem = PAGED_BF16_128.parse().unwrap();
+    let data = ProblemData::random(&problem, 4).with_context_lens(vec![300, 17]);
+    let config = Config::GpuPaged(GpuPagedConfig {
+        partition: 256,
+        threads: 256,
+        lanes: 16,
+    });
+    let out = emu.run_source(&data, &config, body)?;
+    Ok(relative_error(&out, &data.reference()))
+}
+
+fn paged_with(from: &str, to: &str) -> String {
+    let source = include_str!("../hip/paged.hip");
+    assert!(source.contains(from), "paged.hip no longer has `{from}`");
+    source.replace(from, to)
+}
+
+#[test]
+fn the_grouped_paged_checks_catch_each_mistake() {
+    let tol = PAGED_BF16_128.parse::<Problem>().unwrap().tolerance();
+    for model in ["h200", "mi250"] {
+        let ok = grouped_paged_error(model, include_str!("../hip/paged.hip")).unwrap();
+        assert!(ok <= tol, "{model}, the unchanged source: {ok:e}");
+        for (what, from, to) in [
+            // A token's dot product missing half its group.
+            (
+                "a short group sum",
+                "for (int m = KT_LANES / 2; m > 0; m /= 2)",
+                "for (int m = KT_LANES / 4; m > 0; m /= 2)",
+            ),
+            // The P·V sums of half a wave's groups left out.
+            (
+                "a short wave sum",
+                "for (int m = KT_LANES; m < KT_WAVE; m *= 2)",
+                "for (int m = KT_LANES; m < KT_WAVE / 2; m *= 2)",
+            ),
+            // The waves' sums read before every wave wrote them.
+            (
+                "a missing barrier",
+                "    KT_SYNC();\n    for (int x = tid; x < KT_D; x += KT_THREADS) {\n        float total",
+                "    for (int x = tid; x < KT_D; x += KT_THREADS) {\n        float total",
+            ),
+        ] {
+            match grouped_paged_error(model, &paged_with(from, to)) {
+                Ok(err) => assert!(
+                    err.is_nan() || err > tol,
+                    "{model}: {what} went unnoticed: error {err:e}"
+                ),
+                Err(e) => panic!("{model}: {what}: {e}"),
+            }
+        }
+        // Lanes of one wave leaving the score loop at different rounds: a shuffle that not
+        // all of them reach, which hangs or reads garbage on a device.
+        let e = grouped_paged_error(
+            model,
+            &paged_with(
+                "for (int base = t0; base < t1; base += KT_GROUPS)",
+                "for (int base = t0; base + group < t1; base += KT_GROUPS)",
+            ),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains("shuffle"),
+            "{model}: {e}"
+        );
     }
 }
 

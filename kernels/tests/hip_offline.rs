@@ -368,3 +368,52 @@ fn every_skinny_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
         }
     }
 }
+
+#[test]
+fn every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
+    use rayon::prelude::*;
+    let Some(hip) = compiler("every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940") else {
+        return;
+    };
+    for (name, target, spec, count) in [
+        (
+            "mi250",
+            "gfx90a",
+            "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            24,
+        ),
+        (
+            "mi300x",
+            "gfx940",
+            "paged:num_seqs=4,context_len=999,q_heads=8,kv_heads=8,head_dim=96,dtype=f32,block_size=32",
+            12,
+        ),
+    ] {
+        let device = Device::lookup(name).unwrap();
+        let Device::Gpu(g) = device else {
+            unreachable!()
+        };
+        let p: Problem = spec.parse().unwrap();
+        let grouped: Vec<Config> = GpuSpace
+            .candidates(&p, &device)
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuPaged(c) if c.lanes > 1))
+            .collect();
+        assert_eq!(grouped.len(), count, "{name} {spec}: {grouped:?}");
+        let results: Vec<_> = grouped
+            .par_iter()
+            .map(|c| (*c, compile(&hip, &KernelBuild::new(&p, c).unwrap(), target)))
+            .collect();
+        for (c, out) in results {
+            let kernels = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+            let k = kernels.iter().find(|k| k.name == "kt_paged").unwrap();
+            assert_eq!(
+                k.lds as usize,
+                kerntune_kernels::space::lds_bytes(&c, &p, g),
+                "{name} {c}"
+            );
+            assert_eq!((k.vgpr_spill, k.sgpr_spill), (0, 0), "{name} {c}: {k:?}");
+            eprintln!("{name} {c}: {} VGPRs, {} SGPRs", k.vgpr, k.sgpr);
+        }
+    }
+}

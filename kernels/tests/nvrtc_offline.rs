@@ -75,6 +75,7 @@ fn check_candidates(
                 "wgmma.wait_group.sync.aligned",
             ],
             Config::GpuGemm(g) if g.variant == GpuGemmVariant::Skinny => &["shfl.sync.bfly"],
+            Config::GpuPaged(g) if g.lanes > 1 => &["shfl.sync.bfly"],
             Config::GpuGemm(g) if g.stages > 1 => &[
                 "cp.async.cg.shared.global",
                 "cp.async.wait_group",
@@ -94,7 +95,13 @@ fn check_candidates(
             "{name} {c}"
         );
         // The heuristic, and every candidate of the variants whose registers have room.
-        let roomy = matches!(c, Config::GpuGemm(g) if matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny));
+        let roomy = match c {
+            Config::GpuGemm(g) => {
+                matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
+            }
+            Config::GpuPaged(g) => g.lanes > 1,
+            _ => false,
+        };
         if c == heuristic || roomy {
             assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
         }
@@ -289,6 +296,43 @@ fn every_skinny_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads() {
             .collect();
         assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
         // The weights and activations arrive in 16-byte loads; the sums meet by shuffles.
+        check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v4.");
+    }
+}
+
+#[test]
+fn every_grouped_paged_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads() {
+    let Some(nvrtc) =
+        compiler("every_grouped_paged_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads")
+    else {
+        return;
+    };
+    // Groups of 4, 8 and 16 lanes where a lane takes whole pieces and at most 16 dims (32
+    // made ptxas spill at 56 registers), three partitions, four block sizes.
+    for (name, spec, count) in [
+        (
+            "h200",
+            "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            24,
+        ),
+        (
+            "a100",
+            "paged:num_seqs=8,context_len=2048,q_heads=32,kv_heads=8,head_dim=64,dtype=f16",
+            24,
+        ),
+        (
+            "h100",
+            "paged:num_seqs=4,context_len=999,q_heads=8,kv_heads=8,head_dim=96,dtype=f32,block_size=32",
+            12,
+        ),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        let configs: Vec<Config> = GpuSpace
+            .candidates(&p, &Device::lookup(name).unwrap())
+            .into_iter()
+            .filter(|c| matches!(c, Config::GpuPaged(c) if c.lanes > 1))
+            .collect();
+        assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
         check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v4.");
     }
 }

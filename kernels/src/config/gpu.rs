@@ -145,6 +145,12 @@ impl GpuFlashVariant {
 pub struct GpuPagedConfig {
     pub partition: usize,
     pub threads: usize,
+    /// Threads sharing one cached token: 1, a thread per token reading its key row element by
+    /// element (absent in configs stored before the others existed); 2 to 32, a group of
+    /// that many lanes reading each key and value row in 16-byte pieces, interleaved so a
+    /// group's loads are contiguous, its dot products summed by shuffles.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub lanes: usize,
 }
 
 /// A rocBLAS GEMM solution (`rocblas_gemm_ex` with `rocblas_gemm_algo_solution_index`).
@@ -200,7 +206,11 @@ impl fmt::Display for GpuPagedConfig {
             f,
             "gpu partition={} threads={}",
             self.partition, self.threads
-        )
+        )?;
+        if self.lanes != 1 {
+            write!(f, " lanes={}", self.lanes)?;
+        }
+        Ok(())
     }
 }
 

@@ -121,6 +121,7 @@ impl KernelBuild {
                     ("KT_DTYPE", dtype_code(p.dtype)),
                     ("KT_PART", c.partition),
                     ("KT_THREADS", c.threads),
+                    ("KT_LANES", c.lanes),
                     ("KT_D", p.head_dim),
                     ("KT_BLOCK", p.block_size),
                 ],

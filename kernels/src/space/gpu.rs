@@ -66,11 +66,14 @@ pub fn has_wgmma(g: &GpuModel) -> bool {
 /// floats each over a warpgroup's 128 threads.
 const WGMMA_MAX_ACCUMULATORS: usize = 128;
 
+/// Dims of the query and of the P·V sums a lane of grouped paged attention holds.
+const PAGED_MAX_DIMS_PER_LANE: usize = 16;
+
 /// Accumulators a lane of the skinny variant holds: `bm` rows of A by `tn` weight rows.
 const SKINNY_MAX_ACCUMULATORS: usize = 32;
 
-/// Values of `dtype` in one of the skinny variant's 16-byte loads.
-fn skinny_vec(dtype: DType) -> usize {
+/// Values of `dtype` in one 16-byte load (the skinny GEMM's, the grouped paged attention's).
+fn vec_of(dtype: DType) -> usize {
     16 / dtype.size()
 }
 
@@ -91,8 +94,12 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             // 16-bit K [bc][d + 4] and Vᵀ [d][bc + 4].
             GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.head_dim * (c.bc + 4)),
         },
+        // Scores and the waves' maxima and sums; then the query (a thread per token) or
+        // each wave's P·V sums (groups of lanes).
         (Config::GpuPaged(c), Problem::Paged(p)) => {
-            4 * (p.head_dim + c.partition + c.threads / g.wave_size as usize)
+            let waves = c.threads / g.wave_size as usize;
+            let rows = if c.lanes > 1 { waves } else { 1 };
+            4 * (c.partition + waves + rows * p.head_dim)
         }
         _ => 0,
     }
@@ -389,7 +396,7 @@ impl GpuSpace {
                 "the skinny variant reads B as [N, K] (a Linear layer's weights); a [K, N] B takes the other variants",
             ));
         }
-        let vec = skinny_vec(p.dtype);
+        let vec = vec_of(p.dtype);
         if !p.k.is_multiple_of(vec) {
             return Err(invalid(
                 f,
@@ -515,6 +522,24 @@ impl GpuSpace {
                 ),
             ));
         }
+        if c.lanes > 1 {
+            let vec = vec_of(p.dtype);
+            if !c.lanes.is_power_of_two()
+                || c.lanes > 32
+                || !p.head_dim.is_multiple_of(c.lanes * vec)
+                || p.head_dim / c.lanes > PAGED_MAX_DIMS_PER_LANE
+            {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "lanes = {}: a power of two up to 32 whose lanes each take whole 16-byte pieces ({vec} values) of head_dim {}, at most {PAGED_MAX_DIMS_PER_LANE} dims a lane",
+                        c.lanes, p.head_dim
+                    ),
+                ));
+            }
+        } else if c.lanes != 1 {
+            return Err(invalid(f, "lanes = 0: a token takes at least one thread"));
+        }
         check_threads(f, c.threads, g)
     }
 
@@ -625,7 +650,7 @@ impl GpuSpace {
         // GEMV-style decode (few rows, weights `[N, K]`): no matrix cores, so on every model;
         // before the tiled variant, and first of all for the fewest rows (below).
         let skinny = GpuGemmVariant::Skinny;
-        let vec = skinny_vec(p.dtype);
+        let vec = vec_of(p.dtype);
         if p.m <= SKINNY_MAX_ROWS && p.b_layout == BLayout::Nk && p.k.is_multiple_of(vec) {
             let bm = p.m.next_power_of_two();
             for &split in splits.iter().rev() {
@@ -738,11 +763,20 @@ impl Space for GpuSpace {
                 }
                 out
             }
-            Problem::Paged(_) => [256, 512, 1024]
+            // Groups of lanes per token first (16-byte loads of whole rows), then a thread
+            // per token.
+            Problem::Paged(_) => [16, 8, 4, 32, 1]
                 .into_iter()
-                .flat_map(|partition| {
-                    [64, 128, 256, 512]
-                        .map(|threads| Config::GpuPaged(GpuPagedConfig { partition, threads }))
+                .flat_map(|lanes| {
+                    [256, 512, 1024].into_iter().flat_map(move |partition| {
+                        [64, 128, 256, 512].map(|threads| {
+                            Config::GpuPaged(GpuPagedConfig {
+                                partition,
+                                threads,
+                                lanes,
+                            })
+                        })
+                    })
                 })
                 .collect(),
         };
@@ -841,6 +875,7 @@ impl Space for GpuSpace {
                 partition: 512usize.next_multiple_of(p.block_size),
                 // 256 makes ptxas spill a word on sm_90; 128 spills nowhere.
                 threads: 128,
+                lanes: 1,
             }),
         }
     }
