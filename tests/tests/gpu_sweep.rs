@@ -88,7 +88,10 @@ impl LoadedBuild for StandInBuild {
         stream: u64,
     ) -> Result<(), KernelError> {
         // A library solution has no launch list of ours.
-        let list = launches(problem, config, ptrs).unwrap_or_default();
+        let list = match config {
+            Config::Rocblas(_) => Vec::new(),
+            _ => launches(problem, config, ptrs)?,
+        };
         self.launched
             .lock()
             .unwrap()
@@ -383,6 +386,29 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
             assert_eq!(launched.lock().unwrap().len(), before);
         }
     }
+    // An input the kernel cannot read where it lies (here an odd address for 16-bit values)
+    // is refused, naming it, before anything is launched: on a device it would fault.
+    let flash = problems
+        .iter()
+        .map(|d| &d.problem)
+        .find(|p| matches!(p, Problem::Flash(_)))
+        .unwrap();
+    let before = launched.lock().unwrap().len();
+    let odd = DevicePtrs {
+        inputs: [0x1000, 0x2001, 0x3000],
+        ..ptrs
+    };
+    // SAFETY: as above.
+    let err = unsafe { runtime.launch(flash, &odd, 0x9000, 0) }.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            RuntimeError::Kernel(KernelError::BadBuffer { name: "K", .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("0x2001"), "{err}");
+    assert_eq!(launched.lock().unwrap().len(), before);
     // A smaller batch of the tuned GEMM's class runs the tuned build (bucket); a class never
     // tuned on the device has no kernel, and says so without launching.
     let smaller: Problem = "gemm:m=2,n=96,k=70,dtype=bf16".parse().unwrap();

@@ -5,6 +5,7 @@
 
 use std::ffi::c_void;
 
+use crate::config::{GpuFlashVariant, GpuGemmVariant};
 use crate::problem::GemmProblem;
 use crate::space::{GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
 use crate::{Config, KernelError, Problem};
@@ -94,6 +95,35 @@ pub fn split_k_workspace(problem: &GemmProblem) -> usize {
     most.min(GPU_SPLIT_K_WORKSPACE_BYTES / 4)
 }
 
+/// Bytes every input's device address must be a multiple of under `config`: 16 where the
+/// kernel reads its inputs in 16-byte pieces (`cp.async` copies, 16-byte loads), else the
+/// element size. A device faults on a misaligned access and, on NVIDIA, the context stays
+/// unusable after it, so callers' addresses are checked before anything is launched.
+pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
+    let pieces = match config {
+        Config::GpuGemm(c) => {
+            c.stages > 1 || matches!(c.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
+        }
+        Config::GpuFlash(c) => c.variant == GpuFlashVariant::Mma,
+        Config::GpuPaged(c) => c.lanes > 1,
+        _ => false,
+    };
+    if pieces {
+        16
+    } else {
+        problem.dtype().size()
+    }
+}
+
+/// The inputs' names, in [`DevicePtrs::inputs`] order.
+fn input_names(problem: &Problem) -> &'static [&'static str] {
+    match problem {
+        Problem::Gemm(_) => &["A", "B"],
+        Problem::Flash(_) => &["Q", "K", "V"],
+        Problem::Paged(_) => &["query", "key cache", "value cache"],
+    }
+}
+
 /// The kernels index with 32-bit integers.
 fn too_large(problem: &Problem, field: &'static str, v: usize) -> KernelError {
     KernelError::InvalidProblem {
@@ -110,6 +140,17 @@ pub fn launches(
     config: &Config,
     ptrs: &DevicePtrs,
 ) -> Result<Vec<Launch>, KernelError> {
+    let align = input_alignment(problem, config);
+    for (&name, &address) in input_names(problem).iter().zip(&ptrs.inputs) {
+        if !address.is_multiple_of(align as u64) {
+            return Err(KernelError::BadBuffer {
+                name,
+                reason: format!(
+                    "device address {address:#x} is not a multiple of {align} bytes, which `{config}` needs (it reads its inputs in {align}-byte pieces); pass a buffer, or a view into one, that starts on a {align}-byte boundary"
+                ),
+            });
+        }
+    }
     let int = |v: usize, field: &'static str| {
         i32::try_from(v)
             .map(Arg::Int)
@@ -243,7 +284,7 @@ mod tests {
     fn launches_follow_the_kernel_signatures() {
         let device = Device::lookup("mi250").unwrap();
         let ptrs = DevicePtrs {
-            inputs: [1, 2, 3],
+            inputs: [0x100, 0x200, 0x300],
             out: 4,
             block_tables: 5,
             context_lens: 6,
@@ -325,6 +366,59 @@ mod tests {
     }
 
     #[test]
+    fn misaligned_inputs_are_refused_before_any_launch() {
+        let h200 = Device::lookup("h200").unwrap();
+        let p: Problem = "gemm:m=1,n=1280,k=8192,dtype=bf16".parse().unwrap();
+        let aligned = DevicePtrs {
+            inputs: [0x1000, 0x2000, 0],
+            ..DevicePtrs::default()
+        };
+        // B 8 bytes past a 16-byte boundary: fine for element loads, not for 16-byte ones.
+        let off = DevicePtrs {
+            inputs: [0x1000, 0x2008, 0],
+            ..aligned
+        };
+        let candidates = GpuSpace.candidates(&p, &h200);
+        let pieces = |c: &&Config| input_alignment(&p, c) == 16;
+        let skinny = *candidates.iter().find(pieces).unwrap();
+        assert!(matches!(skinny, Config::GpuGemm(g) if g.variant == GpuGemmVariant::Skinny));
+        launches(&p, &skinny, &aligned).unwrap();
+        let e = launches(&p, &skinny, &off).unwrap_err().to_string();
+        assert!(
+            e.contains("`B`") && e.contains("0x2008") && e.contains("16 bytes"),
+            "{e}"
+        );
+        let tiled = GpuSpace.default_config(&p, &h200);
+        assert_eq!(input_alignment(&p, &tiled), 2);
+        launches(&p, &tiled, &off).unwrap();
+        // An odd address is wrong for every 16-bit kernel; the name says which input.
+        let odd = DevicePtrs {
+            inputs: [0x1001, 0x2000, 0],
+            ..aligned
+        };
+        let e = launches(&p, &tiled, &odd).unwrap_err().to_string();
+        assert!(e.contains("`A`") && e.contains("2 bytes"), "{e}");
+        // Grouped paged attention reads the caches in 16-byte pieces too.
+        let paged: Problem = "paged:num_seqs=2,context_len=100,q_heads=8,kv_heads=1,head_dim=128"
+            .parse()
+            .unwrap();
+        let grouped = GpuSpace
+            .candidates(&paged, &h200)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuPaged(g) if g.lanes > 1))
+            .unwrap();
+        let cache_off = DevicePtrs {
+            inputs: [0x1000, 0x2000, 0x3004],
+            ..aligned
+        };
+        let e = launches(&paged, &grouped, &cache_off)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`value cache`"), "{e}");
+        launches(&paged, &GpuSpace.default_config(&paged, &h200), &cache_off).unwrap();
+    }
+
+    #[test]
     fn split_k_writes_partials_then_sums_them_into_c() {
         let h200 = Device::lookup("h200").unwrap();
         let p: Problem = "gemm:m=16,n=1280,k=8192,dtype=bf16".parse().unwrap();
@@ -334,7 +428,7 @@ mod tests {
         c.split_k = 4;
         let config = Config::GpuGemm(c);
         let ptrs = DevicePtrs {
-            inputs: [1, 2, 0],
+            inputs: [0x100, 0x200, 0],
             out: 4,
             partials: [8, 0, 0],
             ..DevicePtrs::default()
