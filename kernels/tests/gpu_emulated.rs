@@ -74,6 +74,18 @@ fn candidates_where(
     configs.len()
 }
 
+/// Asserts that an edited source's run (its relative error, or the emulator's error) shows
+/// `what` as a wrong result: an error over `tol`, or NaN (a poisoned read).
+fn caught(what: &str, run: Result<f64, KernelError>, tol: f64) {
+    match run {
+        Ok(err) => assert!(
+            err.is_nan() || err > tol,
+            "{what} went unnoticed: error {err:e}"
+        ),
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
 fn variants(model: &str, spec: &str) -> Vec<String> {
     let (device, _) = emulator(model);
     let problem: Problem = spec.parse().unwrap();
@@ -230,13 +242,11 @@ fn the_grouped_paged_checks_catch_each_mistake() {
                 "    for (int x = tid; x < KT_D; x += KT_THREADS) {\n        float total",
             ),
         ] {
-            match grouped_paged_error(model, &paged_with(from, to)) {
-                Ok(err) => assert!(
-                    err.is_nan() || err > tol,
-                    "{model}: {what} went unnoticed: error {err:e}"
-                ),
-                Err(e) => panic!("{model}: {what}: {e}"),
-            }
+            caught(
+                &format!("{model}: {what}"),
+                grouped_paged_error(model, &paged_with(from, to)),
+                tol,
+            );
         }
         // Lanes of one wave leaving the score loop at different rounds: a shuffle that not
         // all of them reach, which hangs or reads garbage on a device.
@@ -460,14 +470,7 @@ fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
         ),
     ] {
         let body = gemm_with(from, to);
-        match pipelined_gemm_error(spec, &body) {
-            // NaN (a poisoned read) counts as caught.
-            Ok(err) => assert!(
-                err.is_nan() || err > tol,
-                "{what} went unnoticed: error {err:e}"
-            ),
-            Err(e) => panic!("{what}: {e}"),
-        }
+        caught(what, pipelined_gemm_error(spec, &body), tol);
     }
 }
 
@@ -538,13 +541,7 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             "kt_wgmma_wait<2>();",
         ),
     ] {
-        match wgmma_gemm_error(&gemm_with(from, to)) {
-            Ok(err) => assert!(
-                err.is_nan() || err > tol,
-                "{what} went unnoticed: error {err:e}"
-            ),
-            Err(e) => panic!("{what}: {e}"),
-        }
+        caught(what, wgmma_gemm_error(&gemm_with(from, to)), tol);
     }
     // Errors the emulator names: what a GPU would run into as garbage or a hang.
     for (from, to, says) in [
@@ -618,13 +615,11 @@ fn the_skinny_gemm_checks_catch_each_mistake() {
                 "(16 * u + lane) * KT_VEC",
             ),
         ] {
-            match skinny_gemm_error(model, &gemm_with(from, to)) {
-                Ok(err) => assert!(
-                    err.is_nan() || err > tol,
-                    "{model}: {what} went unnoticed: error {err:e}"
-                ),
-                Err(e) => panic!("{model}: {what}: {e}"),
-            }
+            caught(
+                &format!("{model}: {what}"),
+                skinny_gemm_error(model, &gemm_with(from, to)),
+                tol,
+            );
         }
         // What a device would fault on or scribble over.
         for (from, to, says) in [

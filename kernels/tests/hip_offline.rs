@@ -324,89 +324,34 @@ fn every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940() {
     }
 }
 
-#[test]
-fn every_skinny_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
-    use kerntune_kernels::config::GpuGemmVariant;
+/// Compiles the candidates `keep` selects of each `(model, target, spec, count)` in parallel
+/// and checks each: `count` of them, LDS as the space computes it, nothing spilled.
+fn every_candidate_compiles_without_spills(
+    hip: &HipCompiler,
+    cases: &[(&str, &str, &str, usize)],
+    keep: impl Fn(&Config) -> bool,
+) {
     use rayon::prelude::*;
-    let Some(hip) = compiler("every_skinny_candidate_compiles_for_gfx90a_and_gfx940") else {
-        return;
-    };
-    for (name, target, spec, count) in [
-        (
-            "mi250",
-            "gfx90a",
-            "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk",
-            30,
-        ),
-        (
-            "mi250",
-            "gfx90a",
-            "gemm:m=16,n=8192,k=1024,dtype=f16,b=nk",
-            20,
-        ),
-        ("mi300x", "gfx940", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
-    ] {
-        let device = Device::lookup(name).unwrap();
-        let p: Problem = spec.parse().unwrap();
-        let skinny: Vec<Config> = GpuSpace
-            .candidates(&p, &device)
-            .into_iter()
-            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny))
-            .collect();
-        assert_eq!(skinny.len(), count, "{name} {spec}: {skinny:?}");
-        let results: Vec<_> = skinny
-            .par_iter()
-            .map(|c| (*c, compile(&hip, &KernelBuild::new(&p, c).unwrap(), target)))
-            .collect();
-        for (c, out) in results {
-            let kernels = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
-            let k = &kernels[0];
-            // No shared memory, nothing spilled to scratch.
-            assert_eq!(k.lds, 0, "{name} {c}: {k:?}");
-            assert_eq!((k.vgpr_spill, k.sgpr_spill), (0, 0), "{name} {c}: {k:?}");
-            eprintln!("{name} {c}: {} VGPRs, {} SGPRs", k.vgpr, k.sgpr);
-        }
-    }
-}
-
-#[test]
-fn every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
-    use rayon::prelude::*;
-    let Some(hip) = compiler("every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940") else {
-        return;
-    };
-    for (name, target, spec, count) in [
-        (
-            "mi250",
-            "gfx90a",
-            "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
-            24,
-        ),
-        (
-            "mi300x",
-            "gfx940",
-            "paged:num_seqs=4,context_len=999,q_heads=8,kv_heads=8,head_dim=96,dtype=f32,block_size=32",
-            12,
-        ),
-    ] {
+    for &(name, target, spec, count) in cases {
         let device = Device::lookup(name).unwrap();
         let Device::Gpu(g) = device else {
             unreachable!()
         };
         let p: Problem = spec.parse().unwrap();
-        let grouped: Vec<Config> = GpuSpace
+        let kept: Vec<Config> = GpuSpace
             .candidates(&p, &device)
             .into_iter()
-            .filter(|c| matches!(c, Config::GpuPaged(c) if c.lanes > 1))
+            .filter(|c| keep(c))
             .collect();
-        assert_eq!(grouped.len(), count, "{name} {spec}: {grouped:?}");
-        let results: Vec<_> = grouped
+        assert_eq!(kept.len(), count, "{name} {spec}: {kept:?}");
+        let results: Vec<_> = kept
             .par_iter()
-            .map(|c| (*c, compile(&hip, &KernelBuild::new(&p, c).unwrap(), target)))
+            .map(|c| (*c, compile(hip, &KernelBuild::new(&p, c).unwrap(), target)))
             .collect();
         for (c, out) in results {
             let kernels = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
-            let k = kernels.iter().find(|k| k.name == "kt_paged").unwrap();
+            let build = KernelBuild::new(&p, &c).unwrap();
+            let k = kernels.iter().find(|k| k.name == build.entries[0]).unwrap();
             assert_eq!(
                 k.lds as usize,
                 kerntune_kernels::space::lds_bytes(&c, &p, g),
@@ -416,4 +361,57 @@ fn every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940_without_spills()
             eprintln!("{name} {c}: {} VGPRs, {} SGPRs", k.vgpr, k.sgpr);
         }
     }
+}
+
+#[test]
+fn every_skinny_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
+    use kerntune_kernels::config::GpuGemmVariant;
+    let Some(hip) = compiler("every_skinny_candidate_compiles_for_gfx90a_and_gfx940") else {
+        return;
+    };
+    // No LDS at all (the space's figure is 0).
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[
+            (
+                "mi250",
+                "gfx90a",
+                "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk",
+                30,
+            ),
+            (
+                "mi250",
+                "gfx90a",
+                "gemm:m=16,n=8192,k=1024,dtype=f16,b=nk",
+                20,
+            ),
+            ("mi300x", "gfx940", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
+        ],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+    );
+}
+
+#[test]
+fn every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
+    let Some(hip) = compiler("every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940") else {
+        return;
+    };
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[
+            (
+                "mi250",
+                "gfx90a",
+                "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                24,
+            ),
+            (
+                "mi300x",
+                "gfx940",
+                "paged:num_seqs=4,context_len=999,q_heads=8,kv_heads=8,head_dim=96,dtype=f32,block_size=32",
+                12,
+            ),
+        ],
+        |c| matches!(c, Config::GpuPaged(c) if c.lanes > 1),
+    );
 }

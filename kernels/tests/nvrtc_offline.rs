@@ -109,6 +109,15 @@ fn check_candidates(
     }
 }
 
+/// The candidates of `p` on model `name` that `keep` selects.
+fn candidates_where(name: &str, p: &Problem, keep: impl Fn(&Config) -> bool) -> Vec<Config> {
+    GpuSpace
+        .candidates(p, &Device::lookup(name).unwrap())
+        .into_iter()
+        .filter(|c| keep(c))
+        .collect()
+}
+
 fn problems() -> Vec<Problem> {
     [
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
@@ -241,12 +250,12 @@ fn every_wgmma_candidate_compiles_for_sm90a() {
     let Some(nvrtc) = compiler("every_wgmma_candidate_compiles_for_sm90a") else {
         return;
     };
-    let wgmma = |p: &Problem, name: &str| -> Vec<Config> {
-        GpuSpace
-            .candidates(p, &Device::lookup(name).unwrap())
-            .into_iter()
-            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Wgmma))
-            .collect()
+    let wgmma = |p: &Problem, name: &str| {
+        candidates_where(
+            name,
+            p,
+            |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Wgmma),
+        )
     };
     for (name, spec, count) in [
         ("h200", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk", 18),
@@ -289,11 +298,11 @@ fn every_skinny_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads() {
         ("a100", "gemm:m=3,n=61,k=132,dtype=f32,b=nk", 30),
     ] {
         let p: Problem = spec.parse().unwrap();
-        let configs: Vec<Config> = GpuSpace
-            .candidates(&p, &Device::lookup(name).unwrap())
-            .into_iter()
-            .filter(|c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny))
-            .collect();
+        let configs = candidates_where(
+            name,
+            &p,
+            |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+        );
         assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
         // The weights and activations arrive in 16-byte loads; the sums meet by shuffles.
         check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v4.");
@@ -327,11 +336,7 @@ fn every_grouped_paged_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads()
         ),
     ] {
         let p: Problem = spec.parse().unwrap();
-        let configs: Vec<Config> = GpuSpace
-            .candidates(&p, &Device::lookup(name).unwrap())
-            .into_iter()
-            .filter(|c| matches!(c, Config::GpuPaged(c) if c.lanes > 1))
-            .collect();
+        let configs = candidates_where(name, &p, |c| matches!(c, Config::GpuPaged(c) if c.lanes > 1));
         assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
         check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v4.");
     }
