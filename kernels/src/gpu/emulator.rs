@@ -20,10 +20,9 @@ use std::sync::{Mutex, OnceLock};
 use libloading::Library;
 
 use super::compiler_io::{first_errors, run_with_input};
-use super::launch::{launches, partial_floats, DevicePtrs};
+use super::launch::{input_alignment, launches, partial_floats, DevicePtrs};
 use super::source::{body_of, PRELUDE};
 use super::KernelBuild;
-use crate::config::GpuGemmVariant;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
@@ -75,10 +74,10 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
     };
     let small = match (problem, config) {
         (Problem::Gemm(p), Config::GpuGemm(c)) => {
-            // Pipelined and skinny builds copy or load rows in 16-byte pieces (8 values, 4
-            // of f32): their ragged part stays a multiple of 8 (the original sizes are, or the
-            // config would not be valid for them).
-            let pieces = c.stages > 1 || c.variant == GpuGemmVariant::Skinny;
+            // Builds that copy or load rows in 16-byte pieces (8 values, 4 of f32): their
+            // ragged part stays a multiple of 8 (the original sizes are, or the config would
+            // not be valid for them).
+            let pieces = input_alignment(problem, config) == 16;
             let (dn, dk) = if pieces { (8, 8) } else { (3, 5) };
             GemmProblem::new(
                 p.m.min(c.bm + 1),
