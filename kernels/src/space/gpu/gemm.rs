@@ -1,0 +1,509 @@
+//! The GEMM's GPU space: the tiled, MFMA, mma, wgmma and skinny variants' rules, split-K for
+//! decode shapes, the candidates in the order a budgeted search should meet them, and the
+//! untuned configs.
+
+use crate::config::{GpuGemmConfig, GpuGemmVariant};
+use crate::device::GpuModel;
+use crate::problem::GemmProblem;
+use crate::{BLayout, DType, Family, KernelError};
+
+use super::{check_threads, has_mfma, has_mma, has_wgmma, invalid, vec_of};
+
+/// Blocks that may share the k range of one GEMM tile (split-K).
+pub const GPU_MAX_SPLIT_K: usize = 16;
+
+/// The most device memory a split-K GEMM's partial products may take; splits needing more
+/// are invalid (they belong to prefill shapes, which have tiles enough without them).
+pub const GPU_SPLIT_K_WORKSPACE_BYTES: usize = 64 << 20;
+
+/// Accumulators a thread of the wgmma variant holds: `tm` tiles of 64 rows by `tn`, `tn / 2`
+/// floats each over a warpgroup's 128 threads.
+const WGMMA_MAX_ACCUMULATORS: usize = 128;
+
+/// Accumulators a lane of the skinny variant holds: `bm` rows of A by `tn` weight rows.
+const SKINNY_MAX_ACCUMULATORS: usize = 32;
+
+/// A matrix-core GEMM variant's first two rules: the model has its `instructions`, and the
+/// inputs are 16-bit.
+fn matrix_cores(
+    g: &GpuModel,
+    p: &GemmProblem,
+    present: bool,
+    variant: &str,
+    instructions: &str,
+) -> Result<(), KernelError> {
+    if !present {
+        return Err(invalid(
+            Family::Gemm,
+            format!("{} ({}) has no {instructions}", g.name, g.arch),
+        ));
+    }
+    if p.dtype == DType::F32 {
+        return Err(invalid(
+            Family::Gemm,
+            format!("the {variant} variant takes f16 or bf16 inputs"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn validate(
+    c: &GpuGemmConfig,
+    p: &GemmProblem,
+    g: &GpuModel,
+) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
+    if !(pow2(c.bm) && pow2(c.bn) && pow2(c.bk) && pow2(c.tm) && pow2(c.tn)) {
+        return Err(invalid(
+            f,
+            format!(
+                "tile {}x{}x{} / {}x{}: every size must be a power of two up to 512",
+                c.bm, c.bn, c.bk, c.tm, c.tn
+            ),
+        ));
+    }
+    match c.variant {
+        GpuGemmVariant::Tiled => {
+            if !c.bm.is_multiple_of(c.tm) || !c.bn.is_multiple_of(c.tn) || c.tm * c.tn > 64 {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "register tile {}x{} must divide the block tile {}x{} and hold at most 64 values",
+                        c.tm, c.tn, c.bm, c.bn
+                    ),
+                ));
+            }
+        }
+        GpuGemmVariant::Mfma => {
+            matrix_cores(g, p, has_mfma(g), "MFMA", "MFMA instructions")?;
+            if !c.bm.is_multiple_of(32 * c.tm)
+                || !c.bn.is_multiple_of(32 * c.tn)
+                || !c.bk.is_multiple_of(8)
+            {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "MFMA tiles: {}x{} must be multiples of 32·{}x32·{} and bk = {} of 8",
+                        c.bm, c.bn, c.tm, c.tn, c.bk
+                    ),
+                ));
+            }
+        }
+        GpuGemmVariant::Mma => {
+            matrix_cores(
+                g,
+                p,
+                has_mma(g),
+                "mma",
+                "mma.sync.m16n8k16 tensor-core instructions",
+            )?;
+            if !c.bm.is_multiple_of(16 * c.tm)
+                || !c.bn.is_multiple_of(8 * c.tn)
+                || !c.bk.is_multiple_of(16)
+            {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "mma tiles: {}x{} must be multiples of 16·{}x8·{} and bk = {} of 16",
+                        c.bm, c.bn, c.tm, c.tn, c.bk
+                    ),
+                ));
+            }
+        }
+        GpuGemmVariant::Wgmma => validate_wgmma(c, p, g)?,
+        GpuGemmVariant::Skinny => validate_skinny(c, p)?,
+    }
+    if !(1..=4).contains(&c.stages) {
+        return Err(invalid(f, format!("stages = {}: must be 1 to 4", c.stages)));
+    }
+    if c.stages > 1 {
+        if !matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) {
+            return Err(invalid(
+                f,
+                format!(
+                    "stages = {}: only the mma and wgmma variants pipeline their k tiles",
+                    c.stages
+                ),
+            ));
+        }
+        if c.variant == GpuGemmVariant::Mma && !c.tn.is_multiple_of(2) {
+            return Err(invalid(
+                f,
+                format!(
+                    "the pipelined mma variant reads B fragments of two n tiles at once: tn = {} must be even",
+                    c.tn
+                ),
+            ));
+        }
+        // 16-byte copies of 8 elements: rows of A and B must start 16-byte aligned.
+        if !pipelines(p) {
+            let (dim, v) = if p.k.is_multiple_of(8) {
+                ("n", p.n)
+            } else {
+                ("k", p.k)
+            };
+            return Err(invalid(
+                f,
+                format!(
+                    "stages = {}: 16-byte copies need {dim} = {v} a multiple of 8 (stages = 1 takes any size)",
+                    c.stages
+                ),
+            ));
+        }
+    }
+    if !c.split_k.is_power_of_two() || c.split_k > GPU_MAX_SPLIT_K {
+        return Err(invalid(
+            f,
+            format!(
+                "split_k = {}: must be a power of two up to {GPU_MAX_SPLIT_K}",
+                c.split_k
+            ),
+        ));
+    }
+    if c.split_k > 1 {
+        let bytes = 4 * c.split_k * p.m * p.n;
+        if bytes > GPU_SPLIT_K_WORKSPACE_BYTES {
+            return Err(invalid(
+                f,
+                format!(
+                    "split_k = {} needs {} MiB of partial products for {}x{}; at most {} MiB",
+                    c.split_k,
+                    bytes >> 20,
+                    p.m,
+                    p.n,
+                    GPU_SPLIT_K_WORKSPACE_BYTES >> 20
+                ),
+            ));
+        }
+    }
+    check_threads(f, c.threads(), g)
+}
+
+/// The wgmma variant's own rules: sm_90, 16-bit inputs, B as `[N, K]` (both operands
+/// k-major in shared memory), rows of 8 elements for the 16-byte copies, 64-row
+/// warpgroup tiles of an N the instruction has, and 3 or 4 stages.
+fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    matrix_cores(
+        g,
+        p,
+        has_wgmma(g),
+        "wgmma",
+        "wgmma instructions (sm_90 only)",
+    )?;
+    if p.b_layout != BLayout::Nk {
+        return Err(invalid(
+            f,
+            "the wgmma variant reads B as [N, K] (a Linear layer's weights); a [K, N] B takes the mma variant",
+        ));
+    }
+    if !p.k.is_multiple_of(8) {
+        return Err(invalid(
+            f,
+            format!(
+                "the wgmma variant copies rows in 16-byte pieces: k = {} must be a multiple of 8",
+                p.k
+            ),
+        ));
+    }
+    if !(1..=2).contains(&c.tm)
+        || !matches!(c.tn, 64 | 128 | 256)
+        || c.tm * c.tn / 2 > WGMMA_MAX_ACCUMULATORS
+        || !c.bm.is_multiple_of(64 * c.tm)
+        || !c.bn.is_multiple_of(c.tn)
+        || !(16..=128).contains(&c.bk)
+    {
+        return Err(invalid(
+            f,
+            format!(
+                "wgmma tiles: tm = {} (1 or 2) tiles of 64 rows by tn = {} (64, 128 or 256), at most {WGMMA_MAX_ACCUMULATORS} accumulators a thread, dividing {}x{}; bk = {} from 16 to 128",
+                c.tm, c.tn, c.bm, c.bn, c.bk
+            ),
+        ));
+    }
+    if c.stages < 3 {
+        return Err(invalid(
+            f,
+            format!(
+                "stages = {}: the wgmma variant takes 3 or 4 (a tile multiplied, the one before it finishing, the rest copied)",
+                c.stages
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The skinny variant's rules: B as `[N, K]` (each weight row read along k), rows that
+/// start 16-byte aligned, a whole number of 16-byte steps per tile, and accumulators
+/// that stay in registers.
+fn validate_skinny(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    if p.b_layout != BLayout::Nk {
+        return Err(invalid(
+            f,
+            "the skinny variant reads B as [N, K] (a Linear layer's weights); a [K, N] B takes the other variants",
+        ));
+    }
+    let vec = vec_of(p.dtype);
+    if !p.k.is_multiple_of(vec) {
+        return Err(invalid(
+            f,
+            format!(
+                "the skinny variant loads rows in 16-byte pieces: k = {} must be a multiple of {vec} for {}",
+                p.k, p.dtype
+            ),
+        ));
+    }
+    if c.tm != 1
+        || !c.bn.is_multiple_of(c.tn)
+        || c.bm * c.tn > SKINNY_MAX_ACCUMULATORS
+        || !c.bk.is_multiple_of(32 * vec)
+    {
+        return Err(invalid(
+            f,
+            format!(
+                "skinny tiles: tm = {} must be 1, tn = {} must divide bn = {}, bm·tn = {} at most {SKINNY_MAX_ACCUMULATORS} accumulators, bk = {} a multiple of 32 lanes · {vec} values",
+                c.tm,
+                c.tn,
+                c.bn,
+                c.bm * c.tn,
+                c.bk
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The GEMM candidates, the likeliest winners first (a budgeted search takes the first):
+/// matrix-core variants before the skinny and tiled ones on models that have them, and
+/// for decode shapes the one-warp-high split-K tiles first, after the skinny ones where A
+/// has at most 8 rows.
+pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
+    let mut out = Vec::new();
+    let mut push = |variant, (bm, bn, bk), (tm, tn), stages, split_k| {
+        out.push(GpuGemmConfig {
+            variant,
+            bm,
+            bn,
+            bk,
+            tm,
+            tn,
+            stages,
+            split_k,
+        })
+    };
+    // Decode: a few rows give few tiles; split-K fills the device.
+    let decode = p.m <= 64;
+    let splits: &[usize] = if decode { &[1, 2, 4, 8, 16] } else { &[1] };
+    if has_mma(g) && p.dtype != DType::F32 {
+        let mma = GpuGemmVariant::Mma;
+        if pipelines(p) {
+            if decode {
+                let bm = decode_rows(p.m);
+                for &split in splits.iter().rev() {
+                    for (bn, tn) in [(64, 2), (128, 4)] {
+                        for (bk, stages) in [(32, 4), (64, 3)] {
+                            push(mma, (bm, bn, bk), (bm / 16, tn), stages, split);
+                        }
+                    }
+                }
+            }
+            // Hopper: a warpgroup's MMA reads both tiles from shared memory, as cuBLAS's
+            // sm_90 kernels do; one or two warpgroups of 64×256 or 64×128, 128 to 192 of
+            // k in flight. Decode shapes fill 64 rows of which most are padding, with
+            // split-K, after the one-warp-high mma tiles.
+            let wgmma = GpuGemmVariant::Wgmma;
+            if has_wgmma(g) && p.b_layout == BLayout::Nk {
+                for &split in splits.iter().rev().filter(|_| decode) {
+                    for bn in [64, 128] {
+                        push(wgmma, (64, bn, 64), (1, bn), 3, split);
+                    }
+                }
+                for (bm, bn, tm, tn) in [
+                    (128, 256, 1, 256),
+                    (128, 128, 1, 128),
+                    (256, 128, 1, 128),
+                    (128, 256, 2, 128),
+                    (64, 256, 1, 256),
+                    (64, 128, 1, 128),
+                ] {
+                    for (bk, stages) in [(64, 3), (64, 4), (32, 4)] {
+                        push(wgmma, (bm, bn, bk), (tm, tn), stages, 1);
+                    }
+                }
+            }
+            // Eight warps of 64×64 on the largest tiles (as CUTLASS's sm_80 GEMMs), then
+            // 64 to 192 of k in flight on the others; shared memory is dynamic, up to the
+            // model's per-block limit (validation).
+            for (bm, bn) in [(128, 256), (256, 128)] {
+                for (bk, stages) in [(32, 3), (32, 4), (64, 3)] {
+                    push(mma, (bm, bn, bk), (4, 8), stages, 1);
+                }
+            }
+            for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
+                for (bk, stages) in [(32, 3), (32, 4), (64, 3), (32, 2)] {
+                    for tile in [(4, 4), (4, 2), (2, 4), (2, 2)] {
+                        push(mma, (bm, bn, bk), tile, stages, 1);
+                    }
+                }
+            }
+        } else {
+            if decode {
+                let bm = decode_rows(p.m);
+                for &split in splits.iter().rev() {
+                    push(mma, (bm, 64, 32), (bm / 16, 2), 1, split);
+                }
+            }
+            for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
+                for bk in [32, 16, 64] {
+                    for tile in [(4, 4), (4, 2), (2, 4), (2, 2), (1, 2)] {
+                        push(mma, (bm, bn, bk), tile, 1, 1);
+                    }
+                }
+            }
+        }
+    }
+    if has_mfma(g) && p.dtype != DType::F32 {
+        if decode {
+            for &split in splits.iter().rev() {
+                push(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 1, split);
+                push(GpuGemmVariant::Mfma, (32, 128, 64), (1, 2), 1, split);
+            }
+        }
+        for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
+            for bk in [32, 16, 64] {
+                for tile in [(2, 2), (1, 2), (2, 1), (1, 1)] {
+                    push(GpuGemmVariant::Mfma, (bm, bn, bk), tile, 1, 1);
+                }
+            }
+        }
+    }
+    // GEMV-style decode (few rows, weights `[N, K]`): no matrix cores, so on every model;
+    // before the tiled variant, and first of all for the fewest rows (below).
+    let skinny = GpuGemmVariant::Skinny;
+    let vec = vec_of(p.dtype);
+    if p.m <= SKINNY_MAX_ROWS && p.b_layout == BLayout::Nk && p.k.is_multiple_of(vec) {
+        let bm = p.m.next_power_of_two();
+        for &split in splits.iter().rev() {
+            for (groups, tn) in [(8, 2), (4, 4), (8, 1)] {
+                for steps in [2, 1] {
+                    push(
+                        skinny,
+                        (bm, groups * tn, 32 * vec * steps),
+                        (1, tn),
+                        1,
+                        split,
+                    );
+                }
+            }
+        }
+    }
+    for &split in splits[1..].iter().rev() {
+        push(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split);
+    }
+    for (bm, bn) in [(32, 32), (64, 64), (64, 128), (128, 64), (128, 128)] {
+        for bk in [8, 16, 32] {
+            for tile in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
+                push(GpuGemmVariant::Tiled, (bm, bn, bk), tile, 1, 1);
+            }
+        }
+    }
+    // The skinny tiles go first where A has so few rows that the matrix cores' tiles are
+    // mostly padding (a stable sort keeps each variant's order).
+    if p.m <= SKINNY_FIRST_ROWS {
+        out.sort_by_key(|c| c.variant != skinny);
+    }
+    out
+}
+
+/// What runs untuned: a 64×64 tile of 4×4 per thread, on every model and input type.
+pub(super) fn default() -> GpuGemmConfig {
+    GpuGemmConfig {
+        variant: GpuGemmVariant::Tiled,
+        bm: 64,
+        bn: 64,
+        bk: 16,
+        tm: 4,
+        tn: 4,
+        stages: 1,
+        split_k: 1,
+    }
+}
+
+/// The guess for shapes never tuned (`gpu` is `None` when asked about a CPU): matrix cores
+/// where the model has them for 16-bit inputs, split-K for decode shapes.
+pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
+    let sixteen_bit = p.dtype != DType::F32;
+    let mma = gpu.is_some_and(|g| has_mma(g) && sixteen_bit);
+    let mfma = gpu.is_some_and(|g| has_mfma(g) && sixteen_bit);
+    let config = |variant, (bm, bn, bk), (tm, tn), stages, split_k| GpuGemmConfig {
+        variant,
+        bm,
+        bn,
+        bk,
+        tm,
+        tn,
+        stages,
+        split_k,
+    };
+    if mma && p.m > 64 && pipelines(p) {
+        // Tensor cores for prefill-sized GEMMs where rows allow 16-byte copies: the largest
+        // tile of 8 warps that still gives every SM a block (128×256, 3 stages of 32; then
+        // 128×128, 4 stages), else 64×128.
+        let sms = gpu.map_or(1, |g| g.compute_units as usize);
+        let tiles = |bm: usize, bn: usize| p.m.div_ceil(bm) * p.n.div_ceil(bn);
+        let (bm, bn, tm, tn, stages) = [(128, 256, 4, 8, 3), (128, 128, 4, 4, 4)]
+            .into_iter()
+            .find(|&(bm, bn, ..)| tiles(bm, bn) >= sms)
+            .unwrap_or((64, 128, 2, 4, 4));
+        config(GpuGemmVariant::Mma, (bm, bn, 32), (tm, tn), stages, 1)
+    } else if mma && p.m > 64 {
+        // Rows not of 8 elements: a 128×128 tile over 8 warps, plain loads.
+        config(GpuGemmVariant::Mma, (128, 128, 32), (4, 4), 1, 1)
+    } else if mma && pipelines(p) {
+        // Tensor cores for decode: one warp high, four stages of 32 streaming the weights,
+        // split-K until every SM has two blocks.
+        let bm = decode_rows(p.m);
+        let split = gpu.map_or(1, |g| decode_split(p, bm, 64, g));
+        config(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
+    } else if mfma && p.m >= 64 {
+        config(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), 1, 1)
+    } else if p.m <= 64 {
+        // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
+        let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
+        config(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
+    } else {
+        default()
+    }
+}
+
+/// Rows of A up to which the skinny variant is a candidate: beyond them a weight byte feeds
+/// more multiply-adds than the vector units keep up with at full memory bandwidth.
+const SKINNY_MAX_ROWS: usize = 16;
+
+/// Rows of A up to which the skinny candidates come first.
+const SKINNY_FIRST_ROWS: usize = 8;
+
+/// Whether the pipelined mma variant's 16-byte copies apply: rows of A and B (k, and n for a
+/// K×N B) multiples of 8 elements.
+fn pipelines(p: &GemmProblem) -> bool {
+    p.k.is_multiple_of(8) && (p.b_layout == BLayout::Nk || p.n.is_multiple_of(8))
+}
+
+/// Rows of a decode tile for `m` rows: 16, 32 or 64, one warp high.
+fn decode_rows(m: usize) -> usize {
+    m.next_power_of_two().clamp(16, 64)
+}
+
+/// The split-K of a decode GEMM: the fewest splits (a power of two up to 16) that give two
+/// blocks per CU / SM, each split keeping at least 256 of k.
+fn decode_split(p: &GemmProblem, bm: usize, bn: usize, g: &GpuModel) -> usize {
+    let tiles = p.m.div_ceil(bm) * p.n.div_ceil(bn);
+    let want = 2 * g.compute_units as usize;
+    let mut split = 1;
+    while split < GPU_MAX_SPLIT_K && tiles * split < want && p.k / (2 * split) >= 256 {
+        split *= 2;
+    }
+    split
+}

@@ -1,0 +1,265 @@
+//! The parameter space of the GPU kernels in `kernels/hip/`, for AMD and NVIDIA models of the
+//! catalog. Constraints are the hardware's: threads per block a multiple of the wave (64 on
+//! CDNA, 32 on NVIDIA) and at most the block limit, LDS / shared memory per block within the
+//! model's limit, tiles that divide, MFMA only on CDNA2/3 and only for 16-bit inputs. What the
+//! compiler decides (registers, spills, occupancy) is checked after compiling, by the plan.
+//! Each family's candidates, validation, default and heuristic live in its own file; this one
+//! holds what they share (the models' instructions, shared memory, threads per block) and the
+//! [`Space`] they make up.
+
+mod flash;
+mod gemm;
+mod paged;
+
+use crate::config::{GpuFlashVariant, GpuGemmVariant};
+use crate::device::{GpuModel, Vendor};
+use crate::{BLayout, Config, DType, Device, Family, KernelError, Problem, Space};
+
+pub use flash::GPU_MAX_HEAD_DIM;
+pub use gemm::{GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
+
+/// The GPU kernels' parameter space.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuSpace;
+
+fn invalid(family: Family, reason: impl Into<String>) -> KernelError {
+    KernelError::InvalidConfig {
+        family,
+        reason: reason.into(),
+    }
+}
+
+fn gpu_of(device: &Device, family: Family) -> Result<&'static GpuModel, KernelError> {
+    match device {
+        Device::Gpu(g) => Ok(g),
+        Device::Cpu(_) => Err(invalid(
+            family,
+            "the GPU space applies to GPU devices; the host CPU uses the CPU space",
+        )),
+    }
+}
+
+/// Whether the model has the MFMA instructions the MFMA GEMM uses.
+pub fn has_mfma(g: &GpuModel) -> bool {
+    matches!(g.arch, "gfx90a" | "gfx940" | "gfx941" | "gfx942")
+}
+
+/// Whether the model has the `mma.sync.m16n8k16` tensor-core instructions (sm_80 and later).
+pub fn has_mma(g: &GpuModel) -> bool {
+    g.vendor == Vendor::Nvidia
+        && g.arch
+            .strip_prefix("sm_")
+            .and_then(|v| v.parse::<u32>().ok())
+            .is_some_and(|v| v >= 80)
+}
+
+/// Whether the model has Hopper's warpgroup MMA (`wgmma.mma_async`), which the arch-specific
+/// target sm_90a compiles and only sm_90 devices run.
+pub fn has_wgmma(g: &GpuModel) -> bool {
+    g.vendor == Vendor::Nvidia && g.arch == "sm_90"
+}
+
+/// Values of `dtype` in one 16-byte load (the skinny GEMM's, the grouped paged attention's).
+fn vec_of(dtype: DType) -> usize {
+    16 / dtype.size()
+}
+
+/// LDS bytes one block of a config allocates (as declared in the sources).
+pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
+    match (config, problem) {
+        (Config::GpuGemm(c), _) => match c.variant {
+            GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
+            GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
+            GpuGemmVariant::Mma if c.stages > 1 => dynamic_lds_bytes(config, problem),
+            GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
+            GpuGemmVariant::Wgmma => dynamic_lds_bytes(config, problem),
+            GpuGemmVariant::Skinny => 0,
+        },
+        (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
+            GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
+            GpuFlashVariant::Mma => dynamic_lds_bytes(config, problem),
+            // 16-bit K [bc][d + 4] and Vᵀ [d][bc + 4].
+            GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.head_dim * (c.bc + 4)),
+        },
+        // Scores and the waves' maxima and sums; then the query (a thread per token) or
+        // each wave's P·V sums (groups of lanes).
+        (Config::GpuPaged(c), Problem::Paged(p)) => {
+            let waves = c.threads / g.wave_size as usize;
+            let rows = if c.lanes > 1 { waves } else { 1 };
+            4 * (c.partition + waves + rows * p.head_dim)
+        }
+        _ => 0,
+    }
+}
+
+/// Bytes of dynamic shared memory a build of `config` declares: the pipelined mma GEMM's
+/// stages of 16-bit A and B tiles (rows padded by 8 elements; B `[bk][bn + 8]` for a K×N B,
+/// else `[bn][bk + 8]`), the wgmma GEMM's stages of A and B in 8×8 core matrices (no
+/// padding: the instruction reads each core matrix as 128 contiguous bytes), the mma flash
+/// attention's 16-bit K and V tiles (`[bc][d + 8]` each). 0 for builds whose shared memory is
+/// all static.
+pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
+    match (config, problem) {
+        (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
+            2 * 2 * c.bc * (p.head_dim + 8)
+        }
+        (Config::GpuGemm(c), Problem::Gemm(p))
+            if c.variant == GpuGemmVariant::Mma && c.stages > 1 =>
+        {
+            let b = match p.b_layout {
+                BLayout::Kn => c.bk * (c.bn + 8),
+                BLayout::Nk => c.bn * (c.bk + 8),
+            };
+            2 * c.stages * (c.bm * (c.bk + 8) + b)
+        }
+        (Config::GpuGemm(c), Problem::Gemm(_)) if c.variant == GpuGemmVariant::Wgmma => {
+            2 * c.stages * (c.bm + c.bn) * c.bk
+        }
+        _ => 0,
+    }
+}
+
+/// Static LDS a block of our kernels may use: the model's limit, and on NVIDIA the 48 KiB of
+/// static shared memory. Builds with dynamic shared memory may use the model's whole
+/// per-block limit ([`lds_limit_of`]): the device path opts in for each.
+pub fn lds_limit(g: &GpuModel) -> usize {
+    match g.vendor {
+        Vendor::Amd => g.lds_per_block as usize,
+        Vendor::Nvidia => (g.lds_per_block as usize).min(48 * 1024),
+    }
+}
+
+/// The LDS limit for a build taking `dynamic_lds` bytes of dynamic shared memory
+/// ([`dynamic_lds_bytes`]): the model's per-block limit where it takes any, else
+/// [`lds_limit`].
+pub fn lds_limit_of(dynamic_lds: usize, g: &GpuModel) -> usize {
+    if dynamic_lds > 0 {
+        g.lds_per_block as usize
+    } else {
+        lds_limit(g)
+    }
+}
+
+fn check_threads(family: Family, threads: usize, g: &GpuModel) -> Result<(), KernelError> {
+    let wave = g.wave_size as usize;
+    if threads == 0 || !threads.is_multiple_of(wave) || threads > g.max_threads_per_block as usize {
+        return Err(invalid(
+            family,
+            format!(
+                "{threads} threads per block: must be a multiple of the {wave}-wide wave, at most {}",
+                g.max_threads_per_block
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Space for GpuSpace {
+    fn backend(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn candidates(&self, problem: &Problem, device: &Device) -> Vec<Config> {
+        let Ok(g) = gpu_of(device, problem.family()) else {
+            return Vec::new();
+        };
+        let all: Vec<Config> = match problem {
+            Problem::Gemm(p) => gemm::candidates(p, g)
+                .into_iter()
+                .map(Config::GpuGemm)
+                .collect(),
+            Problem::Flash(_) => flash::candidates()
+                .into_iter()
+                .map(Config::GpuFlash)
+                .collect(),
+            Problem::Paged(_) => paged::candidates()
+                .into_iter()
+                .map(Config::GpuPaged)
+                .collect(),
+        };
+        all.into_iter()
+            .filter(|c| self.validate(c, problem, device).is_ok())
+            .collect()
+    }
+
+    fn validate(
+        &self,
+        config: &Config,
+        problem: &Problem,
+        device: &Device,
+    ) -> Result<(), KernelError> {
+        let g = gpu_of(device, problem.family())?;
+        match (config, problem) {
+            (Config::GpuGemm(c), Problem::Gemm(p)) => gemm::validate(c, p, g)?,
+            (Config::GpuFlash(c), Problem::Flash(p)) => flash::validate(c, p, g)?,
+            (Config::GpuPaged(c), Problem::Paged(p)) => paged::validate(c, p, g)?,
+            // Which solutions exist only rocBLAS on the device can say; here only what is
+            // never valid is refused.
+            (Config::Rocblas(c), Problem::Gemm(_)) => {
+                if g.vendor != Vendor::Amd {
+                    return Err(invalid(
+                        Family::Gemm,
+                        format!("rocBLAS solutions run on AMD GPUs, not on {}", g.name),
+                    ));
+                }
+                if c.solution < 0 {
+                    return Err(invalid(
+                        Family::Gemm,
+                        format!("rocBLAS solution index {} is negative", c.solution),
+                    ));
+                }
+            }
+            (c, p) if !c.is_gpu() => {
+                return Err(invalid(
+                    p.family(),
+                    format!("`{c}` is a CPU config; a GPU runs GPU configs"),
+                ))
+            }
+            _ => {
+                return Err(KernelError::FamilyMismatch {
+                    problem: problem.family(),
+                    config: config.family(),
+                })
+            }
+        }
+        let lds = lds_bytes(config, problem, g);
+        let limit = lds_limit_of(dynamic_lds_bytes(config, problem), g);
+        if lds > limit {
+            return Err(invalid(
+                problem.family(),
+                if limit == lds_limit(g) {
+                    format!(
+                        "needs {lds} bytes of LDS per block; {} allows {limit} to the kernels' static allocations",
+                        g.name
+                    )
+                } else {
+                    format!(
+                        "needs {lds} bytes of shared memory per block; {} allows {limit}",
+                        g.name
+                    )
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    fn default_config(&self, problem: &Problem, _device: &Device) -> Config {
+        match problem {
+            Problem::Gemm(_) => Config::GpuGemm(gemm::default()),
+            Problem::Flash(p) => Config::GpuFlash(flash::default(p)),
+            Problem::Paged(p) => Config::GpuPaged(paged::default(p)),
+        }
+    }
+
+    fn heuristic(&self, problem: &Problem, device: &Device) -> Config {
+        let gpu = match device {
+            Device::Gpu(g) => Some(*g),
+            Device::Cpu(_) => None,
+        };
+        match problem {
+            Problem::Gemm(p) => Config::GpuGemm(gemm::heuristic(p, gpu)),
+            Problem::Flash(p) => Config::GpuFlash(flash::heuristic(p, gpu)),
+            Problem::Paged(p) => Config::GpuPaged(paged::default(p)),
+        }
+    }
+}
