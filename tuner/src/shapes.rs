@@ -7,7 +7,9 @@
 //! K = intermediate / t; lm_head N = vocab / t (rounded up), K = hidden, at decode batch sizes
 //! only (prefill computes logits for the last token of each sequence). Attention per shard has
 //! q_heads / t query heads and max(1, kv_heads / t) KV heads. Mixture-of-experts layers run the
-//! expert GEMMs at M·active/experts tokens (rounded up) plus the router GEMM (N = experts).
+//! expert GEMMs at M·active/experts tokens (rounded up) plus the router GEMM (N = experts), the
+//! shared experts' gate_up and down at M tokens where the model has them, and the dense ones
+//! where some of its layers have no experts.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -60,10 +62,42 @@ pub fn default_tp(model: &Model, memory: f64) -> usize {
 }
 
 pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
-    if tp == 0 || !model.q_heads.is_multiple_of(tp) || !model.intermediate.is_multiple_of(tp) {
+    let widths = model.ffn_widths();
+    let undivided = widths.iter().find(|(_, w)| !w.is_multiple_of(tp.max(1)));
+    if tp == 0 || !model.q_heads.is_multiple_of(tp) || undivided.is_some() {
+        let widths: Vec<String> = widths
+            .iter()
+            .map(|(name, w)| format!("{name} = {w}"))
+            .collect();
         return Err(usage(format!(
-            "--tp {tp} does not divide {}: q_heads = {} and intermediate_size = {} must be multiples of it",
-            model.name, model.q_heads, model.intermediate
+            "--tp {tp} does not divide {}: q_heads = {} and {} must be multiples of it",
+            model.name,
+            model.q_heads,
+            widths.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
+/// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, attention
+/// that is not plain softmax attention.
+fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
+    let u = &model.unsupported;
+    if let (Some(why), None) = (&u.dtype, b.dtype) {
+        return Err(usage(format!(
+            "{why}: pass --dtype (f32, f16 or bf16) to tune its shapes at one of those"
+        )));
+    }
+    if let (Some(why), true, None) = (&u.gemm, b.kernels.contains(&Family::Gemm), b.dtype) {
+        return Err(usage(format!(
+            "{why}: pass --kernels flash,paged to tune its attention alone, or --dtype bf16 to tune its GEMM shapes with unquantized weights"
+        )));
+    }
+    let attention = b.kernels.iter().any(|f| *f != Family::Gemm);
+    if let (Some(why), true) = (&u.attention, attention) {
+        return Err(usage(format!(
+            "{why}: pass --kernels gemm to tune its GEMMs alone"
         )));
     }
     Ok(())
@@ -72,7 +106,12 @@ pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
 /// Every problem one shard of `model` runs, de-duplicated, in a stable order.
 pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
     check_tp(model, tp)?;
+    check_supported(model, b)?;
     let dtype = b.dtype.unwrap_or(model.dtype);
+    let scale = model
+        .scale
+        .and_then(Scale::new)
+        .unwrap_or_else(|| Scale::default_for(model.head_dim));
     let q_heads = model.q_heads / tp;
     let kv_heads = (model.kv_heads / tp).max(1);
     let d = model.head_dim;
@@ -99,31 +138,39 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                 model.hidden,
             )?);
             out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
+            let dense = |out: &mut Vec<Derived>, prefix: &str, width: usize| -> Result<()> {
+                out.push(gemm(
+                    &format!("{prefix}gate_up"),
+                    m,
+                    2 * width / tp,
+                    model.hidden,
+                )?);
+                out.push(gemm(&format!("{prefix}down"), m, model.hidden, width / tp)?);
+                Ok(())
+            };
             match model.experts {
-                None => {
-                    out.push(gemm(
-                        "gate_up",
-                        m,
-                        2 * model.intermediate / tp,
-                        model.hidden,
-                    )?);
-                    out.push(gemm("down", m, model.hidden, model.intermediate / tp)?);
-                }
-                Some((experts, active)) => {
-                    let per_expert = (m * active).div_ceil(experts);
-                    out.push(gemm("router", m, experts, model.hidden)?);
+                None => dense(&mut out, "", model.intermediate)?,
+                Some(e) => {
+                    let per_expert = (m * e.active).div_ceil(e.count);
+                    out.push(gemm("router", m, e.count, model.hidden)?);
                     out.push(gemm(
                         "expert_gate_up",
                         per_expert,
-                        2 * model.intermediate / tp,
+                        2 * e.intermediate / tp,
                         model.hidden,
                     )?);
                     out.push(gemm(
                         "expert_down",
                         per_expert,
                         model.hidden,
-                        model.intermediate / tp,
+                        e.intermediate / tp,
                     )?);
+                    if e.shared_intermediate > 0 {
+                        dense(&mut out, "shared_", e.shared_intermediate)?;
+                    }
+                    if e.dense_layers > 0 {
+                        dense(&mut out, "", model.intermediate)?;
+                    }
                 }
             }
         }
@@ -135,15 +182,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         for &len in &b.prefill_lens {
             out.push(Derived {
                 problem: Problem::Flash(FlashProblem::new(
-                    1,
-                    len,
-                    len,
-                    q_heads,
-                    kv_heads,
-                    d,
-                    true,
-                    Scale::default_for(d),
-                    dtype,
+                    1, len, len, q_heads, kv_heads, d, true, scale, dtype,
                 )?),
                 origin: format!("{tag} prefill"),
             });
@@ -160,7 +199,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                         kv_heads,
                         d,
                         b.block_size,
-                        Scale::default_for(d),
+                        scale,
                         dtype,
                     )?),
                     origin: format!("{tag} decode"),

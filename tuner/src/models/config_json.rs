@@ -1,0 +1,311 @@
+//! Reading a Hugging Face `config.json`: the fields of a Llama-style decoder, the places other
+//! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`), the
+//! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, and what the kernels do not
+//! compute, named so that `tune` can refuse it instead of tuning shapes no server runs.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use kerntune_kernels::DType;
+
+use super::{Experts, Model, Unsupported};
+use crate::error::{usage, Result, TuneError};
+
+/// The fields of one config object, with errors that name the file.
+struct Fields<'a> {
+    path: &'a Path,
+    map: &'a Map<String, Value>,
+}
+
+impl Fields<'_> {
+    fn has(&self, key: &str) -> bool {
+        self.map.get(key).is_some_and(|v| !v.is_null())
+    }
+
+    fn error(&self, msg: impl std::fmt::Display) -> TuneError {
+        usage(format!("{}: {msg}", self.path.display()))
+    }
+
+    fn int(&self, key: &str) -> Result<Option<usize>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .filter(|&n| n > 0)
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| {
+                    self.error(format!(
+                        "field `{key}` must be a positive integer, found {x}"
+                    ))
+                }),
+        }
+    }
+
+    /// A count that may be 0 (`first_k_dense_replace`).
+    fn count(&self, key: &str) -> Result<usize> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(0),
+            Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| {
+                self.error(format!("field `{key}` must be a whole number, found {x}"))
+            }),
+        }
+    }
+
+    /// The first of `keys` present, as a positive integer, with the key it came from.
+    fn first_int(&self, keys: &[&'static str]) -> Result<Option<(&'static str, usize)>> {
+        for &key in keys {
+            if let Some(v) = self.int(key)? {
+                return Ok(Some((key, v)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn str(&self, key: &str) -> Option<&str> {
+        self.map.get(key).and_then(Value::as_str)
+    }
+}
+
+/// The fields every decoder-only config must have (the dense or experts' FFN width besides).
+const REQUIRED: [&str; 4] = [
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "vocab_size",
+];
+
+impl Model {
+    /// Reads a Hugging Face `config.json`; missing or contradictory fields are named.
+    pub fn from_config_json(path: &Path) -> Result<Model> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("cannot read model config {}: {e}", path.display())))?;
+        let root: Value = serde_json::from_str(&text)
+            .map_err(|e| usage(format!("{} is not valid JSON: {e}", path.display())))?;
+        let Some(root) = root.as_object() else {
+            return Err(usage(format!(
+                "{}: a config.json is a JSON object, found {}",
+                path.display(),
+                kind_of(&root)
+            )));
+        };
+        let top = Fields { path, map: root };
+        // Multimodal models (Gemma 3, Mistral 3, Llama 4) keep the language model's fields
+        // in `text_config`; the decoder is what a server's kernels run.
+        let f = match root.get("text_config").and_then(Value::as_object) {
+            Some(text) if !top.has("hidden_size") => Fields { path, map: text },
+            _ => Fields { path, map: root },
+        };
+        let moe_width = f.int("moe_intermediate_size")?;
+        let mut required = REQUIRED.to_vec();
+        if moe_width.is_none() {
+            required.insert(1, "intermediate_size");
+        }
+        let missing: Vec<&str> = required.iter().copied().filter(|k| !f.has(k)).collect();
+        if !missing.is_empty() {
+            return Err(f.error(format!(
+                "missing required field(s) {}; a decoder-only config.json needs {}",
+                missing.join(", "),
+                required.join(", ")
+            )));
+        }
+        if let Some(rank) = f.int("kv_lora_rank")? {
+            return Err(f.error(format!(
+                "multi-head latent attention (kv_lora_rank = {rank}, as in DeepSeek-V2 and V3) is not a layer kerntune derives: its projections and its compressed KV cache are not the query, key and value heads its kernels take; tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
+            )));
+        }
+        let hidden = f.int("hidden_size")?.unwrap();
+        let q_heads = f.int("num_attention_heads")?.unwrap();
+        let kv_heads = f.int("num_key_value_heads")?.unwrap_or(q_heads);
+        if q_heads % kv_heads != 0 {
+            return Err(f.error(format!(
+                "num_attention_heads = {q_heads} is not a multiple of num_key_value_heads = {kv_heads}"
+            )));
+        }
+        let head_dim = match f.int("head_dim")? {
+            Some(d) => d,
+            None if hidden % q_heads == 0 => hidden / q_heads,
+            None => {
+                return Err(f.error(format!(
+                    "no head_dim, and hidden_size = {hidden} is not a multiple of num_attention_heads = {q_heads}"
+                )))
+            }
+        };
+        let layers = f.int("num_hidden_layers")?.unwrap();
+        let intermediate = f.int("intermediate_size")?.unwrap_or(0);
+        let experts = experts(&f, layers, intermediate, moe_width)?;
+        if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
+            return Err(f.error(
+                "some layers have a dense MLP, whose width is intermediate_size, which is missing",
+            ));
+        }
+        // Gemma scales queries by 1 / sqrt(query_pre_attn_scalar), not by the head size.
+        let scale = f
+            .int("query_pre_attn_scalar")?
+            .filter(|&s| s != head_dim)
+            .map(|s| 1.0 / (s as f32).sqrt());
+        let unsupported = Unsupported {
+            dtype: None,
+            gemm: quantization(&top).or_else(|| quantization(&f)),
+            attention: attention_refusal(&f, &top),
+        };
+        // transformers 5 writes `dtype`; earlier versions `torch_dtype`.
+        let dtype_field = ["dtype", "torch_dtype"]
+            .into_iter()
+            .find_map(|k| top.str(k).or_else(|| f.str(k)).map(|v| (k, v)));
+        let (dtype, unsupported) = match dtype_field {
+            None | Some((_, "auto")) => (DType::Bf16, unsupported),
+            Some((_, "float32")) => (DType::F32, unsupported),
+            Some((_, "float16")) => (DType::F16, unsupported),
+            Some((_, "bfloat16")) => (DType::Bf16, unsupported),
+            Some((key, other)) => (
+                DType::Bf16,
+                Unsupported {
+                    dtype: Some(format!(
+                        "{}: `{key}` = \"{other}\" is none of the input types kerntune's kernels take (float32, float16, bfloat16)",
+                        path.display()
+                    )),
+                    ..unsupported
+                },
+            ),
+        };
+        let name = top
+            .str("_name_or_path")
+            .map(str::to_string)
+            .unwrap_or_else(|| path.display().to_string());
+        Ok(Model {
+            name,
+            hidden,
+            intermediate,
+            q_heads,
+            kv_heads,
+            head_dim,
+            layers,
+            vocab: f.int("vocab_size")?.unwrap(),
+            experts,
+            scale,
+            dtype,
+            unsupported,
+        })
+    }
+}
+
+/// The mixture of experts, under Mixtral's (`num_local_experts`), Qwen's (`num_experts`,
+/// `moe_intermediate_size`, `shared_expert_intermediate_size`, `decoder_sparse_step`,
+/// `mlp_only_layers`) or DeepSeek's (`n_routed_experts`, `n_shared_experts`,
+/// `first_k_dense_replace`) names.
+fn experts(
+    f: &Fields<'_>,
+    layers: usize,
+    intermediate: usize,
+    moe_width: Option<usize>,
+) -> Result<Option<Experts>> {
+    let count = f.first_int(&["num_local_experts", "num_experts", "n_routed_experts"])?;
+    let active = f.int("num_experts_per_tok")?;
+    let (count_key, count, active) = match (count, active) {
+        (None, None) => return Ok(None),
+        (Some((key, e)), Some(a)) if a <= e => (key, e, a),
+        (Some((key, e)), Some(a)) => {
+            return Err(f.error(format!("num_experts_per_tok = {a} exceeds {key} = {e}")))
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(f.error(
+                "a mixture of experts needs both the number of experts (num_local_experts, num_experts or n_routed_experts) and num_experts_per_tok",
+            ))
+        }
+    };
+    let width = match moe_width {
+        Some(w) => w,
+        None if intermediate > 0 => intermediate,
+        None => {
+            return Err(f.error(format!(
+                "{count_key} = {count} but neither moe_intermediate_size nor intermediate_size gives the experts' width"
+            )))
+        }
+    };
+    let shared_intermediate = match (
+        f.int("shared_expert_intermediate_size")?,
+        f.int("n_shared_experts")?,
+    ) {
+        (Some(w), _) => w,
+        (None, Some(n)) => n * width,
+        (None, None) => 0,
+    };
+    // Layers without experts: DeepSeek's first k, Qwen's listed ones and those off its step.
+    let step = f.int("decoder_sparse_step")?.unwrap_or(1);
+    let listed: Vec<usize> = match f.map.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_u64().map(|n| n as usize).filter(|&n| n < layers))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                f.error(format!(
+                    "field `mlp_only_layers` must list layer indices below num_hidden_layers = {layers}"
+                ))
+            })?,
+        Some(x) => {
+            return Err(f.error(format!(
+                "field `mlp_only_layers` must be a list of layer indices, found {x}"
+            )))
+        }
+    };
+    let first_dense = f.count("first_k_dense_replace")?;
+    let dense_layers = (0..layers)
+        .filter(|&i| i < first_dense || listed.contains(&i) || (i + 1) % step != 0)
+        .count();
+    Ok(Some(Experts {
+        count,
+        active,
+        intermediate: width,
+        shared_intermediate,
+        dense_layers,
+    }))
+}
+
+/// Why the server's GEMMs are not dense ones, where `quantization_config` says the weights
+/// are quantized (GPTQ, AWQ, FP8, MXFP4, ...).
+fn quantization(f: &Fields<'_>) -> Option<String> {
+    let q = f.map.get("quantization_config")?.as_object()?;
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("unnamed");
+    Some(format!(
+        "{}: its weights are quantized (quantization_config.quant_method = \"{method}\"), and kerntune's GEMMs take f32, f16 or bf16 weights",
+        f.path.display()
+    ))
+}
+
+/// Why the model's attention is not the softmax attention the kernels compute.
+fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
+    let capped = f
+        .map
+        .get("attn_logit_softcapping")
+        .and_then(Value::as_f64)
+        .filter(|&c| c > 0.0);
+    if let Some(cap) = capped {
+        return Some(format!(
+            "{}: its attention soft-caps the logits (attn_logit_softcapping = {cap}, as Gemma 2 does), which kerntune's attention kernels do not",
+            f.path.display()
+        ));
+    }
+    let model_type = top.str("model_type").or_else(|| f.str("model_type"));
+    (model_type == Some("gpt_oss")).then(|| {
+        format!(
+            "{}: its attention adds learned sinks to the softmax (model_type gpt_oss), which kerntune's attention kernels do not",
+            f.path.display()
+        )
+    })
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

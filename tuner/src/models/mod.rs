@@ -1,0 +1,144 @@
+//! Model descriptions: presets and Hugging Face `config.json` files
+//! ([`Model::from_config_json`], in `config_json.rs`).
+
+mod config_json;
+
+use kerntune_kernels::DType;
+
+/// The dimensions of a decoder-only transformer that decide its kernel shapes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    pub name: String,
+    pub hidden: usize,
+    /// Width of the dense MLP: every layer's in a dense model, the dense layers' in a mixture
+    /// of experts (0 where it has none).
+    pub intermediate: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub layers: usize,
+    pub vocab: usize,
+    pub experts: Option<Experts>,
+    /// Attention's softmax scale where the config sets one other than `1 / sqrt(head_dim)`
+    /// (Gemma's `query_pre_attn_scalar`).
+    pub scale: Option<f32>,
+    pub dtype: DType,
+    /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
+    /// the families concerned unless the command's flags leave them out.
+    pub unsupported: Unsupported,
+}
+
+/// The mixture-of-experts layers of a model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    /// Routed experts per layer.
+    pub count: usize,
+    /// Routed experts each token runs.
+    pub active: usize,
+    /// FFN width of one routed expert.
+    pub intermediate: usize,
+    /// FFN width of the shared experts every token runs besides (0: none).
+    pub shared_intermediate: usize,
+    /// Layers with a dense MLP instead of experts.
+    pub dense_layers: usize,
+}
+
+/// Why a config's kernels are not the ones kerntune tunes, per family.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Unsupported {
+    /// The config's input type is none the kernels take (f32, f16, bf16).
+    pub dtype: Option<String>,
+    /// The weights are quantized: the server's GEMMs are not the dense ones derived.
+    pub gemm: Option<String>,
+    /// The attention is not plain softmax attention (soft-capped logits, sinks).
+    pub attention: Option<String>,
+}
+
+/// Presets from the models' published `config.json` files.
+pub const PRESETS: [&str; 5] = [
+    "llama70b",
+    "llama2-70b",
+    "llama8b",
+    "mistral7b",
+    "mixtral8x7b",
+];
+
+impl Model {
+    pub fn preset(name: &str) -> Option<Model> {
+        let m = |name: &str, hidden, inter, q, kv, layers, vocab, experts| Model {
+            name: name.to_string(),
+            hidden,
+            intermediate: inter,
+            q_heads: q,
+            kv_heads: kv,
+            head_dim: hidden / q,
+            layers,
+            vocab,
+            experts,
+            scale: None,
+            dtype: DType::Bf16,
+            unsupported: Unsupported::default(),
+        };
+        Some(match name.to_ascii_lowercase().as_str() {
+            "llama70b" | "llama3-70b" | "llama-3.1-70b" => {
+                m("llama70b", 8192, 28672, 64, 8, 80, 128256, None)
+            }
+            "llama2-70b" => m("llama2-70b", 8192, 28672, 64, 8, 80, 32000, None),
+            "llama8b" | "llama3-8b" | "llama-3.1-8b" => {
+                m("llama8b", 4096, 14336, 32, 8, 32, 128256, None)
+            }
+            "mistral7b" => m("mistral7b", 4096, 14336, 32, 8, 32, 32000, None),
+            "mixtral8x7b" => {
+                let experts = Experts {
+                    count: 8,
+                    active: 2,
+                    intermediate: 14336,
+                    shared_intermediate: 0,
+                    dense_layers: 0,
+                };
+                m("mixtral8x7b", 4096, 0, 32, 8, 32, 32000, Some(experts))
+            }
+            _ => return None,
+        })
+    }
+
+    /// Every FFN width the model's layers use (dense, routed experts, shared experts): what
+    /// a tensor-parallel degree must divide.
+    pub fn ffn_widths(&self) -> Vec<(&'static str, usize)> {
+        let mut widths = Vec::new();
+        match self.experts {
+            None => widths.push(("intermediate_size", self.intermediate)),
+            Some(e) => {
+                widths.push(("the experts' intermediate size", e.intermediate));
+                if e.shared_intermediate > 0 {
+                    widths.push((
+                        "the shared experts' intermediate size",
+                        e.shared_intermediate,
+                    ));
+                }
+                if e.dense_layers > 0 {
+                    widths.push(("intermediate_size", self.intermediate));
+                }
+            }
+        }
+        widths
+    }
+
+    /// Weight bytes of the whole model at its dtype.
+    pub fn weight_bytes(&self) -> f64 {
+        let attn = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim
+            + self.q_heads * self.head_dim * self.hidden;
+        let mlp = |width: usize| 3 * self.hidden * width;
+        let layers = match self.experts {
+            None => self.layers * (attn + mlp(self.intermediate)),
+            Some(e) => {
+                let moe = attn
+                    + e.count * (mlp(e.intermediate) + self.hidden)
+                    + mlp(e.shared_intermediate);
+                let dense = attn + mlp(self.intermediate);
+                (self.layers - e.dense_layers) * moe + e.dense_layers * dense
+            }
+        };
+        (layers as f64 + 2.0 * (self.vocab * self.hidden) as f64) * self.dtype.size() as f64
+    }
+}

@@ -1,0 +1,278 @@
+//! `--shapes config.json` with the configs users bring: the dimensions of published models
+//! (Qwen and DeepSeek mixtures of experts, Gemma's multimodal config and query scale,
+//! transformers 5's `dtype`), and clear refusals where the model's kernels are not the ones
+//! kerntune tunes (latent attention, quantized weights, soft-capped attention).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn tune(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tune"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("KERNTUNE_DB")
+        .output()
+        .expect("tune runs")
+}
+
+/// The (origin, key) pairs `tune shapes` derives from `config` with `extra` arguments.
+fn derive(config: &str, extra: &[&str]) -> Vec<(String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let mut args = vec!["shapes", "--shapes", "config.json", "--json"];
+    args.extend_from_slice(extra);
+    let out = tune(&args, dir.path());
+    assert!(
+        out.status.success(),
+        "tune {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["origin"].as_str().unwrap().to_string(),
+                r["key"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `tune shapes` on `config` exits 2 with every one of `needles` in its message.
+fn refused(config: &str, extra: &[&str], needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let mut args = vec!["shapes", "--shapes", "config.json"];
+    args.extend_from_slice(extra);
+    let out = tune(&args, dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "tune {args:?}: {stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "expected `{needle}` in: {stderr}");
+    }
+}
+
+/// The keys of the problems whose origin ends with ` role`.
+fn keys_of<'a>(rows: &'a [(String, String)], role: &str) -> Vec<&'a str> {
+    let suffix = format!(" {role}");
+    rows.iter()
+        .filter(|(origin, _)| origin.ends_with(&suffix))
+        .map(|(_, key)| key.as_str())
+        .collect()
+}
+
+const LLAMA8B: &str = r#""hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256"#;
+
+#[test]
+fn transformers_5_dtype_field_sets_the_input_type() {
+    let rows = derive(
+        &format!(r#"{{{LLAMA8B}, "dtype": "float16"}}"#),
+        &["--tp", "2"],
+    );
+    assert!(!rows.is_empty());
+    for (_, key) in &rows {
+        assert!(key.contains("dtype=f16"), "{key}");
+    }
+}
+
+#[test]
+fn an_input_type_the_kernels_lack_needs_the_dtype_flag() {
+    let config = format!(r#"{{{LLAMA8B}, "torch_dtype": "float8_e4m3fn"}}"#);
+    refused(
+        &config,
+        &["--tp", "2"],
+        &["`torch_dtype` = \"float8_e4m3fn\"", "--dtype"],
+    );
+    let rows = derive(&config, &["--tp", "2", "--dtype", "bf16"]);
+    assert!(rows.iter().all(|(_, key)| key.contains("dtype=bf16")));
+}
+
+#[test]
+fn multimodal_configs_are_read_from_text_config_with_their_query_scale() {
+    // Gemma 3 27B: the decoder's fields under text_config, head_dim 128 given, queries scaled
+    // by 1 / sqrt(query_pre_attn_scalar = 168).
+    let config = r#"{"model_type": "gemma3", "torch_dtype": "bfloat16",
+        "vision_config": {"hidden_size": 1152, "num_attention_heads": 16},
+        "text_config": {"hidden_size": 5376, "intermediate_size": 21504,
+            "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+            "num_hidden_layers": 62, "vocab_size": 262208, "query_pre_attn_scalar": 168}}"#;
+    let rows = derive(config, &["--tp", "4", "--batch-sizes", "1"]);
+    assert_eq!(
+        keys_of(&rows, "qkv")[0],
+        "gemm:m=1,n=2048,k=5376,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "gate_up")[0],
+        "gemm:m=1,n=10752,k=5376,dtype=bf16,b=nk"
+    );
+    let attention: Vec<&str> = keys_of(&rows, "prefill")
+        .into_iter()
+        .chain(keys_of(&rows, "decode"))
+        .collect();
+    assert_eq!(attention.len(), 4);
+    let expected = 1.0 / 168f32.sqrt();
+    for key in attention {
+        assert!(key.contains("q_heads=8,kv_heads=4,head_dim=128"), "{key}");
+        let scale: f32 = key
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("scale="))
+            .unwrap_or_else(|| panic!("no scale in {key}"))
+            .parse()
+            .unwrap();
+        assert!((scale - expected).abs() < 1e-6, "{key}: {scale}");
+    }
+}
+
+#[test]
+fn qwen3_moe_experts_run_at_their_own_width_and_share_of_tokens() {
+    // Qwen3-30B-A3B: 128 experts of width 768, 8 a token, every layer sparse.
+    let config = r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+        "torch_dtype": "bfloat16"}"#;
+    let rows = derive(config, &["--tp", "4"]);
+    let expert = keys_of(&rows, "expert_gate_up");
+    assert!(expert.contains(&"gemm:m=1,n=384,k=2048,dtype=bf16,b=nk"));
+    // 2048 prefill tokens, 8 of 128 experts each: 128 rows an expert.
+    assert!(expert.contains(&"gemm:m=128,n=384,k=2048,dtype=bf16,b=nk"));
+    assert!(keys_of(&rows, "expert_down").contains(&"gemm:m=128,n=2048,k=192,dtype=bf16,b=nk"));
+    assert!(keys_of(&rows, "router").contains(&"gemm:m=1,n=128,k=2048,dtype=bf16,b=nk"));
+    assert!(
+        keys_of(&rows, "gate_up").is_empty(),
+        "no layer of Qwen3-30B-A3B has a dense MLP"
+    );
+}
+
+#[test]
+fn shared_experts_and_dense_layers_are_derived_too() {
+    // Qwen1.5-MoE-A2.7B: a shared expert of width 5632 beside 60 routed ones.
+    let qwen = r#"{"hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "num_hidden_layers": 24, "num_experts": 60,
+        "num_experts_per_tok": 4, "vocab_size": 151936}"#;
+    let rows = derive(qwen, &["--tp", "2", "--batch-sizes", "1"]);
+    assert_eq!(
+        keys_of(&rows, "shared_gate_up")[0],
+        "gemm:m=1,n=5632,k=2048,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "expert_gate_up")[0],
+        "gemm:m=1,n=1408,k=2048,dtype=bf16,b=nk"
+    );
+    assert!(keys_of(&rows, "gate_up").is_empty());
+    // DeepSeekMoE 16B: the first layer dense (width 10944), two shared experts of width 1408.
+    let deepseek = r#"{"hidden_size": 2048, "intermediate_size": 10944,
+        "moe_intermediate_size": 1408, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "num_hidden_layers": 28, "n_routed_experts": 64, "n_shared_experts": 2,
+        "num_experts_per_tok": 6, "first_k_dense_replace": 1, "vocab_size": 102400}"#;
+    let rows = derive(deepseek, &["--tp", "2", "--batch-sizes", "1"]);
+    assert_eq!(
+        keys_of(&rows, "gate_up")[0],
+        "gemm:m=1,n=10944,k=2048,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "shared_gate_up")[0],
+        "gemm:m=1,n=2816,k=2048,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "router")[0],
+        "gemm:m=1,n=64,k=2048,dtype=bf16,b=nk"
+    );
+    // A degree that splits the dense width but not the experts' is named with both.
+    refused(
+        deepseek,
+        &["--tp", "64"],
+        &["--tp 64", "the experts' intermediate size = 1408"],
+    );
+}
+
+#[test]
+fn latent_attention_is_refused_naming_the_field() {
+    // DeepSeek-V3's attention: projections to a compressed KV cache.
+    let config = r#"{"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61,
+        "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536,
+        "vocab_size": 129280}"#;
+    refused(
+        config,
+        &["--tp", "8"],
+        &["kv_lora_rank = 512", "--shapes gemm:"],
+    );
+}
+
+#[test]
+fn quantized_weights_are_refused_unless_the_flags_leave_their_gemms_out() {
+    let config = format!(
+        r#"{{{LLAMA8B}, "torch_dtype": "float16",
+        "quantization_config": {{"quant_method": "awq", "bits": 4, "group_size": 128}}}}"#
+    );
+    refused(
+        &config,
+        &["--tp", "1"],
+        &[
+            "quant_method = \"awq\"",
+            "--kernels flash,paged",
+            "--dtype bf16",
+        ],
+    );
+    let attention = derive(&config, &["--tp", "1", "--kernels", "flash,paged"]);
+    assert!(!attention.is_empty());
+    assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
+    let dense = derive(&config, &["--tp", "1", "--dtype", "bf16"]);
+    assert!(dense.iter().any(|(_, key)| key.starts_with("gemm:")));
+}
+
+#[test]
+fn soft_capped_or_sink_attention_is_refused_unless_only_gemms_are_asked_for() {
+    // Gemma 2 9B.
+    let config = r#"{"hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42,
+        "vocab_size": 256000, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+        "torch_dtype": "bfloat16"}"#;
+    refused(
+        config,
+        &["--tp", "2"],
+        &["attn_logit_softcapping = 50", "--kernels gemm"],
+    );
+    let rows = derive(
+        config,
+        &["--tp", "2", "--kernels", "gemm", "--batch-sizes", "1"],
+    );
+    // gpt-oss adds a learned sink to each head's softmax.
+    let sinks = format!(r#"{{{LLAMA8B}, "model_type": "gpt_oss"}}"#);
+    refused(&sinks, &["--tp", "1"], &["sinks", "--kernels gemm"]);
+    assert!(!derive(&sinks, &["--tp", "1", "--kernels", "gemm"]).is_empty());
+    assert_eq!(
+        keys_of(&rows, "qkv")[0],
+        "gemm:m=1,n=4096,k=3584,dtype=bf16,b=nk"
+    );
+}
+
+#[test]
+fn malformed_expert_fields_are_named() {
+    let cases = [
+        (
+            format!(r#"{{{LLAMA8B}, "num_experts": 8}}"#),
+            "num_experts_per_tok",
+        ),
+        (
+            format!(r#"{{{LLAMA8B}, "num_experts": 8, "num_experts_per_tok": 9}}"#),
+            "num_experts_per_tok = 9 exceeds num_experts = 8",
+        ),
+        (
+            format!(
+                r#"{{{LLAMA8B}, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0, 40]}}"#
+            ),
+            "mlp_only_layers",
+        ),
+        ("[1, 2]".to_string(), "a config.json is a JSON object"),
+    ];
+    for (config, needle) in cases {
+        refused(&config, &["--tp", "1"], &[needle]);
+    }
+}
