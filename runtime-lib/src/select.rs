@@ -3,9 +3,13 @@
 //!
 //! Dynamic dimensions are the ones a server's traffic varies call by call: GEMM tokens M,
 //! flash-attention query and key lengths, paged-attention sequences and context length. Every
-//! other field is static: it comes from the model and the tensor-parallel degree.
+//! other field is static: it comes from the model and the tensor-parallel degree. The softmax
+//! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
+//! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
+//! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
+//! winners.
 
-use kerntune_kernels::problem::{BLayout, Scale};
+use kerntune_kernels::problem::BLayout;
 use kerntune_kernels::{DType, Problem};
 
 /// How well a selection matched, for the server to log and count.
@@ -37,7 +41,6 @@ pub enum StaticKey {
         kv_heads: usize,
         head_dim: usize,
         causal: bool,
-        scale: Scale,
         dtype: DType,
     },
     Paged {
@@ -45,7 +48,6 @@ pub enum StaticKey {
         kv_heads: usize,
         head_dim: usize,
         block_size: usize,
-        scale: Scale,
         dtype: DType,
     },
 }
@@ -69,7 +71,6 @@ pub fn split(p: &Problem) -> (StaticKey, [usize; 2]) {
                 kv_heads: f.kv_heads,
                 head_dim: f.head_dim,
                 causal: f.causal,
-                scale: f.scale,
                 dtype: f.dtype,
             },
             [f.q_len, f.kv_len],
@@ -80,7 +81,6 @@ pub fn split(p: &Problem) -> (StaticKey, [usize; 2]) {
                 kv_heads: pg.kv_heads,
                 head_dim: pg.head_dim,
                 block_size: pg.block_size,
-                scale: pg.scale,
                 dtype: pg.dtype,
             },
             [pg.num_seqs, pg.context_len],

@@ -99,7 +99,9 @@ type Checked<'a> = Result<(Problem, Config), (&'a str, String)>;
 /// Loaded winners of one device.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    exact: FxHashMap<Problem, Config>,
+    /// Per static key and dynamic dimensions (the problem less its softmax scale), the tuned
+    /// problem and its config.
+    exact: FxHashMap<(StaticKey, [usize; 2]), (Problem, Config)>,
     /// Per static key, the tuned dynamic dimensions and configs, sorted by dimensions.
     buckets: FxHashMap<StaticKey, Vec<([usize; 2], Config)>>,
     pub loaded: u64,
@@ -204,7 +206,7 @@ impl Snapshot {
 
     /// Every exactly tuned problem and its config.
     pub fn winners(&self) -> impl Iterator<Item = (&Problem, &Config)> {
-        self.exact.iter()
+        self.exact.values().map(|(p, c)| (p, c))
     }
 
     /// No winners, with the reason the dispatcher runs on defaults.
@@ -218,17 +220,17 @@ impl Snapshot {
     fn insert(&mut self, problem: Problem, config: Config) {
         let (key, dims) = split(&problem);
         self.buckets.entry(key).or_default().push((dims, config));
-        self.exact.insert(problem, config);
+        self.exact.insert((key, dims), (problem, config));
         self.loaded += 1;
     }
 
     /// The tuned config for a problem and how it matched; `None` when nothing tuned applies.
     /// Allocation-free: hash lookups and a scan of one static key's few buckets.
     pub fn lookup(&self, problem: &Problem) -> Option<(Config, Match)> {
-        if let Some(c) = self.exact.get(problem) {
+        let (key, dims) = split(problem);
+        if let Some((_, c)) = self.exact.get(&(key, dims)) {
             return Some((*c, Match::Exact));
         }
-        let (key, dims) = split(problem);
         let list = self.buckets.get(&key)?;
         let fits = |c: &Config| match (c, problem) {
             // The streaming GEMMs only run decode shapes.

@@ -181,6 +181,64 @@ fn selections(path: &Path) {
     assert!(derived.iter().any(|x| x.problem == other));
 }
 
+/// A server computes its softmax scale its own way: `96 ** -0.5` rounded from f64 is one bit
+/// off `1 / sqrt(96)` in f32, the tuner's default. Selection ignores the scale (every kernel
+/// takes it as an argument), so tuned winners are found whatever its last bits.
+#[test]
+fn the_softmax_scale_does_not_decide_selection() {
+    let device = Device::host();
+    let tuned = "paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=96";
+    let p: Problem = tuned.parse().unwrap();
+    let heuristic = CpuSpace.heuristic(&p, &device);
+    let winner = CpuSpace
+        .candidates(&p, &device)
+        .into_iter()
+        .find(|c| *c != heuristic)
+        .expect("a paged config other than the heuristic");
+    let server = (96f64).powf(-0.5) as f32;
+    let Problem::Paged(q) = p else { unreachable!() };
+    assert_ne!(
+        server.to_bits(),
+        q.scale.get().to_bits(),
+        "the server's scale differs from the tuned one in its last bits"
+    );
+    let gemma = 1.0 / 168f32.sqrt();
+    let rows = [
+        (tuned, winner.to_json()),
+        (
+            &*format!("flash:q_len=512,q_heads=8,kv_heads=4,head_dim=128,scale={gemma},dtype=bf16"),
+            CpuSpace
+                .heuristic(
+                    &"flash:q_len=512,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16"
+                        .parse()
+                        .unwrap(),
+                    &device,
+                )
+                .to_json(),
+        ),
+    ];
+    both_paths(&rows, |path, _| {
+        let d = Dispatcher::open(path);
+        let sel = |s: &str| d.select(&s.parse().unwrap());
+        let asked = format!("{tuned},scale={server}");
+        assert_eq!(sel(&asked).matched, Match::Exact);
+        assert_eq!(sel(&asked).config, winner);
+        // Its bucket too: fewer sequences, shorter contexts.
+        let shorter = format!(
+            "paged:num_seqs=3,context_len=700,q_heads=8,kv_heads=1,head_dim=96,scale={server}"
+        );
+        assert_eq!(
+            (sel(&shorter).matched, sel(&shorter).config),
+            (Match::Bucket, winner)
+        );
+        // Tuned at Gemma's scale, asked for at the default one.
+        assert_eq!(
+            sel("flash:q_len=512,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16").matched,
+            Match::Exact
+        );
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();
