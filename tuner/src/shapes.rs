@@ -1,15 +1,16 @@
 //! From `--shapes` to problems: model presets and config.json files are expanded the way a
 //! server runs the model, explicit problem specs are parsed, `untuned:PATH` files are read.
 //!
-//! Per tensor-parallel shard of size t (weights stored `[N, K]`, tokens M rows):
-//! fused QKV N = (q_heads + 2·kv_heads)·head_dim / t, K = hidden; O N = hidden,
-//! K = q_heads·head_dim / t; fused gate_up N = 2·intermediate / t, K = hidden; down N = hidden,
-//! K = intermediate / t; lm_head N = vocab / t (rounded up), K = hidden, at decode batch sizes
-//! only (prefill computes logits for the last token of each sequence). Attention per shard has
-//! q_heads / t query heads and max(1, kv_heads / t) KV heads. Mixture-of-experts layers run the
-//! expert GEMMs at M·active/experts tokens (rounded up) plus the router GEMM (N = experts), the
-//! shared experts' gate_up and down at M tokens where the model has them, and the dense ones
-//! where some of its layers have no experts.
+//! Per tensor-parallel shard of size t (weights stored `[N, K]`, tokens M rows): fused QKV
+//! N = (q_heads / t + 2·max(1, kv_heads / t))·head_dim, K = hidden (KV heads replicated
+//! where t exceeds them); O N = hidden, K = q_heads·head_dim / t; fused gate_up N =
+//! 2·intermediate / t, K = hidden; down N = hidden, K = intermediate / t; lm_head N = vocab
+//! / t (rounded up), K = hidden, at decode batch sizes only (prefill computes logits for
+//! the last token of each sequence). Attention per shard has q_heads / t query heads and
+//! max(1, kv_heads / t) KV heads. Mixture-of-experts layers run the expert GEMMs at
+//! M·active/experts tokens (rounded up) plus the router GEMM (N = experts), the shared
+//! experts' gate_up and down at M tokens where the model has them, and the dense ones where
+//! some of its layers have no experts.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -64,6 +65,8 @@ pub fn default_tp(model: &Model, memory: f64) -> usize {
 pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
     let widths = model.ffn_widths();
     let undivided = widths.iter().find(|(_, w)| !w.is_multiple_of(tp.max(1)));
+    // KV heads are split over the shards, or each replicated over tp / kv_heads of them.
+    let kv_split = model.kv_heads.is_multiple_of(tp.max(1)) || tp.is_multiple_of(model.kv_heads);
     if tp == 0 || !model.q_heads.is_multiple_of(tp) || undivided.is_some() {
         let widths: Vec<String> = widths
             .iter()
@@ -74,6 +77,12 @@ pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
             model.name,
             model.q_heads,
             widths.join(", ")
+        )));
+    }
+    if !kv_split {
+        return Err(usage(format!(
+            "--tp {tp} neither divides nor is a multiple of {}'s num_key_value_heads = {}: its KV heads cannot be split over the shards or replicated evenly",
+            model.name, model.kv_heads
         )));
     }
     Ok(())
@@ -131,12 +140,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             .copied()
             .collect();
         for &m in &tokens {
-            out.push(gemm(
-                "qkv",
-                m,
-                (model.q_heads + 2 * model.kv_heads) * d / tp,
-                model.hidden,
-            )?);
+            out.push(gemm("qkv", m, (q_heads + 2 * kv_heads) * d, model.hidden)?);
             out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
             let dense = |out: &mut Vec<Derived>, prefix: &str, width: usize| -> Result<()> {
                 out.push(gemm(

@@ -276,3 +276,27 @@ fn malformed_expert_fields_are_named() {
         refused(&config, &["--tp", "1"], &[needle]);
     }
 }
+
+#[test]
+fn kv_heads_are_replicated_beyond_their_count_and_must_split_evenly() {
+    // Llama-3.1-70B at TP 16: 4 query heads a shard, its 8 KV heads each on two shards, so a
+    // shard's QKV projection has 4 + 2·1 heads of 128.
+    let llama70b = r#"{"hidden_size": 8192, "intermediate_size": 28672,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80,
+        "vocab_size": 128256}"#;
+    let rows = derive(llama70b, &["--tp", "16", "--batch-sizes", "1"]);
+    assert_eq!(
+        keys_of(&rows, "qkv")[0],
+        "gemm:m=1,n=768,k=8192,dtype=bf16,b=nk"
+    );
+    assert!(keys_of(&rows, "decode")[0].contains("q_heads=4,kv_heads=1,"));
+    // Phi-3-medium's 10 KV heads neither split over 4 shards nor replicate evenly.
+    let phi3 = r#"{"hidden_size": 5120, "intermediate_size": 17920, "num_attention_heads": 40,
+        "num_key_value_heads": 10, "num_hidden_layers": 40, "vocab_size": 32064}"#;
+    refused(
+        phi3,
+        &["--tp", "4"],
+        &["--tp 4", "num_key_value_heads = 10"],
+    );
+    assert!(!derive(phi3, &["--tp", "2"]).is_empty());
+}
