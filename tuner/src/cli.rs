@@ -121,7 +121,11 @@ pub struct ShapeArgs {
     /// Context lengths of paged attention decode.
     #[arg(long, value_delimiter = ',')]
     pub context_lens: Option<Vec<usize>>,
-    /// Input dtype (default: the model's torch_dtype, bf16 for presets).
+    /// Tokens per block of the paged KV cache (default 16, vLLM's).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Input dtype (default: the model's, from config.json's `dtype` or `torch_dtype`; bf16
+    /// for presets).
     #[arg(long)]
     pub dtype: Option<String>,
     /// Kernel families to derive.
@@ -147,6 +151,11 @@ impl ShapeArgs {
         }
         if let Some(v) = &self.context_lens {
             b.context_lens = nonzero("context-lens", v)?;
+        }
+        match self.block_size {
+            Some(0) => return Err("--block-size needs a positive number of tokens".into()),
+            Some(size) => b.block_size = size,
+            None => {}
         }
         if let Some(d) = &self.dtype {
             b.dtype = Some(d.parse::<DType>()?);

@@ -57,6 +57,10 @@ fn bad_inputs_exit_2_and_write_nothing() {
         (&["--shapes", "partial.json"], "intermediate_size"),
         (&["--shapes", "broken.json"], "not valid JSON"),
         (&["--shapes", "llama70b", "--tp", "3"], "--tp 3"),
+        (
+            &["--shapes", "llama70b", "--block-size", "64"],
+            "block_size = 64: must be 8, 16 or 32",
+        ),
         (&["--shapes", "llama70b", "--budget", "soon"], "soon"),
         (&["--bogus-flag"], "--bogus-flag"),
         (

@@ -299,4 +299,11 @@ fn kv_heads_are_replicated_beyond_their_count_and_must_split_evenly() {
         &["--tp 4", "num_key_value_heads = 10"],
     );
     assert!(!derive(phi3, &["--tp", "2"]).is_empty());
+    // A server whose KV cache has blocks of 32 tokens.
+    let rows = derive(
+        phi3,
+        &["--tp", "2", "--block-size", "32", "--kernels", "paged"],
+    );
+    assert!(!rows.is_empty());
+    assert!(rows.iter().all(|(_, key)| key.contains(",block_size=32,")));
 }
