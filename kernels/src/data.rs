@@ -3,6 +3,8 @@
 //! The tuner, the tests and the benchmarks all verify kernels on data built here.
 
 use crate::kernel::{Args, FlashArgs, GemmArgs, PagedArgs};
+use rayon::prelude::*;
+
 use crate::{reference, Problem, TensorBuf};
 
 /// SplitMix64: a few lines that fill buffers reproducibly from a seed; a full RNG crate would
@@ -126,9 +128,8 @@ impl ProblemData {
 
     /// The reference output, in f64: every row of [`ProblemData::reference_row`].
     pub fn reference(&self) -> Vec<f64> {
-        (0..self.rows())
-            .flat_map(|r| self.reference_row(r))
-            .collect()
+        let all: Vec<usize> = (0..self.rows()).collect();
+        self.reference_rows(&all).concat()
     }
 
     /// Bytes of all buffers, for sizing cold-cache rotations.
@@ -170,6 +171,19 @@ impl ProblemData {
         let mut picked: Vec<usize> = (0..n).map(|i| i * (rows - 1) / (n - 1)).collect();
         picked.dedup();
         picked
+    }
+
+    /// The reference values of output rows `rows`, in f64, computed on every core (a GEMM's
+    /// rows together, each column of B widened once).
+    pub fn reference_rows(&self, rows: &[usize]) -> Vec<Vec<f64>> {
+        match &self.problem {
+            Problem::Gemm(p) => {
+                reference::gemm_rows(p, self.inputs[0].view(), self.inputs[1].view(), rows)
+            }
+            Problem::Flash(_) | Problem::Paged(_) => {
+                rows.par_iter().map(|&r| self.reference_row(r)).collect()
+            }
+        }
     }
 
     /// The reference values of output row `r`, in f64.

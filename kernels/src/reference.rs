@@ -2,6 +2,8 @@
 //! verified against, one output row at a time so large problems can be checked on a sample of
 //! rows, and the error measure used to compare.
 
+use rayon::prelude::*;
+
 use crate::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem};
 
 /// Largest absolute difference relative to the reference's largest magnitude. Scale-free, and
@@ -33,19 +35,62 @@ use crate::Tensor;
 
 /// Row `i` of `C = A·B`.
 pub fn gemm_row(p: &GemmProblem, a: Tensor<'_>, b: Tensor<'_>, i: usize) -> Vec<f64> {
-    (0..p.n)
-        .map(|j| {
-            (0..p.k)
-                .map(|q| {
-                    let bv = match p.b_layout {
-                        BLayout::Kn => b.get(q * p.n + j),
-                        BLayout::Nk => b.get(j * p.k + q),
-                    };
-                    a.get(i * p.k + q) as f64 * bv as f64
-                })
-                .sum()
+    gemm_rows(p, a, b, &[i]).pop().unwrap_or_default()
+}
+
+/// Rows `rows` of `C = A·B`, each column of B widened once for all of them and the columns
+/// spread over the cores: a decode GEMM's 64 rows against a 112 MiB weight took 8.6 s one
+/// element at a time, most of a 2 s tuning budget's problem.
+pub fn gemm_rows(p: &GemmProblem, a: Tensor<'_>, b: Tensor<'_>, rows: &[usize]) -> Vec<Vec<f64>> {
+    let widen = |t: &Tensor<'_>, at: &dyn Fn(usize) -> usize, out: &mut [f64]| {
+        for (q, o) in out.iter_mut().enumerate() {
+            *o = t.get(at(q)) as f64;
+        }
+    };
+    let a_rows: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|&i| {
+            let mut row = vec![0.0; p.k];
+            widen(&a, &|q| i * p.k + q, &mut row);
+            row
         })
+        .collect();
+    // Column j of C at every requested row.
+    let columns: Vec<Vec<f64>> = (0..p.n)
+        .into_par_iter()
+        .map_init(
+            || vec![0.0; p.k],
+            |col, j| {
+                match p.b_layout {
+                    BLayout::Kn => widen(&b, &|q| q * p.n + j, col),
+                    BLayout::Nk => widen(&b, &|q| j * p.k + q, col),
+                }
+                a_rows.iter().map(|row| dot(row, col)).collect()
+            },
+        )
+        .collect();
+    (0..rows.len())
+        .map(|r| columns.iter().map(|c| c[r]).collect())
         .collect()
+}
+
+/// A dot product in f64, in eight running sums so that the additions need not wait on each
+/// other.
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut sums = [0.0; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for l in 0..8 {
+            sums[l] += x[l] * y[l];
+        }
+    }
+    sums.iter().sum::<f64>() + tail
 }
 
 fn attend_rows(
@@ -118,4 +163,51 @@ pub fn paged_row(
         ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d
     });
     attend_rows(p.scale.get() as f64, &qrow, keys, key_cache, value_cache)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::ProblemData;
+    use crate::Problem;
+
+    /// The batched, parallel GEMM reference against the definition, one product at a time in
+    /// order, on sizes that leave a remainder of every dot-product lane count (k = 1, 7, 13,
+    /// 37), both layouts, every input type, and rows asked for in any order.
+    #[test]
+    fn gemm_rows_is_the_sum_of_products() {
+        for dtype in ["f32", "f16", "bf16"] {
+            for (m, n, k) in [(1, 1, 1), (3, 5, 7), (5, 3, 13), (7, 11, 37), (2, 17, 64)] {
+                for b in ["kn", "nk"] {
+                    let spec = format!("gemm:m={m},n={n},k={k},dtype={dtype},b={b}");
+                    let problem: Problem = spec.parse().unwrap();
+                    let Problem::Gemm(p) = problem else {
+                        unreachable!()
+                    };
+                    let data = ProblemData::random(&problem, 7);
+                    let (a, bt) = (data.inputs[0].view(), data.inputs[1].view());
+                    let rows: Vec<usize> = (0..m).rev().collect();
+                    let got = gemm_rows(&p, a, bt, &rows);
+                    for (&i, row) in rows.iter().zip(&got) {
+                        for (j, &value) in row.iter().enumerate() {
+                            let mut want = 0f64;
+                            for q in 0..k {
+                                let bv = if b == "kn" {
+                                    bt.get(q * n + j)
+                                } else {
+                                    bt.get(j * k + q)
+                                };
+                                want += a.get(i * k + q) as f64 * bv as f64;
+                            }
+                            assert!(
+                                (value - want).abs() <= 1e-12 * want.abs().max(1.0),
+                                "{spec} C[{i}][{j}] = {value}, the sum of products is {want}"
+                            );
+                        }
+                    }
+                    assert_eq!(gemm_row(&p, a, bt, m - 1), got[0], "{spec}");
+                }
+            }
+        }
+    }
 }

@@ -39,7 +39,7 @@ impl Truth {
     fn new(problem: &Problem) -> Truth {
         let data = ProblemData::random(problem, SEED);
         let rows = data.verify_rows();
-        let reference = rows.iter().map(|&r| data.reference_row(r)).collect();
+        let reference = data.reference_rows(&rows);
         Truth {
             data,
             rows,

@@ -111,7 +111,7 @@ impl Check<'_> {
     fn sweep(&self, p: &Problem, configs: &[Config], reps: usize) -> anyhow::Result<Row> {
         let data = ProblemData::random(p, 7);
         let rows = data.verify_rows();
-        let reference: Vec<Vec<f64>> = rows.par_iter().map(|&r| data.reference_row(r)).collect();
+        let reference = data.reference_rows(&rows);
         let min_partition = configs
             .iter()
             .filter_map(|c| match c {
