@@ -2,14 +2,15 @@
 //! dimension, the nearest tuned problem with the same static dimensions, or the heuristic.
 //!
 //! Dynamic dimensions are the ones a server's traffic varies call by call: GEMM tokens M,
-//! flash-attention query and key lengths, paged-attention sequences and context length. Every
+//! flash-attention sequences and query and key lengths, paged-attention sequences and context
+//! length. Every
 //! other field is static: it comes from the model and the tensor-parallel degree. The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
 //! winners.
 
-use kerntune_kernels::problem::BLayout;
+use kerntune_kernels::problem::{BLayout, Scale};
 use kerntune_kernels::{DType, Problem};
 
 /// How well a selection matched, for the server to log and count.
@@ -36,7 +37,6 @@ pub enum StaticKey {
         layout: BLayout,
     },
     Flash {
-        batch: usize,
         q_heads: usize,
         kv_heads: usize,
         head_dim: usize,
@@ -52,8 +52,11 @@ pub enum StaticKey {
     },
 }
 
-/// Splits a problem into its static key and its (up to two) dynamic dimensions.
-pub fn split(p: &Problem) -> (StaticKey, [usize; 2]) {
+/// A problem's dynamic dimensions (up to three; 1 where it has fewer).
+pub type Dims = [usize; 3];
+
+/// Splits a problem into its static key and its dynamic dimensions.
+pub fn split(p: &Problem) -> (StaticKey, Dims) {
     match p {
         Problem::Gemm(g) => (
             StaticKey::Gemm {
@@ -62,18 +65,17 @@ pub fn split(p: &Problem) -> (StaticKey, [usize; 2]) {
                 dtype: g.dtype,
                 layout: g.b_layout,
             },
-            [g.m, 1],
+            [g.m, 1, 1],
         ),
         Problem::Flash(f) => (
             StaticKey::Flash {
-                batch: f.batch,
                 q_heads: f.q_heads,
                 kv_heads: f.kv_heads,
                 head_dim: f.head_dim,
                 causal: f.causal,
                 dtype: f.dtype,
             },
-            [f.q_len, f.kv_len],
+            [f.batch, f.q_len, f.kv_len],
         ),
         Problem::Paged(pg) => (
             StaticKey::Paged {
@@ -83,13 +85,25 @@ pub fn split(p: &Problem) -> (StaticKey, [usize; 2]) {
                 block_size: pg.block_size,
                 dtype: pg.dtype,
             },
-            [pg.num_seqs, pg.context_len],
+            [pg.num_seqs, pg.context_len, 1],
         ),
     }
 }
 
+/// The problem as selection sees it: its softmax scale, which selection ignores, set to the
+/// default, so that problems differing only in it are one key.
+pub fn selection_key(p: &Problem) -> Problem {
+    let mut key = *p;
+    match &mut key {
+        Problem::Gemm(_) => {}
+        Problem::Flash(f) => f.scale = Scale::default_for(f.head_dim),
+        Problem::Paged(pg) => pg.scale = Scale::default_for(pg.head_dim),
+    }
+    key
+}
+
 /// Distance between two dynamic-dimension vectors in log2 space.
-pub fn log_distance(a: [usize; 2], b: [usize; 2]) -> f64 {
+pub fn log_distance(a: Dims, b: Dims) -> f64 {
     a.iter()
         .zip(b)
         .map(|(&x, y)| ((x as f64).log2() - (y as f64).log2()).abs())

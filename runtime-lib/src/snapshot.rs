@@ -12,7 +12,7 @@ use kerntune_kernels::{Config, CpuSpace, Device, GpuSpace, Problem, Space, CPU_S
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::select::{log_distance, split, Match, StaticKey};
+use crate::select::{log_distance, selection_key, split, Dims, Match, StaticKey};
 
 /// The backend whose winners a device uses, and the kernel sources they must come from.
 pub fn backend_of(device: &Device) -> (&'static str, &'static str) {
@@ -99,11 +99,11 @@ type Checked<'a> = Result<(Problem, Config), (&'a str, String)>;
 /// Loaded winners of one device.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    /// Per static key and dynamic dimensions (the problem less its softmax scale), the tuned
-    /// problem and its config.
-    exact: FxHashMap<(StaticKey, [usize; 2]), (Problem, Config)>,
+    /// Per problem, its softmax scale set aside ([`selection_key`]), the tuned problem and
+    /// its config.
+    exact: FxHashMap<Problem, (Problem, Config)>,
     /// Per static key, the tuned dynamic dimensions and configs, sorted by dimensions.
-    buckets: FxHashMap<StaticKey, Vec<([usize; 2], Config)>>,
+    buckets: FxHashMap<StaticKey, Vec<(Dims, Config)>>,
     pub loaded: u64,
     /// Rows whose config failed validation: skipped, never executed.
     pub rejected: u64,
@@ -220,17 +220,18 @@ impl Snapshot {
     fn insert(&mut self, problem: Problem, config: Config) {
         let (key, dims) = split(&problem);
         self.buckets.entry(key).or_default().push((dims, config));
-        self.exact.insert((key, dims), (problem, config));
+        self.exact
+            .insert(selection_key(&problem), (problem, config));
         self.loaded += 1;
     }
 
     /// The tuned config for a problem and how it matched; `None` when nothing tuned applies.
     /// Allocation-free: hash lookups and a scan of one static key's few buckets.
     pub fn lookup(&self, problem: &Problem) -> Option<(Config, Match)> {
-        let (key, dims) = split(problem);
-        if let Some((_, c)) = self.exact.get(&(key, dims)) {
+        if let Some((_, c)) = self.exact.get(&selection_key(problem)) {
             return Some((*c, Match::Exact));
         }
+        let (key, dims) = split(problem);
         let list = self.buckets.get(&key)?;
         let fits = |c: &Config| match (c, problem) {
             // The streaming GEMMs only run decode shapes.
@@ -242,8 +243,8 @@ impl Snapshot {
         };
         let bucket = list
             .iter()
-            .filter(|(d, c)| d[0] >= dims[0] && d[1] >= dims[1] && fits(c))
-            .min_by_key(|(d, _)| (d[0], d[1]));
+            .filter(|(d, c)| d.iter().zip(&dims).all(|(t, a)| t >= a) && fits(c))
+            .min_by_key(|(d, _)| *d);
         if let Some((_, c)) = bucket {
             return Some((*c, Match::Bucket));
         }

@@ -236,6 +236,12 @@ fn the_softmax_scale_does_not_decide_selection() {
             sel("flash:q_len=512,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16").matched,
             Match::Exact
         );
+        // A prefill of several sequences: the batch is a dynamic dimension too, so it finds
+        // the tuned single-sequence problem nearest to it rather than the heuristic.
+        assert_eq!(
+            sel("flash:batch=4,q_len=512,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16").matched,
+            Match::Nearest
+        );
     });
 }
 
