@@ -109,6 +109,26 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
             "{why}: pass --kernels gemm to tune its GEMMs alone"
         )));
     }
+    // Attention within a sliding window computes what full attention does as long as no
+    // length exceeds the window; beyond it the kernels would compute another function.
+    let lengths = b
+        .kernels
+        .iter()
+        .flat_map(|f| match f {
+            Family::Flash => b.prefill_lens.as_slice(),
+            Family::Paged => b.context_lens.as_slice(),
+            Family::Gemm => &[],
+        })
+        .copied()
+        .max();
+    if let (Some(window), Some(longest)) = (model.sliding_window, lengths) {
+        if longest > window {
+            return Err(usage(format!(
+                "{}: its attention looks back at most sliding_window = {window} tokens (on some or all of its layers), which kerntune's attention kernels do not bound, and {longest} tokens exceed it: pass --prefill-lens and --context-lens of at most {window}, where the window changes nothing, or --kernels gemm",
+                model.name
+            )));
+        }
+    }
     Ok(())
 }
 

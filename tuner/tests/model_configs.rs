@@ -98,8 +98,29 @@ fn multimodal_configs_are_read_from_text_config_with_their_query_scale() {
         "vision_config": {"hidden_size": 1152, "num_attention_heads": 16},
         "text_config": {"hidden_size": 5376, "intermediate_size": 21504,
             "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
-            "num_hidden_layers": 62, "vocab_size": 262208, "query_pre_attn_scalar": 168}}"#;
-    let rows = derive(config, &["--tp", "4", "--batch-sizes", "1"]);
+            "num_hidden_layers": 62, "vocab_size": 262208, "query_pre_attn_scalar": 168,
+            "sliding_window": 1024, "sliding_window_pattern": 6}}"#;
+    // Five layers in six look back 1024 tokens at most: longer attention is refused.
+    refused(
+        config,
+        &["--tp", "4"],
+        &[
+            "sliding_window = 1024",
+            "4096 tokens exceed it",
+            "--kernels gemm",
+        ],
+    );
+    let within = [
+        "--tp",
+        "4",
+        "--batch-sizes",
+        "1",
+        "--prefill-lens",
+        "512,1024",
+        "--context-lens",
+        "1024",
+    ];
+    let rows = derive(config, &within);
     assert_eq!(
         keys_of(&rows, "qkv")[0],
         "gemm:m=1,n=2048,k=5376,dtype=bf16,b=nk"
@@ -112,7 +133,8 @@ fn multimodal_configs_are_read_from_text_config_with_their_query_scale() {
         .into_iter()
         .chain(keys_of(&rows, "decode"))
         .collect();
-    assert_eq!(attention.len(), 4);
+    assert_eq!(attention.len(), 3);
+    assert!(keys_of(&rows, "prefill")[0].contains("q_len=512"));
     let expected = 1.0 / 168f32.sqrt();
     for key in attention {
         assert!(key.contains("q_heads=8,kv_heads=4,head_dim=128"), "{key}");
@@ -306,4 +328,24 @@ fn kv_heads_are_replicated_beyond_their_count_and_must_split_evenly() {
     );
     assert!(!rows.is_empty());
     assert!(rows.iter().all(|(_, key)| key.contains(",block_size=32,")));
+}
+
+#[test]
+fn a_sliding_window_bounds_the_attention_lengths_only_where_it_is_used() {
+    // Mistral 7B v0.1 looks back 4096 tokens: its preset's lengths are within the window.
+    let dir = tempfile::tempdir().unwrap();
+    let out = tune(
+        &["shapes", "--shapes", "mistral7b", "--context-lens", "8192"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sliding_window = 4096"));
+    let out = tune(&["shapes", "--shapes", "mistral7b"], dir.path());
+    assert!(out.status.success());
+    // Qwen2.5 writes a window it leaves off.
+    let qwen = format!(r#"{{{LLAMA8B}, "sliding_window": 32768, "use_sliding_window": false}}"#);
+    let rows = derive(&qwen, &["--tp", "1", "--context-lens", "65536"]);
+    assert!(keys_of(&rows, "decode")
+        .iter()
+        .all(|key| key.contains("context_len=65536")));
 }

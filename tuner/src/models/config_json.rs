@@ -144,6 +144,11 @@ impl Model {
             .int("query_pre_attn_scalar")?
             .filter(|&s| s != head_dim)
             .map(|s| 1.0 / (s as f32).sqrt());
+        // Qwen2 writes a window it does not use unless `use_sliding_window` says so.
+        let sliding_window = match f.map.get("use_sliding_window") {
+            Some(Value::Bool(false)) => None,
+            _ => f.int("sliding_window")?,
+        };
         let unsupported = Unsupported {
             dtype: None,
             gemm: quantization(&top).or_else(|| quantization(&f)),
@@ -184,6 +189,7 @@ impl Model {
             vocab: f.int("vocab_size")?.unwrap(),
             experts,
             scale,
+            sliding_window,
             dtype,
             unsupported,
         })

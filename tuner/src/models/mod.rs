@@ -22,6 +22,9 @@ pub struct Model {
     /// Attention's softmax scale where the config sets one other than `1 / sqrt(head_dim)`
     /// (Gemma's `query_pre_attn_scalar`).
     pub scale: Option<f32>,
+    /// The most tokens back its attention looks, on some or all of its layers, where the
+    /// config enables a sliding window (Mistral 7B v0.1, Gemma 2 and 3, Phi-3).
+    pub sliding_window: Option<usize>,
     pub dtype: DType,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
@@ -76,6 +79,7 @@ impl Model {
             vocab,
             experts,
             scale: None,
+            sliding_window: None,
             dtype: DType::Bf16,
             unsupported: Unsupported::default(),
         };
@@ -87,7 +91,10 @@ impl Model {
             "llama8b" | "llama3-8b" | "llama-3.1-8b" => {
                 m("llama8b", 4096, 14336, 32, 8, 32, 128256, None)
             }
-            "mistral7b" => m("mistral7b", 4096, 14336, 32, 8, 32, 32000, None),
+            "mistral7b" => Model {
+                sliding_window: Some(4096),
+                ..m("mistral7b", 4096, 14336, 32, 8, 32, 32000, None)
+            },
             "mixtral8x7b" => {
                 let experts = Experts {
                     count: 8,
