@@ -116,10 +116,12 @@ fn print_shapes(list: &[Derived], json: bool) -> anyhow::Result<()> {
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("{:<28} {:>12}  problem", "origin", "GFLOP");
+        // A config.json's origin carries its path: the column is as wide as the longest.
+        let width = list.iter().map(|d| d.origin.len()).max().unwrap_or(0).max(28);
+        println!("{:<width$} {:>12}  problem", "origin", "GFLOP");
         for d in list {
             println!(
-                "{:<28} {:>12.3}  {}",
+                "{:<width$} {:>12.3}  {}",
                 d.origin,
                 d.problem.flops() / 1e9,
                 d.problem.key()

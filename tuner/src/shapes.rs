@@ -90,7 +90,7 @@ pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
 
 /// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
 /// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, attention
-/// that is not plain softmax attention.
+/// that is not plain softmax attention, attention longer than its sliding window.
 fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     let u = &model.unsupported;
     if let (Some(why), None) = (&u.dtype, b.dtype) {
@@ -121,10 +121,10 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
         })
         .copied()
         .max();
-    if let (Some(window), Some(longest)) = (model.sliding_window, lengths) {
+    if let (Some((field, window)), Some(longest)) = (model.sliding_window, lengths) {
         if longest > window {
             return Err(usage(format!(
-                "{}: its attention looks back at most sliding_window = {window} tokens (on some or all of its layers), which kerntune's attention kernels do not bound, and {longest} tokens exceed it: pass --prefill-lens and --context-lens of at most {window}, where the window changes nothing, or --kernels gemm",
+                "{}: its attention looks back at most {field} = {window} tokens (on some or all of its layers), which kerntune's attention kernels do not bound, and {longest} tokens exceed it: pass --prefill-lens and --context-lens of at most {window}, where the bound changes nothing, or --kernels gemm",
                 model.name
             )));
         }

@@ -349,3 +349,32 @@ fn a_sliding_window_bounds_the_attention_lengths_only_where_it_is_used() {
         .iter()
         .all(|key| key.contains("context_len=65536")));
 }
+
+#[test]
+fn llama4_interleaves_dense_layers_and_runs_a_shared_expert() {
+    // Llama 4 Maverick's decoder: experts (width 8192) every other layer beside a shared
+    // expert, dense layers of width 16384 between them, attention in chunks of 8192 tokens.
+    let config = r#"{"model_type": "llama4", "text_config": {"model_type": "llama4_text",
+        "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+        "num_hidden_layers": 48, "num_local_experts": 128, "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 2, "attention_chunk_size": 8192, "vocab_size": 202048}}"#;
+    let rows = derive(config, &["--tp", "8", "--batch-sizes", "1"]);
+    let first = |role: &str| keys_of(&rows, role)[0].to_string();
+    assert_eq!(first("qkv"), "gemm:m=1,n=896,k=5120,dtype=bf16,b=nk");
+    assert_eq!(
+        first("expert_gate_up"),
+        "gemm:m=1,n=2048,k=5120,dtype=bf16,b=nk"
+    );
+    // The shared expert runs every token: 2048 prefill tokens against the routed experts'
+    // 16 each (one of 128 experts a token). At one token both are one problem, kept once.
+    assert!(keys_of(&rows, "shared_gate_up").contains(&"gemm:m=2048,n=2048,k=5120,dtype=bf16,b=nk"));
+    assert!(keys_of(&rows, "expert_gate_up").contains(&"gemm:m=16,n=2048,k=5120,dtype=bf16,b=nk"));
+    assert_eq!(first("gate_up"), "gemm:m=1,n=4096,k=5120,dtype=bf16,b=nk");
+    assert_eq!(first("down"), "gemm:m=1,n=5120,k=2048,dtype=bf16,b=nk");
+    refused(
+        config,
+        &["--tp", "8", "--context-lens", "16384"],
+        &["attention_chunk_size = 8192", "16384 tokens exceed it"],
+    );
+}

@@ -132,8 +132,11 @@ impl Model {
             }
         };
         let layers = f.int("num_hidden_layers")?.unwrap();
-        let intermediate = f.int("intermediate_size")?.unwrap_or(0);
-        let experts = experts(&f, layers, intermediate, moe_width)?;
+        let intermediate_size = f.int("intermediate_size")?.unwrap_or(0);
+        let experts = experts(&f, layers, intermediate_size, moe_width)?;
+        // Llama 4's dense layers have a width of their own; its intermediate_size is the
+        // experts'.
+        let intermediate = f.int("intermediate_size_mlp")?.unwrap_or(intermediate_size);
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
             return Err(f.error(
                 "some layers have a dense MLP, whose width is intermediate_size, which is missing",
@@ -144,35 +147,33 @@ impl Model {
             .int("query_pre_attn_scalar")?
             .filter(|&s| s != head_dim)
             .map(|s| 1.0 / (s as f32).sqrt());
-        // Qwen2 writes a window it does not use unless `use_sliding_window` says so.
+        // Qwen2 writes a window it does not use unless `use_sliding_window` says so. Llama
+        // 4's chunked attention bounds its layers' look-back alike.
         let sliding_window = match f.map.get("use_sliding_window") {
             Some(Value::Bool(false)) => None,
-            _ => f.int("sliding_window")?,
-        };
-        let unsupported = Unsupported {
-            dtype: None,
-            gemm: quantization(&top).or_else(|| quantization(&f)),
-            attention: attention_refusal(&f, &top),
+            _ => f.first_int(&["sliding_window", "attention_chunk_size"])?,
         };
         // transformers 5 writes `dtype`; earlier versions `torch_dtype`.
         let dtype_field = ["dtype", "torch_dtype"]
             .into_iter()
             .find_map(|k| top.str(k).or_else(|| f.str(k)).map(|v| (k, v)));
-        let (dtype, unsupported) = match dtype_field {
-            None | Some((_, "auto")) => (DType::Bf16, unsupported),
-            Some((_, "float32")) => (DType::F32, unsupported),
-            Some((_, "float16")) => (DType::F16, unsupported),
-            Some((_, "bfloat16")) => (DType::Bf16, unsupported),
+        let (dtype, dtype_refusal) = match dtype_field {
+            None | Some((_, "auto")) => (DType::Bf16, None),
+            Some((_, "float32")) => (DType::F32, None),
+            Some((_, "float16")) => (DType::F16, None),
+            Some((_, "bfloat16")) => (DType::Bf16, None),
             Some((key, other)) => (
                 DType::Bf16,
-                Unsupported {
-                    dtype: Some(format!(
-                        "{}: `{key}` = \"{other}\" is none of the input types kerntune's kernels take (float32, float16, bfloat16)",
-                        path.display()
-                    )),
-                    ..unsupported
-                },
+                Some(format!(
+                    "{}: `{key}` = \"{other}\" is none of the input types kerntune's kernels take (float32, float16, bfloat16)",
+                    path.display()
+                )),
             ),
+        };
+        let unsupported = Unsupported {
+            dtype: dtype_refusal,
+            gemm: quantization(&top).or_else(|| quantization(&f)),
+            attention: attention_refusal(&f, &top),
         };
         let name = top
             .str("_name_or_path")
@@ -198,8 +199,9 @@ impl Model {
 
 /// The mixture of experts, under Mixtral's (`num_local_experts`), Qwen's (`num_experts`,
 /// `moe_intermediate_size`, `shared_expert_intermediate_size`, `decoder_sparse_step`,
-/// `mlp_only_layers`) or DeepSeek's (`n_routed_experts`, `n_shared_experts`,
-/// `first_k_dense_replace`) names.
+/// `mlp_only_layers`), DeepSeek's (`n_routed_experts`, `n_shared_experts`,
+/// `first_k_dense_replace`) or Llama 4's (`interleave_moe_layer_step`, a shared expert)
+/// names.
 fn experts(
     f: &Fields<'_>,
     layers: usize,
@@ -235,10 +237,15 @@ fn experts(
     ) {
         (Some(w), _) => w,
         (None, Some(n)) => n * width,
+        // Llama 4's MoE layers run one shared expert of the routed ones' width.
+        (None, None) if f.str("model_type") == Some("llama4_text") => width,
         (None, None) => 0,
     };
-    // Layers without experts: DeepSeek's first k, Qwen's listed ones and those off its step.
-    let step = f.int("decoder_sparse_step")?.unwrap_or(1);
+    // Layers without experts: DeepSeek's first k, Qwen's listed ones and those off its (or
+    // Llama 4's) step.
+    let step = f
+        .first_int(&["decoder_sparse_step", "interleave_moe_layer_step"])?
+        .map_or(1, |(_, s)| s);
     let listed: Vec<usize> = match f.map.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items

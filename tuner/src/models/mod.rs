@@ -23,8 +23,9 @@ pub struct Model {
     /// (Gemma's `query_pre_attn_scalar`).
     pub scale: Option<f32>,
     /// The most tokens back its attention looks, on some or all of its layers, where the
-    /// config enables a sliding window (Mistral 7B v0.1, Gemma 2 and 3, Phi-3).
-    pub sliding_window: Option<usize>,
+    /// config bounds it, and the field that does (`sliding_window`: Mistral 7B v0.1, Gemma
+    /// 2 and 3, Phi-3; `attention_chunk_size`: Llama 4).
+    pub sliding_window: Option<(&'static str, usize)>,
     pub dtype: DType,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
@@ -92,7 +93,7 @@ impl Model {
                 m("llama8b", 4096, 14336, 32, 8, 32, 128256, None)
             }
             "mistral7b" => Model {
-                sliding_window: Some(4096),
+                sliding_window: Some(("sliding_window", 4096)),
                 ..m("mistral7b", 4096, 14336, 32, 8, 32, 32000, None)
             },
             "mixtral8x7b" => {
