@@ -117,7 +117,12 @@ fn print_shapes(list: &[Derived], json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         // A config.json's origin carries its path: the column is as wide as the longest.
-        let width = list.iter().map(|d| d.origin.len()).max().unwrap_or(0).max(28);
+        let width = list
+            .iter()
+            .map(|d| d.origin.len())
+            .max()
+            .unwrap_or(0)
+            .max(28);
         println!("{:<width$} {:>12}  problem", "origin", "GFLOP");
         for d in list {
             println!(

@@ -1,31 +1,16 @@
 //! The `tune` binary: clear errors with exit code 2 and nothing written, and the shapes it
 //! derives.
 
-use std::path::Path;
 use std::process::{Command, Output};
 
-fn tune(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tune"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("KERNTUNE_DB")
-        .output()
-        .expect("tune runs")
-}
+mod common;
+
+use common::{files_in, tune};
 
 fn assert_usage_error(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert!(stderr.contains(needle), "expected `{needle}` in: {stderr}");
-}
-
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]

@@ -2,26 +2,12 @@
 //! one file at once, and tuners killed with SIGKILL at arbitrary moments.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-fn tune_cmd(args: &[&str], cwd: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tune"));
-    c.args(args).current_dir(cwd).env_remove("KERNTUNE_DB");
-    c
-}
+mod common;
 
-fn tune(args: &[&str], cwd: &Path) -> Output {
-    tune_cmd(args, cwd).output().expect("tune runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use common::{text, tune, tune_cmd};
 
 /// Small problems, each tuned in a few milliseconds.
 const PROBLEMS: [&str; 8] = [

@@ -5,34 +5,11 @@
 //! checks the clear error instead and says so. `.ci/run` installs both and sets
 //! `KERNTUNE_REQUIRE_HIP=1`, under which a missing compiler fails.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn tune(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tune"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("KERNTUNE_DB")
-        .output()
-        .expect("tune runs")
-}
+mod common;
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
+use common::{files_in, text, tune};
 
 const SHAPES: [&str; 6] = [
     "--shapes",

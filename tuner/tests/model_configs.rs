@@ -1,19 +1,12 @@
 //! `--shapes config.json` with the configs users bring: the dimensions of published models
-//! (Qwen and DeepSeek mixtures of experts, Gemma's multimodal config and query scale,
-//! transformers 5's `dtype`), and clear refusals where the model's kernels are not the ones
-//! kerntune tunes (latent attention, quantized weights, soft-capped attention).
+//! (Qwen, DeepSeek and Llama 4 mixtures of experts, Gemma's multimodal config and query scale,
+//! transformers 5's `dtype`, KV heads replicated over shards), and clear refusals where the
+//! model's kernels are not the ones kerntune tunes (latent attention, quantized weights,
+//! soft-capped or sink attention, lengths past a sliding window).
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn tune(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tune"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("KERNTUNE_DB")
-        .output()
-        .expect("tune runs")
-}
+use common::tune;
 
 /// The (origin, key) pairs `tune shapes` derives from `config` with `extra` arguments.
 fn derive(config: &str, extra: &[&str]) -> Vec<(String, String)> {
