@@ -124,6 +124,10 @@ pub struct ShapeArgs {
     /// Tokens per block of the paged KV cache (default 16, vLLM's).
     #[arg(long)]
     pub block_size: Option<usize>,
+    /// Mixtures of experts: each shard holds whole experts (vLLM's --enable-expert-parallel)
+    /// rather than a slice of every expert.
+    #[arg(long)]
+    pub expert_parallel: bool,
     /// Input dtype (default: the model's, from config.json's `dtype` or `torch_dtype`; bf16
     /// for presets).
     #[arg(long)]
@@ -152,6 +156,7 @@ impl ShapeArgs {
         if let Some(v) = &self.context_lens {
             b.context_lens = nonzero("context-lens", v)?;
         }
+        b.expert_parallel = self.expert_parallel;
         match self.block_size {
             Some(0) => return Err("--block-size needs a positive number of tokens".into()),
             Some(size) => b.block_size = size,

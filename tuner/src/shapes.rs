@@ -8,7 +8,8 @@
 //! / t (rounded up), K = hidden, at decode batch sizes only (prefill computes logits for
 //! the last token of each sequence). Attention per shard has q_heads / t query heads and
 //! max(1, kv_heads / t) KV heads. Mixture-of-experts layers run the expert GEMMs at
-//! M·active/experts tokens (rounded up) plus the router GEMM (N = experts), the shared
+//! M·active/experts tokens (rounded up; at the experts' whole width with expert parallelism,
+//! each shard holding experts/t of them) plus the router GEMM (N = experts), the shared
 //! experts' gate_up and down at M tokens where the model has them, and the dense ones where
 //! some of its layers have no experts.
 
@@ -30,6 +31,9 @@ pub struct Buckets {
     pub kernels: Vec<Family>,
     pub dtype: Option<DType>,
     pub block_size: usize,
+    /// Experts spread whole over the shards (vLLM's expert parallelism) instead of each
+    /// expert's FFN split over them.
+    pub expert_parallel: bool,
 }
 
 impl Default for Buckets {
@@ -41,6 +45,7 @@ impl Default for Buckets {
             kernels: Family::ALL.to_vec(),
             dtype: None,
             block_size: 16,
+            expert_parallel: false,
         }
     }
 }
@@ -62,8 +67,8 @@ pub fn default_tp(model: &Model, memory: f64) -> usize {
     tp
 }
 
-pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
-    let widths = model.ffn_widths();
+pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
+    let widths = model.ffn_widths(expert_parallel);
     let undivided = widths.iter().find(|(_, w)| !w.is_multiple_of(tp.max(1)));
     // KV heads are split over the shards, or each replicated over tp / kv_heads of them.
     let kv_split = model.kv_heads.is_multiple_of(tp.max(1)) || tp.is_multiple_of(model.kv_heads);
@@ -78,6 +83,14 @@ pub fn check_tp(model: &Model, tp: usize) -> Result<()> {
             model.q_heads,
             widths.join(", ")
         )));
+    }
+    if let (true, Some(e)) = (expert_parallel, model.experts) {
+        if !e.count.is_multiple_of(tp) {
+            return Err(usage(format!(
+                "--expert-parallel over {tp} shards: {}'s {} experts do not spread evenly over them",
+                model.name, e.count
+            )));
+        }
     }
     if !kv_split {
         return Err(usage(format!(
@@ -134,7 +147,9 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
 
 /// Every problem one shard of `model` runs, de-duplicated, in a stable order.
 pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
-    check_tp(model, tp)?;
+    check_tp(model, tp, b.expert_parallel)?;
+    // Expert parallelism: each shard runs whole experts, for every token routed to them.
+    let expert_tp = if b.expert_parallel { 1 } else { tp };
     check_supported(model, b)?;
     let dtype = b.dtype.unwrap_or(model.dtype);
     let scale = model
@@ -180,14 +195,14 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                     out.push(gemm(
                         "expert_gate_up",
                         per_expert,
-                        2 * e.intermediate / tp,
+                        2 * e.intermediate / expert_tp,
                         model.hidden,
                     )?);
                     out.push(gemm(
                         "expert_down",
                         per_expert,
                         model.hidden,
-                        e.intermediate / tp,
+                        e.intermediate / expert_tp,
                     )?);
                     if e.shared_intermediate > 0 {
                         dense(&mut out, "shared_", e.shared_intermediate)?;

@@ -160,6 +160,18 @@ fn qwen3_moe_experts_run_at_their_own_width_and_share_of_tokens() {
         keys_of(&rows, "gate_up").is_empty(),
         "no layer of Qwen3-30B-A3B has a dense MLP"
     );
+    // Expert parallelism: each of the 4 shards holds 32 whole experts, for every token
+    // routed to them.
+    let rows = derive(config, &["--tp", "4", "--expert-parallel"]);
+    let expert = keys_of(&rows, "expert_gate_up");
+    assert!(expert.contains(&"gemm:m=1,n=1536,k=2048,dtype=bf16,b=nk"));
+    assert!(expert.contains(&"gemm:m=128,n=1536,k=2048,dtype=bf16,b=nk"));
+    assert!(keys_of(&rows, "expert_down").contains(&"gemm:m=128,n=2048,k=768,dtype=bf16,b=nk"));
+    // The attention is split as before.
+    assert_eq!(
+        keys_of(&rows, "qkv")[0],
+        "gemm:m=1,n=1280,k=2048,dtype=bf16,b=nk"
+    );
 }
 
 #[test]
@@ -196,6 +208,12 @@ fn shared_experts_and_dense_layers_are_derived_too() {
     assert_eq!(
         keys_of(&rows, "router")[0],
         "gemm:m=1,n=64,k=2048,dtype=bf16,b=nk"
+    );
+    // 60 experts do not spread evenly over 8 shards.
+    refused(
+        qwen,
+        &["--tp", "8", "--expert-parallel"],
+        &["--expert-parallel over 8 shards", "60 experts"],
     );
     // A degree that splits the dense width but not the experts' is named with both.
     refused(

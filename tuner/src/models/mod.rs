@@ -110,14 +110,17 @@ impl Model {
         })
     }
 
-    /// Every FFN width the model's layers use (dense, routed experts, shared experts): what
-    /// a tensor-parallel degree must divide.
-    pub fn ffn_widths(&self) -> Vec<(&'static str, usize)> {
+    /// Every FFN width the model's layers split over tensor-parallel shards (dense, routed
+    /// experts unless spread whole with expert parallelism, shared experts): what a
+    /// tensor-parallel degree must divide.
+    pub fn ffn_widths(&self, expert_parallel: bool) -> Vec<(&'static str, usize)> {
         let mut widths = Vec::new();
         match self.experts {
             None => widths.push(("intermediate_size", self.intermediate)),
             Some(e) => {
-                widths.push(("the experts' intermediate size", e.intermediate));
+                if !expert_parallel {
+                    widths.push(("the experts' intermediate size", e.intermediate));
+                }
                 if e.shared_intermediate > 0 {
                     widths.push((
                         "the shared experts' intermediate size",
