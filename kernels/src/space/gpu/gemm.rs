@@ -47,6 +47,28 @@ fn matrix_cores(
     Ok(())
 }
 
+/// The block tile of a matrix-core variant is whole instruction tiles: `tm` by `tn` of
+/// `rows` × `cols` a wave or warp, and `bk` whole `k` steps.
+fn instruction_tiles(
+    c: &GpuGemmConfig,
+    variant: &str,
+    (rows, cols, k): (usize, usize, usize),
+) -> Result<(), KernelError> {
+    if !c.bm.is_multiple_of(rows * c.tm)
+        || !c.bn.is_multiple_of(cols * c.tn)
+        || !c.bk.is_multiple_of(k)
+    {
+        return Err(invalid(
+            Family::Gemm,
+            format!(
+                "{variant} tiles: {}x{} must be multiples of {rows}·{}x{cols}·{} and bk = {} of {k}",
+                c.bm, c.bn, c.tm, c.tn, c.bk
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn validate(
     c: &GpuGemmConfig,
     p: &GemmProblem,
@@ -77,18 +99,7 @@ pub(super) fn validate(
         }
         GpuGemmVariant::Mfma => {
             matrix_cores(g, p, has_mfma(g), "MFMA", "MFMA instructions")?;
-            if !c.bm.is_multiple_of(32 * c.tm)
-                || !c.bn.is_multiple_of(32 * c.tn)
-                || !c.bk.is_multiple_of(8)
-            {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "MFMA tiles: {}x{} must be multiples of 32·{}x32·{} and bk = {} of 8",
-                        c.bm, c.bn, c.tm, c.tn, c.bk
-                    ),
-                ));
-            }
+            instruction_tiles(c, "MFMA", (32, 32, 8))?;
         }
         GpuGemmVariant::Mma => {
             matrix_cores(
@@ -98,18 +109,7 @@ pub(super) fn validate(
                 "mma",
                 "mma.sync.m16n8k16 tensor-core instructions",
             )?;
-            if !c.bm.is_multiple_of(16 * c.tm)
-                || !c.bn.is_multiple_of(8 * c.tn)
-                || !c.bk.is_multiple_of(16)
-            {
-                return Err(invalid(
-                    f,
-                    format!(
-                        "mma tiles: {}x{} must be multiples of 16·{}x8·{} and bk = {} of 16",
-                        c.bm, c.bn, c.tm, c.tn, c.bk
-                    ),
-                ));
-            }
+            instruction_tiles(c, "mma", (16, 8, 16))?;
         }
         GpuGemmVariant::Wgmma => validate_wgmma(c, p, g)?,
         GpuGemmVariant::Skinny => validate_skinny(c, p)?,
