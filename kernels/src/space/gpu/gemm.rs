@@ -281,17 +281,8 @@ fn validate_skinny(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError
 /// has at most 8 rows.
 pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     let mut out = Vec::new();
-    let mut push = |variant, (bm, bn, bk), (tm, tn), stages, split_k| {
-        out.push(GpuGemmConfig {
-            variant,
-            bm,
-            bn,
-            bk,
-            tm,
-            tn,
-            stages,
-            split_k,
-        })
+    let mut push = |variant, block, thread, stages, split_k| {
+        out.push(tile(variant, block, thread, stages, split_k))
     };
     // Decode: a few rows give few tiles; split-K fills the device.
     let decode = p.m <= 64;
@@ -419,15 +410,27 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
 
 /// What runs untuned: a 64×64 tile of 4×4 per thread, on every model and input type.
 pub(super) fn default() -> GpuGemmConfig {
+    tile(GpuGemmVariant::Tiled, (64, 64, 16), (4, 4), 1, 1)
+}
+
+/// A config from its parts as the tables here list them: the block tile `(bm, bn, bk)`, the
+/// tiles of a thread, warp or warpgroup `(tm, tn)`, the stages and the split of k.
+fn tile(
+    variant: GpuGemmVariant,
+    (bm, bn, bk): (usize, usize, usize),
+    (tm, tn): (usize, usize),
+    stages: usize,
+    split_k: usize,
+) -> GpuGemmConfig {
     GpuGemmConfig {
-        variant: GpuGemmVariant::Tiled,
-        bm: 64,
-        bn: 64,
-        bk: 16,
-        tm: 4,
-        tn: 4,
-        stages: 1,
-        split_k: 1,
+        variant,
+        bm,
+        bn,
+        bk,
+        tm,
+        tn,
+        stages,
+        split_k,
     }
 }
 
@@ -437,16 +440,6 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
     let sixteen_bit = p.dtype != DType::F32;
     let mma = gpu.is_some_and(|g| has_mma(g) && sixteen_bit);
     let mfma = gpu.is_some_and(|g| has_mfma(g) && sixteen_bit);
-    let config = |variant, (bm, bn, bk), (tm, tn), stages, split_k| GpuGemmConfig {
-        variant,
-        bm,
-        bn,
-        bk,
-        tm,
-        tn,
-        stages,
-        split_k,
-    };
     if mma && p.m > 64 && pipelines(p) {
         // Tensor cores for prefill-sized GEMMs where rows allow 16-byte copies: the largest
         // tile of 8 warps that still gives every SM a block (128×256, 3 stages of 32; then
@@ -457,22 +450,22 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
             .into_iter()
             .find(|&(bm, bn, ..)| tiles(bm, bn) >= sms)
             .unwrap_or((64, 128, 2, 4, 4));
-        config(GpuGemmVariant::Mma, (bm, bn, 32), (tm, tn), stages, 1)
+        tile(GpuGemmVariant::Mma, (bm, bn, 32), (tm, tn), stages, 1)
     } else if mma && p.m > 64 {
         // Rows not of 8 elements: a 128×128 tile over 8 warps, plain loads.
-        config(GpuGemmVariant::Mma, (128, 128, 32), (4, 4), 1, 1)
+        tile(GpuGemmVariant::Mma, (128, 128, 32), (4, 4), 1, 1)
     } else if mma && pipelines(p) {
         // Tensor cores for decode: one warp high, four stages of 32 streaming the weights,
         // split-K until every SM has two blocks.
         let bm = decode_rows(p.m);
         let split = gpu.map_or(1, |g| decode_split(p, bm, 64, g));
-        config(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
+        tile(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
     } else if mfma && p.m >= 64 {
-        config(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), 1, 1)
+        tile(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), 1, 1)
     } else if p.m <= 64 {
         // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
         let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
-        config(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
+        tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
     } else {
         default()
     }
