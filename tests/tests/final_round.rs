@@ -45,7 +45,7 @@ async fn sweep(search: [f64; 5], together: Option<[Result<f64, Failure>; 5]>) ->
     let index: HashMap<Config, usize> = list.iter().enumerate().map(|(i, c)| (*c, i)).collect();
     let timing = |ns: f64| stats(&problem, vec![ns; 3], true);
     let mut measured = 0;
-    let mut measure = |c: &Config| -> Measured {
+    let mut measure = |c: &Config, _: Option<f64>| -> Measured {
         measured += 1;
         Ok((1e-7, timing(search[index[c]])))
     };

@@ -89,7 +89,7 @@ fn main() {
                 list.iter()
                     .map(|c| {
                         w.verify(&CpuBackend, c)
-                            .and_then(|_| w.time(&CpuBackend, c, &policy))
+                            .and_then(|_| w.time(&CpuBackend, c, &policy, None))
                             .map(|s| s.median_ns)
                             .unwrap_or(f64::INFINITY)
                     })

@@ -16,7 +16,7 @@ use kerntune_kernels::gpu::{KernelBuild, Verdict, GPU_SOURCE_HASH};
 use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
 
 use crate::error::Result;
-use crate::measure::{check_rows, ci_half_width, stats, Failure};
+use crate::measure::{check_rows, settled, stats, Failure};
 use crate::plan::{plan, Candidate, Plan};
 use crate::shapes::Derived;
 use crate::tune::{invalid, sweep_candidates, Job, Measured, Sweep, Swept};
@@ -114,6 +114,7 @@ impl<'g> GpuSweep<'g> {
         on_device: &mut dyn GpuProblem,
         truth: &Truth,
         config: &Config,
+        beat: Option<f64>,
     ) -> Measured {
         let problem = &truth.data.problem;
         let error = |e: kerntune_kernels::KernelError| Failure::Error(e.to_string());
@@ -141,10 +142,7 @@ impl<'g> GpuSweep<'g> {
         let mut samples = Vec::new();
         while samples.len() < policy.max_reps.max(BATCH) {
             samples.extend(on_device.time(config, BATCH).map_err(error)?);
-            if samples.len() >= policy.min_reps
-                && (started.elapsed() >= policy.max_time
-                    || ci_half_width(&samples) <= policy.target_ci)
-            {
+            if settled(&samples, policy.min_reps, started.elapsed(), policy, beat) {
                 break;
             }
         }
@@ -196,7 +194,7 @@ impl Sweep for GpuSweep<'_> {
                     &runnable,
                     pruned,
                     bar,
-                    &mut |_| Err(Failure::Error(why.clone())),
+                    &mut |_, _| Err(Failure::Error(why.clone())),
                     None,
                 );
             }
@@ -222,7 +220,7 @@ impl Sweep for GpuSweep<'_> {
             &runnable,
             pruned,
             bar,
-            &mut |c| me.measure(job, on_device.as_mut(), &truth, c),
+            &mut |c, beat| me.measure(job, on_device.as_mut(), &truth, c, beat),
             None,
         )
     }

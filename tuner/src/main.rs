@@ -402,7 +402,7 @@ async fn bench(args: &TuneArgs, shapes: &ShapeArgs, which: &str) -> anyhow::Resu
             .verify(&CpuBackend, &config)
             .map_err(|f| anyhow::anyhow!("{config} failed on {p}: {f:?}"))?;
         let s = w
-            .time(&CpuBackend, &config, &policy)
+            .time(&CpuBackend, &config, &policy, None)
             .map_err(|f| anyhow::anyhow!("{f:?}"))?;
         if args.json {
             out.push(

@@ -4,8 +4,8 @@
 //! last-level cache twice over, so every call starts cold as it does in a server where other
 //! layers evicted the weights. The rotation runs on from one config to the next. Repetitions
 //! continue until the 95% confidence interval of the median (order statistics) is within
-//! `target_ci` of it, or the repetition or time cap is hit. A sweep's finalists are timed side
-//! by side ([`Workload::time_together`]).
+//! `target_ci` of it, or lies above the search's best median ([`settled`]), or the repetition
+//! or time cap is hit. A sweep's finalists race side by side ([`Workload::time_together`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +53,9 @@ pub struct Workload {
     copies: Vec<ProblemData>,
     /// Timed calls so far, the rotation's position.
     next: usize,
+    /// The config verified last and how long its call took, while nothing else ran since:
+    /// that call was its warm-up.
+    verified: Option<(Config, Duration)>,
     rows: Vec<usize>,
     reference: Vec<Vec<f64>>,
     scratch: Scratch,
@@ -95,6 +98,7 @@ impl Workload {
             problem: *problem,
             copies: all,
             next: 0,
+            verified: None,
             rows,
             reference,
             scratch: Scratch::new(),
@@ -119,6 +123,7 @@ impl Workload {
     }
 
     fn run(&mut self, backend: &dyn Backend, config: &Config, copy: usize) -> Result<(), Failure> {
+        self.verified = None;
         let len = backend.scratch_len(&self.problem, config);
         let problem = &self.problem;
         let scratch = self.scratch.get(len);
@@ -142,7 +147,9 @@ impl Workload {
     /// Runs once on the reference copy and compares the verification rows.
     pub fn verify(&mut self, backend: &dyn Backend, config: &Config) -> Result<f64, Failure> {
         self.copies[0].out.fill(f32::NAN);
+        let call = Instant::now();
         self.run(backend, config, 0)?;
+        self.verified = Some((*config, call.elapsed()));
         let data = &self.copies[0];
         check_rows(
             &self.problem,
@@ -153,18 +160,28 @@ impl Workload {
         )
     }
 
-    /// Times a verified config.
+    /// Times a verified config; `beat` is the search's best median so far, when it has one
+    /// (see [`settled`]).
     pub fn time(
         &mut self,
         backend: &dyn Backend,
         config: &Config,
         policy: &Policy,
+        beat: Option<f64>,
     ) -> Result<Stats, Failure> {
-        // Warm-up: first-touch page faults, thread-pool start, code in the i-cache.
-        let warm = Instant::now();
-        self.run(backend, config, 0)?;
+        // Warm-up: first-touch page faults, thread-pool start, code in the i-cache. The
+        // verification call just before did all of that (a seventh of the search's calls
+        // were warm-ups again after it).
+        let warm = match self.verified.take() {
+            Some((verified, call)) if verified == *config => call,
+            _ => {
+                let warm = Instant::now();
+                self.run(backend, config, 0)?;
+                warm.elapsed()
+            }
+        };
         // Slow candidates get fewer repetitions so a budget still covers several of them.
-        let min_reps = if warm.elapsed() * policy.min_reps as u32 > policy.max_time {
+        let min_reps = if warm * policy.min_reps as u32 > policy.max_time {
             policy.min_reps.min(3)
         } else {
             policy.min_reps
@@ -177,10 +194,7 @@ impl Workload {
             let t = Instant::now();
             self.run(backend, config, copy)?;
             samples.push(t.elapsed().as_nanos() as f64);
-            if samples.len() >= min_reps
-                && (start.elapsed() >= policy.max_time
-                    || ci_half_width(&samples) <= policy.target_ci)
-            {
+            if settled(&samples, min_reps, start.elapsed(), policy, beat) {
                 break;
             }
         }
@@ -190,9 +204,14 @@ impl Workload {
     /// Times verified configs side by side: each round runs every config in turn, a short
     /// burst each, so a host whose speed drifts (a shared VM moves 5-10% within a minute)
     /// slows them all alike and their medians compare. The sweep's own timings of two configs can be minutes
-    /// apart; this is what picks the winner among the best of them and the default. Stops
-    /// when every config has `min_reps` samples and either their medians' CIs are all within
-    /// `target_ci` or `max_time` per config has passed.
+    /// apart; this is what picks the winner among the best of them and the default.
+    ///
+    /// A race: once every config has `min_reps` samples, a config whose median's CI lies
+    /// wholly above the leader's (the config with the lowest median) is out, keeping the
+    /// samples it has; it cannot win, and timing it on would only spend the round's time (a
+    /// default eight times slower than the finalists took three quarters of it). Stops when
+    /// one config is left, when the CIs of those left are all within `target_ci`, or when
+    /// `max_time` per config given has passed.
     ///
     /// `stop` is looked at between bursts: once set, the round ends early (the caller
     /// discards what it got), so Ctrl-C is not kept waiting on a round of slow calls.
@@ -218,7 +237,9 @@ impl Workload {
         };
         let n = self.copies.len();
         let start = Instant::now();
-        while samples.iter().map(Vec::len).max().unwrap_or(0) < policy.max_reps {
+        // Configs still racing: not failed and not yet beaten.
+        let mut racing: Vec<bool> = failed.iter().map(Option::is_none).collect();
+        loop {
             for (i, c) in configs.iter().enumerate() {
                 if stop.load(Ordering::SeqCst) {
                     return interrupted(configs.len());
@@ -228,7 +249,7 @@ impl Workload {
                 // kernels took 1.5 times as long as after itself, on a cold cache all the
                 // same), which the search's timings, one config after another, do not.
                 for timed in [false, true, true] {
-                    if failed[i].is_some() {
+                    if !racing[i] {
                         break;
                     }
                     let copy = self.timing_copy();
@@ -236,21 +257,37 @@ impl Workload {
                     match self.run(backend, c, copy) {
                         Ok(()) if timed => samples[i].push(t.elapsed().as_nanos() as f64),
                         Ok(()) => {}
-                        Err(e) => failed[i] = Some(e),
+                        Err(e) => {
+                            failed[i] = Some(e);
+                            racing[i] = false;
+                        }
                     }
                 }
             }
-            let timed = samples.iter().zip(&failed).filter(|(_, f)| f.is_none());
-            let reps = timed.clone().map(|(s, _)| s.len()).min().unwrap_or(0);
-            if reps >= min_reps
-                && (start.elapsed() >= budget
-                    || timed
-                        .clone()
-                        .all(|(s, _)| ci_half_width(s) <= policy.target_ci))
-            {
+            let left: Vec<usize> = (0..configs.len()).filter(|&i| racing[i]).collect();
+            let reps = left.iter().map(|&i| samples[i].len()).min().unwrap_or(0);
+            if left.is_empty() || reps >= policy.max_reps {
                 break;
             }
-            if reps == 0 && failed.iter().all(Option::is_some) {
+            if reps < min_reps {
+                continue;
+            }
+            let cis: Vec<(f64, f64, f64)> = left.iter().map(|&i| median_ci(&samples[i])).collect();
+            let leader = (0..left.len())
+                .min_by(|&a, &b| cis[a].1.total_cmp(&cis[b].1))
+                .expect("configs are left");
+            for (j, &i) in left.iter().enumerate() {
+                if cis[j].0 > cis[leader].2 {
+                    racing[i] = false;
+                }
+            }
+            let left = left.into_iter().filter(|&i| racing[i]);
+            if left.clone().count() <= 1
+                || start.elapsed() >= budget
+                || left
+                    .clone()
+                    .all(|i| ci_half_width(&samples[i]) <= policy.target_ci)
+            {
                 break;
             }
         }
@@ -263,6 +300,28 @@ impl Workload {
             })
             .collect()
     }
+}
+
+/// Whether a candidate's timing can stop: it has `min_reps` samples and its median's CI is
+/// within `target_ci`, or `max_time` has passed, or its CI lies wholly above `beat` (the
+/// search's best median so far). A candidate slower than the best beyond doubt cannot win,
+/// and by how much it is slower the search need not know to 2%: timing it on to the CI
+/// target spent two fifths of the main job's search time on such candidates, time the
+/// search's budget now spends on others.
+pub fn settled(
+    samples: &[f64],
+    min_reps: usize,
+    elapsed: Duration,
+    policy: &Policy,
+    beat: Option<f64>,
+) -> bool {
+    if samples.len() < min_reps {
+        return false;
+    }
+    let (low, median, high) = median_ci(samples);
+    elapsed >= policy.max_time
+        || (high - low) / 2.0 / median <= policy.target_ci
+        || beat.is_some_and(|beat| low > beat)
 }
 
 /// What a side-by-side round stopped early answers for each of its configs.
@@ -296,14 +355,21 @@ pub fn check_rows(
 
 /// Relative half-width of the 95% confidence interval of the median by order statistics.
 pub fn ci_half_width(samples: &[f64]) -> f64 {
+    let (lo, median, hi) = median_ci(samples);
+    (hi - lo) / 2.0 / median
+}
+
+/// The 95% confidence interval of the median by order statistics, and the median: `(low,
+/// median, high)`. Order statistics assume no distribution, as timings (skewed, with a long
+/// tail of interrupted calls) need.
+pub fn median_ci(samples: &[f64]) -> (f64, f64, f64) {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len() as f64;
     let half = 0.98 * n.sqrt();
     let lo = ((n / 2.0 - half).floor().max(0.0)) as usize;
     let hi = ((n / 2.0 + half).ceil() as usize).min(s.len() - 1);
-    let median = percentile(&s, 0.5);
-    (s[hi] - s[lo]) / 2.0 / median
+    (s[lo], percentile(&s, 0.5), s[hi])
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {

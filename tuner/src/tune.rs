@@ -333,10 +333,10 @@ impl Sweep for CpuSweep<'_> {
             &runnable,
             pruned,
             bar,
-            &mut |c| {
+            &mut |c, beat| {
                 let mut w = workload.borrow_mut();
                 let err = w.verify(backend, c)?;
-                Ok((err, w.time(backend, c, policy)?))
+                Ok((err, w.time(backend, c, policy, beat)?))
             },
             Some(&mut |finalists| {
                 workload
@@ -369,7 +369,8 @@ pub type TimeTogether<'a> = dyn FnMut(&[Config]) -> Vec<std::result::Result<Stat
 const FINALISTS: usize = 3;
 
 /// Searches `runnable` with the job's strategy within its budgets, measuring each candidate
-/// with `measure`; `records` starts with the pruned ones. The default is always measured; a
+/// with `measure`, which is given the search's best median so far (its timing may stop once
+/// it is slower than that beyond doubt); `records` starts with the pruned ones. The default is always measured; a
 /// candidate that fails verification or errors is recorded and never wins.
 ///
 /// The winner comes from a final round: the default and the `FINALISTS` (3) fastest candidates
@@ -387,7 +388,7 @@ pub fn sweep_candidates(
     runnable: &[Config],
     mut records: Vec<MeasurementRecord>,
     bar: &ProgressBar,
-    measure: &mut dyn FnMut(&Config) -> Measured,
+    measure: &mut dyn FnMut(&Config, Option<f64>) -> Measured,
     together: Option<&mut TimeTogether<'_>>,
 ) -> Option<Swept> {
     let pruned = records.len();
@@ -407,7 +408,12 @@ pub fn sweep_candidates(
             return Err(());
         }
         bar.inc(1);
-        let rec = record(problem, c, measure(c), None);
+        let beat = records[pruned..]
+            .iter()
+            .filter(|r| r.status == Status::Ok)
+            .map(median_of)
+            .min_by(f64::total_cmp);
+        let rec = record(problem, c, measure(c, beat), None);
         let median = rec.stats.as_ref().map(|s| s.median_ns);
         tried.push(*c);
         records.push(rec);
@@ -455,7 +461,7 @@ pub fn sweep_candidates(
                 .zip(&finalists)
                 .map(|(r, &i)| r.map(|s| (records[pruned + i].error.unwrap_or(0.0), s)))
                 .collect(),
-            None => configs.iter().map(&mut *measure).collect(),
+            None => configs.iter().map(|c| measure(c, None)).collect(),
         };
         if STOP.load(Ordering::SeqCst) {
             return None;
