@@ -138,6 +138,24 @@ pub struct ShapeArgs {
 }
 
 impl ShapeArgs {
+    /// The flags given that shape a model's problems; an explicit problem is one shard's
+    /// shape as written, which none of them changes.
+    pub fn model_flags(&self) -> Vec<&'static str> {
+        [
+            ("--tp", self.tp.is_some()),
+            ("--batch-sizes", self.batch_sizes.is_some()),
+            ("--prefill-lens", self.prefill_lens.is_some()),
+            ("--context-lens", self.context_lens.is_some()),
+            ("--block-size", self.block_size.is_some()),
+            ("--expert-parallel", self.expert_parallel),
+            ("--dtype", self.dtype.is_some()),
+            ("--kernels", self.kernels.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     pub fn buckets(&self) -> Result<Buckets, String> {
         let mut b = Buckets::default();
         let nonzero = |name: &str, v: &Vec<usize>| {
@@ -194,8 +212,8 @@ pub struct TuneArgs {
     /// Time budget for the whole run; problems not reached are left for the next run.
     #[arg(long, default_value = "4m", value_parser = parse_duration)]
     pub total_budget: Duration,
-    /// Most configs measured per problem.
-    #[arg(long, default_value_t = 64)]
+    /// Most configs measured per problem, the default among them.
+    #[arg(long, default_value_t = 64, value_parser = parse_count)]
     pub max_configs: usize,
     /// Re-tune problems that already have a winner for this device and kernel version.
     #[arg(long)]
@@ -240,6 +258,15 @@ pub struct PlanArgs {
 pub struct ShowArgs {
     #[command(flatten)]
     pub shapes: ShapeArgs,
+}
+
+/// A count of configs: at least one, since the default is always measured.
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("`0`: at least 1, the default config, is measured per problem".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number of configs")),
+    }
 }
 
 /// `30s`, `500ms`, `5m`, `1h`, or plain seconds.

@@ -20,7 +20,7 @@ use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_H
 use kerntune_tuner::error::usage;
 use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::measure::{Policy, Workload};
-use kerntune_tuner::shapes::{expand_all, Derived};
+use kerntune_tuner::shapes::{expand_all, names_a_model, Derived};
 use kerntune_tuner::tune::{self, CpuSweep, Job, Outcome, STOP};
 use kerntune_tuner::TuneError;
 
@@ -90,6 +90,15 @@ fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError
     if shapes.shapes.is_empty() {
         return Err(usage("no --shapes given: name a preset (e.g. --shapes llama70b), a config.json, or a problem such as gemm:m=1,n=1280,k=8192"));
     }
+    let flags = shapes.model_flags();
+    if !flags.is_empty() && !shapes.shapes.iter().any(|s| names_a_model(s)) {
+        return Err(usage(format!(
+            "{} {} a model's problems, and no --shapes names a model: problems given as `gemm:...`, `flash:...`, `paged:...` or untuned:PATH are one shard's shapes as written; drop {}, or add a preset or config.json to --shapes",
+            flags.join(", "),
+            if flags.len() == 1 { "shapes" } else { "shape" },
+            if flags.len() == 1 { "it" } else { "them" }
+        )));
+    }
     let buckets = shapes.buckets().map_err(usage)?;
     let memory = match device {
         Device::Cpu(_) => kerntune_tuner::host_memory_bytes(),
@@ -145,7 +154,7 @@ fn job<'a>(args: &TuneArgs, db: &'a Db, device: &'a Device) -> Job<'a> {
         strategy: args.strategy,
         budget: args.budget,
         total_budget: args.total_budget,
-        max_configs: args.max_configs.max(1),
+        max_configs: args.max_configs,
         retune: args.retune,
         policy: Policy::default(),
         command_line: std::env::args().collect::<Vec<_>>().join(" "),

@@ -261,7 +261,7 @@ pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result
     if let Some(path) = spec.strip_prefix("untuned:") {
         return read_untuned(Path::new(path));
     }
-    if spec.contains(':') && !spec.ends_with(".json") {
+    if !names_a_model(spec) {
         let problem: Problem = spec.parse()?;
         return Ok(vec![Derived {
             problem,
@@ -280,6 +280,12 @@ pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result
     };
     let tp = tp.unwrap_or_else(|| default_tp(&model, memory));
     derive(&model, tp, b)
+}
+
+/// Whether a `--shapes` value names a model (a preset or a config.json) rather than problems
+/// as written (`family:key=value,...`, `untuned:PATH`).
+pub fn names_a_model(spec: &str) -> bool {
+    !spec.starts_with("untuned:") && (!spec.contains(':') || spec.ends_with(".json"))
 }
 
 /// Expands every `--shapes` value and de-duplicates across them.

@@ -43,10 +43,30 @@ fn bad_inputs_exit_2_and_write_nothing() {
         (&["--shapes", "broken.json"], "not valid JSON"),
         (&["--shapes", "llama70b", "--tp", "3"], "--tp 3"),
         (
+            &["--shapes", "gemm:m=1,n=8,k=8", "--tp", "8"],
+            "--tp shapes a model's problems",
+        ),
+        (
+            &[
+                "shapes",
+                "--shapes",
+                "untuned:none.txt",
+                "--dtype",
+                "f16",
+                "--kernels",
+                "gemm",
+            ],
+            "--dtype, --kernels shape a model's problems",
+        ),
+        (
             &["--shapes", "llama70b", "--block-size", "64"],
             "block_size = 64: must be 8, 16 or 32",
         ),
         (&["--shapes", "llama70b", "--budget", "soon"], "soon"),
+        (
+            &["--shapes", "llama70b", "--max-configs", "0"],
+            "at least 1",
+        ),
         (&["--bogus-flag"], "--bogus-flag"),
         (
             &["--device", "h200", "--shapes", "gemm:m=1,n=8,k=8"],
