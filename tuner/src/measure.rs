@@ -272,21 +272,19 @@ impl Workload {
             if reps < min_reps {
                 continue;
             }
-            let cis: Vec<(f64, f64, f64)> = left.iter().map(|&i| median_ci(&samples[i])).collect();
+            let cis: Vec<MedianCi> = left.iter().map(|&i| MedianCi::of(&samples[i])).collect();
             let leader = (0..left.len())
-                .min_by(|&a, &b| cis[a].1.total_cmp(&cis[b].1))
+                .min_by(|&a, &b| cis[a].median.total_cmp(&cis[b].median))
                 .expect("configs are left");
-            for (j, &i) in left.iter().enumerate() {
-                if cis[j].0 > cis[leader].2 {
+            for (ci, &i) in cis.iter().zip(&left) {
+                if ci.low > cis[leader].high {
                     racing[i] = false;
                 }
             }
-            let left = left.into_iter().filter(|&i| racing[i]);
-            if left.clone().count() <= 1
+            let mut still = cis.iter().zip(&left).filter(|(_, &i)| racing[i]);
+            if still.clone().count() <= 1
                 || start.elapsed() >= budget
-                || left
-                    .clone()
-                    .all(|i| ci_half_width(&samples[i]) <= policy.target_ci)
+                || still.all(|(ci, _)| ci.relative_half_width() <= policy.target_ci)
             {
                 break;
             }
@@ -318,10 +316,10 @@ pub fn settled(
     if samples.len() < min_reps {
         return false;
     }
-    let (low, median, high) = median_ci(samples);
+    let ci = MedianCi::of(samples);
     elapsed >= policy.max_time
-        || (high - low) / 2.0 / median <= policy.target_ci
-        || beat.is_some_and(|beat| low > beat)
+        || ci.relative_half_width() <= policy.target_ci
+        || beat.is_some_and(|beat| ci.low > beat)
 }
 
 /// What a side-by-side round stopped early answers for each of its configs.
@@ -353,23 +351,34 @@ pub fn check_rows(
     Ok(worst)
 }
 
-/// Relative half-width of the 95% confidence interval of the median by order statistics.
-pub fn ci_half_width(samples: &[f64]) -> f64 {
-    let (lo, median, hi) = median_ci(samples);
-    (hi - lo) / 2.0 / median
+/// The 95% confidence interval of a median by order statistics, which assume no
+/// distribution, as timings (skewed, with a long tail of interrupted calls) need.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MedianCi {
+    pub low: f64,
+    pub median: f64,
+    pub high: f64,
 }
 
-/// The 95% confidence interval of the median by order statistics, and the median: `(low,
-/// median, high)`. Order statistics assume no distribution, as timings (skewed, with a long
-/// tail of interrupted calls) need.
-pub fn median_ci(samples: &[f64]) -> (f64, f64, f64) {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len() as f64;
-    let half = 0.98 * n.sqrt();
-    let lo = ((n / 2.0 - half).floor().max(0.0)) as usize;
-    let hi = ((n / 2.0 + half).ceil() as usize).min(s.len() - 1);
-    (s[lo], percentile(&s, 0.5), s[hi])
+impl MedianCi {
+    pub fn of(samples: &[f64]) -> MedianCi {
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        let n = s.len() as f64;
+        let half = 0.98 * n.sqrt();
+        let lo = ((n / 2.0 - half).floor().max(0.0)) as usize;
+        let hi = ((n / 2.0 + half).ceil() as usize).min(s.len() - 1);
+        MedianCi {
+            low: s[lo],
+            median: percentile(&s, 0.5),
+            high: s[hi],
+        }
+    }
+
+    /// Half the interval's width, relative to the median.
+    pub fn relative_half_width(&self) -> f64 {
+        (self.high - self.low) / 2.0 / self.median
+    }
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
