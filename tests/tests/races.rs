@@ -59,19 +59,19 @@ fn patient(max_reps: usize) -> Policy {
 
 #[test]
 fn a_candidate_slower_than_the_best_beyond_doubt_is_timed_no_further() {
-    let (problem, [slow, fast, _]) = three();
+    let (problem, [ruled_out, kept, _]) = three();
     let pace = Duration::from_micros(500);
-    let paced = Paced(vec![(slow, pace), (fast, pace)]);
+    let paced = Paced(vec![(ruled_out, pace), (kept, pace)]);
     let policy = patient(200);
     let mut w = Workload::new(&problem, &policy);
     // The search's best so far took a tenth of this candidate's time.
     let beat = Some(pace.as_nanos() as f64 / 10.0);
-    let s = w.time(&paced, &slow, &policy, beat).unwrap();
+    let s = w.time(&paced, &ruled_out, &policy, beat).unwrap();
     // Out at the first look: every call takes at least its pace, ten times the bar.
     assert_eq!(s.reps, 5, "{s:?}");
     // A candidate the bar does not rule out is timed to the end.
     let policy = patient(30);
-    let s = w.time(&paced, &fast, &policy, Some(1e9)).unwrap();
+    let s = w.time(&paced, &kept, &policy, Some(1e9)).unwrap();
     assert_eq!(s.reps, 30, "{s:?}");
 }
 
