@@ -370,12 +370,12 @@ const FINALISTS: usize = 3;
 
 /// Searches `runnable` with the job's strategy within its budgets, measuring each candidate
 /// with `measure`, which is given the search's best median so far (its timing may stop once
-/// it is slower than that beyond doubt); `records` starts with the pruned ones. The default is always measured; a
-/// candidate that fails verification or errors is recorded and never wins.
+/// it is slower than that beyond doubt); `records` starts with the pruned ones. The default is
+/// always measured; a candidate that fails verification or errors is recorded and never wins.
 ///
 /// The winner comes from a final round: the default and the `FINALISTS` (3) fastest candidates
 /// of the search timed again, side by side with `together`, or (without it) each re-measured
-/// in turn with `measure`. A search's timings of two candidates can be minutes apart, and on
+/// in turn with `measure`, against the round's best so far. A search's timings of two candidates can be minutes apart, and on
 /// a shared machine its speed moves by more than the margins between near-equal candidates
 /// in that time; the fastest of many noisy timings also tends to be one that was lucky. The
 /// final round's timings are stored as measurements of their own, and the winner's speedup
@@ -461,7 +461,21 @@ pub fn sweep_candidates(
                 .zip(&finalists)
                 .map(|(r, &i)| r.map(|s| (records[pruned + i].error.unwrap_or(0.0), s)))
                 .collect(),
-            None => configs.iter().map(|c| measure(c, None)).collect(),
+            // In turn, each finalist is held to the best of the round so far: one slower
+            // beyond doubt cannot win, as in the side-by-side race.
+            None => {
+                let mut best: Option<f64> = None;
+                configs
+                    .iter()
+                    .map(|c| {
+                        let m = measure(c, best);
+                        if let Ok((_, s)) = &m {
+                            best = Some(best.map_or(s.median_ns, |b| b.min(s.median_ns)));
+                        }
+                        m
+                    })
+                    .collect()
+            }
         };
         if STOP.load(Ordering::SeqCst) {
             return None;
