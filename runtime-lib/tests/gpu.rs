@@ -1,6 +1,6 @@
 //! The GPU dispatcher's answers on a host without the device, and a GPU dispatcher's refusal
 //! of host buffers. Launching on a device is tested with a stand-in device in
-//! `tests/tests/gpu_sweep.rs` (kerntune-e2e).
+//! `tests/tests/e2e/gpu_sweep.rs` (kerntune-e2e).
 
 use kerntune::{Dispatcher, GpuDispatcher, RuntimeError};
 use kerntune_kernels::kernel::GemmArgs;
