@@ -470,6 +470,7 @@ async fn a_database_written_by_tune_is_used_end_to_end() {
         },
         command_line: "test".into(),
         progress: false,
+        stop: &AtomicBool::new(false),
     };
     let mut cpu = kerntune_tuner::tune::CpuSweep {
         backend: &kerntune_kernels::CpuBackend,

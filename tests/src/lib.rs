@@ -1,6 +1,7 @@
 //! End-to-end tests of kerntune: the tuner driven with real and fake backends into a real
 //! SQLite database. Shared helpers live here; the tests are in `tests/tests/`.
 
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, Split};
@@ -144,5 +145,9 @@ pub fn job<'a>(db: &'a kerntune_db::Db, device: &'a Device) -> Job<'a> {
         },
         command_line: "test".into(),
         progress: false,
+        stop: &NEVER,
     }
 }
+
+/// The stop flag of [`job`]: nothing raises it (a test that stops a job gives it its own).
+static NEVER: AtomicBool = AtomicBool::new(false);

@@ -252,6 +252,9 @@ pub struct PlanArgs {
     /// on a reduced problem, and prune the wrong ones (needs a C++ compiler).
     #[arg(long)]
     pub emulate: bool,
+    /// Compiles run at once (default: one per core).
+    #[arg(long, short = 'j', value_parser = parse_jobs)]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -266,6 +269,15 @@ pub fn parse_count(s: &str) -> Result<usize, String> {
         Ok(0) => Err("`0`: at least 1, the default config, is measured per problem".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("`{s}` is not a whole number of configs")),
+    }
+}
+
+/// How many compiles run at once: at least one.
+fn parse_jobs(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("`0`: at least one compile runs at a time".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number of compiles")),
     }
 }
 

@@ -17,6 +17,9 @@ pub enum TuneError {
     /// Ctrl-C: finished problems are committed.
     #[error("interrupted: {done} problems committed, {left} left for the next run")]
     Interrupted { done: usize, left: usize },
+    /// Ctrl-C during an offline plan: the builds compiled so far are cached.
+    #[error("interrupted: {compiled} builds compiled and cached, {left} left to compile on the next run")]
+    PlanInterrupted { compiled: usize, left: usize },
 }
 
 impl TuneError {
@@ -28,7 +31,7 @@ impl TuneError {
                 e,
                 DbError::Open { .. } | DbError::NewerSchema { .. } | DbError::NotKerntune { .. }
             ),
-            TuneError::Interrupted { .. } => false,
+            TuneError::Interrupted { .. } | TuneError::PlanInterrupted { .. } => false,
         }
     }
 }

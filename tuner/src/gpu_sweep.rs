@@ -17,7 +17,7 @@ use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
 
 use crate::error::Result;
 use crate::measure::{check_rows, settled, stats, Failure};
-use crate::plan::{plan, Candidate, Plan};
+use crate::plan::{plan, Candidate, Plan, PlanOptions};
 use crate::shapes::Derived;
 use crate::tune::{invalid, sweep_candidates, Job, Measured, Sweep, Swept};
 
@@ -63,26 +63,16 @@ pub struct GpuSweep<'g> {
 
 impl<'g> GpuSweep<'g> {
     /// Plans `problems` for `device` (compiling what the database's cache lacks) and loads the
-    /// compiled code of every kept candidate. `max_candidates` samples each problem's space.
+    /// compiled code of every kept candidate, as `options` say (the device run does not
+    /// emulate: the device verifies each candidate itself).
     pub async fn prepare(
         db: &Db,
         device: &Device,
         gpu: &'g dyn GpuDevice,
         problems: &[Derived],
-        min_waves: f64,
-        max_candidates: usize,
-        progress: bool,
+        options: &PlanOptions<'_>,
     ) -> Result<(GpuSweep<'g>, Plan)> {
-        let plan = plan(
-            Some(db),
-            device,
-            problems,
-            min_waves,
-            Some(max_candidates),
-            false,
-            progress,
-        )
-        .await?;
+        let plan = plan(Some(db), device, problems, options).await?;
         let code = db
             .compiles(GPU_SOURCE_HASH, &plan.target, &plan.compiler)
             .await?

@@ -11,6 +11,7 @@ mod plan_cmd;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use anyhow::Context;
 use clap::Parser;
@@ -20,8 +21,9 @@ use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_H
 use kerntune_tuner::error::usage;
 use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::measure::{Policy, Workload};
+use kerntune_tuner::plan::PlanOptions;
 use kerntune_tuner::shapes::{expand_all, names_a_model, Derived};
-use kerntune_tuner::tune::{self, CpuSweep, Job, Outcome, STOP};
+use kerntune_tuner::tune::{self, CpuSweep, Job, Outcome};
 use kerntune_tuner::TuneError;
 
 use cli::{Cli, Command, ShapeArgs, TuneArgs};
@@ -44,7 +46,9 @@ fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             match err.downcast_ref::<TuneError>() {
                 Some(e) if e.is_usage() => ExitCode::from(2),
-                Some(TuneError::Interrupted { .. }) => ExitCode::from(130),
+                Some(TuneError::Interrupted { .. } | TuneError::PlanInterrupted { .. }) => {
+                    ExitCode::from(130)
+                }
                 _ => ExitCode::FAILURE,
             }
         }
@@ -159,7 +163,30 @@ fn job<'a>(args: &TuneArgs, db: &'a Db, device: &'a Device) -> Job<'a> {
         policy: Policy::default(),
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
         progress: std::io::stderr().is_terminal() && !args.json,
+        stop: &STOP,
     }
+}
+
+/// Raised by the first Ctrl-C: tuning stops between candidates and a plan after the compiles
+/// in flight, each keeping what it finished.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C handler that raises [`STOP`]. A second Ctrl-C exits at once, as a user
+/// who will not wait for the candidate or compiles in flight expects: the database's
+/// transactions keep it sound (a killed run is tested to leave it so), and what was committed
+/// stays.
+pub(crate) fn stop_on_ctrl_c() -> anyhow::Result<&'static AtomicBool> {
+    static PRESSED: AtomicUsize = AtomicUsize::new(0);
+    ctrlc::set_handler(|| {
+        if PRESSED.fetch_add(1, Ordering::SeqCst) == 0 {
+            eprintln!("\nstopping after what is in flight (Ctrl-C again to exit at once)");
+            STOP.store(true, Ordering::SeqCst);
+        } else {
+            std::process::exit(130);
+        }
+    })
+    .context("installing the Ctrl-C handler")?;
+    Ok(&STOP)
 }
 
 async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
@@ -172,8 +199,7 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
     let problems = derive(&args.shapes, &device)?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
-    ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
+    stop_on_ctrl_c()?;
     let job = job(args, &db, &device);
     eprintln!(
         "tuning {} problems on {} with {:?} search; database {}",
@@ -212,11 +238,10 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
     let device = Device::Gpu(g);
     let problems = derive(&args.shapes, &device)?;
     // A missing compiler fails here, before the database is created.
-    kerntune_tuner::plan::plan(None, &device, &[], 0.0, None, false, false).await?;
+    kerntune_tuner::plan::plan(None, &device, &[], &PlanOptions::default()).await?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
-    ctrlc::set_handler(|| STOP.store(true, std::sync::atomic::Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
+    stop_on_ctrl_c()?;
     let job = job(args, &db, &device);
     let result = async {
         let (mut sweep, plan) = GpuSweep::prepare(
@@ -224,9 +249,13 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
             &device,
             gpu.as_ref(),
             &problems,
-            1.0,
-            job.max_configs,
-            job.progress,
+            &PlanOptions {
+                min_waves: 1.0,
+                max_candidates: Some(job.max_configs),
+                progress: job.progress,
+                stop: Some(job.stop),
+                ..Default::default()
+            },
         )
         .await?;
         if let Some(w) = &plan.warning {

@@ -9,6 +9,10 @@
 //! device time is spent on them. Needs no GPU.
 
 use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kerntune_db::{CompileRecord, Db};
@@ -22,7 +26,7 @@ use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::error::{usage, Result};
+use crate::error::{usage, Result, TuneError};
 use crate::shapes::Derived;
 
 /// Seconds the device run spends on a candidate besides its kernel time: module load, the
@@ -151,17 +155,48 @@ fn model(device: &Device) -> Result<&'static GpuModel> {
     }
 }
 
-/// Builds the plan. `db` caches compiles; `max_candidates` samples each problem's candidates
-/// evenly (the default always included); `progress` shows a bar on a terminal.
+/// How a plan is made, besides its device and problems.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlanOptions<'a> {
+    /// Builds whose occupancy is below this many waves per SIMD (AMD) or warps per scheduler
+    /// (NVIDIA) are pruned.
+    pub min_waves: f64,
+    /// Each problem's candidates are sampled evenly down to this many (the default and the
+    /// heuristic always included).
+    pub max_candidates: Option<usize>,
+    /// Runs each kept build on the host emulator against the reference.
+    pub emulate: bool,
+    /// Compiles run at once; `None`: one per core.
+    pub jobs: Option<usize>,
+    /// Shows progress bars (on a terminal).
+    pub progress: bool,
+    /// Raised to stop (the `tune` binary raises it on Ctrl-C): no compile or emulator run is
+    /// handed to a worker after it, those in flight (at most one per job) finish and are
+    /// cached, and the plan returns [`TuneError::PlanInterrupted`].
+    pub stop: Option<&'a AtomicBool>,
+}
+
+impl PlanOptions<'_> {
+    fn stopped(&self) -> bool {
+        self.stop.is_some_and(|s| s.load(Ordering::SeqCst))
+    }
+}
+
+/// Builds the plan. `db` caches compiles, stored as they finish, so that neither a later plan
+/// nor the device run repeats them, even after a crash or Ctrl-C.
 pub async fn plan(
     db: Option<&Db>,
     device: &Device,
     problems: &[Derived],
-    min_waves: f64,
-    max_candidates: Option<usize>,
-    emulate: bool,
-    progress: bool,
+    options: &PlanOptions<'_>,
 ) -> Result<Plan> {
+    let PlanOptions {
+        min_waves,
+        max_candidates,
+        emulate,
+        progress,
+        ..
+    } = *options;
     let g = model(device)?;
     let emulator = emulate
         .then(|| {
@@ -219,10 +254,10 @@ pub async fn plan(
             }
         }
     }
-    let missing: Vec<&KernelBuild> = builds
+    let missing: Vec<KernelBuild> = builds
         .iter()
         .filter(|(k, _)| !compiled.contains_key(*k))
-        .map(|(_, b)| b)
+        .map(|(_, b)| b.clone())
         .collect();
     let bar = ProgressBar::new(missing.len() as u64);
     if progress {
@@ -234,33 +269,18 @@ pub async fn plan(
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let fresh: Vec<CompileRecord> = missing
-        .par_iter()
-        .map(|build| {
-            let out = toolchain.compile(build, &target);
-            bar.inc(1);
-            match out {
-                Ok((object, resources)) => CompileRecord {
-                    build: build.key(),
-                    ok: true,
-                    message: None,
-                    resources: serde_json::to_string(&resources).ok(),
-                    code_object: Some(object),
-                },
-                Err(message) => CompileRecord {
-                    build: build.key(),
-                    ok: false,
-                    message: Some(message),
-                    resources: None,
-                    code_object: None,
-                },
-            }
-        })
-        .collect();
+    let left = missing.len();
+    let compile: Arc<CompileFn> = {
+        let target = target.clone();
+        Arc::new(move |build: &KernelBuild| toolchain.compile(build, &target))
+    };
+    let fresh = compile_all(compile, missing, &target, &version, db, options, &bar).await?;
     bar.finish_and_clear();
-    if let Some(db) = db {
-        db.store_compiles(GPU_SOURCE_HASH, &target, &version, &fresh)
-            .await?;
+    if options.stopped() {
+        return Err(TuneError::PlanInterrupted {
+            compiled: fresh.len(),
+            left: left - fresh.len(),
+        });
     }
     let compiled_now = fresh.len();
     for r in fresh {
@@ -298,7 +318,14 @@ pub async fn plan(
     }
     let emulated = emulator
         .as_ref()
-        .map(|emu| emulate_kept(emu, &mut out, progress));
+        .map(|emu| emulate_kept(emu, &mut out, options));
+    if options.stopped() {
+        // Every build is compiled and cached; only the emulator's verdicts are lost.
+        return Err(TuneError::PlanInterrupted {
+            compiled: compiled_now,
+            left: 0,
+        });
+    }
     let out: Vec<ProblemPlan> = out
         .into_iter()
         .map(|(d, kernel_s, candidates)| {
@@ -334,12 +361,113 @@ pub async fn plan(
     })
 }
 
+/// What compiles a build: its code object (AMD) or CUBIN (NVIDIA) and each kernel's
+/// resources, or the compiler's error.
+type CompileFn = dyn Fn(&KernelBuild) -> std::result::Result<(Vec<u8>, Vec<KernelResources>), String>
+    + Send
+    + Sync;
+
+/// Compiles stored together: a crash loses at most this many finished compiles, or those of
+/// the last few seconds.
+const STORE_EVERY: usize = 16;
+const STORE_AFTER: Duration = Duration::from_secs(2);
+
+/// Compiles `missing`, `options.jobs` (or one per core) at a time, storing the results in `db` as they
+/// finish; returns them. Once `options.stop` is raised no compile is handed to a worker, and
+/// those in flight finish and are stored.
+///
+/// Each compile runs on tokio's blocking pool rather than rayon's, so that this task stores
+/// finished compiles while the rest run (a parallel iterator would hold every result until
+/// the slowest build of its batch finished).
+async fn compile_all(
+    compile: Arc<CompileFn>,
+    missing: Vec<KernelBuild>,
+    target: &str,
+    version: &str,
+    db: Option<&Db>,
+    options: &PlanOptions<'_>,
+    bar: &ProgressBar,
+) -> Result<Vec<CompileRecord>> {
+    let threads = options
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let mut queue = missing.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    let mut fresh: Vec<CompileRecord> = Vec::new();
+    let mut stored = 0;
+    let mut last_store = Instant::now();
+    loop {
+        while running.len() < threads && !options.stopped() {
+            let Some(build) = queue.next() else { break };
+            let compile = Arc::clone(&compile);
+            running.spawn_blocking(move || {
+                // A compile that panics is a failed build, not a reason to lose the others.
+                let out = std::panic::catch_unwind(AssertUnwindSafe(|| compile(&build)))
+                    .unwrap_or_else(|panic| {
+                        let why = (panic.downcast_ref::<String>().map(String::as_str))
+                            .or_else(|| panic.downcast_ref::<&str>().copied())
+                            .unwrap_or("no message");
+                        Err(format!("the compile panicked: {why}"))
+                    });
+                compile_record(build.key(), out)
+            });
+        }
+        if options.stopped() && !running.is_empty() {
+            bar.set_message(format!("{target}: stopping after the compiles in flight"));
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        // Compiles' panics are caught above and nothing cancels these tasks: an error here is
+        // a panic of this module's own code.
+        fresh.push(done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())));
+        bar.inc(1);
+        if fresh.len() - stored >= STORE_EVERY || last_store.elapsed() >= STORE_AFTER {
+            if let Some(db) = db {
+                db.store_compiles(GPU_SOURCE_HASH, target, version, &fresh[stored..])
+                    .await?;
+            }
+            stored = fresh.len();
+            last_store = Instant::now();
+        }
+    }
+    if let Some(db) = db {
+        db.store_compiles(GPU_SOURCE_HASH, target, version, &fresh[stored..])
+            .await?;
+    }
+    Ok(fresh)
+}
+
+/// The cache record of one compile.
+fn compile_record(
+    build: String,
+    out: std::result::Result<(Vec<u8>, Vec<KernelResources>), String>,
+) -> CompileRecord {
+    match out {
+        Ok((object, resources)) => CompileRecord {
+            build,
+            ok: true,
+            message: None,
+            resources: serde_json::to_string(&resources).ok(),
+            code_object: Some(object),
+        },
+        Err(message) => CompileRecord {
+            build,
+            ok: false,
+            message: Some(message),
+            resources: None,
+            code_object: None,
+        },
+    }
+}
+
 /// Runs every kept candidate's build on the host emulator, once per reduced problem, and
 /// prunes the candidates of builds that fail or are wrong there.
 fn emulate_kept(
     emu: &Emulator,
     plans: &mut [(&Derived, f64, Vec<Candidate>)],
-    progress: bool,
+    options: &PlanOptions<'_>,
 ) -> Emulated {
     // One run per distinct (build, reduced problem): builds repeat across a model's problems.
     let mut runs: BTreeMap<(String, String), (Problem, Config)> = BTreeMap::new();
@@ -351,7 +479,7 @@ fn emulate_kept(
         }
     }
     let bar = ProgressBar::new(runs.len() as u64);
-    if progress {
+    if options.progress {
         bar.set_style(
             ProgressStyle::with_template(
                 "verifying on the host emulator {bar:30} {pos}/{len} {eta}",
@@ -364,6 +492,10 @@ fn emulate_kept(
     let failures: HashMap<(String, String), String> = runs
         .par_iter()
         .filter_map(|(key, (problem, config))| {
+            // Stopped: the plan is abandoned, so what is left need not run.
+            if options.stopped() {
+                return None;
+            }
             let result = emu.verify(problem, config);
             bar.inc(1);
             let why = match result {
@@ -439,7 +571,7 @@ mod tests {
             0.0,
             vec![kept(good, &d.problem), kept(mfma, &d.problem)],
         )];
-        let e = emulate_kept(&emu, &mut plans, false);
+        let e = emulate_kept(&emu, &mut plans, &PlanOptions::default());
         assert_eq!((e.runs, e.failed), (2, 1));
         let [ok, bad] = &plans[0].2[..] else {
             unreachable!()
@@ -452,5 +584,180 @@ mod tests {
             reason.starts_with("fails on the host emulator") && reason.contains("MFMA"),
             "{reason}"
         );
+    }
+
+    /// `n` distinct builds of one MI250 GEMM problem.
+    fn builds(n: usize) -> Vec<KernelBuild> {
+        let mi250 = Device::lookup("mi250").unwrap();
+        let p: Problem = "gemm:m=64,n=1024,k=4096,dtype=bf16".parse().unwrap();
+        let mut seen = std::collections::HashSet::new();
+        let all: Vec<KernelBuild> = GpuSpace
+            .candidates(&p, &mi250)
+            .iter()
+            .map(|c| KernelBuild::new(&p, c).unwrap())
+            .filter(|b| seen.insert(b.key()))
+            .take(n)
+            .collect();
+        assert_eq!(all.len(), n);
+        all
+    }
+
+    /// A compile standing in for the compiler: a few milliseconds, then an object.
+    fn object_of(
+        build: &KernelBuild,
+    ) -> std::result::Result<(Vec<u8>, Vec<KernelResources>), String> {
+        std::thread::sleep(Duration::from_millis(20));
+        Ok((build.key().into_bytes(), Vec::new()))
+    }
+
+    async fn cached(db: &Db) -> Vec<String> {
+        let mut keys: Vec<String> = db
+            .compiles(GPU_SOURCE_HASH, "gfx90a", "stand-in 1")
+            .await
+            .unwrap()
+            .into_keys()
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    async fn compile_with(
+        compile: Arc<CompileFn>,
+        builds: Vec<KernelBuild>,
+        db: &Db,
+        options: &PlanOptions<'_>,
+    ) -> Vec<CompileRecord> {
+        let bar = ProgressBar::hidden();
+        compile_all(
+            compile,
+            builds,
+            "gfx90a",
+            "stand-in 1",
+            Some(db),
+            options,
+            &bar,
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stopped_plan_caches_every_compile_it_ran_and_starts_no_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("p.db")).await.unwrap();
+        let all = builds(30);
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // The third compile raises the stop, as a Ctrl-C while it runs would.
+        let compile: Arc<CompileFn> = {
+            let (stop, started) = (Arc::clone(&stop), Arc::clone(&started));
+            Arc::new(move |b: &KernelBuild| {
+                if started.fetch_add(1, Ordering::SeqCst) == 2 {
+                    stop.store(true, Ordering::SeqCst);
+                }
+                object_of(b)
+            })
+        };
+        let options = PlanOptions {
+            stop: Some(&stop),
+            jobs: Some(2),
+            ..Default::default()
+        };
+        let fresh = compile_with(compile, all.clone(), &db, &options).await;
+        let ran = started.load(Ordering::SeqCst);
+        // Besides the third, at most one compile was handed to the two workers; it finished,
+        // and none was handed over after.
+        assert!((3..=4).contains(&ran), "{ran} compiles ran");
+        assert_eq!(fresh.len(), ran);
+        assert!(fresh.iter().all(|r| r.ok));
+        let mut ran_keys: Vec<String> = fresh.iter().map(|r| r.build.clone()).collect();
+        ran_keys.sort();
+        assert_eq!(
+            cached(&db).await,
+            ran_keys,
+            "every compile that ran is cached"
+        );
+
+        // The next plan compiles the rest only.
+        let rest: Vec<KernelBuild> = all
+            .iter()
+            .filter(|b| !ran_keys.contains(&b.key()))
+            .cloned()
+            .collect();
+        assert_eq!(rest.len(), all.len() - ran);
+        let fresh = compile_with(Arc::new(object_of), rest, &db, &PlanOptions::default()).await;
+        assert_eq!(fresh.len(), all.len() - ran);
+        assert_eq!(cached(&db).await.len(), all.len());
+    }
+
+    #[tokio::test]
+    async fn compiles_are_cached_while_the_rest_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        let db = Db::open(&path).await.unwrap();
+        let all = builds(STORE_EVERY + 2);
+        let last = all.last().unwrap().key();
+        // Two at a time, the last build starts once STORE_EVERY have finished; it waits until
+        // the database, read by another process as after a crash, holds some of them.
+        let compile: Arc<CompileFn> = Arc::new(move |b: &KernelBuild| {
+            if b.key() == last {
+                let count = || {
+                    let out = std::process::Command::new("python3")
+                        .args([
+                            "-c",
+                            "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT count(*) FROM gpu_compiles').fetchone()[0])",
+                        ])
+                        .arg(&path)
+                        .output()
+                        .expect("python3 with its sqlite3 module runs (README, Set-up)");
+                    String::from_utf8_lossy(&out.stdout)
+                        .trim()
+                        .parse::<usize>()
+                        .unwrap_or(0)
+                };
+                let waited = Instant::now();
+                while count() == 0 {
+                    if waited.elapsed() > Duration::from_secs(30) {
+                        return Err("nothing was cached while this build ran".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            object_of(b)
+        });
+        let options = PlanOptions {
+            jobs: Some(2),
+            ..Default::default()
+        };
+        let fresh = compile_with(compile, all.clone(), &db, &options).await;
+        assert!(
+            fresh.iter().all(|r| r.ok),
+            "{:?}",
+            fresh.iter().find(|r| !r.ok)
+        );
+        assert_eq!(cached(&db).await.len(), all.len());
+    }
+
+    #[tokio::test]
+    async fn a_compile_that_panics_is_a_failed_build_and_the_others_are_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("p.db")).await.unwrap();
+        let all = builds(6);
+        let bad = all[2].key();
+        let compile: Arc<CompileFn> = Arc::new(move |b: &KernelBuild| {
+            assert_ne!(b.key(), bad, "a compiler wrapper's bug");
+            object_of(b)
+        });
+        let fresh = compile_with(compile, all.clone(), &db, &PlanOptions::default()).await;
+        assert_eq!(fresh.len(), all.len());
+        let failed: Vec<&CompileRecord> = fresh.iter().filter(|r| !r.ok).collect();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].build, all[2].key());
+        let why = failed[0].message.as_deref().unwrap();
+        assert!(
+            why.starts_with("the compile panicked") && why.contains("a compiler wrapper's bug"),
+            "{why}"
+        );
+        assert_eq!(cached(&db).await.len(), all.len());
     }
 }

@@ -7,7 +7,7 @@ use kerntune_kernels::device::{GpuModel, Vendor};
 use kerntune_kernels::gpu::hip_runtime;
 use kerntune_kernels::{Device, GpuSpace, Space};
 use kerntune_tuner::error::usage;
-use kerntune_tuner::plan::{plan, Plan};
+use kerntune_tuner::plan::{plan, Plan, PlanOptions};
 use kerntune_tuner::TuneError;
 
 use crate::cli::{PlanArgs, TuneArgs};
@@ -30,20 +30,22 @@ pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
     let problems = derive(&p.shapes, &device)?;
     // A missing compiler, a target it lacks or (with --emulate) no host C++ compiler fail
     // here, before the database is created.
-    plan(None, &device, &[], 0.0, None, p.emulate, false).await?;
+    let check = PlanOptions {
+        emulate: p.emulate,
+        ..Default::default()
+    };
+    plan(None, &device, &[], &check).await?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
-    let progress = std::io::stderr().is_terminal() && !args.json;
-    let result = plan(
-        Some(&db),
-        &device,
-        &problems,
-        p.min_occupancy,
-        p.max_candidates,
-        p.emulate,
-        progress,
-    )
-    .await;
+    let options = PlanOptions {
+        min_waves: p.min_occupancy,
+        max_candidates: p.max_candidates,
+        emulate: p.emulate,
+        jobs: p.jobs,
+        progress: std::io::stderr().is_terminal() && !args.json,
+        stop: Some(crate::stop_on_ctrl_c()?),
+    };
+    let result = plan(Some(&db), &device, &problems, &options).await;
     db.close().await;
     let plan = result?;
     if args.json {

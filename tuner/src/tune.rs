@@ -16,9 +16,6 @@ use crate::measure::{Failure, Policy, Workload};
 use crate::search::{search, Strategy};
 use crate::shapes::Derived;
 
-/// Set by the Ctrl-C handler; the loop stops between candidates.
-pub static STOP: AtomicBool = AtomicBool::new(false);
-
 /// Everything a tuning job needs besides the problems and the backend that sweeps them.
 pub struct Job<'a> {
     pub db: &'a Db,
@@ -31,6 +28,11 @@ pub struct Job<'a> {
     pub policy: Policy,
     pub command_line: String,
     pub progress: bool,
+    /// Raised to stop the job (the `tune` binary raises it on Ctrl-C): the loop stops
+    /// between candidates, commits the problems it finished and returns
+    /// [`TuneError::Interrupted`]. A flag per job, so that a program running jobs side by
+    /// side can stop one of them.
+    pub stop: &'a AtomicBool,
 }
 
 impl std::fmt::Debug for Job<'_> {
@@ -173,7 +175,7 @@ pub async fn run(
     let mut outcomes = Vec::new();
     let mut interrupted = false;
     for (i, d) in problems.iter().enumerate() {
-        if STOP.load(Ordering::SeqCst) {
+        if job.stop.load(Ordering::SeqCst) {
             interrupted = true;
             break;
         }
@@ -341,7 +343,7 @@ impl Sweep for CpuSweep<'_> {
             Some(&mut |finalists| {
                 workload
                     .borrow_mut()
-                    .time_together(backend, finalists, policy, &STOP)
+                    .time_together(backend, finalists, policy, job.stop)
             }),
         )
     }
@@ -398,7 +400,7 @@ pub fn sweep_candidates(
     let mut tried: Vec<Config> = Vec::new();
     let mut stopped = false;
     let mut eval = |c: &Config| -> std::result::Result<Option<f64>, ()> {
-        if STOP.load(Ordering::SeqCst) {
+        if job.stop.load(Ordering::SeqCst) {
             stopped = true;
             return Err(());
         }
@@ -441,7 +443,7 @@ pub fn sweep_candidates(
     let mut default_idx = tried.iter().position(|c| *c == default).map(|i| pruned + i);
     let mut contenders: Vec<usize> = (pruned..records.len()).collect();
     if finalists.len() > 1 {
-        if STOP.load(Ordering::SeqCst) {
+        if job.stop.load(Ordering::SeqCst) {
             return None;
         }
         bar.set_message(format!("{}: final round", problem.key()));
@@ -477,7 +479,7 @@ pub fn sweep_candidates(
                     .collect()
             }
         };
-        if STOP.load(Ordering::SeqCst) {
+        if job.stop.load(Ordering::SeqCst) {
             return None;
         }
         contenders.clear();

@@ -1,13 +1,14 @@
 //! `tune db ...` as users run it, and the database under real processes: four tuners writing
 //! one file at once, and tuners killed with SIGKILL at arbitrary moments.
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
 
-use common::{text, tune, tune_cmd};
+use common::{ctrl_c, sql_count, text, tune, tune_cmd, wait_for};
 
 /// Small problems, each tuned in a few milliseconds.
 const PROBLEMS: [&str; 8] = [
@@ -154,6 +155,45 @@ fn sigkill_at_any_moment_leaves_a_sound_database_that_resumes() {
     assert_eq!(count("tuned"), problems.len() - before, "{summary:#?}");
     assert_eq!(winners("k.db", d).len(), problems.len());
     verify_ok("k.db", d);
+}
+
+/// Ctrl-C as a terminal sends it: the run stops after the candidate in flight, commits the
+/// problems it finished, exits 130 saying so, and the next run tunes only the rest.
+#[test]
+fn ctrl_c_stops_a_run_that_the_next_run_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let problems = longer(12);
+    let problems: Vec<&str> = problems.iter().map(String::as_str).collect();
+    let args = tune_args("k.db", &problems);
+    let child = tune_cmd(&args, d)
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the first winner", || {
+        sql_count(&d.join("k.db"), "SELECT count(*) FROM winners") > 0
+    });
+    ctrl_c(&child);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    let committed = winners("k.db", d).len();
+    assert!(committed < problems.len(), "{}", text(&out));
+    let said = format!(
+        "interrupted: {committed} problems committed, {} left for the next run",
+        problems.len() - committed
+    );
+    assert!(text(&out).contains(&said), "{}", text(&out));
+    assert!(text(&out).contains("Ctrl-C again to exit at once"));
+    verify_ok("k.db", d);
+
+    let out = tune(&args, d);
+    assert!(out.status.success(), "{}", text(&out));
+    let summary: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let count = |s: &str| summary.iter().filter(|o| o["status"] == s).count();
+    assert_eq!(count("skipped"), committed, "{summary:#?}");
+    assert_eq!(count("tuned"), problems.len() - committed, "{summary:#?}");
 }
 
 #[test]

@@ -5,11 +5,12 @@
 //! checks the clear error instead and says so. `.ci/run` installs both and sets
 //! `KERNTUNE_REQUIRE_HIP=1`, under which a missing compiler fails.
 
-use std::process::Command;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{files_in, text, tune};
+use common::{ctrl_c, files_in, sql_count, text, tune, tune_cmd, wait_for};
 
 const SHAPES: [&str; 6] = [
     "--shapes",
@@ -78,6 +79,99 @@ fn plan_compiles_prunes_and_caches_for_mi250() {
     let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(again["compiled"], 0);
     assert_eq!(again["problems"], plan["problems"]);
+}
+
+/// Whether the HIP compiler is here; a test that needs it and returns without it says so, and
+/// fails under `KERNTUNE_REQUIRE_HIP`.
+fn hip_compiler(test: &str) -> bool {
+    match kerntune_kernels::gpu::hip::HipCompiler::find() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var_os("KERNTUNE_REQUIRE_HIP").is_none(),
+                "KERNTUNE_REQUIRE_HIP is set but {e}"
+            );
+            eprintln!("{test} did NOT run: {e}");
+            false
+        }
+    }
+}
+
+/// Ctrl-C in the middle of a plan, as a terminal sends it: to `tune` and to the compilers it
+/// started. The compiles in flight finish (the signal does not kill them, so none is cached as
+/// a failure it caused) and are cached with those before; `tune` exits 130 saying how many,
+/// and the next plan compiles only the rest. A second Ctrl-C exits at once.
+#[test]
+fn ctrl_c_during_a_plan_keeps_what_it_compiled() {
+    if !hip_compiler("ctrl_c_during_a_plan_keeps_what_it_compiled") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let all_at_once = [
+        "--db",
+        "plan.db",
+        "--json",
+        "plan",
+        "--device",
+        "mi250",
+        "--max-candidates",
+        "12",
+        "--shapes",
+        SHAPES[1],
+    ];
+    // The interrupted runs compile one build at a time (a second or so each here), so that on
+    // any machine they are stopped with builds left.
+    let mut args = all_at_once.to_vec();
+    args.extend(["--jobs", "1"]);
+    let db = d.join("plan.db");
+    let cached = || sql_count(&db, "SELECT count(*) FROM gpu_compiles");
+    let failed = || {
+        sql_count(
+            &db,
+            "SELECT count(*) FROM gpu_compiles WHERE status != 'ok'",
+        )
+    };
+    let start = || {
+        tune_cmd(&args, d)
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    let child = start();
+    wait_for("the first cached compile", || cached() > 0);
+    ctrl_c(&child);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    let first = cached();
+    assert!(
+        text(&out).contains(&format!("interrupted: {first} builds compiled and cached")),
+        "{first} cached; {}",
+        text(&out)
+    );
+    assert_eq!(failed(), 0, "{}", text(&out));
+
+    let child = start();
+    wait_for("a compile of the second run", || cached() > first);
+    ctrl_c(&child);
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    ctrl_c(&child);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(!text(&out).contains("interrupted:"), "{}", text(&out));
+    let second = cached();
+    assert_eq!(failed(), 0);
+
+    let out = tune(&all_at_once, d);
+    assert!(out.status.success(), "{}", text(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let builds = plan["builds"].as_u64().unwrap() as usize;
+    assert!(second < builds, "{second} of {builds} were cached before");
+    assert_eq!(plan["compiled"].as_u64().unwrap() as usize, builds - second);
+    assert_eq!(cached(), builds);
 }
 
 #[test]

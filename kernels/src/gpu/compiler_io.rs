@@ -7,6 +7,11 @@ use std::process::{Command, Output, Stdio};
 /// Runs `command` with `source` on its standard input, capturing its output.
 pub(crate) fn run_with_input(command: &mut Command, source: &str) -> Result<Output, String> {
     let program = command.get_program().to_string_lossy().into_owned();
+    // A process group of its own: Ctrl-C at a terminal signals the whole foreground group,
+    // and a compiler killed by it would read as a build that does not compile, and be cached
+    // as one. `tune` stops on Ctrl-C after the compiles in flight, which finish.
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(command, 0);
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -29,6 +29,7 @@ use kerntune_kernels::{
     Backend, Config, CpuBackend, CpuSpace, Device, GpuSpace, KernelError, Problem, Space,
 };
 use kerntune_tuner::gpu_sweep::GpuSweep;
+use kerntune_tuner::plan::PlanOptions;
 use kerntune_tuner::shapes::Derived;
 use kerntune_tuner::tune;
 
@@ -256,9 +257,19 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     })
     .collect();
     let gpu = StandIn::default();
-    let (mut sweep, plan) = GpuSweep::prepare(&db, &device, &gpu, &problems, 1.0, 8, false)
-        .await
-        .unwrap();
+    let (mut sweep, plan) = GpuSweep::prepare(
+        &db,
+        &device,
+        &gpu,
+        &problems,
+        &PlanOptions {
+            min_waves: 1.0,
+            max_candidates: Some(8),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(plan.target, "gfx90a");
     let mut job = job(&db, &device);
     job.max_configs = 8;

@@ -1,20 +1,22 @@
 //! A run stopped in the middle (as by Ctrl-C) keeps what it finished and resumes without
-//! redoing it. Its own test binary: the stop flag is process-wide.
+//! redoing it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kerntune_db::Db;
 use kerntune_e2e::{cpu, job, small_problems};
 use kerntune_kernels::kernel::Args;
 use kerntune_kernels::{Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem};
-use kerntune_tuner::tune::{self, STOP};
+use kerntune_tuner::tune::{self, Job};
 use kerntune_tuner::TuneError;
 
-/// Raises the stop flag once a flash problem starts, as a Ctrl-C in the middle would.
+/// Raises the job's stop flag once a flash problem starts, as a Ctrl-C in the middle would.
 #[derive(Debug)]
-struct StopAtFlash(AtomicUsize);
+struct StopAtFlash<'a> {
+    stop: &'a AtomicBool,
+}
 
-impl Backend for StopAtFlash {
+impl Backend for StopAtFlash<'_> {
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -23,8 +25,7 @@ impl Backend for StopAtFlash {
     }
     fn run(&self, p: &Problem, c: &Config, a: Args<'_>, s: &mut [f32]) -> Result<(), KernelError> {
         if matches!(p, Problem::Flash(_)) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            STOP.store(true, Ordering::SeqCst);
+            self.stop.store(true, Ordering::SeqCst);
         }
         CpuBackend.run(p, c, a, s)
     }
@@ -36,8 +37,13 @@ async fn interrupted_run_resumes_without_redoing_finished_problems() {
     let db = Db::open(&dir.path().join("k.db")).await.unwrap();
     let device = Device::host();
     let problems = small_problems(); // gemm, gemm, flash, paged
-    let stopper = StopAtFlash(AtomicUsize::new(0));
-    let err = tune::run(&job(&db, &device), &mut cpu(&stopper, &CpuSpace), &problems)
+    let stop = AtomicBool::new(false);
+    let stopper = StopAtFlash { stop: &stop };
+    let stopped = Job {
+        stop: &stop,
+        ..job(&db, &device)
+    };
+    let err = tune::run(&stopped, &mut cpu(&stopper, &CpuSpace), &problems)
         .await
         .unwrap_err();
     assert!(
@@ -56,7 +62,6 @@ async fn interrupted_run_resumes_without_redoing_finished_problems() {
             .is_empty(),
         "the interrupted problem left nothing behind"
     );
-    STOP.store(false, Ordering::SeqCst);
     let out = tune::run(
         &job(&db, &device),
         &mut cpu(&CpuBackend, &CpuSpace),
