@@ -586,6 +586,32 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_stopped_plan_runs_nothing_more_on_the_emulator() {
+        let h200 = Device::lookup("h200").unwrap();
+        let Device::Gpu(g) = h200 else { unreachable!() };
+        let emu = Emulator::new(g).unwrap();
+        let d = Derived {
+            problem: "gemm:m=5,n=7,k=3,dtype=bf16".parse().unwrap(),
+            origin: "test".into(),
+        };
+        // A build the emulator would fail, as in the test above.
+        let mfma = GpuSpace
+            .candidates(&d.problem, &Device::lookup("mi250").unwrap())
+            .into_iter()
+            .find(|c| c.to_string().contains("mfma"))
+            .unwrap();
+        let mut plans = vec![(&d, 0.0, vec![kept(mfma, &d.problem)])];
+        let stop = AtomicBool::new(true);
+        let options = PlanOptions {
+            stop: Some(&stop),
+            ..Default::default()
+        };
+        let e = emulate_kept(&emu, &mut plans, &options);
+        assert_eq!(e.failed, 0, "nothing ran");
+        assert!(plans[0].2[0].verdict.is_kept());
+    }
+
     /// `n` distinct builds of one MI250 GEMM problem.
     fn builds(n: usize) -> Vec<KernelBuild> {
         let mi250 = Device::lookup("mi250").unwrap();
