@@ -571,6 +571,16 @@ mod tests {
             0.0,
             vec![kept(good, &d.problem), kept(mfma, &d.problem)],
         )];
+        // A stopped plan runs nothing more: both stay as they were.
+        let stop = AtomicBool::new(true);
+        let stopped = PlanOptions {
+            stop: Some(&stop),
+            ..Default::default()
+        };
+        let e = emulate_kept(&emu, &mut plans, &stopped);
+        assert_eq!(e.failed, 0);
+        assert!(plans[0].2.iter().all(|c| c.verdict.is_kept()));
+
         let e = emulate_kept(&emu, &mut plans, &PlanOptions::default());
         assert_eq!((e.runs, e.failed), (2, 1));
         let [ok, bad] = &plans[0].2[..] else {
@@ -584,32 +594,6 @@ mod tests {
             reason.starts_with("fails on the host emulator") && reason.contains("MFMA"),
             "{reason}"
         );
-    }
-
-    #[test]
-    fn a_stopped_plan_runs_nothing_more_on_the_emulator() {
-        let h200 = Device::lookup("h200").unwrap();
-        let Device::Gpu(g) = h200 else { unreachable!() };
-        let emu = Emulator::new(g).unwrap();
-        let d = Derived {
-            problem: "gemm:m=5,n=7,k=3,dtype=bf16".parse().unwrap(),
-            origin: "test".into(),
-        };
-        // A build the emulator would fail, as in the test above.
-        let mfma = GpuSpace
-            .candidates(&d.problem, &Device::lookup("mi250").unwrap())
-            .into_iter()
-            .find(|c| c.to_string().contains("mfma"))
-            .unwrap();
-        let mut plans = vec![(&d, 0.0, vec![kept(mfma, &d.problem)])];
-        let stop = AtomicBool::new(true);
-        let options = PlanOptions {
-            stop: Some(&stop),
-            ..Default::default()
-        };
-        let e = emulate_kept(&emu, &mut plans, &options);
-        assert_eq!(e.failed, 0, "nothing ran");
-        assert!(plans[0].2[0].verdict.is_kept());
     }
 
     /// `n` distinct builds of one MI250 GEMM problem.
