@@ -1,6 +1,6 @@
-//! kerntune's end-to-end tests, one test binary: each module used to be a binary of its own,
-//! and each linked the kernels, the tuner, the database and the runtime again (about a minute
-//! and a half of a CI run between them).
+//! kerntune's end-to-end tests, one test binary: each module used to be a binary of its own
+//! that compiled and linked the kernels, the tuner, the database and the runtime again (about
+//! two minutes of compile time between the seven, against forty seconds for this one).
 
 mod cold_timing;
 mod final_round;
