@@ -12,6 +12,9 @@ pub enum DbError {
         #[source]
         source: sqlx::Error,
     },
+    /// A database to read or to share from is not there (opening one to tune into creates it).
+    #[error("no tuning database at {path}: the file does not exist (tune into it first with `tune --db {path}`, or name an existing one with --db or KERNTUNE_DB)")]
+    Missing { path: PathBuf },
     /// The database was written by a newer kerntune.
     #[error("tuning database {path} has schema version {found}, newer than this kerntune supports ({supported}); upgrade kerntune or use another --db. The file was not changed.")]
     NewerSchema {

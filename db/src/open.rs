@@ -75,6 +75,13 @@ impl Db {
             path: path.to_path_buf(),
             source,
         };
+        // SQLite's own answer for a missing file, "unable to open database file", does not
+        // say which of a missing file, a missing folder or a permission it was.
+        if !create && !path.exists() {
+            return Err(DbError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
         let url = format!("sqlite://{}", path.display());
         let options = SqliteConnectOptions::from_str(&url)
             .map_err(open_err)?

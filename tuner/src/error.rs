@@ -29,11 +29,31 @@ impl TuneError {
             TuneError::Usage(_) | TuneError::Kernel(_) => true,
             TuneError::Db(e) => matches!(
                 e,
-                DbError::Open { .. } | DbError::NewerSchema { .. } | DbError::NotKerntune { .. }
+                DbError::Open { .. }
+                    | DbError::Missing { .. }
+                    | DbError::NewerSchema { .. }
+                    | DbError::NotKerntune { .. }
             ),
             TuneError::Interrupted { .. } | TuneError::PlanInterrupted { .. } => false,
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: several errors here (and sqlx's)
+/// write their source into their own message as well as returning it as `source()`, so
+/// printing every link of the chain repeated the same words two or three times.
+pub fn chain_message(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }
 
 pub type Result<T, E = TuneError> = std::result::Result<T, E>;

@@ -18,7 +18,7 @@ use clap::Parser;
 use kerntune_db::Db;
 use kerntune_kernels::device::GpuModel;
 use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_HASH};
-use kerntune_tuner::error::usage;
+use kerntune_tuner::error::{chain_message, usage};
 use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::measure::{Policy, Workload};
 use kerntune_tuner::plan::PlanOptions;
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", chain_message(err.as_ref()));
             match err.downcast_ref::<TuneError>() {
                 Some(e) if e.is_usage() => ExitCode::from(2),
                 Some(TuneError::Interrupted { .. } | TuneError::PlanInterrupted { .. }) => {

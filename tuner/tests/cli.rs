@@ -96,6 +96,24 @@ fn unwritable_database_path_is_a_usage_error() {
         &out,
         "cannot open tuning database /nonexistent-dir/sub/k.db",
     );
+    // SQLite's reason once, not once per link of the error chain that carries it.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("unable to open database file").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn showing_a_database_that_is_not_there_names_it_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tune(&["show", "--db", "absent.db"], dir.path());
+    assert_usage_error(
+        &out,
+        "no tuning database at absent.db: the file does not exist (tune into it first",
+    );
+    assert_eq!(files_in(dir.path()), Vec::<String>::new());
 }
 
 #[test]

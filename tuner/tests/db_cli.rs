@@ -255,11 +255,11 @@ fn db_commands_exit_codes_and_messages() {
         (&["db", "merge", "a.db", "-o", "m.db"], "exists"),
         (
             &["db", "merge", "a.db", "absent.db", "-o", "n.db"],
-            "does not exist",
+            "no tuning database at absent.db",
         ),
         (
             &["--db", "absent.db", "db", "export", "-o", "x.jsonl"],
-            "does not exist",
+            "no tuning database at absent.db",
         ),
         (&["--db", "a.db", "db", "gc"], "--stale-kernels"),
         (
@@ -274,8 +274,14 @@ fn db_commands_exit_codes_and_messages() {
             ],
             "--conflict-ratio",
         ),
-        (&["db", "verify", "absent.db"], "does not exist"),
-        (&["--db", "absent.db", "db", "migrate"], "does not exist"),
+        (
+            &["db", "verify", "absent.db"],
+            "no tuning database at absent.db",
+        ),
+        (
+            &["--db", "absent.db", "db", "migrate"],
+            "no tuning database at absent.db",
+        ),
     ];
     for (args, needle) in cases {
         let out = tune(args, d);

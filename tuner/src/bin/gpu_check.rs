@@ -22,6 +22,7 @@ use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::KernelBuild;
 use kerntune_kernels::reference::relative_error;
 use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
+use kerntune_tuner::error::chain_message;
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -101,7 +102,7 @@ impl Check<'_> {
         match self.sweep(p, configs, reps) {
             Ok(row) => Some(row),
             Err(e) => {
-                println!("      ERROR {}: {e:#}", p.key());
+                println!("      ERROR {}: {}", p.key(), chain_message(e.as_ref()));
                 None
             }
         }
@@ -150,7 +151,9 @@ impl Check<'_> {
                 Ok(kernel)
             });
             match outcome {
-                Err(e) => row.failed.push(format!("{c}: {e:#}")),
+                Err(e) => row
+                    .failed
+                    .push(format!("{c}: {}", chain_message(e.as_ref()))),
                 Ok(kernel) => {
                     row.verified += 1;
                     if reps == 0 {
@@ -227,7 +230,7 @@ fn main() -> std::process::ExitCode {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain_message(e.as_ref()));
             std::process::ExitCode::from(2)
         }
     }

@@ -52,12 +52,6 @@ pub fn host_name() -> String {
 
 /// Opens a database that must exist, for reading.
 async fn open_source(path: &Path) -> Result<Db> {
-    if !path.exists() {
-        return Err(usage(format!(
-            "tuning database {} does not exist; check the path",
-            path.display()
-        )));
-    }
     Ok(Db::open_existing(path).await?)
 }
 
@@ -331,12 +325,6 @@ pub async fn diff(a: &Path, b: &Path) -> Result<Diff> {
 /// `tune db verify`: everything wrong with the database at `path`, empty when sound. The file
 /// is opened for reading only and never changed.
 pub async fn verify(path: &Path) -> Result<Vec<String>> {
-    if !path.exists() {
-        return Err(usage(format!(
-            "tuning database {} does not exist; check the path",
-            path.display()
-        )));
-    }
     let db = Db::open_read(path).await?;
     let result = verify_open(&db).await;
     db.close().await;
