@@ -61,3 +61,40 @@ pub type Result<T, E = TuneError> = std::result::Result<T, E>;
 pub fn usage(msg: impl Into<String>) -> TuneError {
     TuneError::Usage(msg.into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::chain_message;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Leaf(&'static str);
+
+    /// Writes its source into its message, as `DbError::Open` and sqlx's errors do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot open k.db: {source}")]
+    struct Quoting {
+        source: Leaf,
+    }
+
+    /// Leaves its source out of its message.
+    #[derive(Debug, thiserror::Error)]
+    #[error("tuning gemm:m=1")]
+    struct Terse {
+        source: Quoting,
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let err = Terse {
+            source: Quoting {
+                source: Leaf("unable to open database file"),
+            },
+        };
+        assert_eq!(
+            chain_message(&err),
+            "tuning gemm:m=1: cannot open k.db: unable to open database file"
+        );
+        assert_eq!(chain_message(&Leaf("alone")), "alone");
+    }
+}
