@@ -40,6 +40,8 @@ pub struct Db {
 enum Mode {
     /// Create if missing, migrate an older schema.
     Write,
+    /// The file must exist; an older schema is migrated.
+    Migrate,
     /// The file must exist at the current schema.
     Existing,
     /// The file must exist at any schema this build can read; nothing is migrated.
@@ -50,6 +52,12 @@ impl Db {
     /// Opens (creating if missing) the database at `path`, migrating an older schema.
     pub async fn open(path: &Path) -> Result<Db> {
         Self::open_with(path, Mode::Write).await
+    }
+
+    /// Opens an existing database, migrating an older schema; a missing file is an error
+    /// rather than a new empty database (`tune db migrate` of a mistyped path).
+    pub async fn open_to_migrate(path: &Path) -> Result<Db> {
+        Self::open_with(path, Mode::Migrate).await
     }
 
     /// Opens an existing database without creating or migrating it; a database of another
@@ -137,7 +145,7 @@ impl Db {
             .execute(&self.pool)
             .await?;
         if applied < SCHEMA_VERSION {
-            if mode != Mode::Write {
+            if !matches!(mode, Mode::Write | Mode::Migrate) {
                 return Err(DbError::NotKerntune {
                     path: self.path.clone(),
                     reason: format!(

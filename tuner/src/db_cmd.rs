@@ -1,6 +1,6 @@
 //! `tune db ...`: the sharing commands, printed as tables or JSON.
 
-use kerntune_db::{Db, DbError, Prefer};
+use kerntune_db::{Db, Prefer};
 use kerntune_kernels::Device;
 use kerntune_tuner::error::usage;
 use kerntune_tuner::share::{self, Rejected};
@@ -193,12 +193,7 @@ pub async fn run(args: &TuneArgs, command: &DbCommand) -> anyhow::Result<()> {
             }
         }
         DbCommand::Migrate => {
-            // Opening for writing would create the file, and an empty database at the
-            // latest schema is not what `migrate` of a mistyped path should leave.
-            if !db.exists() {
-                return Err(TuneError::from(DbError::Missing { path: db }).into());
-            }
-            let opened = Db::open(&db).await.map_err(TuneError::from)?;
+            let opened = Db::open_to_migrate(&db).await.map_err(TuneError::from)?;
             let schema = opened.schema();
             opened.close().await;
             eprintln!("{} is at schema {schema}", db.display());

@@ -50,11 +50,6 @@ pub fn host_name() -> String {
     crate::tune::device_record(&kerntune_kernels::Device::host()).host
 }
 
-/// Opens a database that must exist, for reading.
-async fn open_source(path: &Path) -> Result<Db> {
-    Ok(Db::open_existing(path).await?)
-}
-
 /// Writes `path` through a scratch file renamed into place, so a failed or interrupted write
 /// never leaves a partial file under the final name.
 fn write_atomically(
@@ -96,7 +91,7 @@ pub async fn export(
     format: format::Format,
     out: &Path,
 ) -> Result<usize> {
-    let source = open_source(db).await?;
+    let source = Db::open_existing(db).await?;
     let rows = source.export_rows(device, all).await;
     let schema = source.schema();
     let exported_at = source.now().await;
@@ -178,7 +173,7 @@ pub async fn merge(inputs: &[PathBuf], out: &Path, conflict_ratio: f64) -> Resul
     let (mut accepted, mut rejected) = (Vec::new(), Vec::new());
     let mut rows = 0;
     for input in inputs {
-        let db = open_source(input).await?;
+        let db = Db::open_existing(input).await?;
         let exported = db.export_rows(None, true).await;
         db.close().await;
         let exported = exported?;
@@ -271,7 +266,7 @@ pub struct Diff {
 type WinnerKey = (String, String, String, String);
 
 async fn winner_map(path: &Path) -> Result<BTreeMap<WinnerKey, Side>> {
-    let db = open_source(path).await?;
+    let db = Db::open_existing(path).await?;
     let rows = db.winners(None).await;
     db.close().await;
     Ok(rows?
@@ -379,7 +374,7 @@ pub async fn gc(
         },
         keep_tool: old_tools.then(|| TOOL_VERSION.to_string()),
     };
-    let target = open_source(db).await?;
+    let target = Db::open_existing(db).await?;
     let counts = target.gc(&filter, dry_run).await;
     target.close().await;
     Ok(counts?)
