@@ -740,12 +740,13 @@ inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) {
 
 }  // namespace kt_host
 
-// The exported launcher of a build; `KT_HOST_ENTRIES` names its kernels in entry order.
-#define KT_HOST_ENTRIES(...)                                                                    \
-    static const kt_host::Entry kt_host_entries[] = {__VA_ARGS__};                              \
-    extern "C" int kt_host_launch(int entry, const unsigned* grid, unsigned threads,            \
-                                  void** params, char* err, kt_host::size_t err_len) {              \
-        return kt_host::launch(kt_host_entries,                                                 \
-                               (int)(sizeof kt_host_entries / sizeof kt_host_entries[0]), entry, \
+// The exported launcher of a build, `name`; the rest of the arguments are its kernels in entry
+// order. A unit holds several builds, each with a launcher of its own name.
+#define KT_HOST_ENTRIES(name, ...)                                                              \
+    static const kt_host::Entry name##_entries[] = {__VA_ARGS__};                               \
+    extern "C" int name(int entry, const unsigned* grid, unsigned threads, void** params,       \
+                        char* err, kt_host::size_t err_len) {                                   \
+        return kt_host::launch(name##_entries,                                                  \
+                               (int)(sizeof name##_entries / sizeof name##_entries[0]), entry,  \
                                grid, threads, params, err, err_len);                            \
     }

@@ -61,6 +61,7 @@ fn candidates_where(
     configs.push(GpuSpace.heuristic(&problem, &device));
     configs.retain(|c| keep(c));
     assert!(!configs.is_empty(), "{model} {spec}: no candidates");
+    emu.prepare(configs.iter().map(|c| (&problem, c)));
     for config in &configs {
         let out = emu
             .run(&data, config)
@@ -263,6 +264,70 @@ fn the_grouped_paged_checks_catch_each_mistake() {
             "{model}: {e}"
         );
     }
+}
+
+/// Prepared builds are compiled several to an object (on a single thread, one translation
+/// unit of up to 16 builds that share the unit's macros), each still runs its own kernel, and
+/// running them compiles nothing more.
+#[test]
+fn prepared_builds_share_an_object_and_each_runs_its_own_kernel() {
+    use std::os::unix::fs::MetadataExt;
+    let cache = std::env::temp_dir().join(format!("kerntune-prepare-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let (device, emu) = emulator("h200");
+    let emu = emu.with_cache(&cache);
+    // Variants that define different macros, so one build's leftovers would break the next.
+    let problem: Problem = GEMM_BF16_NK_DECODE.parse().unwrap();
+    let mut configs: Vec<Config> = Vec::new();
+    for variant in [
+        GpuGemmVariant::Skinny,
+        GpuGemmVariant::Mma,
+        GpuGemmVariant::Tiled,
+        GpuGemmVariant::Wgmma,
+    ] {
+        configs.extend(
+            GpuSpace
+                .candidates(&problem, &device)
+                .into_iter()
+                .filter(|c| matches!(c, Config::GpuGemm(g) if g.variant == variant))
+                .take(3),
+        );
+    }
+    assert_eq!(configs.len(), 12, "three candidates of each variant");
+    let objects = || {
+        let mut inodes: Vec<(String, u64)> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, e.metadata().unwrap().ino())
+            })
+            .collect();
+        inodes.sort();
+        inodes
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(|| emu.prepare(configs.iter().map(|c| (&problem, c))));
+    let prepared = objects();
+    assert_eq!(prepared.len(), configs.len(), "a build each: {prepared:?}");
+    // wgmma builds emulate the arch-specific target (a macro of the whole unit): a unit of
+    // their own.
+    let mut inodes: Vec<u64> = prepared.iter().map(|(_, ino)| *ino).collect();
+    inodes.sort();
+    inodes.dedup();
+    assert_eq!(inodes.len(), 2, "two objects: {prepared:?}");
+    let data = ProblemData::random(&problem, 5);
+    let reference = data.reference();
+    for config in &configs {
+        let out = emu.run(&data, config).unwrap();
+        let err = relative_error(&out, &reference);
+        assert!(err <= problem.tolerance(), "{config}: error {err:e}");
+    }
+    assert_eq!(objects(), prepared, "running compiled nothing more");
+    let _ = std::fs::remove_dir_all(&cache);
 }
 
 #[test]

@@ -462,6 +462,29 @@ fn compile_record(
     }
 }
 
+/// Consecutive slices of `runs` (keyed by build first, and sorted) of at most `builds`
+/// distinct builds each.
+fn batches_of_builds<T>(
+    runs: &[((String, String), T)],
+    builds: usize,
+) -> Vec<&[((String, String), T)]> {
+    let mut batches = Vec::new();
+    let (mut start, mut distinct) = (0, 0);
+    for (i, ((build, _), _)) in runs.iter().enumerate() {
+        if i == 0 || *build != runs[i - 1].0 .0 {
+            if distinct == builds {
+                batches.push(&runs[start..i]);
+                (start, distinct) = (i, 0);
+            }
+            distinct += 1;
+        }
+    }
+    if start < runs.len() {
+        batches.push(&runs[start..]);
+    }
+    batches
+}
+
 /// Runs every kept candidate's build on the host emulator, once per reduced problem, and
 /// prunes the candidates of builds that fail or are wrong there.
 fn emulate_kept(
@@ -489,10 +512,22 @@ fn emulate_kept(
     } else {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let failures: HashMap<(String, String), String> = runs
-        .par_iter()
-        .filter_map(|(key, (problem, config))| {
-            // Stopped: the plan is abandoned, so what is left need not run.
+    let runs: Vec<_> = runs.into_iter().collect();
+    let mut failures: HashMap<(String, String), String> = HashMap::new();
+    // A batch of runs at a time, their builds compiled together first (a translation unit of
+    // several for each thread), so a stop waits for one batch at most.
+    let builds = emulator::UNIT_BUILDS * rayon::current_num_threads().max(1);
+    for batch in batches_of_builds(&runs, builds) {
+        // Stopped: the plan is abandoned, so what is left need not run.
+        if options.stopped() {
+            break;
+        }
+        let smalls: Vec<(Problem, Config)> = batch
+            .iter()
+            .map(|(_, (p, c))| (emulator::reduced(p, c), *c))
+            .collect();
+        emu.prepare(smalls.iter().map(|(p, c)| (p, c)));
+        failures.par_extend(batch.par_iter().filter_map(|(key, (problem, config))| {
             if options.stopped() {
                 return None;
             }
@@ -507,8 +542,8 @@ fn emulate_kept(
                 Err(e) => format!("fails on the host emulator: {e}"),
             };
             Some((key.clone(), why))
-        })
-        .collect();
+        }));
+    }
     bar.finish_and_clear();
     for (d, _, candidates) in plans.iter_mut() {
         for c in candidates.iter_mut().filter(|c| c.verdict.is_kept()) {
@@ -548,6 +583,34 @@ mod tests {
             },
             resources: None,
         }
+    }
+
+    #[test]
+    fn batches_hold_at_most_so_many_builds_and_keep_a_build_s_runs_together() {
+        let key = |b: &str, p: &str| ((b.to_string(), p.to_string()), ());
+        let runs = [
+            key("a", "1"),
+            key("a", "2"),
+            key("b", "1"),
+            key("c", "1"),
+            key("c", "2"),
+            key("c", "3"),
+            key("d", "1"),
+        ];
+        let builds = |batch: &[((String, String), ())]| -> Vec<String> {
+            batch.iter().map(|((b, p), _)| format!("{b}{p}")).collect()
+        };
+        let batches: Vec<Vec<String>> = batches_of_builds(&runs, 2)
+            .into_iter()
+            .map(builds)
+            .collect();
+        assert_eq!(
+            batches,
+            [vec!["a1", "a2", "b1"], vec!["c1", "c2", "c3", "d1"]]
+        );
+        assert_eq!(batches_of_builds(&runs, 10).len(), 1);
+        assert_eq!(batches_of_builds(&runs, 1).len(), 4);
+        assert!(batches_of_builds::<()>(&[], 3).is_empty());
     }
 
     #[test]

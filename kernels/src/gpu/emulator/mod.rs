@@ -10,27 +10,34 @@
 //! writes outside the output buffers (each buffer sits between guard bytes that are checked
 //! after the launch). Input guard bytes are NaN, so a read past an input that reaches the
 //! output fails verification. Timing means nothing here: it is a correctness tool.
+//!
+//! Each build is compiled once and cached by a hash of its source ([`unit`]); a caller about
+//! to run many builds hands them to [`Emulator::prepare`] first, which compiles them several
+//! to a translation unit.
 
-use std::collections::HashMap;
+mod guarded;
+mod unit;
+
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
 
 use libloading::Library;
+use rayon::prelude::*;
 
 use super::compiler_io::{first_errors, run_with_input};
 use super::launch::{input_alignment, launches, partial_floats, DevicePtrs};
-use super::source::{body_of, PRELUDE};
+use super::source::body_of;
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
 use crate::reference::relative_error;
 use crate::space::{has_mfma, has_mma, has_wgmma};
-use crate::{Config, Device, GpuSpace, KernelError, Problem, Space, TensorBuf};
-
-const SIMT: &str = include_str!("../../emulator/simt.h");
+use crate::{Config, Device, GpuSpace, KernelError, Problem, Space};
+use guarded::Guarded;
+use unit::{loaded, EmulatedBuild, LaunchFn, Part};
 
 /// Compilers tried in order when `$KERNTUNE_HOST_CXX` is not set.
 const COMPILERS: &[&str] = &["c++", "g++", "clang++", "clang++-19", "clang++-15"];
@@ -39,15 +46,10 @@ const COMPILERS: &[&str] = &["c++", "g++", "clang++", "clang++-19", "clang++-15"
 /// out lands in other memory and may crash the process instead.
 const GUARD: usize = 64 * 1024;
 
-/// `kt_host_launch` of a build (kernels/emulator/simt.h).
-type LaunchFn = unsafe extern "C" fn(
-    entry: i32,
-    grid: *const u32,
-    threads: u32,
-    params: *mut *mut c_void,
-    err: *mut c_char,
-    err_len: usize,
-) -> i32;
+/// Most builds [`Emulator::prepare`] puts in one translation unit: past about this many the
+/// fixed cost it saves is small beside the builds' own, and fewer units would leave threads
+/// idle.
+pub const UNIT_BUILDS: usize = 16;
 
 fn unavailable(reason: impl Into<String>) -> KernelError {
     KernelError::BackendUnavailable {
@@ -61,6 +63,14 @@ fn fault(build: &KernelBuild, reason: impl Into<String>) -> KernelError {
         build: build.key(),
         reason: reason.into(),
     }
+}
+
+/// Why a translation unit did not compile.
+enum Compile {
+    /// The compiler or the cache could not be used.
+    Unavailable(String),
+    /// The compiler refused the source.
+    Fails(String),
 }
 
 /// A problem of the same build as `problem` under `config` (dtype, B layout, head size, block
@@ -145,18 +155,6 @@ pub struct Emulator {
     portable: bool,
 }
 
-/// A compiled build, loaded for the life of the process: its code and thread-local shared
-/// memory must outlive every launch, and a process loads each build once.
-#[derive(Debug, Clone, Copy)]
-pub struct EmulatedBuild {
-    launch: LaunchFn,
-}
-
-fn loaded() -> &'static Mutex<HashMap<PathBuf, EmulatedBuild>> {
-    static LOADED: OnceLock<Mutex<HashMap<PathBuf, EmulatedBuild>>> = OnceLock::new();
-    LOADED.get_or_init(Default::default)
-}
-
 fn version_of(cxx: &Path) -> Option<String> {
     let out = Command::new(cxx).arg("--version").output().ok()?;
     out.status.success().then(|| {
@@ -167,18 +165,6 @@ fn version_of(cxx: &Path) -> Option<String> {
             .trim()
             .to_string()
     })
-}
-
-/// FNV-1a over the parts of a cache key: stable across Rust versions and runs.
-fn fnv(parts: &[&str]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.bytes().chain([0]) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
 }
 
 impl Emulator {
@@ -219,6 +205,12 @@ impl Emulator {
         })
     }
 
+    /// The same emulator keeping its builds in `dir` rather than the default cache.
+    pub fn with_cache(mut self, dir: impl Into<PathBuf>) -> Emulator {
+        self.cache = dir.into();
+        self
+    }
+
     /// The same emulator switching fibers with ucontext, as on hosts other than x86-64.
     pub fn with_portable_fibers(mut self) -> Emulator {
         self.portable = true;
@@ -234,8 +226,8 @@ impl Emulator {
         format!("{} ({})", self.cxx.display(), self.version)
     }
 
-    /// The build's macros for this model's emulation.
-    fn defines(&self, build: &KernelBuild) -> Vec<String> {
+    /// The build's macros for this model's emulation, the emulator's first.
+    fn defines(&self, build: &KernelBuild) -> Vec<(&'static str, usize)> {
         let flag = |b: bool| usize::from(b);
         let mut defines = vec![
             ("KT_HOST", 1),
@@ -253,40 +245,57 @@ impl Emulator {
         }
         defines.extend(build.defines.iter().copied());
         defines
+    }
+
+    fn part<'a>(&self, build: &'a KernelBuild, body: &'a str) -> Part<'a> {
+        Part::new(build, body, self.defines(build), &self.version)
+    }
+
+    /// Compiles those of `runs`' builds that are not in the cache yet, up to [`UNIT_BUILDS`]
+    /// to a translation unit and the units in parallel, for a caller about to run them all:
+    /// most of the compiler's cost per build is the same for every build, and a unit pays it
+    /// once. Runs whose config is not valid for their problem are left out, and a unit that
+    /// does not compile leaves its builds uncached: [`run`](Self::run) then compiles each
+    /// alone and names the one at fault.
+    pub fn prepare<'a>(&self, runs: impl IntoIterator<Item = (&'a Problem, &'a Config)>) {
+        let device = Device::Gpu(self.model);
+        let builds: Vec<KernelBuild> = runs
             .into_iter()
-            .map(|(name, value)| format!("-D{name}={value}"))
-            .collect()
-    }
-
-    /// The translation unit: the runtime, the prelude, the kernel (with `#line` marks, so
-    /// compiler messages and barrier sites name the source files' lines) and the entry table.
-    fn source(&self, build: &KernelBuild, body: &str) -> String {
-        let entries: Vec<String> = build
-            .entries
-            .iter()
-            .map(|e| format!("kt_host::entry_of(&{e})"))
+            .filter(|(problem, config)| GpuSpace.validate(config, problem, &device).is_ok())
+            .filter_map(|(problem, config)| KernelBuild::new(problem, config).ok())
             .collect();
-        format!(
-            "{SIMT}\n#line 1 \"prelude.h\"\n{PRELUDE}\n#line 1 \"{}\"\n{}\nKT_HOST_ENTRIES({})\n",
-            build.file,
-            body.replacen("#include \"prelude.h\"", "", 1),
-            entries.join(", ")
-        )
-    }
-
-    /// Compiles `build` (or finds it in the cache) and loads it.
-    pub fn load(&self, build: &KernelBuild) -> Result<EmulatedBuild, KernelError> {
-        self.load_source(build, body_of(build.family))
+        // Missing builds by their key, grouped by the macros a unit shares.
+        let mut groups: BTreeMap<Vec<String>, BTreeMap<String, Part<'_>>> = BTreeMap::new();
+        for build in &builds {
+            let part = self.part(build, body_of(build.family));
+            if !part.path(&self.cache).exists() {
+                groups
+                    .entry(part.unit_flags())
+                    .or_default()
+                    .insert(part.key.clone(), part);
+            }
+        }
+        let threads = rayon::current_num_threads().max(1);
+        let mut units: Vec<Vec<Part<'_>>> = Vec::new();
+        for parts in groups.into_values() {
+            let size = parts.len().div_ceil(threads).clamp(1, UNIT_BUILDS);
+            let mut parts: Vec<Part<'_>> = parts.into_values().collect();
+            while !parts.is_empty() {
+                let rest = parts.split_off(size.min(parts.len()));
+                units.push(std::mem::replace(&mut parts, rest));
+            }
+        }
+        units.par_iter().for_each(|unit| {
+            // A failure is reported by the build's own compile when it is run.
+            let _ = self.compile(unit);
+        });
     }
 
     /// Compiles `body` in place of the build's source file (`kernels/hip/<family>.hip`), with
     /// the build's macros.
     fn load_source(&self, build: &KernelBuild, body: &str) -> Result<EmulatedBuild, KernelError> {
-        let source = self.source(build, body);
-        let defines = self.defines(build);
-        let mut key: Vec<&str> = vec![&source, &self.version];
-        key.extend(defines.iter().map(String::as_str));
-        let path = self.cache.join(format!("{}.so", fnv(&key)));
+        let part = self.part(build, body);
+        let path = part.path(&self.cache);
         if let Some(b) = loaded()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -295,22 +304,32 @@ impl Emulator {
             return Ok(*b);
         }
         if !path.exists() {
-            self.compile(build, &source, &defines, &path)?;
+            self.compile(std::slice::from_ref(&part))
+                .map_err(|e| match e {
+                    Compile::Unavailable(reason) => unavailable(reason),
+                    Compile::Fails(reason) => fault(build, reason),
+                })?;
         }
-        // SAFETY: the library is our own build of kernels/emulator/simt.h and a kernel; its
+        // SAFETY: the library is our own build of kernels/emulator/simt.h and kernels; its
         // initialisers only set up thread-local storage.
         let library = unsafe { Library::new(&path) }
             .map_err(|e| fault(build, format!("cannot load {}: {e}", path.display())))?;
-        // SAFETY: `kt_host_launch` is defined by KT_HOST_ENTRIES with exactly this signature.
-        let launch = unsafe { library.get::<LaunchFn>(b"kt_host_launch\0") }
+        let symbol = part.symbol();
+        // SAFETY: every build's launcher is defined by KT_HOST_ENTRIES with exactly this
+        // signature.
+        let launch = unsafe { library.get::<LaunchFn>(symbol.as_bytes()) }
             .map(|f| *f)
             .map_err(|e| {
                 fault(
                     build,
-                    format!("{} lacks kt_host_launch: {e}", path.display()),
+                    format!(
+                        "{} lacks {}: {e}",
+                        path.display(),
+                        symbol.trim_end_matches('\0')
+                    ),
                 )
             })?;
-        // Never unloaded: see EmulatedBuild.
+        // Never unloaded: see EmulatedBuild. A unit's other builds load the same mapping.
         std::mem::forget(library);
         let b = EmulatedBuild { launch };
         loaded()
@@ -320,21 +339,19 @@ impl Emulator {
         Ok(b)
     }
 
-    fn compile(
-        &self,
-        build: &KernelBuild,
-        source: &str,
-        defines: &[String],
-        path: &Path,
-    ) -> Result<(), KernelError> {
+    /// Compiles the unit of `parts` and stores it under each one's key.
+    fn compile(&self, parts: &[Part<'_>]) -> Result<(), Compile> {
         std::fs::create_dir_all(&self.cache).map_err(|e| {
-            unavailable(format!(
+            Compile::Unavailable(format!(
                 "cannot create the build cache {}: {e}",
                 self.cache.display()
             ))
         })?;
-        // A private name, then a rename: concurrent tests and tuners share the cache.
-        let tmp = path.with_extension(format!(
+        let Some(first) = parts.first() else {
+            return Ok(());
+        };
+        // A private name, then renames: concurrent tests and tuners share the cache.
+        let tmp = first.path(&self.cache).with_extension(format!(
             "{}.{:?}.tmp",
             std::process::id(),
             std::thread::current().id()
@@ -342,27 +359,24 @@ impl Emulator {
         let out = run_with_input(
             Command::new(&self.cxx)
                 .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-pthread"])
-                .args(defines)
+                .args(first.unit_flags())
                 .args(["-x", "c++", "-", "-o"])
                 .arg(&tmp),
-            source,
+            &unit::source(parts),
         )
-        .map_err(unavailable)?;
+        .map_err(Compile::Unavailable)?;
         if !out.status.success() {
             let _ = std::fs::remove_file(&tmp);
             let errors = first_errors(&String::from_utf8_lossy(&out.stderr), || {
                 out.status.to_string()
             });
-            return Err(fault(
-                build,
-                format!(
-                    "does not compile for the host with {}: {errors}",
-                    self.cxx.display()
-                ),
-            ));
+            return Err(Compile::Fails(format!(
+                "does not compile for the host with {}: {errors}",
+                self.cxx.display()
+            )));
         }
-        std::fs::rename(&tmp, path).map_err(|e| {
-            unavailable(format!(
+        unit::store(&tmp, parts, &self.cache).map_err(|e| {
+            Compile::Unavailable(format!(
                 "cannot store the build in {}: {e}",
                 self.cache.display()
             ))
@@ -476,97 +490,6 @@ impl Emulator {
             }
         }
         Ok(out.floats())
-    }
-}
-
-/// A buffer between guard bytes. The storage is 16-byte words so every element type, and the
-/// 16-byte copies of the pipelined kernels, are aligned as on a device.
-struct Guarded {
-    words: Vec<u128>,
-    /// Data bytes, starting at `GUARD`.
-    len: usize,
-    guard: u8,
-}
-
-impl Guarded {
-    fn with(len: usize, guard: u8) -> Guarded {
-        let total = (2 * GUARD + len).div_ceil(16);
-        let mut g = Guarded {
-            words: vec![0; total],
-            len,
-            guard,
-        };
-        g.bytes_mut().fill(guard);
-        g
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        let n = self.words.len() * 16;
-        // SAFETY: the words' storage is n initialised bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), n) }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        let n = self.words.len() * 16;
-        // SAFETY: as above, read-only.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), n) }
-    }
-
-    fn data_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        &mut self.bytes_mut()[GUARD..GUARD + len]
-    }
-
-    /// Inputs: a NaN of the element type in every guard byte pair or word (0x7f bytes read
-    /// as f32, bf16 and f16 are all NaN), so a stray read poisons the result.
-    fn input(t: &TensorBuf) -> Guarded {
-        let bytes: Vec<u8> = match t {
-            TensorBuf::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            TensorBuf::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-            TensorBuf::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
-        };
-        let mut g = Guarded::with(bytes.len(), 0x7f);
-        g.data_mut().copy_from_slice(&bytes);
-        g
-    }
-
-    /// Block tables and context lengths: zero guards, a valid block index, so a stray read of
-    /// a table stays inside the caches.
-    fn words(v: &[u32]) -> Guarded {
-        let mut g = Guarded::with(4 * v.len(), 0);
-        g.data_mut()
-            .copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-        g
-    }
-
-    /// Outputs: data and guards NaN (0xff bytes), so an element the kernel never writes fails
-    /// verification; the guards are checked after each launch.
-    fn output(floats: usize) -> Guarded {
-        Guarded::with(4 * floats, 0xff)
-    }
-
-    fn addr(&mut self) -> u64 {
-        self.bytes_mut()[GUARD..].as_mut_ptr() as u64
-    }
-
-    /// Where a guard byte changed, if one did.
-    fn damaged_guard(&self) -> Option<String> {
-        let b = self.bytes();
-        if let Some(i) = b[..GUARD].iter().rposition(|&x| x != self.guard) {
-            return Some(format!("{} bytes before its start", GUARD - i));
-        }
-        let end = GUARD + self.len;
-        b[end..end + GUARD]
-            .iter()
-            .position(|&x| x != self.guard)
-            .map(|i| format!("{} bytes past its end", i))
-    }
-
-    fn floats(&self) -> Vec<f32> {
-        self.bytes()[GUARD..GUARD + self.len]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
     }
 }
 
