@@ -275,16 +275,15 @@ impl Emulator {
                     .insert(part.key.clone(), part);
             }
         }
+        let groups: Vec<Vec<Part<'_>>> = groups
+            .into_values()
+            .map(|parts| parts.into_values().collect())
+            .collect();
         let threads = rayon::current_num_threads().max(1);
-        let mut units: Vec<Vec<Part<'_>>> = Vec::new();
-        for parts in groups.into_values() {
-            let size = parts.len().div_ceil(threads).clamp(1, UNIT_BUILDS);
-            let mut parts: Vec<Part<'_>> = parts.into_values().collect();
-            while !parts.is_empty() {
-                let rest = parts.split_off(size.min(parts.len()));
-                units.push(std::mem::replace(&mut parts, rest));
-            }
-        }
+        let units: Vec<&[Part<'_>]> = groups
+            .iter()
+            .flat_map(|parts| parts.chunks(parts.len().div_ceil(threads).clamp(1, UNIT_BUILDS)))
+            .collect();
         units.par_iter().for_each(|unit| {
             // A failure is reported by the build's own compile when it is run.
             let _ = self.compile(unit);
