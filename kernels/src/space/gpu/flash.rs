@@ -11,6 +11,12 @@ use super::{check_threads, has_mfma, has_mma, invalid};
 /// Head dimensions the flash kernel holds in registers: beyond this a row does not fit.
 pub const GPU_MAX_HEAD_DIM: usize = 256;
 
+/// Dims of q and of the output row one lane of the rows variant holds in registers. Past
+/// this the two arrays alone fill the register file: at head size 128 one lane a row spilled
+/// 153–179 registers on sm_90 and 487–550 on gfx90a in every tile shape, and NVRTC took tens
+/// of seconds over each such build, the slowest of a plan by far.
+const FLASH_MAX_DIMS_PER_LANE: usize = 64;
+
 pub(super) fn validate(
     c: &GpuFlashConfig,
     p: &FlashProblem,
@@ -84,6 +90,31 @@ pub(super) fn validate(
             format!(
                 "lanes = {} must be a power of two up to 32 dividing head_dim {}",
                 c.lanes, p.head_dim
+            ),
+        ));
+    }
+    // Only where more lanes would divide the head size: an odd one has no other choice.
+    if p.head_dim / c.lanes > FLASH_MAX_DIMS_PER_LANE
+        && c.lanes < 32
+        && p.head_dim.is_multiple_of(2 * c.lanes)
+    {
+        // The fewest lanes this rule accepts.
+        let enough = (1..=5)
+            .map(|e| c.lanes << e)
+            .find(|&l| {
+                p.head_dim.is_multiple_of(l)
+                    && (p.head_dim / l <= FLASH_MAX_DIMS_PER_LANE
+                        || l == 32
+                        || !p.head_dim.is_multiple_of(2 * l))
+            })
+            .unwrap_or(32);
+        return Err(invalid(
+            f,
+            format!(
+                "lanes = {} leaves {} dims of head_dim {} to each lane, more than the {FLASH_MAX_DIMS_PER_LANE} that fit in registers: take lanes = {enough} or more",
+                c.lanes,
+                p.head_dim / c.lanes,
+                p.head_dim,
             ),
         ));
     }
@@ -166,5 +197,66 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             variant,
         },
         None => default(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{default, validate, GPU_MAX_HEAD_DIM};
+    use crate::config::{GpuFlashConfig, GpuFlashVariant};
+    use crate::device::GpuModel;
+    use crate::problem::FlashProblem;
+    use crate::{Device, Problem};
+
+    fn problem(head_dim: usize) -> FlashProblem {
+        match format!("flash:q_len=64,q_heads=2,head_dim={head_dim}").parse() {
+            Ok(Problem::Flash(p)) => p,
+            other => unreachable!("a valid flash problem: {other:?}"),
+        }
+    }
+
+    fn h200() -> &'static GpuModel {
+        match Device::lookup("h200") {
+            Ok(Device::Gpu(g)) => g,
+            other => unreachable!("the H200 is a GPU: {other:?}"),
+        }
+    }
+
+    fn check(head_dim: usize, lanes: usize) -> Result<(), String> {
+        let rows = GpuFlashConfig {
+            br: 32,
+            bc: 16,
+            lanes,
+            variant: GpuFlashVariant::Rows,
+        };
+        validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn lanes_that_leave_a_row_beyond_the_registers_are_refused_naming_enough() {
+        let err = check(128, 1).unwrap_err();
+        assert!(
+            err.contains("lanes = 1 leaves 128 dims of head_dim 128")
+                && err.contains("take lanes = 2"),
+            "{err}"
+        );
+        assert!(check(256, 1).unwrap_err().contains("take lanes = 4"));
+        assert!(check(256, 2).unwrap_err().contains("take lanes = 4"));
+        check(256, 4).unwrap();
+        check(128, 2).unwrap();
+        check(64, 1).unwrap();
+        // Only where more lanes divide the head size: 65 dims a lane is the best 130 allows.
+        assert!(check(130, 1).unwrap_err().contains("take lanes = 2"));
+        check(130, 2).unwrap();
+        check(131, 1).unwrap();
+    }
+
+    #[test]
+    fn the_default_is_valid_for_every_head_size() {
+        for head_dim in 1..=GPU_MAX_HEAD_DIM {
+            let p = problem(head_dim);
+            validate(&default(&p), &p, h200())
+                .unwrap_or_else(|e| panic!("head_dim {head_dim}: {e}"));
+        }
     }
 }
