@@ -498,7 +498,7 @@ fn emulate_kept(
         for c in candidates.iter().filter(|c| c.verdict.is_kept()) {
             let small = emulator::reduced(&d.problem, &c.config);
             runs.entry((c.build.clone(), small.key()))
-                .or_insert((d.problem, c.config));
+                .or_insert((small, c.config));
         }
     }
     let bar = ProgressBar::new(runs.len() as u64);
@@ -522,16 +522,13 @@ fn emulate_kept(
         if options.stopped() {
             break;
         }
-        let smalls: Vec<(Problem, Config)> = batch
-            .iter()
-            .map(|(_, (p, c))| (emulator::reduced(p, c), *c))
-            .collect();
-        emu.prepare(smalls.iter().map(|(p, c)| (p, c)));
-        failures.par_extend(batch.par_iter().filter_map(|(key, (problem, config))| {
+        emu.prepare(batch.iter().map(|(_, (small, config))| (small, config)));
+        failures.par_extend(batch.par_iter().filter_map(|(key, (small, config))| {
             if options.stopped() {
                 return None;
             }
-            let result = emu.verify(problem, config);
+            // Already reduced: verify runs it as it is.
+            let result = emu.verify(small, config);
             bar.inc(1);
             let why = match result {
                 Ok(v) if v.passed() => return None,
