@@ -313,21 +313,12 @@ impl Emulator {
         // initialisers only set up thread-local storage.
         let library = unsafe { Library::new(&path) }
             .map_err(|e| fault(build, format!("cannot load {}: {e}", path.display())))?;
-        let symbol = part.symbol();
+        let launcher = part.launcher();
         // SAFETY: every build's launcher is defined by KT_HOST_ENTRIES with exactly this
         // signature.
-        let launch = unsafe { library.get::<LaunchFn>(symbol.as_bytes()) }
+        let launch = unsafe { library.get::<LaunchFn>(format!("{launcher}\0").as_bytes()) }
             .map(|f| *f)
-            .map_err(|e| {
-                fault(
-                    build,
-                    format!(
-                        "{} lacks {}: {e}",
-                        path.display(),
-                        symbol.trim_end_matches('\0')
-                    ),
-                )
-            })?;
+            .map_err(|e| fault(build, format!("{} lacks {launcher}: {e}", path.display())))?;
         // Never unloaded: see EmulatedBuild. A unit's other builds load the same mapping.
         std::mem::forget(library);
         let b = EmulatedBuild { launch };

@@ -123,8 +123,9 @@ impl<'a> Part<'a> {
         cache.join(format!("{}.so", self.key))
     }
 
-    pub fn symbol(&self) -> String {
-        format!("kt_host_launch_{}\0", self.key)
+    /// The build's launch function.
+    pub fn launcher(&self) -> String {
+        format!("kt_host_launch_{}", self.key)
     }
 
     /// The `-D` flags of the unit this part belongs to.
@@ -162,8 +163,8 @@ pub(super) fn source(parts: &[Part<'_>]) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "KT_HOST_ENTRIES(kt_host_launch_{}, {})",
-            p.key,
+            "KT_HOST_ENTRIES({}, {})",
+            p.launcher(),
             entries.join(", ")
         );
         let undefine: BTreeSet<&str> = own
@@ -171,6 +172,7 @@ pub(super) fn source(parts: &[Part<'_>]) -> String {
             .map(|(n, _)| *n)
             .chain(defined_macros(PRELUDE))
             .chain(defined_macros(p.body))
+            .filter(|n| !unit_wide(n))
             .collect();
         for name in undefine {
             let _ = writeln!(s, "#undef {name}");
