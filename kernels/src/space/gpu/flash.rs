@@ -17,6 +17,13 @@ pub const GPU_MAX_HEAD_DIM: usize = 256;
 /// of seconds over each such build, the slowest of a plan by far.
 const FLASH_MAX_DIMS_PER_LANE: usize = 64;
 
+/// Whether `lanes` leave each lane of the rows variant more than
+/// [`FLASH_MAX_DIMS_PER_LANE`] of `head_dim`, where more lanes would divide it (an odd head
+/// size has no other choice).
+fn too_few_lanes(head_dim: usize, lanes: usize) -> bool {
+    head_dim / lanes > FLASH_MAX_DIMS_PER_LANE && lanes < 32 && head_dim.is_multiple_of(2 * lanes)
+}
+
 pub(super) fn validate(
     c: &GpuFlashConfig,
     p: &FlashProblem,
@@ -93,20 +100,11 @@ pub(super) fn validate(
             ),
         ));
     }
-    // Only where more lanes would divide the head size: an odd one has no other choice.
-    if p.head_dim / c.lanes > FLASH_MAX_DIMS_PER_LANE
-        && c.lanes < 32
-        && p.head_dim.is_multiple_of(2 * c.lanes)
-    {
-        // The fewest lanes this rule accepts.
+    if too_few_lanes(p.head_dim, c.lanes) {
+        // The fewest lanes the rule accepts.
         let enough = (1..=5)
             .map(|e| c.lanes << e)
-            .find(|&l| {
-                p.head_dim.is_multiple_of(l)
-                    && (p.head_dim / l <= FLASH_MAX_DIMS_PER_LANE
-                        || l == 32
-                        || !p.head_dim.is_multiple_of(2 * l))
-            })
+            .find(|&l| p.head_dim.is_multiple_of(l) && !too_few_lanes(p.head_dim, l))
             .unwrap_or(32);
         return Err(invalid(
             f,
