@@ -42,6 +42,11 @@ pub struct HipCompiler {
     device_libs: PathBuf,
     /// Targets probed so far: whether this clang compiles for them.
     probed: Mutex<HashMap<String, bool>>,
+    /// Where each compile's temporary directory is made. clang's driver leaves an empty
+    /// directory behind (`--XXXXXX`, named after the input `-`) in its temporary directory for
+    /// every HIP compile from standard input: hundreds for one `tune plan`. Each compile gets
+    /// a directory of its own as `TMPDIR`, removed with whatever clang left in it.
+    scratch: PathBuf,
 }
 
 fn unavailable(reason: impl Into<String>) -> KernelError {
@@ -89,6 +94,7 @@ impl HipCompiler {
                 rocm_path: rocm_path.clone(),
                 device_libs: device_libs.clone(),
                 probed: Mutex::new(HashMap::new()),
+                scratch: std::env::temp_dir(),
             };
             if compiler.supports("gfx90a") {
                 return Ok(compiler);
@@ -154,8 +160,18 @@ impl HipCompiler {
     }
 
     fn run(&self, source: &str, target: &str, extra: &[String]) -> Result<Vec<u8>, String> {
+        let tmp = tempfile::Builder::new()
+            .prefix("kerntune-hip-")
+            .tempdir_in(&self.scratch)
+            .map_err(|e| {
+                format!(
+                    "cannot make a temporary directory for clang in {}: {e}",
+                    self.scratch.display()
+                )
+            })?;
         let out = run_with_input(
             Command::new(&self.clang)
+                .env("TMPDIR", tmp.path())
                 .args([
                     "-x",
                     "hip",
@@ -191,4 +207,51 @@ fn version_of(clang: &Path) -> Option<String> {
         .lines()
         .next()
         .map(|l| l.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entries of the system temporary directory named as clang names the directory it leaves.
+    fn clang_leftovers() -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .filter(|n| n.to_string_lossy().starts_with("--"))
+            .collect()
+    }
+
+    #[test]
+    fn compiles_leave_nothing_in_the_temporary_directory() {
+        let mut hip = match HipCompiler::find() {
+            Ok(c) => c,
+            Err(e) if std::env::var_os("KERNTUNE_REQUIRE_HIP").is_some() => {
+                panic!("KERNTUNE_REQUIRE_HIP is set but {e}")
+            }
+            Err(e) => {
+                eprintln!("compiles_leave_nothing_in_the_temporary_directory did not run: {e}");
+                return;
+            }
+        };
+        let scratch = tempfile::tempdir().unwrap();
+        hip.scratch = scratch.path().to_path_buf();
+        let before = clang_leftovers();
+        let kernel = "#include <hip/hip_runtime.h>\nextern \"C\" __global__ void kt_k(float* x) { x[threadIdx.x] = 2.0f; }";
+        for _ in 0..3 {
+            hip.run(kernel, "gfx90a", &[]).unwrap();
+        }
+        // A failed compile cleans up too.
+        assert!(hip.run("not C++", "gfx90a", &[]).is_err());
+        let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+        assert!(left.is_empty(), "left in the scratch directory: {left:?}");
+        let new: Vec<_> = clang_leftovers()
+            .into_iter()
+            .filter(|n| !before.contains(n))
+            .collect();
+        assert!(
+            new.is_empty(),
+            "clang left {new:?} in the temporary directory"
+        );
+    }
 }
