@@ -272,10 +272,10 @@ fn the_grouped_paged_checks_catch_each_mistake() {
 #[test]
 fn prepared_builds_share_an_object_and_each_runs_its_own_kernel() {
     use std::os::unix::fs::MetadataExt;
-    let cache = std::env::temp_dir().join(format!("kerntune-prepare-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&cache);
+    // Removed when the test ends, passed or failed.
+    let cache = tempfile::tempdir().unwrap();
     let (device, emu) = emulator("h200");
-    let emu = emu.with_cache(&cache);
+    let emu = emu.with_cache(cache.path());
     // Variants that define different macros, so one build's leftovers would break the next.
     let problem: Problem = GEMM_BF16_NK_DECODE.parse().unwrap();
     let mut configs: Vec<Config> = Vec::new();
@@ -295,7 +295,7 @@ fn prepared_builds_share_an_object_and_each_runs_its_own_kernel() {
     }
     assert_eq!(configs.len(), 12, "three candidates of each variant");
     let objects = || {
-        let mut inodes: Vec<(String, u64)> = std::fs::read_dir(&cache)
+        let mut inodes: Vec<(String, u64)> = std::fs::read_dir(cache.path())
             .unwrap()
             .map(|e| {
                 let e = e.unwrap();
@@ -327,7 +327,6 @@ fn prepared_builds_share_an_object_and_each_runs_its_own_kernel() {
         assert!(err <= problem.tolerance(), "{config}: error {err:e}");
     }
     assert_eq!(objects(), prepared, "running compiled nothing more");
-    let _ = std::fs::remove_dir_all(&cache);
 }
 
 #[test]

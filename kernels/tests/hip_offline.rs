@@ -1,16 +1,37 @@
-//! The GPU sources compiled offline with the real HIP compiler for gfx90a (MI250) and gfx940
-//! (the CDNA3 stand-in for MI300X), resources read back from the code objects, and pruning.
+//! The GPU sources compiled offline with the real HIP compiler for gfx90a (MI250) and for
+//! MI300X (gfx942 where the compiler knows it, else gfx940, the same CDNA3 ISA), resources read
+//! back from the code objects, and pruning.
 //!
-//! Needs clang with HIP headers and ROCm device libraries (Debian: hipcc, libamdhip64-dev).
-//! Without them each test says it did not run and why; with `KERNTUNE_REQUIRE_HIP=1` (set by
-//! `.ci/run`, which installs them) a missing compiler fails the test instead.
+//! Needs clang with HIP headers and ROCm device libraries (Debian: hipcc, libamdhip64-dev;
+//! clang-19 and lld-19 for gfx942). Without them each test says it did not run and why; with
+//! `KERNTUNE_REQUIRE_HIP=1` (set by `.ci/run`, which installs them all) a missing compiler
+//! fails the test instead.
 
 use kerntune_kernels::gpu::hip::HipCompiler;
 use kerntune_kernels::gpu::{judge, metadata, KernelBuild, Verdict};
-use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, Problem, Space};
+use kerntune_kernels::{
+    Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, KernelError, Problem, Space,
+};
 
 fn compiler(test: &str) -> Option<HipCompiler> {
-    match HipCompiler::find() {
+    found(test, HipCompiler::find())
+}
+
+/// Debian's two HIP compilers: hipcc's clang 15 (gfx940 standing in for gfx942) and clang 19.
+fn each_clang(test: &str) -> Vec<HipCompiler> {
+    ["clang++-15", "clang++-19"]
+        .into_iter()
+        .filter_map(|clang| {
+            found(
+                &format!("{test} with {clang}"),
+                HipCompiler::with_clang(clang),
+            )
+        })
+        .collect()
+}
+
+fn found(test: &str, compiler: Result<HipCompiler, KernelError>) -> Option<HipCompiler> {
+    match compiler {
         Ok(c) => Some(c),
         Err(e) if std::env::var_os("KERNTUNE_REQUIRE_HIP").is_some() => {
             panic!("{test}: KERNTUNE_REQUIRE_HIP is set but {e}")
@@ -20,6 +41,14 @@ fn compiler(test: &str) -> Option<HipCompiler> {
             None
         }
     }
+}
+
+/// What `hip` compiles for the catalog's `name`.
+fn target(hip: &HipCompiler, name: &str) -> String {
+    let Device::Gpu(g) = Device::lookup(name).unwrap() else {
+        unreachable!()
+    };
+    hip.target_for(g).unwrap().0
 }
 
 /// Llama-3.1-70B TP8 shapes of each family, bf16, and an f32 GEMM with a Linear layout.
@@ -47,26 +76,25 @@ fn compile(
 }
 
 #[test]
-fn defaults_compile_for_gfx90a_and_gfx940_without_spills_and_within_lds() {
-    let Some(hip) = compiler("defaults_compile_for_gfx90a_and_gfx940") else {
-        return;
-    };
-    for (name, target) in [("mi250", "gfx90a"), ("mi300x", "gfx940")] {
+fn defaults_compile_for_mi250_and_mi300x_without_spills_and_within_lds() {
+    for hip in each_clang("defaults_compile_for_mi250_and_mi300x") {
+        defaults_compile_without_spills_and_within_lds(&hip);
+    }
+}
+
+fn defaults_compile_without_spills_and_within_lds(hip: &HipCompiler) {
+    for name in ["mi250", "mi300x"] {
         let device = Device::lookup(name).unwrap();
         let Device::Gpu(g) = device else {
             unreachable!()
         };
-        assert!(
-            hip.supports(target),
-            "{} cannot compile {target}",
-            hip.version
-        );
+        let target = &target(hip, name);
         for p in problems() {
             let config = GpuSpace.default_config(&p, &device);
             GpuSpace.validate(&config, &p, &device).unwrap();
             let build = KernelBuild::new(&p, &config).unwrap();
-            let kernels = compile(&hip, &build, target)
-                .unwrap_or_else(|e| panic!("{p} {config} for {target}: {e}"));
+            let kernels = compile(hip, &build, target)
+                .unwrap_or_else(|e| panic!("{p} {config} for {target} ({}): {e}", hip.version));
             for entry in build.entries {
                 let k = kernels.iter().find(|k| k.name == *entry).unwrap();
                 assert_eq!((k.vgpr_spill, k.sgpr_spill), (0, 0), "{p} {config}: {k:?}");
@@ -270,23 +298,22 @@ fn the_rocm_device_path_opens_or_says_why() {
 }
 
 #[test]
-fn every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940() {
+fn every_mfma_flash_candidate_compiles_for_mi250_and_mi300x() {
     use rayon::prelude::*;
-    let Some(hip) = compiler("every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940") else {
+    let Some(hip) = compiler("every_mfma_flash_candidate_compiles_for_mi250_and_mi300x") else {
         return;
     };
-    for (name, target, spec) in [
+    for (name, spec) in [
         (
             "mi250",
-            "gfx90a",
             "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
         ),
         (
             "mi300x",
-            "gfx940",
             "flash:q_len=500,q_heads=4,kv_heads=4,head_dim=64,dtype=f16,causal=false",
         ),
     ] {
+        let target = &target(&hip, name);
         let device = Device::lookup(name).unwrap();
         let Device::Gpu(g) = device else {
             unreachable!()
@@ -324,15 +351,16 @@ fn every_mfma_flash_candidate_compiles_for_gfx90a_and_gfx940() {
     }
 }
 
-/// Compiles the candidates `keep` selects of each `(model, target, spec, count)` in parallel
-/// and checks each: `count` of them, LDS as the space computes it, nothing spilled.
+/// Compiles the candidates `keep` selects of each `(model, spec, count)` in parallel and
+/// checks each: `count` of them, LDS as the space computes it, nothing spilled.
 fn every_candidate_compiles_without_spills(
     hip: &HipCompiler,
-    cases: &[(&str, &str, &str, usize)],
+    cases: &[(&str, &str, usize)],
     keep: impl Fn(&Config) -> bool,
 ) {
     use rayon::prelude::*;
-    for &(name, target, spec, count) in cases {
+    for &(name, spec, count) in cases {
+        let target = &target(hip, name);
         let device = Device::lookup(name).unwrap();
         let Device::Gpu(g) = device else {
             unreachable!()
@@ -364,36 +392,26 @@ fn every_candidate_compiles_without_spills(
 }
 
 #[test]
-fn every_skinny_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
+fn every_skinny_candidate_compiles_for_mi250_and_mi300x_without_spills() {
     use kerntune_kernels::config::GpuGemmVariant;
-    let Some(hip) = compiler("every_skinny_candidate_compiles_for_gfx90a_and_gfx940") else {
+    let Some(hip) = compiler("every_skinny_candidate_compiles_for_mi250_and_mi300x") else {
         return;
     };
     // No LDS at all (the space's figure is 0).
     every_candidate_compiles_without_spills(
         &hip,
         &[
-            (
-                "mi250",
-                "gfx90a",
-                "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk",
-                30,
-            ),
-            (
-                "mi250",
-                "gfx90a",
-                "gemm:m=16,n=8192,k=1024,dtype=f16,b=nk",
-                20,
-            ),
-            ("mi300x", "gfx940", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
+            ("mi250", "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk", 30),
+            ("mi250", "gemm:m=16,n=8192,k=1024,dtype=f16,b=nk", 20),
+            ("mi300x", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
         ],
         |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
     );
 }
 
 #[test]
-fn every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940_without_spills() {
-    let Some(hip) = compiler("every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940") else {
+fn every_grouped_paged_candidate_compiles_for_mi250_and_mi300x_without_spills() {
+    let Some(hip) = compiler("every_grouped_paged_candidate_compiles_for_mi250_and_mi300x") else {
         return;
     };
     every_candidate_compiles_without_spills(
@@ -401,17 +419,78 @@ fn every_grouped_paged_candidate_compiles_for_gfx90a_and_gfx940_without_spills()
         &[
             (
                 "mi250",
-                "gfx90a",
                 "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
                 24,
             ),
             (
                 "mi300x",
-                "gfx940",
                 "paged:num_seqs=4,context_len=999,q_heads=8,kv_heads=8,head_dim=96,dtype=f32,block_size=32",
                 12,
             ),
         ],
         |c| matches!(c, Config::GpuPaged(c) if c.lanes > 1),
     );
+}
+
+/// The machine of an AMDGPU code object: `EF_AMDGPU_MACH`, the low byte of the ELF header's
+/// `e_flags` (byte 48 of a 64-bit header).
+fn machine(object: &[u8]) -> u32 {
+    u32::from_le_bytes(object[48..52].try_into().unwrap()) & 0xff
+}
+
+#[test]
+fn mi300x_code_objects_are_gfx942_where_the_compiler_knows_it() {
+    // EF_AMDGPU_MACH_AMDGCN_GFX940 and _GFX942.
+    const GFX940: u32 = 0x40;
+    const GFX942: u32 = 0x4c;
+    let device = Device::lookup("mi300x").unwrap();
+    let Device::Gpu(g) = device else {
+        unreachable!()
+    };
+    let p: Problem = "flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16"
+        .parse()
+        .unwrap();
+    let build = KernelBuild::new(&p, &GpuSpace.default_config(&p, &device)).unwrap();
+    let compilers = each_clang("mi300x_code_objects_are_gfx942_where_the_compiler_knows_it");
+    for hip in &compilers {
+        let (target, warning) = hip.target_for(g).unwrap();
+        let object = hip.compile(&build, &target).unwrap();
+        if hip.supports("gfx942") {
+            // ROCm 5.2's device libraries stop at gfx940, whose ISA-version library stands in.
+            assert_eq!(
+                (target.as_str(), &warning),
+                ("gfx942", &None),
+                "{}",
+                hip.version
+            );
+            assert_eq!(machine(&object), GFX942, "{}", hip.version);
+        } else {
+            assert_eq!(target, "gfx940", "{}", hip.version);
+            let warning = warning.unwrap();
+            assert!(warning.contains("clang-19 and lld-19"), "{warning}");
+            assert_eq!(machine(&object), GFX940, "{}", hip.version);
+        }
+        let kernels = metadata::read(&object).unwrap();
+        let k = kernels.iter().find(|k| k.name == build.entries[0]).unwrap();
+        assert_eq!(
+            (k.vgpr_spill, k.sgpr_spill),
+            (0, 0),
+            "{}: {k:?}",
+            hip.version
+        );
+        eprintln!(
+            "{} for {target}: {} VGPRs, {} AGPRs",
+            hip.version, k.vgpr, k.agpr
+        );
+    }
+    // Where any compiler here builds gfx942, the plan's choice does.
+    if compilers.iter().any(|c| c.supports("gfx942")) {
+        let chosen = HipCompiler::find_for(g).unwrap();
+        assert_eq!(
+            chosen.target_for(g).unwrap().0,
+            "gfx942",
+            "{}",
+            chosen.version
+        );
+    }
 }

@@ -237,8 +237,11 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
     }
     let device = Device::Gpu(g);
     let problems = derive(&args.shapes, &device)?;
-    // A missing compiler fails here, before the database is created.
-    kerntune_tuner::plan::plan(None, &device, &[], &PlanOptions::default()).await?;
+    // A missing compiler fails here, before the database is created; so does one that builds
+    // only a stand-in of the device's target.
+    kerntune_tuner::plan::plan(None, &device, &[], &PlanOptions::default())
+        .await?
+        .check_loadable_on(g)?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
     stop_on_ctrl_c()?;

@@ -79,6 +79,21 @@ pub struct Plan {
     pub emulated: Option<Emulated>,
 }
 
+impl Plan {
+    /// Whether `g` can load this plan's code: a stand-in target (gfx940 for gfx942 where the
+    /// compiler predates gfx942) serves the offline plan, but its code objects do not load on
+    /// the device.
+    pub fn check_loadable_on(&self, g: &GpuModel) -> Result<()> {
+        if self.target == g.arch {
+            return Ok(());
+        }
+        Err(usage(format!(
+            "--device {}: the device loads {} code objects only, and {} builds {} (the offline plan's stand-in); install clang-19 and lld-19 (Debian 12) or ROCm 6, or set KERNTUNE_HIP_CLANG to a clang that knows {}",
+            g.name, g.arch, self.compiler, self.target, g.arch
+        )))
+    }
+}
+
 /// The host emulator's part of a plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct Emulated {
@@ -98,7 +113,7 @@ enum Toolchain {
 impl Toolchain {
     fn find(g: &GpuModel) -> Result<Toolchain> {
         match g.vendor {
-            Vendor::Amd => HipCompiler::find().map(Toolchain::Hip).map_err(|e| {
+            Vendor::Amd => HipCompiler::find_for(g).map(Toolchain::Hip).map_err(|e| {
                 usage(format!(
                     "{e}. The offline plan compiles every candidate with the HIP compiler; on Debian 12: apt-get install hipcc libamdhip64-dev"
                 ))
@@ -579,6 +594,40 @@ mod tests {
                 },
             },
             resources: None,
+        }
+    }
+
+    #[test]
+    fn a_stand_in_target_is_refused_for_the_device_naming_the_compilers_that_know_it() {
+        let Device::Gpu(mi300x) = Device::lookup("mi300x").unwrap() else {
+            unreachable!()
+        };
+        let plan = |target: &str| Plan {
+            device: "mi300x/gfx942/304cu".into(),
+            target: target.into(),
+            warning: None,
+            compiler: "Debian clang version 15.0.6".into(),
+            source_hash: GPU_SOURCE_HASH.into(),
+            min_waves: 1.0,
+            problems: Vec::new(),
+            builds: 0,
+            compiled: 0,
+            estimate_s: 0.0,
+            pruned: BTreeMap::new(),
+            emulated: None,
+        };
+        plan("gfx942").check_loadable_on(mi300x).unwrap();
+        let err = plan("gfx940").check_loadable_on(mi300x).unwrap_err();
+        assert!(matches!(err, TuneError::Usage(_)), "{err:?}");
+        let err = err.to_string();
+        for part in [
+            "--device mi300x",
+            "gfx942 code objects only",
+            "Debian clang version 15.0.6 builds gfx940",
+            "clang-19 and lld-19",
+            "KERNTUNE_HIP_CLANG",
+        ] {
+            assert!(err.contains(part), "{part:?} not in {err}");
         }
     }
 

@@ -2,12 +2,12 @@
 //! gfx target, reading the source from standard input and writing the object to standard
 //! output. No GPU and no HIP runtime are needed, only clang, the HIP headers and the ROCm
 //! device libraries (Debian: `hipcc` and `libamdhip64-dev`, ROCm 5.2 with clang 15; Debian's
-//! `clang-19` also targets gfx942).
+//! `clang-19` with `lld-19` also targets gfx942, with the device libraries of gfx940).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use super::compiler_io::{first_errors, run_with_input};
 use super::KernelBuild;
@@ -32,6 +32,19 @@ const CLANGS: &[&str] = &[
     "clang++",
 ];
 
+/// Targets whose ISA-version library (`oclc_isa_version_<n>.bc`, one constant the device
+/// libraries branch on) older device libraries lack, and the library that stands in for it.
+/// ROCm 5.2's (Debian 12's) stop at gfx940. Its ocml and ockl compare the constant only with
+/// thresholds of the ISAs they knew (below 8000 or 9000, 9006, 10000, equal to 9008 or 9010),
+/// where gfx941's 9401 and gfx942's 9402 take every branch gfx940's 9400 takes. The code
+/// itself is generated for the real target.
+const ISA_STAND_INS: &[(&str, &str)] = &[("gfx941", "gfx940"), ("gfx942", "gfx940")];
+
+/// The ISA-version library of `target`, as the driver looks it up.
+fn isa_library(target: &str) -> String {
+    format!("oclc_isa_version_{}.bc", target.trim_start_matches("gfx"))
+}
+
 /// A clang that compiles HIP for AMD targets, with the paths it needs.
 #[derive(Debug)]
 pub struct HipCompiler {
@@ -40,6 +53,9 @@ pub struct HipCompiler {
     pub version: String,
     rocm_path: PathBuf,
     device_libs: PathBuf,
+    /// The device libraries with the stand-ins of [`ISA_STAND_INS`] they lack, as links,
+    /// made on first use.
+    with_stand_ins: OnceLock<Result<tempfile::TempDir, String>>,
     /// Targets probed so far: whether this clang compiles for them.
     probed: Mutex<HashMap<String, bool>>,
     /// Where each compile's temporary directory is made. clang's driver leaves an empty
@@ -60,6 +76,38 @@ impl HipCompiler {
     /// Finds a working compiler: `$KERNTUNE_HIP_CLANG` if set, else the first of [`CLANGS`]
     /// that compiles a probe kernel for gfx90a.
     pub fn find() -> Result<HipCompiler, KernelError> {
+        Self::first(Self::clangs(), |c| c.supports("gfx90a"), "gfx90a")
+    }
+
+    /// `clang` as the HIP compiler, if it compiles a probe kernel for gfx90a.
+    pub fn with_clang(clang: impl Into<PathBuf>) -> Result<HipCompiler, KernelError> {
+        Self::first(vec![clang.into()], |c| c.supports("gfx90a"), "gfx90a")
+    }
+
+    /// The compiler for `g`: the first that builds `g`'s own target, else the first that
+    /// builds its stand-in, else any that works, whose [`HipCompiler::target_for`] then says
+    /// why it cannot. A host with Debian's clang 15 and a newer clang builds gfx942 with the
+    /// newer one.
+    pub fn find_for(g: &GpuModel) -> Result<HipCompiler, KernelError> {
+        Self::first(Self::clangs(), |c| c.supports(g.arch), g.arch)
+            .or_else(|_| Self::first(Self::clangs(), |c| c.target_for(g).is_ok(), g.arch))
+            .or_else(|_| Self::find())
+    }
+
+    /// `$KERNTUNE_HIP_CLANG` if set, else [`CLANGS`].
+    fn clangs() -> Vec<PathBuf> {
+        match std::env::var_os("KERNTUNE_HIP_CLANG") {
+            Some(c) => vec![PathBuf::from(c)],
+            None => CLANGS.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    /// The first of `clangs` that `works`, with the headers and device libraries found here.
+    fn first(
+        clangs: Vec<PathBuf>,
+        works: impl Fn(&HipCompiler) -> bool,
+        arch: &str,
+    ) -> Result<HipCompiler, KernelError> {
         let rocm_path = ["/usr", "/opt/rocm"]
             .iter()
             .map(PathBuf::from)
@@ -79,12 +127,13 @@ impl HipCompiler {
                     "no ROCm device libraries (ocml.bc); install rocm-device-libs (Debian, pulled in by hipcc) or ROCm, or set KERNTUNE_ROCM_DEVICE_LIBS",
                 )
             })?;
-        let chosen: Vec<PathBuf> = match std::env::var_os("KERNTUNE_HIP_CLANG") {
-            Some(c) => vec![PathBuf::from(c)],
-            None => CLANGS.iter().map(PathBuf::from).collect(),
+        let missing = match clangs.as_slice() {
+            [one] => format!("{} does not run here; install it or name another clang", one.display()),
+            _ => "no clang on PATH; install hipcc (Debian: pulls in clang-15) or set KERNTUNE_HIP_CLANG"
+                .to_string(),
         };
         let mut tried = Vec::new();
-        for clang in chosen {
+        for clang in clangs {
             let Some(version) = version_of(&clang) else {
                 continue;
             };
@@ -93,20 +142,20 @@ impl HipCompiler {
                 version,
                 rocm_path: rocm_path.clone(),
                 device_libs: device_libs.clone(),
+                with_stand_ins: OnceLock::new(),
                 probed: Mutex::new(HashMap::new()),
                 scratch: std::env::temp_dir(),
             };
-            if compiler.supports("gfx90a") {
+            if works(&compiler) {
                 return Ok(compiler);
             }
             tried.push(clang.display().to_string());
         }
         Err(unavailable(if tried.is_empty() {
-            "no clang on PATH; install hipcc (Debian: pulls in clang-15) or set KERNTUNE_HIP_CLANG"
-                .to_string()
+            missing
         } else {
             format!(
-                "none of {} compiles HIP for gfx90a here; install hipcc and libamdhip64-dev",
+                "none of {} compiles HIP for {arch} here; install hipcc and libamdhip64-dev (clang 15: gfx90a and gfx940), or clang-19 and lld-19 (gfx942)",
                 tried.join(", ")
             )
         }))
@@ -130,6 +179,8 @@ impl HipCompiler {
 
     /// The target to compile for a model, and a warning when it is a stand-in: gfx942
     /// (MI300X) falls back to gfx940, the same CDNA3 ISA, where this clang predates gfx942.
+    /// Such code objects serve the offline plan (registers and LDS carry over) but do not
+    /// load on the device.
     pub fn target_for(&self, g: &GpuModel) -> Result<(String, Option<String>), KernelError> {
         if self.supports(g.arch) {
             return Ok((g.arch.to_string(), None));
@@ -138,15 +189,68 @@ impl HipCompiler {
             return Ok((
                 "gfx940".into(),
                 Some(format!(
-                    "{} does not know gfx942; compiling for gfx940 (same CDNA3 ISA, so register and LDS use carry over); install clang-19 for exact gfx942 code objects",
+                    "{} does not know gfx942; compiling for gfx940 (same CDNA3 ISA, so register and LDS use carry over); for gfx942 code objects install clang-19 and lld-19 (Debian 12) or ROCm 6, or set KERNTUNE_HIP_CLANG",
                     self.version
                 )),
             ));
         }
+        let library = isa_library(g.arch);
+        let stand_in = ISA_STAND_INS.iter().any(|(t, _)| *t == g.arch);
+        if !stand_in && !self.device_libs.join(&library).exists() {
+            return Err(unavailable(format!(
+                "the ROCm device libraries in {} have no {library}, so nothing compiles for {} ({}) with them; set KERNTUNE_ROCM_DEVICE_LIBS to the amdgcn/bitcode folder of a ROCm that supports {}",
+                self.device_libs.display(),
+                g.name,
+                g.arch,
+                g.arch
+            )));
+        }
         Err(unavailable(format!(
-            "{} cannot compile for {} ({}); a newer clang (clang-19 on Debian 12) can",
+            "{} cannot compile for {} ({}); a newer clang (clang-19 and lld-19 on Debian 12) can",
             self.version, g.name, g.arch
         )))
+    }
+
+    /// The device libraries to compile `target` with: the installed ones, or a folder that
+    /// adds the stand-in of `target`'s ISA-version library where they lack it.
+    fn device_libs_for(&self, target: &str) -> Result<&Path, String> {
+        let library = isa_library(target);
+        if self.device_libs.join(&library).exists()
+            || !ISA_STAND_INS.iter().any(|(t, _)| *t == target)
+        {
+            return Ok(&self.device_libs);
+        }
+        self.with_stand_ins
+            .get_or_init(|| self.link_stand_ins())
+            .as_ref()
+            .map(|d| d.path())
+            .map_err(Clone::clone)
+    }
+
+    fn link_stand_ins(&self) -> Result<tempfile::TempDir, String> {
+        let failed = |e: std::io::Error| {
+            format!(
+                "cannot link the device libraries of {} with stand-ins: {e}",
+                self.device_libs.display()
+            )
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("kerntune-rocm-libs-")
+            .tempdir_in(&self.scratch)
+            .map_err(failed)?;
+        for entry in std::fs::read_dir(&self.device_libs).map_err(failed)? {
+            let entry = entry.map_err(failed)?;
+            std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name()))
+                .map_err(failed)?;
+        }
+        for (target, stand_in) in ISA_STAND_INS {
+            let (own, theirs) = (isa_library(target), isa_library(stand_in));
+            if !self.device_libs.join(&own).exists() && self.device_libs.join(&theirs).exists() {
+                std::os::unix::fs::symlink(self.device_libs.join(theirs), dir.path().join(own))
+                    .map_err(failed)?;
+            }
+        }
+        Ok(dir)
     }
 
     /// Compiles one build for `target`; the error is the compiler's first messages.
@@ -169,6 +273,7 @@ impl HipCompiler {
                     self.scratch.display()
                 )
             })?;
+        let device_libs = self.device_libs_for(target)?;
         let out = run_with_input(
             Command::new(&self.clang)
                 .env("TMPDIR", tmp.path())
@@ -180,10 +285,7 @@ impl HipCompiler {
                     "-O3",
                 ])
                 .arg(format!("--rocm-path={}", self.rocm_path.display()))
-                .arg(format!(
-                    "--rocm-device-lib-path={}",
-                    self.device_libs.display()
-                ))
+                .arg(format!("--rocm-device-lib-path={}", device_libs.display()))
                 .arg(format!("--offload-arch={target}"))
                 .args(extra)
                 .args(["-", "-o", "-"]),
@@ -212,6 +314,20 @@ fn version_of(clang: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Device;
+
+    fn compiler(test: &str) -> Option<HipCompiler> {
+        match HipCompiler::find() {
+            Ok(c) => Some(c),
+            Err(e) if std::env::var_os("KERNTUNE_REQUIRE_HIP").is_some() => {
+                panic!("{test}: KERNTUNE_REQUIRE_HIP is set but {e}")
+            }
+            Err(e) => {
+                eprintln!("{test} did not run: {e}");
+                None
+            }
+        }
+    }
 
     /// Entries of the system temporary directory named as clang names the directory it leaves.
     fn clang_leftovers() -> Vec<std::ffi::OsString> {
@@ -224,25 +340,23 @@ mod tests {
 
     #[test]
     fn compiles_leave_nothing_in_the_temporary_directory() {
-        let mut hip = match HipCompiler::find() {
-            Ok(c) => c,
-            Err(e) if std::env::var_os("KERNTUNE_REQUIRE_HIP").is_some() => {
-                panic!("KERNTUNE_REQUIRE_HIP is set but {e}")
-            }
-            Err(e) => {
-                eprintln!("compiles_leave_nothing_in_the_temporary_directory did not run: {e}");
-                return;
-            }
+        let Some(mut hip) = compiler("compiles_leave_nothing_in_the_temporary_directory") else {
+            return;
         };
         let scratch = tempfile::tempdir().unwrap();
         hip.scratch = scratch.path().to_path_buf();
         let before = clang_leftovers();
-        let kernel = "#include <hip/hip_runtime.h>\nextern \"C\" __global__ void kt_k(float* x) { x[threadIdx.x] = 2.0f; }";
+        let kernel = "#include <hip/hip_runtime.h>\nextern \"C\" __global__ void kt_k(float* x) { x[threadIdx.x] = exp2f(x[1]); }";
         for _ in 0..3 {
             hip.run(kernel, "gfx90a", &[]).unwrap();
         }
         // A failed compile cleans up too.
         assert!(hip.run("not C++", "gfx90a", &[]).is_err());
+        // So does the folder of device libraries with stand-ins, with the compiler.
+        if hip.supports("gfx942") {
+            hip.run(kernel, "gfx942", &[]).unwrap();
+        }
+        drop(hip);
         let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
         assert!(left.is_empty(), "left in the scratch directory: {left:?}");
         let new: Vec<_> = clang_leftovers()
@@ -253,5 +367,35 @@ mod tests {
             new.is_empty(),
             "clang left {new:?} in the temporary directory"
         );
+    }
+
+    #[test]
+    fn a_target_the_device_libraries_lack_is_refused_naming_them() {
+        let Some(hip) = compiler("a_target_the_device_libraries_lack_is_refused_naming_them")
+        else {
+            return;
+        };
+        let Device::Gpu(g) = Device::lookup("rx7900xtx").unwrap() else {
+            unreachable!()
+        };
+        let library = isa_library(g.arch);
+        assert_eq!(library, "oclc_isa_version_1100.bc");
+        match hip.target_for(g) {
+            Ok((target, warning)) => {
+                assert!(
+                    hip.device_libs.join(&library).exists(),
+                    "{target} {warning:?}"
+                );
+                assert_eq!((target.as_str(), warning), ("gfx1100", None));
+            }
+            Err(e) => {
+                assert!(!hip.device_libs.join(&library).exists(), "{e}");
+                let e = e.to_string();
+                assert!(
+                    e.contains(&library) && e.contains("KERNTUNE_ROCM_DEVICE_LIBS"),
+                    "{e}"
+                );
+            }
+        }
     }
 }
