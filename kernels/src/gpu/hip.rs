@@ -36,9 +36,13 @@ const CLANGS: &[&str] = &[
 /// libraries branch on) older device libraries lack, and the library that stands in for it.
 /// ROCm 5.2's (Debian 12's) stop at gfx940. Its ocml and ockl compare the constant only with
 /// thresholds of the ISAs they knew (below 8000 or 9000, 9006, 10000, equal to 9008 or 9010),
-/// where gfx941's 9401 and gfx942's 9402 take every branch gfx940's 9400 takes. The code
-/// itself is generated for the real target.
-const ISA_STAND_INS: &[(&str, &str)] = &[("gfx941", "gfx940"), ("gfx942", "gfx940")];
+/// where gfx942's 9402 takes every branch gfx940's 9400 takes. The code itself is generated
+/// for the real target.
+const ISA_STAND_INS: &[(&str, &str)] = &[("gfx942", "gfx940")];
+
+fn has_stand_in(target: &str) -> bool {
+    ISA_STAND_INS.iter().any(|(t, _)| *t == target)
+}
 
 /// The ISA-version library of `target`, as the driver looks it up.
 fn isa_library(target: &str) -> String {
@@ -195,8 +199,7 @@ impl HipCompiler {
             ));
         }
         let library = isa_library(g.arch);
-        let stand_in = ISA_STAND_INS.iter().any(|(t, _)| *t == g.arch);
-        if !stand_in && !self.device_libs.join(&library).exists() {
+        if !has_stand_in(g.arch) && !self.device_libs.join(&library).exists() {
             return Err(unavailable(format!(
                 "the ROCm device libraries in {} have no {library}, so nothing compiles for {} ({}) with them; set KERNTUNE_ROCM_DEVICE_LIBS to the amdgcn/bitcode folder of a ROCm that supports {}",
                 self.device_libs.display(),
@@ -214,10 +217,7 @@ impl HipCompiler {
     /// The device libraries to compile `target` with: the installed ones, or a folder that
     /// adds the stand-in of `target`'s ISA-version library where they lack it.
     fn device_libs_for(&self, target: &str) -> Result<&Path, String> {
-        let library = isa_library(target);
-        if self.device_libs.join(&library).exists()
-            || !ISA_STAND_INS.iter().any(|(t, _)| *t == target)
-        {
+        if !has_stand_in(target) || self.device_libs.join(isa_library(target)).exists() {
             return Ok(&self.device_libs);
         }
         self.with_stand_ins
