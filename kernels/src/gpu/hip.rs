@@ -80,12 +80,12 @@ impl HipCompiler {
     /// Finds a working compiler: `$KERNTUNE_HIP_CLANG` if set, else the first of [`CLANGS`]
     /// that compiles a probe kernel for gfx90a.
     pub fn find() -> Result<HipCompiler, KernelError> {
-        Self::first(Self::clangs(), |c| c.supports("gfx90a"), "gfx90a")
+        Self::pick(Self::installed(Self::clangs())?, "gfx90a")
     }
 
     /// `clang` as the HIP compiler, if it compiles a probe kernel for gfx90a.
     pub fn with_clang(clang: impl Into<PathBuf>) -> Result<HipCompiler, KernelError> {
-        Self::first(vec![clang.into()], |c| c.supports("gfx90a"), "gfx90a")
+        Self::pick(Self::installed(vec![clang.into()])?, "gfx90a")
     }
 
     /// The compiler for `g`: the first that builds `g`'s own target, else the first that
@@ -93,9 +93,13 @@ impl HipCompiler {
     /// why it cannot. A host with Debian's clang 15 and a newer clang builds gfx942 with the
     /// newer one.
     pub fn find_for(g: &GpuModel) -> Result<HipCompiler, KernelError> {
-        Self::first(Self::clangs(), |c| c.supports(g.arch), g.arch)
-            .or_else(|_| Self::first(Self::clangs(), |c| c.target_for(g).is_ok(), g.arch))
-            .or_else(|_| Self::find())
+        let mut installed = Self::installed(Self::clangs())?;
+        // Each compiler keeps its probes' answers, so the second search probes nothing twice.
+        let own = installed.iter().position(|c| c.supports(g.arch));
+        match own.or_else(|| installed.iter().position(|c| c.target_for(g).is_ok())) {
+            Some(i) => Ok(installed.swap_remove(i)),
+            None => Self::pick(installed, "gfx90a"),
+        }
     }
 
     /// `$KERNTUNE_HIP_CLANG` if set, else [`CLANGS`].
@@ -106,12 +110,9 @@ impl HipCompiler {
         }
     }
 
-    /// The first of `clangs` that `works`, with the headers and device libraries found here.
-    fn first(
-        clangs: Vec<PathBuf>,
-        works: impl Fn(&HipCompiler) -> bool,
-        arch: &str,
-    ) -> Result<HipCompiler, KernelError> {
+    /// Those of `clangs` that run, in order, with the headers and device libraries found
+    /// here; none probed yet.
+    fn installed(clangs: Vec<PathBuf>) -> Result<Vec<HipCompiler>, KernelError> {
         let rocm_path = ["/usr", "/opt/rocm"]
             .iter()
             .map(PathBuf::from)
@@ -132,37 +133,47 @@ impl HipCompiler {
                 )
             })?;
         let missing = match clangs.as_slice() {
-            [one] => format!("{} does not run here; install it or name another clang", one.display()),
+            [one] => format!(
+                "{} does not run here; install it or name another clang",
+                one.display()
+            ),
             _ => "no clang on PATH; install hipcc (Debian: pulls in clang-15) or set KERNTUNE_HIP_CLANG"
                 .to_string(),
         };
-        let mut tried = Vec::new();
-        for clang in clangs {
-            let Some(version) = version_of(&clang) else {
-                continue;
-            };
-            let compiler = HipCompiler {
-                clang: clang.clone(),
-                version,
-                rocm_path: rocm_path.clone(),
-                device_libs: device_libs.clone(),
-                with_stand_ins: OnceLock::new(),
-                probed: Mutex::new(HashMap::new()),
-                scratch: std::env::temp_dir(),
-            };
-            if works(&compiler) {
-                return Ok(compiler);
-            }
-            tried.push(clang.display().to_string());
+        let installed: Vec<HipCompiler> = clangs
+            .into_iter()
+            .filter_map(|clang| {
+                let version = version_of(&clang)?;
+                Some(HipCompiler {
+                    clang,
+                    version,
+                    rocm_path: rocm_path.clone(),
+                    device_libs: device_libs.clone(),
+                    with_stand_ins: OnceLock::new(),
+                    probed: Mutex::new(HashMap::new()),
+                    scratch: std::env::temp_dir(),
+                })
+            })
+            .collect();
+        if installed.is_empty() {
+            return Err(unavailable(missing));
         }
-        Err(unavailable(if tried.is_empty() {
-            missing
-        } else {
-            format!(
+        Ok(installed)
+    }
+
+    /// The first of `installed` that builds `arch`.
+    fn pick(mut installed: Vec<HipCompiler>, arch: &str) -> Result<HipCompiler, KernelError> {
+        match installed.iter().position(|c| c.supports(arch)) {
+            Some(i) => Ok(installed.swap_remove(i)),
+            None => Err(unavailable(format!(
                 "none of {} compiles HIP for {arch} here; install hipcc and libamdhip64-dev (clang 15: gfx90a and gfx940), or clang-19 and lld-19 (gfx942)",
-                tried.join(", ")
-            )
-        }))
+                installed
+                    .iter()
+                    .map(|c| c.clang.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
     }
 
     /// Whether this compiler builds code for `arch` (probed once with a tiny kernel).
