@@ -33,6 +33,7 @@ pub mod cpu;
 pub mod data;
 pub mod device;
 mod dtype;
+pub mod env;
 mod error;
 pub mod gpu;
 pub mod kernel;

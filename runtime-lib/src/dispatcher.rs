@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use kerntune_kernels::env::path_var;
 use kerntune_kernels::kernel::{Args, FlashArgs, GemmArgs, PagedArgs, Scratch};
 use kerntune_kernels::{Backend, Config, CpuBackend, Device, Problem};
 use rustc_hash::FxHashMap;
@@ -82,7 +83,7 @@ impl Dispatcher {
             device,
             counters: Counters::default(),
             untuned: Mutex::new(FxHashMap::default()),
-            record_on_drop: std::env::var_os("KERNTUNE_RECORD_UNTUNED").map(PathBuf::from),
+            record_on_drop: path_var("KERNTUNE_RECORD_UNTUNED"),
         }
     }
 

@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::Parser;
 use kerntune_db::Db;
 use kerntune_kernels::device::GpuModel;
+use kerntune_kernels::env::path_var;
 use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_HASH};
 use kerntune_tuner::error::{chain_message, usage};
 use kerntune_tuner::gpu_sweep::GpuSweep;
@@ -117,7 +118,7 @@ fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError
 fn db_path(args: &TuneArgs) -> PathBuf {
     args.db
         .clone()
-        .or_else(|| std::env::var_os("KERNTUNE_DB").map(PathBuf::from))
+        .or_else(|| path_var("KERNTUNE_DB"))
         .unwrap_or_else(|| PathBuf::from("kerntune.db"))
 }
 

@@ -117,6 +117,17 @@ fn showing_a_database_that_is_not_there_names_it_and_creates_nothing() {
 }
 
 #[test]
+fn an_empty_kerntune_db_means_the_default_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::tune_cmd(&["show"], dir.path())
+        .env("KERNTUNE_DB", "")
+        .output()
+        .unwrap();
+    assert_usage_error(&out, "no tuning database at kerntune.db:");
+    assert_eq!(files_in(dir.path()), Vec::<String>::new());
+}
+
+#[test]
 fn newer_schema_database_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("k.db");

@@ -285,3 +285,47 @@ fn plan_emulate_without_a_host_compiler_says_so_and_writes_nothing() {
     );
     assert!(files_in(d).is_empty(), "{:?}", files_in(d));
 }
+
+/// Variables set to nothing (`export KERNTUNE_HIP_CLANG=${CLANG:-}`) count as unset: the plan
+/// finds its compilers as without them, and the emulator's builds go to its usual cache, not
+/// into the current folder.
+#[test]
+fn empty_compiler_and_cache_variables_count_as_unset() {
+    if !hip_compiler("empty_compiler_and_cache_variables_count_as_unset") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut command = common::tune_cmd(
+        &[
+            "--db",
+            "plan.db",
+            "--json",
+            "plan",
+            "--device",
+            "mi250",
+            "--max-candidates",
+            "1",
+            "--emulate",
+            "--shapes",
+            "gemm:m=3,n=64,k=61,dtype=f32",
+        ],
+        d,
+    );
+    for var in [
+        "KERNTUNE_HIP_CLANG",
+        "KERNTUNE_ROCM_DEVICE_LIBS",
+        "KERNTUNE_HOST_CXX",
+        "KERNTUNE_EMULATOR_CACHE",
+    ] {
+        command.env(var, "");
+    }
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["target"], "gfx90a");
+    assert!(plan["emulated"]["runs"].as_u64().unwrap() >= 1, "{plan}");
+    assert_eq!(plan["emulated"]["failed"], 0, "{plan}");
+    let files = files_in(d);
+    assert!(files.iter().all(|f| f.starts_with("plan.db")), "{files:?}");
+}

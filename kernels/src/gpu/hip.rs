@@ -12,6 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use super::compiler_io::{first_errors, run_with_input};
 use super::KernelBuild;
 use crate::device::GpuModel;
+use crate::env::path_var;
 use crate::KernelError;
 
 /// Where Debian and ROCm install the device libraries (`ocml.bc` and friends).
@@ -104,8 +105,8 @@ impl HipCompiler {
 
     /// `$KERNTUNE_HIP_CLANG` if set, else [`CLANGS`].
     fn clangs() -> Vec<PathBuf> {
-        match std::env::var_os("KERNTUNE_HIP_CLANG") {
-            Some(c) => vec![PathBuf::from(c)],
+        match path_var("KERNTUNE_HIP_CLANG") {
+            Some(c) => vec![c],
             None => CLANGS.iter().map(PathBuf::from).collect(),
         }
     }
@@ -122,8 +123,7 @@ impl HipCompiler {
                     "no HIP headers (hip/hip_runtime.h under /usr/include or /opt/rocm/include); install hipcc and libamdhip64-dev (Debian) or ROCm",
                 )
             })?;
-        let device_libs = std::env::var_os("KERNTUNE_ROCM_DEVICE_LIBS")
-            .map(PathBuf::from)
+        let device_libs = path_var("KERNTUNE_ROCM_DEVICE_LIBS")
             .into_iter()
             .chain(DEVICE_LIB_DIRS.iter().map(PathBuf::from))
             .find(|d| d.join("ocml.bc").exists())

@@ -12,6 +12,7 @@ use cudarc::nvrtc::{result, sys};
 
 use super::metadata::KernelResources;
 use super::KernelBuild;
+use crate::env::path_var;
 use crate::KernelError;
 
 /// Static shared memory a kernel may declare on sm_80 and sm_90.
@@ -66,7 +67,7 @@ impl NvrtcCompiler {
     /// path, the CUDA toolkit, or NVIDIA's Python wheel.
     pub fn find() -> Result<NvrtcCompiler, KernelError> {
         let mut preloaded = None;
-        let explicit = std::env::var_os("KERNTUNE_NVRTC").map(PathBuf::from);
+        let explicit = path_var("KERNTUNE_NVRTC");
         // SAFETY: checks whether the library can be opened by name; loading it only runs
         // NVRTC's initialisers.
         let by_name = unsafe { sys::is_culib_present() };

@@ -32,6 +32,7 @@ use super::source::body_of;
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
+use crate::env::path_var;
 use crate::problem::{FlashProblem, GemmProblem, PagedProblem};
 use crate::reference::relative_error;
 use crate::space::{has_mfma, has_mma, has_wgmma};
@@ -172,9 +173,8 @@ impl Emulator {
     /// [`COMPILERS`] found. Builds are cached in `$KERNTUNE_EMULATOR_CACHE`, or in
     /// `kerntune-emulator` under the system's temporary folder.
     pub fn new(model: &'static GpuModel) -> Result<Emulator, KernelError> {
-        let (cxx, version) = match std::env::var_os("KERNTUNE_HOST_CXX") {
+        let (cxx, version) = match path_var("KERNTUNE_HOST_CXX") {
             Some(cxx) => {
-                let cxx = PathBuf::from(cxx);
                 let version = version_of(&cxx).ok_or_else(|| {
                     unavailable(format!(
                         "KERNTUNE_HOST_CXX={} does not run as a C++ compiler",
@@ -193,8 +193,7 @@ impl Emulator {
                     ))
                 })?,
         };
-        let cache = std::env::var_os("KERNTUNE_EMULATOR_CACHE")
-            .map(PathBuf::from)
+        let cache = path_var("KERNTUNE_EMULATOR_CACHE")
             .unwrap_or_else(|| std::env::temp_dir().join("kerntune-emulator"));
         Ok(Emulator {
             model,
