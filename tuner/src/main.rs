@@ -57,6 +57,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    kerntune_kernels::env::check_knobs().map_err(usage)?;
     let args = &cli.tune;
     match &cli.command {
         Some(Command::Shapes(s)) => {

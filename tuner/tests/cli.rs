@@ -128,6 +128,48 @@ fn an_empty_kerntune_db_means_the_default_database() {
 }
 
 #[test]
+fn a_cpu_knob_that_does_not_parse_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for (var, value, needle) in [
+        (
+            "KERNTUNE_ISA",
+            "avx52",
+            "KERNTUNE_ISA=avx52: unknown ISA level `avx52` (expected portable",
+        ),
+        (
+            "KERNTUNE_AVX512_BF16",
+            "yes",
+            "KERNTUNE_AVX512_BF16=yes: expected 0 (hide AVX-512-BF16) or 1",
+        ),
+        (
+            "KERNTUNE_SPIN_US",
+            "1ms",
+            "KERNTUNE_SPIN_US=1ms: expected a whole number of microseconds",
+        ),
+    ] {
+        let out = common::tune_cmd(&["--shapes", "gemm:m=1,n=8,k=8"], dir.path())
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert_usage_error(&out, needle);
+        assert_usage_error(&out, "correct or unset it");
+    }
+    assert_eq!(files_in(dir.path()), Vec::<String>::new());
+    // Set to nothing, they are unset; set right, they are taken.
+    let out = common::tune_cmd(&["shapes", "--shapes", "gemm:m=1,n=8,k=8"], dir.path())
+        .env("KERNTUNE_ISA", "")
+        .env("KERNTUNE_AVX512_BF16", "0")
+        .env("KERNTUNE_SPIN_US", " 250 ")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn newer_schema_database_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("k.db");

@@ -24,10 +24,7 @@ use std::time::{Duration, Instant};
 pub fn spin_window() -> Duration {
     static WINDOW: OnceLock<Duration> = OnceLock::new();
     *WINDOW.get_or_init(|| {
-        let us = std::env::var("KERNTUNE_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(1000);
+        let us = crate::env::spin_us().ok().flatten().unwrap_or(1000);
         Duration::from_micros(us)
     })
 }

@@ -121,10 +121,7 @@ impl CpuInfo {
         static INFO: OnceLock<CpuInfo> = OnceLock::new();
         INFO.get_or_init(|| {
             let mut isa = detect_isa();
-            if let Some(cap) = std::env::var("KERNTUNE_ISA")
-                .ok()
-                .and_then(|v| v.parse::<Isa>().ok())
-            {
+            if let Some(cap) = crate::env::isa_cap().ok().flatten() {
                 if cap.runs_on(isa) {
                     isa = cap;
                 }
@@ -136,7 +133,7 @@ impl CpuInfo {
                 isa,
                 avx512_bf16: isa >= Isa::Avx512
                     && has_avx512_bf16()
-                    && std::env::var("KERNTUNE_AVX512_BF16").map_or(true, |v| v != "0"),
+                    && crate::env::avx512_bf16_allowed().unwrap_or(true),
                 l1d_bytes: l1d,
                 l2_bytes: l2,
                 l3_bytes: l3,
