@@ -33,16 +33,20 @@ const CLANGS: &[&str] = &[
     "clang++",
 ];
 
-/// Targets whose ISA-version library (`oclc_isa_version_<n>.bc`, one constant the device
-/// libraries branch on) older device libraries lack, and the library that stands in for it.
-/// ROCm 5.2's (Debian 12's) stop at gfx940. Its ocml and ockl compare the constant only with
-/// thresholds of the ISAs they knew (below 8000 or 9000, 9006, 10000, equal to 9008 or 9010),
-/// where gfx942's 9402 takes every branch gfx940's 9400 takes. The code itself is generated
-/// for the real target.
+/// Targets and an older target of the same ISA that stands in for them: for the whole
+/// compile where clang predates the target ([`HipCompiler::target_for`]), and for the
+/// ISA-version library (`oclc_isa_version_<n>.bc`, one constant the device libraries branch
+/// on) where older device libraries lack it. ROCm 5.2's (Debian 12's) stop at gfx940. Its
+/// ocml and ockl compare the constant only with thresholds of the ISAs they knew (below 8000
+/// or 9000, 9006, 10000, equal to 9008 or 9010), where gfx942's 9402 takes every branch
+/// gfx940's 9400 takes; the code itself is then generated for the real target.
 const ISA_STAND_INS: &[(&str, &str)] = &[("gfx942", "gfx940")];
 
-fn has_stand_in(target: &str) -> bool {
-    ISA_STAND_INS.iter().any(|(t, _)| *t == target)
+fn stand_in(target: &str) -> Option<&'static str> {
+    ISA_STAND_INS
+        .iter()
+        .find(|(t, _)| *t == target)
+        .map(|(_, s)| *s)
 }
 
 /// The ISA-version library of `target`, as the driver looks it up.
@@ -200,17 +204,17 @@ impl HipCompiler {
         if self.supports(g.arch) {
             return Ok((g.arch.to_string(), None));
         }
-        if g.arch == "gfx942" && self.supports("gfx940") {
+        if let Some(older) = stand_in(g.arch).filter(|older| self.supports(older)) {
             return Ok((
-                "gfx940".into(),
+                older.into(),
                 Some(format!(
-                    "{} does not know gfx942; compiling for gfx940 (same CDNA3 ISA, so register and LDS use carry over); for gfx942 code objects install clang-19 and lld-19 (Debian 12) or ROCm 6, or set KERNTUNE_HIP_CLANG",
-                    self.version
+                    "{} does not know {}; compiling for {older} (same ISA, so register and LDS use carry over); for {} code objects install clang-19 and lld-19 (Debian 12) or ROCm 6, or set KERNTUNE_HIP_CLANG",
+                    self.version, g.arch, g.arch
                 )),
             ));
         }
         let library = isa_library(g.arch);
-        if !has_stand_in(g.arch) && !self.device_libs.join(&library).exists() {
+        if stand_in(g.arch).is_none() && !self.device_libs.join(&library).exists() {
             return Err(unavailable(format!(
                 "the ROCm device libraries in {} have no {library}, so nothing compiles for {} ({}) with them; set KERNTUNE_ROCM_DEVICE_LIBS to the amdgcn/bitcode folder of a ROCm that supports {}",
                 self.device_libs.display(),
@@ -228,7 +232,7 @@ impl HipCompiler {
     /// The device libraries to compile `target` with: the installed ones, or a folder that
     /// adds the stand-in of `target`'s ISA-version library where they lack it.
     fn device_libs_for(&self, target: &str) -> Result<&Path, String> {
-        if !has_stand_in(target) || self.device_libs.join(isa_library(target)).exists() {
+        if stand_in(target).is_none() || self.device_libs.join(isa_library(target)).exists() {
             return Ok(&self.device_libs);
         }
         self.with_stand_ins
