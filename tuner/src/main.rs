@@ -30,6 +30,7 @@ use kerntune_tuner::TuneError;
 use cli::{Cli, Command, ShapeArgs, TuneArgs};
 
 fn main() -> ExitCode {
+    die_quietly_on_a_closed_pipe();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -53,6 +54,18 @@ fn main() -> ExitCode {
                 _ => ExitCode::FAILURE,
             }
         }
+    }
+}
+
+/// `tune shapes | head` or `tune show | less` closes the pipe before everything is written.
+/// Rust ignores SIGPIPE, so the next `println!` would panic with a backtrace; with the signal's
+/// default action `tune` ends quietly, as every shell tool does. Nothing is lost: a tuning run
+/// prints to standard output only its summary, after its results are committed.
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: the first thing main does, before any other thread exists; SIG_DFL is a valid
+    // action for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

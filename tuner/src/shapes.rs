@@ -268,13 +268,9 @@ pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result
             origin: "explicit".into(),
         }]);
     }
-    let model = if let Some(m) = Model::preset(spec) {
-        m
-    } else if spec.ends_with(".json") || Path::new(spec).is_file() {
-        Model::from_config_json(Path::new(spec))?
-    } else {
+    let Some(model) = Model::named(spec)? else {
         return Err(usage(format!(
-            "unknown --shapes `{spec}`: expected a preset ({}), a path to a config.json, a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, or untuned:PATH",
+            "unknown --shapes `{spec}`: expected a preset ({}), a config.json or the folder holding one, a Hugging Face model id in the local cache (meta-llama/Llama-3.1-70B-Instruct), a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, or untuned:PATH",
             PRESETS.join(", ")
         )));
     };
@@ -282,7 +278,8 @@ pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result
     derive(&model, tp, b)
 }
 
-/// Whether a `--shapes` value names a model (a preset or a config.json) rather than problems
+/// Whether a `--shapes` value names a model (a preset, a config.json, its folder or its
+/// Hugging Face id) rather than problems
 /// as written (`family:key=value,...`, `untuned:PATH`).
 pub fn names_a_model(spec: &str) -> bool {
     !spec.starts_with("untuned:") && (!spec.contains(':') || spec.ends_with(".json"))

@@ -1,6 +1,7 @@
 //! The `tune` binary: clear errors with exit code 2 and nothing written, and the shapes it
 //! derives.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
@@ -271,6 +272,170 @@ fn config_json_models_derive_like_presets() {
             .collect()
     };
     assert_eq!(keys(&a), keys(&b));
+}
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_tune_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    for json in [false, true] {
+        let mut args = vec!["shapes", "--shapes", "llama70b", "--shapes", "mixtral8x7b"];
+        if json {
+            args.push("--json");
+        }
+        // `tune shapes | head -1`: the reader is gone before tune writes.
+        let mut child = common::tune_cmd(&args, dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.is_empty(), "{stderr}");
+        // What a shell reports as 141, as for `cat` or `grep` in the same place.
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
+    }
+}
+
+/// Llama-3.1-70B-Instruct's published config.json, the fields the shapes depend on.
+const LLAMA_70B_CONFIG: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 8192,
+    "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "num_hidden_layers": 80, "vocab_size": 128256, "model_type": "llama",
+    "torch_dtype": "bfloat16"}"#;
+
+/// The problem keys and origins of `tune shapes ARGS --json` run with `env`, or its stderr.
+fn shapes_with_env(args: &[&str], env: &[(&str, &Path)], cwd: &Path) -> Vec<(String, String)> {
+    let mut cmd = common::tune_cmd(&[&["shapes"], args, &["--json"]].concat(), cwd);
+    for var in [
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_HOME",
+        "XDG_CACHE_HOME",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (var, value) in env {
+        cmd.env(var, value);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?} {env:?}: {}",
+        common::text(&out)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["key"].as_str().unwrap().into(),
+                r["origin"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_model_is_named_by_its_folder_or_its_hugging_face_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A server's model folder, and a hub cache laid out as `hf download` leaves it: refs/main
+    // names a commit, whose snapshot links the file into blobs/.
+    std::fs::create_dir(d.join("Llama-3.1-70B-Instruct")).unwrap();
+    std::fs::write(
+        d.join("Llama-3.1-70B-Instruct/config.json"),
+        LLAMA_70B_CONFIG,
+    )
+    .unwrap();
+    let commit = "1605565b47bb9346c5515c34102e054115b4f98b";
+    let repo = d.join("home/.cache/huggingface/hub/models--meta-llama--Llama-3.1-70B-Instruct");
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("snapshots").join(commit)).unwrap();
+    std::fs::write(repo.join("blobs/6b4d0e7b"), LLAMA_70B_CONFIG).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    std::os::unix::fs::symlink(
+        "../../blobs/6b4d0e7b",
+        repo.join("snapshots").join(commit).join("config.json"),
+    )
+    .unwrap();
+
+    let keys = |rows: Vec<(String, String)>| rows.into_iter().map(|r| r.0).collect::<Vec<_>>();
+    let preset = keys(shapes_with_env(
+        &["--shapes", "llama70b", "--tp", "8"],
+        &[],
+        d,
+    ));
+    assert_eq!(preset.len(), 73);
+    let folder = shapes_with_env(&["--shapes", "Llama-3.1-70B-Instruct", "--tp", "8"], &[], d);
+    assert_eq!(keys(folder), preset);
+
+    // The cache wherever huggingface_hub would look: HF_HUB_CACHE before HF_HOME before
+    // XDG_CACHE_HOME before HOME.
+    let home = d.join("home");
+    let hub = home.join(".cache/huggingface/hub");
+    let nowhere = d.join("nowhere");
+    let id = "meta-llama/Llama-3.1-70B-Instruct";
+    let args = ["--shapes", id, "--tp", "8"];
+    for env in [
+        vec![("HOME", home.as_path())],
+        vec![
+            ("HOME", nowhere.as_path()),
+            ("XDG_CACHE_HOME", &home.join(".cache")),
+        ],
+        vec![
+            ("XDG_CACHE_HOME", nowhere.as_path()),
+            ("HF_HOME", &home.join(".cache/huggingface")),
+        ],
+        vec![
+            ("HF_HOME", nowhere.as_path()),
+            ("HF_HUB_CACHE", hub.as_path()),
+        ],
+    ] {
+        let rows = shapes_with_env(&args, &env, d);
+        assert!(
+            rows.iter().all(|r| r.1.starts_with(&format!("{id} tp8"))),
+            "{rows:?}"
+        );
+        assert_eq!(keys(rows), preset, "{env:?}");
+    }
+    let at_commit = format!("{id}@{commit}");
+    let pinned = shapes_with_env(
+        &["--shapes", &at_commit, "--tp", "8"],
+        &[("HF_HUB_CACHE", &hub)],
+        d,
+    );
+    assert_eq!(keys(pinned), preset);
+}
+
+#[test]
+fn a_model_neither_here_nor_in_the_hub_cache_names_the_download() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("weights-only")).unwrap();
+    std::fs::create_dir(d.join("hub")).unwrap();
+    let before = files_in(d);
+    let run = |args: &[&str]| {
+        common::tune_cmd(args, d)
+            .env("HF_HUB_CACHE", d.join("hub"))
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--shapes", "meta-llama/Llama-3.1-8B@v2", "--db", "k.db"]);
+    assert_usage_error(&out, "holds no model meta-llama/Llama-3.1-8B");
+    assert_usage_error(
+        &out,
+        "hf download meta-llama/Llama-3.1-8B config.json --revision v2",
+    );
+    assert_usage_error(&out, &d.join("hub").display().to_string());
+    let out = run(&["--shapes", "weights-only", "--db", "k.db"]);
+    assert_usage_error(&out, "weights-only is a folder without a config.json");
+    let out = run(&["--shapes", "llama7b", "--db", "k.db"]);
+    assert_usage_error(&out, "unknown --shapes `llama7b`");
+    assert_usage_error(&out, "a Hugging Face model id in the local cache");
+    assert_eq!(files_in(d), before, "a failed command wrote files");
 }
 
 #[test]

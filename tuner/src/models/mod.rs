@@ -1,9 +1,15 @@
 //! Model descriptions: presets and Hugging Face `config.json` files
-//! ([`Model::from_config_json`], in `config_json.rs`).
+//! ([`Model::from_config_json`], in `config_json.rs`), named by path, by the model's folder or
+//! by a Hugging Face model id in the local hub cache (`hub.rs`).
 
 mod config_json;
+mod hub;
+
+use std::path::Path;
 
 use kerntune_kernels::DType;
+
+use crate::error::{usage, Result};
 
 /// The dimensions of a decoder-only transformer that decide its kernel shapes.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +113,42 @@ impl Model {
                 m("mixtral8x7b", 4096, 0, 32, 8, 32, 32000, Some(experts))
             }
             _ => return None,
+        })
+    }
+
+    /// The model `--shapes` names: a preset, a config.json, the folder holding one (what
+    /// vLLM's `--model` takes), or a Hugging Face model id whose config.json is in the local
+    /// hub cache. `Ok(None)` where the name is none of these.
+    pub fn named(spec: &str) -> Result<Option<Model>> {
+        if let Some(m) = Model::preset(spec) {
+            return Ok(Some(m));
+        }
+        let path = Path::new(spec);
+        if spec.ends_with(".json") || path.is_file() {
+            return Model::from_config_json(path).map(Some);
+        }
+        if path.is_dir() {
+            let config = path.join("config.json");
+            if !config.is_file() {
+                return Err(usage(format!(
+                    "--shapes {spec} is a folder without a config.json: name the model's folder \
+                     (the one a server loads it from) or its config.json"
+                )));
+            }
+            return Model::from_config_json(&config).map(Some);
+        }
+        let Some(repo) = hub::RepoId::parse(spec) else {
+            return Ok(None);
+        };
+        let Some(config) = hub::locate(spec, repo).map_err(usage)? else {
+            return Ok(None);
+        };
+        // The id the user typed says more than a path into the cache's snapshots.
+        Model::from_config_json(&config).map(|m| {
+            Some(Model {
+                name: spec.to_string(),
+                ..m
+            })
         })
     }
 
