@@ -469,7 +469,7 @@ async fn a_database_written_by_tune_is_used_end_to_end() {
             ..Default::default()
         },
         command_line: "test".into(),
-        progress: false,
+        progress: kerntune_tuner::progress::Progress::Quiet,
         stop: &AtomicBool::new(false),
     };
     let mut cpu = kerntune_tuner::tune::CpuSweep {

@@ -10,6 +10,7 @@ use kerntune_kernels::{
     Backend, Config, CpuBackend, CpuSpace, Device, KernelError, Problem, Space,
 };
 use kerntune_tuner::measure::Policy;
+use kerntune_tuner::progress::Progress;
 use kerntune_tuner::search::Strategy;
 use kerntune_tuner::shapes::Derived;
 use kerntune_tuner::tune::{CpuSweep, Job};
@@ -144,7 +145,7 @@ pub fn job<'a>(db: &'a kerntune_db::Db, device: &'a Device) -> Job<'a> {
             rotate_bytes: 0,
         },
         command_line: "test".into(),
-        progress: false,
+        progress: Progress::Quiet,
         stop: &NEVER,
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! The library behind the `tune` binary: model shapes ([`models`], [`shapes`]), measurement
 //! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]), the offline GPU
-//! plan ([`plan`]) and sharing results between databases ([`share`]). It is a library so the
+//! plan ([`plan`]), progress on long work ([`progress`]) and sharing results between databases ([`share`]). It is a library so the
 //! end-to-end tests can drive the loop with fake backends and the sharing operations without a
 //! process per call.
 
@@ -11,6 +11,7 @@ pub mod gpu_sweep;
 pub mod measure;
 pub mod models;
 pub mod plan;
+pub mod progress;
 pub mod search;
 pub mod shapes;
 pub mod share;

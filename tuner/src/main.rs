@@ -8,7 +8,6 @@ mod cli;
 mod db_cmd;
 mod plan_cmd;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +22,7 @@ use kerntune_tuner::error::{chain_message, usage};
 use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::measure::{Policy, Workload};
 use kerntune_tuner::plan::PlanOptions;
+use kerntune_tuner::progress::{fmt_rate, fmt_time, Progress};
 use kerntune_tuner::shapes::{expand_all, names_a_model, Derived};
 use kerntune_tuner::tune::{self, CpuSweep, Job, Outcome};
 use kerntune_tuner::TuneError;
@@ -177,7 +177,7 @@ fn job<'a>(args: &TuneArgs, db: &'a Db, device: &'a Device) -> Job<'a> {
         retune: args.retune,
         policy: Policy::default(),
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
-        progress: std::io::stderr().is_terminal() && !args.json,
+        progress: Progress::for_stderr(args.json),
         stop: &STOP,
     }
 }
@@ -341,21 +341,6 @@ fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
         count("budget")
     );
     Ok(())
-}
-
-fn fmt_time(ns: f64) -> String {
-    if ns >= 1e6 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.1} us", ns / 1e3)
-    }
-}
-
-fn fmt_rate(v: f64, unit: &str) -> String {
-    match unit {
-        "B/s" => format!("{:.1} GB/s", v / 1e9),
-        _ => format!("{:.1} GF/s", v / 1e9),
-    }
 }
 
 async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {

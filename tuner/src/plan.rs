@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use kerntune_db::{CompileRecord, Db};
 use kerntune_kernels::device::{GpuModel, Vendor};
 use kerntune_kernels::gpu::emulator::{self, Emulator};
@@ -27,6 +27,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::error::{usage, Result, TuneError};
+use crate::progress::Progress;
 use crate::shapes::Derived;
 
 /// Seconds the device run spends on a candidate besides its kernel time: module load, the
@@ -183,8 +184,8 @@ pub struct PlanOptions<'a> {
     pub emulate: bool,
     /// Compiles run at once; `None`: one per core.
     pub jobs: Option<usize>,
-    /// Shows progress bars (on a terminal).
-    pub progress: bool,
+    /// How the compiles and emulator runs show their progress.
+    pub progress: Progress,
     /// Raised to stop (the `tune` binary raises it on Ctrl-C): no compile or emulator run is
     /// handed to a worker after it, those in flight (at most one per job) finish and are
     /// cached, and the plan returns [`TuneError::PlanInterrupted`].
@@ -274,23 +275,32 @@ pub async fn plan(
         .filter(|(k, _)| !compiled.contains_key(*k))
         .map(|(_, b)| b.clone())
         .collect();
-    let bar = ProgressBar::new(missing.len() as u64);
-    if progress {
-        bar.set_style(
-            ProgressStyle::with_template("compiling for {msg} {bar:30} {pos}/{len} {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar.set_message(target.clone());
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = progress.bar(
+        missing.len() as u64,
+        "compiling for {msg} {bar:30} {pos}/{len} {eta}",
+    );
+    bar.set_message(target.clone());
     let left = missing.len();
+    let compiling = Instant::now();
+    if left > 0 {
+        progress.line(format_args!(
+            "compiling {left} builds for {target} ({} cached)",
+            compiled.len()
+        ));
+    }
     let compile: Arc<CompileFn> = {
         let target = target.clone();
         Arc::new(move |build: &KernelBuild| toolchain.compile(build, &target))
     };
     let fresh = compile_all(compile, missing, &target, &version, db, options, &bar).await?;
     bar.finish_and_clear();
+    if left > 0 && !options.stopped() {
+        progress.line(format_args!(
+            "compiled {} builds in {:.0} s",
+            fresh.len(),
+            compiling.elapsed().as_secs_f64()
+        ));
+    }
     if options.stopped() {
         return Err(TuneError::PlanInterrupted {
             compiled: fresh.len(),
@@ -516,18 +526,16 @@ fn emulate_kept(
                 .or_insert((small, c.config));
         }
     }
-    let bar = ProgressBar::new(runs.len() as u64);
-    if options.progress {
-        bar.set_style(
-            ProgressStyle::with_template(
-                "verifying on the host emulator {bar:30} {pos}/{len} {eta}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-    } else {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = options.progress.bar(
+        runs.len() as u64,
+        "verifying on the host emulator {bar:30} {pos}/{len} {eta}",
+    );
     let runs: Vec<_> = runs.into_iter().collect();
+    let verifying = Instant::now();
+    options.progress.line(format_args!(
+        "verifying {} builds on the host emulator",
+        runs.len()
+    ));
     let mut failures: HashMap<(String, String), String> = HashMap::new();
     // A batch of runs at a time, their builds compiled together first (a translation unit of
     // several for each thread), so a stop waits for one batch at most.
@@ -557,6 +565,14 @@ fn emulate_kept(
         }));
     }
     bar.finish_and_clear();
+    if !options.stopped() {
+        options.progress.line(format_args!(
+            "verified {} builds on the host emulator in {:.0} s, {} failed",
+            runs.len(),
+            verifying.elapsed().as_secs_f64(),
+            failures.len()
+        ));
+    }
     for (d, _, candidates) in plans.iter_mut() {
         for c in candidates.iter_mut().filter(|c| c.verdict.is_kept()) {
             let key = (

@@ -1,13 +1,12 @@
 //! `tune plan` and what `tune --device <gpu>` does on a host without that GPU.
 
-use std::io::IsTerminal;
-
 use kerntune_db::Db;
 use kerntune_kernels::device::{GpuModel, Vendor};
 use kerntune_kernels::gpu::hip_runtime;
 use kerntune_kernels::{Device, GpuSpace, Space};
 use kerntune_tuner::error::usage;
 use kerntune_tuner::plan::{plan, Plan, PlanOptions};
+use kerntune_tuner::progress::Progress;
 use kerntune_tuner::TuneError;
 
 use crate::cli::{PlanArgs, TuneArgs};
@@ -42,7 +41,7 @@ pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
         max_candidates: p.max_candidates,
         emulate: p.emulate,
         jobs: p.jobs,
-        progress: std::io::stderr().is_terminal() && !args.json,
+        progress: Progress::for_stderr(args.json),
         stop: Some(crate::stop_on_ctrl_c()?),
     };
     let result = plan(Some(&db), &device, &problems, &options).await;

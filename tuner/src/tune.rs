@@ -13,6 +13,7 @@ use kerntune_kernels::{Backend, Config, Device, Problem, Space};
 
 use crate::error::{Result, TuneError};
 use crate::measure::{Failure, Policy, Workload};
+use crate::progress::{fmt_time, Progress};
 use crate::search::{search, Strategy};
 use crate::shapes::Derived;
 
@@ -27,7 +28,7 @@ pub struct Job<'a> {
     pub retune: bool,
     pub policy: Policy,
     pub command_line: String,
-    pub progress: bool,
+    pub progress: Progress,
     /// Raised to stop the job (the `tune` binary raises it on Ctrl-C): the loop stops
     /// between candidates, commits the problems it finished and returns
     /// [`TuneError::Interrupted`]. A flag per job, so that a program running jobs side by
@@ -161,7 +162,7 @@ pub async fn run(
         .begin_run(TOOL_VERSION, &job.command_line, device_id, &record.host)
         .await?;
     let bars = MultiProgress::new();
-    if !job.progress {
+    if job.progress != Progress::Bars {
         bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let overall = bars.add(ProgressBar::new(problems.len() as u64));
@@ -202,6 +203,11 @@ pub async fn run(
             continue;
         }
         if started.elapsed() >= job.total_budget {
+            job.progress.line(format_args!(
+                "total budget ({:.0?}) spent: {} problems left for the next run",
+                job.total_budget,
+                problems.len() - i
+            ));
             outcomes.extend(problems[i..].iter().map(|d| Outcome {
                 problem: d.problem.key(),
                 origin: d.origin.clone(),
@@ -217,6 +223,7 @@ pub async fn run(
         );
         bar.set_prefix(d.problem.family().to_string());
         bar.set_message(key.clone());
+        let problem_started = Instant::now();
         let result = sweep.sweep(job, &d.problem, &bar);
         bar.finish_and_clear();
         bars.remove(&bar);
@@ -275,6 +282,11 @@ pub async fn run(
                 "no-winner"
             })
         });
+        job.progress.line(progress_line(
+            outcomes.last().expect("just pushed"),
+            (i + 1, problems.len()),
+            problem_started.elapsed(),
+        ));
         overall.inc(1);
     }
     overall.finish_and_clear();
@@ -292,6 +304,26 @@ pub async fn run(
         });
     }
     Ok(outcomes)
+}
+
+/// The line a problem's end writes in a log: where the run is, what won and by how much, what
+/// the search cost.
+fn progress_line(o: &Outcome, (n, of): (usize, usize), took: Duration) -> String {
+    let result = match (o.median_ns, o.speedup) {
+        (Some(median), Some(speedup)) => {
+            format!("{}, {speedup:.2}x the default", fmt_time(median))
+        }
+        (Some(median), None) => fmt_time(median),
+        (None, _) => "no candidate passed verification".to_string(),
+    };
+    format!(
+        "[{n}/{of}] {} {} in {:.1} s: {result} ({} measured, {} failed)",
+        o.status,
+        o.problem,
+        took.as_secs_f64(),
+        o.measured,
+        o.failed
+    )
 }
 
 impl Sweep for CpuSweep<'_> {

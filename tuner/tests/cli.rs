@@ -455,6 +455,14 @@ fn tune_then_show_and_bench_the_winner() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("1 tuned"), "{stdout}");
+    // Standard error is a pipe here, as in a log file or a CI job: a line per problem where
+    // a terminal would have bars.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[1/1] tuned paged:num_seqs=2,context_len=64,")
+            && stderr.contains("the default ("),
+        "{stderr}"
+    );
     let show = tune(&["show", "--db", db, "--json"], dir.path());
     let rows: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 1);
@@ -471,4 +479,17 @@ fn tune_then_show_and_bench_the_winner() {
     );
     let v: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
     assert!(v[0]["stats"]["median_ns"].as_f64().unwrap() > 0.0);
+    // With --json the lines stay out of what a reader may merge into the JSON.
+    let spec = "paged:num_seqs=3,context_len=64,q_heads=4,kv_heads=1,head_dim=32";
+    let out = tune(
+        &["--db", db, "--shapes", spec, "--budget", "300ms", "--json"],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("[1/1]"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary[0]["status"], "tuned");
 }

@@ -121,8 +121,12 @@ fn ctrl_c_during_a_plan_keeps_what_it_compiled() {
         SHAPES[1],
     ];
     // The interrupted runs compile one build at a time (a second or so each here), so that on
-    // any machine they are stopped with builds left.
-    let mut args = all_at_once.to_vec();
+    // any machine they are stopped with builds left; without --json, they log their progress.
+    let mut args: Vec<&str> = all_at_once
+        .iter()
+        .filter(|a| **a != "--json")
+        .copied()
+        .collect();
     args.extend(["--jobs", "1"]);
     let db = d.join("plan.db");
     let cached = || sql_count(&db, "SELECT count(*) FROM gpu_compiles");
@@ -153,6 +157,11 @@ fn ctrl_c_during_a_plan_keeps_what_it_compiled() {
         text(&out)
     );
     assert_eq!(failed(), 0, "{}", text(&out));
+    assert!(
+        text(&out).contains(" builds for gfx90a (0 cached)"),
+        "{}",
+        text(&out)
+    );
 
     let child = start();
     wait_for("a compile of the second run", || cached() > first);
@@ -162,6 +171,11 @@ fn ctrl_c_during_a_plan_keeps_what_it_compiled() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(!text(&out).contains("interrupted:"), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(" builds for gfx90a ({first} cached)")),
+        "{}",
+        text(&out)
+    );
     let second = cached();
     assert_eq!(failed(), 0);
 
