@@ -102,8 +102,9 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
 }
 
 /// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
-/// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, attention
-/// that is not plain softmax attention, attention longer than its sliding window.
+/// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, a hybrid's
+/// GEMMs, attention that is not plain softmax attention, attention longer than its sliding
+/// window.
 fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     let u = &model.unsupported;
     if let (Some(why), None) = (&u.dtype, b.dtype) {
@@ -114,6 +115,11 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     if let (Some(why), true, None) = (&u.gemm, b.kernels.contains(&Family::Gemm), b.dtype) {
         return Err(usage(format!(
             "{why}: pass --kernels flash,paged to tune its attention alone, or --dtype bf16 to tune its GEMM shapes with unquantized weights"
+        )));
+    }
+    if let (Some(why), true) = (&u.layers, b.kernels.contains(&Family::Gemm)) {
+        return Err(usage(format!(
+            "{why}: pass --kernels flash,paged to tune its attention layers alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
         )));
     }
     let attention = b.kernels.iter().any(|f| *f != Family::Gemm);

@@ -1,8 +1,9 @@
 //! `--shapes config.json` with the configs users bring: the dimensions of published models
 //! (Qwen, DeepSeek and Llama 4 mixtures of experts, Gemma's multimodal config and query scale,
-//! transformers 5's `dtype`, KV heads replicated over shards), and clear refusals where the
-//! model's kernels are not the ones kerntune tunes (latent attention, quantized weights,
-//! soft-capped or sink attention, lengths past a sliding window).
+//! Granite's attention multiplier, transformers 5's `dtype`, KV heads replicated over shards),
+//! and clear refusals where the model's kernels are not the ones kerntune tunes (latent
+//! attention, hybrid layers, quantized weights, soft-capped or sink attention, lengths past a
+//! sliding window).
 
 mod common;
 
@@ -388,4 +389,110 @@ fn llama4_interleaves_dense_layers_and_runs_a_shared_expert() {
         &["--tp", "8", "--context-lens", "16384"],
         &["attention_chunk_size = 8192", "16384 tokens exceed it"],
     );
+}
+
+#[test]
+fn granite_scales_attention_by_its_attention_multiplier() {
+    // Granite 3's 8B: queries scaled by attention_multiplier = 1/128, not 1 / sqrt(128).
+    let config = r#"{"model_type": "granite", "hidden_size": 4096, "intermediate_size": 12800,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 40,
+        "vocab_size": 49155, "attention_multiplier": 0.0078125, "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22, "logits_scaling": 16.0, "torch_dtype": "bfloat16"}"#;
+    let args = [
+        "--tp",
+        "2",
+        "--batch-sizes",
+        "1",
+        "--prefill-lens",
+        "512",
+        "--context-lens",
+        "1024",
+    ];
+    let rows = derive(config, &args);
+    let attention: Vec<&str> = keys_of(&rows, "prefill")
+        .into_iter()
+        .chain(keys_of(&rows, "decode"))
+        .collect();
+    assert_eq!(attention.len(), 2);
+    for key in attention {
+        assert!(key.ends_with(",scale=0.0078125"), "{key}");
+    }
+    assert_eq!(
+        keys_of(&rows, "qkv")[0],
+        "gemm:m=1,n=3072,k=4096,dtype=bf16,b=nk"
+    );
+    refused(
+        &config.replace("0.0078125", "-1"),
+        &args,
+        &["`attention_multiplier` must be positive"],
+    );
+}
+
+#[test]
+fn hybrid_models_tune_their_attention_layers_alone() {
+    let attention_only = [
+        "--kernels",
+        "flash,paged",
+        "--tp",
+        "2",
+        "--batch-sizes",
+        "1",
+        "--prefill-lens",
+        "512",
+        "--context-lens",
+        "1024",
+    ];
+    // Nemotron-H's schedule string, Granite 4.0-H's layer list, Qwen3-Next's interval of
+    // gated-delta-net layers: GEMMs refused naming the field, --dtype no way round it.
+    let base = r#""hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 8, "vocab_size": 131072"#;
+    let mamba = r#""mamba", "mamba", "mamba", "attention", "mamba", "mamba", "mamba", "mamba""#;
+    for (config, field) in [
+        (
+            format!(r#"{{{base}, "hybrid_override_pattern": "M-M*-M-M"}}"#),
+            "`hybrid_override_pattern` = \"M-M*-M-M\"",
+        ),
+        (
+            format!(r#"{{{base}, "layer_types": [{mamba}], "mamba_d_state": 128}}"#),
+            "`layer_types` lists 7 \"mamba\" of its 8 layers",
+        ),
+        (
+            format!(r#"{{{base}, "full_attention_interval": 4, "linear_num_key_heads": 16}}"#),
+            "`full_attention_interval` interleaves",
+        ),
+    ] {
+        refused(
+            &config,
+            &["--tp", "2"],
+            &[
+                field,
+                "not every layer is attention",
+                "--kernels flash,paged",
+            ],
+        );
+        refused(&config, &["--tp", "2", "--dtype", "bf16"], &[field]);
+        let rows = derive(&config, &attention_only);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        for (_, key) in &rows {
+            assert!(!key.starts_with("gemm:"), "{key}");
+            assert!(key.contains("q_heads=16,kv_heads=4,head_dim=128"), "{key}");
+        }
+    }
+    // A state-space model has no attention to tune at all.
+    refused(
+        r#"{"model_type": "mamba", "hidden_size": 2560, "intermediate_size": 5120,
+            "state_size": 16, "num_hidden_layers": 64, "vocab_size": 50280}"#,
+        &[],
+        &[
+            "no attention heads",
+            "`state_size` describes a state-space mixer",
+        ],
+    );
+    // Attention-only layer lists (Gemma 3, gpt-oss, Qwen3 under transformers 5) are plain.
+    let plain = format!(
+        r#"{{{base}, "layer_types": ["full_attention", "full_attention", "full_attention",
+            "full_attention", "full_attention", "full_attention", "full_attention",
+            "full_attention"]}}"#
+    );
+    assert!(keys_of(&derive(&plain, &["--tp", "2"]), "qkv").len() > 1);
 }

@@ -1,7 +1,7 @@
 //! Reading a Hugging Face `config.json`: the fields of a Llama-style decoder, the places other
 //! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`), the
-//! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, and what the kernels do not
-//! compute, named so that `tune` can refuse it instead of tuning shapes no server runs.
+//! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, Gemma's and Granite's attention
+//! scales, and what the kernels do not compute, named so that `tune` can refuse it instead of tuning shapes no server runs.
 
 use std::path::Path;
 
@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use kerntune_kernels::DType;
 
+use super::hybrid::other_layers;
 use super::{Experts, Model, Unsupported};
 use crate::error::{usage, Result, TuneError};
 
@@ -62,6 +63,16 @@ impl Fields<'_> {
         Ok(None)
     }
 
+    fn float(&self, key: &str) -> Result<Option<f64>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.error(format!("field `{key}` must be a number, found {x}"))),
+        }
+    }
+
     fn str(&self, key: &str) -> Option<&str> {
         self.map.get(key).and_then(Value::as_str)
     }
@@ -96,6 +107,12 @@ impl Model {
             Some(text) if !top.has("hidden_size") => Fields { path, map: text },
             _ => Fields { path, map: root },
         };
+        let hybrid = other_layers(f.map);
+        if let (Some(why), false) = (&hybrid, f.has("num_attention_heads")) {
+            return Err(f.error(format!(
+                "no attention heads, and {why}: a model without attention layers runs none of the kernel problems kerntune derives from a config; tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
+            )));
+        }
         let moe_width = f.int("moe_intermediate_size")?;
         let mut required = REQUIRED.to_vec();
         if moe_width.is_none() {
@@ -142,11 +159,21 @@ impl Model {
                 "some layers have a dense MLP, whose width is intermediate_size, which is missing",
             ));
         }
-        // Gemma scales queries by 1 / sqrt(query_pre_attn_scalar), not by the head size.
-        let scale = f
-            .int("query_pre_attn_scalar")?
-            .filter(|&s| s != head_dim)
-            .map(|s| 1.0 / (s as f32).sqrt());
+        // Gemma scales queries by 1 / sqrt(query_pre_attn_scalar), Granite by its
+        // attention_multiplier, rather than by 1 / sqrt(head size).
+        let scale = match (
+            f.int("query_pre_attn_scalar")?,
+            f.float("attention_multiplier")?,
+        ) {
+            (Some(s), _) if s != head_dim => Some(1.0 / (s as f32).sqrt()),
+            (_, Some(m)) if m > 0.0 => Some(m as f32),
+            (_, Some(m)) => {
+                return Err(f.error(format!(
+                    "field `attention_multiplier` must be positive, found {m}"
+                )))
+            }
+            _ => None,
+        };
         // Qwen2 writes a window it does not use unless `use_sliding_window` says so. Llama
         // 4's chunked attention bounds its layers' look-back alike.
         let sliding_window = match f.map.get("use_sliding_window") {
@@ -173,6 +200,12 @@ impl Model {
         let unsupported = Unsupported {
             dtype: dtype_refusal,
             gemm: quantization(&top).or_else(|| quantization(&f)),
+            layers: hybrid.map(|why| {
+                format!(
+                    "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone: it would miss the other layers' projections and could mistake this family's MLP",
+                    path.display()
+                )
+            }),
             attention: attention_refusal(&f, &top),
         };
         let name = top

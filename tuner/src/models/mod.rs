@@ -4,6 +4,7 @@
 
 mod config_json;
 mod hub;
+mod hybrid;
 
 use std::path::Path;
 
@@ -26,7 +27,7 @@ pub struct Model {
     pub vocab: usize,
     pub experts: Option<Experts>,
     /// Attention's softmax scale where the config sets one other than `1 / sqrt(head_dim)`
-    /// (Gemma's `query_pre_attn_scalar`).
+    /// (Gemma's `query_pre_attn_scalar`, Granite's `attention_multiplier`).
     pub scale: Option<f32>,
     /// The most tokens back its attention looks, on some or all of its layers, where the
     /// config bounds it, and the field that does (`sliding_window`: Mistral 7B v0.1, Gemma
@@ -60,6 +61,9 @@ pub struct Unsupported {
     pub dtype: Option<String>,
     /// The weights are quantized: the server's GEMMs are not the dense ones derived.
     pub gemm: Option<String>,
+    /// Some layers are neither attention nor MLP (Mamba, linear attention, convolutions):
+    /// their GEMMs are not derived, and `--dtype` does not change that.
+    pub layers: Option<String>,
     /// The attention is not plain softmax attention (soft-capped logits, sinks).
     pub attention: Option<String>,
 }
