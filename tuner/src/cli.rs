@@ -110,9 +110,10 @@ pub struct ShapeArgs {
     /// problem (`gemm:m=1,n=1280,k=8192,dtype=bf16`), or untuned:PATH. Repeatable.
     #[arg(long = "shapes")]
     pub shapes: Vec<String>,
-    /// Tensor-parallel degree (default: smallest power of two whose shard fits the device).
-    #[arg(long)]
-    pub tp: Option<usize>,
+    /// Tensor-parallel degrees, e.g. 4,8 for a model served both ways (default: the smallest
+    /// power of two whose shard fits the device).
+    #[arg(long, value_delimiter = ',')]
+    pub tp: Option<Vec<usize>>,
     /// Decode batch sizes (tokens M of decode GEMMs, sequences of paged attention).
     #[arg(long, value_delimiter = ',')]
     pub batch_sizes: Option<Vec<usize>>,

@@ -123,7 +123,7 @@ fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError
         Device::Cpu(_) => kerntune_tuner::host_memory_bytes(),
         Device::Gpu(g) => g.memory_bytes as f64,
     };
-    let mut list = expand_all(&shapes.shapes, shapes.tp, memory, &buckets)?;
+    let mut list = expand_all(&shapes.shapes, shapes.tp.as_deref(), memory, &buckets)?;
     // Cheapest first: a run cut short by its budget still covers the most problems.
     list.sort_by(|a, b| a.problem.flops().total_cmp(&b.problem.flops()));
     Ok(list)

@@ -262,8 +262,9 @@ fn dedup(list: Vec<Derived>) -> Vec<Derived> {
         .collect()
 }
 
-/// Expands one `--shapes` value.
-pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result<Vec<Derived>> {
+/// Expands one `--shapes` value, a model at each tensor-parallel degree of `tp` (default: the
+/// smallest that fits `memory`).
+pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Result<Vec<Derived>> {
     if let Some(path) = spec.strip_prefix("untuned:") {
         return read_untuned(Path::new(path));
     }
@@ -280,8 +281,15 @@ pub fn expand(spec: &str, tp: Option<usize>, memory: f64, b: &Buckets) -> Result
             PRESETS.join(", ")
         )));
     };
-    let tp = tp.unwrap_or_else(|| default_tp(&model, memory));
-    derive(&model, tp, b)
+    let tps = match tp {
+        Some(list) => list.to_vec(),
+        None => vec![default_tp(&model, memory)],
+    };
+    let mut out = Vec::new();
+    for tp in tps {
+        out.extend(derive(&model, tp, b)?);
+    }
+    Ok(dedup(out))
 }
 
 /// Whether a `--shapes` value names a model (a preset, a config.json, its folder or its
@@ -294,7 +302,7 @@ pub fn names_a_model(spec: &str) -> bool {
 /// Expands every `--shapes` value and de-duplicates across them.
 pub fn expand_all(
     specs: &[String],
-    tp: Option<usize>,
+    tp: Option<&[usize]>,
     memory: f64,
     b: &Buckets,
 ) -> Result<Vec<Derived>> {

@@ -247,6 +247,28 @@ fn llama70b_tp8_shapes_are_the_published_ones() {
 }
 
 #[test]
+fn several_tensor_parallel_degrees_derive_the_union_of_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = |tp: &str| -> Vec<(String, String)> {
+        shapes_with_env(&["--shapes", "llama70b", "--tp", tp], &[], dir.path())
+    };
+    let (tp4, tp8, both) = (keys("4"), keys("8"), keys("4,8"));
+    let mut expected: Vec<&String> = tp4.iter().chain(&tp8).map(|r| &r.0).collect();
+    expected.sort();
+    expected.dedup();
+    let mut got: Vec<&String> = both.iter().map(|r| &r.0).collect();
+    got.sort();
+    assert_eq!(got, expected);
+    assert!(both.iter().any(|r| r.1.starts_with("llama70b tp4 ")));
+    assert!(both.iter().any(|r| r.1.starts_with("llama70b tp8 ")));
+    let out = tune(
+        &["shapes", "--shapes", "llama70b", "--tp", "8,3"],
+        dir.path(),
+    );
+    assert_usage_error(&out, "--tp 3 does not divide llama70b");
+}
+
+#[test]
 fn config_json_models_derive_like_presets() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
