@@ -391,6 +391,18 @@ fn llama4_interleaves_dense_layers_and_runs_a_shared_expert() {
     );
 }
 
+/// Two shards, one batch size, prefill length and context length: a problem per role.
+const ONE_BUCKET_EACH: [&str; 8] = [
+    "--tp",
+    "2",
+    "--batch-sizes",
+    "1",
+    "--prefill-lens",
+    "512",
+    "--context-lens",
+    "1024",
+];
+
 #[test]
 fn granite_scales_attention_by_its_attention_multiplier() {
     // Granite 3's 8B: queries scaled by attention_multiplier = 1/128, not 1 / sqrt(128).
@@ -398,16 +410,7 @@ fn granite_scales_attention_by_its_attention_multiplier() {
         "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 40,
         "vocab_size": 49155, "attention_multiplier": 0.0078125, "embedding_multiplier": 12.0,
         "residual_multiplier": 0.22, "logits_scaling": 16.0, "torch_dtype": "bfloat16"}"#;
-    let args = [
-        "--tp",
-        "2",
-        "--batch-sizes",
-        "1",
-        "--prefill-lens",
-        "512",
-        "--context-lens",
-        "1024",
-    ];
+    let args = ONE_BUCKET_EACH;
     let rows = derive(config, &args);
     let attention: Vec<&str> = keys_of(&rows, "prefill")
         .into_iter()
@@ -430,18 +433,7 @@ fn granite_scales_attention_by_its_attention_multiplier() {
 
 #[test]
 fn hybrid_models_tune_their_attention_layers_alone() {
-    let attention_only = [
-        "--kernels",
-        "flash,paged",
-        "--tp",
-        "2",
-        "--batch-sizes",
-        "1",
-        "--prefill-lens",
-        "512",
-        "--context-lens",
-        "1024",
-    ];
+    let attention_only = [&["--kernels", "flash,paged"], &ONE_BUCKET_EACH[..]].concat();
     // Nemotron-H's schedule string, Granite 4.0-H's layer list, Qwen3-Next's interval of
     // gated-delta-net layers: GEMMs refused naming the field, --dtype no way round it.
     let base = r#""hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32,
