@@ -20,7 +20,7 @@ use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem
 use kerntune_kernels::{DType, Family, Problem};
 
 use crate::error::{usage, Result};
-use crate::models::{Model, PRESETS};
+use crate::models::{is_hub_address, Model, PRESETS};
 
 /// Token and context buckets, and which kernels to derive.
 #[derive(Debug, Clone)]
@@ -296,7 +296,8 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
 /// Hugging Face id) rather than problems
 /// as written (`family:key=value,...`, `untuned:PATH`).
 pub fn names_a_model(spec: &str) -> bool {
-    !spec.starts_with("untuned:") && (!spec.contains(':') || spec.ends_with(".json"))
+    !spec.starts_with("untuned:")
+        && (!spec.contains(':') || spec.ends_with(".json") || is_hub_address(spec))
 }
 
 /// Expands every `--shapes` value and de-duplicates across them.

@@ -423,13 +423,19 @@ fn a_model_is_named_by_its_folder_or_its_hugging_face_id() {
         );
         assert_eq!(keys(rows), preset, "{env:?}");
     }
-    let at_commit = format!("{id}@{commit}");
-    let pinned = shapes_with_env(
-        &["--shapes", &at_commit, "--tp", "8"],
-        &[("HF_HUB_CACHE", &hub)],
-        d,
-    );
-    assert_eq!(keys(pinned), preset);
+    // Pinned to a commit, and as huggingface_hub's URIs and a browser's address bar write it.
+    for spec in [
+        format!("{id}@{commit}"),
+        format!("hf://{id}"),
+        format!("https://huggingface.co/{id}/tree/{commit}"),
+    ] {
+        let rows = shapes_with_env(
+            &["--shapes", &spec, "--tp", "8"],
+            &[("HF_HUB_CACHE", &hub)],
+            d,
+        );
+        assert_eq!(keys(rows), preset, "{spec}");
+    }
 }
 
 #[test]
@@ -452,6 +458,17 @@ fn a_model_neither_here_nor_in_the_hub_cache_names_the_download() {
         "hf download meta-llama/Llama-3.1-8B config.json --revision v2",
     );
     assert_usage_error(&out, &d.join("hub").display().to_string());
+    let out = run(&[
+        "--shapes",
+        "https://huggingface.co/org/model/tree/v3",
+        "--db",
+        "k.db",
+    ]);
+    assert_usage_error(
+        &out,
+        "--shapes `https://huggingface.co/org/model/tree/v3`: the Hugging Face cache",
+    );
+    assert_usage_error(&out, "hf download org/model config.json --revision v3");
     let out = run(&["--shapes", "weights-only", "--db", "k.db"]);
     assert_usage_error(&out, "weights-only is a folder without a config.json");
     let out = run(&["--shapes", "llama7b", "--db", "k.db"]);

@@ -19,15 +19,49 @@ pub struct RepoId<'a> {
     pub revision: Option<&'a str>,
 }
 
+/// The prefixes of a model's address on the hub: huggingface_hub's URIs and the web pages a
+/// browser shows.
+const ADDRESSES: [&str; 2] = ["hf://", "https://huggingface.co/"];
+
+/// Whether `spec` is written as a hub address (`hf://...`, `https://huggingface.co/...`).
+pub fn is_address(spec: &str) -> bool {
+    ADDRESSES.iter().any(|a| spec.starts_with(a))
+}
+
+/// The id and revision `spec` writes: `ORG/NAME[@REVISION]`, an `hf://` URI
+/// (`hf://[models/]ORG/NAME[@REVISION][/config.json]`) or the model's web page as copied from a
+/// browser (`https://huggingface.co/ORG/NAME`, with `/tree/REVISION` or
+/// `/blob/REVISION/config.json`).
+fn split<'a>(spec: &'a str) -> Option<(&'a str, Option<&'a str>)> {
+    let at = |s: &'a str| match s.split_once('@') {
+        Some((id, rev)) => (id, Some(rev)),
+        None => (s, None),
+    };
+    if let Some(uri) = spec.strip_prefix(ADDRESSES[0]) {
+        let uri = uri.strip_prefix("models/").unwrap_or(uri);
+        return Some(at(uri.strip_suffix("/config.json").unwrap_or(uri)));
+    }
+    let Some(page) = spec.strip_prefix(ADDRESSES[1]) else {
+        return Some(at(spec));
+    };
+    let page = page.trim_end_matches('/');
+    match page.splitn(5, '/').collect::<Vec<_>>().as_slice() {
+        [_, _] => Some((page, None)),
+        [org, name, "tree" | "blob" | "resolve", revision, rest @ ..]
+            if rest.is_empty() || rest == ["config.json"] =>
+        {
+            Some((&page[..org.len() + 1 + name.len()], Some(*revision)))
+        }
+        _ => None,
+    }
+}
+
 impl<'a> RepoId<'a> {
-    /// `ORG/NAME[@REVISION]` or a legacy `NAME[@REVISION]` under huggingface_hub's rules for
-    /// an id (letters, digits, `_`, `-` and `.`, starting and ending with a letter, digit or
-    /// `_`, no `--` or `..`, at most 96 characters); `None` for anything else.
+    /// The model [`split`] finds in `spec`, under huggingface_hub's rules for an id (one
+    /// optional `ORG/`; letters, digits, `_`, `-` and `.`, starting and ending with a letter,
+    /// digit or `_`; no `--` or `..`; at most 96 characters); `None` for anything else.
     pub fn parse(spec: &'a str) -> Option<RepoId<'a>> {
-        let (id, revision) = match spec.split_once('@') {
-            Some((id, rev)) => (id, Some(rev)),
-            None => (spec, None),
-        };
+        let (id, revision) = split(spec)?;
         let part_ok = |p: &str| {
             let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
             edge(p.chars().next())
@@ -152,10 +186,15 @@ pub fn locate(spec: &str, repo: RepoId<'_>) -> Result<Option<PathBuf>, String> {
         Ok(path) => Ok(Some(path)),
         Err(_) if !repo.has_org() => Ok(None),
         Err(why) => Err(format!(
-            "--shapes `{spec}` is no file or folder here, and {why}: download the model's config \
+            "--shapes `{spec}`{} {why}: download the model's config \
              with `hf download {} config.json{}` (huggingface_hub's CLI, which fills that cache; \
              gated models need `hf auth login` first), or name a config.json or the model's \
              folder",
+            if is_address(spec) {
+                ":"
+            } else {
+                " is no file or folder here, and"
+            },
             repo.id,
             repo.revision
                 .map(|r| format!(" --revision {r}"))
@@ -203,6 +242,31 @@ mod tests {
             id("org/name@refs/pr/3"),
             Some(("org/name", Some("refs/pr/3")))
         );
+        // As huggingface_hub's CLI and a browser write them.
+        for (address, revision) in [
+            ("hf://meta-llama/Llama-3.1-8B", None),
+            (
+                "hf://models/meta-llama/Llama-3.1-8B@v2/config.json",
+                Some("v2"),
+            ),
+            ("https://huggingface.co/meta-llama/Llama-3.1-8B", None),
+            ("https://huggingface.co/meta-llama/Llama-3.1-8B/", None),
+            (
+                "https://huggingface.co/meta-llama/Llama-3.1-8B/tree/main",
+                Some("main"),
+            ),
+            (
+                "https://huggingface.co/meta-llama/Llama-3.1-8B/blob/0e9e39f/config.json",
+                Some("0e9e39f"),
+            ),
+        ] {
+            assert_eq!(
+                id(address),
+                Some(("meta-llama/Llama-3.1-8B", revision)),
+                "{address}"
+            );
+            assert!(is_address(address));
+        }
         for bad in [
             "./models/llama",
             "/abs/path",
@@ -215,6 +279,9 @@ mod tests {
             "org/name@../../etc",
             "org/name@a//b",
             "",
+            "hf://datasets/org/name",
+            "https://huggingface.co/org/name/discussions/3",
+            "https://huggingface.co/org/name/blob/main/model.safetensors",
         ] {
             assert_eq!(id(bad), None, "{bad}");
         }

@@ -6,6 +6,8 @@ mod config_json;
 mod hub;
 mod hybrid;
 
+pub use hub::is_address as is_hub_address;
+
 use std::path::Path;
 
 use kerntune_kernels::DType;
