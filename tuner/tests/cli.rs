@@ -415,6 +415,11 @@ fn a_model_is_named_by_its_folder_or_its_hugging_face_id() {
             ("HF_HOME", nowhere.as_path()),
             ("HF_HUB_CACHE", hub.as_path()),
         ],
+        // As an env file passes it, unexpanded.
+        vec![
+            ("HOME", home.as_path()),
+            ("HF_HOME", Path::new("~/.cache/huggingface")),
+        ],
     ] {
         let rows = shapes_with_env(&args, &env, d);
         assert!(

@@ -93,13 +93,22 @@ impl<'a> RepoId<'a> {
 
 /// The hub cache, in huggingface_hub's order: `$HF_HUB_CACHE`, the older
 /// `$HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`,
-/// `~/.cache/huggingface/hub`.
+/// `~/.cache/huggingface/hub`. A leading `~` is the home folder, as huggingface_hub reads it
+/// (an env file or a container's environment passes `HF_HOME=~/hf` unexpanded).
 pub fn cache_dir() -> Option<PathBuf> {
-    path_var("HF_HUB_CACHE")
-        .or_else(|| path_var("HUGGINGFACE_HUB_CACHE"))
-        .or_else(|| path_var("HF_HOME").map(|h| h.join("hub")))
-        .or_else(|| path_var("XDG_CACHE_HOME").map(|c| c.join("huggingface/hub")))
-        .or_else(|| path_var("HOME").map(|h| h.join(".cache/huggingface/hub")))
+    let home = path_var("HOME");
+    let var = |name| {
+        let path = path_var(name)?;
+        match (path.strip_prefix("~"), &home) {
+            (Ok(rest), Some(home)) => Some(home.join(rest)),
+            _ => Some(path),
+        }
+    };
+    var("HF_HUB_CACHE")
+        .or_else(|| var("HUGGINGFACE_HUB_CACHE"))
+        .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| var("XDG_CACHE_HOME").map(|c| c.join("huggingface/hub")))
+        .or_else(|| home.clone().map(|h| h.join(".cache/huggingface/hub")))
 }
 
 /// Where `repo`'s config.json is in `cache`, or why it is not there.
