@@ -266,7 +266,9 @@ enum KtStatus kt_stats(const struct KtDispatcher *d, KtStats *out);
 enum KtStatus kt_reload(const struct KtDispatcher *d);
 
 /*
- Writes the problems seen without an exact winner to `path` (for `tune --shapes untuned:PATH`).
+ Adds the problems seen without an exact winner, and their calls, to the file at `path` (for
+ `tune --shapes untuned:PATH`): the file is merged under a lock, so that every worker of a
+ server may name the same one.
 
  # Safety
  `d` is a live handle; `path` is NUL-terminated.

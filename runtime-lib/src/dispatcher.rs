@@ -194,21 +194,19 @@ impl Dispatcher {
         }
     }
 
-    /// Writes the problems seen without an exact winner, most frequent first, in the format
-    /// `tune --shapes untuned:PATH` reads: `key<TAB>count` per line.
+    /// Adds the problems seen without an exact winner, and their calls, to the file at
+    /// `path` in the format `tune --shapes untuned:PATH` reads (`key<TAB>calls` a line, most
+    /// called first), and returns how many problems this dispatcher saw. The file is merged,
+    /// not replaced: the dispatchers of a tensor-parallel server's workers and successive
+    /// server runs add to it in turn (see `untuned.rs`).
     pub fn write_untuned(&self, path: impl AsRef<Path>) -> Result<usize, RuntimeError> {
         let path = path.as_ref();
-        let mut rows: Vec<(String, u64)> = self
+        let rows: Vec<(String, u64)> = self
             .untuned
             .lock()
             .map(|m| m.iter().map(|(p, n)| (p.key(), *n)).collect())
             .unwrap_or_default();
-        rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let mut text = String::from("# problems dispatched without an exact winner: key, calls\n");
-        for (k, n) in &rows {
-            text.push_str(&format!("{k}\t{n}\n"));
-        }
-        std::fs::write(path, text).map_err(|source| RuntimeError::Write {
+        crate::untuned::merge_into(path, &rows).map_err(|source| RuntimeError::Write {
             path: path.to_path_buf(),
             source,
         })?;

@@ -32,6 +32,7 @@ mod error;
 mod gpu;
 mod select;
 mod snapshot;
+mod untuned;
 
 pub use dispatcher::{Dispatcher, Selection, Stats};
 pub use error::RuntimeError;

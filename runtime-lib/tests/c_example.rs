@@ -89,4 +89,25 @@ fn c_example_runs_a_gemm_and_reports_stats() {
             "{gpu}"
         );
     }
+
+    // Four processes at once, as the workers of a tensor-parallel server, each recording its
+    // untuned shapes into the same file when it frees its dispatcher: none is lost.
+    let untuned = dir.path().join("untuned.txt");
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(&exe)
+                .arg(dir.path().join("none.db"))
+                .env("LD_LIBRARY_PATH", &libs)
+                .env("KERNTUNE_RECORD_UNTUNED", &untuned)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for worker in workers {
+        assert!(worker.wait_with_output().unwrap().status.success());
+    }
+    let text = std::fs::read_to_string(&untuned).unwrap();
+    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows, ["gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4"], "{text}");
 }
