@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar};
 use kerntune_db::Stats;
 use kerntune_db::{
     Db, DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus,
@@ -165,12 +165,10 @@ pub async fn run(
     if job.progress != Progress::Bars {
         bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let overall = bars.add(ProgressBar::new(problems.len() as u64));
-    overall.set_style(
-        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} problems, ETA {eta}")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
+    let overall = bars.add(job.progress.bar(
+        problems.len() as u64,
+        "{prefix:>8} [{bar:30}] {pos}/{len} problems, ETA {eta}",
+    ));
     overall.set_prefix("overall");
     let started = Instant::now();
     let mut outcomes = Vec::new();
@@ -215,11 +213,9 @@ pub async fn run(
             }));
             break;
         }
-        let bar = bars.add(ProgressBar::new(0));
-        bar.set_style(
-            ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} configs {msg}")
-                .expect("static template")
-                .progress_chars("=> "),
+        let bar = bars.add(
+            job.progress
+                .bar(0, "{prefix:>8} [{bar:30}] {pos}/{len} configs {msg}"),
         );
         bar.set_prefix(d.problem.family().to_string());
         bar.set_message(key.clone());
