@@ -68,11 +68,16 @@ pub fn default_tp(model: &Model, memory: f64) -> usize {
 }
 
 pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
+    if tp == 0 {
+        return Err(usage(
+            "--tp 0: a tensor-parallel degree is the number of devices a model is split over, at least 1",
+        ));
+    }
     let widths = model.ffn_widths(expert_parallel);
-    let undivided = widths.iter().find(|(_, w)| !w.is_multiple_of(tp.max(1)));
+    let undivided = widths.iter().find(|(_, w)| !w.is_multiple_of(tp));
     // KV heads are split over the shards, or each replicated over tp / kv_heads of them.
-    let kv_split = model.kv_heads.is_multiple_of(tp.max(1)) || tp.is_multiple_of(model.kv_heads);
-    if tp == 0 || !model.q_heads.is_multiple_of(tp) || undivided.is_some() {
+    let kv_split = model.kv_heads.is_multiple_of(tp) || tp.is_multiple_of(model.kv_heads);
+    if !model.q_heads.is_multiple_of(tp) || undivided.is_some() {
         let widths: Vec<String> = widths
             .iter()
             .map(|(name, w)| format!("{name} = {w}"))

@@ -44,6 +44,10 @@ fn bad_inputs_exit_2_and_write_nothing() {
         (&["--shapes", "broken.json"], "not valid JSON"),
         (&["--shapes", "llama70b", "--tp", "3"], "--tp 3"),
         (
+            &["--shapes", "llama70b", "--tp", "8,0"],
+            "--tp 0: a tensor-parallel degree",
+        ),
+        (
             &["--shapes", "gemm:m=1,n=8,k=8", "--tp", "8"],
             "--tp shapes a model's problems",
         ),
