@@ -1,5 +1,6 @@
 //! The C example, compiled with the system C compiler against `kerntune.h` and the shared
-//! library, run on a database, its output checked against a GEMM computed here.
+//! library, and the Python one, calling the library through ctypes, each run on a database,
+//! their output checked against a GEMM computed here.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +15,29 @@ fn lib_dir() -> PathBuf {
     exe.parent()
         .expect("a test runs from <target>/<profile>/deps")
         .to_path_buf()
+}
+
+/// The examples' 3x5 by 5x4 GEMM, printed a row a line, then the bad call's error; returns the
+/// number of rows.
+fn check_gemm_rows(lines: &[&str]) -> usize {
+    let (m, n, k) = (3, 4, 5);
+    for (i, line) in lines.iter().enumerate().take(m) {
+        let got: Vec<f64> = line.split(' ').map(|v| v.parse().unwrap()).collect();
+        let want: Vec<f64> = (0..n)
+            .map(|j| {
+                (0..k)
+                    .map(|p| ((i + p) as f64) * (j as f64 - p as f64))
+                    .sum()
+            })
+            .collect();
+        assert_eq!(got, want, "row {i}");
+    }
+    assert!(
+        lines[m].starts_with("error: invalid gemm problem: m = 0"),
+        "{}",
+        lines[m]
+    );
+    m
 }
 
 #[test]
@@ -53,24 +77,8 @@ fn c_example_runs_a_gemm_and_reports_stats() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("no tuning database"));
 
-    let (m, n, k) = (3, 4, 5);
     let lines: Vec<&str> = stdout.lines().collect();
-    for (i, line) in lines.iter().enumerate().take(m) {
-        let got: Vec<f64> = line.split(' ').map(|v| v.parse().unwrap()).collect();
-        let want: Vec<f64> = (0..n)
-            .map(|j| {
-                (0..k)
-                    .map(|p| ((i + p) as f64) * (j as f64 - p as f64))
-                    .sum()
-            })
-            .collect();
-        assert_eq!(got, want, "row {i}");
-    }
-    assert!(
-        lines[m].starts_with("error: invalid gemm problem: m = 0"),
-        "{}",
-        lines[m]
-    );
+    let m = check_gemm_rows(&lines);
     assert_eq!(
         lines[m + 1],
         "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0"
@@ -110,4 +118,37 @@ fn c_example_runs_a_gemm_and_reports_stats() {
     let text = std::fs::read_to_string(&untuned).unwrap();
     let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(rows, ["gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4"], "{text}");
+}
+
+/// The same GEMM from Python through ctypes, as a Python server would call the library.
+#[test]
+fn python_example_runs_the_same_gemm_through_ctypes() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let untuned = dir.path().join("untuned.txt");
+    let out = Command::new("python3")
+        .arg(crate_dir.join("examples/gemm.py"))
+        .arg(lib_dir().join("libkerntune.so"))
+        .arg(dir.path().join("none.db"))
+        .arg(&untuned)
+        .output()
+        .expect("python3 runs (README, Set-up)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tuning database"));
+    let lines: Vec<&str> = stdout.lines().collect();
+    let m = check_gemm_rows(&lines);
+    assert_eq!(
+        lines[m + 1],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0 untuned=1"
+    );
+    let text = std::fs::read_to_string(&untuned).unwrap();
+    assert!(
+        text.contains("gemm:m=3,n=4,k=5,dtype=f32,b=nk\t1"),
+        "{text}"
+    );
 }
