@@ -15,6 +15,10 @@ pub enum DbError {
     /// A database to read or to share from is not there (opening one to tune into creates it).
     #[error("no tuning database at {path}: the file does not exist (tune into it first with `tune --db {path}`, or name an existing one with --db or KERNTUNE_DB)")]
     Missing { path: PathBuf },
+    /// The process may read the database but not write it: opened to write, or asked to
+    /// change it.
+    #[error("tuning database {path} can be read but not written by this process (the file, or the folder SQLite keeps its write-ahead log in, is not writable: a read-only mount, or another user's file); write into a copy of your own (--db), or run as the file's owner")]
+    ReadOnly { path: PathBuf },
     /// The database was written by a newer kerntune.
     #[error("tuning database {path} has schema version {found}, newer than this kerntune supports ({supported}); upgrade kerntune or use another --db. The file was not changed.")]
     NewerSchema {
@@ -51,15 +55,30 @@ impl DbError {
             _ => false,
         }
     }
+
+    /// Whether SQLite refused to write the file or to create a file beside it
+    /// (SQLITE_READONLY, SQLITE_CANTOPEN): this process may not write there.
+    pub(crate) fn is_write_refused(&self) -> bool {
+        let code = match self {
+            DbError::Open { source, .. } | DbError::Query(source) => primary_code(source),
+            _ => None,
+        };
+        matches!(code, Some(8 | 14))
+    }
 }
 
 /// SQLITE_BUSY (5) or SQLITE_LOCKED (6), extended codes included.
 pub(crate) fn locked(e: &sqlx::Error) -> bool {
+    primary_code(e).is_some_and(|c| matches!(c, 5 | 6))
+}
+
+/// SQLite's primary result code of a database error.
+fn primary_code(e: &sqlx::Error) -> Option<i32> {
     match e {
         sqlx::Error::Database(d) => d
             .code()
             .and_then(|c| c.parse::<i32>().ok())
-            .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
-        _ => false,
+            .map(|c| c & 0xff),
+        _ => None,
     }
 }

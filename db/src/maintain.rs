@@ -9,7 +9,7 @@ use sqlx::{Row, Sqlite};
 use crate::exchange::recompute_missing_winners;
 use crate::snapshot::rebuild_snapshots_in;
 use crate::write::BEGIN_WRITE;
-use crate::{Db, Result};
+use crate::{Db, DbError, Result};
 
 /// The same config on the same device identity and kernel version, timed far apart by two
 /// hosts: one of them was loaded, throttled or misconfigured.
@@ -180,6 +180,11 @@ impl Db {
     /// Drops the rows `filter` selects (or only counts them with `dry_run`) in one
     /// transaction; a problem whose winner goes gets the fastest verified measurement left.
     pub async fn gc(&self, filter: &GcFilter, dry_run: bool) -> Result<GcCounts> {
+        if !dry_run && !self.writable() {
+            return Err(DbError::ReadOnly {
+                path: self.path().to_path_buf(),
+            });
+        }
         let (cond, binds) = doomed(filter);
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let measurements = format!("SELECT COUNT(*) FROM measurements m WHERE {cond}");

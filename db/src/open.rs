@@ -48,6 +48,47 @@ enum Mode {
     Read,
 }
 
+/// How SQLite is asked to open the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    ReadWrite,
+    /// Read-only, through the write-ahead log's index another process made.
+    ReadOnly,
+    /// Read-only, the main file taken as the whole database, no index or locks.
+    Immutable,
+}
+
+/// `path` with `suffix` appended to its file name (SQLite's `-wal` and `-shm` files).
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Whether this process may write `path` and keep SQLite's `-wal` and `-shm` files beside it
+/// (create them in its folder, or write them where they exist). access(2) answers for the
+/// process's own user and for read-only mounts alike, where the permission bits would not.
+fn may_write(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let writable = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes()).is_ok_and(|c| {
+            // SAFETY: `c` is a NUL-terminated path that outlives the call.
+            unsafe {
+                libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) == 0
+            }
+        })
+    };
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    writable(path)
+        && (writable(folder)
+            || [sibling(path, "-wal"), sibling(path, "-shm")]
+                .iter()
+                .all(|p| writable(p)))
+}
+
 impl Db {
     /// Opens (creating if missing) the database at `path`, migrating an older schema.
     pub async fn open(path: &Path) -> Result<Db> {
@@ -78,6 +119,35 @@ impl Db {
     }
 
     async fn open_with(path: &Path, mode: Mode) -> Result<Db> {
+        // SQLite would open such a file read-only without a word, and the first write would
+        // fail deep inside a tuning run.
+        if matches!(mode, Mode::Write | Mode::Migrate) && path.exists() && !may_write(path) {
+            return Err(DbError::ReadOnly {
+                path: path.to_path_buf(),
+            });
+        }
+        match Self::open_as(path, mode, Access::ReadWrite).await {
+            // A database this process may read but not write, in a folder it may not write
+            // either: a read-only mount, a root-owned file in a server's container image.
+            // SQLite reads a WAL-mode file through an index (`-shm`) it must create beside it,
+            // and refuses. Where no write-ahead log holds commits, the main file is the whole
+            // database and is read as immutable, which needs no index; a log in use is read
+            // through the index its writer made, if this process may read it.
+            Err(e) if matches!(mode, Mode::Read | Mode::Existing) && e.is_write_refused() => {
+                let log_in_use =
+                    std::fs::metadata(sibling(path, "-wal")).is_ok_and(|m| m.len() > 0);
+                let access = if log_in_use {
+                    Access::ReadOnly
+                } else {
+                    Access::Immutable
+                };
+                Self::open_as(path, mode, access).await.map_err(|_| e)
+            }
+            other => other,
+        }
+    }
+
+    async fn open_as(path: &Path, mode: Mode, access: Access) -> Result<Db> {
         let create = mode == Mode::Write;
         let open_err = |source| DbError::Open {
             path: path.to_path_buf(),
@@ -96,7 +166,9 @@ impl Db {
             .create_if_missing(create)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(true);
+            .foreign_keys(true)
+            .read_only(access != Access::ReadWrite)
+            .immutable(access == Access::Immutable);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
@@ -114,7 +186,7 @@ impl Db {
             pool,
             path: path.to_path_buf(),
             schema: 0,
-            writable: mode != Mode::Read,
+            writable: mode != Mode::Read && access == Access::ReadWrite && may_write(path),
         };
         // Tuners started together on a new file race through creation: switching it to WAL
         // needs the file to itself, and SQLite answers "locked" there without waiting out the
@@ -231,6 +303,12 @@ impl Db {
             });
         }
         Ok(found)
+    }
+
+    /// Whether this handle may write: not opened for reading only, and not a file this
+    /// process may only read.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
 
     pub fn path(&self) -> &Path {

@@ -31,6 +31,7 @@ impl TuneError {
                 e,
                 DbError::Open { .. }
                     | DbError::Missing { .. }
+                    | DbError::ReadOnly { .. }
                     | DbError::NewerSchema { .. }
                     | DbError::NotKerntune { .. }
             ),

@@ -360,7 +360,11 @@ async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {
                 .collect(),
         )
     };
-    let mut rows = db.winners(identity.as_deref()).await?;
+    let rows = db.winners(identity.as_deref()).await;
+    // Closed before printing: a database left to the process's exit keeps its `-wal` and
+    // `-shm` files beside it.
+    db.close().await;
+    let mut rows = rows?;
     if let Some(keys) = &keys {
         rows.retain(|r| keys.contains(&r.problem));
     }
@@ -414,7 +418,9 @@ async fn bench(args: &TuneArgs, shapes: &ShapeArgs, which: &str) -> anyhow::Resu
                 let db = Db::open_existing(&db_path(args))
                     .await
                     .map_err(TuneError::from)?;
-                let rows = db.winners(Some(&device.identity())).await?;
+                let rows = db.winners(Some(&device.identity())).await;
+                db.close().await;
+                let rows = rows?;
                 let row = rows.iter().find(|r| r.problem == p.key()).ok_or_else(|| {
                     usage(format!(
                         "no winner for {} on {} in the database; tune it first",

@@ -331,3 +331,79 @@ fn db_commands_exit_codes_and_messages() {
         text(&out)
     );
 }
+
+/// `tune ARGS` run by a user who may read `shared` but not write it or its files: as root
+/// (CI), the `nobody` user through util-linux's setpriv; otherwise the caller, with the
+/// folder's write permission taken away for the run.
+fn as_reader(args: &[&str], cwd: &Path, shared: &Path) -> std::process::Output {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |mode| std::fs::set_permissions(shared, std::fs::Permissions::from_mode(mode));
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_tune"))
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("KERNTUNE_DB")
+            .output()
+            .expect("setpriv (util-linux) runs")
+    } else {
+        set(0o555).unwrap();
+        let out = tune(args, cwd);
+        set(0o755).unwrap();
+        out
+    }
+}
+
+/// A database shipped read-only (a container image's root-owned file, a read-only mount):
+/// SQLite cannot create the index it reads a WAL-mode file through, and used to refuse it,
+/// so `tune show` failed and a server linking the runtime ran on defaults.
+#[test]
+fn a_database_its_reader_may_not_write_is_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let shared = d.join("shared");
+    let out_dir = d.join("out");
+    for (folder, mode) in [(d, 0o755), (&shared, 0o755), (&out_dir, 0o777)] {
+        std::fs::create_dir_all(folder).unwrap();
+        std::fs::set_permissions(folder, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let out = tune(&tune_args("shared/k.db", &PROBLEMS[..2]), d);
+    assert!(out.status.success(), "{}", text(&out));
+    let owner_view = winners("shared/k.db", d);
+    assert_eq!(owner_view.len(), 2);
+    let before = std::fs::read_dir(&shared).unwrap().count();
+
+    let show = as_reader(&["--db", "shared/k.db", "--json", "show"], d, &shared);
+    assert!(show.status.success(), "{}", text(&show));
+    let seen: Vec<serde_json::Value> = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(seen, owner_view);
+    let verify = as_reader(&["db", "verify", "shared/k.db"], d, &shared);
+    assert!(verify.status.success(), "{}", text(&verify));
+    let export = ["--db", "shared/k.db", "db", "export", "-o", "out/k.jsonl"];
+    let export = as_reader(&export, d, &shared);
+    assert!(export.status.success(), "{}", text(&export));
+
+    // What writes is refused, saying why.
+    let gc = as_reader(
+        &["--db", "shared/k.db", "db", "gc", "--stale-kernels"],
+        d,
+        &shared,
+    );
+    assert_eq!(gc.status.code(), Some(2), "{}", text(&gc));
+    assert!(
+        text(&gc).contains("can be read but not written by this process"),
+        "{}",
+        text(&gc)
+    );
+    let more = as_reader(&tune_args("shared/k.db", &PROBLEMS[2..3]), d, &shared);
+    assert_eq!(more.status.code(), Some(2), "{}", text(&more));
+    assert!(
+        text(&more).contains("can be read but not written by this process"),
+        "{}",
+        text(&more)
+    );
+    assert_eq!(std::fs::read_dir(&shared).unwrap().count(), before);
+}
