@@ -3,7 +3,7 @@
 //! their output checked against a GEMM computed here.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// The directory of `libkerntune.so`: the library crate lists `cdylib` among its crate types,
 /// so the `cargo test` that built this test built the shared library with the same profile and
@@ -17,9 +17,15 @@ fn lib_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The examples' 3x5 by 5x4 GEMM, printed a row a line, then the bad call's error; returns the
-/// number of rows.
-fn check_gemm_rows(lines: &[&str]) -> usize {
+/// A run of either example on a missing database: it succeeded, said it runs on defaults,
+/// and printed the 3x5 by 5x4 GEMM a row a line, then the bad call's error. Returns its lines
+/// and the number of GEMM rows.
+fn check_example_run(out: &Output) -> (Vec<String>, usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("no tuning database"), "{stderr}");
+    let lines: Vec<String> = stdout.lines().map(String::from).collect();
     let (m, n, k) = (3, 4, 5);
     for (i, line) in lines.iter().enumerate().take(m) {
         let got: Vec<f64> = line.split(' ').map(|v| v.parse().unwrap()).collect();
@@ -37,7 +43,7 @@ fn check_gemm_rows(lines: &[&str]) -> usize {
         "{}",
         lines[m]
     );
-    m
+    (lines, m)
 }
 
 #[test]
@@ -69,23 +75,14 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         .env("LD_LIBRARY_PATH", &libs)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no tuning database"));
-
-    let lines: Vec<&str> = stdout.lines().collect();
-    let m = check_gemm_rows(&lines);
+    let (lines, m) = check_example_run(&out);
     assert_eq!(
         lines[m + 1],
         "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0"
     );
     // Without the `rocm` feature the GPU entry point answers KT_STATUS_NO_DEVICE and names the
     // feature; with it, the HIP runtime answers: opened on an MI250, no device elsewhere.
-    let gpu = lines[m + 2];
+    let gpu = &lines[m + 2];
     if cfg!(feature = "rocm") {
         assert!(
             gpu == "gpu: opened" || gpu.starts_with("gpu: status=5 "),
@@ -133,15 +130,7 @@ fn python_example_runs_the_same_gemm_through_ctypes() {
         .arg(&untuned)
         .output()
         .expect("python3 runs (README, Set-up)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no tuning database"));
-    let lines: Vec<&str> = stdout.lines().collect();
-    let m = check_gemm_rows(&lines);
+    let (lines, m) = check_example_run(&out);
     assert_eq!(
         lines[m + 1],
         "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0 untuned=1"
