@@ -345,7 +345,6 @@ fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
 
 async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {
     let path = db_path(args);
-    let db = Db::open_existing(&path).await.map_err(TuneError::from)?;
     let identity = match &args.device {
         Some(_) => Some(named_device(args)?.identity()),
         None => None,
@@ -360,6 +359,7 @@ async fn show(args: &TuneArgs, shapes: &ShapeArgs) -> anyhow::Result<()> {
                 .collect(),
         )
     };
+    let db = Db::open_existing(&path).await.map_err(TuneError::from)?;
     let rows = db.winners(identity.as_deref()).await;
     // Closed before printing: a database left to the process's exit keeps its `-wal` and
     // `-shm` files beside it.
