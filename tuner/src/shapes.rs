@@ -4,7 +4,8 @@
 //! Per tensor-parallel shard of size t (weights stored `[N, K]`, tokens M rows): fused QKV
 //! N = (q_heads / t + 2·max(1, kv_heads / t))·head_dim, K = hidden (KV heads replicated
 //! where t exceeds them); O N = hidden, K = q_heads·head_dim / t; fused gate_up N =
-//! 2·intermediate / t, K = hidden; down N = hidden, K = intermediate / t; lm_head N = vocab
+//! 2·intermediate / t (up, N = intermediate / t, where the MLP has no gate), K = hidden;
+//! down N = hidden, K = intermediate / t; lm_head N = vocab
 //! / t (rounded up), K = hidden, at decode batch sizes only (prefill computes logits for
 //! the last token of each sequence). Attention per shard has q_heads / t query heads and
 //! max(1, kv_heads / t) KV heads. Mixture-of-experts layers run the expert GEMMs at
@@ -189,12 +190,11 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             out.push(gemm("qkv", m, (q_heads + 2 * kv_heads) * d, model.hidden)?);
             out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
             let dense = |out: &mut Vec<Derived>, prefix: &str, width: usize| -> Result<()> {
-                out.push(gemm(
-                    &format!("{prefix}gate_up"),
-                    m,
-                    2 * width / tp,
-                    model.hidden,
-                )?);
+                let (up, n) = match model.gated_mlp {
+                    true => ("gate_up", 2 * width / tp),
+                    false => ("up", width / tp),
+                };
+                out.push(gemm(&format!("{prefix}{up}"), m, n, model.hidden)?);
                 out.push(gemm(&format!("{prefix}down"), m, model.hidden, width / tp)?);
                 Ok(())
             };

@@ -488,3 +488,56 @@ fn hybrid_models_tune_their_attention_layers_alone() {
     );
     assert!(keys_of(&derive(&plain, &["--tp", "2"]), "qkv").len() > 1);
 }
+
+#[test]
+fn ungated_mlps_run_one_up_projection() {
+    // Phi-2: fc1 (2560 -> 10240), GELU, fc2; no gate beside the up projection.
+    let config = r#"{"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240,
+        "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 51200,
+        "hidden_act": "gelu_new", "torch_dtype": "float16"}"#;
+    let rows = derive(
+        config,
+        &["--tp", "1", "--batch-sizes", "1", "--prefill-lens", "512"],
+    );
+    assert!(keys_of(&rows, "gate_up").is_empty(), "{rows:?}");
+    assert_eq!(
+        keys_of(&rows, "up"),
+        [
+            "gemm:m=1,n=10240,k=2560,dtype=f16,b=nk",
+            "gemm:m=512,n=10240,k=2560,dtype=f16,b=nk"
+        ]
+    );
+    assert_eq!(
+        keys_of(&rows, "down")[0],
+        "gemm:m=1,n=2560,k=10240,dtype=f16,b=nk"
+    );
+    // The same fields under a gated family keep the fused gate and up projection.
+    let gated = derive(
+        &config.replace("\"phi\"", "\"llama\""),
+        &["--tp", "1", "--batch-sizes", "1", "--prefill-lens", "512"],
+    );
+    assert_eq!(
+        keys_of(&gated, "gate_up")[0],
+        "gemm:m=1,n=20480,k=2560,dtype=f16,b=nk"
+    );
+}
+
+#[test]
+fn encoders_are_refused_naming_what_they_are() {
+    refused(
+        r#"{"model_type": "bert", "hidden_size": 1024, "intermediate_size": 4096,
+            "num_attention_heads": 16, "num_hidden_layers": 24, "vocab_size": 30522}"#,
+        &[],
+        &[
+            "an encoder (model_type bert)",
+            "decoder-only",
+            "--shapes gemm:",
+        ],
+    );
+    refused(
+        r#"{"model_type": "t5", "is_encoder_decoder": true, "d_model": 1024,
+            "num_heads": 16, "num_layers": 24, "vocab_size": 32128}"#,
+        &[],
+        &["an encoder-decoder model (is_encoder_decoder = true"],
+    );
+}

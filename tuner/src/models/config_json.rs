@@ -107,6 +107,11 @@ impl Model {
             Some(text) if !top.has("hidden_size") => Fields { path, map: text },
             _ => Fields { path, map: root },
         };
+        if let Some(why) = encoder(&top, &f) {
+            return Err(f.error(format!(
+                "{why}: kerntune derives the problems of decoder-only models (causal attention over a KV cache); tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
+            )));
+        }
         let hybrid = other_layers(f.map);
         if let (Some(why), false) = (&hybrid, f.has("num_attention_heads")) {
             return Err(f.error(format!(
@@ -222,6 +227,7 @@ impl Model {
             layers,
             vocab: f.int("vocab_size")?.unwrap(),
             experts,
+            gated_mlp: !model_type(&top, &f).is_some_and(|t| UNGATED_MLP.contains(&t)),
             scale,
             sliding_window,
             dtype,
@@ -323,6 +329,44 @@ fn quantization(f: &Fields<'_>) -> Option<String> {
     ))
 }
 
+/// Decoder families whose MLP is one up projection, an activation and a down projection,
+/// without the gate Llama's SwiGLU fuses into its up projection.
+const UNGATED_MLP: [&str; 5] = ["phi", "gpt_neox", "starcoder2", "nemotron", "persimmon"];
+
+/// Encoder families that carry a decoder's fields (BERT-style embedding and reranking
+/// models): bidirectional attention, no KV cache, an ungated MLP.
+const ENCODERS: [&str; 10] = [
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "camembert",
+    "electra",
+    "deberta-v2",
+    "mpnet",
+    "nomic_bert",
+    "modernbert",
+];
+
+fn model_type<'a>(top: &'a Fields<'_>, f: &'a Fields<'_>) -> Option<&'a str> {
+    top.str("model_type").or_else(|| f.str("model_type"))
+}
+
+/// Why the config is not a decoder-only model's, where it says so.
+fn encoder(top: &Fields<'_>, f: &Fields<'_>) -> Option<String> {
+    if top.map.get("is_encoder_decoder") == Some(&Value::Bool(true)) {
+        return Some(
+            "an encoder-decoder model (is_encoder_decoder = true, as T5, BART and Whisper)".into(),
+        );
+    }
+    let kind = model_type(top, f)?;
+    ENCODERS.contains(&kind).then(|| {
+        format!(
+            "an encoder (model_type {kind}), whose attention looks both ways and keeps no KV cache"
+        )
+    })
+}
+
 /// Why the model's attention is not the softmax attention the kernels compute.
 fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
     let capped = f
@@ -336,8 +380,7 @@ fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
             f.path.display()
         ));
     }
-    let model_type = top.str("model_type").or_else(|| f.str("model_type"));
-    (model_type == Some("gpt_oss")).then(|| {
+    (model_type(top, f) == Some("gpt_oss")).then(|| {
         format!(
             "{}: its attention adds learned sinks to the softmax (model_type gpt_oss), which kerntune's attention kernels do not",
             f.path.display()

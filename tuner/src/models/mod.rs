@@ -28,6 +28,9 @@ pub struct Model {
     pub layers: usize,
     pub vocab: usize,
     pub experts: Option<Experts>,
+    /// Whether the dense MLP is gated (a fused gate and up projection of twice its width, as
+    /// Llama's SwiGLU), or one up projection (Phi-2, GPT-NeoX, StarCoder2, Nemotron).
+    pub gated_mlp: bool,
     /// Attention's softmax scale where the config sets one other than `1 / sqrt(head_dim)`
     /// (Gemma's `query_pre_attn_scalar`, Granite's `attention_multiplier`).
     pub scale: Option<f32>,
@@ -91,6 +94,7 @@ impl Model {
             layers,
             vocab,
             experts,
+            gated_mlp: true,
             scale: None,
             sliding_window: None,
             dtype: DType::Bf16,
@@ -188,13 +192,18 @@ impl Model {
         let attn = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim
             + self.q_heads * self.head_dim * self.hidden;
         let mlp = |width: usize| 3 * self.hidden * width;
+        let dense_mlp = if self.gated_mlp {
+            mlp(self.intermediate)
+        } else {
+            2 * self.hidden * self.intermediate
+        };
         let layers = match self.experts {
-            None => self.layers * (attn + mlp(self.intermediate)),
+            None => self.layers * (attn + dense_mlp),
             Some(e) => {
                 let moe = attn
                     + e.count * (mlp(e.intermediate) + self.hidden)
                     + mlp(e.shared_intermediate);
-                let dense = attn + mlp(self.intermediate);
+                let dense = attn + dense_mlp;
                 (self.layers - e.dense_layers) * moe + e.dense_layers * dense
             }
         };
