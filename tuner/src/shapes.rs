@@ -12,7 +12,8 @@
 //! M·active/experts tokens (rounded up; at the experts' whole width with expert parallelism,
 //! each shard holding experts/t of them) plus the router GEMM (N = experts), the shared
 //! experts' gate_up and down at M tokens where the model has them, and the dense ones where
-//! some of its layers have no experts.
+//! some of its layers have no experts. Latent attention (DeepSeek) runs its own projections
+//! in place of QKV and O (`latent_projections`).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -21,7 +22,7 @@ use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem
 use kerntune_kernels::{DType, Family, Problem};
 
 use crate::error::{usage, Result};
-use crate::models::{is_hub_address, Model, PRESETS};
+use crate::models::{is_hub_address, Latent, Model, PRESETS};
 
 /// Token and context buckets, and which kernels to derive.
 #[derive(Debug, Clone)]
@@ -110,7 +111,8 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
 /// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
 /// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, a hybrid's
 /// GEMMs, attention that is not plain softmax attention, attention longer than its sliding
-/// window.
+/// window. Each refusal names only flags under which the rest of the model is tuned, so
+/// following its advice never meets another refusal.
 fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     let u = &model.unsupported;
     if let (Some(why), None) = (&u.dtype, b.dtype) {
@@ -118,21 +120,46 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
             "{why}: pass --dtype (f32, f16 or bf16) to tune its shapes at one of those"
         )));
     }
-    if let (Some(why), true, None) = (&u.gemm, b.kernels.contains(&Family::Gemm), b.dtype) {
-        return Err(usage(format!(
-            "{why}: pass --kernels flash,paged to tune its attention alone, or --dtype bf16 to tune its GEMM shapes with unquantized weights"
-        )));
-    }
-    if let (Some(why), true) = (&u.layers, b.kernels.contains(&Family::Gemm)) {
-        return Err(usage(format!(
-            "{why}: pass --kernels flash,paged to tune its attention layers alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
-        )));
-    }
+    let gemms = b.kernels.contains(&Family::Gemm);
     let attention = b.kernels.iter().any(|f| *f != Family::Gemm);
+    let quantized = u.gemm.is_some() && b.dtype.is_none();
+    let attention_alone = u
+        .attention
+        .is_none()
+        .then_some("pass --kernels flash,paged to tune its attention alone");
+    let explicit = "tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)";
+    let refuse = |why: &str, fixes: &[Option<&str>]| {
+        let fixes: Vec<&str> = fixes.iter().flatten().copied().collect();
+        let fixes = match fixes.is_empty() {
+            true => explicit.to_string(),
+            false => fixes.join(", or "),
+        };
+        Err(usage(format!("{why}: {fixes}")))
+    };
+    if let (Some(why), true) = (&u.layers, gemms) {
+        return refuse(
+            why,
+            &[attention_alone.map(|_| {
+                "pass --kernels flash,paged to tune its attention layers alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
+            })],
+        );
+    }
+    if let (Some(why), true, true) = (&u.gemm, gemms, quantized) {
+        let unquantized = match attention && u.attention.is_some() {
+            true => "pass --kernels gemm --dtype bf16 to tune its GEMM shapes alone, with unquantized weights",
+            false => "pass --dtype bf16 to tune its GEMM shapes with unquantized weights",
+        };
+        return refuse(why, &[attention_alone, Some(unquantized)]);
+    }
     if let (Some(why), true) = (&u.attention, attention) {
-        return Err(usage(format!(
-            "{why}: pass --kernels gemm to tune its GEMMs alone"
-        )));
+        let gemms_alone = match (u.layers.is_some(), quantized) {
+            (true, _) => None,
+            (false, true) => Some(
+                "pass --kernels gemm --dtype bf16 to tune its GEMM shapes alone, with unquantized weights",
+            ),
+            (false, false) => Some("pass --kernels gemm to tune its GEMMs alone"),
+        };
+        return refuse(why, &[gemms_alone]);
     }
     // Attention within a sliding window computes what full attention does as long as no
     // length exceeds the window; beyond it the kernels would compute another function.
@@ -180,15 +207,23 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         })
     };
     if b.kernels.contains(&Family::Gemm) {
-        let tokens: Vec<usize> = b
+        let tokens = b
             .batch_sizes
             .iter()
-            .chain(&b.prefill_lens)
-            .copied()
-            .collect();
-        for &m in &tokens {
-            out.push(gemm("qkv", m, (q_heads + 2 * kv_heads) * d, model.hidden)?);
-            out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
+            .map(|&m| (m, false))
+            .chain(b.prefill_lens.iter().map(|&m| (m, true)));
+        for (m, prefill) in tokens {
+            match &model.latent {
+                None => {
+                    out.push(gemm("qkv", m, (q_heads + 2 * kv_heads) * d, model.hidden)?);
+                    out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
+                }
+                Some(l) => {
+                    for (role, n, k) in latent_projections(l, model.hidden, q_heads, prefill) {
+                        out.push(gemm(role, m, n, k)?);
+                    }
+                }
+            }
             let dense = |out: &mut Vec<Derived>, prefix: &str, width: usize| -> Result<()> {
                 let (up, n) = match model.gated_mlp {
                     true => ("gate_up", 2 * width / tp),
@@ -258,6 +293,40 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         }
     }
     Ok(dedup(out))
+}
+
+/// The GEMMs (role, N, K) of one shard's latent attention with `heads` query heads, as vLLM
+/// runs them: the queries' and the latent's down projections fused into one GEMM every shard
+/// runs whole (`qkv_a`; a full-rank `q` and `kv_a` where the model has no `q_lora_rank`), the
+/// queries' up projection `q_b`, the keys' and values' up projection `kv_b` on prompt tokens
+/// only (decode multiplies each head by its slice of those weights, a batched product
+/// kerntune's GEMM does not take), `o`, and DeepSeek-V3.2's indexer (`indexer_q`,
+/// `indexer_k`, whole on every shard).
+fn latent_projections(
+    l: &Latent,
+    hidden: usize,
+    heads: usize,
+    prefill: bool,
+) -> Vec<(&'static str, usize, usize)> {
+    let qk = l.qk_nope_head_dim + l.qk_rope_head_dim;
+    let kv_a = l.kv_lora_rank + l.qk_rope_head_dim;
+    let mut gemms = match l.q_lora_rank {
+        Some(r) => vec![("qkv_a", r + kv_a, hidden), ("q_b", heads * qk, r)],
+        None => vec![("q", heads * qk, hidden), ("kv_a", kv_a, hidden)],
+    };
+    if prefill {
+        gemms.push((
+            "kv_b",
+            heads * (l.qk_nope_head_dim + l.v_head_dim),
+            l.kv_lora_rank,
+        ));
+    }
+    gemms.push(("o", hidden, heads * l.v_head_dim));
+    if let (Some((n, d)), Some(r)) = (l.indexer, l.q_lora_rank) {
+        gemms.push(("indexer_q", n * d, r));
+        gemms.push(("indexer_k", d + n, hidden));
+    }
+    gemms
 }
 
 fn dedup(list: Vec<Derived>) -> Vec<Derived> {

@@ -1,9 +1,9 @@
 //! `--shapes config.json` with the configs users bring: the dimensions of published models
 //! (Qwen, DeepSeek and Llama 4 mixtures of experts, Gemma's multimodal config and query scale,
-//! Granite's attention multiplier, transformers 5's `dtype`, KV heads replicated over shards),
-//! and clear refusals where the model's kernels are not the ones kerntune tunes (latent
-//! attention, hybrid layers, quantized weights, soft-capped or sink attention, lengths past a
-//! sliding window).
+//! Granite's attention multiplier, transformers 5's `dtype`, KV heads replicated over shards,
+//! DeepSeek's latent attention projections), and clear refusals where the model's kernels are
+//! not the ones kerntune tunes (latent attention itself, hybrid layers, quantized weights,
+//! soft-capped or sink attention, lengths past a sliding window).
 
 mod common;
 
@@ -224,18 +224,130 @@ fn shared_experts_and_dense_layers_are_derived_too() {
     );
 }
 
+/// DeepSeek-V3's published config, less what does not shape a kernel.
+const DEEPSEEK_V3: &str = r#""model_type": "deepseek_v3", "hidden_size": 7168,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "moe_layer_freq": 1,
+    "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
+    "torch_dtype": "bfloat16""#;
+
 #[test]
-fn latent_attention_is_refused_naming_the_field() {
-    // DeepSeek-V3's attention: projections to a compressed KV cache.
-    let config = r#"{"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-        "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61,
-        "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
-        "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536,
-        "vocab_size": 129280}"#;
+fn latent_attention_runs_its_own_projections() {
+    let v3 = format!("{{{DEEPSEEK_V3}}}");
+    let one_of_each = ["--tp", "8", "--batch-sizes", "1", "--prefill-lens", "2048"];
+    let rows = derive(&v3, &[&one_of_each[..], &["--kernels", "gemm"]].concat());
+    // vLLM's fused down projection of queries and latent (1536 + 512 + 64), whole on every
+    // shard; 16 of the 128 heads per shard.
+    let gemm = |m, n, k| format!("gemm:m={m},n={n},k={k},dtype=bf16,b=nk");
+    assert_eq!(
+        keys_of(&rows, "qkv_a"),
+        [gemm(1, 2112, 7168), gemm(2048, 2112, 7168)]
+    );
+    assert_eq!(
+        keys_of(&rows, "q_b"),
+        [gemm(1, 3072, 1536), gemm(2048, 3072, 1536)]
+    );
+    // Keys and values are projected up from the latent for prompts only.
+    assert_eq!(keys_of(&rows, "kv_b"), [gemm(2048, 4096, 512)]);
+    assert_eq!(
+        keys_of(&rows, "o"),
+        [gemm(1, 7168, 2048), gemm(2048, 7168, 2048)]
+    );
+    assert!(keys_of(&rows, "qkv").is_empty());
+    // The experts, the shared one and the three dense layers as for any DeepSeek MoE.
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(1, 512, 7168));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 4608, 7168));
+    assert_eq!(keys_of(&rows, "lm_head"), [gemm(1, 16160, 7168)]);
+    // Its attention is not the kernels': refused, with the flag that tunes the rest.
     refused(
-        config,
-        &["--tp", "8"],
-        &["kv_lora_rank = 512", "--shapes gemm:"],
+        &v3,
+        &one_of_each,
+        &[
+            "multi-head latent attention",
+            "kv_lora_rank = 512",
+            "576 values",
+            "--kernels gemm",
+        ],
+    );
+    // Published with FP8 weights: both refusals' advice at once, so following it succeeds.
+    let fp8 = format!(
+        r#"{{{DEEPSEEK_V3}, "quantization_config": {{"quant_method": "fp8", "fmt": "e4m3"}}}}"#
+    );
+    refused(
+        &fp8,
+        &one_of_each,
+        &["\"fp8\"", "--kernels gemm --dtype bf16"],
+    );
+    let unquantized = derive(
+        &fp8,
+        &[&one_of_each[..], &["--kernels", "gemm", "--dtype", "bf16"]].concat(),
+    );
+    assert_eq!(unquantized, rows);
+
+    // DeepSeek-V3.2's indexer: its own query projection from the queries' latent and a key
+    // and head-weight projection, whole on every shard.
+    let v32 = format!(
+        r#"{{{DEEPSEEK_V3}, "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}}"#
+    );
+    let rows = derive(&v32, &[&one_of_each[..], &["--kernels", "gemm"]].concat());
+    assert_eq!(keys_of(&rows, "indexer_q")[0], gemm(1, 8192, 1536));
+    assert_eq!(keys_of(&rows, "indexer_k")[0], gemm(1, 192, 7168));
+
+    // DeepSeek-V2-Lite: a full-rank query projection and the latent's down projection apart.
+    let lite = r#"{"model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
+        "moe_intermediate_size": 1408, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "num_hidden_layers": 27, "n_routed_experts": 64, "n_shared_experts": 2,
+        "num_experts_per_tok": 6, "moe_layer_freq": 1, "first_k_dense_replace": 1,
+        "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400,
+        "torch_dtype": "bfloat16"}"#;
+    let rows = derive(
+        lite,
+        &[
+            "--tp",
+            "2",
+            "--batch-sizes",
+            "1",
+            "--prefill-lens",
+            "512",
+            "--kernels",
+            "gemm",
+        ],
+    );
+    assert_eq!(keys_of(&rows, "q")[0], gemm(1, 1536, 2048));
+    assert_eq!(keys_of(&rows, "kv_a")[0], gemm(1, 576, 2048));
+    assert_eq!(keys_of(&rows, "kv_b"), [gemm(512, 2048, 512)]);
+    assert_eq!(keys_of(&rows, "o")[0], gemm(1, 2048, 1024));
+    assert!(keys_of(&rows, "qkv_a").is_empty());
+
+    // A latent attention config without its head sizes is named, not guessed.
+    refused(
+        &v3.replace(r#""qk_rope_head_dim": 64,"#, ""),
+        &["--kernels", "gemm"],
+        &["kv_lora_rank = 512", "`qk_rope_head_dim`"],
+    );
+}
+
+#[test]
+fn deepseek_counts_its_moe_layer_frequency_from_the_first_layer() {
+    // Every second layer from layer 0 has experts, so the odd ones run the dense MLP.
+    let config = |freq: usize| {
+        format!(
+            r#"{{"hidden_size": 2048, "intermediate_size": 10944,
+            "moe_intermediate_size": 1408, "num_attention_heads": 16, "num_hidden_layers": 4,
+            "n_routed_experts": 64, "num_experts_per_tok": 6, "moe_layer_freq": {freq},
+            "vocab_size": 102400}}"#
+        )
+    };
+    let args = ["--tp", "2", "--batch-sizes", "1", "--kernels", "gemm"];
+    let every = derive(&config(1), &args);
+    assert!(keys_of(&every, "gate_up").is_empty());
+    let second = derive(&config(2), &args);
+    assert_eq!(
+        keys_of(&second, "gate_up")[0],
+        "gemm:m=1,n=10944,k=2048,dtype=bf16,b=nk"
     );
 }
 

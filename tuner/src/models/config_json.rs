@@ -1,7 +1,8 @@
 //! Reading a Hugging Face `config.json`: the fields of a Llama-style decoder, the places other
 //! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`), the
-//! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, Gemma's and Granite's attention
-//! scales, and what the kernels do not compute, named so that `tune` can refuse it instead of tuning shapes no server runs.
+//! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, DeepSeek's latent attention,
+//! Gemma's and Granite's attention scales, and what the kernels do not compute, named so that
+//! `tune` can refuse it instead of tuning shapes no server runs.
 
 use std::path::Path;
 
@@ -10,7 +11,7 @@ use serde_json::{Map, Value};
 use kerntune_kernels::DType;
 
 use super::hybrid::other_layers;
-use super::{Experts, Model, Unsupported};
+use super::{Experts, Latent, Model, Unsupported};
 use crate::error::{usage, Result, TuneError};
 
 /// The fields of one config object, with errors that name the file.
@@ -131,23 +132,24 @@ impl Model {
                 required.join(", ")
             )));
         }
-        if let Some(rank) = f.int("kv_lora_rank")? {
-            return Err(f.error(format!(
-                "multi-head latent attention (kv_lora_rank = {rank}, as in DeepSeek-V2 and V3) is not a layer kerntune derives: its projections and its compressed KV cache are not the query, key and value heads its kernels take; tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
-            )));
-        }
         let hidden = f.int("hidden_size")?.unwrap();
         let q_heads = f.int("num_attention_heads")?.unwrap();
-        let kv_heads = f.int("num_key_value_heads")?.unwrap_or(q_heads);
+        let latent = latent(&f, hidden, q_heads)?;
+        // Latent attention projects each query head its own key and value.
+        let kv_heads = match latent {
+            Some(_) => q_heads,
+            None => f.int("num_key_value_heads")?.unwrap_or(q_heads),
+        };
         if q_heads % kv_heads != 0 {
             return Err(f.error(format!(
                 "num_attention_heads = {q_heads} is not a multiple of num_key_value_heads = {kv_heads}"
             )));
         }
-        let head_dim = match f.int("head_dim")? {
-            Some(d) => d,
-            None if hidden % q_heads == 0 => hidden / q_heads,
-            None => {
+        let head_dim = match (latent, f.int("head_dim")?) {
+            (Some(l), _) => l.qk_nope_head_dim + l.qk_rope_head_dim,
+            (None, Some(d)) => d,
+            (None, None) if hidden % q_heads == 0 => hidden / q_heads,
+            (None, None) => {
                 return Err(f.error(format!(
                     "no head_dim, and hidden_size = {hidden} is not a multiple of num_attention_heads = {q_heads}"
                 )))
@@ -211,7 +213,9 @@ impl Model {
                     path.display()
                 )
             }),
-            attention: attention_refusal(&f, &top),
+            attention: latent
+                .map(|l| latent_refusal(&f, &l))
+                .or_else(|| attention_refusal(&f, &top)),
         };
         let name = top
             .str("_name_or_path")
@@ -227,6 +231,7 @@ impl Model {
             layers,
             vocab: f.int("vocab_size")?.unwrap(),
             experts,
+            latent,
             gated_mlp: !model_type(&top, &f).is_some_and(|t| UNGATED_MLP.contains(&t)),
             scale,
             sliding_window,
@@ -303,8 +308,11 @@ fn experts(
         }
     };
     let first_dense = f.count("first_k_dense_replace")?;
+    // DeepSeek counts its MoE layers' frequency from layer 0 (vLLM: `i % moe_layer_freq ==
+    // 0`), Qwen and Llama 4 their step from layer 1.
+    let freq = f.int("moe_layer_freq")?.unwrap_or(1);
     let dense_layers = (0..layers)
-        .filter(|&i| i < first_dense || listed.contains(&i) || (i + 1) % step != 0)
+        .filter(|&i| i < first_dense || listed.contains(&i) || (i + 1) % step != 0 || i % freq != 0)
         .count();
     Ok(Some(Experts {
         count,
@@ -313,6 +321,57 @@ fn experts(
         shared_intermediate,
         dense_layers,
     }))
+}
+
+/// Multi-head latent attention, where `kv_lora_rank` says the model has it.
+fn latent(f: &Fields<'_>, hidden: usize, q_heads: usize) -> Result<Option<Latent>> {
+    let Some(kv_lora_rank) = f.int("kv_lora_rank")? else {
+        return Ok(None);
+    };
+    let need = |key: &str| -> Result<usize> {
+        f.int(key)?.ok_or_else(|| {
+            f.error(format!(
+                "kv_lora_rank = {kv_lora_rank} says its attention is multi-head latent attention, which needs `{key}` too"
+            ))
+        })
+    };
+    let q_lora_rank = f.int("q_lora_rank")?;
+    // MiniCPM3's config may leave the value heads' size out; transformers then takes
+    // hidden_size / num_attention_heads.
+    let v_head_dim = match f.int("v_head_dim")? {
+        Some(d) => d,
+        None if hidden.is_multiple_of(q_heads) => hidden / q_heads,
+        None => need("v_head_dim")?,
+    };
+    let indexer = match f.int("index_topk")? {
+        None => None,
+        Some(_) if q_lora_rank.is_none() => {
+            return Err(f.error(
+                "index_topk: the sparse-attention indexer reads the queries' low-rank projection, but q_lora_rank is missing",
+            ))
+        }
+        Some(_) => Some((need("index_n_heads")?, need("index_head_dim")?)),
+    };
+    Ok(Some(Latent {
+        q_lora_rank,
+        kv_lora_rank,
+        qk_nope_head_dim: need("qk_nope_head_dim")?,
+        qk_rope_head_dim: need("qk_rope_head_dim")?,
+        v_head_dim,
+        indexer,
+    }))
+}
+
+/// Why latent attention is not the attention kerntune's kernels compute.
+fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
+    format!(
+        "{}: its attention is multi-head latent attention (kv_lora_rank = {}, as DeepSeek-V2 and V3): decode attends over one cached latent of {} values per token, and prefill over query and key heads of {} values with value heads of {}, neither of which kerntune's attention kernels compute",
+        f.path.display(),
+        l.kv_lora_rank,
+        l.kv_lora_rank + l.qk_rope_head_dim,
+        l.qk_nope_head_dim + l.qk_rope_head_dim,
+        l.v_head_dim
+    )
 }
 
 /// Why the server's GEMMs are not dense ones, where `quantization_config` says the weights

@@ -28,6 +28,9 @@ pub struct Model {
     pub layers: usize,
     pub vocab: usize,
     pub experts: Option<Experts>,
+    /// DeepSeek's multi-head latent attention, whose projections replace the fused QKV and O
+    /// GEMMs (`None`: query, key and value heads of `head_dim`).
+    pub latent: Option<Latent>,
     /// Whether the dense MLP is gated (a fused gate and up projection of twice its width, as
     /// Llama's SwiGLU), or one up projection (Phi-2, GPT-NeoX, StarCoder2, Nemotron).
     pub gated_mlp: bool,
@@ -57,6 +60,43 @@ pub struct Experts {
     pub shared_intermediate: usize,
     /// Layers with a dense MLP instead of experts.
     pub dense_layers: usize,
+}
+
+/// Multi-head latent attention (DeepSeek-V2 and V3, Kimi K2, MiniCPM3): keys and values are
+/// projected down to one latent vector per token, which is what the KV cache holds, and up
+/// again per head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Latent {
+    /// Width of the queries' low-rank projection (`None`: a full-rank query projection, as
+    /// DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<usize>,
+    /// Width of the latent the KV cache holds per token.
+    pub kv_lora_rank: usize,
+    /// Query and key head size without and with rotary embedding; they add up to `head_dim`.
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// DeepSeek-V3.2's sparse-attention indexer: its heads and their size.
+    pub indexer: Option<(usize, usize)>,
+}
+
+impl Latent {
+    /// Weights of one layer's attention, in elements.
+    fn weights(&self, hidden: usize, heads: usize) -> usize {
+        let qk = self.qk_nope_head_dim + self.qk_rope_head_dim;
+        let q = match self.q_lora_rank {
+            Some(r) => hidden * r + r * heads * qk,
+            None => hidden * heads * qk,
+        };
+        let indexer = match (self.indexer, self.q_lora_rank) {
+            (Some((n, d)), Some(r)) => r * n * d + hidden * (d + n),
+            _ => 0,
+        };
+        q + hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            + heads * self.v_head_dim * hidden
+            + indexer
+    }
 }
 
 /// Why a config's kernels are not the ones kerntune tunes, per family.
@@ -94,6 +134,7 @@ impl Model {
             layers,
             vocab,
             experts,
+            latent: None,
             gated_mlp: true,
             scale: None,
             sliding_window: None,
@@ -189,8 +230,13 @@ impl Model {
 
     /// Weight bytes of the whole model at its dtype.
     pub fn weight_bytes(&self) -> f64 {
-        let attn = self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim
-            + self.q_heads * self.head_dim * self.hidden;
+        let attn = match &self.latent {
+            Some(l) => l.weights(self.hidden, self.q_heads),
+            None => {
+                self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim
+                    + self.q_heads * self.head_dim * self.hidden
+            }
+        };
         let mlp = |width: usize| 3 * self.hidden * width;
         let dense_mlp = if self.gated_mlp {
             mlp(self.intermediate)
