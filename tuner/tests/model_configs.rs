@@ -653,3 +653,85 @@ fn encoders_are_refused_naming_what_they_are() {
         &["an encoder-decoder model (is_encoder_decoder = true"],
     );
 }
+
+#[test]
+fn experts_under_names_not_read_are_refused_rather_than_derived_dense() {
+    // Ernie 4.5 21B-A3B names its experts its own way; read as a dense model, every layer
+    // would run a 12288-wide MLP its server never runs.
+    let ernie = r#"{"model_type": "ernie4_5_moe", "hidden_size": 2560, "intermediate_size": 12288,
+        "moe_intermediate_size": 1536, "moe_num_experts": 64, "moe_k": 6,
+        "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "num_attention_heads": 20,
+        "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 103424}"#;
+    refused(
+        ernie,
+        &["--tp", "1"],
+        &[
+            "moe_num_experts",
+            "moe_k",
+            "names kerntune does not read",
+            "--kernels flash,paged",
+        ],
+    );
+    let attention = derive(ernie, &["--tp", "1", "--kernels", "flash,paged"]);
+    assert!(!attention.is_empty());
+    assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
+    // Expert fields that say "none" leave a dense model dense.
+    let dense = format!(r#"{{{LLAMA8B}, "num_local_experts": 0, "moe_k": null}}"#);
+    let rows = derive(
+        &dense,
+        &["--tp", "1", "--batch-sizes", "1", "--kernels", "gemm"],
+    );
+    assert_eq!(
+        keys_of(&rows, "gate_up")[0],
+        "gemm:m=1,n=28672,k=4096,dtype=bf16,b=nk"
+    );
+}
+
+#[test]
+fn the_first_qwen_counts_gate_and_up_together_in_its_intermediate_size() {
+    // Qwen-7B: intermediate_size 22016 is its two projections of 11008 each.
+    let qwen = |model_type: &str| {
+        format!(
+            r#"{{"model_type": "{model_type}", "hidden_size": 4096, "intermediate_size": 22016,
+            "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 151936}}"#
+        )
+    };
+    let args = ["--tp", "2", "--batch-sizes", "1", "--kernels", "gemm"];
+    let rows = derive(&qwen("qwen"), &args);
+    assert_eq!(
+        keys_of(&rows, "gate_up")[0],
+        "gemm:m=1,n=11008,k=4096,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "down")[0],
+        "gemm:m=1,n=4096,k=5504,dtype=bf16,b=nk"
+    );
+    // Qwen2 and later count one projection, as Llama does.
+    let rows = derive(&qwen("qwen2"), &args);
+    assert_eq!(
+        keys_of(&rows, "gate_up")[0],
+        "gemm:m=1,n=22016,k=4096,dtype=bf16,b=nk"
+    );
+}
+
+#[test]
+fn alibi_attention_is_refused_unless_only_gemms_are_asked_for() {
+    // Baichuan2-13B biases its logits by distance (ALiBi); the 7B is rotary, as Llama.
+    let baichuan = |hidden: usize, heads: usize| {
+        format!(
+            r#"{{"model_type": "baichuan", "hidden_size": {hidden}, "intermediate_size": 13696,
+            "num_attention_heads": {heads}, "num_hidden_layers": 40, "vocab_size": 125696}}"#
+        )
+    };
+    refused(
+        &baichuan(5120, 40),
+        &["--tp", "1"],
+        &["ALiBi", "Baichuan 13B", "--kernels gemm"],
+    );
+    assert!(!derive(&baichuan(5120, 40), &["--tp", "1", "--kernels", "gemm"]).is_empty());
+    let rotary = derive(&baichuan(4096, 32), &["--tp", "1"]);
+    assert!(rotary.iter().any(|(_, key)| key.starts_with("flash:")));
+    // Falcon's switch.
+    let falcon = format!(r#"{{{LLAMA8B}, "alibi": true}}"#);
+    refused(&falcon, &["--tp", "1"], &["alibi = true", "--kernels gemm"]);
+}

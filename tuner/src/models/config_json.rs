@@ -44,7 +44,7 @@ impl Fields<'_> {
         }
     }
 
-    /// A count that may be 0 (`first_k_dense_replace`).
+    /// A count that may be 0 (`first_k_dense_replace`, a dense model's experts).
     fn count(&self, key: &str) -> Result<usize> {
         match self.map.get(key) {
             None | Some(Value::Null) => Ok(0),
@@ -159,8 +159,13 @@ impl Model {
         let intermediate_size = f.int("intermediate_size")?.unwrap_or(0);
         let experts = experts(&f, layers, intermediate_size, moe_width)?;
         // Llama 4's dense layers have a width of their own; its intermediate_size is the
-        // experts'.
-        let intermediate = f.int("intermediate_size_mlp")?.unwrap_or(intermediate_size);
+        // experts'. Qwen (the first, model_type qwen) counts its gate and up projections
+        // together: each is half as wide (transformers' and vLLM's QWenMLP).
+        let intermediate = match f.int("intermediate_size_mlp")? {
+            Some(w) => w,
+            None if model_type(&top, &f) == Some("qwen") => intermediate_size / 2,
+            None => intermediate_size,
+        };
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
             return Err(f.error(
                 "some layers have a dense MLP, whose width is intermediate_size, which is missing",
@@ -207,12 +212,14 @@ impl Model {
         let unsupported = Unsupported {
             dtype: dtype_refusal,
             gemm: quantization(&top).or_else(|| quantization(&f)),
-            layers: hybrid.map(|why| {
-                format!(
-                    "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone: it would miss the other layers' projections and could mistake this family's MLP",
-                    path.display()
-                )
-            }),
+            layers: hybrid
+                .map(|why| {
+                    format!(
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone: it would miss the other layers' projections and could mistake this family's MLP",
+                        path.display()
+                    )
+                })
+                .or_else(|| experts.is_none().then(|| unread_experts(&f)).flatten()),
             attention: latent
                 .map(|l| latent_refusal(&f, &l))
                 .or_else(|| attention_refusal(&f, &top)),
@@ -252,8 +259,15 @@ fn experts(
     intermediate: usize,
     moe_width: Option<usize>,
 ) -> Result<Option<Experts>> {
-    let count = f.first_int(&["num_local_experts", "num_experts", "n_routed_experts"])?;
-    let active = f.int("num_experts_per_tok")?;
+    // Dense members of MoE families (Granite 4.0-H Micro) write 0 experts.
+    let mut count = None;
+    for key in ["num_local_experts", "num_experts", "n_routed_experts"] {
+        if let n @ 1.. = f.count(key)? {
+            count = Some((key, n));
+            break;
+        }
+    }
+    let active = Some(f.count("num_experts_per_tok")?).filter(|&n| n > 0);
     let (count_key, count, active) = match (count, active) {
         (None, None) => return Ok(None),
         (Some((key, e)), Some(a)) if a <= e => (key, e, a),
@@ -374,6 +388,33 @@ fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
     )
 }
 
+/// Why the MLP is not derived where fields name experts under names [`experts`] does not
+/// read (Ernie 4.5's `moe_num_experts` and `moe_k`, say): derived as a dense MLP of
+/// `intermediate_size`, its GEMMs would be shapes its server never runs.
+fn unread_experts(f: &Fields<'_>) -> Option<String> {
+    let named: Vec<&str> = f
+        .map
+        .iter()
+        .filter(|(key, value)| {
+            let says = match value {
+                Value::Number(n) => n.as_f64().is_some_and(|x| x > 0.0),
+                Value::Array(items) => !items.is_empty(),
+                Value::Object(fields) => !fields.is_empty(),
+                _ => false,
+            };
+            says && (key.contains("expert") || key.starts_with("moe_"))
+        })
+        .map(|(key, _)| key.as_str())
+        .collect();
+    (!named.is_empty()).then(|| {
+        format!(
+            "{}: {} describe a mixture of experts under names kerntune does not read (it reads Mixtral's, Qwen's, DeepSeek's and Llama 4's), and its MLP is refused rather than guessed to be dense",
+            f.path.display(),
+            named.join(", ")
+        )
+    })
+}
+
 /// Why the server's GEMMs are not dense ones, where `quantization_config` says the weights
 /// are quantized (GPTQ, AWQ, FP8, MXFP4, ...).
 fn quantization(f: &Fields<'_>) -> Option<String> {
@@ -437,6 +478,17 @@ fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
         return Some(format!(
             "{}: its attention soft-caps the logits (attn_logit_softcapping = {cap}, as Gemma 2 does), which kerntune's attention kernels do not",
             f.path.display()
+        ));
+    }
+    // ALiBi: Falcon's `alibi` switch; Baichuan 13B, which vLLM tells from the 7B (rotary)
+    // by its hidden size.
+    let baichuan_13b =
+        model_type(top, f) == Some("baichuan") && f.int("hidden_size").ok().flatten() != Some(4096);
+    if f.map.get("alibi") == Some(&Value::Bool(true)) || baichuan_13b {
+        return Some(format!(
+            "{}: its attention adds ALiBi position biases to the logits ({}), which kerntune's attention kernels do not",
+            f.path.display(),
+            if baichuan_13b { "model_type baichuan at a hidden_size other than 4096: Baichuan 13B" } else { "alibi = true" }
         ));
     }
     (model_type(top, f) == Some("gpt_oss")).then(|| {
