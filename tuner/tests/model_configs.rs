@@ -210,6 +210,16 @@ fn shared_experts_and_dense_layers_are_derived_too() {
         keys_of(&rows, "router")[0],
         "gemm:m=1,n=64,k=2048,dtype=bf16,b=nk"
     );
+    // Granite's MoE with a shared expert names its width shared_intermediate_size.
+    let granite = r#"{"model_type": "granitemoeshared", "hidden_size": 1024,
+        "intermediate_size": 512, "shared_intermediate_size": 1536, "num_local_experts": 32,
+        "num_experts_per_tok": 8, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "num_hidden_layers": 24, "vocab_size": 49155}"#;
+    let rows = derive(granite, &["--tp", "1", "--batch-sizes", "1"]);
+    assert_eq!(
+        keys_of(&rows, "shared_gate_up")[0],
+        "gemm:m=1,n=3072,k=1024,dtype=bf16,b=nk"
+    );
     // 60 experts do not spread evenly over 8 shards.
     refused(
         qwen,
@@ -675,6 +685,22 @@ fn experts_under_names_not_read_are_refused_rather_than_derived_dense() {
     let attention = derive(ernie, &["--tp", "1", "--kernels", "flash,paged"]);
     assert!(!attention.is_empty());
     assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
+    // Experts read, but their shared experts or the schedule of their layers not: Ling's
+    // shared experts, Arctic's MoE layer frequency.
+    let qwen_moe = r#""hidden_size": 2048, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "num_hidden_layers": 48, "vocab_size": 151936"#;
+    for (extra, field) in [
+        (r#""num_shared_experts": 1"#, "num_shared_experts"),
+        (r#""moe_layer_frequency": 2"#, "moe_layer_frequency"),
+    ] {
+        refused(
+            &format!("{{{qwen_moe}, {extra}}}"),
+            &["--tp", "1"],
+            &[field, "names kerntune does not read"],
+        );
+    }
+    assert!(!derive(&format!("{{{qwen_moe}}}"), &["--tp", "1"]).is_empty());
     // Expert fields that say "none" leave a dense model dense.
     let dense = format!(r#"{{{LLAMA8B}, "num_local_experts": 0, "moe_k": null}}"#);
     let rows = derive(

@@ -219,7 +219,7 @@ impl Model {
                         path.display()
                     )
                 })
-                .or_else(|| experts.is_none().then(|| unread_experts(&f)).flatten()),
+                .or_else(|| unread_experts(&f, experts.is_some())),
             attention: latent
                 .map(|l| latent_refusal(&f, &l))
                 .or_else(|| attention_refusal(&f, &top)),
@@ -248,7 +248,8 @@ impl Model {
     }
 }
 
-/// The mixture of experts, under Mixtral's (`num_local_experts`), Qwen's (`num_experts`,
+/// The mixture of experts, under Mixtral's (`num_local_experts`; Granite's shared experts'
+/// `shared_intermediate_size`), Qwen's (`num_experts`,
 /// `moe_intermediate_size`, `shared_expert_intermediate_size`, `decoder_sparse_step`,
 /// `mlp_only_layers`), DeepSeek's (`n_routed_experts`, `n_shared_experts`,
 /// `first_k_dense_replace`) or Llama 4's (`interleave_moe_layer_step`, a shared expert)
@@ -290,10 +291,13 @@ fn experts(
         }
     };
     let shared_intermediate = match (
-        f.int("shared_expert_intermediate_size")?,
+        f.first_int(&[
+            "shared_expert_intermediate_size",
+            "shared_intermediate_size",
+        ])?,
         f.int("n_shared_experts")?,
     ) {
-        (Some(w), _) => w,
+        (Some((_, w)), _) => w,
         (None, Some(n)) => n * width,
         // Llama 4's MoE layers run one shared expert of the routed ones' width.
         (None, None) if f.str("model_type") == Some("llama4_text") => width,
@@ -388,10 +392,20 @@ fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
     )
 }
 
-/// Why the MLP is not derived where fields name experts under names [`experts`] does not
-/// read (Ernie 4.5's `moe_num_experts` and `moe_k`, say): derived as a dense MLP of
-/// `intermediate_size`, its GEMMs would be shapes its server never runs.
-fn unread_experts(f: &Fields<'_>) -> Option<String> {
+/// Why the MLP is not derived where fields describe experts under names [`experts`] does not
+/// read: derived without them, its GEMMs would be shapes its server never runs. Without any
+/// experts read, any positive `moe_*` or `*expert*` field (Ernie 4.5's `moe_num_experts` and
+/// `moe_k`: read as dense, every layer would run a 12288-wide MLP); with experts read, shared
+/// experts or a schedule of MoE layers under other names (Ling's `num_shared_experts`,
+/// Arctic's `moe_layer_frequency`), which would drop or miscount GEMMs.
+fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
+    const READ_SHARED: [&str; 2] = ["shared_expert_intermediate_size", "n_shared_experts"];
+    const SCHEDULES: [&str; 4] = [
+        "moe_layer_start_index",
+        "moe_layer_end_index",
+        "moe_layer_interval",
+        "moe_layer_frequency",
+    ];
     let named: Vec<&str> = f
         .map
         .iter()
@@ -402,13 +416,20 @@ fn unread_experts(f: &Fields<'_>) -> Option<String> {
                 Value::Object(fields) => !fields.is_empty(),
                 _ => false,
             };
-            says && (key.contains("expert") || key.starts_with("moe_"))
+            let unread = match experts_read {
+                false => key.contains("expert") || key.starts_with("moe_"),
+                true => {
+                    (key.contains("shared_expert") && !READ_SHARED.contains(&key.as_str()))
+                        || SCHEDULES.contains(&key.as_str())
+                }
+            };
+            says && unread
         })
         .map(|(key, _)| key.as_str())
         .collect();
     (!named.is_empty()).then(|| {
         format!(
-            "{}: {} describe a mixture of experts under names kerntune does not read (it reads Mixtral's, Qwen's, DeepSeek's and Llama 4's), and its MLP is refused rather than guessed to be dense",
+            "{}: {} describe its mixture of experts under names kerntune does not read (it reads Mixtral's, Qwen's, DeepSeek's and Llama 4's), and its MLP is refused rather than guessed",
             f.path.display(),
             named.join(", ")
         )
