@@ -19,9 +19,9 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
-use kerntune_kernels::{DType, Family, Problem};
+use kerntune_kernels::{DType, Family, KernelError, Problem};
 
-use crate::error::{usage, Result};
+use crate::error::{usage, Result, TuneError};
 use crate::models::{is_hub_address, Latent, Model, PRESETS};
 
 /// Token and context buckets, and which kernels to derive.
@@ -200,9 +200,15 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
     let d = model.head_dim;
     let mut out = Vec::new();
     let tag = format!("{} tp{tp}", model.name);
-    let gemm = |role: &str, m: usize, n: usize, k: usize| -> Result<Derived> {
+    let gemm_tokens = |prefill: bool| match prefill {
+        true => "--prefill-lens",
+        false => "--batch-sizes",
+    };
+    let gemm = |role: &str, m: usize, n: usize, k: usize, prefill: bool| -> Result<Derived> {
+        let problem = GemmProblem::new(m, n, k, dtype, BLayout::Nk)
+            .map_err(|e| blame(e, &[("m", gemm_tokens(prefill))]))?;
         Ok(Derived {
-            problem: Problem::Gemm(GemmProblem::new(m, n, k, dtype, BLayout::Nk)?),
+            problem: Problem::Gemm(problem),
             origin: format!("{tag} {role}"),
         })
     };
@@ -215,12 +221,18 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         for (m, prefill) in tokens {
             match &model.latent {
                 None => {
-                    out.push(gemm("qkv", m, (q_heads + 2 * kv_heads) * d, model.hidden)?);
-                    out.push(gemm("o", m, model.hidden, model.q_heads * d / tp)?);
+                    out.push(gemm(
+                        "qkv",
+                        m,
+                        (q_heads + 2 * kv_heads) * d,
+                        model.hidden,
+                        prefill,
+                    )?);
+                    out.push(gemm("o", m, model.hidden, model.q_heads * d / tp, prefill)?);
                 }
                 Some(l) => {
                     for (role, n, k) in latent_projections(l, model.hidden, q_heads, prefill) {
-                        out.push(gemm(role, m, n, k)?);
+                        out.push(gemm(role, m, n, k, prefill)?);
                     }
                 }
             }
@@ -229,26 +241,34 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                     true => ("gate_up", 2 * width / tp),
                     false => ("up", width / tp),
                 };
-                out.push(gemm(&format!("{prefix}{up}"), m, n, model.hidden)?);
-                out.push(gemm(&format!("{prefix}down"), m, model.hidden, width / tp)?);
+                out.push(gemm(&format!("{prefix}{up}"), m, n, model.hidden, prefill)?);
+                out.push(gemm(
+                    &format!("{prefix}down"),
+                    m,
+                    model.hidden,
+                    width / tp,
+                    prefill,
+                )?);
                 Ok(())
             };
             match model.experts {
                 None => dense(&mut out, "", model.intermediate)?,
                 Some(e) => {
                     let per_expert = (m * e.active).div_ceil(e.count);
-                    out.push(gemm("router", m, e.count, model.hidden)?);
+                    out.push(gemm("router", m, e.count, model.hidden, prefill)?);
                     out.push(gemm(
                         "expert_gate_up",
                         per_expert,
                         2 * e.intermediate / expert_tp,
                         model.hidden,
+                        prefill,
                     )?);
                     out.push(gemm(
                         "expert_down",
                         per_expert,
                         model.hidden,
                         e.intermediate / expert_tp,
+                        prefill,
                     )?);
                     if e.shared_intermediate > 0 {
                         dense(&mut out, "shared_", e.shared_intermediate)?;
@@ -260,15 +280,22 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             }
         }
         for &m in &b.batch_sizes {
-            out.push(gemm("lm_head", m, model.vocab.div_ceil(tp), model.hidden)?);
+            out.push(gemm(
+                "lm_head",
+                m,
+                model.vocab.div_ceil(tp),
+                model.hidden,
+                false,
+            )?);
         }
     }
     if b.kernels.contains(&Family::Flash) {
         for &len in &b.prefill_lens {
             out.push(Derived {
-                problem: Problem::Flash(FlashProblem::new(
-                    1, len, len, q_heads, kv_heads, d, true, scale, dtype,
-                )?),
+                problem: Problem::Flash(
+                    FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
+                        .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?,
+                ),
                 origin: format!("{tag} prefill"),
             });
         }
@@ -277,16 +304,28 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         for &seqs in &b.batch_sizes {
             for &ctx in &b.context_lens {
                 out.push(Derived {
-                    problem: Problem::Paged(PagedProblem::new(
-                        seqs,
-                        ctx,
-                        q_heads,
-                        kv_heads,
-                        d,
-                        b.block_size,
-                        scale,
-                        dtype,
-                    )?),
+                    problem: Problem::Paged(
+                        PagedProblem::new(
+                            seqs,
+                            ctx,
+                            q_heads,
+                            kv_heads,
+                            d,
+                            b.block_size,
+                            scale,
+                            dtype,
+                        )
+                        .map_err(|e| {
+                            blame(
+                                e,
+                                &[
+                                    ("num_seqs", "--batch-sizes"),
+                                    ("context_len", "--context-lens"),
+                                    ("block_size", "--block-size"),
+                                ],
+                            )
+                        })?,
+                    ),
                     origin: format!("{tag} decode"),
                 });
             }
@@ -327,6 +366,18 @@ fn latent_projections(
         gemms.push(("indexer_k", d + n, hidden));
     }
     gemms
+}
+
+/// A derived problem's range error, naming the flag that set the dimension at fault where a
+/// bucket flag did (`fields`: problem field and flag), since the user typed the flag and not
+/// the problem.
+fn blame(e: KernelError, fields: &[(&str, &str)]) -> TuneError {
+    if let KernelError::InvalidProblem { field, .. } = &e {
+        if let Some((_, flag)) = fields.iter().find(|(f, _)| f == field) {
+            return usage(format!("{flag}: {e}"));
+        }
+    }
+    e.into()
 }
 
 fn dedup(list: Vec<Derived>) -> Vec<Derived> {

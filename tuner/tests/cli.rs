@@ -65,7 +65,15 @@ fn bad_inputs_exit_2_and_write_nothing() {
         ),
         (
             &["--shapes", "llama70b", "--block-size", "64"],
-            "block_size = 64: must be 8, 16 or 32",
+            "--block-size: invalid paged problem: block_size = 64: must be 8, 16 or 32",
+        ),
+        (
+            &["--shapes", "llama70b", "--prefill-lens", "100000000"],
+            "--prefill-lens: invalid gemm problem: m = 100000000",
+        ),
+        (
+            &["--shapes", "llama70b", "--context-lens", "5000000"],
+            "--context-lens: invalid paged problem: context_len = 5000000",
         ),
         (&["--shapes", "llama70b", "--budget", "soon"], "soon"),
         (
