@@ -13,7 +13,8 @@
 //! each shard holding experts/t of them) plus the router GEMM (N = experts), the shared
 //! experts' gate_up and down at M tokens where the model has them, and the dense ones where
 //! some of its layers have no experts. Latent attention (DeepSeek) runs its own projections
-//! in place of QKV and O (`latent_projections`).
+//! in place of QKV and O (`latent_projections`); a Mamba-2 hybrid's mixers run their input
+//! and output projections (`Mamba2::in_proj`, N = hidden, K = width / t).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -98,6 +99,12 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
                 model.name, e.count
             )));
         }
+    }
+    if let Some(why) = model.mamba.and_then(|m| m.tp_refusal(tp)) {
+        return Err(usage(format!(
+            "--tp {tp} cannot split {}'s Mamba-2 mixers: {why}",
+            model.name
+        )));
     }
     if !kv_split {
         return Err(usage(format!(
@@ -219,6 +226,22 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             .map(|&m| (m, false))
             .chain(b.prefill_lens.iter().map(|&m| (m, true)));
         for (m, prefill) in tokens {
+            if let Some(mamba) = &model.mamba {
+                out.push(gemm(
+                    "mamba_in",
+                    m,
+                    mamba.in_proj(tp),
+                    model.hidden,
+                    prefill,
+                )?);
+                out.push(gemm(
+                    "mamba_out",
+                    m,
+                    model.hidden,
+                    mamba.width() / tp,
+                    prefill,
+                )?);
+            }
             match &model.latent {
                 None => {
                     out.push(gemm(

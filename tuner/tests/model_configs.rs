@@ -761,3 +761,78 @@ fn alibi_attention_is_refused_unless_only_gemms_are_asked_for() {
     let falcon = format!(r#"{{{LLAMA8B}, "alibi": true}}"#);
     refused(&falcon, &["--tp", "1"], &["alibi = true", "--kernels gemm"]);
 }
+
+#[test]
+fn mamba2_hybrids_derive_their_mixers_projections() {
+    let one_each = ["--batch-sizes", "1", "--prefill-lens", "512"];
+    let gemm = |m, n, k| format!("gemm:m={m},n={n},k={k},dtype=bf16,b=nk");
+    // In the shape of Nemotron-H 8B: each layer a Mamba-2 mixer (M), attention (*) or a
+    // squared-ReLU MLP without a gate (-).
+    let pattern = "M-M-M-M*-".repeat(4) + "M-M-M-M-";
+    let nemotron = |pattern: &str| {
+        format!(
+            r#"{{"model_type": "nemotron_h", "hidden_size": 4096, "intermediate_size": 21504,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "num_hidden_layers": {}, "vocab_size": 131072, "mamba_num_heads": 128,
+            "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128,
+            "hybrid_override_pattern": "{pattern}"}}"#,
+            pattern.len()
+        )
+    };
+    let rows = derive(&nemotron(&pattern), &[&one_each[..], &["--tp", "2"]].concat());
+    // z and x (2 × 8192), B and C (2 × 8 groups × 128), 128 step sizes, over 2 shards.
+    assert_eq!(
+        keys_of(&rows, "mamba_in"),
+        [gemm(1, 9280, 4096), gemm(512, 9280, 4096)]
+    );
+    assert_eq!(keys_of(&rows, "mamba_out")[0], gemm(1, 4096, 4096));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(1, 10752, 4096));
+    assert!(keys_of(&rows, "gate_up").is_empty());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1, 3072, 4096));
+    assert!(rows.iter().any(|(_, key)| key.starts_with("flash:")));
+    // 16 shards would split 8 groups: vLLM refuses, so does kerntune.
+    refused(
+        &nemotron(&pattern),
+        &["--tp", "16"],
+        &["--tp 16", "8 Mamba-2 groups"],
+    );
+    // Nemotron's expert layers (E) are not derived: the hybrid refusal stands.
+    refused(
+        &nemotron(&pattern.replacen('-', "E", 3)),
+        &["--tp", "2"],
+        &["hybrid_override_pattern", "--kernels flash,paged"],
+    );
+
+    // In the shape of Granite 4.0-H Tiny: Mamba-2 or attention, then experts and a shared
+    // MLP, in every layer; its single group of B and C copied to each shard.
+    let layer_types = r#""mamba", "mamba", "mamba", "mamba", "mamba", "attention""#;
+    let granite = |experts: usize| {
+        format!(
+            r#"{{"model_type": "granitemoehybrid", "hidden_size": 1536,
+            "intermediate_size": 512, "shared_intermediate_size": 1024,
+            "num_local_experts": {experts}, "num_experts_per_tok": {}, "num_attention_heads": 12,
+            "num_key_value_heads": 4, "num_hidden_layers": 12, "vocab_size": 100352,
+            "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
+            "mamba_expand": 2, "layer_types": [{layer_types}, {layer_types}]}}"#,
+            experts.min(6)
+        )
+    };
+    let rows = derive(&granite(64), &[&one_each[..], &["--tp", "4"]].concat());
+    assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 1804, 1536));
+    assert_eq!(keys_of(&rows, "mamba_out")[0], gemm(1, 1536, 768));
+    assert_eq!(keys_of(&rows, "shared_gate_up")[0], gemm(1, 512, 1536));
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(1, 256, 1536));
+    // Without experts (Granite 4.0-H Micro) the shared MLP is its only one.
+    let rows = derive(&granite(0), &[&one_each[..], &["--tp", "1"]].concat());
+    assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 6448, 1536));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 2048, 1536));
+
+    // Bamba names its attention layers by index.
+    let bamba = r#"{"model_type": "bamba", "hidden_size": 4096, "intermediate_size": 14336,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+        "vocab_size": 128256, "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_n_groups": 1,
+        "mamba_d_state": 128, "mamba_expand": 2, "attn_layer_indices": [9, 18, 27]}"#;
+    let rows = derive(bamba, &[&one_each[..], &["--tp", "1"]].concat());
+    assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 16768, 4096));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 28672, 4096));
+}

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use kerntune_kernels::DType;
 
 use super::hybrid::other_layers;
+use super::mamba::mixer;
 use super::{Experts, Latent, Model, Unsupported};
 use crate::error::{usage, Result, TuneError};
 
@@ -161,11 +162,18 @@ impl Model {
         // Llama 4's dense layers have a width of their own; its intermediate_size is the
         // experts'. Qwen (the first, model_type qwen) counts its gate and up projections
         // together: each is half as wide (transformers' and vLLM's QWenMLP).
+        let family = model_type(&top, &f);
         let intermediate = match f.int("intermediate_size_mlp")? {
             Some(w) => w,
-            None if model_type(&top, &f) == Some("qwen") => intermediate_size / 2,
+            None if family == Some("qwen") => intermediate_size / 2,
+            // Granite's MoE families without experts (Granite 4.0-H Micro) run their shared
+            // MLP alone.
+            None if experts.is_none() && family.is_some_and(|t| t.starts_with("granitemoe")) => f
+                .int("shared_intermediate_size")?
+                .unwrap_or(intermediate_size),
             None => intermediate_size,
         };
+        let mamba = mixer(f.map, family, hidden, layers).map_err(|e| f.error(e))?;
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
             return Err(f.error(
                 "some layers have a dense MLP, whose width is intermediate_size, which is missing",
@@ -213,6 +221,7 @@ impl Model {
             dtype: dtype_refusal,
             gemm: quantization(&top).or_else(|| quantization(&f)),
             layers: hybrid
+                .filter(|_| mamba.is_none())
                 .map(|why| {
                     format!(
                         "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone: it would miss the other layers' projections and could mistake this family's MLP",
@@ -239,7 +248,8 @@ impl Model {
             vocab: f.int("vocab_size")?.unwrap(),
             experts,
             latent,
-            gated_mlp: !model_type(&top, &f).is_some_and(|t| UNGATED_MLP.contains(&t)),
+            mamba,
+            gated_mlp: !family.is_some_and(|t| UNGATED_MLP.contains(&t)),
             scale,
             sliding_window,
             dtype,
@@ -452,7 +462,14 @@ fn quantization(f: &Fields<'_>) -> Option<String> {
 
 /// Decoder families whose MLP is one up projection, an activation and a down projection,
 /// without the gate Llama's SwiGLU fuses into its up projection.
-const UNGATED_MLP: [&str; 5] = ["phi", "gpt_neox", "starcoder2", "nemotron", "persimmon"];
+const UNGATED_MLP: [&str; 6] = [
+    "phi",
+    "gpt_neox",
+    "starcoder2",
+    "nemotron",
+    "nemotron_h",
+    "persimmon",
+];
 
 /// Encoder families that carry a decoder's fields (BERT-style embedding and reranking
 /// models): bidirectional attention, no KV cache, an ungated MLP.

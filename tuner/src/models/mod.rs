@@ -5,8 +5,10 @@
 mod config_json;
 mod hub;
 mod hybrid;
+mod mamba;
 
 pub use hub::is_address as is_hub_address;
+pub use mamba::Mamba2;
 
 use std::path::Path;
 
@@ -31,6 +33,9 @@ pub struct Model {
     /// DeepSeek's multi-head latent attention, whose projections replace the fused QKV and O
     /// GEMMs (`None`: query, key and value heads of `head_dim`).
     pub latent: Option<Latent>,
+    /// A hybrid's Mamba-2 mixers and how its layers divide between them, attention and MLPs
+    /// (Bamba, Granite 4.0-H, Nemotron-H); `None`: every layer is attention and an MLP.
+    pub mamba: Option<Mamba2>,
     /// Whether the dense MLP is gated (a fused gate and up projection of twice its width, as
     /// Llama's SwiGLU), or one up projection (Phi-2, GPT-NeoX, StarCoder2, Nemotron).
     pub gated_mlp: bool,
@@ -135,6 +140,7 @@ impl Model {
             vocab,
             experts,
             latent: None,
+            mamba: None,
             gated_mlp: true,
             scale: None,
             sliding_window: None,
@@ -243,16 +249,23 @@ impl Model {
         } else {
             2 * self.hidden * self.intermediate
         };
-        let layers = match self.experts {
-            None => self.layers * (attn + dense_mlp),
+        let (attn_layers, mlp_layers, mixers) = match &self.mamba {
+            Some(m) => (
+                m.attention_layers,
+                m.mlp_layers,
+                m.mixer_layers * m.weights(self.hidden),
+            ),
+            None => (self.layers, self.layers, 0),
+        };
+        let mlps = match self.experts {
+            None => mlp_layers * dense_mlp,
             Some(e) => {
-                let moe = attn
-                    + e.count * (mlp(e.intermediate) + self.hidden)
-                    + mlp(e.shared_intermediate);
-                let dense = attn + dense_mlp;
-                (self.layers - e.dense_layers) * moe + e.dense_layers * dense
+                let moe =
+                    e.count * (mlp(e.intermediate) + self.hidden) + mlp(e.shared_intermediate);
+                mlp_layers.saturating_sub(e.dense_layers) * moe + e.dense_layers * dense_mlp
             }
         };
+        let layers = attn_layers * attn + mlps + mixers;
         (layers as f64 + 2.0 * (self.vocab * self.hidden) as f64) * self.dtype.size() as f64
     }
 }
