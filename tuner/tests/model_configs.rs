@@ -779,7 +779,10 @@ fn mamba2_hybrids_derive_their_mixers_projections() {
             pattern.len()
         )
     };
-    let rows = derive(&nemotron(&pattern), &[&one_each[..], &["--tp", "2"]].concat());
+    let rows = derive(
+        &nemotron(&pattern),
+        &[&one_each[..], &["--tp", "2"]].concat(),
+    );
     // z and x (2 × 8192), B and C (2 × 8 groups × 128), 128 step sizes, over 2 shards.
     assert_eq!(
         keys_of(&rows, "mamba_in"),
