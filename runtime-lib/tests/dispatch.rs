@@ -176,7 +176,8 @@ fn selections(path: &Path) {
         1e12,
         &Default::default(),
     )
-    .unwrap();
+    .unwrap()
+    .problems;
     assert_eq!(derived.len(), 5);
     assert!(derived.iter().any(|x| x.problem == other));
 }

@@ -1,6 +1,7 @@
 //! # kerntune-tuner
 //!
-//! The library behind the `tune` binary: model shapes ([`models`], [`shapes`]), measurement
+//! The library behind the `tune` binary: model shapes ([`models`], [`shapes`], PyTorch
+//! TunableOp's GEMM files in [`tunableop`]), measurement
 //! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]), the offline GPU
 //! plan ([`plan`]), progress on long work ([`progress`]) and sharing results between databases ([`share`]). It is a library so the
 //! end-to-end tests can drive the loop with fake backends and the sharing operations without a
@@ -15,6 +16,7 @@ pub mod progress;
 pub mod search;
 pub mod shapes;
 pub mod share;
+pub mod tunableop;
 pub mod tune;
 
 pub use error::{Result, TuneError};

@@ -112,7 +112,7 @@ fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError
     let flags = shapes.model_flags();
     if !flags.is_empty() && !shapes.shapes.iter().any(|s| names_a_model(s)) {
         return Err(usage(format!(
-            "{} {} a model's problems, and no --shapes names a model: problems given as `gemm:...`, `flash:...`, `paged:...` or untuned:PATH are one shard's shapes as written; drop {}, or add a preset or config.json to --shapes",
+            "{} {} a model's problems, and no --shapes names a model: problems given as `gemm:...`, `flash:...`, `paged:...`, untuned:PATH or tunableop:PATH are one shard's shapes as written; drop {}, or add a preset or config.json to --shapes",
             flags.join(", "),
             if flags.len() == 1 { "shapes" } else { "shape" },
             if flags.len() == 1 { "it" } else { "them" }
@@ -123,7 +123,11 @@ fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError
         Device::Cpu(_) => kerntune_tuner::host_memory_bytes(),
         Device::Gpu(g) => g.memory_bytes as f64,
     };
-    let mut list = expand_all(&shapes.shapes, shapes.tp.as_deref(), memory, &buckets)?;
+    let expanded = expand_all(&shapes.shapes, shapes.tp.as_deref(), memory, &buckets)?;
+    for note in &expanded.notes {
+        eprintln!("note: {note}");
+    }
+    let mut list = expanded.problems;
     // Cheapest first: a run cut short by its budget still covers the most problems.
     list.sort_by(|a, b| a.problem.flops().total_cmp(&b.problem.flops()));
     Ok(list)

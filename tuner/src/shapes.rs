@@ -1,5 +1,6 @@
 //! From `--shapes` to problems: model presets and config.json files are expanded the way a
-//! server runs the model, explicit problem specs are parsed, `untuned:PATH` files are read.
+//! server runs the model, explicit problem specs are parsed, `untuned:PATH` files and PyTorch
+//! TunableOp's GEMM files (`tunableop:PATH`, in [`crate::tunableop`]) are read.
 //!
 //! Per tensor-parallel shard of size t (weights stored `[N, K]`, tokens M rows): fused QKV
 //! N = (q_heads / t + 2·max(1, kv_heads / t))·head_dim, K = hidden (KV heads replicated
@@ -24,6 +25,7 @@ use kerntune_kernels::{DType, Family, KernelError, Problem};
 
 use crate::error::{usage, Result, TuneError};
 use crate::models::{is_hub_address, Latent, Model, PRESETS};
+use crate::tunableop;
 
 /// Token and context buckets, and which kernels to derive.
 #[derive(Debug, Clone)]
@@ -410,22 +412,44 @@ fn dedup(list: Vec<Derived>) -> Vec<Derived> {
         .collect()
 }
 
-/// Expands one `--shapes` value, a model at each tensor-parallel degree of `tp` (default: the
-/// smallest that fits `memory`).
-pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Result<Vec<Derived>> {
+/// The problems `--shapes` values expand to, de-duplicated, and notes on what they left out.
+#[derive(Debug, Default)]
+pub struct Shapes {
+    pub problems: Vec<Derived>,
+    /// What a value named but kerntune does not tune (a TunableOp file's batched GEMMs), for
+    /// the user to read.
+    pub notes: Vec<String>,
+}
+
+/// Expands one `--shapes` value: a model at each tensor-parallel degree of `tp` (default: the
+/// smallest that fits `memory`), a problem, or a file of problems.
+pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Result<Shapes> {
     if let Some(path) = spec.strip_prefix("untuned:") {
-        return read_untuned(Path::new(path));
+        return Ok(Shapes {
+            problems: read_untuned(Path::new(path))?,
+            notes: Vec::new(),
+        });
+    }
+    if let Some(path) = spec.strip_prefix("tunableop:") {
+        let (problems, note) = tunableop::read(Path::new(path))?;
+        return Ok(Shapes {
+            problems: dedup(problems),
+            notes: note.into_iter().collect(),
+        });
     }
     if !names_a_model(spec) {
         let problem: Problem = spec.parse()?;
-        return Ok(vec![Derived {
-            problem,
-            origin: "explicit".into(),
-        }]);
+        return Ok(Shapes {
+            problems: vec![Derived {
+                problem,
+                origin: "explicit".into(),
+            }],
+            notes: Vec::new(),
+        });
     }
     let Some(model) = Model::named(spec)? else {
         return Err(usage(format!(
-            "unknown --shapes `{spec}`: expected a preset ({}), a config.json or the folder holding one, a Hugging Face model id in the local cache (meta-llama/Llama-3.1-70B-Instruct), a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, or untuned:PATH",
+            "unknown --shapes `{spec}`: expected a preset ({}), a config.json or the folder holding one, a Hugging Face model id in the local cache (meta-llama/Llama-3.1-70B-Instruct), a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, untuned:PATH or tunableop:PATH",
             PRESETS.join(", ")
         )));
     };
@@ -433,18 +457,22 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
         Some(list) => list.to_vec(),
         None => vec![default_tp(&model, memory)],
     };
-    let mut out = Vec::new();
+    let mut problems = Vec::new();
     for tp in tps {
-        out.extend(derive(&model, tp, b)?);
+        problems.extend(derive(&model, tp, b)?);
     }
-    Ok(dedup(out))
+    Ok(Shapes {
+        problems: dedup(problems),
+        notes: Vec::new(),
+    })
 }
 
 /// Whether a `--shapes` value names a model (a preset, a config.json, its folder or its
-/// Hugging Face id) rather than problems
-/// as written (`family:key=value,...`, `untuned:PATH`).
+/// Hugging Face id) rather than problems as written (`family:key=value,...`, `untuned:PATH`,
+/// `tunableop:PATH`).
 pub fn names_a_model(spec: &str) -> bool {
     !spec.starts_with("untuned:")
+        && !spec.starts_with("tunableop:")
         && (!spec.contains(':') || spec.ends_with(".json") || is_hub_address(spec))
 }
 
@@ -454,12 +482,15 @@ pub fn expand_all(
     tp: Option<&[usize]>,
     memory: f64,
     b: &Buckets,
-) -> Result<Vec<Derived>> {
-    let mut all = Vec::new();
+) -> Result<Shapes> {
+    let mut all = Shapes::default();
     for s in specs {
-        all.extend(expand(s, tp, memory, b)?);
+        let one = expand(s, tp, memory, b)?;
+        all.problems.extend(one.problems);
+        all.notes.extend(one.notes);
     }
-    Ok(dedup(all))
+    all.problems = dedup(all.problems);
+    Ok(all)
 }
 
 /// The file the runtime writes: one problem key per line, optionally followed by a tab and a

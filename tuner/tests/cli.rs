@@ -549,3 +549,66 @@ fn tune_then_show_and_bench_the_winner() {
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary[0]["status"], "tuned");
 }
+
+#[test]
+fn a_pytorch_tunableop_file_names_the_gemms_to_tune() {
+    let dir = tempfile::tempdir().unwrap();
+    // What PYTORCH_TUNABLEOP_RECORD_UNTUNED=1 writes: BLAS sizes N_M_K, each GEMM once per
+    // line, here with a batched and an FP8 GEMM kerntune does not take.
+    let file = dir.path().join("tunableop_untuned0.csv");
+    std::fs::write(
+        &file,
+        "GemmTunableOp_BFloat16_TN,tn_96_3_40_ld_40_40_96\n\
+         GemmTunableOp_float_NN,nn_17_5_13_ld_17_13_17\n\
+         GemmTunableOp_BFloat16_TN,tn_96_3_40_ld_40_40_96\n\
+         GemmStridedBatchedTunableOp_BFloat16_NN,nn_128_1_64_ld_128_64_128_stride_8192_64_128_b_8\n\
+         ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN,tn_64_16_32_ld_32_32_64_rw_0_bias_None\n",
+    )
+    .unwrap();
+    let spec = format!("tunableop:{}", file.display());
+    let db = dir.path().join("k.db");
+    let out = tune(
+        &[
+            "--db",
+            db.to_str().unwrap(),
+            "--shapes",
+            &spec,
+            "--budget",
+            "300ms",
+            "--json",
+        ],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "left out 1 GemmStridedBatchedTunableOp (batched), 1 ScaledGemmTunableOp (FP8)"
+        ),
+        "{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut tuned: Vec<&str> = summary
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            assert_eq!(row["status"], "tuned", "{row}");
+            row["problem"].as_str().unwrap()
+        })
+        .collect();
+    tuned.sort();
+    assert_eq!(
+        tuned,
+        [
+            "gemm:m=3,n=96,k=40,dtype=bf16,b=nk",
+            "gemm:m=5,n=17,k=13,dtype=f32,b=kn"
+        ]
+    );
+    // A line that is not one is named by file and line; model flags do not apply to it.
+    std::fs::write(&file, "GemmTunableOp_BFloat16_TN,tn_96_3\n").unwrap();
+    let out = tune(&["shapes", "--shapes", &spec], dir.path());
+    assert_usage_error(&out, "tunableop_untuned0.csv:1: `tn_96_3`");
+    let out = tune(&["shapes", "--shapes", &spec, "--tp", "2"], dir.path());
+    assert_usage_error(&out, "--tp shapes a model's problems");
+}
