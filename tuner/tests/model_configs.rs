@@ -830,6 +830,23 @@ fn mamba2_hybrids_derive_their_mixers_projections() {
     assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 6448, 1536));
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 2048, 1536));
 
+    // Falcon-H1: a Mamba-2 mixer and attention side by side in every layer, the mixer's
+    // width given by mamba_d_ssm.
+    let falcon = r#"{"model_type": "falcon_h1", "hidden_size": 2048, "intermediate_size": 8192,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+        "num_hidden_layers": 24, "vocab_size": 65536, "mamba_d_ssm": 3072, "mamba_n_heads": 48,
+        "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4}"#;
+    let rows = derive(falcon, &[&one_each[..], &["--tp", "2"]].concat());
+    assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 3608, 2048));
+    assert_eq!(keys_of(&rows, "mamba_out")[0], gemm(1, 2048, 1536));
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1, 768, 2048));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 8192, 2048));
+    refused(
+        &falcon.replace(r#""mamba_d_ssm": 3072"#, r#""mamba_d_ssm": 3000"#),
+        &["--tp", "2"],
+        &["Mamba-2 width 3000", "mamba_n_heads × mamba_d_head"],
+    );
+
     // Bamba names its attention layers by index.
     let bamba = r#"{"model_type": "bamba", "hidden_size": 4096, "intermediate_size": 14336,
         "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,

@@ -224,7 +224,7 @@ impl Model {
                 .filter(|_| mamba.is_none())
                 .map(|why| {
                     format!(
-                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone: it would miss the other layers' projections and could mistake this family's MLP",
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba-2 mixers of Bamba, Granite 4.0-H, Falcon-H1 and Nemotron-H without expert layers): it would miss the other layers' projections and could mistake this family's MLP",
                         path.display()
                     )
                 })

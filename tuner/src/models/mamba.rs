@@ -1,6 +1,7 @@
 //! Mamba-2 hybrids whose layers kerntune derives exactly, as vLLM builds them on its Mamba-2
 //! mixer: Bamba and Granite 4.0-H, where every layer runs a Mamba-2 or an attention mixer and
-//! then an MLP, and Nemotron-H, where each layer is one of a Mamba-2 mixer, attention or an
+//! then an MLP; Nemotron-H, where each layer is one of a Mamba-2 mixer, attention or an MLP;
+//! and Falcon-H1, where every layer runs a Mamba-2 mixer and attention side by side, then an
 //! MLP. A mixer's GEMMs are its input projection (gate, x, B, C and the step sizes in one) and
 //! its output projection; its convolution and state-space scan are not GEMMs. Hybrids of other
 //! families, and Nemotron-H's expert layers, stay refused (`hybrid.rs`).
@@ -91,6 +92,13 @@ enum Kind {
     Mlp,
 }
 
+/// How a family's layers divide: the kind of each (an MLP after each mixer, or not), or
+/// Falcon-H1's layers that each run a Mamba-2 mixer, attention and an MLP side by side.
+enum Schedule {
+    Kinds(Vec<Kind>, bool),
+    Parallel,
+}
+
 /// The Mamba-2 layers of `config` where its `model_type` is a family derived here and its
 /// layers are all of the kinds read; `Ok(None)` otherwise, which leaves the model to
 /// `hybrid.rs`. Errors say what in the config contradicts itself.
@@ -100,67 +108,87 @@ pub fn mixer(
     hidden: usize,
     layers: usize,
 ) -> Result<Option<Mamba2>, String> {
-    let (names, kinds, every_layer_mlp) = match model_type {
-        Some("bamba") => (GRANITE, bamba_layers(config, layers)?, true),
-        Some("granitemoehybrid") => (GRANITE, listed_layers(config, "layer_types")?, true),
-        Some("nemotron_h") => (NEMOTRON_H, nemotron_layers(config)?, false),
-        _ => return Ok(None),
-    };
-    let Some(kinds) = kinds else {
-        return Ok(None);
-    };
-    if kinds.len() != layers {
-        return Err(format!(
-            "its layer schedule names {} layers, but num_hidden_layers = {layers}",
-            kinds.len()
-        ));
-    }
-    let count = |kind| kinds.iter().filter(|&&k| k == kind).count();
-    let field = |key: &str| -> Result<usize, String> {
-        match config.get(key).and_then(Value::as_u64) {
-            Some(n) if n > 0 => Ok(n as usize),
-            _ => Err(format!(
-                "its Mamba-2 layers need `{key}`, a positive integer"
-            )),
+    let field = |key: &str| -> Result<Option<usize>, String> {
+        match config.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n as usize)),
+                _ => Err(format!("`{key}` must be a positive integer, found {v}")),
+            },
         }
     };
-    let heads = field(names.heads)?;
-    // Bamba and Granite size the mixer by `mamba_expand` × hidden_size and may leave the
-    // head size to follow from it.
-    let head_dim = match (
-        config.get("mamba_expand").and_then(Value::as_u64),
-        model_type,
-    ) {
-        (Some(expand), Some("bamba" | "granitemoehybrid")) => {
-            let width = expand as usize * hidden;
-            let head_dim = width / heads;
-            if head_dim * heads != width
-                || config
-                    .get(names.head_dim)
-                    .and_then(Value::as_u64)
-                    .is_some_and(|d| d as usize != head_dim)
-            {
+    let need = |key: &str| -> Result<usize, String> {
+        field(key)?.ok_or_else(|| format!("its Mamba-2 layers need `{key}`"))
+    };
+    // Bamba, Granite and Falcon-H1 size the mixer by `mamba_expand` × hidden_size (Falcon-H1
+    // by `mamba_d_ssm` where it is set), Nemotron-H by its heads alone.
+    let expanded =
+        || -> Result<Option<usize>, String> { Ok(field("mamba_expand")?.map(|e| e * hidden)) };
+    let (names, schedule, width) = match model_type {
+        Some("bamba") => (GRANITE, bamba_layers(config, layers)?, expanded()?),
+        Some("granitemoehybrid") => {
+            let kinds = listed_layers(config, "layer_types");
+            (
+                GRANITE,
+                kinds.map(|k| Schedule::Kinds(k, true)),
+                expanded()?,
+            )
+        }
+        Some("falcon_h1") => {
+            let width = match field("mamba_d_ssm")? {
+                Some(w) => Some(w),
+                None => expanded()?,
+            };
+            (GRANITE, Some(Schedule::Parallel), width)
+        }
+        Some("nemotron_h") => {
+            let kinds = nemotron_layers(config);
+            (NEMOTRON_H, kinds.map(|k| Schedule::Kinds(k, false)), None)
+        }
+        _ => return Ok(None),
+    };
+    let Some(schedule) = schedule else {
+        return Ok(None);
+    };
+    let (mixer_layers, attention_layers, mlp_layers) = match &schedule {
+        Schedule::Parallel => (layers, layers, layers),
+        Schedule::Kinds(kinds, every_layer_mlp) => {
+            if kinds.len() != layers {
                 return Err(format!(
-                    "mamba_expand × hidden_size = {width} is not {} × {}",
+                    "its layer schedule names {} layers, but num_hidden_layers = {layers}",
+                    kinds.len()
+                ));
+            }
+            let count = |kind| kinds.iter().filter(|&&k| k == kind).count();
+            let mlps = match every_layer_mlp {
+                true => layers,
+                false => count(Kind::Mlp),
+            };
+            (count(Kind::Mamba), count(Kind::Attention), mlps)
+        }
+    };
+    let heads = need(names.heads)?;
+    let head_dim = match (width, field(names.head_dim)?) {
+        (Some(width), head_dim) => {
+            let derived = width / heads;
+            if derived * heads != width || head_dim.is_some_and(|d| d != derived) {
+                return Err(format!(
+                    "its Mamba-2 width {width} (mamba_expand × hidden_size, or mamba_d_ssm) is not {} × {}",
                     names.heads, names.head_dim
                 ));
             }
-            head_dim
+            derived
         }
-        _ => field(names.head_dim)?,
+        (None, _) => need(names.head_dim)?,
     };
     let mamba = Mamba2 {
         heads,
         head_dim,
-        groups: field(names.groups)?,
-        state: field(names.state)?,
-        mixer_layers: count(Kind::Mamba),
-        attention_layers: count(Kind::Attention),
-        mlp_layers: if every_layer_mlp {
-            layers
-        } else {
-            count(Kind::Mlp)
-        },
+        groups: need(names.groups)?,
+        state: need(names.state)?,
+        mixer_layers,
+        attention_layers,
+        mlp_layers,
     };
     if !heads.is_multiple_of(mamba.groups) {
         return Err(format!(
@@ -174,7 +202,7 @@ pub fn mixer(
 }
 
 /// Bamba's attention layers by index, the rest Mamba-2.
-fn bamba_layers(config: &Map<String, Value>, layers: usize) -> Result<Option<Vec<Kind>>, String> {
+fn bamba_layers(config: &Map<String, Value>, layers: usize) -> Result<Option<Schedule>, String> {
     let Some(Value::Array(indices)) = config.get("attn_layer_indices") else {
         return Ok(None);
     };
@@ -187,23 +215,22 @@ fn bamba_layers(config: &Map<String, Value>, layers: usize) -> Result<Option<Vec
                 "`attn_layer_indices` must list layer indices below num_hidden_layers = {layers}"
             )
         })?;
-    Ok(Some(
-        (0..layers)
-            .map(|i| match indices.contains(&i) {
-                true => Kind::Attention,
-                false => Kind::Mamba,
-            })
-            .collect(),
-    ))
+    let kinds = (0..layers)
+        .map(|i| match indices.contains(&i) {
+            true => Kind::Attention,
+            false => Kind::Mamba,
+        })
+        .collect();
+    Ok(Some(Schedule::Kinds(kinds, true)))
 }
 
 /// A list of layer kinds (`layer_types`, `layers_block_type`): `None` where it names a kind
 /// other than Mamba-2, attention or an MLP.
-fn listed_layers(config: &Map<String, Value>, key: &str) -> Result<Option<Vec<Kind>>, String> {
+fn listed_layers(config: &Map<String, Value>, key: &str) -> Option<Vec<Kind>> {
     let Some(Value::Array(items)) = config.get(key) else {
-        return Ok(None);
+        return None;
     };
-    Ok(items
+    items
         .iter()
         .map(|kind| match kind.as_str() {
             Some("mamba") => Some(Kind::Mamba),
@@ -211,19 +238,19 @@ fn listed_layers(config: &Map<String, Value>, key: &str) -> Result<Option<Vec<Ki
             Some("mlp") => Some(Kind::Mlp),
             _ => None,
         })
-        .collect())
+        .collect()
 }
 
 /// Nemotron-H's schedule: `hybrid_override_pattern` (M Mamba-2, * attention, - MLP, E experts)
 /// or, as newer transformers write it, `layers_block_type`; `None` where it has expert layers.
-fn nemotron_layers(config: &Map<String, Value>) -> Result<Option<Vec<Kind>>, String> {
+fn nemotron_layers(config: &Map<String, Value>) -> Option<Vec<Kind>> {
     let Some(pattern) = config
         .get("hybrid_override_pattern")
         .and_then(Value::as_str)
     else {
         return listed_layers(config, "layers_block_type");
     };
-    Ok(pattern
+    pattern
         .chars()
         .map(|c| match c {
             'M' => Some(Kind::Mamba),
@@ -231,7 +258,7 @@ fn nemotron_layers(config: &Map<String, Value>) -> Result<Option<Vec<Kind>>, Str
             '-' => Some(Kind::Mlp),
             _ => None,
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -288,6 +315,6 @@ mod tests {
         let granite = r#"{"mamba_n_heads": 48, "mamba_d_head": 32, "mamba_n_groups": 1,
             "mamba_d_state": 128, "mamba_expand": 2, "layer_types": ["mamba", "attention"]}"#;
         let err = mixer(&map(granite), Some("granitemoehybrid"), 1536, 2).unwrap_err();
-        assert!(err.contains("mamba_expand × hidden_size = 3072"), "{err}");
+        assert!(err.contains("Mamba-2 width 3072"), "{err}");
     }
 }

@@ -111,8 +111,9 @@ pub struct Unsupported {
     pub dtype: Option<String>,
     /// The weights are quantized: the server's GEMMs are not the dense ones derived.
     pub gemm: Option<String>,
-    /// Some layers are neither attention nor MLP (Mamba, linear attention, convolutions):
-    /// their GEMMs are not derived, and `--dtype` does not change that.
+    /// Some layers' GEMMs are not derived: layers that are neither attention, an MLP nor a
+    /// Mamba-2 mixer read (Mamba-1, linear attention, convolutions), or experts under names
+    /// not read; `--dtype` does not change that.
     pub layers: Option<String>,
     /// The attention is not plain softmax attention (soft-capped logits, sinks).
     pub attention: Option<String>,
