@@ -856,3 +856,38 @@ fn mamba2_hybrids_derive_their_mixers_projections() {
     assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 16768, 4096));
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 28672, 4096));
 }
+
+#[test]
+fn gpt_style_and_falcon_configs_are_read_under_their_own_names() {
+    let args = ["--batch-sizes", "1", "--prefill-lens", "512", "--tp"];
+    let gemm = |n, k, dtype| format!("gemm:m=1,n={n},k={k},dtype={dtype},b=nk");
+    // StarCoder (GPTBigCode): n_* names, one KV head (multi-query), an ungated MLP.
+    let starcoder = r#"{"model_type": "gpt_bigcode", "n_embd": 6144, "n_head": 48,
+        "n_layer": 40, "n_inner": 24576, "multi_query": true, "vocab_size": 49152,
+        "torch_dtype": "float32"}"#;
+    let rows = derive(starcoder, &[&args[..], &["2"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(3328, 6144, "f32"));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(12288, 6144, "f32"));
+    assert!(rows
+        .iter()
+        .any(|(_, key)| key.starts_with("flash:") && key.contains("q_heads=24,kv_heads=1")));
+    // GPT-J 6B: n_inner null is four times the width.
+    let gptj = r#"{"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28,
+        "n_inner": null, "rotary_dim": 64, "vocab_size": 50400}"#;
+    let rows = derive(gptj, &[&args[..], &["1"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(12288, 4096, "bf16"));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(16384, 4096, "bf16"));
+    // Falcon-40B: 8 KV heads under the new decoder architecture; Falcon-7B multi-query.
+    let falcon40 = r#"{"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
+        "num_hidden_layers": 60, "num_kv_heads": 8, "new_decoder_architecture": true,
+        "alibi": false, "vocab_size": 65024}"#;
+    let rows = derive(falcon40, &[&args[..], &["8"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1152, 8192, "bf16"));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(4096, 8192, "bf16"));
+    let falcon7 = r#"{"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+        "num_hidden_layers": 32, "multi_query": true, "vocab_size": 65024}"#;
+    let rows = derive(falcon7, &[&args[..], &["1"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(4672, 4544, "bf16"));
+    // 71 heads split over no degree but 1 and 71.
+    refused(falcon7, &["--tp", "2"], &["--tp 2", "q_heads = 71"]);
+}

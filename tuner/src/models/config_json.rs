@@ -1,5 +1,6 @@
 //! Reading a Hugging Face `config.json`: the fields of a Llama-style decoder, the places other
-//! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`), the
+//! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`, GPT-2's
+//! and Falcon's own names in `families.rs`), the
 //! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, DeepSeek's latent attention,
 //! Gemma's and Granite's attention scales, and what the kernels do not compute, named so that
 //! `tune` can refuse it instead of tuning shapes no server runs.
@@ -10,6 +11,7 @@ use serde_json::{Map, Value};
 
 use kerntune_kernels::DType;
 
+use super::families::llama_names;
 use super::hybrid::other_layers;
 use super::mamba::mixer;
 use super::{Experts, Latent, Model, Unsupported};
@@ -108,6 +110,11 @@ impl Model {
         let f = match root.get("text_config").and_then(Value::as_object) {
             Some(text) if !top.has("hidden_size") => Fields { path, map: text },
             _ => Fields { path, map: root },
+        };
+        let renamed = llama_names(model_type(&top, &f), f.map);
+        let f = match &renamed {
+            Some(map) => Fields { path, map },
+            None => f,
         };
         if let Some(why) = encoder(&top, &f) {
             return Err(f.error(format!(
@@ -462,13 +469,17 @@ fn quantization(f: &Fields<'_>) -> Option<String> {
 
 /// Decoder families whose MLP is one up projection, an activation and a down projection,
 /// without the gate Llama's SwiGLU fuses into its up projection.
-const UNGATED_MLP: [&str; 6] = [
+const UNGATED_MLP: [&str; 10] = [
     "phi",
     "gpt_neox",
     "starcoder2",
     "nemotron",
     "nemotron_h",
     "persimmon",
+    "gpt2",
+    "gptj",
+    "gpt_bigcode",
+    "falcon",
 ];
 
 /// Encoder families that carry a decoder's fields (BERT-style embedding and reranking

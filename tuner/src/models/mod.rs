@@ -3,6 +3,7 @@
 //! by a Hugging Face model id in the local hub cache (`hub.rs`).
 
 mod config_json;
+mod families;
 mod hub;
 mod hybrid;
 mod mamba;
