@@ -15,7 +15,8 @@
 //! experts' gate_up and down at M tokens where the model has them, and the dense ones where
 //! some of its layers have no experts. Latent attention (DeepSeek) runs its own projections
 //! in place of QKV and O (`latent_projections`); a Mamba-2 hybrid's mixers run their input
-//! and output projections (`Mamba2::in_proj`, N = hidden, K = width / t).
+//! and output projections (`Mamba2::in_proj`, N = hidden, K = width / t), a gated delta
+//! net's its three (`GatedDeltaNet::projections`).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -105,6 +106,12 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
     if let Some(why) = model.mamba.and_then(|m| m.tp_refusal(tp)) {
         return Err(usage(format!(
             "--tp {tp} cannot split {}'s Mamba-2 mixers: {why}",
+            model.name
+        )));
+    }
+    if let Some(why) = model.delta_net.and_then(|d| d.tp_refusal(tp)) {
+        return Err(usage(format!(
+            "--tp {tp} cannot split {}: {why}",
             model.name
         )));
     }
@@ -244,12 +251,18 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                     prefill,
                 )?);
             }
+            if let Some(net) = &model.delta_net {
+                for (role, n, k) in net.projections(model.hidden, tp) {
+                    out.push(gemm(role, m, n, k, prefill)?);
+                }
+            }
             match &model.latent {
                 None => {
+                    let query_heads = q_heads * (1 + usize::from(model.attn_output_gate));
                     out.push(gemm(
                         "qkv",
                         m,
-                        (q_heads + 2 * kv_heads) * d,
+                        (query_heads + 2 * kv_heads) * d,
                         model.hidden,
                         prefill,
                     )?);

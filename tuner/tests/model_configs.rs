@@ -891,3 +891,33 @@ fn gpt_style_and_falcon_configs_are_read_under_their_own_names() {
     // 71 heads split over no degree but 1 and 71.
     refused(falcon7, &["--tp", "2"], &["--tp 2", "q_heads = 71"]);
 }
+
+#[test]
+fn qwen3_next_derives_its_delta_nets_and_gated_attention() {
+    let gemm = |m, n, k| format!("gemm:m={m},n={n},k={k},dtype=bf16,b=nk");
+    // Qwen3-Next-80B-A3B: three delta-net layers to one full-attention layer, 512 experts.
+    let config = |extra: &str| {
+        format!(
+            r#"{{"model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+            "num_hidden_layers": 48, "vocab_size": 151936, "full_attention_interval": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "num_experts": 512,
+            "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512, "torch_dtype": "bfloat16"{extra}}}"#
+        )
+    };
+    let args = ["--tp", "4", "--batch-sizes", "1", "--prefill-lens", "512"];
+    let rows = derive(&config(""), &args);
+    // q, k (2 × 2048) and v, z (2 × 4096) over 4 shards; beta and alpha 2 × 32 / 4.
+    assert_eq!(keys_of(&rows, "linear_qkvz")[0], gemm(1, 3072, 2048));
+    assert_eq!(keys_of(&rows, "linear_ba")[0], gemm(1, 16, 2048));
+    assert_eq!(keys_of(&rows, "linear_out")[0], gemm(1, 2048, 1024));
+    // The query and its output gate (2 × 4 heads), one KV head replicated, of 256.
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1, 2560, 2048));
+    assert!(rows.iter().any(|(_, key)| key
+        .starts_with("flash:batch=1,q_len=512,kv_len=512,q_heads=4,kv_heads=1,head_dim=256")));
+    // Without the gate the query is its heads alone.
+    let ungated = derive(&config(r#", "attn_output_gate": false"#), &args);
+    assert_eq!(keys_of(&ungated, "qkv")[0], gemm(1, 1536, 2048));
+}

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 use kerntune_kernels::DType;
 
+use super::delta_net::delta_net;
 use super::families::llama_names;
 use super::hybrid::other_layers;
 use super::mamba::mixer;
@@ -181,6 +182,7 @@ impl Model {
             None => intermediate_size,
         };
         let mamba = mixer(f.map, family, hidden, layers).map_err(|e| f.error(e))?;
+        let delta_net = delta_net(f.map, family, layers).map_err(|e| f.error(e))?;
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
             return Err(f.error(
                 "some layers have a dense MLP, whose width is intermediate_size, which is missing",
@@ -228,10 +230,10 @@ impl Model {
             dtype: dtype_refusal,
             gemm: quantization(&top).or_else(|| quantization(&f)),
             layers: hybrid
-                .filter(|_| mamba.is_none())
+                .filter(|_| mamba.is_none() && delta_net.is_none())
                 .map(|why| {
                     format!(
-                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba-2 mixers of Bamba, Granite 4.0-H, Falcon-H1 and Nemotron-H without expert layers): it would miss the other layers' projections and could mistake this family's MLP",
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba-2 mixers of Bamba, Granite 4.0-H, Falcon-H1 and Nemotron-H without expert layers, and Qwen3-Next's delta nets): it would miss the other layers' projections and could mistake this family's MLP",
                         path.display()
                     )
                 })
@@ -256,6 +258,10 @@ impl Model {
             experts,
             latent,
             mamba,
+            delta_net,
+            // Qwen3-Next gates its full attention's output unless the config says not.
+            attn_output_gate: delta_net.is_some()
+                && f.map.get("attn_output_gate") != Some(&Value::Bool(false)),
             gated_mlp: !family.is_some_and(|t| UNGATED_MLP.contains(&t)),
             scale,
             sliding_window,

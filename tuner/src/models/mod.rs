@@ -3,11 +3,13 @@
 //! by a Hugging Face model id in the local hub cache (`hub.rs`).
 
 mod config_json;
+mod delta_net;
 mod families;
 mod hub;
 mod hybrid;
 mod mamba;
 
+pub use delta_net::GatedDeltaNet;
 pub use hub::is_address as is_hub_address;
 pub use mamba::Mamba2;
 
@@ -37,6 +39,11 @@ pub struct Model {
     /// A hybrid's Mamba-2 mixers and how its layers divide between them, attention and MLPs
     /// (Bamba, Granite 4.0-H, Nemotron-H); `None`: every layer is attention and an MLP.
     pub mamba: Option<Mamba2>,
+    /// Qwen3-Next's and Qwen3.5's gated delta-net (linear attention) mixers.
+    pub delta_net: Option<GatedDeltaNet>,
+    /// Whether the query projection carries an output gate of the same width (Qwen3-Next's
+    /// full attention), doubling the query part of the fused QKV GEMM.
+    pub attn_output_gate: bool,
     /// Whether the dense MLP is gated (a fused gate and up projection of twice its width, as
     /// Llama's SwiGLU), or one up projection (Phi-2, GPT-NeoX, StarCoder2, Nemotron).
     pub gated_mlp: bool,
@@ -113,8 +120,8 @@ pub struct Unsupported {
     /// The weights are quantized: the server's GEMMs are not the dense ones derived.
     pub gemm: Option<String>,
     /// Some layers' GEMMs are not derived: layers that are neither attention, an MLP nor a
-    /// Mamba-2 mixer read (Mamba-1, linear attention, convolutions), or experts under names
-    /// not read; `--dtype` does not change that.
+    /// Mamba-2 or delta-net mixer read (Mamba-1, other linear attention, convolutions), or
+    /// experts under names not read; `--dtype` does not change that.
     pub layers: Option<String>,
     /// The attention is not plain softmax attention (soft-capped logits, sinks).
     pub attention: Option<String>,
@@ -143,6 +150,8 @@ impl Model {
             experts,
             latent: None,
             mamba: None,
+            delta_net: None,
+            attn_output_gate: false,
             gated_mlp: true,
             scale: None,
             sliding_window: None,
@@ -241,7 +250,8 @@ impl Model {
         let attn = match &self.latent {
             Some(l) => l.weights(self.hidden, self.q_heads),
             None => {
-                self.hidden * (self.q_heads + 2 * self.kv_heads) * self.head_dim
+                let q_heads = self.q_heads * (1 + usize::from(self.attn_output_gate));
+                self.hidden * (q_heads + 2 * self.kv_heads) * self.head_dim
                     + self.q_heads * self.head_dim * self.hidden
             }
         };
@@ -251,13 +261,18 @@ impl Model {
         } else {
             2 * self.hidden * self.intermediate
         };
-        let (attn_layers, mlp_layers, mixers) = match &self.mamba {
-            Some(m) => (
+        let (attn_layers, mlp_layers, mixers) = match (&self.mamba, &self.delta_net) {
+            (Some(m), _) => (
                 m.attention_layers,
                 m.mlp_layers,
                 m.mixer_layers * m.weights(self.hidden),
             ),
-            None => (self.layers, self.layers, 0),
+            (None, Some(d)) => (
+                self.layers - d.layers,
+                self.layers,
+                d.layers * d.weights(self.hidden),
+            ),
+            (None, None) => (self.layers, self.layers, 0),
         };
         let mlps = match self.experts {
             None => mlp_layers * dense_mlp,
