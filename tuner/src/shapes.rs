@@ -294,10 +294,14 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                 Some(e) => {
                     let per_expert = (m * e.active).div_ceil(e.count);
                     out.push(gemm("router", m, e.count, model.hidden, prefill)?);
+                    let (up, width) = match e.gated {
+                        true => ("expert_gate_up", 2 * e.intermediate),
+                        false => ("expert_up", e.intermediate),
+                    };
                     out.push(gemm(
-                        "expert_gate_up",
+                        up,
                         per_expert,
-                        2 * e.intermediate / expert_tp,
+                        width / expert_tp,
                         model.hidden,
                         prefill,
                     )?);

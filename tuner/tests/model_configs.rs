@@ -799,11 +799,39 @@ fn mamba2_hybrids_derive_their_mixers_projections() {
         &["--tp", "16"],
         &["--tp 16", "8 Mamba-2 groups"],
     );
-    // Nemotron's expert layers (E) are not derived: the hybrid refusal stands.
+    // Expert layers (E) need the experts' fields.
     refused(
         &nemotron(&pattern.replacen('-', "E", 3)),
         &["--tp", "2"],
-        &["hybrid_override_pattern", "--kernels flash,paged"],
+        &["names expert layers, but no experts are given"],
+    );
+    // In the shape of Nemotron 3 Nano: Mamba-2, expert and attention layers, squared-ReLU
+    // experts without a gate and a wider shared expert, no dense MLP layer.
+    let nano_pattern = "MEMEM*E".repeat(7) + "MEMEMEMEM";
+    let nano = |extra: &str| {
+        format!(
+            r#"{{"model_type": "nemotron_h", "hidden_size": 2688, "intermediate_size": 1856,
+            "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+            "num_hidden_layers": {}, "vocab_size": 131072, "mamba_num_heads": 64,
+            "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128,
+            "hybrid_override_pattern": "{nano_pattern}", "n_routed_experts": 128,
+            "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+            "moe_shared_expert_intermediate_size": 3712, "n_shared_experts": 1{extra}}}"#,
+            nano_pattern.len()
+        )
+    };
+    let rows = derive(&nano(""), &[&one_each[..], &["--tp", "2"]].concat());
+    assert_eq!(keys_of(&rows, "expert_up")[0], gemm(1, 928, 2688));
+    assert_eq!(keys_of(&rows, "shared_up")[0], gemm(1, 1856, 2688));
+    assert_eq!(keys_of(&rows, "shared_down")[0], gemm(1, 2688, 1856));
+    assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 5152, 2688));
+    assert!(keys_of(&rows, "expert_gate_up").is_empty());
+    assert!(keys_of(&rows, "up").is_empty(), "no dense MLP layer");
+    // Experts in a latent width of their own (moe_latent_size) are not derived.
+    refused(
+        &nano(r#", "moe_latent_size": 1024"#),
+        &["--tp", "2"],
+        &["moe_latent_size", "--kernels flash,paged"],
     );
 
     // In the shape of Granite 4.0-H Tiny: Mamba-2 or attention, then experts and a shared

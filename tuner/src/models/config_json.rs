@@ -182,6 +182,20 @@ impl Model {
             None => intermediate_size,
         };
         let mamba = mixer(f.map, family, hidden, layers).map_err(|e| f.error(e))?;
+        let gated_mlp = !family.is_some_and(|t| UNGATED_MLP.contains(&t));
+        // Experts share their family's MLP (Nemotron-H's squared ReLU has no gate), and a
+        // schedule that names expert layers says which layers are dense.
+        let dense_in_schedule = mamba.and_then(|m| m.dense_mlp_layers);
+        if dense_in_schedule.is_some() && experts.is_none() {
+            return Err(f.error(
+                "its layer schedule names expert layers, but no experts are given (n_routed_experts and num_experts_per_tok)",
+            ));
+        }
+        let experts = experts.map(|e| Experts {
+            gated: gated_mlp,
+            dense_layers: dense_in_schedule.unwrap_or(e.dense_layers),
+            ..e
+        });
         let delta_net = delta_net(f.map, family, layers).map_err(|e| f.error(e))?;
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
             return Err(f.error(
@@ -262,7 +276,7 @@ impl Model {
             // Qwen3-Next gates its full attention's output unless the config says not.
             attn_output_gate: delta_net.is_some()
                 && f.map.get("attn_output_gate") != Some(&Value::Bool(false)),
-            gated_mlp: !family.is_some_and(|t| UNGATED_MLP.contains(&t)),
+            gated_mlp,
             scale,
             sliding_window,
             dtype,
@@ -317,6 +331,7 @@ fn experts(
         f.first_int(&[
             "shared_expert_intermediate_size",
             "shared_intermediate_size",
+            "moe_shared_expert_intermediate_size",
         ])?,
         f.int("n_shared_experts")?,
     ) {
@@ -361,6 +376,7 @@ fn experts(
         intermediate: width,
         shared_intermediate,
         dense_layers,
+        gated: true,
     }))
 }
 
@@ -422,12 +438,18 @@ fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
 /// experts or a schedule of MoE layers under other names (Ling's `num_shared_experts`,
 /// Arctic's `moe_layer_frequency`), which would drop or miscount GEMMs.
 fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
-    const READ_SHARED: [&str; 2] = ["shared_expert_intermediate_size", "n_shared_experts"];
-    const SCHEDULES: [&str; 4] = [
+    const READ_SHARED: [&str; 3] = [
+        "shared_expert_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "n_shared_experts",
+    ];
+    // Schedules of MoE layers, and Nemotron's experts in a latent width of their own.
+    const SCHEDULES: [&str; 5] = [
         "moe_layer_start_index",
         "moe_layer_end_index",
         "moe_layer_interval",
         "moe_layer_frequency",
+        "moe_latent_size",
     ];
     let named: Vec<&str> = f
         .map

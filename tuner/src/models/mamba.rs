@@ -2,9 +2,10 @@
 //! mixer: Bamba and Granite 4.0-H, where every layer runs a Mamba-2 or an attention mixer and
 //! then an MLP; Nemotron-H, where each layer is one of a Mamba-2 mixer, attention or an MLP;
 //! and Falcon-H1, where every layer runs a Mamba-2 mixer and attention side by side, then an
-//! MLP. A mixer's GEMMs are its input projection (gate, x, B, C and the step sizes in one) and
+//! MLP. Nemotron-H's expert layers (E, Nemotron 3) run its experts where others run the MLP.
+//! A mixer's GEMMs are its input projection (gate, x, B, C and the step sizes in one) and
 //! its output projection; its convolution and state-space scan are not GEMMs. Hybrids of other
-//! families, and Nemotron-H's expert layers, stay refused (`hybrid.rs`).
+//! families stay refused (`hybrid.rs`).
 
 use serde_json::{Map, Value};
 
@@ -17,10 +18,13 @@ pub struct Mamba2 {
     pub groups: usize,
     /// State size per head channel.
     pub state: usize,
-    /// Layers whose mixer is Mamba-2, layers with attention, layers with an MLP.
+    /// Layers whose mixer is Mamba-2, layers with attention, layers with an MLP or experts.
     pub mixer_layers: usize,
     pub attention_layers: usize,
     pub mlp_layers: usize,
+    /// Where the schedule names expert layers (Nemotron-H's E), the layers among
+    /// `mlp_layers` with a dense MLP instead; `None` where the experts' fields say it.
+    pub dense_mlp_layers: Option<usize>,
 }
 
 impl Mamba2 {
@@ -90,6 +94,7 @@ enum Kind {
     Mamba,
     Attention,
     Mlp,
+    Experts,
 }
 
 /// How a family's layers divide: the kind of each (an MLP after each mixer, or not), or
@@ -150,8 +155,8 @@ pub fn mixer(
     let Some(schedule) = schedule else {
         return Ok(None);
     };
-    let (mixer_layers, attention_layers, mlp_layers) = match &schedule {
-        Schedule::Parallel => (layers, layers, layers),
+    let (mixer_layers, attention_layers, mlp_layers, dense_mlp_layers) = match &schedule {
+        Schedule::Parallel => (layers, layers, layers, None),
         Schedule::Kinds(kinds, every_layer_mlp) => {
             if kinds.len() != layers {
                 return Err(format!(
@@ -162,9 +167,10 @@ pub fn mixer(
             let count = |kind| kinds.iter().filter(|&&k| k == kind).count();
             let mlps = match every_layer_mlp {
                 true => layers,
-                false => count(Kind::Mlp),
+                false => count(Kind::Mlp) + count(Kind::Experts),
             };
-            (count(Kind::Mamba), count(Kind::Attention), mlps)
+            let dense = (count(Kind::Experts) > 0).then(|| count(Kind::Mlp));
+            (count(Kind::Mamba), count(Kind::Attention), mlps, dense)
         }
     };
     let heads = need(names.heads)?;
@@ -189,6 +195,7 @@ pub fn mixer(
         mixer_layers,
         attention_layers,
         mlp_layers,
+        dense_mlp_layers,
     };
     if !heads.is_multiple_of(mamba.groups) {
         return Err(format!(
@@ -236,13 +243,14 @@ fn listed_layers(config: &Map<String, Value>, key: &str) -> Option<Vec<Kind>> {
             Some("mamba") => Some(Kind::Mamba),
             Some("attention") => Some(Kind::Attention),
             Some("mlp") => Some(Kind::Mlp),
+            Some("moe") => Some(Kind::Experts),
             _ => None,
         })
         .collect()
 }
 
 /// Nemotron-H's schedule: `hybrid_override_pattern` (M Mamba-2, * attention, - MLP, E experts)
-/// or, as newer transformers write it, `layers_block_type`; `None` where it has expert layers.
+/// or, as newer transformers write it, `layers_block_type`; `None` where it names another kind.
 fn nemotron_layers(config: &Map<String, Value>) -> Option<Vec<Kind>> {
     let Some(pattern) = config
         .get("hybrid_override_pattern")
@@ -256,6 +264,7 @@ fn nemotron_layers(config: &Map<String, Value>) -> Option<Vec<Kind>> {
             'M' => Some(Kind::Mamba),
             '*' => Some(Kind::Attention),
             '-' => Some(Kind::Mlp),
+            'E' => Some(Kind::Experts),
             _ => None,
         })
         .collect()
@@ -279,6 +288,7 @@ mod tests {
             mixer_layers: 36,
             attention_layers: 4,
             mlp_layers: 40,
+            dense_mlp_layers: None,
         };
         // gate and x (2 × 3072), B and C (2 × 128), 48 step sizes.
         assert_eq!(m.in_proj(1), 6448);
@@ -302,9 +312,16 @@ mod tests {
             (m.mixer_layers, m.attention_layers, m.mlp_layers),
             (2, 1, 2)
         );
-        // Expert layers (E), another family, a count that disagrees.
-        let experts = nemotron.replace("M-M*-", "MEM*E");
-        assert_eq!(mixer(&map(&experts), Some("nemotron_h"), 4096, 5), Ok(None));
+        assert_eq!(m.dense_mlp_layers, None);
+        // Expert layers (E) beside a dense one: the schedule says which is which.
+        let experts = nemotron.replace("M-M*-", "MEM*-");
+        let m = mixer(&map(&experts), Some("nemotron_h"), 4096, 5)
+            .unwrap()
+            .unwrap();
+        assert_eq!((m.mlp_layers, m.dense_mlp_layers), (2, Some(1)));
+        // A kind not read, another family, a count that disagrees.
+        let other = nemotron.replace("M-M*-", "MXM*-");
+        assert_eq!(mixer(&map(&other), Some("nemotron_h"), 4096, 5), Ok(None));
         assert_eq!(mixer(&map(nemotron), Some("jamba"), 4096, 5), Ok(None));
         let err = mixer(&map(nemotron), Some("nemotron_h"), 4096, 6).unwrap_err();
         assert!(

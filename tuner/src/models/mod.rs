@@ -73,6 +73,9 @@ pub struct Experts {
     pub shared_intermediate: usize,
     /// Layers with a dense MLP instead of experts.
     pub dense_layers: usize,
+    /// Whether each expert's MLP is gated (a fused gate and up projection, as Mixtral's), or
+    /// one up projection (Nemotron-H's squared-ReLU experts).
+    pub gated: bool,
 }
 
 /// Multi-head latent attention (DeepSeek-V2 and V3, Kimi K2, MiniCPM3): keys and values are
@@ -177,6 +180,7 @@ impl Model {
                     intermediate: 14336,
                     shared_intermediate: 0,
                     dense_layers: 0,
+                    gated: true,
                 };
                 m("mixtral8x7b", 4096, 0, 32, 8, 32, 32000, Some(experts))
             }
@@ -277,8 +281,12 @@ impl Model {
         let mlps = match self.experts {
             None => mlp_layers * dense_mlp,
             Some(e) => {
-                let moe =
-                    e.count * (mlp(e.intermediate) + self.hidden) + mlp(e.shared_intermediate);
+                let expert = |width: usize| match e.gated {
+                    true => mlp(width),
+                    false => 2 * self.hidden * width,
+                };
+                let moe = e.count * (expert(e.intermediate) + self.hidden)
+                    + expert(e.shared_intermediate);
                 mlp_layers.saturating_sub(e.dense_layers) * moe + e.dense_layers * dense_mlp
             }
         };
