@@ -14,9 +14,8 @@
 //! each shard holding experts/t of them) plus the router GEMM (N = experts), the shared
 //! experts' gate_up and down at M tokens where the model has them, and the dense ones where
 //! some of its layers have no experts. Latent attention (DeepSeek) runs its own projections
-//! in place of QKV and O (`latent_projections`); a Mamba-2 hybrid's mixers run their input
-//! and output projections (`Mamba2::in_proj`, N = hidden, K = width / t), a gated delta
-//! net's its three (`GatedDeltaNet::projections`).
+//! in place of QKV and O (`latent_projections`); a hybrid's other mixers run their
+//! projections (`Mixer::projections`: Mamba-2, Mamba-1, gated delta nets).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -103,15 +102,9 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
             )));
         }
     }
-    if let Some(why) = model.mamba.and_then(|m| m.tp_refusal(tp)) {
+    if let Some(why) = model.hybrid.and_then(|h| h.mixer.tp_refusal(tp)) {
         return Err(usage(format!(
-            "--tp {tp} cannot split {}'s Mamba-2 mixers: {why}",
-            model.name
-        )));
-    }
-    if let Some(why) = model.delta_net.and_then(|d| d.tp_refusal(tp)) {
-        return Err(usage(format!(
-            "--tp {tp} cannot split {}: {why}",
+            "--tp {tp} cannot split {}'s mixers: {why}",
             model.name
         )));
     }
@@ -235,24 +228,8 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             .map(|&m| (m, false))
             .chain(b.prefill_lens.iter().map(|&m| (m, true)));
         for (m, prefill) in tokens {
-            if let Some(mamba) = &model.mamba {
-                out.push(gemm(
-                    "mamba_in",
-                    m,
-                    mamba.in_proj(tp),
-                    model.hidden,
-                    prefill,
-                )?);
-                out.push(gemm(
-                    "mamba_out",
-                    m,
-                    model.hidden,
-                    mamba.width() / tp,
-                    prefill,
-                )?);
-            }
-            if let Some(net) = &model.delta_net {
-                for (role, n, k) in net.projections(model.hidden, tp) {
+            if let Some(hybrid) = &model.hybrid {
+                for (role, n, k) in hybrid.mixer.projections(model.hidden, tp) {
                     out.push(gemm(role, m, n, k, prefill)?);
                 }
             }

@@ -875,6 +875,23 @@ fn mamba2_hybrids_derive_their_mixers_projections() {
         &["Mamba-2 width 3000", "mamba_n_heads × mamba_d_head"],
     );
 
+    // Jamba v0.1: Mamba-1 mixers with attention every 8th layer from the 4th, experts every
+    // 2nd layer from the 1st and a dense MLP between.
+    let jamba = r#"{"model_type": "jamba", "hidden_size": 4096, "intermediate_size": 14336,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+        "vocab_size": 65536, "num_experts": 16, "num_experts_per_tok": 2,
+        "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8,
+        "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+        "mamba_dt_rank": 256}"#;
+    let rows = derive(jamba, &[&one_each[..], &["--tp", "2"]].concat());
+    assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 8192, 4096));
+    assert_eq!(keys_of(&rows, "mamba_x")[0], gemm(1, 288, 4096));
+    assert_eq!(keys_of(&rows, "mamba_dt")[0], gemm(1, 4096, 256));
+    assert_eq!(keys_of(&rows, "mamba_out")[0], gemm(1, 4096, 4096));
+    // Dense layers' MLP at every token count, the experts' at their share of the tokens.
+    assert!(keys_of(&rows, "gate_up").contains(&gemm(512, 14336, 4096).as_str()));
+    assert!(keys_of(&rows, "expert_gate_up").contains(&gemm(64, 14336, 4096).as_str()));
+
     // Bamba names its attention layers by index.
     let bamba = r#"{"model_type": "bamba", "hidden_size": 4096, "intermediate_size": 14336,
         "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,

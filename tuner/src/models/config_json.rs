@@ -14,8 +14,8 @@ use kerntune_kernels::DType;
 use super::delta_net::delta_net;
 use super::families::llama_names;
 use super::hybrid::other_layers;
-use super::mamba::mixer;
-use super::{Experts, Latent, Model, Unsupported};
+use super::mamba::mamba;
+use super::{Experts, Latent, Mixer, Model, Unsupported};
 use crate::error::{usage, Result, TuneError};
 
 /// The fields of one config object, with errors that name the file.
@@ -181,11 +181,14 @@ impl Model {
                 .unwrap_or(intermediate_size),
             None => intermediate_size,
         };
-        let mamba = mixer(f.map, family, hidden, layers).map_err(|e| f.error(e))?;
+        let hybrid_layers = match mamba(f.map, family, hidden, layers).map_err(|e| f.error(e))? {
+            Some(h) => Some(h),
+            None => delta_net(f.map, family, layers).map_err(|e| f.error(e))?,
+        };
         let gated_mlp = !family.is_some_and(|t| UNGATED_MLP.contains(&t));
         // Experts share their family's MLP (Nemotron-H's squared ReLU has no gate), and a
         // schedule that names expert layers says which layers are dense.
-        let dense_in_schedule = mamba.and_then(|m| m.dense_mlp_layers);
+        let dense_in_schedule = hybrid_layers.and_then(|h| h.dense_mlp_layers);
         if dense_in_schedule.is_some() && experts.is_none() {
             return Err(f.error(
                 "its layer schedule names expert layers, but no experts are given (n_routed_experts and num_experts_per_tok)",
@@ -196,7 +199,6 @@ impl Model {
             dense_layers: dense_in_schedule.unwrap_or(e.dense_layers),
             ..e
         });
-        let delta_net = delta_net(f.map, family, layers).map_err(|e| f.error(e))?;
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
             return Err(f.error(
                 "some layers have a dense MLP, whose width is intermediate_size, which is missing",
@@ -244,10 +246,10 @@ impl Model {
             dtype: dtype_refusal,
             gemm: quantization(&top).or_else(|| quantization(&f)),
             layers: hybrid
-                .filter(|_| mamba.is_none() && delta_net.is_none())
+                .filter(|_| hybrid_layers.is_none())
                 .map(|why| {
                     format!(
-                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba-2 mixers of Bamba, Granite 4.0-H, Falcon-H1 and Nemotron-H without expert layers, and Qwen3-Next's delta nets): it would miss the other layers' projections and could mistake this family's MLP",
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, and Qwen3-Next's delta nets): it would miss the other layers' projections and could mistake this family's MLP",
                         path.display()
                     )
                 })
@@ -271,10 +273,9 @@ impl Model {
             vocab: f.int("vocab_size")?.unwrap(),
             experts,
             latent,
-            mamba,
-            delta_net,
+            hybrid: hybrid_layers,
             // Qwen3-Next gates its full attention's output unless the config says not.
-            attn_output_gate: delta_net.is_some()
+            attn_output_gate: hybrid_layers.is_some_and(|h| matches!(h.mixer, Mixer::DeltaNet(_)))
                 && f.map.get("attn_output_gate") != Some(&Value::Bool(false)),
             gated_mlp,
             scale,
@@ -289,8 +290,8 @@ impl Model {
 /// `shared_intermediate_size`), Qwen's (`num_experts`,
 /// `moe_intermediate_size`, `shared_expert_intermediate_size`, `decoder_sparse_step`,
 /// `mlp_only_layers`), DeepSeek's (`n_routed_experts`, `n_shared_experts`,
-/// `first_k_dense_replace`) or Llama 4's (`interleave_moe_layer_step`, a shared expert)
-/// names.
+/// `first_k_dense_replace`), Llama 4's (`interleave_moe_layer_step`, a shared expert) or
+/// Jamba's (`expert_layer_period`, `expert_layer_offset`) names.
 fn experts(
     f: &Fields<'_>,
     layers: usize,
@@ -367,8 +368,17 @@ fn experts(
     // DeepSeek counts its MoE layers' frequency from layer 0 (vLLM: `i % moe_layer_freq ==
     // 0`), Qwen and Llama 4 their step from layer 1.
     let freq = f.int("moe_layer_freq")?.unwrap_or(1);
+    // Jamba's experts are every `expert_layer_period`-th layer from `expert_layer_offset`.
+    let period = f.int("expert_layer_period")?.unwrap_or(1);
+    let offset = f.count("expert_layer_offset")? % period;
     let dense_layers = (0..layers)
-        .filter(|&i| i < first_dense || listed.contains(&i) || (i + 1) % step != 0 || i % freq != 0)
+        .filter(|&i| {
+            i < first_dense
+                || listed.contains(&i)
+                || (i + 1) % step != 0
+                || i % freq != 0
+                || i % period != offset
+        })
         .count();
     Ok(Some(Experts {
         count,

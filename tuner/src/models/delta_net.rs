@@ -7,6 +7,8 @@
 
 use serde_json::{Map, Value};
 
+use super::mixers::{Hybrid, Mixer};
+
 /// The delta-net mixers of a hybrid.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GatedDeltaNet {
@@ -14,8 +16,6 @@ pub struct GatedDeltaNet {
     pub value_heads: usize,
     pub key_head_dim: usize,
     pub value_head_dim: usize,
-    /// Layers whose mixer is a delta net; the rest are full attention.
-    pub layers: usize,
 }
 
 impl GatedDeltaNet {
@@ -37,14 +37,6 @@ impl GatedDeltaNet {
         ]
     }
 
-    /// Weights of one mixer's projections, in elements.
-    pub fn weights(&self, hidden: usize) -> usize {
-        self.projections(hidden, 1)
-            .iter()
-            .map(|(_, n, k)| n * k)
-            .sum()
-    }
-
     /// Why `tp` shards cannot split the mixers' heads, if they cannot.
     pub fn tp_refusal(&self, tp: usize) -> Option<String> {
         (!self.key_heads.is_multiple_of(tp) || !self.value_heads.is_multiple_of(tp)).then(|| {
@@ -64,7 +56,7 @@ pub fn delta_net(
     config: &Map<String, Value>,
     model_type: Option<&str>,
     layers: usize,
-) -> Result<Option<GatedDeltaNet>, String> {
+) -> Result<Option<Hybrid>, String> {
     if !model_type.is_some_and(|t| t.starts_with("qwen3_next") || t.starts_with("qwen3_5")) {
         return Ok(None);
     }
@@ -113,7 +105,6 @@ pub fn delta_net(
         value_heads: need("linear_num_value_heads")?,
         key_head_dim: need("linear_key_head_dim")?,
         value_head_dim: need("linear_value_head_dim")?,
-        layers: linear_layers,
     };
     if !net.value_heads.is_multiple_of(net.key_heads) {
         return Err(format!(
@@ -121,7 +112,13 @@ pub fn delta_net(
             net.value_heads, net.key_heads
         ));
     }
-    Ok(Some(net))
+    Ok(Some(Hybrid {
+        mixer: Mixer::DeltaNet(net),
+        mixer_layers: linear_layers,
+        attention_layers: layers - linear_layers,
+        mlp_layers: layers,
+        dense_mlp_layers: None,
+    }))
 }
 
 #[cfg(test)]
@@ -138,10 +135,11 @@ mod tests {
     #[test]
     fn schedules_count_the_delta_net_layers() {
         let interval = map(&format!(r#"{{{HEADS}, "full_attention_interval": 4}}"#));
-        let net = delta_net(&interval, Some("qwen3_next"), 48)
+        let hybrid = delta_net(&interval, Some("qwen3_next"), 48)
             .unwrap()
             .unwrap();
-        assert_eq!(net.layers, 36);
+        assert_eq!((hybrid.mixer_layers, hybrid.attention_layers), (36, 12));
+        let net = hybrid.mixer;
         // q and k 2 × 2048, v and z 2 × 4096, over 4 shards; beta and alpha 2 × 32 / 4.
         assert_eq!(
             net.projections(2048, 4),
@@ -162,7 +160,7 @@ mod tests {
             delta_net(&listed, Some("qwen3_5_moe_text"), 2)
                 .unwrap()
                 .unwrap()
-                .layers,
+                .mixer_layers,
             1
         );
         // Another family, or a kind not read, is left to the hybrid refusal.

@@ -1,6 +1,6 @@
 //! Hybrid decoders: configs whose layers are not all attention followed by an MLP (Mamba or
 //! other state-space mixers, linear attention, short convolutions), and the field that says
-//! so. kerntune derives the GEMMs of attention and MLP layers, and of the Mamba-2 hybrids in
+//! so. kerntune derives the GEMMs of attention and MLP layers, and of the Mamba hybrids in
 //! `mamba.rs` and Qwen's delta-net hybrids in `delta_net.rs`; other hybrids' layers run projections it does not derive, and their MLP may
 //! not be the one it assumes, so their GEMMs are refused rather than guessed. Their attention
 //! layers are plain softmax attention and keep their problems.

@@ -1,15 +1,18 @@
-//! Mamba-2 hybrids whose layers kerntune derives exactly, as vLLM builds them on its Mamba-2
-//! mixer: Bamba and Granite 4.0-H, where every layer runs a Mamba-2 or an attention mixer and
-//! then an MLP; Nemotron-H, where each layer is one of a Mamba-2 mixer, attention or an MLP;
-//! and Falcon-H1, where every layer runs a Mamba-2 mixer and attention side by side, then an
-//! MLP. Nemotron-H's expert layers (E, Nemotron 3) run its experts where others run the MLP.
-//! A mixer's GEMMs are its input projection (gate, x, B, C and the step sizes in one) and
-//! its output projection; its convolution and state-space scan are not GEMMs. Hybrids of other
+//! Mamba hybrids whose layers kerntune derives exactly, as vLLM builds them on its Mamba
+//! mixers: Bamba and Granite 4.0-H, where every layer runs a Mamba-2 or an attention mixer and
+//! then an MLP; Nemotron-H, where each layer is one of a Mamba-2 mixer, attention, an MLP or
+//! (Nemotron 3) experts; Falcon-H1, where every layer runs a Mamba-2 mixer and attention side
+//! by side, then an MLP; and Jamba, whose Mamba-1 or attention mixer is followed by experts or
+//! an MLP. A Mamba-2 mixer's GEMMs are its input projection (gate, x, B, C and the step sizes
+//! in one) and its output projection; a Mamba-1 mixer's its input, x (step rank, B and C),
+//! step and output projections; convolutions and scans are not GEMMs. Hybrids of other
 //! families stay refused (`hybrid.rs`).
 
 use serde_json::{Map, Value};
 
-/// The Mamba-2 mixers of a hybrid and how its layers divide.
+use super::mixers::{Hybrid, Mixer};
+
+/// A Mamba-2 mixer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mamba2 {
     pub heads: usize,
@@ -18,13 +21,6 @@ pub struct Mamba2 {
     pub groups: usize,
     /// State size per head channel.
     pub state: usize,
-    /// Layers whose mixer is Mamba-2, layers with attention, layers with an MLP or experts.
-    pub mixer_layers: usize,
-    pub attention_layers: usize,
-    pub mlp_layers: usize,
-    /// Where the schedule names expert layers (Nemotron-H's E), the layers among
-    /// `mlp_layers` with a dense MLP instead; `None` where the experts' fields say it.
-    pub dense_mlp_layers: Option<usize>,
 }
 
 impl Mamba2 {
@@ -44,9 +40,12 @@ impl Mamba2 {
         (2 * self.width() + 2 * groups * self.state + self.heads) / tp
     }
 
-    /// Weights of one mixer's projections, in elements.
-    pub fn weights(&self, hidden: usize) -> usize {
-        hidden * (self.in_proj(1) + self.width())
+    /// One shard's (role, N, K) GEMMs at `tp` shards.
+    pub fn projections(&self, hidden: usize, tp: usize) -> [(&'static str, usize, usize); 2] {
+        [
+            ("mamba_in", self.in_proj(tp), hidden),
+            ("mamba_out", hidden, self.width() / tp),
+        ]
     }
 
     /// Why `tp` shards cannot split the mixers as vLLM does, if they cannot.
@@ -66,6 +65,35 @@ impl Mamba2 {
     }
 }
 
+/// A Mamba-1 mixer (Jamba's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mamba1 {
+    /// Inner width (`mamba_expand` × hidden size).
+    pub width: usize,
+    /// Rank of the step-size projection.
+    pub dt_rank: usize,
+    pub state: usize,
+}
+
+impl Mamba1 {
+    /// One shard's (role, N, K) GEMMs at `tp` shards: the x projection's output (step rank, B
+    /// and C) is whole on every shard, its input split.
+    pub fn projections(&self, hidden: usize, tp: usize) -> [(&'static str, usize, usize); 4] {
+        let width = self.width / tp;
+        [
+            ("mamba_in", 2 * width, hidden),
+            ("mamba_x", self.dt_rank + 2 * self.state, width),
+            ("mamba_dt", width, self.dt_rank),
+            ("mamba_out", hidden, width),
+        ]
+    }
+
+    pub fn tp_refusal(&self, tp: usize) -> Option<String> {
+        (!self.width.is_multiple_of(tp))
+            .then(|| format!("its Mamba width {} is not a multiple of it", self.width))
+    }
+}
+
 /// The field names of a family's Mamba-2 mixer: heads, head size, groups, state size.
 struct Names {
     heads: &'static str,
@@ -81,6 +109,9 @@ const GRANITE: Names = Names {
     state: "mamba_d_state",
 };
 
+/// Jamba's Mamba-1 reads its state size alone from these.
+const JAMBA: Names = GRANITE;
+
 const NEMOTRON_H: Names = Names {
     heads: "mamba_num_heads",
     head_dim: "mamba_head_dim",
@@ -88,7 +119,7 @@ const NEMOTRON_H: Names = Names {
     state: "ssm_state_size",
 };
 
-/// Each layer's kind: a Mamba-2 mixer, attention, or (Nemotron-H) an MLP alone.
+/// Each layer's kind: a Mamba mixer, attention, or (Nemotron-H) an MLP or experts alone.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
     Mamba,
@@ -104,15 +135,15 @@ enum Schedule {
     Parallel,
 }
 
-/// The Mamba-2 layers of `config` where its `model_type` is a family derived here and its
+/// The Mamba layers of `config` where its `model_type` is a family derived here and its
 /// layers are all of the kinds read; `Ok(None)` otherwise, which leaves the model to
 /// `hybrid.rs`. Errors say what in the config contradicts itself.
-pub fn mixer(
+pub fn mamba(
     config: &Map<String, Value>,
     model_type: Option<&str>,
     hidden: usize,
     layers: usize,
-) -> Result<Option<Mamba2>, String> {
+) -> Result<Option<Hybrid>, String> {
     let field = |key: &str| -> Result<Option<usize>, String> {
         match config.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -150,6 +181,7 @@ pub fn mixer(
             let kinds = nemotron_layers(config);
             (NEMOTRON_H, kinds.map(|k| Schedule::Kinds(k, false)), None)
         }
+        Some("jamba") => (JAMBA, jamba_layers(config, layers)?, expanded()?),
         _ => return Ok(None),
     };
     let Some(schedule) = schedule else {
@@ -173,6 +205,27 @@ pub fn mixer(
             (count(Kind::Mamba), count(Kind::Attention), mlps, dense)
         }
     };
+    let hybrid = |mixer| Hybrid {
+        mixer,
+        mixer_layers,
+        attention_layers,
+        mlp_layers,
+        dense_mlp_layers,
+    };
+    if model_type == Some("jamba") {
+        let width = width.ok_or("its Mamba layers need `mamba_expand`")?;
+        // Jamba's step rank may be "auto": hidden_size / 16, rounded up (JambaConfig).
+        let dt_rank = match config.get("mamba_dt_rank") {
+            Some(Value::String(auto)) if auto == "auto" => hidden.div_ceil(16),
+            _ => need("mamba_dt_rank")?,
+        };
+        let state = need(names.state)?;
+        return Ok(Some(hybrid(Mixer::Mamba1(Mamba1 {
+            width,
+            dt_rank,
+            state,
+        }))));
+    }
     let heads = need(names.heads)?;
     let head_dim = match (width, field(names.head_dim)?) {
         (Some(width), head_dim) => {
@@ -192,10 +245,6 @@ pub fn mixer(
         head_dim,
         groups: need(names.groups)?,
         state: need(names.state)?,
-        mixer_layers,
-        attention_layers,
-        mlp_layers,
-        dense_mlp_layers,
     };
     if !heads.is_multiple_of(mamba.groups) {
         return Err(format!(
@@ -205,7 +254,28 @@ pub fn mixer(
     }
     // A Nemotron-H without MLP layers would need a model without an MLP, which the
     // derivation does not have; none is published.
-    Ok((mamba.mlp_layers > 0).then_some(mamba))
+    Ok((mlp_layers > 0).then(|| hybrid(Mixer::Mamba2(mamba))))
+}
+
+/// Jamba's attention layers, every `attn_layer_period`-th from `attn_layer_offset`
+/// (JambaConfig's `layers_block_type`), the rest Mamba-1, each followed by experts or an MLP.
+fn jamba_layers(config: &Map<String, Value>, layers: usize) -> Result<Option<Schedule>, String> {
+    let number = |key: &str| config.get(key).and_then(Value::as_u64).map(|n| n as usize);
+    let (Some(period @ 1..), Some(offset)) =
+        (number("attn_layer_period"), number("attn_layer_offset"))
+    else {
+        return Err(
+            "its layer schedule needs `attn_layer_period` (positive) and `attn_layer_offset`"
+                .into(),
+        );
+    };
+    let kinds = (0..layers)
+        .map(|i| match i % period == offset {
+            true => Kind::Attention,
+            false => Kind::Mamba,
+        })
+        .collect();
+    Ok(Some(Schedule::Kinds(kinds, true)))
 }
 
 /// Bamba's attention layers by index, the rest Mamba-2.
@@ -285,10 +355,6 @@ mod tests {
             head_dim: 64,
             groups: 1,
             state: 128,
-            mixer_layers: 36,
-            attention_layers: 4,
-            mlp_layers: 40,
-            dense_mlp_layers: None,
         };
         // gate and x (2 × 3072), B and C (2 × 128), 48 step sizes.
         assert_eq!(m.in_proj(1), 6448);
@@ -305,7 +371,7 @@ mod tests {
     fn families_and_schedules_not_read_are_left_to_the_hybrid_refusal() {
         let nemotron = r#"{"mamba_num_heads": 128, "mamba_head_dim": 64, "n_groups": 8,
             "ssm_state_size": 128, "hybrid_override_pattern": "M-M*-"}"#;
-        let m = mixer(&map(nemotron), Some("nemotron_h"), 4096, 5)
+        let m = mamba(&map(nemotron), Some("nemotron_h"), 4096, 5)
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -315,15 +381,15 @@ mod tests {
         assert_eq!(m.dense_mlp_layers, None);
         // Expert layers (E) beside a dense one: the schedule says which is which.
         let experts = nemotron.replace("M-M*-", "MEM*-");
-        let m = mixer(&map(&experts), Some("nemotron_h"), 4096, 5)
+        let m = mamba(&map(&experts), Some("nemotron_h"), 4096, 5)
             .unwrap()
             .unwrap();
         assert_eq!((m.mlp_layers, m.dense_mlp_layers), (2, Some(1)));
         // A kind not read, another family, a count that disagrees.
         let other = nemotron.replace("M-M*-", "MXM*-");
-        assert_eq!(mixer(&map(&other), Some("nemotron_h"), 4096, 5), Ok(None));
-        assert_eq!(mixer(&map(nemotron), Some("jamba"), 4096, 5), Ok(None));
-        let err = mixer(&map(nemotron), Some("nemotron_h"), 4096, 6).unwrap_err();
+        assert_eq!(mamba(&map(&other), Some("nemotron_h"), 4096, 5), Ok(None));
+        assert_eq!(mamba(&map(nemotron), Some("zamba2"), 4096, 5), Ok(None));
+        let err = mamba(&map(nemotron), Some("nemotron_h"), 4096, 6).unwrap_err();
         assert!(
             err.contains("names 5 layers, but num_hidden_layers = 6"),
             "{err}"
@@ -331,7 +397,27 @@ mod tests {
         // Granite's width from mamba_expand must agree with its heads.
         let granite = r#"{"mamba_n_heads": 48, "mamba_d_head": 32, "mamba_n_groups": 1,
             "mamba_d_state": 128, "mamba_expand": 2, "layer_types": ["mamba", "attention"]}"#;
-        let err = mixer(&map(granite), Some("granitemoehybrid"), 1536, 2).unwrap_err();
+        let err = mamba(&map(granite), Some("granitemoehybrid"), 1536, 2).unwrap_err();
         assert!(err.contains("Mamba-2 width 3072"), "{err}");
+    }
+
+    #[test]
+    fn jamba_runs_mamba1_mixers_on_its_attention_period() {
+        let jamba = r#"{"mamba_d_state": 16, "mamba_expand": 2, "mamba_dt_rank": "auto",
+            "attn_layer_period": 8, "attn_layer_offset": 4}"#;
+        let h = mamba(&map(jamba), Some("jamba"), 4096, 32)
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.mixer_layers, h.attention_layers), (28, 4));
+        // Step rank "auto": 4096 / 16; x projection's output whole on every shard.
+        assert_eq!(
+            h.mixer.projections(4096, 2),
+            [
+                ("mamba_in", 8192, 4096),
+                ("mamba_x", 256 + 32, 4096),
+                ("mamba_dt", 4096, 256),
+                ("mamba_out", 4096, 4096)
+            ]
+        );
     }
 }

@@ -8,10 +8,12 @@ mod families;
 mod hub;
 mod hybrid;
 mod mamba;
+mod mixers;
 
 pub use delta_net::GatedDeltaNet;
 pub use hub::is_address as is_hub_address;
-pub use mamba::Mamba2;
+pub use mamba::{Mamba1, Mamba2};
+pub use mixers::{Hybrid, Mixer};
 
 use std::path::Path;
 
@@ -36,11 +38,10 @@ pub struct Model {
     /// DeepSeek's multi-head latent attention, whose projections replace the fused QKV and O
     /// GEMMs (`None`: query, key and value heads of `head_dim`).
     pub latent: Option<Latent>,
-    /// A hybrid's Mamba-2 mixers and how its layers divide between them, attention and MLPs
-    /// (Bamba, Granite 4.0-H, Nemotron-H); `None`: every layer is attention and an MLP.
-    pub mamba: Option<Mamba2>,
-    /// Qwen3-Next's and Qwen3.5's gated delta-net (linear attention) mixers.
-    pub delta_net: Option<GatedDeltaNet>,
+    /// A hybrid's other mixers and how its layers divide between them, attention and MLPs
+    /// (Mamba: Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Jamba; gated delta nets:
+    /// Qwen3-Next, Qwen3.5); `None`: every layer is attention and an MLP.
+    pub hybrid: Option<Hybrid>,
     /// Whether the query projection carries an output gate of the same width (Qwen3-Next's
     /// full attention), doubling the query part of the fused QKV GEMM.
     pub attn_output_gate: bool,
@@ -123,8 +124,8 @@ pub struct Unsupported {
     /// The weights are quantized: the server's GEMMs are not the dense ones derived.
     pub gemm: Option<String>,
     /// Some layers' GEMMs are not derived: layers that are neither attention, an MLP nor a
-    /// Mamba-2 or delta-net mixer read (Mamba-1, other linear attention, convolutions), or
-    /// experts under names not read; `--dtype` does not change that.
+    /// mixer of a hybrid family read (other linear attention, convolutions), or experts under
+    /// names not read; `--dtype` does not change that.
     pub layers: Option<String>,
     /// The attention is not plain softmax attention (soft-capped logits, sinks).
     pub attention: Option<String>,
@@ -152,8 +153,7 @@ impl Model {
             vocab,
             experts,
             latent: None,
-            mamba: None,
-            delta_net: None,
+            hybrid: None,
             attn_output_gate: false,
             gated_mlp: true,
             scale: None,
@@ -265,18 +265,13 @@ impl Model {
         } else {
             2 * self.hidden * self.intermediate
         };
-        let (attn_layers, mlp_layers, mixers) = match (&self.mamba, &self.delta_net) {
-            (Some(m), _) => (
-                m.attention_layers,
-                m.mlp_layers,
-                m.mixer_layers * m.weights(self.hidden),
+        let (attn_layers, mlp_layers, mixers) = match &self.hybrid {
+            Some(h) => (
+                h.attention_layers,
+                h.mlp_layers,
+                h.mixer_layers * h.mixer.weights(self.hidden),
             ),
-            (None, Some(d)) => (
-                self.layers - d.layers,
-                self.layers,
-                d.layers * d.weights(self.hidden),
-            ),
-            (None, None) => (self.layers, self.layers, 0),
+            None => (self.layers, self.layers, 0),
         };
         let mlps = match self.experts {
             None => mlp_layers * dense_mlp,

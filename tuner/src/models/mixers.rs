@@ -1,0 +1,56 @@
+//! The mixers of the hybrid decoders whose GEMMs kerntune derives, behind one type: Mamba-2 and
+//! Mamba-1 (`mamba.rs`) and Qwen's gated delta nets (`delta_net.rs`), and how a hybrid's
+//! layers divide between its mixers, attention and MLPs.
+
+use super::delta_net::GatedDeltaNet;
+use super::mamba::{Mamba1, Mamba2};
+
+/// A non-attention mixer whose projections vLLM runs as GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mixer {
+    Mamba2(Mamba2),
+    Mamba1(Mamba1),
+    DeltaNet(GatedDeltaNet),
+}
+
+impl Mixer {
+    /// One shard's (role, N, K) GEMMs of one mixer at `tp` shards.
+    pub fn projections(&self, hidden: usize, tp: usize) -> Vec<(&'static str, usize, usize)> {
+        match self {
+            Mixer::Mamba2(m) => m.projections(hidden, tp).to_vec(),
+            Mixer::Mamba1(m) => m.projections(hidden, tp).to_vec(),
+            Mixer::DeltaNet(d) => d.projections(hidden, tp).to_vec(),
+        }
+    }
+
+    /// Weights of one mixer's projections, in elements.
+    pub fn weights(&self, hidden: usize) -> usize {
+        self.projections(hidden, 1)
+            .iter()
+            .map(|(_, n, k)| n * k)
+            .sum()
+    }
+
+    /// Why `tp` shards cannot split the mixers as vLLM does, if they cannot.
+    pub fn tp_refusal(&self, tp: usize) -> Option<String> {
+        match self {
+            Mixer::Mamba2(m) => m.tp_refusal(tp),
+            Mixer::Mamba1(m) => m.tp_refusal(tp),
+            Mixer::DeltaNet(d) => d.tp_refusal(tp),
+        }
+    }
+}
+
+/// A hybrid's mixer and how its layers divide.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hybrid {
+    pub mixer: Mixer,
+    /// Layers with the mixer, layers with attention, layers with an MLP or experts (a layer
+    /// may have several: Falcon-H1 runs mixer and attention side by side).
+    pub mixer_layers: usize,
+    pub attention_layers: usize,
+    pub mlp_layers: usize,
+    /// Where the schedule names expert layers (Nemotron-H's E), the layers among
+    /// `mlp_layers` with a dense MLP instead; `None` where the experts' fields say it.
+    pub dense_mlp_layers: Option<usize>,
+}
