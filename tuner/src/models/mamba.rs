@@ -154,7 +154,7 @@ pub fn mamba(
         }
     };
     let need = |key: &str| -> Result<usize, String> {
-        field(key)?.ok_or_else(|| format!("its Mamba-2 layers need `{key}`"))
+        field(key)?.ok_or_else(|| format!("its Mamba layers need `{key}`"))
     };
     // Bamba, Granite and Falcon-H1 size the mixer by `mamba_expand` × hidden_size (Falcon-H1
     // by `mamba_d_ssm` where it is set), Nemotron-H by its heads alone.
