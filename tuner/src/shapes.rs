@@ -62,15 +62,31 @@ pub struct Derived {
     pub origin: String,
 }
 
-/// The smallest power of two whose shard of the weights fits in `memory` bytes (with 10% left
-/// for activations and the KV cache), capped so the heads still divide.
-pub fn default_tp(model: &Model, memory: f64) -> usize {
-    let mut tp = 1;
-    while model.weight_bytes() / tp as f64 > 0.9 * memory && tp < model.q_heads {
-        tp *= 2;
+/// The tensor-parallel degree a model is derived at without `--tp`: the smallest power of two
+/// that splits it ([`check_tp`]) and whose shard of the weights fits in `memory` bytes (with
+/// 10% left for activations and the KV cache). Where none both splits and fits (MiniMax-M2's
+/// 48 heads on a 24 GiB host), the largest that splits, with a note saying so.
+pub fn default_tp(model: &Model, memory: f64, expert_parallel: bool) -> (usize, Option<String>) {
+    let splits: Vec<usize> = std::iter::successors(Some(1usize), |tp| Some(tp * 2))
+        .take_while(|&tp| tp <= model.q_heads)
+        .filter(|&tp| check_tp(model, tp, expert_parallel).is_ok())
+        .collect();
+    let shard = |tp: usize| model.weight_bytes() / tp as f64;
+    if let Some(&tp) = splits.iter().find(|&&tp| shard(tp) <= 0.9 * memory) {
+        return (tp, None);
     }
-    tp
+    // A degree of 1 always splits, so there is a largest.
+    let tp = splits.last().copied().unwrap_or(1);
+    let note = format!(
+        "{}: no power-of-two tensor-parallel degree both splits it and fits a shard in this device's {:.0} GiB; its shapes are derived at --tp {tp} ({:.1} GiB a shard): pass --tp with the degree your server runs",
+        model.name,
+        memory / GIB,
+        shard(tp) / GIB
+    );
+    (tp, Some(note))
 }
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
     if tp == 0 {
@@ -447,9 +463,12 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
             PRESETS.join(", ")
         )));
     };
-    let tps = match tp {
-        Some(list) => list.to_vec(),
-        None => vec![default_tp(&model, memory)],
+    let (tps, notes) = match tp {
+        Some(list) => (list.to_vec(), Vec::new()),
+        None => {
+            let (tp, note) = default_tp(&model, memory, b.expert_parallel);
+            (vec![tp], note.into_iter().collect())
+        }
     };
     let mut problems = Vec::new();
     for tp in tps {
@@ -457,7 +476,7 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
     }
     Ok(Shapes {
         problems: dedup(problems),
-        notes: Vec::new(),
+        notes,
     })
 }
 

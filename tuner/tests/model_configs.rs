@@ -966,3 +966,151 @@ fn qwen3_next_derives_its_delta_nets_and_gated_attention() {
     let ungated = derive(&config(r#", "attn_output_gate": false"#), &args);
     assert_eq!(keys_of(&ungated, "qkv")[0], gemm(1, 1536, 2048));
 }
+
+#[test]
+fn dbrx_mpt_bloom_chatglm_opt_and_exaone_are_read_under_their_own_names() {
+    let args = ["--batch-sizes", "1", "--prefill-lens", "512", "--tp"];
+    let gemm = |n, k| format!("gemm:m=1,n={n},k={k},dtype=bf16,b=nk");
+    // DBRX: d_model and nested attn_config/ffn_config; every layer 16 GLU experts, 4 active.
+    let dbrx = r#"{"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40,
+        "vocab_size": 100352, "max_seq_len": 32768, "torch_dtype": "bfloat16",
+        "attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000},
+        "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4}}"#;
+    let rows = derive(dbrx, &[&args[..], &["8"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1024, 6144));
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(2688, 6144));
+    assert_eq!(keys_of(&rows, "expert_down")[0], gemm(6144, 1344));
+    assert_eq!(keys_of(&rows, "router")[0], gemm(16, 6144));
+    assert!(
+        keys_of(&rows, "gate_up").is_empty(),
+        "no dense MLP: {rows:?}"
+    );
+    // MPT-7B: ALiBi in vLLM whatever attn_config says, so only its GEMMs; an ungated MLP of
+    // expansion_ratio times the width.
+    let mpt = r#"{"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
+        "expansion_ratio": 4, "vocab_size": 50432, "attn_config": {"alibi": true}}"#;
+    refused(mpt, &[], &["ALiBi", "model_type mpt", "--kernels gemm"]);
+    let rows = derive(mpt, &[&args[..], &["1", "--kernels", "gemm"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(12288, 4096));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(16384, 4096));
+    // Bloom-176B: n_head, n_layer, four times the width.
+    let bloom = r#"{"model_type": "bloom", "hidden_size": 14336, "n_head": 112, "n_layer": 70,
+        "vocab_size": 250880}"#;
+    refused(bloom, &[], &["ALiBi", "model_type bloom"]);
+    let rows = derive(bloom, &[&args[..], &["8", "--kernels", "gemm"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(5376, 14336));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(7168, 14336));
+    // GLM-4-9B (model_type chatglm): 2 KV groups, a gated MLP, the padded vocabulary.
+    let glm = r#"{"model_type": "chatglm", "hidden_size": 4096, "num_attention_heads": 32,
+        "multi_query_attention": true, "multi_query_group_num": 2, "kv_channels": 128,
+        "ffn_hidden_size": 13696, "num_layers": 40, "padded_vocab_size": 151552,
+        "torch_dtype": "bfloat16"}"#;
+    let rows = derive(glm, &[&args[..], &["2"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(2304, 4096));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(13696, 4096));
+    assert_eq!(keys_of(&rows, "lm_head")[0], gemm(75776, 4096));
+    assert!(rows
+        .iter()
+        .any(|(_, key)| key.starts_with("paged:")
+            && key.contains("q_heads=16,kv_heads=1,head_dim=128")));
+    // OPT-13B: ffn_dim, ungated; OPT-350m's narrower embeddings are refused by name.
+    let opt = |hidden: usize, embed: usize| {
+        format!(
+            r#"{{"model_type": "opt", "hidden_size": {hidden}, "num_attention_heads": 16,
+            "ffn_dim": {}, "num_hidden_layers": 24, "vocab_size": 50272,
+            "word_embed_proj_dim": {embed}, "torch_dtype": "bfloat16"}}"#,
+            4 * hidden
+        )
+    };
+    let rows = derive(&opt(5120, 5120), &[&args[..], &["2"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(7680, 5120));
+    assert_eq!(keys_of(&rows, "up")[0], gemm(10240, 5120));
+    refused(
+        &opt(1024, 512),
+        &[],
+        &["word_embed_proj_dim = 512", "--kernels flash,paged"],
+    );
+    // EXAONE 3.5: num_layers.
+    let exaone = r#"{"model_type": "exaone", "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "num_layers": 32,
+        "vocab_size": 102400}"#;
+    let rows = derive(exaone, &[&args[..], &["1"]].concat());
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(6144, 4096));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(28672, 4096));
+}
+
+/// MiniMax-M2's published config (shape fields).
+const MINIMAX_M2: &str = r#"{"model_type": "minimax_m2", "hidden_size": 3072,
+    "intermediate_size": 1536, "num_attention_heads": 48, "num_key_value_heads": 8,
+    "head_dim": 128, "num_hidden_layers": 62, "vocab_size": 200064, "num_local_experts": 256,
+    "num_experts_per_tok": 8, "shared_intermediate_size": 0, "rotary_dim": 64,
+    "use_qk_norm": true, "qk_norm_type": "per_layer", "scoring_func": "sigmoid",
+    "attn_type_list": [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1], "torch_dtype": "bfloat16"}"#;
+
+#[test]
+fn minimax_m2_is_softmax_attention_and_experts_without_a_shared_one() {
+    // Every layer's attn_type_list entry is 1 (softmax), and a shared width of 0 is none.
+    let rows = derive(
+        MINIMAX_M2,
+        &["--tp", "8", "--batch-sizes", "1", "--prefill-lens", "512"],
+    );
+    let gemm = |n, k| format!("gemm:m=1,n={n},k={k},dtype=bf16,b=nk");
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1024, 3072));
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(384, 3072));
+    assert!(
+        !rows.iter().any(|(origin, _)| origin.contains("shared")),
+        "{rows:?}"
+    );
+    assert!(rows.iter().any(|(_, key)| key.starts_with("flash:")));
+    // A lightning-attention layer in the list is refused as a hybrid.
+    let lightning = MINIMAX_M2.replacen("[1, 1", "[0, 1", 1);
+    refused(&lightning, &[], &["attn_type_list", "lightning"]);
+}
+
+#[test]
+fn the_default_degree_splits_the_heads_and_says_when_no_shard_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    // 48 heads, too large for 16 MI250 shards (64 GiB each): 32 would fit but does not split
+    // the heads, so the shapes are 16 shards', with a note.
+    let big = MINIMAX_M2.replace(r#""num_hidden_layers": 62"#, r#""num_hidden_layers": 400"#);
+    std::fs::write(dir.path().join("config.json"), big).unwrap();
+    let out = tune(
+        &[
+            "shapes",
+            "--device",
+            "mi250",
+            "--shapes",
+            "config.json",
+            "--batch-sizes",
+            "1",
+        ],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no power-of-two tensor-parallel degree both splits it and fits")
+            && stderr.contains("--tp 16"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" tp16 "));
+    // The published size fits 8 shards, which split it: no note.
+    std::fs::write(dir.path().join("config.json"), MINIMAX_M2).unwrap();
+    let out = tune(
+        &[
+            "shapes",
+            "--device",
+            "mi250",
+            "--shapes",
+            "config.json",
+            "--batch-sizes",
+            "1",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" tp8 "));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
+}

@@ -1,6 +1,6 @@
 //! Reading a Hugging Face `config.json`: the fields of a Llama-style decoder, the places other
-//! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`, GPT-2's
-//! and Falcon's own names in `families.rs`), the
+//! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`, the own
+//! names of GPT-2, Falcon, Bloom, MPT, DBRX, ChatGLM, OPT and EXAONE in `families.rs`), the
 //! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, DeepSeek's latent attention,
 //! Gemma's and Granite's attention scales, and what the kernels do not compute, named so that
 //! `tune` can refuse it instead of tuning shapes no server runs.
@@ -253,7 +253,8 @@ impl Model {
                         path.display()
                     )
                 })
-                .or_else(|| unread_experts(&f, experts.is_some())),
+                .or_else(|| unread_experts(&f, experts.is_some()))
+                .or_else(|| narrow_embeddings(&f, family, hidden)),
             attention: latent
                 .map(|l| latent_refusal(&f, &l))
                 .or_else(|| attention_refusal(&f, &top)),
@@ -328,15 +329,22 @@ fn experts(
             )))
         }
     };
-    let shared_intermediate = match (
-        f.first_int(&[
-            "shared_expert_intermediate_size",
-            "shared_intermediate_size",
-            "moe_shared_expert_intermediate_size",
-        ])?,
-        f.int("n_shared_experts")?,
-    ) {
-        (Some((_, w)), _) => w,
+    // A width or count of 0 is no shared expert (MiniMax-M2 writes `shared_intermediate_size:
+    // 0`).
+    let shared_width = [
+        "shared_expert_intermediate_size",
+        "shared_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+    ]
+    .into_iter()
+    .find(|key| f.has(key))
+    .map(|key| f.count(key))
+    .transpose()?;
+    let shared_count = f
+        .has("n_shared_experts")
+        .then(|| f.count("n_shared_experts"));
+    let shared_intermediate = match (shared_width, shared_count.transpose()?) {
+        (Some(w), _) => w,
         (None, Some(n)) => n * width,
         // Llama 4's MoE layers run one shared expert of the routed ones' width.
         (None, None) if f.str("model_type") == Some("llama4_text") => width,
@@ -491,6 +499,19 @@ fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
     })
 }
 
+/// Why the GEMMs are not derived where OPT's embeddings are narrower than its layers
+/// (`word_embed_proj_dim`, OPT-350m): vLLM runs a `project_in` and a `project_out` GEMM around
+/// the layers and a head of the embeddings' width, which the derivation does not.
+fn narrow_embeddings(f: &Fields<'_>, family: Option<&str>, hidden: usize) -> Option<String> {
+    let width = f.int("word_embed_proj_dim").ok().flatten()?;
+    (family == Some("opt") && width != hidden).then(|| {
+        format!(
+            "{}: its embeddings are word_embed_proj_dim = {width} wide against hidden_size = {hidden}, so its server projects them in and out around the layers and runs a head of that width, GEMMs kerntune does not derive",
+            f.path.display()
+        )
+    })
+}
+
 /// Why the server's GEMMs are not dense ones, where `quantization_config` says the weights
 /// are quantized (GPTQ, AWQ, FP8, MXFP4, ...).
 fn quantization(f: &Fields<'_>) -> Option<String> {
@@ -507,7 +528,7 @@ fn quantization(f: &Fields<'_>) -> Option<String> {
 
 /// Decoder families whose MLP is one up projection, an activation and a down projection,
 /// without the gate Llama's SwiGLU fuses into its up projection.
-const UNGATED_MLP: [&str; 10] = [
+const UNGATED_MLP: [&str; 13] = [
     "phi",
     "gpt_neox",
     "starcoder2",
@@ -518,7 +539,14 @@ const UNGATED_MLP: [&str; 10] = [
     "gptj",
     "gpt_bigcode",
     "falcon",
+    "bloom",
+    "mpt",
+    "opt",
 ];
+
+/// Families whose attention vLLM runs with ALiBi position biases whatever the config says:
+/// Bloom's only position encoding, and MPT's (vLLM's MPTAttention asserts `alibi`).
+const ALIBI_FAMILIES: [&str; 2] = ["bloom", "mpt"];
 
 /// Encoder families that carry a decoder's fields (BERT-style embedding and reranking
 /// models): bidirectional attention, no KV cache, an ungated MLP.
@@ -567,15 +595,21 @@ fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
             f.path.display()
         ));
     }
-    // ALiBi: Falcon's `alibi` switch; Baichuan 13B, which vLLM tells from the 7B (rotary)
-    // by its hidden size.
-    let baichuan_13b =
-        model_type(top, f) == Some("baichuan") && f.int("hidden_size").ok().flatten() != Some(4096);
-    if f.map.get("alibi") == Some(&Value::Bool(true)) || baichuan_13b {
+    // ALiBi: Bloom and MPT; Falcon's `alibi` switch; Baichuan 13B, which vLLM tells from the
+    // 7B (rotary) by its hidden size.
+    let family = model_type(top, f).unwrap_or_default();
+    let baichuan_13b = family == "baichuan" && f.int("hidden_size").ok().flatten() != Some(4096);
+    let alibi = if ALIBI_FAMILIES.contains(&family) {
+        Some(format!("model_type {family}"))
+    } else if baichuan_13b {
+        Some("model_type baichuan at a hidden_size other than 4096: Baichuan 13B".into())
+    } else {
+        (f.map.get("alibi") == Some(&Value::Bool(true))).then(|| "alibi = true".into())
+    };
+    if let Some(why) = alibi {
         return Some(format!(
-            "{}: its attention adds ALiBi position biases to the logits ({}), which kerntune's attention kernels do not",
+            "{}: its attention adds ALiBi position biases to the logits ({why}), which kerntune's attention kernels do not",
             f.path.display(),
-            if baichuan_13b { "model_type baichuan at a hidden_size other than 4096: Baichuan 13B" } else { "alibi = true" }
         ));
     }
     (model_type(top, f) == Some("gpt_oss")).then(|| {

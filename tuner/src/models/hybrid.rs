@@ -74,6 +74,17 @@ pub fn other_layers(config: &Map<String, Value>) -> Option<String> {
             "`hybrid_override_pattern` = \"{pattern}\" mixes Mamba (M), attention (*), MLP (-) and expert (E) layers"
         ));
     }
+    if let Some(Value::Array(kinds)) = config.get("attn_type_list") {
+        // MiniMax's switch: 0 is a lightning (linear) attention layer, 1 softmax attention
+        // (vLLM's MiniMaxText01); MiniMax-M2 writes every layer 1.
+        let linear = kinds.iter().filter(|k| k.as_u64() != Some(1)).count();
+        return (linear > 0).then(|| {
+            format!(
+                "`attn_type_list` makes {linear} of its {} layers lightning (linear) attention",
+                kinds.len()
+            )
+        });
+    }
     if let Some(key) = SCHEDULES.into_iter().find(|k| config.contains_key(*k)) {
         return Some(format!("`{key}` interleaves other layers with attention"));
     }
@@ -97,6 +108,8 @@ mod tests {
             r#"{"layer_types": ["sliding_attention", "full_attention"]}"#,
             r#"{"layer_types": ["chunked_attention", "full_attention"]}"#,
             r#"{"hidden_size": 4096, "sliding_window": 4096}"#,
+            // MiniMax-M2: softmax attention in every layer.
+            r#"{"attn_type_list": [1, 1, 1]}"#,
         ] {
             assert_eq!(other_layers(&map(config)), None, "{config}");
         }
@@ -124,6 +137,10 @@ mod tests {
             (
                 r#"{"full_attention_interval": 4, "linear_num_key_heads": 16}"#,
                 "`full_attention_interval` interleaves",
+            ),
+            (
+                r#"{"attn_type_list": [0, 0, 0, 1]}"#,
+                "makes 3 of its 4 layers lightning",
             ),
             (
                 r#"{"attn_layer_period": 8, "mamba_d_state": 16}"#,
