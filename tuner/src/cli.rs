@@ -30,8 +30,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print the stored winners.
     Show(ShowArgs),
-    /// Offline GPU plan: compile every candidate for the device's target, read registers, LDS
-    /// and spills, prune, estimate the device time. Needs the HIP compiler, not a GPU.
+    /// Offline GPU plan: compile every candidate for the device's target, read registers,
+    /// shared memory (LDS) and spills, prune, estimate the device time. Needs the HIP compiler
+    /// (AMD) or NVRTC (NVIDIA), not a GPU.
     Plan(PlanArgs),
     /// Share tuning databases: export, import, merge, diff, verify, gc, migrate.
     #[command(subcommand)]
@@ -246,7 +247,8 @@ pub struct BenchArgs {
 pub struct PlanArgs {
     #[command(flatten)]
     pub shapes: ShapeArgs,
-    /// Least average waves per SIMD worth timing; candidates below are pruned.
+    /// Least average waves per SIMD (AMD) or warps per scheduler (NVIDIA) worth timing;
+    /// candidates below are pruned.
     #[arg(long, default_value_t = 1.0)]
     pub min_occupancy: f64,
     /// Plan at most this many candidates per problem (evenly spaced, plus the default).

@@ -14,14 +14,15 @@ use crate::{db_path, derive};
 
 pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
     let Some(name) = &args.device else {
-        return Err(
-            usage("tune plan needs --device, e.g. --device mi250 or --device mi300x").into(),
-        );
+        return Err(usage(
+            "tune plan needs --device, e.g. --device mi250, --device mi300x or --device h100",
+        )
+        .into());
     };
     let device = Device::lookup(name).map_err(TuneError::from)?;
     if !(p.min_occupancy.is_finite() && p.min_occupancy >= 0.0) {
         return Err(usage(format!(
-            "--min-occupancy {}: expected waves per SIMD, e.g. 1 or 2",
+            "--min-occupancy {}: expected waves per SIMD (AMD) or warps per scheduler (NVIDIA), e.g. 1 or 2",
             p.min_occupancy
         ))
         .into());
