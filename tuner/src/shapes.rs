@@ -97,7 +97,11 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
     let widths = model.ffn_widths(expert_parallel);
     let undivided = widths.iter().find(|(_, w)| !w.is_multiple_of(tp));
     // KV heads are split over the shards, or each replicated over tp / kv_heads of them.
-    let kv_split = model.kv_heads.is_multiple_of(tp) || tp.is_multiple_of(model.kv_heads);
+    let kv_unsplit = model
+        .attention_kinds()
+        .into_iter()
+        .map(|(kv, _)| kv)
+        .find(|kv| !(kv.is_multiple_of(tp) || tp.is_multiple_of(*kv)));
     if !model.q_heads.is_multiple_of(tp) || undivided.is_some() {
         let widths: Vec<String> = widths
             .iter()
@@ -124,10 +128,10 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
             model.name
         )));
     }
-    if !kv_split {
+    if let Some(kv) = kv_unsplit {
         return Err(usage(format!(
-            "--tp {tp} neither divides nor is a multiple of {}'s num_key_value_heads = {}: its KV heads cannot be split over the shards or replicated evenly",
-            model.name, model.kv_heads
+            "--tp {tp} neither divides nor is a multiple of {}'s num_key_value_heads = {kv}: its KV heads cannot be split over the shards or replicated evenly",
+            model.name
         )));
     }
     Ok(())
@@ -221,7 +225,12 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         .and_then(Scale::new)
         .unwrap_or_else(|| Scale::default_for(model.head_dim));
     let q_heads = model.q_heads / tp;
-    let kv_heads = (model.kv_heads / tp).max(1);
+    // Each KV head count of its attention layers, per shard (Llama-Nemotron's differ).
+    let kv_kinds: Vec<usize> = model
+        .attention_kinds()
+        .into_iter()
+        .map(|(kv, _)| (kv / tp).max(1))
+        .collect();
     let d = model.head_dim;
     let mut out = Vec::new();
     let tag = format!("{} tp{tp}", model.name);
@@ -250,15 +259,18 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                 }
             }
             match &model.latent {
+                None if kv_kinds.is_empty() => {}
                 None => {
                     let query_heads = q_heads * (1 + usize::from(model.attn_output_gate));
-                    out.push(gemm(
-                        "qkv",
-                        m,
-                        (query_heads + 2 * kv_heads) * d,
-                        model.hidden,
-                        prefill,
-                    )?);
+                    for kv_heads in &kv_kinds {
+                        out.push(gemm(
+                            "qkv",
+                            m,
+                            (query_heads + 2 * kv_heads) * d,
+                            model.hidden,
+                            prefill,
+                        )?);
+                    }
                     out.push(gemm("o", m, model.hidden, model.q_heads * d / tp, prefill)?);
                 }
                 Some(l) => {
@@ -283,7 +295,11 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                 Ok(())
             };
             match model.experts {
-                None => dense(&mut out, "", model.intermediate)?,
+                None => {
+                    for width in model.dense_widths() {
+                        dense(&mut out, "", width)?;
+                    }
+                }
                 Some(e) => {
                     let per_expert = (m * e.active).div_ceil(e.count);
                     out.push(gemm("router", m, e.count, model.hidden, prefill)?);
@@ -325,7 +341,11 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         }
     }
     if b.kernels.contains(&Family::Flash) {
-        for &len in &b.prefill_lens {
+        for (&len, &kv_heads) in b
+            .prefill_lens
+            .iter()
+            .flat_map(|l| kv_kinds.iter().map(move |k| (l, k)))
+        {
             out.push(Derived {
                 problem: Problem::Flash(
                     FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
@@ -336,7 +356,11 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         }
     }
     if b.kernels.contains(&Family::Paged) {
-        for &seqs in &b.batch_sizes {
+        for (&seqs, &kv_heads) in b
+            .batch_sizes
+            .iter()
+            .flat_map(|s| kv_kinds.iter().map(move |k| (s, k)))
+        {
             for &ctx in &b.context_lens {
                 out.push(Derived {
                     problem: Problem::Paged(

@@ -1114,3 +1114,58 @@ fn the_default_degree_splits_the_heads_and_says_when_no_shard_fits() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(" tp8 "));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
 }
+
+#[test]
+fn llama_nemotron_layers_each_run_their_own_kv_heads_and_mlp_width() {
+    // Llama-3.3-Nemotron-Super-style `block_configs`: layers with 8 or 1 KV heads or no
+    // attention, MLPs 5.25, 2.625 or 1.95 times the width (28672, 14336 and 10752) or none.
+    let config = |second_attention: &str| {
+        format!(
+            r#"{{"model_type": "nemotron-nas", "architectures": ["DeciLMForCausalLM"],
+            "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": null,
+            "intermediate_size": null, "num_hidden_layers": 4, "vocab_size": 128256,
+            "torch_dtype": "bfloat16", "block_configs": [
+            {{"attention": {{"n_heads_in_group": 8, "no_op": false}}, "ffn": {{"ffn_mult": 5.25}}}},
+            {{"attention": {second_attention}, "ffn": {{"ffn_mult": 2.625}}}},
+            {{"attention": {{"n_heads_in_group": 64}}, "ffn": {{"no_op": true}}}},
+            {{"attention": {{"n_heads_in_group": 8}}, "ffn": {{"ffn_mult": 1.95}}}}]}}"#
+        )
+    };
+    let rows = derive(
+        &config(r#"{"no_op": true, "n_heads_in_group": null}"#),
+        &["--tp", "2", "--batch-sizes", "1", "--prefill-lens", "512"],
+    );
+    let gemm = |n, k| format!("gemm:m=1,n={n},k={k},dtype=bf16,b=nk");
+    // 32 query heads a shard with 4 KV heads, or with the single one replicated.
+    let mut qkv = keys_of(&rows, "qkv");
+    qkv.retain(|k| k.starts_with("gemm:m=1,"));
+    qkv.sort();
+    assert_eq!(qkv, [gemm(4352, 8192), gemm(5120, 8192)]);
+    let mut gate_up = keys_of(&rows, "gate_up");
+    gate_up.retain(|k| k.starts_with("gemm:m=1,"));
+    gate_up.sort();
+    assert_eq!(
+        gate_up,
+        [gemm(10752, 8192), gemm(14336, 8192), gemm(28672, 8192)]
+    );
+    assert!(keys_of(&rows, "down").contains(&gemm(8192, 5376).as_str()));
+    for kv in [1, 4] {
+        let flash = format!("q_heads=32,kv_heads={kv},head_dim=128");
+        assert!(
+            rows.iter()
+                .any(|(_, key)| key.starts_with("flash:") && key.contains(&flash)),
+            "{flash}: {rows:?}"
+        );
+        assert!(
+            rows.iter()
+                .any(|(_, key)| key.starts_with("paged:") && key.contains(&flash)),
+            "{flash}: {rows:?}"
+        );
+    }
+    // A linear layer in place of attention is no layer vLLM builds.
+    refused(
+        &config(r#"{"replace_with_linear": true, "n_heads_in_group": null}"#),
+        &[],
+        &["block_configs[1].attention.replace_with_linear"],
+    );
+}

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 use kerntune_kernels::DType;
 
+use super::blocks::blocks;
 use super::delta_net::delta_net;
 use super::families::llama_names;
 use super::hybrid::other_layers;
@@ -130,7 +131,8 @@ impl Model {
         }
         let moe_width = f.int("moe_intermediate_size")?;
         let mut required = REQUIRED.to_vec();
-        if moe_width.is_none() {
+        // Llama-Nemotron gives each layer's MLP width in `block_configs`.
+        if moe_width.is_none() && !f.has("block_configs") {
             required.insert(1, "intermediate_size");
         }
         let missing: Vec<&str> = required.iter().copied().filter(|k| !f.has(k)).collect();
@@ -165,7 +167,11 @@ impl Model {
             }
         };
         let layers = f.int("num_hidden_layers")?.unwrap();
-        let intermediate_size = f.int("intermediate_size")?.unwrap_or(0);
+        let blocks = blocks(f.map, q_heads, hidden, layers).map_err(|e| f.error(e))?;
+        let intermediate_size = match &blocks {
+            Some(b) => b.mlp.last().map_or(0, |&(width, _)| width),
+            None => f.int("intermediate_size")?.unwrap_or(0),
+        };
         let experts = experts(&f, layers, intermediate_size, moe_width)?;
         // Llama 4's dense layers have a width of their own; its intermediate_size is the
         // experts'. Qwen (the first, model_type qwen) counts its gate and up projections
@@ -268,13 +274,18 @@ impl Model {
             hidden,
             intermediate,
             q_heads,
-            kv_heads,
+            // `block_configs` stands for it; the most KV heads a layer has, for the record.
+            kv_heads: blocks
+                .as_ref()
+                .and_then(|b| b.attention.last())
+                .map_or(kv_heads, |&(kv, _)| kv),
             head_dim,
             layers,
             vocab: f.int("vocab_size")?.unwrap(),
             experts,
             latent,
             hybrid: hybrid_layers,
+            blocks,
             // Qwen3-Next gates its full attention's output unless the config says not.
             attn_output_gate: hybrid_layers.is_some_and(|h| matches!(h.mixer, Mixer::DeltaNet(_)))
                 && f.map.get("attn_output_gate") != Some(&Value::Bool(false)),

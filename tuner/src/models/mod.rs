@@ -2,6 +2,7 @@
 //! ([`Model::from_config_json`], in `config_json.rs`), named by path, by the model's folder or
 //! by a Hugging Face model id in the local hub cache (`hub.rs`).
 
+mod blocks;
 mod config_json;
 mod delta_net;
 mod families;
@@ -10,6 +11,7 @@ mod hybrid;
 mod mamba;
 mod mixers;
 
+pub use blocks::Blocks;
 pub use delta_net::GatedDeltaNet;
 pub use hub::is_address as is_hub_address;
 pub use mamba::{Mamba1, Mamba2};
@@ -42,6 +44,10 @@ pub struct Model {
     /// (Mamba: Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Jamba; gated delta nets:
     /// Qwen3-Next, Qwen3.5); `None`: every layer is attention and an MLP.
     pub hybrid: Option<Hybrid>,
+    /// Layers each of their own KV head count and MLP width (Llama-Nemotron's
+    /// `block_configs`), which then stand for `kv_heads` and `intermediate`; `None`: every
+    /// layer is alike.
+    pub blocks: Option<Blocks>,
     /// Whether the query projection carries an output gate of the same width (Qwen3-Next's
     /// full attention), doubling the query part of the fused QKV GEMM.
     pub attn_output_gate: bool,
@@ -154,6 +160,7 @@ impl Model {
             experts,
             latent: None,
             hybrid: None,
+            blocks: None,
             attn_output_gate: false,
             gated_mlp: true,
             scale: None,
@@ -224,12 +231,36 @@ impl Model {
         })
     }
 
+    /// Each KV head count the model's attention layers have, with how many layers have it.
+    pub fn attention_kinds(&self) -> Vec<(usize, usize)> {
+        match &self.blocks {
+            Some(b) => b.attention.clone(),
+            None => vec![(
+                self.kv_heads,
+                self.hybrid.map_or(self.layers, |h| h.attention_layers),
+            )],
+        }
+    }
+
+    /// Each width the dense MLPs have (one, but for `block_configs`).
+    pub fn dense_widths(&self) -> Vec<usize> {
+        match &self.blocks {
+            Some(b) => b.mlp.iter().map(|&(width, _)| width).collect(),
+            None => vec![self.intermediate],
+        }
+    }
+
     /// Every FFN width the model's layers split over tensor-parallel shards (dense, routed
     /// experts unless spread whole with expert parallelism, shared experts): what a
     /// tensor-parallel degree must divide.
     pub fn ffn_widths(&self, expert_parallel: bool) -> Vec<(&'static str, usize)> {
         let mut widths = Vec::new();
         match self.experts {
+            None if self.blocks.is_some() => widths.extend(
+                self.dense_widths()
+                    .into_iter()
+                    .map(|w| ("a block_configs MLP width", w)),
+            ),
             None => widths.push(("intermediate_size", self.intermediate)),
             Some(e) => {
                 if !expert_parallel {
@@ -251,31 +282,33 @@ impl Model {
 
     /// Weight bytes of the whole model at its dtype.
     pub fn weight_bytes(&self) -> f64 {
-        let attn = match &self.latent {
+        let attn = |kv_heads: usize| match &self.latent {
             Some(l) => l.weights(self.hidden, self.q_heads),
             None => {
                 let q_heads = self.q_heads * (1 + usize::from(self.attn_output_gate));
-                self.hidden * (q_heads + 2 * self.kv_heads) * self.head_dim
+                self.hidden * (q_heads + 2 * kv_heads) * self.head_dim
                     + self.q_heads * self.head_dim * self.hidden
             }
         };
         let mlp = |width: usize| 3 * self.hidden * width;
-        let dense_mlp = if self.gated_mlp {
-            mlp(self.intermediate)
-        } else {
-            2 * self.hidden * self.intermediate
+        let dense = |width: usize| match self.gated_mlp {
+            true => mlp(width),
+            false => 2 * self.hidden * width,
         };
-        let (attn_layers, mlp_layers, mixers) = match &self.hybrid {
-            Some(h) => (
-                h.attention_layers,
-                h.mlp_layers,
-                h.mixer_layers * h.mixer.weights(self.hidden),
-            ),
-            None => (self.layers, self.layers, 0),
+        let dense_mlp = dense(self.intermediate);
+        let (mlp_layers, mixers) = match &self.hybrid {
+            Some(h) => (h.mlp_layers, h.mixer_layers * h.mixer.weights(self.hidden)),
+            None => (self.layers, 0),
         };
-        let mlps = match self.experts {
-            None => mlp_layers * dense_mlp,
-            Some(e) => {
+        let attns: usize = self
+            .attention_kinds()
+            .into_iter()
+            .map(|(kv, layers)| layers * attn(kv))
+            .sum();
+        let mlps = match (self.experts, &self.blocks) {
+            (None, Some(b)) => b.mlp.iter().map(|&(w, layers)| layers * dense(w)).sum(),
+            (None, None) => mlp_layers * dense_mlp,
+            (Some(e), _) => {
                 let expert = |width: usize| match e.gated {
                     true => mlp(width),
                     false => 2 * self.hidden * width,
@@ -285,7 +318,7 @@ impl Model {
                 mlp_layers.saturating_sub(e.dense_layers) * moe + e.dense_layers * dense_mlp
             }
         };
-        let layers = attn_layers * attn + mlps + mixers;
+        let layers = attns + mlps + mixers;
         (layers as f64 + 2.0 * (self.vocab * self.hidden) as f64) * self.dtype.size() as f64
     }
 }
