@@ -1169,3 +1169,43 @@ fn llama_nemotron_layers_each_run_their_own_kv_heads_and_mlp_width() {
         &["block_configs[1].attention.replace_with_linear"],
     );
 }
+
+#[test]
+fn gemma_3n_attention_is_derived_at_its_scale_and_its_gemms_are_refused() {
+    // Gemma 3n E4B's text config: per-layer MLP widths (a list), head size 256, a window of
+    // 512 tokens on four layers in five.
+    let widths = vec!["16384"; 35].join(", ");
+    let kinds = vec![r#""sliding_attention""#; 35].join(", ");
+    let config = format!(
+        r#"{{"model_type": "gemma3n", "torch_dtype": "bfloat16", "text_config": {{
+        "model_type": "gemma3n_text", "hidden_size": 2048, "intermediate_size": [{widths}],
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+        "num_hidden_layers": 35, "vocab_size": 262400, "sliding_window": 512,
+        "layer_types": [{kinds}], "laurel_rank": 64, "altup_num_inputs": 4,
+        "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 15}}}}"#
+    );
+    let lens = [
+        "--batch-sizes",
+        "1",
+        "--prefill-lens",
+        "512",
+        "--context-lens",
+        "512",
+    ];
+    refused(
+        &config,
+        &lens,
+        &["Gemma 3n", "AltUp", "--kernels flash,paged"],
+    );
+    let rows = derive(
+        &config,
+        &[&lens[..], &["--kernels", "flash,paged"]].concat(),
+    );
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (_, key) in &rows {
+        assert!(
+            key.contains("q_heads=8,kv_heads=2,head_dim=256") && key.ends_with(",scale=1"),
+            "{key}"
+        );
+    }
+}

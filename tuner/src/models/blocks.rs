@@ -3,7 +3,9 @@
 //! `DeciLMForCausalLM`): a neural-architecture search left each layer its own number of KV
 //! heads or no attention at all, and its own MLP width or none. vLLM builds each layer as
 //! Llama's attention and gated MLP at that layer's sizes, so the model runs one QKV GEMM and
-//! one attention problem per distinct KV head count, and one MLP per distinct width.
+//! one attention problem per distinct KV head count, and one MLP per distinct width. Gemma
+//! 3n's `intermediate_size`, a list of per-layer widths (its MatFormer slices), reads the same
+//! way.
 
 use std::collections::BTreeMap;
 
@@ -17,14 +19,19 @@ pub struct Blocks {
     pub mlp: Vec<(usize, usize)>,
 }
 
-/// The layers `block_configs` describes, or `None` where the config has none. `q_heads` and
-/// `hidden` are the model's; errors name the layer and field at fault.
+/// The layers `block_configs` or a list of per-layer MLP widths describes, or `None` where
+/// the config has neither. `q_heads`, `kv_heads` and `hidden` are the model's; errors name
+/// the layer and field at fault.
 pub fn blocks(
     config: &Map<String, Value>,
     q_heads: usize,
+    kv_heads: usize,
     hidden: usize,
     layers: usize,
 ) -> Result<Option<Blocks>, String> {
+    if let Some(Value::Array(widths)) = config.get("intermediate_size") {
+        return per_layer_widths(widths, kv_heads, layers).map(Some);
+    }
     let Some(list) = config.get("block_configs").filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -85,9 +92,11 @@ pub fn blocks(
             ) {
                 (Some(mult), _) => ffn_mult_width(mult, hidden),
                 (None, Some(width)) => width as usize,
-                (None, None) => return Err(format!(
+                (None, None) => {
+                    return Err(format!(
                     "block_configs[{i}].ffn needs ffn_mult or intermediate_size (or no_op: true)"
-                )),
+                ))
+                }
             };
             *mlp.entry(width).or_insert(0) += 1;
         }
@@ -96,6 +105,27 @@ pub fn blocks(
         attention: attention.into_iter().collect(),
         mlp: mlp.into_iter().collect(),
     }))
+}
+
+/// Layers alike but for their MLP's width, one per layer.
+fn per_layer_widths(widths: &[Value], kv_heads: usize, layers: usize) -> Result<Blocks, String> {
+    if widths.len() != layers {
+        return Err(format!(
+            "`intermediate_size` lists {} widths, but num_hidden_layers = {layers}",
+            widths.len()
+        ));
+    }
+    let mut mlp = BTreeMap::new();
+    for (i, w) in widths.iter().enumerate() {
+        let width = w.as_u64().filter(|&w| w > 0).ok_or_else(|| {
+            format!("intermediate_size[{i}] must be a positive integer, found {w}")
+        })?;
+        *mlp.entry(width as usize).or_insert(0) += 1;
+    }
+    Ok(Blocks {
+        attention: vec![(kv_heads, layers)],
+        mlp: mlp.into_iter().collect(),
+    })
 }
 
 /// DeciLM's MLP width for a multiplier: two thirds of `ffn_mult` times the hidden size (the
@@ -111,7 +141,7 @@ mod tests {
     use super::*;
 
     fn parse(json: &str, layers: usize) -> Result<Option<Blocks>, String> {
-        blocks(&serde_json::from_str(json).unwrap(), 64, 8192, layers)
+        blocks(&serde_json::from_str(json).unwrap(), 64, 8, 8192, layers)
     }
 
     #[test]
@@ -134,6 +164,19 @@ mod tests {
         assert_eq!(b.attention, vec![(4, 1), (8, 2)]);
         assert_eq!(b.mlp, vec![(7168, 1), (28672, 2)]);
         assert_eq!(parse("{}", 4), Ok(None));
+        // Gemma 3n's per-layer widths: every layer's attention alike.
+        let b = parse(r#"{"intermediate_size": [16384, 8192, 16384]}"#, 3)
+            .unwrap()
+            .unwrap();
+        assert_eq!(b.attention, vec![(8, 3)]);
+        assert_eq!(b.mlp, vec![(8192, 1), (16384, 2)]);
+        let err = parse(r#"{"intermediate_size": [16384, 0]}"#, 2).unwrap_err();
+        assert!(
+            err.contains("intermediate_size[1] must be a positive"),
+            "{err}"
+        );
+        let err = parse(r#"{"intermediate_size": [16384]}"#, 2).unwrap_err();
+        assert!(err.contains("lists 1 widths"), "{err}");
     }
 
     #[test]

@@ -167,7 +167,7 @@ impl Model {
             }
         };
         let layers = f.int("num_hidden_layers")?.unwrap();
-        let blocks = blocks(f.map, q_heads, hidden, layers).map_err(|e| f.error(e))?;
+        let blocks = blocks(f.map, q_heads, kv_heads, hidden, layers).map_err(|e| f.error(e))?;
         let intermediate_size = match &blocks {
             Some(b) => b.mlp.last().map_or(0, |&(width, _)| width),
             None => f.int("intermediate_size")?.unwrap_or(0),
@@ -212,10 +212,14 @@ impl Model {
         }
         // Gemma scales queries by 1 / sqrt(query_pre_attn_scalar), Granite by its
         // attention_multiplier, rather than by 1 / sqrt(head size).
+        let gemma3n = family.is_some_and(|t| t.starts_with("gemma3n"));
         let scale = match (
             f.int("query_pre_attn_scalar")?,
             f.float("attention_multiplier")?,
         ) {
+            // Gemma 3n normalises queries and keys per head and scales by 1 (vLLM's
+            // Gemma3nAttention: `scale=1.0`).
+            _ if gemma3n => Some(1.0),
             (Some(s), _) if s != head_dim => Some(1.0 / (s as f32).sqrt()),
             (_, Some(m)) if m > 0.0 => Some(m as f32),
             (_, Some(m)) => {
@@ -260,7 +264,15 @@ impl Model {
                     )
                 })
                 .or_else(|| unread_experts(&f, experts.is_some()))
-                .or_else(|| narrow_embeddings(&f, family, hidden)),
+                .or_else(|| narrow_embeddings(&f, family, hidden))
+                .or_else(|| {
+                    gemma3n.then(|| {
+                        format!(
+                            "{}: Gemma 3n's layers run GEMMs besides attention and the MLP (AltUp's predictions and corrections, LAuReL's low-rank residual, the per-layer input gate and projection) that kerntune does not derive",
+                            path.display()
+                        )
+                    })
+                }),
             attention: latent
                 .map(|l| latent_refusal(&f, &l))
                 .or_else(|| attention_refusal(&f, &top)),
