@@ -1209,3 +1209,50 @@ fn gemma_3n_attention_is_derived_at_its_scale_and_its_gemms_are_refused() {
         );
     }
 }
+
+#[test]
+fn lfm2_derives_its_short_convolutions_and_narrowed_mlp() {
+    let gemm = |n, k| format!("gemm:m=1,n={n},k={k},dtype=bf16,b=nk");
+    let args = ["--tp", "2", "--batch-sizes", "1", "--prefill-lens", "512"];
+    // LFM2-1.2B: ten convolution and six attention layers; its MLP two thirds of 12288.
+    let kinds = r#"["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv",
+        "conv", "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
+        "full_attention", "conv"]"#;
+    let lfm2 = format!(
+        r#"{{"model_type": "lfm2", "hidden_size": 2048, "intermediate_size": 12288,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "vocab_size": 65536, "conv_L_cache": 3, "block_auto_adjust_ff_dim": true,
+        "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256, "layer_types": {kinds},
+        "torch_dtype": "bfloat16"}}"#
+    );
+    let rows = derive(&lfm2, &args);
+    assert_eq!(keys_of(&rows, "conv_in")[0], gemm(3072, 2048));
+    assert_eq!(keys_of(&rows, "conv_out")[0], gemm(2048, 1024));
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1536, 2048));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(8192, 2048));
+    assert_eq!(keys_of(&rows, "down")[0], gemm(2048, 4096));
+    assert!(rows.iter().any(|(_, key)| key.starts_with("flash:")));
+    // The same schedule as attention-layer indices.
+    let indices = lfm2.replace(
+        &format!(r#""layer_types": {kinds}"#),
+        r#""full_attn_idxs": [2, 5, 8, 10, 12, 14]"#,
+    );
+    assert_eq!(derive(&indices, &args), rows);
+    // LFM2-8B-A1B's shape: two dense layers of intermediate_size as it is, then 32 experts.
+    let moe = r#"{"model_type": "lfm2_moe", "hidden_size": 2048, "intermediate_size": 7168,
+        "moe_intermediate_size": 1792, "num_experts": 32, "num_experts_per_tok": 4,
+        "num_dense_layers": 2, "num_hidden_layers": 4, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 65536,
+        "layer_types": ["conv", "conv", "full_attention", "conv"], "torch_dtype": "bfloat16"}"#;
+    let rows = derive(moe, &args);
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(7168, 2048));
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(1792, 2048));
+    assert_eq!(keys_of(&rows, "router")[0], gemm(32, 2048));
+    assert_eq!(keys_of(&rows, "conv_in")[0], gemm(3072, 2048));
+    // Without its dense layers the dense MLP is not derived.
+    let all_moe = derive(
+        &moe.replace(r#""num_dense_layers": 2"#, r#""num_dense_layers": 0"#),
+        &args,
+    );
+    assert!(keys_of(&all_moe, "gate_up").is_empty(), "{all_moe:?}");
+}

@@ -16,6 +16,7 @@ use super::delta_net::delta_net;
 use super::families::llama_names;
 use super::hybrid::other_layers;
 use super::mamba::mamba;
+use super::short_conv::{is_lfm2, lfm2_mlp_width, short_conv};
 use super::{Experts, Latent, Mixer, Model, Unsupported};
 use crate::error::{usage, Result, TuneError};
 
@@ -185,11 +186,18 @@ impl Model {
             None if experts.is_none() && family.is_some_and(|t| t.starts_with("granitemoe")) => f
                 .int("shared_intermediate_size")?
                 .unwrap_or(intermediate_size),
+            // LFM2 narrows its MLP from `intermediate_size`; LFM2-MoE's dense layers do not.
+            None if is_lfm2(family) && !family.is_some_and(|t| t.contains("moe")) => {
+                lfm2_mlp_width(f.map, intermediate_size).map_err(|e| f.error(e))?
+            }
             None => intermediate_size,
         };
         let hybrid_layers = match mamba(f.map, family, hidden, layers).map_err(|e| f.error(e))? {
             Some(h) => Some(h),
-            None => delta_net(f.map, family, layers).map_err(|e| f.error(e))?,
+            None => match delta_net(f.map, family, layers).map_err(|e| f.error(e))? {
+                Some(h) => Some(h),
+                None => short_conv(f.map, family, hidden, layers).map_err(|e| f.error(e))?,
+            },
         };
         let gated_mlp = !family.is_some_and(|t| UNGATED_MLP.contains(&t));
         // Experts share their family's MLP (Nemotron-H's squared ReLU has no gate), and a
@@ -259,7 +267,7 @@ impl Model {
                 .filter(|_| hybrid_layers.is_none())
                 .map(|why| {
                     format!(
-                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, and Qwen3-Next's delta nets): it would miss the other layers' projections and could mistake this family's MLP",
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, Qwen3-Next's delta nets and LFM2's short convolutions): it would miss the other layers' projections and could mistake this family's MLP",
                         path.display()
                     )
                 })
@@ -395,7 +403,10 @@ fn experts(
             )))
         }
     };
-    let first_dense = f.count("first_k_dense_replace")?;
+    // LFM2-MoE names DeepSeek's `first_k_dense_replace` `num_dense_layers`.
+    let first_dense = f
+        .count("first_k_dense_replace")?
+        .max(f.count("num_dense_layers")?);
     // DeepSeek counts its MoE layers' frequency from layer 0 (vLLM: `i % moe_layer_freq ==
     // 0`), Qwen and Llama 4 their step from layer 1.
     let freq = f.int("moe_layer_freq")?.unwrap_or(1);

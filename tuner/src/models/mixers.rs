@@ -1,9 +1,11 @@
 //! The mixers of the hybrid decoders whose GEMMs kerntune derives, behind one type: Mamba-2 and
-//! Mamba-1 (`mamba.rs`) and Qwen's gated delta nets (`delta_net.rs`), and how a hybrid's
-//! layers divide between its mixers, attention and MLPs.
+//! Mamba-1 (`mamba.rs`), Qwen's gated delta nets (`delta_net.rs`) and LFM2's short
+//! convolutions (`short_conv.rs`), and how a hybrid's layers divide between its mixers,
+//! attention and MLPs.
 
 use super::delta_net::GatedDeltaNet;
 use super::mamba::{Mamba1, Mamba2};
+use super::short_conv::ShortConv;
 
 /// A non-attention mixer whose projections vLLM runs as GEMMs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -11,6 +13,7 @@ pub enum Mixer {
     Mamba2(Mamba2),
     Mamba1(Mamba1),
     DeltaNet(GatedDeltaNet),
+    ShortConv(ShortConv),
 }
 
 impl Mixer {
@@ -20,6 +23,7 @@ impl Mixer {
             Mixer::Mamba2(m) => m.projections(hidden, tp).to_vec(),
             Mixer::Mamba1(m) => m.projections(hidden, tp).to_vec(),
             Mixer::DeltaNet(d) => d.projections(hidden, tp).to_vec(),
+            Mixer::ShortConv(c) => c.projections(hidden, tp).to_vec(),
         }
     }
 
@@ -37,6 +41,7 @@ impl Mixer {
             Mixer::Mamba2(m) => m.tp_refusal(tp),
             Mixer::Mamba1(m) => m.tp_refusal(tp),
             Mixer::DeltaNet(d) => d.tp_refusal(tp),
+            Mixer::ShortConv(c) => c.tp_refusal(tp),
         }
     }
 }
