@@ -1064,9 +1064,35 @@ fn minimax_m2_is_softmax_attention_and_experts_without_a_shared_one() {
         "{rows:?}"
     );
     assert!(rows.iter().any(|(_, key)| key.starts_with("flash:")));
-    // A lightning-attention layer in the list is refused as a hybrid.
-    let lightning = MINIMAX_M2.replacen("[1, 1", "[0, 1", 1);
-    refused(&lightning, &[], &["attn_type_list", "lightning"]);
+    assert!(keys_of(&rows, "lightning_qkv").is_empty(), "{rows:?}");
+}
+
+#[test]
+fn minimax_text_01_runs_its_lightning_attention_layers_projections() {
+    // MiniMax-Text-01's shape: seven lightning layers to one softmax layer, 64 heads of 128
+    // on a hidden size of 6144, 32 experts of 9216.
+    let config = r#"{"model_type": "minimax_text_01", "hidden_size": 6144,
+        "intermediate_size": 9216, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 128, "num_hidden_layers": 8, "vocab_size": 200064,
+        "num_local_experts": 32, "num_experts_per_tok": 2, "shared_intermediate_size": 0,
+        "rotary_dim": 64, "attn_type_list": [0, 0, 0, 0, 0, 0, 0, 1],
+        "torch_dtype": "bfloat16"}"#;
+    let rows = derive(
+        config,
+        &["--tp", "8", "--batch-sizes", "1", "--prefill-lens", "512"],
+    );
+    let gemm = |n, k| format!("gemm:m=1,n={n},k={k},dtype=bf16,b=nk");
+    assert_eq!(keys_of(&rows, "lightning_qkv")[0], gemm(3072, 6144));
+    assert_eq!(keys_of(&rows, "lightning_gate")[0], gemm(1024, 6144));
+    assert_eq!(keys_of(&rows, "lightning_out")[0], gemm(6144, 1024));
+    assert_eq!(keys_of(&rows, "qkv")[0], gemm(1280, 6144));
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(2304, 6144));
+    assert!(rows
+        .iter()
+        .any(|(_, key)| key.starts_with("paged:")
+            && key.contains("q_heads=8,kv_heads=1,head_dim=128")));
+    // 64 heads do not split over 3 shards.
+    refused(config, &["--tp", "3"], &["--tp 3"]);
 }
 
 #[test]
@@ -1074,8 +1100,15 @@ fn the_default_degree_splits_the_heads_and_says_when_no_shard_fits() {
     let dir = tempfile::tempdir().unwrap();
     // 48 heads, too large for 16 MI250 shards (64 GiB each): 32 would fit but does not split
     // the heads, so the shapes are 16 shards', with a note.
-    let big = MINIMAX_M2.replace(r#""num_hidden_layers": 62"#, r#""num_hidden_layers": 400"#);
-    std::fs::write(dir.path().join("config.json"), big).unwrap();
+    let mut big: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(MINIMAX_M2).unwrap();
+    big.insert("num_hidden_layers".into(), 400.into());
+    big.remove("attn_type_list");
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::to_string(&big).unwrap(),
+    )
+    .unwrap();
     let out = tune(
         &[
             "shapes",

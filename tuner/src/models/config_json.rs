@@ -15,6 +15,7 @@ use super::blocks::blocks;
 use super::delta_net::delta_net;
 use super::families::llama_names;
 use super::hybrid::other_layers;
+use super::lightning::lightning;
 use super::mamba::mamba;
 use super::short_conv::{is_lfm2, lfm2_mlp_width, short_conv};
 use super::{Experts, Latent, Mixer, Model, Unsupported};
@@ -192,13 +193,17 @@ impl Model {
             }
             None => intermediate_size,
         };
-        let hybrid_layers = match mamba(f.map, family, hidden, layers).map_err(|e| f.error(e))? {
-            Some(h) => Some(h),
-            None => match delta_net(f.map, family, layers).map_err(|e| f.error(e))? {
-                Some(h) => Some(h),
-                None => short_conv(f.map, family, hidden, layers).map_err(|e| f.error(e))?,
-            },
-        };
+        // The first hybrid family that recognises the config reads it.
+        let hybrid_layers = [
+            mamba(f.map, family, hidden, layers),
+            delta_net(f.map, family, layers),
+            short_conv(f.map, family, hidden, layers),
+            lightning(f.map, q_heads, head_dim, layers),
+        ]
+        .into_iter()
+        .find_map(Result::transpose)
+        .transpose()
+        .map_err(|e| f.error(e))?;
         let gated_mlp = !family.is_some_and(|t| UNGATED_MLP.contains(&t));
         // Experts share their family's MLP (Nemotron-H's squared ReLU has no gate), and a
         // schedule that names expert layers says which layers are dense.
@@ -267,7 +272,7 @@ impl Model {
                 .filter(|_| hybrid_layers.is_none())
                 .map(|why| {
                     format!(
-                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, Qwen3-Next's delta nets and LFM2's short convolutions): it would miss the other layers' projections and could mistake this family's MLP",
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, Qwen3-Next's delta nets, LFM2's short convolutions and MiniMax's lightning attention): it would miss the other layers' projections and could mistake this family's MLP",
                         path.display()
                     )
                 })

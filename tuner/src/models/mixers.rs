@@ -1,9 +1,10 @@
 //! The mixers of the hybrid decoders whose GEMMs kerntune derives, behind one type: Mamba-2 and
-//! Mamba-1 (`mamba.rs`), Qwen's gated delta nets (`delta_net.rs`) and LFM2's short
-//! convolutions (`short_conv.rs`), and how a hybrid's layers divide between its mixers,
-//! attention and MLPs.
+//! Mamba-1 (`mamba.rs`), Qwen's gated delta nets (`delta_net.rs`), LFM2's short
+//! convolutions (`short_conv.rs`) and MiniMax's lightning attention (`lightning.rs`), and how
+//! a hybrid's layers divide between its mixers, attention and MLPs.
 
 use super::delta_net::GatedDeltaNet;
+use super::lightning::Lightning;
 use super::mamba::{Mamba1, Mamba2};
 use super::short_conv::ShortConv;
 
@@ -14,6 +15,7 @@ pub enum Mixer {
     Mamba1(Mamba1),
     DeltaNet(GatedDeltaNet),
     ShortConv(ShortConv),
+    Lightning(Lightning),
 }
 
 impl Mixer {
@@ -24,6 +26,7 @@ impl Mixer {
             Mixer::Mamba1(m) => m.projections(hidden, tp).to_vec(),
             Mixer::DeltaNet(d) => d.projections(hidden, tp).to_vec(),
             Mixer::ShortConv(c) => c.projections(hidden, tp).to_vec(),
+            Mixer::Lightning(l) => l.projections(hidden, tp).to_vec(),
         }
     }
 
@@ -42,6 +45,7 @@ impl Mixer {
             Mixer::Mamba1(m) => m.tp_refusal(tp),
             Mixer::DeltaNet(d) => d.tp_refusal(tp),
             Mixer::ShortConv(c) => c.tp_refusal(tp),
+            Mixer::Lightning(l) => l.tp_refusal(tp),
         }
     }
 }
