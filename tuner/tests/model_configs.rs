@@ -685,13 +685,13 @@ fn experts_under_names_not_read_are_refused_rather_than_derived_dense() {
     let attention = derive(ernie, &["--tp", "1", "--kernels", "flash,paged"]);
     assert!(!attention.is_empty());
     assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
-    // Experts read, but their shared experts or the schedule of their layers not: Ling's
+    // Experts read, but their shared experts or the schedule of their layers not: Hunyuan's
     // shared experts, Arctic's MoE layer frequency.
     let qwen_moe = r#""hidden_size": 2048, "moe_intermediate_size": 768, "num_experts": 128,
         "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4,
         "num_hidden_layers": 48, "vocab_size": 151936"#;
     for (extra, field) in [
-        (r#""num_shared_experts": 1"#, "num_shared_experts"),
+        (r#""num_shared_expert": 1"#, "num_shared_expert"),
         (r#""moe_layer_frequency": 2"#, "moe_layer_frequency"),
     ] {
         refused(
@@ -1288,4 +1288,58 @@ fn lfm2_derives_its_short_convolutions_and_narrowed_mlp() {
         &args,
     );
     assert!(keys_of(&all_moe, "gate_up").is_empty(), "{all_moe:?}");
+}
+
+#[test]
+fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
+    // Kimi-Linear-48B-A3B's shape: KDA in three layers of four (counted from 1), latent
+    // attention without a query rank in the rest, experts under Kimi's names.
+    let kda: Vec<String> = (1..=27)
+        .filter(|n| n % 4 != 0 && *n != 27)
+        .map(|n| n.to_string())
+        .collect();
+    let config = format!(
+        r#"{{"model_type": "kimi_linear", "hidden_size": 2304, "intermediate_size": 9216,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 27,
+        "vocab_size": 163840, "kv_lora_rank": 512, "q_lora_rank": null,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "mla_use_nope": true, "moe_intermediate_size": 1024, "num_experts": 256,
+        "num_experts_per_token": 8, "num_shared_experts": 1, "first_k_dense_replace": 1,
+        "moe_layer_freq": 1, "torch_dtype": "bfloat16",
+        "linear_attn_config": {{"kda_layers": [{}], "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}}}"#,
+        kda.join(", ")
+    );
+    // Latent attention itself is not a kernel kerntune has.
+    refused(
+        &config,
+        &["--tp", "4"],
+        &["latent attention", "--kernels gemm"],
+    );
+    let rows = derive(
+        &config,
+        &[
+            "--tp",
+            "4",
+            "--batch-sizes",
+            "256",
+            "--prefill-lens",
+            "512",
+            "--kernels",
+            "gemm",
+        ],
+    );
+    let gemm = |m, n, k| format!("gemm:m={m},n={n},k={k},dtype=bf16,b=nk");
+    assert_eq!(keys_of(&rows, "kda_q")[0], gemm(256, 1024, 2304));
+    assert_eq!(keys_of(&rows, "kda_f_a")[0], gemm(256, 128, 2304));
+    assert_eq!(keys_of(&rows, "kda_f_b")[0], gemm(256, 1024, 128));
+    assert_eq!(keys_of(&rows, "kda_beta")[0], gemm(256, 8, 2304));
+    assert_eq!(keys_of(&rows, "kda_o")[0], gemm(256, 2304, 1024));
+    // The latent attention's full-rank query and its latent, whole on every shard.
+    assert_eq!(keys_of(&rows, "q")[0], gemm(256, 1536, 2304));
+    assert_eq!(keys_of(&rows, "kv_a")[0], gemm(256, 576, 2304));
+    // 256 experts, 8 a token; one shared expert of their width; the first layer dense.
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(8, 512, 2304));
+    assert_eq!(keys_of(&rows, "shared_gate_up")[0], gemm(256, 512, 2304));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(256, 4608, 2304));
 }

@@ -15,6 +15,7 @@ use super::blocks::blocks;
 use super::delta_net::delta_net;
 use super::families::llama_names;
 use super::hybrid::other_layers;
+use super::kimi_delta::kimi_delta;
 use super::lightning::lightning;
 use super::mamba::mamba;
 use super::short_conv::{is_lfm2, lfm2_mlp_width, short_conv};
@@ -199,6 +200,7 @@ impl Model {
             delta_net(f.map, family, layers),
             short_conv(f.map, family, hidden, layers),
             lightning(f.map, q_heads, head_dim, layers),
+            kimi_delta(f.map, layers),
         ]
         .into_iter()
         .find_map(Result::transpose)
@@ -272,7 +274,7 @@ impl Model {
                 .filter(|_| hybrid_layers.is_none())
                 .map(|why| {
                     format!(
-                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, Qwen3-Next's delta nets, LFM2's short convolutions and MiniMax's lightning attention): it would miss the other layers' projections and could mistake this family's MLP",
+                        "{}: not every layer is attention and an MLP ({why}), and kerntune derives the GEMMs of those alone (and of the Mamba mixers of Bamba, Granite 4.0-H, Falcon-H1, Nemotron-H and Jamba, Qwen3-Next's delta nets, LFM2's short convolutions, MiniMax's lightning attention and Kimi Linear's delta attention): it would miss the other layers' projections and could mistake this family's MLP",
                         path.display()
                     )
                 })
@@ -343,7 +345,12 @@ fn experts(
             break;
         }
     }
-    let active = Some(f.count("num_experts_per_tok")?).filter(|&n| n > 0);
+    // Kimi Linear writes `num_experts_per_token`.
+    let active = Some(
+        f.count("num_experts_per_tok")?
+            .max(f.count("num_experts_per_token")?),
+    )
+    .filter(|&n| n > 0);
     let (count_key, count, active) = match (count, active) {
         (None, None) => return Ok(None),
         (Some((key, e)), Some(a)) if a <= e => (key, e, a),
@@ -376,9 +383,12 @@ fn experts(
     .find(|key| f.has(key))
     .map(|key| f.count(key))
     .transpose()?;
-    let shared_count = f
-        .has("n_shared_experts")
-        .then(|| f.count("n_shared_experts"));
+    // DeepSeek's count, or Kimi's and Ling's under another name: that many of the routed
+    // experts' width.
+    let shared_count = ["n_shared_experts", "num_shared_experts"]
+        .into_iter()
+        .find(|key| f.has(key))
+        .map(|key| f.count(key));
     let shared_intermediate = match (shared_width, shared_count.transpose()?) {
         (Some(w), _) => w,
         (None, Some(n)) => n * width,
@@ -492,13 +502,14 @@ fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
 /// read: derived without them, its GEMMs would be shapes its server never runs. Without any
 /// experts read, any positive `moe_*` or `*expert*` field (Ernie 4.5's `moe_num_experts` and
 /// `moe_k`: read as dense, every layer would run a 12288-wide MLP); with experts read, shared
-/// experts or a schedule of MoE layers under other names (Ling's `num_shared_experts`,
+/// experts or a schedule of MoE layers under other names (Hunyuan's `num_shared_expert`,
 /// Arctic's `moe_layer_frequency`), which would drop or miscount GEMMs.
 fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
-    const READ_SHARED: [&str; 3] = [
+    const READ_SHARED: [&str; 4] = [
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
         "n_shared_experts",
+        "num_shared_experts",
     ];
     // Schedules of MoE layers, and Nemotron's experts in a latent width of their own.
     const SCHEDULES: [&str; 5] = [

@@ -1,9 +1,11 @@
 //! The mixers of the hybrid decoders whose GEMMs kerntune derives, behind one type: Mamba-2 and
 //! Mamba-1 (`mamba.rs`), Qwen's gated delta nets (`delta_net.rs`), LFM2's short
-//! convolutions (`short_conv.rs`) and MiniMax's lightning attention (`lightning.rs`), and how
-//! a hybrid's layers divide between its mixers, attention and MLPs.
+//! convolutions (`short_conv.rs`), MiniMax's lightning attention (`lightning.rs`) and Kimi
+//! Linear's delta attention (`kimi_delta.rs`), and how a hybrid's layers divide between its
+//! mixers, attention and MLPs.
 
 use super::delta_net::GatedDeltaNet;
+use super::kimi_delta::KimiDelta;
 use super::lightning::Lightning;
 use super::mamba::{Mamba1, Mamba2};
 use super::short_conv::ShortConv;
@@ -16,6 +18,7 @@ pub enum Mixer {
     DeltaNet(GatedDeltaNet),
     ShortConv(ShortConv),
     Lightning(Lightning),
+    KimiDelta(KimiDelta),
 }
 
 impl Mixer {
@@ -27,6 +30,7 @@ impl Mixer {
             Mixer::DeltaNet(d) => d.projections(hidden, tp).to_vec(),
             Mixer::ShortConv(c) => c.projections(hidden, tp).to_vec(),
             Mixer::Lightning(l) => l.projections(hidden, tp).to_vec(),
+            Mixer::KimiDelta(k) => k.projections(hidden, tp).to_vec(),
         }
     }
 
@@ -46,6 +50,7 @@ impl Mixer {
             Mixer::DeltaNet(d) => d.tp_refusal(tp),
             Mixer::ShortConv(c) => c.tp_refusal(tp),
             Mixer::Lightning(l) => l.tp_refusal(tp),
+            Mixer::KimiDelta(k) => k.tp_refusal(tp),
         }
     }
 }

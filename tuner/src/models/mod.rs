@@ -8,6 +8,7 @@ mod delta_net;
 mod families;
 mod hub;
 mod hybrid;
+mod kimi_delta;
 mod lightning;
 mod mamba;
 mod mixers;
@@ -16,6 +17,7 @@ mod short_conv;
 pub use blocks::Blocks;
 pub use delta_net::GatedDeltaNet;
 pub use hub::is_address as is_hub_address;
+pub use kimi_delta::KimiDelta;
 pub use lightning::Lightning;
 pub use mamba::{Mamba1, Mamba2};
 pub use mixers::{Hybrid, Mixer};
@@ -47,7 +49,8 @@ pub struct Model {
     /// A hybrid's other mixers and how its layers divide between them, attention and MLPs
     /// (Mamba: Bamba, Granite 4.0-H, Nemotron-H, Falcon-H1, Jamba; gated delta nets:
     /// Qwen3-Next, Qwen3.5; short convolutions: LFM2; lightning attention: MiniMax-Text-01
-    /// and M1); `None`: every layer is attention and an MLP.
+    /// and M1; Kimi delta attention: Kimi Linear); `None`: every layer is attention and an
+    /// MLP.
     pub hybrid: Option<Hybrid>,
     /// Layers each of their own KV head count and MLP width (Llama-Nemotron's
     /// `block_configs`), which then stand for `kv_heads` and `intermediate`; `None`: every
