@@ -307,17 +307,18 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                         true => ("expert_gate_up", 2 * e.intermediate),
                         false => ("expert_up", e.intermediate),
                     };
-                    out.push(gemm(
-                        up,
-                        per_expert,
-                        width / expert_tp,
-                        model.hidden,
-                        prefill,
-                    )?);
+                    // Latent experts: every token projected down before the routed experts
+                    // and back after, whole on every shard.
+                    let width_in = e.width_in(model.hidden);
+                    if let Some(latent) = e.latent {
+                        out.push(gemm("expert_latent_in", m, latent, model.hidden, prefill)?);
+                        out.push(gemm("expert_latent_out", m, model.hidden, latent, prefill)?);
+                    }
+                    out.push(gemm(up, per_expert, width / expert_tp, width_in, prefill)?);
                     out.push(gemm(
                         "expert_down",
                         per_expert,
-                        model.hidden,
+                        width_in,
                         e.intermediate / expert_tp,
                         prefill,
                     )?);

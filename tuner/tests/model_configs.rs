@@ -827,12 +827,23 @@ fn mamba2_hybrids_derive_their_mixers_projections() {
     assert_eq!(keys_of(&rows, "mamba_in")[0], gemm(1, 5152, 2688));
     assert!(keys_of(&rows, "expert_gate_up").is_empty());
     assert!(keys_of(&rows, "up").is_empty(), "no dense MLP layer");
-    // Experts in a latent width of their own (moe_latent_size) are not derived.
-    refused(
+    // Nemotron 3 Super's latent experts (moe_latent_size): every token down to 1024 and
+    // back, whole on each shard; the experts between at that width.
+    let rows = derive(
         &nano(r#", "moe_latent_size": 1024"#),
-        &["--tp", "2"],
-        &["moe_latent_size", "--kernels flash,paged"],
+        &[&one_each[..], &["--tp", "2"]].concat(),
     );
+    assert_eq!(keys_of(&rows, "expert_latent_in")[0], gemm(1, 1024, 2688));
+    assert_eq!(keys_of(&rows, "expert_latent_out")[0], gemm(1, 2688, 1024));
+    assert_eq!(keys_of(&rows, "expert_up")[0], gemm(1, 928, 1024));
+    assert_eq!(keys_of(&rows, "expert_down")[0], gemm(1, 1024, 928));
+    assert_eq!(keys_of(&rows, "shared_up")[0], gemm(1, 1856, 2688));
+    // Two shared experts of moe_shared_expert_intermediate_size are twice as wide.
+    let rows = derive(
+        &nano("").replace(r#""n_shared_experts": 1"#, r#""n_shared_experts": 2"#),
+        &[&one_each[..], &["--tp", "2"]].concat(),
+    );
+    assert_eq!(keys_of(&rows, "shared_up")[0], gemm(1, 3712, 2688));
 
     // In the shape of Granite 4.0-H Tiny: Mamba-2 or attention, then experts and a shared
     // MLP, in every layer; its single group of B and C copied to each shard.
@@ -1342,4 +1353,16 @@ fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
     assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(8, 512, 2304));
     assert_eq!(keys_of(&rows, "shared_gate_up")[0], gemm(256, 512, 2304));
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(256, 4608, 2304));
+}
+
+#[test]
+fn a_list_of_one_mlp_width_is_that_width() {
+    let args = ["--tp", "2", "--batch-sizes", "1", "--prefill-lens", "512"];
+    let scalar = format!("{{{LLAMA8B}}}");
+    let listed = scalar.replace(
+        r#""intermediate_size": 14336"#,
+        r#""intermediate_size": [14336]"#,
+    );
+    assert_ne!(listed, scalar);
+    assert_eq!(derive(&listed, &args), derive(&scalar, &args));
 }

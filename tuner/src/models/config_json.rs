@@ -116,6 +116,19 @@ impl Model {
             Some(text) if !top.has("hidden_size") => Fields { path, map: text },
             _ => Fields { path, map: root },
         };
+        // A list of one MLP width is that width (vLLM's Nemotron-H).
+        let unlisted = match f.map.get("intermediate_size") {
+            Some(Value::Array(widths)) if widths.len() == 1 => {
+                let mut map = f.map.clone();
+                map.insert("intermediate_size".into(), widths[0].clone());
+                Some(map)
+            }
+            _ => None,
+        };
+        let f = match &unlisted {
+            Some(map) => Fields { path, map },
+            None => f,
+        };
         let renamed = llama_names(model_type(&top, &f), f.map);
         let f = match &renamed {
             Some(map) => Fields { path, map },
@@ -381,7 +394,7 @@ fn experts(
     ]
     .into_iter()
     .find(|key| f.has(key))
-    .map(|key| f.count(key))
+    .map(|key| f.count(key).map(|w| (key, w)))
     .transpose()?;
     // DeepSeek's count, or Kimi's and Ling's under another name: that many of the routed
     // experts' width.
@@ -390,7 +403,10 @@ fn experts(
         .find(|key| f.has(key))
         .map(|key| f.count(key));
     let shared_intermediate = match (shared_width, shared_count.transpose()?) {
-        (Some(w), _) => w,
+        // Nemotron-H's is one shared expert's width (vLLM's NemotronHMoE multiplies it by
+        // n_shared_experts); Qwen's and Granite's are the whole shared MLP's.
+        (Some(("moe_shared_expert_intermediate_size", w)), Some(n)) => w * n,
+        (Some((_, w)), _) => w,
         (None, Some(n)) => n * width,
         // Llama 4's MoE layers run one shared expert of the routed ones' width.
         (None, None) if f.str("model_type") == Some("llama4_text") => width,
@@ -444,6 +460,7 @@ fn experts(
         shared_intermediate,
         dense_layers,
         gated: true,
+        latent: f.int("moe_latent_size")?,
     }))
 }
 
@@ -511,13 +528,12 @@ fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
         "n_shared_experts",
         "num_shared_experts",
     ];
-    // Schedules of MoE layers, and Nemotron's experts in a latent width of their own.
-    const SCHEDULES: [&str; 5] = [
+    // Schedules of MoE layers.
+    const SCHEDULES: [&str; 4] = [
         "moe_layer_start_index",
         "moe_layer_end_index",
         "moe_layer_interval",
         "moe_layer_frequency",
-        "moe_latent_size",
     ];
     let named: Vec<&str> = f
         .map

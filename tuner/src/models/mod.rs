@@ -91,6 +91,17 @@ pub struct Experts {
     /// Whether each expert's MLP is gated (a fused gate and up projection, as Mixtral's), or
     /// one up projection (Nemotron-H's squared-ReLU experts).
     pub gated: bool,
+    /// Nemotron 3's latent experts (`moe_latent_size`): tokens projected down to this width
+    /// before the routed experts and back after (`expert_latent_in`, `expert_latent_out`,
+    /// whole on every shard), the experts running at it; `None`: at the hidden size.
+    pub latent: Option<usize>,
+}
+
+impl Experts {
+    /// The width the routed experts take and give.
+    pub fn width_in(&self, hidden: usize) -> usize {
+        self.latent.unwrap_or(hidden)
+    }
 }
 
 /// Multi-head latent attention (DeepSeek-V2 and V3, Kimi K2, MiniCPM3): keys and values are
@@ -196,6 +207,7 @@ impl Model {
                     shared_intermediate: 0,
                     dense_layers: 0,
                     gated: true,
+                    latent: None,
                 };
                 m("mixtral8x7b", 4096, 0, 32, 8, 32, 32000, Some(experts))
             }
@@ -321,8 +333,12 @@ impl Model {
                     true => mlp(width),
                     false => 2 * self.hidden * width,
                 };
-                let moe = e.count * (expert(e.intermediate) + self.hidden)
-                    + expert(e.shared_intermediate);
+                let routed = match e.gated {
+                    true => 3 * e.width_in(self.hidden) * e.intermediate,
+                    false => 2 * e.width_in(self.hidden) * e.intermediate,
+                };
+                let latent = e.latent.map_or(0, |l| 2 * self.hidden * l);
+                let moe = e.count * (routed + self.hidden) + expert(e.shared_intermediate) + latent;
                 mlp_layers.saturating_sub(e.dense_layers) * moe + e.dense_layers * dense_mlp
             }
         };
