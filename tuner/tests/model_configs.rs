@@ -642,6 +642,18 @@ fn ungated_mlps_run_one_up_projection() {
         keys_of(&gated, "gate_up")[0],
         "gemm:m=1,n=20480,k=2560,dtype=f16,b=nk"
     );
+    // Apertus (xIELU) and Arcee's AFM (squared ReLU) run no gate either.
+    for family in ["apertus", "arcee"] {
+        let rows = derive(
+            &config.replace("\"phi\"", &format!("\"{family}\"")),
+            &["--tp", "1", "--batch-sizes", "1"],
+        );
+        assert!(keys_of(&rows, "gate_up").is_empty(), "{family}: {rows:?}");
+        assert_eq!(
+            keys_of(&rows, "up")[0],
+            "gemm:m=1,n=10240,k=2560,dtype=f16,b=nk"
+        );
+    }
 }
 
 #[test]

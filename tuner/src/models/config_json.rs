@@ -594,8 +594,10 @@ fn quantization(f: &Fields<'_>) -> Option<String> {
 
 /// Decoder families whose MLP is one up projection, an activation and a down projection,
 /// without the gate Llama's SwiGLU fuses into its up projection.
-const UNGATED_MLP: [&str; 13] = [
+const UNGATED_MLP: [&str; 15] = [
     "phi",
+    "apertus",
+    "arcee",
     "gpt_neox",
     "starcoder2",
     "nemotron",
