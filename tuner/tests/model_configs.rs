@@ -678,23 +678,23 @@ fn encoders_are_refused_naming_what_they_are() {
 
 #[test]
 fn experts_under_names_not_read_are_refused_rather_than_derived_dense() {
-    // Ernie 4.5 21B-A3B names its experts its own way; read as a dense model, every layer
-    // would run a 12288-wide MLP its server never runs.
-    let ernie = r#"{"model_type": "ernie4_5_moe", "hidden_size": 2560, "intermediate_size": 12288,
-        "moe_intermediate_size": 1536, "moe_num_experts": 64, "moe_k": 6,
-        "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "num_attention_heads": 20,
-        "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 103424}"#;
+    // Step-3's text model names its experts its own way; read as a dense model, every layer
+    // would run an MLP of intermediate_size its server never runs.
+    let step3 = r#"{"model_type": "step3_text", "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 5120, "moe_num_experts": 48, "moe_top_k": 3,
+        "share_expert_dim": 5120, "moe_layers_enum": "4,5,6", "num_attention_heads": 64,
+        "num_key_value_heads": 8, "num_hidden_layers": 8, "vocab_size": 128815}"#;
     refused(
-        ernie,
+        step3,
         &["--tp", "1"],
         &[
             "moe_num_experts",
-            "moe_k",
+            "moe_top_k",
             "names kerntune does not read",
             "--kernels flash,paged",
         ],
     );
-    let attention = derive(ernie, &["--tp", "1", "--kernels", "flash,paged"]);
+    let attention = derive(step3, &["--tp", "1", "--kernels", "flash,paged"]);
     assert!(!attention.is_empty());
     assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
     // Experts read, but their shared experts or the schedule of their layers not: Hunyuan's
@@ -1377,4 +1377,46 @@ fn a_list_of_one_mlp_width_is_that_width() {
     );
     assert_ne!(listed, scalar);
     assert_eq!(derive(&listed, &args), derive(&scalar, &args));
+}
+
+#[test]
+fn ernie_4_5_moe_runs_its_experts_on_their_own_schedule() {
+    // ERNIE-4.5-21B-A3B: 64 experts of 1536, 6 a token, two shared of the same width, the
+    // first layer dense (moe_layer_start_index 1), the MLP there 12288 wide.
+    let ernie = |extra: &str| {
+        format!(
+            r#"{{"model_type": "ernie4_5_moe", "hidden_size": 2560, "intermediate_size": 12288,
+            "moe_intermediate_size": 1536, "moe_num_experts": 64, "moe_k": 6,
+            "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 27,
+            "moe_layer_interval": 1, "num_attention_heads": 20, "num_key_value_heads": 4,
+            "num_hidden_layers": 28, "vocab_size": 103424, "torch_dtype": "bfloat16"{extra}}}"#
+        )
+    };
+    let args = ["--tp", "2", "--batch-sizes", "64", "--prefill-lens", "512"];
+    let rows = derive(&ernie(""), &args);
+    let gemm = |m, n, k| format!("gemm:m={m},n={n},k={k},dtype=bf16,b=nk");
+    assert_eq!(keys_of(&rows, "router")[0], gemm(64, 64, 2560));
+    // 64 tokens × 6 of 64 experts: 6 tokens an expert.
+    assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(6, 1536, 2560));
+    assert_eq!(keys_of(&rows, "shared_gate_up")[0], gemm(64, 3072, 2560));
+    assert_eq!(keys_of(&rows, "gate_up")[0], gemm(64, 12288, 2560));
+    // Every layer an expert layer: no dense MLP.
+    let all = derive(
+        &ernie("").replace(
+            r#""moe_layer_start_index": 1"#,
+            r#""moe_layer_start_index": 0"#,
+        ),
+        &args,
+    );
+    assert!(keys_of(&all, "gate_up").is_empty(), "{all:?}");
+    // Experts every second layer from the first, up to the last: dense layers between.
+    let alternate = derive(
+        &ernie("").replace(r#""moe_layer_interval": 1"#, r#""moe_layer_interval": 2"#),
+        &args,
+    );
+    assert_eq!(keys_of(&alternate, "gate_up")[0], gemm(64, 12288, 2560));
+    assert_eq!(
+        keys_of(&alternate, "expert_gate_up")[0],
+        gemm(6, 1536, 2560)
+    );
 }

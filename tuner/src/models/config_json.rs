@@ -413,9 +413,13 @@ fn experts(
         (None, None) => 0,
     };
     // Layers without experts: DeepSeek's first k, Qwen's listed ones and those off its (or
-    // Llama 4's) step.
+    // Llama 4's, or ERNIE 4.5's) step.
     let step = f
-        .first_int(&["decoder_sparse_step", "interleave_moe_layer_step"])?
+        .first_int(&[
+            "decoder_sparse_step",
+            "interleave_moe_layer_step",
+            "moe_layer_interval",
+        ])?
         .map_or(1, |(_, s)| s);
     let listed: Vec<usize> = match f.map.get("mlp_only_layers") {
         None | Some(Value::Null) => Vec::new(),
@@ -434,10 +438,18 @@ fn experts(
             )))
         }
     };
-    // LFM2-MoE names DeepSeek's `first_k_dense_replace` `num_dense_layers`.
+    // LFM2-MoE names DeepSeek's `first_k_dense_replace` `num_dense_layers`, ERNIE 4.5
+    // `moe_layer_start_index`, beside which it bounds its expert layers by
+    // `moe_layer_end_index` (-1, transformers' default: the last layer).
     let first_dense = f
         .count("first_k_dense_replace")?
-        .max(f.count("num_dense_layers")?);
+        .max(f.count("num_dense_layers")?)
+        .max(f.count("moe_layer_start_index")?);
+    let last_moe = match f.map.get("moe_layer_end_index") {
+        None | Some(Value::Null) => layers - 1,
+        Some(v) if v.as_i64() == Some(-1) => layers - 1,
+        Some(_) => f.count("moe_layer_end_index")?,
+    };
     // DeepSeek counts its MoE layers' frequency from layer 0 (vLLM: `i % moe_layer_freq ==
     // 0`), Qwen and Llama 4 their step from layer 1.
     let freq = f.int("moe_layer_freq")?.unwrap_or(1);
@@ -447,6 +459,7 @@ fn experts(
     let dense_layers = (0..layers)
         .filter(|&i| {
             i < first_dense
+                || i > last_moe
                 || listed.contains(&i)
                 || (i + 1) % step != 0
                 || i % freq != 0
@@ -529,12 +542,7 @@ fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
         "num_shared_experts",
     ];
     // Schedules of MoE layers.
-    const SCHEDULES: [&str; 4] = [
-        "moe_layer_start_index",
-        "moe_layer_end_index",
-        "moe_layer_interval",
-        "moe_layer_frequency",
-    ];
+    const SCHEDULES: [&str; 1] = ["moe_layer_frequency"];
     let named: Vec<&str> = f
         .map
         .iter()

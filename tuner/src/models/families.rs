@@ -5,7 +5,8 @@
 //! MPT and DBRX with `d_model`, `n_heads`, `n_layers` and their nested `attn_config` (and
 //! DBRX's experts in `ffn_config`); ChatGLM and GLM-4 (`model_type chatglm`) with
 //! `num_layers`, `ffn_hidden_size`, `multi_query_group_num` and `padded_vocab_size`; OPT's
-//! `ffn_dim`; EXAONE's `num_layers`. Which of them run an ungated MLP is `UNGATED_MLP` in
+//! `ffn_dim`; EXAONE's `num_layers`; ERNIE 4.5's experts (`moe_num_experts`, `moe_k`,
+//! `moe_num_shared_experts`). Which of them run an ungated MLP is `UNGATED_MLP` in
 //! `config_json.rs`, which run ALiBi attention `ALIBI_FAMILIES` there.
 
 use serde_json::{Map, Value};
@@ -59,6 +60,13 @@ pub fn llama_names(
         ],
         "opt" => &[("intermediate_size", "ffn_dim")],
         "exaone" => &[("num_hidden_layers", "num_layers")],
+        // ERNIE 4.5's experts; its MoE layer schedule (`moe_layer_start_index`, `_end_index`,
+        // `_interval`) is read where the experts are.
+        "ernie4_5_moe" => &[
+            ("num_local_experts", "moe_num_experts"),
+            ("num_experts_per_tok", "moe_k"),
+            ("n_shared_experts", "moe_num_shared_experts"),
+        ],
         _ => return None,
     };
     let mut out = config.clone();
@@ -66,6 +74,9 @@ pub fn llama_names(
     for (llama, own) in renames {
         if !given(llama) && given(own) {
             out.insert(llama.to_string(), nested(config, own).unwrap().clone());
+            // Read under its Llama name only: the checks for fields not read (experts under
+            // other names) look at what is left.
+            out.remove(*own);
         }
     }
     // ChatGLM's embedding and head are `padded_vocab_size` rows (vLLM's ChatGLMModel), which
