@@ -112,13 +112,11 @@ pub fn delta_net(
             net.value_heads, net.key_heads
         ));
     }
-    Ok(Some(Hybrid {
-        mixer: Mixer::DeltaNet(net),
-        mixer_layers: linear_layers,
-        attention_layers: layers - linear_layers,
-        mlp_layers: layers,
-        dense_mlp_layers: None,
-    }))
+    Ok(Some(Hybrid::mixer_or_attention(
+        Mixer::DeltaNet(net),
+        linear_layers,
+        layers,
+    )))
 }
 
 #[cfg(test)]

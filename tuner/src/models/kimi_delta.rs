@@ -82,16 +82,15 @@ pub fn kimi_delta(config: &Map<String, Value>, layers: usize) -> Result<Option<H
             )),
         }
     };
-    Ok(Some(Hybrid {
-        mixer: Mixer::KimiDelta(KimiDelta {
-            heads: need("num_heads")?,
-            head_dim: need("head_dim")?,
-        }),
-        mixer_layers: kda.len(),
-        attention_layers: layers - kda.len(),
-        mlp_layers: layers,
-        dense_mlp_layers: None,
-    }))
+    let kda_attention = KimiDelta {
+        heads: need("num_heads")?,
+        head_dim: need("head_dim")?,
+    };
+    Ok(Some(Hybrid::mixer_or_attention(
+        Mixer::KimiDelta(kda_attention),
+        kda.len(),
+        layers,
+    )))
 }
 
 #[cfg(test)]

@@ -74,13 +74,8 @@ pub fn lightning(
             }
         }
     }
-    Ok((linear > 0).then_some(Hybrid {
-        mixer: Mixer::Lightning(Lightning { heads, head_dim }),
-        mixer_layers: linear,
-        attention_layers: layers - linear,
-        mlp_layers: layers,
-        dense_mlp_layers: None,
-    }))
+    let mixer = Mixer::Lightning(Lightning { heads, head_dim });
+    Ok((linear > 0).then(|| Hybrid::mixer_or_attention(mixer, linear, layers)))
 }
 
 #[cfg(test)]

@@ -68,3 +68,17 @@ pub struct Hybrid {
     /// `mlp_layers` with a dense MLP instead; `None` where the experts' fields say it.
     pub dense_mlp_layers: Option<usize>,
 }
+
+impl Hybrid {
+    /// `mixer_layers` of `layers` run `mixer`, the rest attention, and every layer an MLP
+    /// or experts after it (Qwen3-Next, LFM2, MiniMax-Text-01, Kimi Linear).
+    pub fn mixer_or_attention(mixer: Mixer, mixer_layers: usize, layers: usize) -> Hybrid {
+        Hybrid {
+            mixer,
+            mixer_layers,
+            attention_layers: layers - mixer_layers,
+            mlp_layers: layers,
+            dense_mlp_layers: None,
+        }
+    }
+}

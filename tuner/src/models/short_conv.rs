@@ -106,13 +106,11 @@ pub fn short_conv(
         }
         _ => hidden,
     };
-    Ok(Some(Hybrid {
-        mixer: Mixer::ShortConv(ShortConv { width }),
-        mixer_layers: layers - attention_layers,
-        attention_layers,
-        mlp_layers: layers,
-        dense_mlp_layers: None,
-    }))
+    Ok(Some(Hybrid::mixer_or_attention(
+        Mixer::ShortConv(ShortConv { width }),
+        layers - attention_layers,
+        layers,
+    )))
 }
 
 /// LFM2's MLP width for `intermediate_size`: with `block_auto_adjust_ff_dim` (the default),
