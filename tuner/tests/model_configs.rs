@@ -1420,3 +1420,42 @@ fn ernie_4_5_moe_runs_its_experts_on_their_own_schedule() {
         gemm(6, 1536, 2560)
     );
 }
+
+/// Parameters `Model::weight_bytes` counts for `config`, in billions (every config here is
+/// bf16, two bytes a weight).
+fn billions(config: &str) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config).unwrap();
+    let model = kerntune_tuner::models::Model::from_config_json(&path).unwrap();
+    model.weight_bytes() / 2e9
+}
+
+#[test]
+fn weight_counts_match_the_published_sizes_the_default_degree_rests_on() {
+    let near = |got: f64, published: f64| {
+        assert!(
+            (got / published - 1.0).abs() < 0.005,
+            "{got:.2} B against {published} B"
+        )
+    };
+    let preset = |name| {
+        kerntune_tuner::models::Model::preset(name)
+            .unwrap()
+            .weight_bytes()
+            / 2e9
+    };
+    // Llama-3.1-70B 70.6 B, Mixtral 8x7B 46.7 B, DeepSeek-V3 671 B (untied heads).
+    near(preset("llama70b"), 70.6);
+    near(preset("mixtral8x7b"), 46.7);
+    near(billions(&format!("{{{DEEPSEEK_V3}}}")), 671.0);
+    // Llama-3.1-8B's fields under Llama-Nemotron's blocks: the same 8.0 B.
+    let blocks = format!(
+        r#"{{"model_type": "nemotron-nas", "hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "vocab_size": 128256, "block_configs": [{}]}}"#,
+        vec![r#"{"attention": {"n_heads_in_group": 4}, "ffn": {"intermediate_size": 14336}}"#; 32]
+            .join(", ")
+    );
+    near(billions(&blocks), billions(&format!("{{{LLAMA8B}}}")));
+    near(billions(&blocks), 8.03);
+}

@@ -310,11 +310,12 @@ impl Model {
                     + self.q_heads * self.head_dim * self.hidden
             }
         };
-        let mlp = |width: usize| 3 * self.hidden * width;
-        let dense = |width: usize| match self.gated_mlp {
-            true => mlp(width),
-            false => 2 * self.hidden * width,
+        // An MLP from `input` wide to `width` and back, with or without a gate.
+        let mlp = |gated: bool, input: usize, width: usize| match gated {
+            true => 3 * input * width,
+            false => 2 * input * width,
         };
+        let dense = |width: usize| mlp(self.gated_mlp, self.hidden, width);
         let dense_mlp = dense(self.intermediate);
         let (mlp_layers, mixers) = match &self.hybrid {
             Some(h) => (h.mlp_layers, h.mixer_layers * h.mixer.weights(self.hidden)),
@@ -329,16 +330,10 @@ impl Model {
             (None, Some(b)) => b.mlp.iter().map(|&(w, layers)| layers * dense(w)).sum(),
             (None, None) => mlp_layers * dense_mlp,
             (Some(e), _) => {
-                let expert = |width: usize| match e.gated {
-                    true => mlp(width),
-                    false => 2 * self.hidden * width,
-                };
-                let routed = match e.gated {
-                    true => 3 * e.width_in(self.hidden) * e.intermediate,
-                    false => 2 * e.width_in(self.hidden) * e.intermediate,
-                };
+                let routed = mlp(e.gated, e.width_in(self.hidden), e.intermediate);
+                let shared = mlp(e.gated, self.hidden, e.shared_intermediate);
                 let latent = e.latent.map_or(0, |l| 2 * self.hidden * l);
-                let moe = e.count * (routed + self.hidden) + expert(e.shared_intermediate) + latent;
+                let moe = e.count * (routed + self.hidden) + shared + latent;
                 mlp_layers.saturating_sub(e.dense_layers) * moe + e.dense_layers * dense_mlp
             }
         };
