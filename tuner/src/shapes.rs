@@ -88,6 +88,11 @@ pub fn default_tp(model: &Model, memory: f64, expert_parallel: bool) -> (usize, 
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// vLLM pads the vocabulary to a multiple of this before splitting its embedding and head over
+/// the shards (`DEFAULT_VOCAB_PADDING_SIZE` of `ParallelLMHead`), so a shard's head GEMM runs
+/// the padding rows too: GPT-2's 50257 tokens are 50304 rows.
+const VOCAB_PADDING: usize = 64;
+
 pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
     if tp == 0 {
         return Err(usage(
@@ -335,7 +340,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             out.push(gemm(
                 "lm_head",
                 m,
-                model.vocab.div_ceil(tp),
+                model.vocab.next_multiple_of(VOCAB_PADDING).div_ceil(tp),
                 model.hidden,
                 false,
             )?);

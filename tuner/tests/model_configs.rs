@@ -1048,6 +1048,8 @@ fn dbrx_mpt_bloom_chatglm_opt_and_exaone_are_read_under_their_own_names() {
     let rows = derive(&opt(5120, 5120), &[&args[..], &["2"]].concat());
     assert_eq!(keys_of(&rows, "qkv")[0], gemm(7680, 5120));
     assert_eq!(keys_of(&rows, "up")[0], gemm(10240, 5120));
+    // Its 50272 tokens: the head runs vLLM's padding to 50304 rows, 25152 a shard.
+    assert_eq!(keys_of(&rows, "lm_head")[0], gemm(25152, 5120));
     refused(
         &opt(1024, 512),
         &[],
