@@ -1,6 +1,7 @@
 //! Reading a Hugging Face `config.json`: the fields of a Llama-style decoder, the places other
 //! families keep them (a multimodal model's `text_config`, transformers 5's `dtype`, the own
-//! names of GPT-2, Falcon, Bloom, MPT, DBRX, ChatGLM, OPT and EXAONE in `families.rs`), the
+//! names of GPT-2, Falcon, Bloom, MPT, DBRX, ChatGLM, OPT, EXAONE and ERNIE 4.5 in
+//! `families.rs`), the
 //! mixture-of-experts fields of Mixtral, Qwen and DeepSeek, DeepSeek's latent attention,
 //! Gemma's and Granite's attention scales, and what the kernels do not compute, named so that
 //! `tune` can refuse it instead of tuning shapes no server runs.
@@ -530,10 +531,10 @@ fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
 
 /// Why the MLP is not derived where fields describe experts under names [`experts`] does not
 /// read: derived without them, its GEMMs would be shapes its server never runs. Without any
-/// experts read, any positive `moe_*` or `*expert*` field (Ernie 4.5's `moe_num_experts` and
-/// `moe_k`: read as dense, every layer would run a 12288-wide MLP); with experts read, shared
-/// experts or a schedule of MoE layers under other names (Hunyuan's `num_shared_expert`,
-/// Arctic's `moe_layer_frequency`), which would drop or miscount GEMMs.
+/// experts read, any positive `moe_*` or `*expert*` field (Step-3's `moe_num_experts` and
+/// `moe_top_k`: read as dense, every layer would run an MLP of `intermediate_size`); with
+/// experts read, shared experts or a schedule of MoE layers under other names (Hunyuan's
+/// `num_shared_expert`, Arctic's `moe_layer_frequency`), which would drop or miscount GEMMs.
 fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
     const READ_SHARED: [&str; 4] = [
         "shared_expert_intermediate_size",
