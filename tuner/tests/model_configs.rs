@@ -1,9 +1,11 @@
 //! `--shapes config.json` with the configs users bring: the dimensions of published models
 //! (Qwen, DeepSeek and Llama 4 mixtures of experts, Gemma's multimodal config and query scale,
 //! Granite's attention multiplier, transformers 5's `dtype`, KV heads replicated over shards,
-//! DeepSeek's latent attention projections), and clear refusals where the model's kernels are
-//! not the ones kerntune tunes (latent attention itself, hybrid layers, quantized weights,
-//! soft-capped or sink attention, lengths past a sliding window).
+//! DeepSeek's latent attention projections, the hybrids' mixers from Mamba to Kimi's delta
+//! attention, families with their own field names, Llama-Nemotron's per-layer blocks, the
+//! weight counts the default degree rests on), and clear refusals where the model's kernels
+//! are not the ones kerntune tunes (latent attention itself, hybrid layers not read, quantized
+//! weights, soft-capped, sink or ALiBi attention, lengths past a sliding window).
 
 mod common;
 
