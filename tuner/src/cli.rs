@@ -106,8 +106,8 @@ pub enum PreferArg {
 
 #[derive(Debug, Args, Clone)]
 pub struct ShapeArgs {
-    /// A preset (llama70b, llama2-70b, llama8b, mistral7b, mixtral8x7b), a config.json or the
-    /// model's folder, a Hugging Face model id in the local cache (`org/name[@revision]`,
+    /// A preset (llama70b, llama2-70b, llama8b, mistral7b, mixtral8x7b), a config.json (or
+    /// Mistral's params.json) or the model's folder, a Hugging Face model id in the local cache (`org/name[@revision]`,
     /// `hf://...`, the model page's address), a problem (`gemm:m=1,n=1280,k=8192,dtype=bf16`),
     /// untuned:PATH (what the runtime saw untuned) or tunableop:PATH (PyTorch TunableOp's
     /// untuned or results file). Repeatable.

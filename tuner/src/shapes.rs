@@ -489,7 +489,7 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
     }
     let Some(model) = Model::named(spec)? else {
         return Err(usage(format!(
-            "unknown --shapes `{spec}`: expected a preset ({}), a config.json or the folder holding one, a Hugging Face model id in the local cache (meta-llama/Llama-3.1-70B-Instruct), a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, untuned:PATH or tunableop:PATH",
+            "unknown --shapes `{spec}`: expected a preset ({}), a config.json (or Mistral's params.json) or the folder holding one, a Hugging Face model id in the local cache (meta-llama/Llama-3.1-70B-Instruct), a problem such as `gemm:m=1,n=1280,k=8192,dtype=bf16`, untuned:PATH or tunableop:PATH",
             PRESETS.join(", ")
         )));
     };

@@ -1463,3 +1463,43 @@ fn weight_counts_match_the_published_sizes_the_default_degree_rests_on() {
     near(billions(&blocks), billions(&format!("{{{LLAMA8B}}}")));
     near(billions(&blocks), 8.03);
 }
+
+#[test]
+fn mistrals_params_json_reads_as_the_config_vllm_makes_of_it() {
+    let args = ["--tp", "2", "--batch-sizes", "1", "--prefill-lens", "512"];
+    // Mistral Small 3.1's params.json against the same model's Hugging Face text config.
+    let params = r#"{"dim": 5120, "n_layers": 40, "head_dim": 128, "hidden_dim": 32768,
+        "n_heads": 32, "n_kv_heads": 8, "rope_theta": 1000000000.0, "norm_eps": 1e-05,
+        "vocab_size": 131072, "vision_encoder": {"hidden_size": 1024, "num_hidden_layers": 24}}"#;
+    let hf = r#"{"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40,
+        "head_dim": 128, "intermediate_size": 32768, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 131072}"#;
+    let strip = |rows: Vec<(String, String)>| -> Vec<String> {
+        rows.into_iter().map(|(_, key)| key).collect()
+    };
+    assert_eq!(strip(derive(params, &args)), strip(derive(hf, &args)));
+    // Mixtral's experts in `moe`; FP8 weights in `quantization`.
+    let mixtral = r#"{"dim": 4096, "n_layers": 32, "head_dim": 128, "hidden_dim": 14336,
+        "n_heads": 32, "n_kv_heads": 8, "vocab_size": 32000,
+        "moe": {"num_experts": 8, "num_experts_per_tok": 2}}"#;
+    let rows = derive(mixtral, &args);
+    assert_eq!(
+        keys_of(&rows, "expert_gate_up")[0],
+        "gemm:m=1,n=14336,k=4096,dtype=bf16,b=nk"
+    );
+    let fp8 = mixtral.replace(
+        r#""vocab_size": 32000"#,
+        r#""vocab_size": 32000, "quantization": {"qformat_weight": "fp8_e4m3"}"#,
+    );
+    refused(&fp8, &args, &["quant_method = \"fp8\""]);
+    // A folder holding only params.json is read as vLLM reads it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("model")).unwrap();
+    std::fs::write(dir.path().join("model/params.json"), params).unwrap();
+    let out = tune(&["shapes", "--shapes", "model", "--tp", "2"], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

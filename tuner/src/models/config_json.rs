@@ -19,6 +19,7 @@ use super::hybrid::other_layers;
 use super::kimi_delta::kimi_delta;
 use super::lightning::lightning;
 use super::mamba::mamba;
+use super::mistral::{hf_fields, is_params_json};
 use super::short_conv::{is_lfm2, lfm2_mlp_width, short_conv};
 use super::{Experts, Latent, Mixer, Model, Unsupported};
 use crate::error::{usage, Result, TuneError};
@@ -110,6 +111,12 @@ impl Model {
                 kind_of(&root)
             )));
         };
+        // Mistral's params.json reads as the Hugging Face config vLLM makes of it.
+        let mistral = is_params_json(root)
+            .then(|| hf_fields(root))
+            .transpose()
+            .map_err(|e| usage(format!("{}: {e}", path.display())))?;
+        let root = mistral.as_ref().unwrap_or(root);
         let top = Fields { path, map: root };
         // Multimodal models (Gemma 3, Mistral 3, Llama 4) keep the language model's fields
         // in `text_config`; the decoder is what a server's kernels run.

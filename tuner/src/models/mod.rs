@@ -11,6 +11,7 @@ mod hybrid;
 mod kimi_delta;
 mod lightning;
 mod mamba;
+mod mistral;
 mod mixers;
 mod short_conv;
 
@@ -227,13 +228,18 @@ impl Model {
             return Model::from_config_json(path).map(Some);
         }
         if path.is_dir() {
-            let config = path.join("config.json");
-            if !config.is_file() {
-                return Err(usage(format!(
-                    "--shapes {spec} is a folder without a config.json: name the model's folder \
-                     (the one a server loads it from) or its config.json"
-                )));
-            }
+            // vLLM reads a folder's config.json, Mistral's params.json where it has no other.
+            let config = ["config.json", "params.json"]
+                .into_iter()
+                .map(|name| path.join(name))
+                .find(|config| config.is_file())
+                .ok_or_else(|| {
+                    usage(format!(
+                        "--shapes {spec} is a folder without a config.json (or Mistral's \
+                         params.json): name the model's folder (the one a server loads it \
+                         from) or its config.json"
+                    ))
+                })?;
             return Model::from_config_json(&config).map(Some);
         }
         let Some(repo) = hub::RepoId::parse(spec) else {
