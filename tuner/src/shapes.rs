@@ -330,6 +330,9 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                     if e.shared_intermediate > 0 {
                         dense(&mut out, "shared_", e.shared_intermediate)?;
                     }
+                    if e.shared_gate {
+                        out.push(gemm("shared_expert_gate", m, 1, model.hidden, prefill)?);
+                    }
                     if e.dense_layers > 0 {
                         dense(&mut out, "", model.intermediate)?;
                     }

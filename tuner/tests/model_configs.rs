@@ -180,7 +180,8 @@ fn qwen3_moe_experts_run_at_their_own_width_and_share_of_tokens() {
 #[test]
 fn shared_experts_and_dense_layers_are_derived_too() {
     // Qwen1.5-MoE-A2.7B: a shared expert of width 5632 beside 60 routed ones.
-    let qwen = r#"{"hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+    let qwen = r#"{"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+        "moe_intermediate_size": 1408,
         "shared_expert_intermediate_size": 5632, "num_attention_heads": 16,
         "num_key_value_heads": 16, "num_hidden_layers": 24, "num_experts": 60,
         "num_experts_per_tok": 4, "vocab_size": 151936}"#;
@@ -194,6 +195,11 @@ fn shared_experts_and_dense_layers_are_derived_too() {
         "gemm:m=1,n=1408,k=2048,dtype=bf16,b=nk"
     );
     assert!(keys_of(&rows, "gate_up").is_empty());
+    // Its shared expert's output scaled by a gate of one output (vLLM's Qwen2MoeSparseMoeBlock).
+    assert_eq!(
+        keys_of(&rows, "shared_expert_gate")[0],
+        "gemm:m=1,n=1,k=2048,dtype=bf16,b=nk"
+    );
     // DeepSeekMoE 16B: the first layer dense (width 10944), two shared experts of width 1408.
     let deepseek = r#"{"hidden_size": 2048, "intermediate_size": 10944,
         "moe_intermediate_size": 1408, "num_attention_heads": 16, "num_key_value_heads": 16,
@@ -212,6 +218,7 @@ fn shared_experts_and_dense_layers_are_derived_too() {
         keys_of(&rows, "router")[0],
         "gemm:m=1,n=64,k=2048,dtype=bf16,b=nk"
     );
+    assert!(keys_of(&rows, "shared_expert_gate").is_empty());
     // Granite's MoE with a shared expert names its width shared_intermediate_size.
     let granite = r#"{"model_type": "granitemoeshared", "hidden_size": 1024,
         "intermediate_size": 512, "shared_intermediate_size": 1536, "num_local_experts": 32,

@@ -236,9 +236,16 @@ impl Model {
                 "its layer schedule names expert layers, but no experts are given (n_routed_experts and num_experts_per_tok)",
             ));
         }
+        // Qwen's shared experts are scaled by a gate of their own, a GEMM of one output.
+        let shared_gate = family.is_some_and(|t| {
+            ["qwen2_moe", "qwen3_next", "qwen3_5"]
+                .iter()
+                .any(|q| t.starts_with(q))
+        });
         let experts = experts.map(|e| Experts {
             gated: gated_mlp,
             dense_layers: dense_in_schedule.unwrap_or(e.dense_layers),
+            shared_gate: shared_gate && e.shared_intermediate > 0,
             ..e
         });
         if experts.is_some_and(|e| e.dense_layers > 0) && intermediate == 0 {
@@ -482,6 +489,7 @@ fn experts(
         dense_layers,
         gated: true,
         latent: f.int("moe_latent_size")?,
+        shared_gate: false,
     }))
 }
 

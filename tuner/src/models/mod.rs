@@ -96,6 +96,9 @@ pub struct Experts {
     /// before the routed experts and back after (`expert_latent_in`, `expert_latent_out`,
     /// whole on every shard), the experts running at it; `None`: at the hidden size.
     pub latent: Option<usize>,
+    /// Whether the shared experts' output is scaled by a gate of one output per token
+    /// (`shared_expert_gate`: Qwen2-MoE, Qwen3-Next, Qwen3.5).
+    pub shared_gate: bool,
 }
 
 impl Experts {
@@ -209,6 +212,7 @@ impl Model {
                     dense_layers: 0,
                     gated: true,
                     latent: None,
+                    shared_gate: false,
                 };
                 m("mixtral8x7b", 4096, 0, 32, 8, 32, 32000, Some(experts))
             }
@@ -339,7 +343,8 @@ impl Model {
                 let routed = mlp(e.gated, e.width_in(self.hidden), e.intermediate);
                 let shared = mlp(e.gated, self.hidden, e.shared_intermediate);
                 let latent = e.latent.map_or(0, |l| 2 * self.hidden * l);
-                let moe = e.count * (routed + self.hidden) + shared + latent;
+                let gate = usize::from(e.shared_gate) * self.hidden;
+                let moe = e.count * (routed + self.hidden) + shared + latent + gate;
                 mlp_layers.saturating_sub(e.dense_layers) * moe + e.dense_layers * dense_mlp
             }
         };
