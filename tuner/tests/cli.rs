@@ -317,14 +317,16 @@ fn a_reader_that_closes_the_pipe_early_ends_tune_quietly() {
         if json {
             args.push("--json");
         }
-        // `tune shapes | head -1`: the reader is gone before tune writes.
-        let mut child = common::tune_cmd(&args, dir.path())
-            .stdout(std::process::Stdio::piped())
+        // `tune shapes | head -1`: the reader is gone before tune writes. The read end is
+        // closed before tune starts: closed after, tune could fill the pipe's buffer first
+        // and exit 0, as it did once on a loaded CI machine.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = common::tune_cmd(&args, dir.path())
+            .stdout(writer)
             .stderr(std::process::Stdio::piped())
-            .spawn()
+            .output()
             .unwrap();
-        drop(child.stdout.take());
-        let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.is_empty(), "{stderr}");
         // What a shell reports as 141, as for `cat` or `grep` in the same place.
