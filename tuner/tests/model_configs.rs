@@ -1134,6 +1134,15 @@ fn the_default_degree_splits_the_heads_and_says_when_no_shard_fits() {
     let dir = tempfile::tempdir().unwrap();
     // 48 heads, too large for 16 MI250 shards (64 GiB each): 32 would fit but does not split
     // the heads, so the shapes are 16 shards', with a note.
+    let on_mi250 = [
+        "shapes",
+        "--device",
+        "mi250",
+        "--shapes",
+        "config.json",
+        "--batch-sizes",
+        "1",
+    ];
     let mut big: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(MINIMAX_M2).unwrap();
     big.insert("num_hidden_layers".into(), 400.into());
@@ -1143,18 +1152,7 @@ fn the_default_degree_splits_the_heads_and_says_when_no_shard_fits() {
         serde_json::to_string(&big).unwrap(),
     )
     .unwrap();
-    let out = tune(
-        &[
-            "shapes",
-            "--device",
-            "mi250",
-            "--shapes",
-            "config.json",
-            "--batch-sizes",
-            "1",
-        ],
-        dir.path(),
-    );
+    let out = tune(&on_mi250, dir.path());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -1165,18 +1163,7 @@ fn the_default_degree_splits_the_heads_and_says_when_no_shard_fits() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(" tp16 "));
     // The published size fits 8 shards, which split it: no note.
     std::fs::write(dir.path().join("config.json"), MINIMAX_M2).unwrap();
-    let out = tune(
-        &[
-            "shapes",
-            "--device",
-            "mi250",
-            "--shapes",
-            "config.json",
-            "--batch-sizes",
-            "1",
-        ],
-        dir.path(),
-    );
+    let out = tune(&on_mi250, dir.path());
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains(" tp8 "));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
