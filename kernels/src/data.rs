@@ -2,10 +2,10 @@
 //!
 //! The tuner, the tests and the benchmarks all verify kernels on data built here.
 
-use crate::kernel::{Args, FlashArgs, GemmArgs, PagedArgs};
+use crate::kernel::Args;
 use rayon::prelude::*;
 
-use crate::{reference, Problem, TensorBuf};
+use crate::{reference, DType, Problem, Tensor, TensorBuf};
 
 /// SplitMix64: a few lines that fill buffers reproducibly from a seed; a full RNG crate would
 /// add a dependency to the library for nothing more than this.
@@ -23,8 +23,15 @@ impl SplitMix {
     fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-    fn fill(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.unit()).collect()
+    /// `len` values in `spare`'s buffer when it holds `dtype`, else in a new one.
+    fn tensor(&mut self, spare: Option<TensorBuf>, dtype: DType, len: usize) -> TensorBuf {
+        match spare {
+            Some(mut t) if t.view().dtype() == dtype => {
+                t.refill(len, || self.unit());
+                t
+            }
+            _ => TensorBuf::from_fn(dtype, len, || self.unit()),
+        }
     }
 }
 
@@ -44,52 +51,71 @@ impl ProblemData {
     /// Random inputs in [-1, 1) rounded to the problem's dtype. Paged attention gets a shuffled
     /// block table (so the indirection is exercised) and every sequence at `context_len`.
     pub fn random(problem: &Problem, seed: u64) -> Self {
+        Self::random_reusing(problem, seed, None)
+    }
+
+    /// [`ProblemData::random`]'s values, in `spare`'s buffers (an earlier problem's) where
+    /// their element types match: a tuner that draws a problem's data after another's keeps
+    /// its pages rather than touching fresh ones, which cost a page fault each.
+    pub fn random_reusing(problem: &Problem, seed: u64, spare: Option<ProblemData>) -> Self {
         let mut rng = SplitMix(seed);
         let dt = problem.dtype();
-        let mut data = ProblemData {
+        let mut data = spare.unwrap_or(ProblemData {
             problem: *problem,
             inputs: Vec::new(),
             block_tables: Vec::new(),
             max_blocks_per_seq: 0,
             context_lens: Vec::new(),
             out: Vec::new(),
-        };
-        match problem {
-            Problem::Gemm(p) => {
-                data.inputs = vec![
-                    TensorBuf::from_f32(dt, &rng.fill(p.a_len())),
-                    TensorBuf::from_f32(dt, &rng.fill(p.b_len())),
-                ];
-                data.out = vec![0.0; p.c_len()];
-            }
-            Problem::Flash(p) => {
-                data.inputs = vec![
-                    TensorBuf::from_f32(dt, &rng.fill(p.q_len_elems())),
-                    TensorBuf::from_f32(dt, &rng.fill(p.kv_len_elems())),
-                    TensorBuf::from_f32(dt, &rng.fill(p.kv_len_elems())),
-                ];
-                data.out = vec![0.0; p.q_len_elems()];
-            }
+        });
+        data.problem = *problem;
+        let mut spares = std::mem::take(&mut data.inputs).into_iter();
+        let mut tensor = |rng: &mut SplitMix, len| rng.tensor(spares.next(), dt, len);
+        let (inputs, out) = match problem {
+            Problem::Gemm(p) => (
+                vec![tensor(&mut rng, p.a_len()), tensor(&mut rng, p.b_len())],
+                p.c_len(),
+            ),
+            Problem::Flash(p) => (
+                vec![
+                    tensor(&mut rng, p.q_len_elems()),
+                    tensor(&mut rng, p.kv_len_elems()),
+                    tensor(&mut rng, p.kv_len_elems()),
+                ],
+                p.q_len_elems(),
+            ),
             Problem::Paged(p) => {
                 let mb = p.max_blocks_per_seq();
                 let blocks = p.num_seqs * mb;
                 let per_block = p.block_size * p.kv_heads * p.head_dim;
-                let mut table: Vec<u32> = (0..blocks as u32).collect();
+                let table = &mut data.block_tables;
+                table.clear();
+                table.extend(0..blocks as u32);
                 for i in (1..table.len()).rev() {
                     let j = (rng.next() % (i as u64 + 1)) as usize;
                     table.swap(i, j);
                 }
-                data.inputs = vec![
-                    TensorBuf::from_f32(dt, &rng.fill(p.query_len())),
-                    TensorBuf::from_f32(dt, &rng.fill(blocks * per_block)),
-                    TensorBuf::from_f32(dt, &rng.fill(blocks * per_block)),
-                ];
-                data.block_tables = table;
                 data.max_blocks_per_seq = mb;
-                data.context_lens = vec![p.context_len as u32; p.num_seqs];
-                data.out = vec![0.0; p.query_len()];
+                data.context_lens.clear();
+                data.context_lens.resize(p.num_seqs, p.context_len as u32);
+                (
+                    vec![
+                        tensor(&mut rng, p.query_len()),
+                        tensor(&mut rng, blocks * per_block),
+                        tensor(&mut rng, blocks * per_block),
+                    ],
+                    p.query_len(),
+                )
             }
+        };
+        if !matches!(problem, Problem::Paged(_)) {
+            data.block_tables.clear();
+            data.max_blocks_per_seq = 0;
+            data.context_lens.clear();
         }
+        data.inputs = inputs;
+        data.out.clear();
+        data.out.resize(out, 0.0);
         data
     }
 
@@ -101,29 +127,19 @@ impl ProblemData {
 
     /// The buffers of one call; the output is this struct's `out`.
     pub fn args(&mut self) -> Args<'_> {
-        let i = &self.inputs;
-        match &self.problem {
-            Problem::Gemm(_) => Args::Gemm(GemmArgs {
-                a: i[0].view(),
-                b: i[1].view(),
-                c: &mut self.out,
-            }),
-            Problem::Flash(_) => Args::Flash(FlashArgs {
-                q: i[0].view(),
-                k: i[1].view(),
-                v: i[2].view(),
-                out: &mut self.out,
-            }),
-            Problem::Paged(_) => Args::Paged(PagedArgs {
-                query: i[0].view(),
-                key_cache: i[1].view(),
-                value_cache: i[2].view(),
-                block_tables: &self.block_tables,
-                max_blocks_per_seq: self.max_blocks_per_seq,
-                context_lens: &self.context_lens,
-                out: &mut self.out,
-            }),
+        let mut views = [Tensor::F32(&[]); 3];
+        for (v, t) in views.iter_mut().zip(&self.inputs) {
+            *v = t.view();
         }
+        Args::new(
+            &self.problem,
+            &views[..self.inputs.len()],
+            &self.block_tables,
+            self.max_blocks_per_seq,
+            &self.context_lens,
+            &mut self.out,
+        )
+        .expect("random() makes every input of the family")
     }
 
     /// The reference output, in f64: every row of [`ProblemData::reference_row`].
@@ -229,5 +245,42 @@ mod tests {
                 assert_eq!(at % 64, 0, "{spec} input {i} at {at:#x}");
             }
         }
+    }
+
+    /// Drawn in another problem's buffers, of any family, dtype or size, the data is what
+    /// [`ProblemData::random`] draws.
+    #[test]
+    fn data_drawn_in_spare_buffers_is_the_same() {
+        let specs = [
+            "gemm:m=1,n=1,k=1,dtype=f32",
+            "gemm:m=7,n=13,k=29,dtype=bf16,b=nk",
+            "flash:batch=2,q_len=5,kv_len=7,q_heads=4,kv_heads=2,head_dim=16,causal=true,dtype=bf16",
+            "paged:num_seqs=3,context_len=37,q_heads=4,kv_heads=2,head_dim=64,block_size=16,dtype=f16",
+            "paged:num_seqs=1,context_len=5,q_heads=2,kv_heads=1,head_dim=64,block_size=8,dtype=bf16",
+        ];
+        for before in specs {
+            for spec in specs {
+                let problem: Problem = spec.parse().unwrap();
+                let spare = ProblemData::random(&before.parse().unwrap(), 9);
+                let got = ProblemData::random_reusing(&problem, 4, Some(spare));
+                let want = ProblemData::random(&problem, 4);
+                let what = format!("{spec} after {before}");
+                assert_eq!(got.problem, want.problem, "{what}");
+                assert_eq!(got.inputs, want.inputs, "{what}");
+                assert_eq!(got.block_tables, want.block_tables, "{what}");
+                assert_eq!(got.max_blocks_per_seq, want.max_blocks_per_seq, "{what}");
+                assert_eq!(got.context_lens, want.context_lens, "{what}");
+                assert_eq!(got.out, want.out, "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_spare_buffer_large_enough_is_kept() {
+        let large = ProblemData::random(&"gemm:m=4,n=64,k=64,dtype=bf16".parse().unwrap(), 1);
+        let at = large.inputs[1].view().as_bytes().as_ptr();
+        let small = "gemm:m=2,n=16,k=32,dtype=bf16".parse().unwrap();
+        let data = ProblemData::random_reusing(&small, 1, Some(large));
+        assert_eq!(data.inputs[1].view().as_bytes().as_ptr(), at);
     }
 }

@@ -96,6 +96,25 @@ impl<'a> Tensor<'a> {
         self.len() == 0
     }
 
+    /// The elements' bytes, to copy a tensor whatever its element type.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        match *self {
+            Tensor::F32(s) => bytemuck::cast_slice(s),
+            Tensor::F16(s) => bytemuck::cast_slice(s),
+            Tensor::Bf16(s) => bytemuck::cast_slice(s),
+        }
+    }
+
+    /// The tensor of `dtype` elements whose bytes are `bytes`; `None` when they do not start
+    /// on the element's alignment or are not a whole number of elements.
+    pub fn from_bytes(dtype: DType, bytes: &'a [u8]) -> Option<Tensor<'a>> {
+        Some(match dtype {
+            DType::F32 => Tensor::F32(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::F16 => Tensor::F16(bytemuck::try_cast_slice(bytes).ok()?),
+            DType::Bf16 => Tensor::Bf16(bytemuck::try_cast_slice(bytes).ok()?),
+        })
+    }
+
     /// Element `i` widened to f32.
     #[inline(always)]
     pub fn get(&self, i: usize) -> f32 {
@@ -157,6 +176,40 @@ impl TensorBuf {
                 64,
                 values.iter().map(|&v| bf16::from_f32(v)),
             )),
+        }
+    }
+
+    /// `len` values of `next` in turn, rounded to `dtype` as they come: no f32 copy of a
+    /// tensor that may be a large share of the host's memory.
+    pub fn from_fn(dtype: DType, len: usize, mut next: impl FnMut() -> f32) -> Self {
+        match dtype {
+            DType::F32 => TensorBuf::F32(AVec::from_iter(64, (0..len).map(|_| next()))),
+            DType::F16 => {
+                TensorBuf::F16(AVec::from_iter(64, (0..len).map(|_| f16::from_f32(next()))))
+            }
+            DType::Bf16 => TensorBuf::Bf16(AVec::from_iter(
+                64,
+                (0..len).map(|_| bf16::from_f32(next())),
+            )),
+        }
+    }
+
+    /// Makes this `len` values of `next` in turn, in the buffer it has where that is large
+    /// enough.
+    pub fn refill(&mut self, len: usize, mut next: impl FnMut() -> f32) {
+        match self {
+            TensorBuf::F32(v) => {
+                v.resize(len, 0.0);
+                v.iter_mut().for_each(|x| *x = next());
+            }
+            TensorBuf::F16(v) => {
+                v.resize(len, f16::ZERO);
+                v.iter_mut().for_each(|x| *x = f16::from_f32(next()));
+            }
+            TensorBuf::Bf16(v) => {
+                v.resize(len, bf16::ZERO);
+                v.iter_mut().for_each(|x| *x = bf16::from_f32(next()));
+            }
         }
     }
 

@@ -45,6 +45,45 @@ pub enum Args<'a> {
     Paged(PagedArgs<'a>),
 }
 
+impl<'a> Args<'a> {
+    /// The buffers of one call of `problem`: `inputs` in its family's order (A, B; Q, K, V;
+    /// query, key cache, value cache), the paged index (empty for the other families) and the
+    /// output. `None` when `inputs` are fewer than the family takes.
+    pub fn new(
+        problem: &Problem,
+        inputs: &[Tensor<'a>],
+        block_tables: &'a [u32],
+        max_blocks_per_seq: usize,
+        context_lens: &'a [u32],
+        out: &'a mut [f32],
+    ) -> Option<Args<'a>> {
+        Some(match problem {
+            Problem::Gemm(_) => {
+                let [a, b, ..] = *inputs else { return None };
+                Args::Gemm(GemmArgs { a, b, c: out })
+            }
+            Problem::Flash(_) => {
+                let [q, k, v, ..] = *inputs else { return None };
+                Args::Flash(FlashArgs { q, k, v, out })
+            }
+            Problem::Paged(_) => {
+                let [query, key_cache, value_cache, ..] = *inputs else {
+                    return None;
+                };
+                Args::Paged(PagedArgs {
+                    query,
+                    key_cache,
+                    value_cache,
+                    block_tables,
+                    max_blocks_per_seq,
+                    context_lens,
+                    out,
+                })
+            }
+        })
+    }
+}
+
 /// A way of running kernels: the CPU now, GPU backends behind Cargo features.
 pub trait Backend: Send + Sync {
     /// Name stored with results (`cpu`, `hip`, `cuda`).

@@ -473,10 +473,7 @@ async fn a_database_written_by_tune_is_used_end_to_end() {
         progress: kerntune_tuner::progress::Progress::Quiet,
         stop: &AtomicBool::new(false),
     };
-    let mut cpu = kerntune_tuner::tune::CpuSweep {
-        backend: &kerntune_kernels::CpuBackend,
-        space: &CpuSpace,
-    };
+    let mut cpu = kerntune_tuner::tune::CpuSweep::new(&kerntune_kernels::CpuBackend, &CpuSpace);
     kerntune_tuner::tune::run(&job, &mut cpu, &problems)
         .await
         .unwrap();

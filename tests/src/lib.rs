@@ -108,7 +108,7 @@ impl Space for FakeSpace {
 
 /// The CPU sweep with `backend` and `space` (real or fake).
 pub fn cpu<'a>(backend: &'a dyn Backend, space: &'a dyn Space) -> CpuSweep<'a> {
-    CpuSweep { backend, space }
+    CpuSweep::new(backend, space)
 }
 
 /// Small problems of every family.

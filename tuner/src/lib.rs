@@ -11,6 +11,7 @@ pub mod error;
 pub mod gpu_sweep;
 pub mod measure;
 pub mod models;
+pub mod operands;
 pub mod plan;
 pub mod progress;
 pub mod search;

@@ -227,10 +227,7 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
         args.strategy,
         path.display()
     );
-    let mut sweep = CpuSweep {
-        backend: &CpuBackend,
-        space: &CpuSpace,
-    };
+    let mut sweep = CpuSweep::new(&CpuBackend, &CpuSpace);
     let result = tune::run(&job, &mut sweep, &problems).await;
     db.close().await;
     let outcomes = result?;

@@ -2,7 +2,8 @@
 //!
 //! Timing runs the kernel on copies of the operands in rotation, enough copies to exceed the
 //! last-level cache twice over, so every call starts cold as it does in a server where other
-//! layers evicted the weights. The rotation runs on from one config to the next. Repetitions
+//! layers evicted the weights. The rotation runs on from one config to the next, and the
+//! operands' memory from one problem to the next ([`Operands`]). Repetitions
 //! continue until the 95% confidence interval of the median (order statistics) is within
 //! `target_ci` of it, or lies above the search's best median ([`settled`]), or the repetition
 //! or time cap is hit. A sweep's finalists race side by side ([`Workload::time_together`]).
@@ -12,9 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kerntune_db::Stats;
-use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::{Backend, Config, Problem};
+
+use crate::operands::Operands;
 
 /// How hard to measure.
 #[derive(Debug, Clone)]
@@ -50,7 +52,9 @@ const MAX_COPIES: usize = 1 << 16;
 #[derive(Debug)]
 pub struct Workload {
     pub problem: Problem,
-    copies: Vec<ProblemData>,
+    /// The verification copy (copy 0, on which each config's first call runs) and the
+    /// rotation's copies.
+    operands: Operands,
     /// Timed calls so far, the rotation's position.
     next: usize,
     /// The config verified last and how long its call took, while nothing else ran since:
@@ -72,7 +76,13 @@ pub enum Failure {
 
 impl Workload {
     pub fn new(problem: &Problem, policy: &Policy) -> Workload {
-        let first = ProblemData::random(problem, 0x6b65_726e);
+        Workload::reusing(problem, policy, Operands::default())
+    }
+
+    /// A workload in `operands`' memory, which an earlier problem's workload gave back with
+    /// [`Workload::into_operands`].
+    pub fn reusing(problem: &Problem, policy: &Policy, mut operands: Operands) -> Workload {
+        let first = operands.draw(problem, 0x6b65_726e);
         let rows = first.verify_rows();
         let reference = first.reference_rows(&rows);
         let per_copy = first.bytes().max(1);
@@ -86,17 +96,13 @@ impl Workload {
         // A quarter of the host's memory at most: a problem that large dwarfs any cache.
         let fit = (crate::host_memory_bytes() as usize / 4 / per_copy).max(1);
         let copies = wanted.min(fit).min(MAX_COPIES);
-        // The copies need other addresses, not other values: cloning the first is quicker
+        // The copies need other addresses, not other values: copying the first is quicker
         // than drawing and converting fresh random data, and the kernels' speed does not
         // depend on the values.
-        let mut all = Vec::with_capacity(copies);
-        all.push(first);
-        for _ in 1..copies {
-            all.push(all[0].clone());
-        }
+        operands.rotate(copies - 1);
         Workload {
             problem: *problem,
-            copies: all,
+            operands,
             next: 0,
             verified: None,
             rows,
@@ -107,14 +113,19 @@ impl Workload {
 
     /// How many copies of the operands there are: the verification copy and the rotation's.
     pub fn copies(&self) -> usize {
-        self.copies.len()
+        self.operands.copies()
+    }
+
+    /// The operands' memory, for the next problem's workload ([`Workload::reusing`]).
+    pub fn into_operands(self) -> Operands {
+        self.operands
     }
 
     /// The copy the next timed call runs on: the one least recently timed. The rotation
     /// goes on across configs; restarting it for each would hand a config the copies the
     /// previous one just read, still in a large last-level cache.
     fn timing_copy(&mut self) -> usize {
-        let n = self.copies.len();
+        let n = self.copies();
         if n == 1 {
             return 0;
         }
@@ -127,9 +138,9 @@ impl Workload {
         let len = backend.scratch_len(&self.problem, config);
         let problem = &self.problem;
         let scratch = self.scratch.get(len);
-        let data = &mut self.copies[copy];
+        let args = self.operands.args(copy);
         match catch_unwind(AssertUnwindSafe(|| {
-            backend.run(problem, config, data.args(), scratch)
+            backend.run(problem, config, args, scratch)
         })) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Failure::Error(e.to_string())),
@@ -146,11 +157,11 @@ impl Workload {
 
     /// Runs once on the reference copy and compares the verification rows.
     pub fn verify(&mut self, backend: &dyn Backend, config: &Config) -> Result<f64, Failure> {
-        self.copies[0].out.fill(f32::NAN);
+        self.operands.first_mut().out.fill(f32::NAN);
         let call = Instant::now();
         self.run(backend, config, 0)?;
         self.verified = Some((*config, call.elapsed()));
-        let data = &self.copies[0];
+        let data = self.operands.first();
         check_rows(
             &self.problem,
             &data.out,
@@ -188,7 +199,7 @@ impl Workload {
         };
         let start = Instant::now();
         let mut samples = Vec::with_capacity(policy.min_reps);
-        let n = self.copies.len();
+        let n = self.copies();
         while samples.len() < policy.max_reps {
             let copy = self.timing_copy();
             let t = Instant::now();
@@ -235,7 +246,7 @@ impl Workload {
         } else {
             policy.min_reps
         };
-        let n = self.copies.len();
+        let n = self.copies();
         let start = Instant::now();
         // Configs still racing: not failed and not yet beaten.
         let mut racing: Vec<bool> = failed.iter().map(Option::is_none).collect();

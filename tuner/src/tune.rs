@@ -13,6 +13,7 @@ use kerntune_kernels::{Backend, Config, Device, Problem, Space};
 
 use crate::error::{Result, TuneError};
 use crate::measure::{Failure, Policy, Workload};
+use crate::operands::Operands;
 use crate::progress::{fmt_time, Progress};
 use crate::search::{search, Strategy};
 use crate::shapes::Derived;
@@ -95,10 +96,21 @@ pub struct Swept {
 }
 
 /// The CPU kernels, run in this process.
-#[derive(Clone, Copy)]
 pub struct CpuSweep<'a> {
     pub backend: &'a dyn Backend,
     pub space: &'a dyn Space,
+    /// The operands' memory, handed from each problem's workload to the next.
+    operands: Operands,
+}
+
+impl<'a> CpuSweep<'a> {
+    pub fn new(backend: &'a dyn Backend, space: &'a dyn Space) -> CpuSweep<'a> {
+        CpuSweep {
+            backend,
+            space,
+            operands: Operands::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for CpuSweep<'_> {
@@ -353,10 +365,11 @@ impl Sweep for CpuSweep<'_> {
                 Err(e) => pruned.push(invalid(&c, e.to_string())),
             }
         }
-        let workload = std::cell::RefCell::new(Workload::new(problem, &job.policy));
+        let operands = std::mem::take(&mut self.operands);
+        let workload = std::cell::RefCell::new(Workload::reusing(problem, &job.policy, operands));
         let backend = self.backend;
         let policy = &job.policy;
-        sweep_candidates(
+        let swept = sweep_candidates(
             job,
             problem,
             default,
@@ -373,7 +386,9 @@ impl Sweep for CpuSweep<'_> {
                     .borrow_mut()
                     .time_together(backend, finalists, policy, job.stop)
             }),
-        )
+        );
+        self.operands = workload.into_inner().into_operands();
+        swept
     }
 }
 
