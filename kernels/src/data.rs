@@ -69,6 +69,9 @@ impl ProblemData {
             out: Vec::new(),
         });
         data.problem = *problem;
+        data.block_tables.clear();
+        data.max_blocks_per_seq = 0;
+        data.context_lens.clear();
         let mut spares = std::mem::take(&mut data.inputs).into_iter();
         let mut tensor = |rng: &mut SplitMix, len| rng.tensor(spares.next(), dt, len);
         let (inputs, out) = match problem {
@@ -89,14 +92,12 @@ impl ProblemData {
                 let blocks = p.num_seqs * mb;
                 let per_block = p.block_size * p.kv_heads * p.head_dim;
                 let table = &mut data.block_tables;
-                table.clear();
                 table.extend(0..blocks as u32);
                 for i in (1..table.len()).rev() {
                     let j = (rng.next() % (i as u64 + 1)) as usize;
                     table.swap(i, j);
                 }
                 data.max_blocks_per_seq = mb;
-                data.context_lens.clear();
                 data.context_lens.resize(p.num_seqs, p.context_len as u32);
                 (
                     vec![
@@ -108,11 +109,6 @@ impl ProblemData {
                 )
             }
         };
-        if !matches!(problem, Problem::Paged(_)) {
-            data.block_tables.clear();
-            data.max_blocks_per_seq = 0;
-            data.context_lens.clear();
-        }
         data.inputs = inputs;
         data.out.clear();
         data.out.resize(out, 0.0);

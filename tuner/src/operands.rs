@@ -40,7 +40,7 @@ pub struct Operands {
 impl Operands {
     /// Draws `problem`'s data (as [`ProblemData::random`] with `seed`) in the verification
     /// copy's buffers, and drops the rotation's copies until [`Operands::rotate`].
-    pub fn draw(&mut self, problem: &Problem, seed: u64) -> &mut ProblemData {
+    pub fn draw(&mut self, problem: &Problem, seed: u64) -> &ProblemData {
         self.copies = 0;
         let first = ProblemData::random_reusing(problem, seed, self.first.take());
         self.first.insert(first)
@@ -51,6 +51,7 @@ impl Operands {
         self.first.as_ref().expect("operands are drawn before use")
     }
 
+    /// The verification copy, whose output a verification poisons before its call.
     pub fn first_mut(&mut self) -> &mut ProblemData {
         self.first.as_mut().expect("operands are drawn before use")
     }
