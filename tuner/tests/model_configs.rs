@@ -706,8 +706,9 @@ fn experts_under_names_not_read_are_refused_rather_than_derived_dense() {
     let attention = derive(step3, &["--tp", "1", "--kernels", "flash,paged"]);
     assert!(!attention.is_empty());
     assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
-    // Experts read, but their shared experts or the schedule of their layers not: Hunyuan's
-    // shared experts, Arctic's MoE layer frequency.
+    // Experts read, but their shared experts or the schedule of their layers not: a
+    // shared-expert count under Hunyuan's name in a config that is not Hunyuan's, Arctic's MoE
+    // layer frequency.
     let qwen_moe = r#""hidden_size": 2048, "moe_intermediate_size": 768, "num_experts": 128,
         "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4,
         "num_hidden_layers": 48, "vocab_size": 151936"#;
@@ -732,6 +733,77 @@ fn experts_under_names_not_read_are_refused_rather_than_derived_dense() {
         keys_of(&rows, "gate_up")[0],
         "gemm:m=1,n=28672,k=4096,dtype=bf16,b=nk"
     );
+}
+
+#[test]
+fn hunyuan_reads_its_experts_per_layer_and_its_mixed_shared_mlp() {
+    // Hunyuan-A13B's shape (vLLM's hunyuan_v1.py): 64 experts of 3072, 8 active, the mixed
+    // MLP two experts of intermediate_size wide here, every list one value per layer.
+    let lists = |value: u32| format!("[{}]", vec![value.to_string(); 32].join(", "));
+    let hunyuan = |topk: &str, extra: &str| {
+        format!(
+            r#"{{"model_type": "hunyuan_v1_moe", "hidden_size": 4096, "intermediate_size": 3072,
+            "moe_intermediate_size": {}, "num_experts": 64, "moe_topk": {topk},
+            "num_shared_expert": {}, "use_mixed_mlp_moe": true, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "attention_head_dim": 128, "num_hidden_layers": 32,
+            "vocab_size": 128167, "use_cla": false, "cla_share_factor": 2{extra}}}"#,
+            lists(3072),
+            lists(2)
+        )
+    };
+    let a13b = hunyuan(&lists(8), "");
+    let rows = derive(
+        &a13b,
+        &["--tp", "2", "--batch-sizes", "1", "--prefill-lens", "512"],
+    );
+    assert_eq!(
+        keys_of(&rows, "shared_gate_up")[0],
+        "gemm:m=1,n=6144,k=4096,dtype=bf16,b=nk"
+    );
+    // 512 tokens, each to 8 of 64 experts: 64 rows an expert.
+    assert!(keys_of(&rows, "expert_gate_up").contains(&"gemm:m=64,n=3072,k=4096,dtype=bf16,b=nk"));
+    assert_eq!(
+        keys_of(&rows, "router")[0],
+        "gemm:m=1,n=64,k=4096,dtype=bf16,b=nk"
+    );
+    assert!(
+        keys_of(&rows, "gate_up").is_empty(),
+        "every layer is a MoE layer"
+    );
+    // Layers that differ, and Hunyuan-Large's cross-layer attention, are named.
+    refused(
+        &hunyuan("[8, 4]", ""),
+        &["--tp", "2"],
+        &["`moe_topk` differs between layers", "--shapes gemm:"],
+    );
+    let cla = hunyuan(&lists(8), "").replace(r#""use_cla": false"#, r#""use_cla": true"#);
+    refused(
+        &cla,
+        &["--tp", "2"],
+        &[
+            "cross-layer attention",
+            "cla_share_factor = 2",
+            "--kernels flash,paged",
+        ],
+    );
+    let attention = derive(&cla, &["--tp", "2", "--kernels", "flash,paged"]);
+    assert!(!attention.is_empty());
+    // One expert is Hunyuan's dense MLP.
+    let dense = a13b
+        .replace(r#""num_experts": 64"#, r#""num_experts": 1"#)
+        .replace(
+            r#""intermediate_size": 3072"#,
+            r#""intermediate_size": 5120"#,
+        );
+    let rows = derive(
+        &dense,
+        &["--tp", "2", "--batch-sizes", "1", "--kernels", "gemm"],
+    );
+    assert_eq!(
+        keys_of(&rows, "gate_up")[0],
+        "gemm:m=1,n=5120,k=4096,dtype=bf16,b=nk"
+    );
+    assert!(keys_of(&rows, "expert_gate_up").is_empty());
 }
 
 #[test]

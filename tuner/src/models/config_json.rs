@@ -15,6 +15,7 @@ use kerntune_kernels::DType;
 use super::blocks::blocks;
 use super::delta_net::delta_net;
 use super::families::llama_names;
+use super::hunyuan::{cross_layer_attention, hunyuan_fields};
 use super::hybrid::other_layers;
 use super::kimi_delta::kimi_delta;
 use super::lightning::lightning;
@@ -134,6 +135,16 @@ impl Model {
             _ => None,
         };
         let f = match &unlisted {
+            Some(map) => Fields { path, map },
+            None => f,
+        };
+        // Hunyuan's experts per layer and under its own names.
+        let hunyuan = model_type(&top, &f)
+            .is_some_and(|t| t.starts_with("hunyuan_v1"))
+            .then(|| hunyuan_fields(f.map))
+            .transpose()
+            .map_err(|e| f.error(e))?;
+        let f = match &hunyuan {
             Some(map) => Fields { path, map },
             None => f,
         };
@@ -308,6 +319,9 @@ impl Model {
                 })
                 .or_else(|| unread_experts(&f, experts.is_some()))
                 .or_else(|| narrow_embeddings(&f, family, hidden))
+                .or_else(|| {
+                    cross_layer_attention(f.map).map(|why| format!("{}: {why}", path.display()))
+                })
                 .or_else(|| {
                     gemma3n.then(|| {
                         format!(
@@ -549,7 +563,8 @@ fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
 /// experts read, any positive `moe_*` or `*expert*` field (Step-3's `moe_num_experts` and
 /// `moe_top_k`: read as dense, every layer would run an MLP of `intermediate_size`); with
 /// experts read, shared experts or a schedule of MoE layers under other names (Hunyuan's
-/// `num_shared_expert`, Arctic's `moe_layer_frequency`), which would drop or miscount GEMMs.
+/// `num_shared_expert` outside a Hunyuan config, Arctic's `moe_layer_frequency`), which would
+/// drop or miscount GEMMs.
 fn unread_experts(f: &Fields<'_>, experts_read: bool) -> Option<String> {
     const READ_SHARED: [&str; 4] = [
         "shared_expert_intermediate_size",

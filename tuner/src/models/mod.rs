@@ -7,6 +7,7 @@ mod config_json;
 mod delta_net;
 mod families;
 mod hub;
+mod hunyuan;
 mod hybrid;
 mod kimi_delta;
 mod lightning;
