@@ -55,14 +55,13 @@ pub fn hunyuan_fields(config: &Map<String, Value>) -> Result<Map<String, Value>,
             (true, Some(n), Some(width)) => {
                 out.insert("shared_expert_intermediate_size".into(), (n * width).into());
             }
-            (true, None, _) => {
+            (true, Some(_), None) | (true, None, _) => {
                 return Err(
-                    "use_mixed_mlp_moe runs a shared MLP beside the experts, whose width needs num_shared_expert"
+                    "use_mixed_mlp_moe runs a shared MLP beside the experts, intermediate_size × num_shared_expert wide, which needs both as integers"
                         .into(),
                 )
             }
-            // No shared MLP, or a missing `intermediate_size` the required fields name.
-            _ => {}
+            (false, _, _) => {}
         }
     }
     let head_dim_given = int(&out, "head_dim").is_some_and(|d| d > 0);
@@ -138,9 +137,20 @@ mod tests {
             err.contains("`moe_topk` differs between layers ([8,4])"),
             "{err}"
         );
-        let err =
-            read(r#"{"num_experts": 64, "moe_topk": 8, "use_mixed_mlp_moe": 1}"#).unwrap_err();
+        let err = read(
+            r#"{"num_experts": 64, "moe_topk": 8, "use_mixed_mlp_moe": 1, "intermediate_size": 8}"#,
+        )
+        .unwrap_err();
         assert!(err.contains("num_shared_expert"), "{err}");
+        let err = read(
+            r#"{"num_experts": 64, "moe_topk": 8, "use_mixed_mlp_moe": 1,
+            "num_shared_expert": 1, "intermediate_size": [8, 16]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("intermediate_size × num_shared_expert"),
+            "{err}"
+        );
     }
 
     #[test]
