@@ -18,7 +18,8 @@ use kerntune_kernels::{DType, Problem, Tensor};
 const ALIGN: usize = 64;
 
 /// One problem's operands: the verification copy ([`Operands::first`], copy 0) and the
-/// rotation's copies (1 and up), each laid out alike in one buffer.
+/// rotation's copies (1 and up), each laid out alike in one buffer. Outside this crate, the
+/// memory a [`crate::measure::Workload`] hands on to the next.
 #[derive(Debug, Default)]
 pub struct Operands {
     first: Option<ProblemData>,
@@ -40,24 +41,24 @@ pub struct Operands {
 impl Operands {
     /// Draws `problem`'s data (as [`ProblemData::random`] with `seed`) in the verification
     /// copy's buffers, and drops the rotation's copies until [`Operands::rotate`].
-    pub fn draw(&mut self, problem: &Problem, seed: u64) -> &ProblemData {
+    pub(crate) fn draw(&mut self, problem: &Problem, seed: u64) -> &ProblemData {
         self.copies = 0;
         let first = ProblemData::random_reusing(problem, seed, self.first.take());
         self.first.insert(first)
     }
 
     /// The verification copy, as drawn last.
-    pub fn first(&self) -> &ProblemData {
+    pub(crate) fn first(&self) -> &ProblemData {
         self.first.as_ref().expect("operands are drawn before use")
     }
 
     /// The verification copy, whose output a verification poisons before its call.
-    pub fn first_mut(&mut self) -> &mut ProblemData {
+    pub(crate) fn first_mut(&mut self) -> &mut ProblemData {
         self.first.as_mut().expect("operands are drawn before use")
     }
 
     /// How many copies there are: the verification copy and the rotation's.
-    pub fn copies(&self) -> usize {
+    pub(crate) fn copies(&self) -> usize {
         1 + self.copies
     }
 
@@ -65,7 +66,7 @@ impl Operands {
     /// only when it holds fewer bytes than they need. A `Vec<u8>` on purpose: growing one
     /// reallocates in place where the system allocator can (a large block is remapped, not
     /// copied), so the pages of the problems before are kept and only new ones are touched.
-    pub fn rotate(&mut self, copies: usize) {
+    pub(crate) fn rotate(&mut self, copies: usize) {
         let first = self.first.as_ref().expect("operands are drawn before use");
         let mut end = 0;
         let mut place = |bytes: usize| {
@@ -113,7 +114,7 @@ impl Operands {
     }
 
     /// The buffers of one call on copy `copy`, below [`Operands::copies`].
-    pub fn args(&mut self, copy: usize) -> Args<'_> {
+    pub(crate) fn args(&mut self, copy: usize) -> Args<'_> {
         let first = self.first.as_mut().expect("operands are drawn before use");
         if copy == 0 {
             return first.args();
