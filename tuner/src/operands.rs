@@ -17,9 +17,9 @@ use kerntune_kernels::{DType, Problem, Tensor};
 /// allocator (and [`kerntune_kernels::TensorBuf`]) does.
 const ALIGN: usize = 64;
 
-/// One problem's operands: the verification copy ([`Operands::first`], copy 0) and the
-/// rotation's copies (1 and up), each laid out alike in one buffer. Outside this crate, the
-/// memory a [`crate::measure::Workload`] hands on to the next.
+/// One problem's operands: the verification copy (copy 0) and the rotation's copies (1 and
+/// up), each laid out alike in one buffer. Outside this crate, the memory a
+/// [`crate::measure::Workload`] hands on to the next.
 #[derive(Debug, Default)]
 pub struct Operands {
     first: Option<ProblemData>,
