@@ -211,10 +211,12 @@ pub struct TuneArgs {
     /// Search strategy.
     #[arg(long, value_enum, default_value = "local")]
     pub strategy: Strategy,
-    /// Time budget per problem (e.g. 2s, 500ms, 1m).
+    /// Time budget of each problem's search (e.g. 2s, 500ms, 1m).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub budget: Duration,
-    /// Time budget for the whole run; problems not reached are left for the next run.
+    /// Time budget for the whole run. Searches share it when it is too short for each to
+    /// have --budget (down to a quarter of --budget); problems not reached are left for the
+    /// next run.
     #[arg(long, default_value = "4m", value_parser = parse_duration)]
     pub total_budget: Duration,
     /// Most configs measured per problem, the default among them.

@@ -6,7 +6,7 @@
 //! reason, failures with theirs, exactly as the CPU sweep stores its own.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use kerntune_db::{Db, MeasurementRecord};
@@ -153,7 +153,13 @@ impl Sweep for GpuSweep<'_> {
         self.runtime.clone()
     }
 
-    fn sweep(&mut self, job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Swept> {
+    fn sweep(
+        &mut self,
+        job: &Job<'_>,
+        budget: Duration,
+        problem: &Problem,
+        bar: &ProgressBar,
+    ) -> Option<Swept> {
         let planned = self
             .candidates
             .get(&problem.key())
@@ -179,6 +185,7 @@ impl Sweep for GpuSweep<'_> {
                 let why = format!("uploading the problem failed: {e}");
                 return sweep_candidates(
                     job,
+                    budget,
                     problem,
                     default,
                     &runnable,
@@ -205,6 +212,7 @@ impl Sweep for GpuSweep<'_> {
         // load each finalist's module again for every batch of launches.
         sweep_candidates(
             job,
+            budget,
             problem,
             default,
             &runnable,

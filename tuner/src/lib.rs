@@ -2,7 +2,7 @@
 //!
 //! The library behind the `tune` binary: model shapes ([`models`], [`shapes`], PyTorch
 //! TunableOp's GEMM files in [`tunableop`]), measurement
-//! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]), the offline GPU
+//! ([`measure`]), search strategies ([`search`]), the tuning loop ([`tune`]) and its pace ([`pace`]), the offline GPU
 //! plan ([`plan`]), progress on long work ([`progress`]) and sharing results between databases ([`share`]). It is a library so the
 //! end-to-end tests can drive the loop with fake backends and the sharing operations without a
 //! process per call.
@@ -12,6 +12,7 @@ pub mod gpu_sweep;
 pub mod measure;
 pub mod models;
 pub mod operands;
+pub mod pace;
 pub mod plan;
 pub mod progress;
 pub mod search;

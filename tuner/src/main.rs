@@ -11,6 +11,7 @@ mod plan_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -231,7 +232,7 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
     let result = tune::run(&job, &mut sweep, &problems).await;
     db.close().await;
     let outcomes = result?;
-    print_summary(&outcomes, args.json)
+    print_summary(&outcomes, args.budget, args.json)
 }
 
 /// Tunes on a GPU: open it (or say why it cannot be used, writing nothing), plan and compile
@@ -301,10 +302,10 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
     .await;
     db.close().await;
     let outcomes = result?;
-    print_summary(&outcomes, args.json)
+    print_summary(&outcomes, args.budget, args.json)
 }
 
-fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
+fn print_summary(outcomes: &[Outcome], budget: Duration, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(outcomes)?);
         return Ok(());
@@ -341,6 +342,18 @@ fn print_summary(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
         count("no-winner"),
         count("budget")
     );
+    let paced: Vec<f64> = outcomes
+        .iter()
+        .filter_map(|o| o.search_budget_s)
+        .filter(|&b| b < budget.as_secs_f64())
+        .collect();
+    if let Some(shortest) = paced.iter().copied().reduce(f64::min) {
+        println!(
+            "{} searches paced to fit --total-budget (shortest {shortest:.1} s of --budget's {:.1} s)",
+            paced.len(),
+            budget.as_secs_f64()
+        );
+    }
     Ok(())
 }
 

@@ -14,6 +14,7 @@ use kerntune_kernels::{Backend, Config, Device, Problem, Space};
 use crate::error::{Result, TuneError};
 use crate::measure::{Failure, Policy, Workload};
 use crate::operands::Operands;
+use crate::pace::{search_over, Pace};
 use crate::progress::{fmt_time, Progress};
 use crate::search::{search, Strategy};
 use crate::shapes::Derived;
@@ -58,6 +59,9 @@ pub struct Outcome {
     pub throughput: Option<f64>,
     pub unit: Option<String>,
     pub speedup: Option<f64>,
+    /// What its search could take: `--budget`, or less where the run was paced to fit
+    /// `--total-budget` (see [`crate::pace`]).
+    pub search_budget_s: Option<f64>,
     /// Candidates the search measured.
     pub measured: usize,
     /// Measurements of the final round, besides the search's.
@@ -79,9 +83,15 @@ pub trait Sweep {
     fn runtime(&self) -> String {
         String::new()
     }
-    /// Measures the candidates of one problem; `None` when interrupted (nothing of it is
-    /// committed).
-    fn sweep(&mut self, job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Swept>;
+    /// Measures the candidates of one problem, searching for up to `budget`; `None` when
+    /// interrupted (nothing of it is committed).
+    fn sweep(
+        &mut self,
+        job: &Job<'_>,
+        budget: Duration,
+        problem: &Problem,
+        bar: &ProgressBar,
+    ) -> Option<Swept>;
 }
 
 /// One problem's sweep: every record (pruned ones included), which won, which is the default.
@@ -93,6 +103,8 @@ pub struct Swept {
     pub winner: Option<usize>,
     pub default: Option<usize>,
     pub pruned: usize,
+    /// How long the search took, the final round not included.
+    pub searched: Duration,
 }
 
 /// The CPU kernels, run in this process.
@@ -183,6 +195,26 @@ pub async fn run(
     ));
     overall.set_prefix("overall");
     let started = Instant::now();
+    // Which problems are to tune decides how the total budget is shared among them.
+    let mut kernel_ids = Vec::with_capacity(problems.len());
+    let mut pending = Vec::with_capacity(problems.len());
+    for d in problems {
+        let kernel = kernel_record(&d.problem, sweep.backend(), sweep.source_hash());
+        let kernel_id = job.db.kernel_id(&kernel).await?;
+        kernel_ids.push(kernel_id);
+        pending.push(
+            job.retune
+                || !job
+                    .db
+                    .is_tuned(device_id, kernel_id, &d.problem.key())
+                    .await?,
+        );
+    }
+    let mut pace = Pace::new(
+        job.total_budget,
+        job.budget,
+        pending.iter().filter(|&&p| p).count(),
+    );
     let mut outcomes = Vec::new();
     let mut interrupted = false;
     for (i, d) in problems.iter().enumerate() {
@@ -191,8 +223,7 @@ pub async fn run(
             break;
         }
         let key = d.problem.key();
-        let kernel = kernel_record(&d.problem, sweep.backend(), sweep.source_hash());
-        let kernel_id = job.db.kernel_id(&kernel).await?;
+        let kernel_id = kernel_ids[i];
         let blank = |status: &str| Outcome {
             problem: key.clone(),
             origin: d.origin.clone(),
@@ -202,12 +233,17 @@ pub async fn run(
             throughput: None,
             unit: None,
             speedup: None,
+            search_budget_s: None,
             measured: 0,
             final_round: 0,
             pruned: 0,
             failed: 0,
         };
+        // Checked again as its turn comes: another run may have tuned it meanwhile.
         if !job.retune && job.db.is_tuned(device_id, kernel_id, &key).await? {
+            if pending[i] {
+                pace.skipped();
+            }
             outcomes.push(blank("skipped"));
             overall.inc(1);
             continue;
@@ -232,7 +268,8 @@ pub async fn run(
         bar.set_prefix(d.problem.family().to_string());
         bar.set_message(key.clone());
         let problem_started = Instant::now();
-        let result = sweep.sweep(job, &d.problem, &bar);
+        let budget = pace.search_budget(started.elapsed());
+        let result = sweep.sweep(job, budget, &d.problem, &bar);
         bar.finish_and_clear();
         bars.remove(&bar);
         let Some(Swept {
@@ -241,6 +278,7 @@ pub async fn run(
             winner,
             default,
             pruned,
+            searched,
         }) = result
         else {
             interrupted = true;
@@ -277,6 +315,7 @@ pub async fn run(
             throughput: ws.map(|s| s.throughput),
             unit: ws.map(|s| s.unit.clone()),
             speedup: ws.zip(ds).map(|(w, d)| d.median_ns / w.median_ns),
+            search_budget_s: Some(budget.as_secs_f64()),
             measured: measurements.len() - pruned - final_round,
             final_round,
             pruned,
@@ -290,10 +329,13 @@ pub async fn run(
                 "no-winner"
             })
         });
+        let took = problem_started.elapsed();
+        pace.finished(took, searched, budget);
         job.progress.line(progress_line(
             outcomes.last().expect("just pushed"),
             (i + 1, problems.len()),
-            problem_started.elapsed(),
+            took,
+            job.budget,
         ));
         overall.inc(1);
     }
@@ -315,8 +357,8 @@ pub async fn run(
 }
 
 /// The line a problem's end writes in a log: where the run is, what won and by how much, what
-/// the search cost.
-fn progress_line(o: &Outcome, (n, of): (usize, usize), took: Duration) -> String {
+/// the search cost, and its budget where the run's pace cut it short of `budget`.
+fn progress_line(o: &Outcome, (n, of): (usize, usize), took: Duration, budget: Duration) -> String {
     let result = match (o.median_ns, o.speedup) {
         (Some(median), Some(speedup)) => {
             format!("{}, {speedup:.2}x the default", fmt_time(median))
@@ -324,8 +366,12 @@ fn progress_line(o: &Outcome, (n, of): (usize, usize), took: Duration) -> String
         (Some(median), None) => fmt_time(median),
         (None, _) => "no candidate passed verification".to_string(),
     };
+    let paced = match o.search_budget_s {
+        Some(b) if b < budget.as_secs_f64() => format!(", search paced to {b:.1} s"),
+        _ => String::new(),
+    };
     format!(
-        "[{n}/{of}] {} {} in {:.1} s: {result} ({} measured, {} failed)",
+        "[{n}/{of}] {} {} in {:.1} s: {result} ({} measured, {} failed{paced})",
         o.status,
         o.problem,
         took.as_secs_f64(),
@@ -343,7 +389,13 @@ impl Sweep for CpuSweep<'_> {
         kerntune_kernels::CPU_SOURCE_HASH
     }
 
-    fn sweep(&mut self, job: &Job<'_>, problem: &Problem, bar: &ProgressBar) -> Option<Swept> {
+    fn sweep(
+        &mut self,
+        job: &Job<'_>,
+        budget: Duration,
+        problem: &Problem,
+        bar: &ProgressBar,
+    ) -> Option<Swept> {
         let device = job.device;
         let default = self.space.default_config(problem, device);
         let heuristic = self.space.heuristic(problem, device);
@@ -371,6 +423,7 @@ impl Sweep for CpuSweep<'_> {
         let policy = &job.policy;
         let swept = sweep_candidates(
             job,
+            budget,
             problem,
             default,
             &runnable,
@@ -413,7 +466,8 @@ pub type TimeTogether<'a> = dyn FnMut(&[Config]) -> Vec<std::result::Result<Stat
 /// How many of the fastest candidates besides the default go to the final round.
 const FINALISTS: usize = 3;
 
-/// Searches `runnable` with the job's strategy within its budgets, measuring each candidate
+/// Searches `runnable` with the job's strategy within `budget` (a paced share of the job's,
+/// see [`crate::pace`]) and `max_configs`, measuring each candidate
 /// with `measure`, which is given the search's best median so far (its timing may stop once
 /// it is slower than that beyond doubt); `records` starts with the pruned ones. The default is
 /// always measured; a candidate that fails verification or errors is recorded and never wins.
@@ -428,6 +482,7 @@ const FINALISTS: usize = 3;
 #[allow(clippy::too_many_arguments)]
 pub fn sweep_candidates(
     job: &Job<'_>,
+    budget: Duration,
     problem: &Problem,
     default: Config,
     runnable: &[Config],
@@ -448,7 +503,9 @@ pub fn sweep_candidates(
             return Err(());
         }
         // The default is always measured, so the budget applies after it.
-        if !tried.is_empty() && (tried.len() >= job.max_configs || started.elapsed() >= job.budget)
+        if !tried.is_empty()
+            && (tried.len() >= job.max_configs
+                || search_over(started.elapsed(), tried.len(), budget, job.budget))
         {
             return Err(());
         }
@@ -468,21 +525,21 @@ pub fn sweep_candidates(
     let mut order: Vec<Config> = runnable.iter().copied().filter(|c| *c == default).collect();
     order.extend(runnable.iter().copied().filter(|c| *c != default));
     search(job.strategy, &order, 0x5eed, &mut eval);
+    let searched = started.elapsed();
     if stopped {
         return None;
     }
-    let searched = &records[pruned..];
-    let mut finalists: Vec<usize> = (0..searched.len())
-        .filter(|&i| searched[i].status == Status::Ok && tried[i] != default)
+    let search = &records[pruned..];
+    let mut finalists: Vec<usize> = (0..search.len())
+        .filter(|&i| search[i].status == Status::Ok && tried[i] != default)
         .collect();
-    finalists.sort_by(|&a, &b| median_of(&searched[a]).total_cmp(&median_of(&searched[b])));
+    finalists.sort_by(|&a, &b| median_of(&search[a]).total_cmp(&median_of(&search[b])));
     // A strategy that measured a config twice puts it in the final round once.
     let mut seen = std::collections::HashSet::new();
     finalists.retain(|&i| seen.insert(tried[i]));
     finalists.truncate(FINALISTS);
-    finalists.extend(
-        (0..searched.len()).find(|&i| tried[i] == default && searched[i].status == Status::Ok),
-    );
+    finalists
+        .extend((0..search.len()).find(|&i| tried[i] == default && search[i].status == Status::Ok));
     let mut default_idx = tried.iter().position(|c| *c == default).map(|i| pruned + i);
     let mut contenders: Vec<usize> = (pruned..records.len()).collect();
     if finalists.len() > 1 {
@@ -546,6 +603,7 @@ pub fn sweep_candidates(
         winner,
         default: default_idx,
         pruned,
+        searched,
     })
 }
 

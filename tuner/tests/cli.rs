@@ -553,6 +553,43 @@ fn tune_then_show_and_bench_the_winner() {
 }
 
 #[test]
+fn searches_are_paced_to_a_total_budget_too_short_for_their_full_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("k.db");
+    // Two problems, 2 s for the run, 4 s per search: the first search gets the 1 s share
+    // (also the floor, a quarter of 4 s) and its line and the summary say so.
+    let out = tune(
+        &[
+            "--db",
+            db.to_str().unwrap(),
+            "--shapes",
+            "paged:num_seqs=2,context_len=64,q_heads=4,kv_heads=1,head_dim=32",
+            "--shapes",
+            "paged:num_seqs=3,context_len=64,q_heads=4,kv_heads=1,head_dim=32",
+            "--budget",
+            "4s",
+            "--total-budget",
+            "2s",
+        ],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("[1/2] tuned") && l.ends_with(", search paced to 1.0 s)")),
+        "{stderr}"
+    );
+    assert!(
+        stdout
+            .contains("searches paced to fit --total-budget (shortest 1.0 s of --budget's 4.0 s)"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn a_pytorch_tunableop_file_names_the_gemms_to_tune() {
     let dir = tempfile::tempdir().unwrap();
     // What PYTORCH_TUNABLEOP_RECORD_UNTUNED=1 writes: BLAS sizes N_M_K, each GEMM once per

@@ -57,6 +57,7 @@ async fn sweep(search: [f64; 5], together: Option<[Result<f64, Failure>; 5]>) ->
     };
     let swept = sweep_candidates(
         &job(&db, &device),
+        Duration::from_secs(5),
         &problem,
         list[0],
         &list,

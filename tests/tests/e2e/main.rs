@@ -2,6 +2,7 @@
 //! that compiled and linked the kernels, the tuner, the database and the runtime again (about
 //! two minutes of compile time between the seven, against forty seconds for this one).
 
+mod budgets;
 mod cold_timing;
 mod final_round;
 mod gpu_sweep;

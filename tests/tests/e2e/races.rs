@@ -90,6 +90,7 @@ async fn the_search_times_each_candidate_against_its_best_so_far() {
     };
     let swept = sweep_candidates(
         &job(&db, &device),
+        Duration::from_secs(5),
         &problem,
         list[0],
         &list,
