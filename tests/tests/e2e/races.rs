@@ -1,7 +1,9 @@
 //! Timing stops once it has decided: a search candidate slower than the best beyond doubt,
 //! and a finalist beaten beyond doubt in the final round, are timed no further.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
@@ -13,8 +15,18 @@ use kerntune_tuner::measure::{stats, Policy, Workload};
 use kerntune_tuner::tune::{sweep_candidates, Measured};
 
 /// Takes the time given for each config, doing nothing else: timing does not look at the
-/// output.
-struct Paced(Vec<(Config, Duration)>);
+/// output. Counts each config's calls.
+struct Paced(Vec<(Config, Duration)>, Mutex<HashMap<Config, usize>>);
+
+impl Paced {
+    fn new(paces: Vec<(Config, Duration)>) -> Paced {
+        Paced(paces, Mutex::default())
+    }
+
+    fn calls(&self, config: &Config) -> usize {
+        self.1.lock().unwrap().get(config).copied().unwrap_or(0)
+    }
+}
 
 impl Backend for Paced {
     fn name(&self) -> &'static str {
@@ -31,6 +43,7 @@ impl Backend for Paced {
         _: &mut [f32],
     ) -> Result<(), KernelError> {
         let (_, pace) = self.0.iter().find(|(c, _)| c == config).expect("paced");
+        *self.1.lock().unwrap().entry(*config).or_default() += 1;
         let start = Instant::now();
         while start.elapsed() < *pace {
             std::hint::spin_loop();
@@ -61,7 +74,7 @@ fn patient(max_reps: usize) -> Policy {
 fn a_candidate_slower_than_the_best_beyond_doubt_is_timed_no_further() {
     let (problem, [ruled_out, kept, _]) = three();
     let pace = Duration::from_micros(500);
-    let paced = Paced(vec![(ruled_out, pace), (kept, pace)]);
+    let paced = Paced::new(vec![(ruled_out, pace), (kept, pace)]);
     let policy = patient(200);
     let mut w = Workload::new(&problem, &policy);
     // The search's best so far took a tenth of this candidate's time.
@@ -123,7 +136,7 @@ async fn the_search_times_each_candidate_against_its_best_so_far() {
 #[test]
 fn a_finalist_beaten_beyond_doubt_leaves_the_race_and_the_last_one_left_ends_it() {
     let (problem, [slow, fast, _]) = three();
-    let paced = Paced(vec![
+    let paced = Paced::new(vec![
         (slow, Duration::from_millis(2)),
         (fast, Duration::from_micros(20)),
     ]);
@@ -143,7 +156,7 @@ fn a_finalist_beaten_beyond_doubt_leaves_the_race_and_the_last_one_left_ends_it(
 fn finalists_the_race_cannot_tell_apart_run_to_the_end() {
     let (problem, [a, b, slow]) = three();
     let pace = Duration::from_micros(50);
-    let paced = Paced(vec![(a, pace), (b, pace), (slow, pace * 40)]);
+    let paced = Paced::new(vec![(a, pace), (b, pace), (slow, pace * 40)]);
     let policy = patient(40);
     let mut w = Workload::new(&problem, &policy);
     let out = w.time_together(&paced, &[a, b, slow], &policy, &AtomicBool::new(false));
@@ -151,4 +164,24 @@ fn finalists_the_race_cannot_tell_apart_run_to_the_end() {
     // Two equal configs stay in the race together until their repetitions are done (or,
     // rarely, until the noise of calls this short separates them); the slow one leaves.
     assert!(reps[2] < reps[0].min(reps[1]), "{reps:?}");
+}
+
+#[test]
+fn a_finalist_whose_calls_dwarf_the_switch_between_configs_is_timed_without_a_warm_up_call() {
+    let (problem, [slow, fast, _]) = three();
+    let paced = Paced::new(vec![
+        (slow, Duration::from_millis(60)),
+        (fast, Duration::from_millis(1)),
+    ]);
+    let policy = Policy {
+        min_reps: 3,
+        ..patient(3)
+    };
+    let mut w = Workload::new(&problem, &policy);
+    let out = w.time_together(&paced, &[slow, fast], &policy, &AtomicBool::new(false));
+    assert!(out.iter().all(|s| s.as_ref().unwrap().reps >= 3), "{out:?}");
+    // Three rounds: the 60 ms config a timed call in each, the 1 ms one an untimed call
+    // and two timed ones; a warm-up each before the first.
+    assert_eq!(paced.calls(&slow), 1 + 3);
+    assert_eq!(paced.calls(&fast), 1 + 3 * 3);
 }
