@@ -61,8 +61,9 @@ fn check_candidates(
         })
         .collect();
     for (c, out) in results {
-        let (ptx, kernels) = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
-        let ptx = String::from_utf8(ptx).unwrap();
+        let out = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
+        assert!(out.cubin.starts_with(b"\x7fELF"), "{name} {c}: no CUBIN");
+        let (ptx, kernels) = (String::from_utf8(out.ptx).unwrap(), out.kernels);
         assert!(ptx.contains(instruction), "{name} {c}: no {instruction}");
         let also: &[&str] = match c {
             Config::GpuGemm(g) if g.variant == GpuGemmVariant::Wgmma => &[
@@ -146,10 +147,12 @@ fn defaults_compile_for_sm80_and_sm90_without_spills() {
             let config = GpuSpace.default_config(&p, &device);
             GpuSpace.validate(&config, &p, &device).unwrap();
             let build = KernelBuild::new(&p, &config).unwrap();
-            let (ptx, kernels) = nvrtc
+            let out = nvrtc
                 .compile(&build, g.arch, build.threads as u32)
                 .unwrap_or_else(|e| panic!("{p} {config} for {}: {e}", g.arch));
-            let ptx = String::from_utf8(ptx).unwrap();
+            // The CUBIN is an ELF image for the architecture compiled for.
+            assert!(out.cubin.starts_with(b"\x7fELF"), "{p}: no CUBIN");
+            let (ptx, kernels) = (String::from_utf8(out.ptx).unwrap(), out.kernels);
             for entry in build.entries {
                 assert!(
                     ptx.contains(&format!(".entry {entry}(")),
@@ -170,6 +173,34 @@ fn defaults_compile_for_sm80_and_sm90_without_spills() {
             assert!(
                 judge(&build, &Ok(kernels), g, 1.0).is_kept(),
                 "{p} {config}"
+            );
+        }
+    }
+}
+
+/// NVRTC 12.9 and later serve a build they compiled before from a cache of their own, with no
+/// ptxas report unless that cache is off: the same build compiled again, in this process or
+/// (the case met on an H200) after another, still reports its resources.
+#[test]
+fn a_build_compiled_again_still_reports_its_resources() {
+    let Some(nvrtc) = compiler("a_build_compiled_again_still_reports_its_resources") else {
+        return;
+    };
+    let p: Problem = "paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128"
+        .parse()
+        .unwrap();
+    let device = Device::lookup("h200").unwrap();
+    let build = KernelBuild::new(&p, &GpuSpace.default_config(&p, &device)).unwrap();
+    for round in 0..2 {
+        let out = nvrtc
+            .compile(&build, "sm_90", build.threads as u32)
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        for entry in build.entries {
+            let k = out.kernels.iter().find(|k| k.name == *entry);
+            assert!(
+                k.is_some_and(|k| k.vgpr > 0),
+                "round {round}: no resources for {entry}: {:?}",
+                out.kernels
             );
         }
     }
@@ -199,7 +230,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
     let build = KernelBuild::new(&p, &config).unwrap();
     let compiled = nvrtc
         .compile(&build, g.arch, build.threads as u32)
-        .map(|(_, k)| k);
+        .map(|out| out.kernels);
     match judge(&build, &compiled, g, 1.0) {
         Verdict::Pruned { reason } => assert!(reason.starts_with("over-LDS"), "{reason}"),
         kept => panic!("kept: {kept:?}"),

@@ -154,7 +154,9 @@ impl Toolchain {
                 let resources = metadata::read(&object)?;
                 Ok((object, resources))
             }
-            Toolchain::Nvrtc(n) => n.compile(build, target, build.threads as u32),
+            Toolchain::Nvrtc(n) => n
+                .compile(build, target, build.threads as u32)
+                .map(|out| (out.cubin, out.kernels)),
         }
     }
 }

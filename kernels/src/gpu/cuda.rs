@@ -103,13 +103,27 @@ impl CudaGpu {
             .find(|g| g.arch == self.arch() && name.contains(&g.name.to_ascii_lowercase()))
     }
 
-    /// Loads a build's PTX.
-    pub fn load(&self, build: &KernelBuild, ptx: &[u8]) -> Result<LoadedKernel, KernelError> {
-        let text = String::from_utf8_lossy(ptx).into_owned();
-        let module = self
-            .ctx
-            .load_module(Ptx::from_src(text))
-            .map_err(|e| driver("loading the PTX module", e))?;
+    /// Loads a build's CUBIN (or PTX, which the driver compiles first: code objects cached
+    /// before kerntune kept CUBINs).
+    pub fn load(&self, build: &KernelBuild, code: &[u8]) -> Result<LoadedKernel, KernelError> {
+        let module = if is_cubin(code) {
+            // cudarc's safe loader takes PTX text or a file, and its module type has no other
+            // constructor: the CUBIN goes through a file the driver reads.
+            let file = tempfile::Builder::new()
+                .prefix("kerntune-")
+                .suffix(".cubin")
+                .tempfile()
+                .and_then(|mut f| std::io::Write::write_all(&mut f, code).map(|()| f))
+                .map_err(|e| unavailable(format!("writing the CUBIN for the driver: {e}")))?;
+            self.ctx
+                .load_module(Ptx::from_file(file.path()))
+                .map_err(|e| driver("loading the CUBIN module", e))?
+        } else {
+            let text = String::from_utf8_lossy(code).into_owned();
+            self.ctx
+                .load_module(Ptx::from_src(text))
+                .map_err(|e| driver("loading the PTX module", e))?
+        };
         let functions: Vec<CudaFunction> = build
             .entries
             .iter()
@@ -132,6 +146,11 @@ impl CudaGpu {
             .synchronize()
             .map_err(|e| driver("a kernel failed", e))
     }
+}
+
+/// Whether a code object is a CUBIN (an ELF image) rather than PTX text.
+fn is_cubin(code: &[u8]) -> bool {
+    code.starts_with(b"\x7fELF")
 }
 
 /// Beyond 48 KiB a kernel's dynamic shared memory needs this attribute set to the amount.
@@ -550,15 +569,21 @@ impl RawKernel {
     fn load(
         ctx: &Arc<CudaContext>,
         build: &KernelBuild,
-        ptx: &[u8],
+        code: &[u8],
     ) -> Result<RawKernel, KernelError> {
         ctx.bind_to_thread()
             .map_err(|e| driver("binding the CUDA context", e))?;
-        let image = std::ffi::CString::new(ptx.strip_suffix(b"\0").unwrap_or(ptx))
-            .map_err(|_| unavailable("the PTX holds a NUL byte"))?;
-        // SAFETY: a NUL-terminated PTX image, alive for the call.
-        let module = unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) }
-            .map_err(|e| driver("loading the PTX module", e))?;
+        let module = if is_cubin(code) {
+            // SAFETY: an ELF image, which carries its own size, alive for the call.
+            unsafe { cudarc::driver::result::module::load_data(code.as_ptr().cast()) }
+                .map_err(|e| driver("loading the CUBIN module", e))?
+        } else {
+            let image = std::ffi::CString::new(code.strip_suffix(b"\0").unwrap_or(code))
+                .map_err(|_| unavailable("the PTX holds a NUL byte"))?;
+            // SAFETY: a NUL-terminated PTX image, alive for the call.
+            unsafe { cudarc::driver::result::module::load_data(image.as_ptr().cast()) }
+                .map_err(|e| driver("loading the PTX module", e))?
+        };
         let mut kernel = RawKernel {
             ctx: ctx.clone(),
             module,

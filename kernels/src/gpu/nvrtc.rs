@@ -1,8 +1,13 @@
 //! The offline NVIDIA compile: NVRTC (through cudarc, loaded at run time) compiles the same
-//! kernel sources for sm_80 or sm_90, to PTX for the driver to load, and its ptxas log gives each kernel's
-//! registers, shared memory, stack and spill bytes. No GPU and no driver are needed, only
-//! `libnvrtc.so.13` (CUDA 13, the version this build is pinned to): from a CUDA toolkit, or
-//! from PyPI (`pip install nvidia-cuda-nvrtc`).
+//! kernel sources for sm_80 or sm_90 to PTX and on to a CUBIN, the machine code the driver
+//! loads, and its ptxas log gives each kernel's registers, shared memory, stack and spill
+//! bytes. No GPU and no driver are needed, only `libnvrtc.so.13` (CUDA 13, the version this
+//! build is pinned to): from a CUDA toolkit, or from PyPI (`pip install nvidia-cuda-nvrtc`).
+//!
+//! The CUBIN, not the PTX, is what runs: loading PTX makes the driver compile it again, one
+//! module at a time (on an H200 that serial step, not NVRTC's parallel compiles, set the pace
+//! of a flash-attention check), and a driver older than NVRTC cannot read newer PTX at all,
+//! while it loads the newer toolkit's CUBIN for its architecture.
 
 use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
@@ -26,6 +31,11 @@ const LIBRARY: &str = "libnvrtc.so.13";
 pub struct NvrtcCompiler {
     /// `NVRTC 12.9`: part of the compile cache key.
     pub version: String,
+    /// NVRTC 12.9 and later keep a cache of their own, and a build served from it comes with
+    /// no ptxas report: on an H200 every build an earlier process had compiled was pruned for
+    /// want of one. kerntune caches compiles itself (with their resources), so NVRTC's is
+    /// turned off where it exists.
+    no_cache: bool,
     /// Keeps a library preloaded by path alive, so cudarc's by-name lookup finds it.
     _preloaded: Option<libloading::Library>,
 }
@@ -98,23 +108,27 @@ impl NvrtcCompiler {
         }
         Ok(NvrtcCompiler {
             version: format!("NVRTC {major}.{minor}"),
+            no_cache: (major, minor) >= (12, 9),
             _preloaded: preloaded,
         })
     }
 
     /// Compiles one build for `arch` (`sm_80`, `sm_90`; `sm_90a` for a build using
-    /// architecture-specific instructions): its PTX (what the driver loads) and each kernel's
-    /// resources as ptxas reports them for that architecture, or the compiler's messages on
-    /// failure.
+    /// architecture-specific instructions): its PTX, its CUBIN (what the driver loads) and
+    /// each kernel's resources as ptxas reports them for that architecture, or the compiler's
+    /// messages on failure.
     pub fn compile(
         &self,
         build: &KernelBuild,
         arch: &str,
         threads: u32,
-    ) -> Result<(Vec<u8>, Vec<KernelResources>), String> {
+    ) -> Result<NvrtcOutput, String> {
         let source = CString::new(build.source()).map_err(|e| e.to_string())?;
         let suffix = if build.arch_specific { "a" } else { "" };
         let mut options = vec![format!("-arch={arch}{suffix}"), "-Xptxas=-v".to_string()];
+        if self.no_cache {
+            options.push("--no-cache".to_string());
+        }
         options.extend(
             build
                 .defines
@@ -130,13 +144,17 @@ impl NvrtcCompiler {
             let log = result::get_program_log(program)
                 .map(|l| String::from_utf8_lossy(&c_text(&l)).into_owned())
                 .unwrap_or_default();
-            let ptx = compiled.map_err(|e| e.to_string()).and_then(|()| {
+            let code = compiled.map_err(|e| e.to_string()).and_then(|()| {
                 let text = result::get_ptx(program).map_err(|e| e.to_string())?;
-                Ok(c_text(&text))
+                Ok((c_text(&text), cubin(program)?))
             });
             let _ = result::destroy_program(program);
-            match ptx {
-                Ok(ptx) => Ok((ptx, parse_log(&log, threads))),
+            match code {
+                Ok((ptx, cubin)) => Ok(NvrtcOutput {
+                    ptx,
+                    cubin,
+                    kernels: parse_log(&log, threads),
+                }),
                 Err(e) => {
                     // ptxas refuses static shared memory over 48 KiB without saying so in the
                     // log; its report of the kernel's smem shows it.
@@ -154,6 +172,38 @@ impl NvrtcCompiler {
             }
         }
     }
+}
+
+/// One build compiled by NVRTC.
+#[derive(Debug, Clone)]
+pub struct NvrtcOutput {
+    /// The PTX, for reading which instructions the build uses.
+    pub ptx: Vec<u8>,
+    /// The machine code for the architecture compiled for: what the driver loads.
+    pub cubin: Vec<u8>,
+    /// Each kernel's resources from ptxas's report.
+    pub kernels: Vec<KernelResources>,
+}
+
+/// The CUBIN of a compiled program (NVRTC makes one when compiling for a real `sm_` target).
+///
+/// # Safety
+///
+/// `program` was compiled successfully and is not yet destroyed.
+unsafe fn cubin(program: sys::nvrtcProgram) -> Result<Vec<u8>, String> {
+    let mut size = 0usize;
+    // SAFETY: per the function's contract; `size` is a valid out-pointer.
+    let status = unsafe { sys::nvrtcGetCUBINSize(program, &mut size) };
+    if status != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+        return Err(format!("NVRTC made no CUBIN: {status:?}"));
+    }
+    let mut bytes = vec![0u8; size];
+    // SAFETY: `bytes` holds the `size` bytes NVRTC said it writes.
+    let status = unsafe { sys::nvrtcGetCUBIN(program, bytes.as_mut_ptr().cast()) };
+    if status != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("reading NVRTC's CUBIN failed: {status:?}"));
+    }
+    Ok(bytes)
 }
 
 /// The bytes of a NUL-terminated text NVRTC returned (`c_char` is `i8` on x86-64, `u8` on

@@ -5,13 +5,20 @@
 //! (PyTorch SDPA) is timed by `bench/sdpa_peer.py` in the same script.
 //!
 //! Usage: `gpu-check [--family gemm|flash|paged]... [--only-variant V | --skip-variant V]...
-//! [--max-candidates N] [--reps N] [--json FILE]`
+//! [--problem SPEC]... [--max-candidates N] [--reps N] [--json FILE] [--trace]`
+//!
+//! `--problem` times the problems given (every candidate of each, up to `--max-candidates`)
+//! instead of the Llama-3.1-70B set, and skips the awkward sizes; `--config` (a config as
+//! JSON, as `tune bench` takes it) times exactly the configs given, for profiling one under
+//! a profiler such as Nsight Compute.
 //!
 //! A problem whose upload, launch or timing fails is reported and the check goes on; the
 //! script runs each family in a process of its own, so a kernel that leaves the CUDA context
 //! unusable costs only its family's results, and the GEMM's wgmma variant (never yet run on
 //! a device) in one more, by `--only-variant` / `--skip-variant`.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -62,6 +69,8 @@ struct Row {
     best_ns: Option<f64>,
     best: Option<String>,
     cublas_ns: Option<f64>,
+    /// Every verified config's median, fastest first.
+    timed: Vec<(String, f64)>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -74,27 +83,50 @@ struct Check<'a> {
     nvrtc: &'a NvrtcCompiler,
     device: Device,
     arch: String,
+    trace: bool,
+    started: Instant,
+    compiled: Mutex<HashMap<String, Result<Vec<u8>, String>>>,
 }
 
 impl Check<'_> {
+    /// Each config's CUBIN, compiled in parallel; a build another problem compiled (the same
+    /// source, defines and target: sizes are arguments, not defines) is taken from the cache.
     fn compile(&self, p: &Problem, configs: &[Config]) -> Vec<(Config, Result<Vec<u8>, String>)> {
         configs
             .par_iter()
             .map(|c| {
                 let build = KernelBuild::new(p, c).map_err(|e| e.to_string());
-                let ptx = build.and_then(|b| {
-                    self.nvrtc
+                let cubin = build.and_then(|b| {
+                    let key = b.key();
+                    if let Some(done) = self.compiled.lock().expect("not poisoned").get(&key) {
+                        return done.clone();
+                    }
+                    let out = self
+                        .nvrtc
                         .compile(&b, &self.arch, b.threads as u32)
-                        .map(|(ptx, _)| ptx)
+                        .map(|out| out.cubin);
+                    self.compiled
+                        .lock()
+                        .expect("not poisoned")
+                        .insert(key, out.clone());
+                    out
                 });
-                (*c, ptx)
+                (*c, cubin)
             })
             .collect()
     }
 
-    fn load(&self, p: &Problem, c: &Config, ptx: &[u8]) -> anyhow::Result<LoadedKernel> {
+    fn load(&self, p: &Problem, c: &Config, cubin: &[u8]) -> anyhow::Result<LoadedKernel> {
         let build = KernelBuild::new(p, c)?;
-        Ok(self.gpu.load(&build, ptx)?)
+        Ok(self.gpu.load(&build, cubin)?)
+    }
+
+    /// With `--trace`, a step and the seconds since the check started, on stderr at once: a
+    /// check stopped by its time limit shows where it was.
+    fn trace(&self, what: std::fmt::Arguments<'_>) {
+        if self.trace {
+            eprintln!("[{:7.2} s] {what}", self.started.elapsed().as_secs_f64());
+        }
     }
 
     /// [`sweep`](Self::sweep), or None with the error printed.
@@ -132,11 +164,21 @@ impl Check<'_> {
             best_ns: None,
             best: None,
             cublas_ns: None,
+            timed: Vec::new(),
         };
         let len = data.row_len();
-        for (c, ptx) in self.compile(p, configs) {
-            let outcome = ptx.map_err(anyhow::Error::msg).and_then(|ptx| {
-                let kernel = self.load(p, &c, &ptx)?;
+        self.trace(format_args!(
+            "{}: compiling {} configs",
+            p.key(),
+            configs.len()
+        ));
+        let compiled = self.compile(p, configs);
+        self.trace(format_args!("{}: compiled", p.key()));
+        for (c, cubin) in compiled {
+            let outcome = cubin.map_err(anyhow::Error::msg).and_then(|cubin| {
+                self.trace(format_args!("  {c}: loading"));
+                let kernel = self.load(p, &c, &cubin)?;
+                self.trace(format_args!("  {c}: running"));
                 let out = on_device.run(self.gpu, &kernel, &c)?;
                 let worst = rows
                     .iter()
@@ -159,7 +201,9 @@ impl Check<'_> {
                     if reps == 0 {
                         continue;
                     }
+                    self.trace(format_args!("  {c}: timing"));
                     let ns = median(on_device.time(self.gpu, &kernel, &c, reps)?);
+                    row.timed.push((c.to_string(), ns));
                     if c == default {
                         row.default_ns = Some(ns);
                     }
@@ -170,6 +214,7 @@ impl Check<'_> {
                 }
             }
         }
+        row.timed.sort_by(|a, b| a.1.total_cmp(&b.1));
         if reps > 0 && matches!(p, Problem::Gemm(_)) {
             row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps)?));
         }
@@ -243,7 +288,10 @@ fn run() -> anyhow::Result<bool> {
     let mut json = None;
     let mut families: Vec<String> = Vec::new();
     let mut variants = Variants::default();
-    let usage = "usage: gpu-check [--family gemm|flash|paged]... [--only-variant V | --skip-variant V]... [--max-candidates N] [--reps N] [--json FILE]";
+    let mut problems: Vec<String> = Vec::new();
+    let mut configs: Vec<Config> = Vec::new();
+    let mut trace = false;
+    let usage = "usage: gpu-check [--family gemm|flash|paged]... [--only-variant V | --skip-variant V]... [--problem SPEC]... [--config JSON]... [--max-candidates N] [--reps N] [--json FILE] [--trace]";
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -254,6 +302,20 @@ fn run() -> anyhow::Result<bool> {
             "--max-candidates" => max_candidates = value()?.parse()?,
             "--reps" => reps = value()?.parse()?,
             "--json" => json = Some(value()?),
+            "--trace" => trace = true,
+            "--config" => {
+                let json = value()?;
+                configs.push(
+                    Config::from_json(&json)
+                        .with_context(|| format!("--config {json}; {usage}"))?,
+                );
+            }
+            "--problem" => {
+                let spec = value()?;
+                spec.parse::<Problem>()
+                    .with_context(|| format!("--problem {spec}; {usage}"))?;
+                problems.push(spec);
+            }
             "--family" => {
                 let f = value()?;
                 if !["gemm", "flash", "paged"].contains(&f.as_str()) {
@@ -308,11 +370,17 @@ fn run() -> anyhow::Result<bool> {
         nvrtc: &nvrtc,
         device: Device::Gpu(model),
         arch: gpu.arch(),
+        trace,
+        started,
+        compiled: Mutex::default(),
     };
 
-    println!("\n== verification on the device (every family, awkward sizes)");
     let mut failures = 0;
-    for spec in AWKWARD.iter().filter(&wanted) {
+    let awkward: &[&str] = if problems.is_empty() { AWKWARD } else { &[] };
+    if !awkward.is_empty() {
+        println!("\n== verification on the device (every family, awkward sizes)");
+    }
+    for spec in awkward.iter().filter(&wanted) {
         let p: Problem = spec.parse()?;
         let configs = candidates(&p, &check.device, 12, &variants);
         if configs.is_empty() {
@@ -332,15 +400,33 @@ fn run() -> anyhow::Result<bool> {
         failures += row.failed.len();
     }
 
-    println!("\n== Llama-3.1-70B TP8, bf16: tuned vs default vs cuBLAS (medians of {reps} cold-L2 launches)");
+    let timed: Vec<&str> = if problems.is_empty() {
+        LLAMA70B_TP8
+            .iter()
+            .copied()
+            .filter(|s| wanted(&s))
+            .collect()
+    } else {
+        problems.iter().map(String::as_str).collect()
+    };
+    let title = if problems.is_empty() {
+        "Llama-3.1-70B TP8, bf16"
+    } else {
+        "the problems given"
+    };
+    println!("\n== {title}: tuned vs default vs cuBLAS (medians of {reps} cold-L2 launches)");
     println!(
         "{:>10} {:>10} {:>10} {:>8} {:>9}  problem / best config",
         "default", "tuned", "cuBLAS", "vs def", "vs peer"
     );
     let mut rows = Vec::new();
-    for spec in LLAMA70B_TP8.iter().filter(&wanted) {
+    for spec in timed {
         let p: Problem = spec.parse()?;
-        let configs = candidates(&p, &check.device, max_candidates, &variants);
+        let configs = if configs.is_empty() {
+            candidates(&p, &check.device, max_candidates, &variants)
+        } else {
+            configs.clone()
+        };
         if configs.is_empty() {
             continue;
         }
@@ -363,7 +449,11 @@ fn run() -> anyhow::Result<bool> {
             ratio(row.cublas_ns, row.best_ns),
             row.problem,
             "",
-            row.best.as_deref().unwrap_or("(nothing verified)")
+            match (&row.best, row.verified) {
+                (Some(best), _) => best.as_str(),
+                (None, 0) => "(nothing verified)",
+                (None, _) => "(verified, not timed: --reps 0)",
+            }
         );
         for f in &row.failed {
             println!("      FAILED {f}");
