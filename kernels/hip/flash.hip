@@ -3,15 +3,19 @@
 // in f32. GQA/MQA: query head h reads kv head h / (q_heads / kv_heads). Causal with
 // q_len < kv_len aligns the queries to the end of the keys, as in chunked prefill.
 //
-// Grid (ceil(q_len / BR), q_heads, batch), one block per KT_BR query rows of one head; key and
-// value tiles of KT_BC rows are staged in LDS and shared by the block's rows; the softmax is
-// online, in base 2. Causal blocks stop at the last tile any of their rows may see.
+// Grid (ceil(q_len / BR), q_heads, batch), one block per KT_BR query rows of one head (half
+// as wide, two tiles a block, when paired); key and value tiles of KT_BC rows are staged in
+// LDS and shared by the block's rows; the softmax is online, in base 2. Causal blocks stop at
+// the last tile any of their rows may see.
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
 //   lanes, lane j owning dims j, j + LANES, ... of q and of the output row (so the lanes' LDS
 //   reads are consecutive), with dot products summed across the lanes by shuffles. Tiles in
 //   LDS as f32, the scale folded into q. Every vendor and dtype.
-// KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query rows.
+// KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query rows;
+//   with KT_PAIRED (causal), each block takes two query tiles in turn, x and its mirror, on a
+//   grid half as wide: a causal tile's work grows with x, and on an H200 unpaired blocks left
+//   the multiprocessors idle for nearly half the kernel, waiting for the last tiles.
 //   S = Q·Kᵀ by mma.sync.m16n8k16 with Q's fragments in registers and K 16-bit in shared
 //   memory; the scores' accumulators are the A fragments of P·V once rounded to 16 bits (the
 //   m16n8 accumulator layout is the m16k16 operand layout, two tiles at a time). K and V tiles
@@ -126,6 +130,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #if KT_D % 16 != 0 || KT_BR % 16 != 0 || KT_BC % 16 != 0
 #error "the mma variant needs KT_D, KT_BR and KT_BC multiples of 16"
 #endif
+#ifndef KT_PAIRED
+#define KT_PAIRED 0
+#endif
 
 #define KT_THREADS (2 * KT_BR)
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
@@ -154,159 +161,169 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int h = KT_BID_Y;
     const int b = KT_BID_Z;
     const int kvh = h / (q_heads / kv_heads);
-    const int row0 = KT_BID_X * KT_BR + (tid / 32) * 16;
     const float qscale = scale * 1.4426950408889634f;
     const int shift = kv_len - q_len;
+    // Paired (KT_PAIRED, causal only): this block takes query tile x, then its mirror
+    // tiles - 1 - x, so that every block sees about the same number of keys; else one tile.
+    // Passing to the mirror needs no barrier of its own: the last key tile's closing barrier
+    // has every warp done with the shared tiles before the mirror's first copies.
+    const int tiles = (q_len + KT_BR - 1) / KT_BR;
+#pragma unroll 1
+    for (int pass = 0; pass <= KT_PAIRED; ++pass) {
+        const int qt = pass == 0 ? KT_BID_X : tiles - 1 - KT_BID_X;
+        if (pass == 1 && qt <= KT_BID_X) break;  // the middle tile of an odd count: done once
+        const int row0 = qt * KT_BR + (tid / 32) * 16;
 
-    // Row r of this thread is g + 8·r of its warp's 16; `seen` keys of each are visible.
-    int seen[2];
-    long qrow[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int i = row0 + g + 8 * r;
-        seen[r] = i >= q_len ? 0 : (causal ? min(kv_len, i + shift + 1) : kv_len);
-        qrow[r] = (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
-    }
-    // Q's A fragments: register x of step s holds row g + 8·(x % 2), dims 16s + 2t + 8·(x / 2)
-    // and the next.
-    unsigned qf[KT_QK][4];
-#pragma unroll
-    for (int s = 0; s < KT_QK; ++s)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-            const int r = x % 2;
-            const long at = qrow[r] + 16 * s + 2 * t + 8 * (x / 2);
-            qf[s][x] = row0 + g + 8 * r < q_len ? (unsigned)q[at] | ((unsigned)q[at + 1] << 16)
-                                               : 0u;
-        }
-
-    float o[KT_OT][4];
-#pragma unroll
-    for (int d = 0; d < KT_OT; ++d)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
-    float mx[2] = {-KT_INF, -KT_INF}, sum[2] = {0.0f, 0.0f};
-
-    const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
-    const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
-    // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
-    // the keys zero-filled.
-    auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
-        for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
-            const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
-            const int j = j0 + r;
-            const bool in = j < kv_len;
-            const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
-            kt_cp_async16(&dst[r][x], src + at, in ? 16 : 0);
-        }
-    };
-    // K and V tiles travel as separate commit groups, so each is waited for only when used:
-    // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
-    if (block_seen > 0) {
-        load(ks, k, 0);
-        kt_cp_async_commit();
-        load(vs, v, 0);
-        kt_cp_async_commit();
-    }
-    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
-        kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
-        KT_SYNC();
-        // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
-        // of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7 address keys
-        // 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
-        float s[KT_ST][4];
-#pragma unroll
-        for (int n = 0; n < KT_ST; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-#pragma unroll
-        for (int nn = 0; nn < KT_ST / 2; ++nn)
-#pragma unroll
-            for (int st = 0; st < KT_QK; ++st) {
-                unsigned r[4];
-                kt_ldmatrix_x4(r, &ks[16 * nn + 8 * (lane / 16) + lane % 8]
-                                     [16 * st + 8 * ((lane / 8) % 2)]);
-                const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                kt_mma(s[2 * nn], qf[st], b0);
-                kt_mma(s[2 * nn + 1], qf[st], b1);
-            }
-        KT_SYNC();  // every warp is done with this K tile: load the next over it
-        if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
-        kt_cp_async_commit();
-        float tile_max[2] = {-KT_INF, -KT_INF};
-#pragma unroll
-        for (int n = 0; n < KT_ST; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2;
-                const int j = j0 + 8 * n + 2 * t + e % 2;
-                s[n][e] = j < seen[r] ? s[n][e] * qscale : -KT_INF;
-                tile_max[r] = fmaxf(tile_max[r], s[n][e]);
-            }
-        float base[2];
+        // Row r of this thread is g + 8·r of its warp's 16; `seen` keys of each are visible.
+        int seen[2];
+        long qrow[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            // The four threads of a row are lanes 4g .. 4g + 3.
-            tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 2));
-            const float m_new = fmaxf(mx[r], tile_max[r]);
-            // A row with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
-            base[r] = m_new == -KT_INF ? 0.0f : m_new;
-            const float correction = exp2f(mx[r] - base[r]);
-            sum[r] *= correction;
+            const int i = row0 + g + 8 * r;
+            seen[r] = i >= q_len ? 0 : (causal ? min(kv_len, i + shift + 1) : kv_len);
+            qrow[r] = (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
+        }
+        // Q's A fragments: register x of step s holds row g + 8·(x % 2), dims
+        // 16s + 2t + 8·(x / 2) and the next.
+        unsigned qf[KT_QK][4];
+#pragma unroll
+        for (int s = 0; s < KT_QK; ++s)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const int r = x % 2;
+                const long at = qrow[r] + 16 * s + 2 * t + 8 * (x / 2);
+                qf[s][x] = row0 + g + 8 * r < q_len ? (unsigned)q[at] | ((unsigned)q[at + 1] << 16)
+                                                   : 0u;
+            }
+
+        float o[KT_OT][4];
+#pragma unroll
+        for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
+        float mx[2] = {-KT_INF, -KT_INF}, sum[2] = {0.0f, 0.0f};
+
+        const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
+        const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
+        // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
+        // the keys zero-filled.
+        auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
+            for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
+                const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
+                const int j = j0 + r;
+                const bool in = j < kv_len;
+                const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
+                kt_cp_async16(&dst[r][x], src + at, in ? 16 : 0);
+            }
+        };
+        // K and V tiles travel as separate commit groups, so each is waited for only when used:
+        // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
+        if (block_seen > 0) {
+            load(ks, k, 0);
+            kt_cp_async_commit();
+            load(vs, v, 0);
+            kt_cp_async_commit();
+        }
+        for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+            kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
+            KT_SYNC();
+            // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
+            // of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7 address keys
+            // 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
+            float s[KT_ST][4];
+#pragma unroll
+            for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll
+            for (int nn = 0; nn < KT_ST / 2; ++nn)
+#pragma unroll
+                for (int st = 0; st < KT_QK; ++st) {
+                    unsigned r[4];
+                    kt_ldmatrix_x4(r, &ks[16 * nn + 8 * (lane / 16) + lane % 8]
+                                         [16 * st + 8 * ((lane / 8) % 2)]);
+                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    kt_mma(s[2 * nn], qf[st], b0);
+                    kt_mma(s[2 * nn + 1], qf[st], b1);
+                }
+            KT_SYNC();  // every warp is done with this K tile: load the next over it
+            if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
+            kt_cp_async_commit();
+            float tile_max[2] = {-KT_INF, -KT_INF};
+#pragma unroll
+            for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = e / 2;
+                    const int j = j0 + 8 * n + 2 * t + e % 2;
+                    s[n][e] = j < seen[r] ? s[n][e] * qscale : -KT_INF;
+                    tile_max[r] = fmaxf(tile_max[r], s[n][e]);
+                }
+            float base[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // The four threads of a row are lanes 4g .. 4g + 3.
+                tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 1));
+                tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 2));
+                const float m_new = fmaxf(mx[r], tile_max[r]);
+                // A row with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
+                base[r] = m_new == -KT_INF ? 0.0f : m_new;
+                const float correction = exp2f(mx[r] - base[r]);
+                sum[r] *= correction;
+#pragma unroll
+                for (int d = 0; d < KT_OT; ++d) {
+                    o[d][2 * r] *= correction;
+                    o[d][2 * r + 1] *= correction;
+                }
+                mx[r] = m_new;
+            }
+#pragma unroll
+            for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[n][e] = exp2f(s[n][e] - base[e / 2]);
+                    sum[e / 2] += s[n][e];
+                }
+            kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
+            KT_SYNC();
+            // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1. V's B fragments of
+            // dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes 8q .. 8q + 7 address
+            // keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
+#pragma unroll
+            for (int c = 0; c < KT_BC / 16; ++c) {
+                const unsigned pf[4] = {
+                    kt_pack2(s[2 * c][0], s[2 * c][1]),
+                    kt_pack2(s[2 * c][2], s[2 * c][3]),
+                    kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]),
+                    kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]),
+                };
+#pragma unroll
+                for (int dd = 0; dd < KT_OT / 2; ++dd) {
+                    unsigned r[4];
+                    kt_ldmatrix_x4_trans(r, &vs[16 * c + 8 * ((lane / 8) % 2) + lane % 8]
+                                               [16 * dd + 8 * (lane / 16)]);
+                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    kt_mma(o[2 * dd], pf, b0);
+                    kt_mma(o[2 * dd + 1], pf, b1);
+                }
+            }
+            KT_SYNC();  // every warp is done with this V tile: load the next over it
+            if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
+            kt_cp_async_commit();
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            sum[r] += KT_SHFL_XOR(sum[r], 1);
+            sum[r] += KT_SHFL_XOR(sum[r], 2);
+            if (row0 + g + 8 * r >= q_len) continue;
+            const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d) {
-                o[d][2 * r] *= correction;
-                o[d][2 * r + 1] *= correction;
-            }
-            mx[r] = m_new;
-        }
-#pragma unroll
-        for (int n = 0; n < KT_ST; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[n][e] = exp2f(s[n][e] - base[e / 2]);
-                sum[e / 2] += s[n][e];
-            }
-        kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
-        KT_SYNC();
-        // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1. V's B fragments of
-        // dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes 8q .. 8q + 7 address
-        // keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
-#pragma unroll
-        for (int c = 0; c < KT_BC / 16; ++c) {
-            const unsigned pf[4] = {
-                kt_pack2(s[2 * c][0], s[2 * c][1]),
-                kt_pack2(s[2 * c][2], s[2 * c][3]),
-                kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]),
-                kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]),
-            };
-#pragma unroll
-            for (int dd = 0; dd < KT_OT / 2; ++dd) {
-                unsigned r[4];
-                kt_ldmatrix_x4_trans(r, &vs[16 * c + 8 * ((lane / 8) % 2) + lane % 8]
-                                           [16 * dd + 8 * (lane / 16)]);
-                const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                kt_mma(o[2 * dd], pf, b0);
-                kt_mma(o[2 * dd + 1], pf, b1);
+                out[qrow[r] + 8 * d + 2 * t] = o[d][2 * r] * inv;
+                out[qrow[r] + 8 * d + 2 * t + 1] = o[d][2 * r + 1] * inv;
             }
         }
-        KT_SYNC();  // every warp is done with this V tile: load the next over it
-        if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
-        kt_cp_async_commit();
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        sum[r] += KT_SHFL_XOR(sum[r], 1);
-        sum[r] += KT_SHFL_XOR(sum[r], 2);
-        if (row0 + g + 8 * r >= q_len) continue;
-        const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-#pragma unroll
-        for (int d = 0; d < KT_OT; ++d) {
-            out[qrow[r] + 8 * d + 2 * t] = o[d][2 * r] * inv;
-            out[qrow[r] + 8 * d + 2 * t + 1] = o[d][2 * r + 1] * inv;
-        }
-    }
+    }  // pass
 }
 
 #elif KT_VARIANT == 2

@@ -10,7 +10,9 @@
 //! Needs a C++ compiler (`c++`, `g++` or `clang++`, or `$KERNTUNE_HOST_CXX`); without one the
 //! tests fail, saying so.
 
-use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant, GpuPagedConfig};
+use kerntune_kernels::config::{
+    GpuFlashConfig, GpuFlashVariant, GpuGemmConfig, GpuGemmVariant, GpuPagedConfig,
+};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::gpu::emulator::Emulator;
 use kerntune_kernels::reference::relative_error;
@@ -772,4 +774,46 @@ fn the_mma_flash_pipeline_checks_catch_each_mistake() {
             "{what} went unnoticed: error {err:e}"
         );
     }
+}
+
+#[test]
+fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirror() {
+    // Five query tiles of 16 on a grid of three blocks: tiles 0 and 4, 1 and 3, then the
+    // middle tile 2 alone; fewer queries than keys (aligned to the end), GQA.
+    let (device, emu) = emulator("h200");
+    let problem: Problem = "flash:q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
+        .parse()
+        .unwrap();
+    let data = ProblemData::random(&problem, 5);
+    let reference = data.reference();
+    let config = Config::GpuFlash(GpuFlashConfig {
+        br: 16,
+        bc: 32,
+        lanes: 2,
+        variant: GpuFlashVariant::Mma,
+        paired: true,
+    });
+    GpuSpace.validate(&config, &problem, &device).unwrap();
+    let source = include_str!("../hip/flash.hip");
+    let error = |body: &str| {
+        let out = emu.run_source(&data, &config, body).unwrap();
+        relative_error(&out, &reference)
+    };
+    assert!(error(source) <= problem.tolerance());
+    let (from, to) = (
+        "if (pass == 1 && qt <= KT_BID_X) break;",
+        "if (pass == 1) break;",
+    );
+    assert!(source.contains(from), "flash.hip no longer has `{from}`");
+    let err = error(&source.replacen(from, to, 1));
+    assert!(
+        err.is_nan() || err > problem.tolerance(),
+        "a skipped mirror tile went unnoticed: error {err:e}"
+    );
+    // Without a causal mask every tile is equal: pairing is refused, naming the fix.
+    let full: Problem = "flash:q_len=70,q_heads=4,head_dim=64,dtype=bf16,causal=false"
+        .parse()
+        .unwrap();
+    let err = GpuSpace.validate(&config, &full, &device).unwrap_err();
+    assert!(err.to_string().contains("take paired = false"), "{err}");
 }

@@ -166,6 +166,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         bc: 128,
         lanes: 8,
         variant: GpuFlashVariant::Rows,
+        paired: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

@@ -224,6 +224,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         bc: 64,
         lanes: 8,
         variant: GpuFlashVariant::Rows,
+        paired: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
@@ -395,7 +396,13 @@ fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
             .into_iter()
             .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mma))
             .collect();
-        assert_eq!(mma.len(), 16, "{name}: {mma:?}");
+        // Paired tiles too where the mask is causal.
+        let tiles = if matches!(p, Problem::Flash(f) if f.causal) {
+            32
+        } else {
+            16
+        };
+        assert_eq!(mma.len(), tiles, "{name}: {mma:?}");
         check_mma_candidates(&nvrtc, name, &p, &mma);
     }
     // f32, head sizes not a multiple of 16, and AMD get no mma flash candidates.

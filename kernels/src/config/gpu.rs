@@ -113,6 +113,11 @@ pub struct GpuFlashConfig {
     /// Absent in stored configs of the rows variant, which predate the others.
     #[serde(default, skip_serializing_if = "GpuFlashVariant::is_rows")]
     pub variant: GpuFlashVariant,
+    /// Mma variant, causal problems: each block takes query tile x and then its mirror
+    /// (tiles − 1 − x), so blocks see equal numbers of keys. Absent (false) in stored
+    /// configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paired: bool,
 }
 
 /// The GPU flash-attention kernels of `kernels/hip/flash.hip`.
@@ -193,6 +198,9 @@ impl fmt::Display for GpuFlashConfig {
         match self.variant {
             GpuFlashVariant::Rows => {
                 write!(f, "gpu br={} bc={} lanes={}", self.br, self.bc, self.lanes)
+            }
+            GpuFlashVariant::Mma if self.paired => {
+                write!(f, "gpu mma br={} bc={} paired", self.br, self.bc)
             }
             GpuFlashVariant::Mma => write!(f, "gpu mma br={} bc={}", self.br, self.bc),
             GpuFlashVariant::Mfma => write!(f, "gpu mfma br={} bc={}", self.br, self.bc),

@@ -208,7 +208,14 @@ pub fn launches(
         }
         (Problem::Flash(p), Config::GpuFlash(c)) => vec![Launch {
             entry: 0,
-            grid: grid(p.q_len.div_ceil(c.br), p.q_heads, p.batch)?,
+            // Paired, each block takes a query tile and its mirror.
+            grid: grid(
+                p.q_len
+                    .div_ceil(c.br)
+                    .div_ceil(if c.paired { 2 } else { 1 }),
+                p.q_heads,
+                p.batch,
+            )?,
             block,
             shared_bytes: crate::space::dynamic_lds_bytes(config, problem) as u32,
             args: vec![

@@ -108,7 +108,11 @@ impl KernelBuild {
                     ("KT_BC", c.bc),
                     ("KT_LANES", c.lanes),
                     ("KT_D", p.head_dim),
-                ],
+                ]
+                .into_iter()
+                // Only when set, so the builds of unpaired configs keep their cache keys.
+                .chain(c.paired.then_some(("KT_PAIRED", 1)))
+                .collect(),
                 entries: &["kt_flash"],
                 threads: c.br * c.lanes,
                 dynamic_lds,

@@ -39,6 +39,18 @@ pub(super) fn validate(
             ),
         ));
     }
+    if c.paired && c.variant != GpuFlashVariant::Mma {
+        return Err(invalid(
+            f,
+            "paired query tiles are a choice of the mma variant only",
+        ));
+    }
+    if c.paired && !p.causal {
+        return Err(invalid(
+            f,
+            "paired query tiles even out a causal mask's work; without one every tile is equal: take paired = false",
+        ));
+    }
     if !c.bc.is_power_of_two() || c.bc > 128 {
         return Err(invalid(
             f,
@@ -121,23 +133,26 @@ pub(super) fn validate(
 
 /// Matrix-core variants first, the likeliest winners where they exist (validation drops them
 /// elsewhere); larger tiles first. 128-key tiles for mma only, whose tiles are in dynamic
-/// shared memory.
+/// shared memory; mma tiles paired (causal problems) and not.
 pub(super) fn candidates() -> Vec<GpuFlashConfig> {
     let mut out = Vec::new();
     for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
-        let wide: &[usize] = if variant == GpuFlashVariant::Mma {
-            &[128, 64, 32, 16]
+        let (wide, pairings): (&[usize], &[bool]) = if variant == GpuFlashVariant::Mma {
+            (&[128, 64, 32, 16], &[false, true])
         } else {
-            &[64, 32, 16]
+            (&[64, 32, 16], &[false])
         };
         for br in [64, 128, 32, 16] {
             for &bc in wide {
-                out.push(GpuFlashConfig {
-                    br,
-                    bc,
-                    lanes: 2,
-                    variant,
-                });
+                for &paired in pairings {
+                    out.push(GpuFlashConfig {
+                        br,
+                        bc,
+                        lanes: 2,
+                        variant,
+                        paired,
+                    });
+                }
             }
         }
     }
@@ -149,6 +164,7 @@ pub(super) fn candidates() -> Vec<GpuFlashConfig> {
                     bc,
                     lanes,
                     variant: GpuFlashVariant::Rows,
+                    paired: false,
                 });
             }
         }
@@ -168,6 +184,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         bc: if p.head_dim > 128 { 16 } else { 32 },
         lanes,
         variant: GpuFlashVariant::Rows,
+        paired: false,
     }
 }
 
@@ -193,6 +210,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             bc: if p.head_dim > 128 { 32 } else { 64 },
             lanes: 2,
             variant,
+            paired: false,
         },
         None => default(p),
     }
@@ -226,6 +244,7 @@ mod tests {
             bc: 16,
             lanes,
             variant: GpuFlashVariant::Rows,
+            paired: false,
         };
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
