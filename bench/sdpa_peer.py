@@ -8,13 +8,14 @@ device and version, so the default dispatch is timed and then each backend force
 the goal compares kerntune with the default, and the fastest backend is printed beside it so
 no peer is flattered by the choice.
 
-    python3 bench/sdpa_peer.py [--reps 20] [--device cuda]
+    python3 bench/sdpa_peer.py [--reps 20] [--device cuda] [--json FILE]
 
 `--device cpu` runs the same steps on the host (wall-clock timing, small shape), to check the
 script without a GPU.
 """
 
 import argparse
+import json
 import statistics
 import time
 
@@ -59,6 +60,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--json", help="also write the medians here, for bench/gpu_goals.py")
     args = parser.parse_args()
     dev = torch.device(args.device)
     # The host check uses a shape small enough to run in a moment.
@@ -103,6 +105,9 @@ def main():
         )
     best = min(timed, key=timed.get)
     print(f"  fastest: {best}, {timed[best]:.1f} us")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shape": shape, "device": name, "torch": torch.__version__, "us": timed}, f)
 
 
 if __name__ == "__main__":

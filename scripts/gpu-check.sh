@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # kerntune's GPU check on a machine with an NVIDIA GPU, in under 5 minutes: the GPU kernels
 # compiled by NVRTC for the device and verified there against the CPU reference (every
-# family, awkward sizes), a few Llama-3.1-70B TP8 problems per family tuned, and tuned vs
-# default vs cuBLAS / PyTorch SDPA printed as ratios; then `tune --device h200` itself on one
-# problem per family, its results stored in a database and shown.
+# family, awkward sizes), a few Llama-3.1-70B TP8 problems per family tuned, tuned vs
+# default vs cuBLAS / PyTorch SDPA printed as ratios and judged against the goals
+# (bench/gpu_goals.py); then `tune --device h200` itself on one problem per family, its
+# results stored in a database and shown, and the runtime library serving them on the device.
 #
 #   scripts/gpu-check.sh            build (when cargo is here) and run
-#   scripts/gpu-check.sh --build    only build .gpu/ (gpu-check, tune, the CPU GEMM tests), for
-#                                   a GPU machine without Rust
+#   scripts/gpu-check.sh --build    only build .gpu/ (gpu-check, tune, cuda-dispatch, the CPU
+#                                   GEMM tests), for a GPU machine without Rust
 #
 # The binary loads the CUDA driver, cuBLAS and NVRTC 13 at run time: nothing of CUDA is
 # needed to build it, and a machine without Rust runs a .gpu/gpu-check built elsewhere.
@@ -18,7 +19,9 @@ mkdir -p .gpu "$out"
 
 if command -v cargo >/dev/null; then
     cargo build --release -p kerntune-tuner --features cuda --bin gpu-check --bin tune
+    cargo build --release -p kerntune-runtime --features cuda --example cuda_dispatch
     cp target/release/gpu-check target/release/tune .gpu/
+    cp target/release/examples/cuda_dispatch .gpu/cuda-dispatch
     # The CPU GEMM tests too: on an Intel host with AMX they run the AMX kernel on its tiles.
     tests=$(cargo test --release -p kerntune-kernels --test gemm --no-run --message-format=json \
         | python3 -c 'import json, sys
@@ -28,7 +31,7 @@ for line in sys.stdin:
         print(m["executable"])' | tail -1)
     cp "$tests" .gpu/gemm-tests
     # Smaller to carry to the GPU machine.
-    strip .gpu/gpu-check .gpu/tune .gpu/gemm-tests 2>/dev/null || true
+    strip .gpu/gpu-check .gpu/tune .gpu/cuda-dispatch .gpu/gemm-tests 2>/dev/null || true
 fi
 [ "${1:-}" = "--build" ] && exit 0
 [ -x .gpu/gpu-check ] || { echo "no .gpu/gpu-check: run scripts/gpu-check.sh --build where cargo is" >&2; exit 2; }
@@ -46,13 +49,17 @@ status=0
 # One process a family: a kernel that leaves the CUDA context unusable costs only its family.
 # The GEMM's wgmma variant, new to devices, has a process of its own too.
 : > "$out/gpu-check.txt"
-for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:45:--only-variant wgmma" flash:50: paged:40:; do
+for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:45:--only-variant wgmma" flash:80: paged:40:; do
     IFS=: read -r name limit extra <<< "$run"
     # shellcheck disable=SC2086 # $extra is a list of arguments
     timeout "$limit" .gpu/gpu-check --family "${name%-*}" $extra --json "$out/gpu-check-$name.json" \
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
 done
-PYTHONUNBUFFERED=1 timeout 45 python3 bench/sdpa_peer.py 2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+PYTHONUNBUFFERED=1 timeout 45 python3 bench/sdpa_peer.py --json "$out/sdpa.json" 2>&1 \
+    | tee -a "$out/gpu-check.txt" || status=$?
+# The goals, each a speed ratio from this run: tuned vs cuBLAS, SDPA and the default. Goals
+# are benchmarks: a missed one is printed, and the check's status stays the verification's.
+python3 bench/gpu_goals.py "$out" 2>&1 | tee -a "$out/gpu-check.txt" || true
 
 # The tuner's own device path: plan, compile, verify, time and store, as users run it.
 if [ -x .gpu/tune ]; then
@@ -64,6 +71,20 @@ if [ -x .gpu/tune ]; then
         --shapes paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
     .gpu/tune --device "$model" --db "$out/tuned.db" show 2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+fi
+
+# The runtime library serving those winners, as a server links it: inputs in the caller's
+# device memory, the kernel launched on the caller's stream, the output checked against the
+# CPU reference. The tuned shapes match exactly; the others take the nearest tuned kernel.
+if [ -x .gpu/cuda-dispatch ] && [ -f "$out/tuned.db" ]; then
+    timeout 30 .gpu/cuda-dispatch "$out/tuned.db" "$model" \
+        gemm:m=16,n=1280,k=8192,dtype=bf16 gemm:m=5,n=1280,k=8192,dtype=bf16 \
+        gemm:m=100,n=1280,k=8192,dtype=bf16 \
+        flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
+        flash:q_len=300,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
+        paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
+        paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
+        2>&1 | tee -a "$out/gpu-check.txt" || status=$?
 fi
 
 # AMX, where the host has it: every CPU GEMM kernel verified on this host (the AMX ones on

@@ -1,0 +1,95 @@
+"""kerntune's NVIDIA goals, read off one `scripts/gpu-check.sh` run: tuned bf16 GEMM at least
+0.7x cuBLAS on the Llama-3.1-70B TP8 decode and prefill shapes, tuned flash attention at least
+0.7x PyTorch SDPA (its default dispatch), and every tuned config at least as fast as the
+family's default. Every ratio is a speed ratio (the other's median time over kerntune's
+tuned median), all from the same run on the same device.
+
+    python3 bench/gpu_goals.py DIR    # DIR holds gpu-check-*.json and sdpa.json
+
+Needs nothing beyond Python; a file the run did not write is reported missing, not guessed.
+"""
+
+import glob
+import json
+import os
+import sys
+
+PEER_GOAL = 0.7
+
+
+def verdict(ok):
+    return "met" if ok else "MISSED"
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: python3 bench/gpu_goals.py DIR (the folder gpu-check.sh wrote)")
+    folder = sys.argv[1]
+    rows = []
+    for path in sorted(glob.glob(os.path.join(folder, "gpu-check-*.json"))):
+        with open(path) as f:
+            rows += json.load(f)
+    sdpa_path = os.path.join(folder, "sdpa.json")
+    sdpa = None
+    if os.path.exists(sdpa_path):
+        with open(sdpa_path) as f:
+            sdpa = json.load(f)
+    if not rows:
+        print(f"goals: no gpu-check-*.json in {folder}: no kerntune timings to judge")
+        return 1
+
+    # The GEMM runs (wgmma apart from the rest) each write rows: a problem's best is the
+    # fastest over them, its default and cuBLAS timings whichever run took them.
+    merged = {}
+    for r in rows:
+        m = merged.setdefault(r["problem"], {"best_ns": None, "best": None})
+        for key in ("default_ns", "cublas_ns"):
+            if r.get(key) is not None and m.get(key) is None:
+                m[key] = r[key]
+        if r.get("best_ns") is not None and (m["best_ns"] is None or r["best_ns"] < m["best_ns"]):
+            m["best_ns"], m["best"] = r["best_ns"], r["best"]
+
+    print("\n== goals (speed ratios: the other's median time over kerntune's tuned median)")
+    missed = 0
+    for problem, m in merged.items():
+        best = m["best_ns"]
+        if best is None:
+            print(f"  {problem}: nothing verified and timed: every goal MISSED")
+            missed += 1
+            continue
+        default = m.get("default_ns")
+        if default is None:
+            print(f"  {problem}: the default was not timed (it failed or was not run): MISSED")
+            missed += 1
+        else:
+            ok = best <= default
+            missed += not ok
+            print(f"  {problem}: tuned vs default {default / best:.2f}x (goal >= 1): {verdict(ok)}")
+        family = problem.split(":")[0]
+        peer, label = None, None
+        if family == "gemm":
+            peer, label = m.get("cublas_ns"), "cuBLAS"
+        elif family == "flash" and sdpa is not None:
+            peer, label = sdpa["us"]["default"] * 1e3, "PyTorch SDPA"
+        elif family == "flash":
+            print(f"  {problem}: no sdpa.json, so no SDPA timing: MISSED")
+            missed += 1
+        if peer is not None:
+            ok = peer / best >= PEER_GOAL
+            missed += not ok
+            print(
+                f"  {problem}: tuned vs {label} {peer / best:.2f}x "
+                f"(goal >= {PEER_GOAL}): {verdict(ok)}"
+            )
+            if family == "flash":
+                fastest = min(sdpa["us"], key=sdpa["us"].get)
+                print(
+                    f"  {problem}: tuned vs SDPA's fastest backend ({fastest}) "
+                    f"{sdpa['us'][fastest] * 1e3 / best:.2f}x"
+                )
+    print(f"{missed} goals missed")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
