@@ -55,7 +55,7 @@ pub struct GpuSweep<'g> {
     runtime: String,
     /// Candidates with their verdicts, by problem key.
     candidates: HashMap<String, Vec<Candidate>>,
-    /// Code objects (AMD) or PTX (NVIDIA), by build key.
+    /// Code objects (AMD) or CUBINs (NVIDIA), by build key.
     code: HashMap<String, Vec<u8>>,
     /// What the sweep could not do, said once each (e.g. rocBLAS missing).
     pub notes: Vec<String>,

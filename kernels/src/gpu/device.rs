@@ -67,7 +67,7 @@ pub trait LoadedBuild: std::fmt::Debug + Send + Sync {
 
 /// One problem's data on the device, and the candidate loaded last.
 pub trait GpuProblem {
-    /// Loads a candidate's compiled code (an AMD code object, or PTX on NVIDIA) and makes it
+    /// Loads a candidate's compiled code (an AMD code object, or a CUBIN on NVIDIA) and makes it
     /// the one [`run`](Self::run) and [`time`](Self::time) launch.
     fn load(&mut self, build: &KernelBuild, code: &[u8]) -> Result<(), KernelError>;
     /// Launches the loaded candidate once, waits, and returns the output.
