@@ -42,7 +42,7 @@ pub(super) fn validate(
     if c.paired && c.variant != GpuFlashVariant::Mma {
         return Err(invalid(
             f,
-            "paired query tiles are a choice of the mma variant only",
+            "paired query tiles are a choice of the mma variant only: take paired = false",
         ));
     }
     if c.paired && !p.causal {
