@@ -727,27 +727,35 @@ fn misaligned_cp_async_and_ldmatrix_addresses_are_errors() {
     }
 }
 
+/// The mma flash tile `(br, bc)`, paired or not.
+fn mma_flash((br, bc): (usize, usize), paired: bool) -> Config {
+    Config::GpuFlash(GpuFlashConfig {
+        br,
+        bc,
+        lanes: 2,
+        variant: GpuFlashVariant::Mma,
+        paired,
+    })
+}
+
+/// The relative error of the emulated H200's run of the mma flash tile `(br, bc)` on
+/// `problem`, with a source: the tile checked valid for the problem first.
+fn mma_flash_error(problem: &Problem, tile: (usize, usize), paired: bool) -> impl Fn(&str) -> f64 {
+    let (device, emu) = emulator("h200");
+    let config = mma_flash(tile, paired);
+    GpuSpace.validate(&config, problem, &device).unwrap();
+    let data = ProblemData::random(problem, 4);
+    let reference = data.reference();
+    move |body: &str| relative_error(&emu.run_source(&data, &config, body).unwrap(), &reference)
+}
+
 #[test]
 fn the_mma_flash_pipeline_checks_catch_each_mistake() {
     // Head size 128 over two key tiles of 64: the next tiles' copies overlap the current ones'
     // use, four warps share them.
-    let (device, emu) = emulator("h200");
     let problem: Problem = FLASH_F16_128.parse().unwrap();
-    let data = ProblemData::random(&problem, 4);
-    let reference = data.reference();
-    let config = Config::GpuFlash(GpuFlashConfig {
-        br: 64,
-        bc: 64,
-        lanes: 2,
-        variant: GpuFlashVariant::Mma,
-        paired: false,
-    });
-    GpuSpace.validate(&config, &problem, &device).unwrap();
+    let error = mma_flash_error(&problem, (64, 64), false);
     let source = include_str!("../hip/flash.hip");
-    let error = |body: &str| {
-        let out = emu.run_source(&data, &config, body).unwrap();
-        relative_error(&out, &reference)
-    };
     assert!(error(source) <= problem.tolerance());
     for (what, from, to) in [
         // The next K tile copied over the current one while other warps still read it.
@@ -783,25 +791,11 @@ fn the_mma_flash_pipeline_checks_catch_each_mistake() {
 fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirror() {
     // Five query tiles of 16 on a grid of three blocks: tiles 0 and 4, 1 and 3, then the
     // middle tile 2 alone; fewer queries than keys (aligned to the end), GQA.
-    let (device, emu) = emulator("h200");
     let problem: Problem = "flash:q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
         .parse()
         .unwrap();
-    let data = ProblemData::random(&problem, 5);
-    let reference = data.reference();
-    let config = Config::GpuFlash(GpuFlashConfig {
-        br: 16,
-        bc: 32,
-        lanes: 2,
-        variant: GpuFlashVariant::Mma,
-        paired: true,
-    });
-    GpuSpace.validate(&config, &problem, &device).unwrap();
+    let error = mma_flash_error(&problem, (16, 32), true);
     let source = include_str!("../hip/flash.hip");
-    let error = |body: &str| {
-        let out = emu.run_source(&data, &config, body).unwrap();
-        relative_error(&out, &reference)
-    };
     assert!(error(source) <= problem.tolerance());
     let (from, to) = (
         "if (pass == 1 && qt <= KT_BID_X) break;",
@@ -817,6 +811,9 @@ fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirr
     let full: Problem = "flash:q_len=70,q_heads=4,head_dim=64,dtype=bf16,causal=false"
         .parse()
         .unwrap();
-    let err = GpuSpace.validate(&config, &full, &device).unwrap_err();
+    let paired = mma_flash((16, 32), true);
+    let err = GpuSpace
+        .validate(&paired, &full, &Device::lookup("h200").unwrap())
+        .unwrap_err();
     assert!(err.to_string().contains("take paired = false"), "{err}");
 }

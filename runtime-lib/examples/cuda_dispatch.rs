@@ -14,8 +14,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use kerntune::{DevicePtrs, GpuDispatcher, RuntimeError};
 use kerntune_kernels::data::ProblemData;
-use kerntune_kernels::reference::relative_error;
 use kerntune_kernels::{Problem, TensorBuf};
+use kerntune_tuner::measure::{check_rows, Failure};
 
 /// Device memory the example owns: inputs as raw words, tables, output, scratch.
 struct OnDevice {
@@ -143,15 +143,11 @@ fn main() -> ExitCode {
                 };
                 let rows = data.verify_rows();
                 let reference = data.reference_rows(&rows);
-                let len = data.row_len();
-                let worst = rows
-                    .iter()
-                    .zip(&reference)
-                    .map(|(&r, want)| relative_error(&out[r * len..(r + 1) * len], want))
-                    .fold(0f64, |a, e| {
-                        a.max(if e.is_nan() { f64::INFINITY } else { e })
-                    });
-                let ok = worst <= p.tolerance();
+                let (ok, worst) = match check_rows(p, &out, data.row_len(), &rows, &reference) {
+                    Ok(worst) => (true, worst),
+                    Err(Failure::Wrong(worst)) => (false, worst),
+                    Err(Failure::Error(e)) => unreachable!("a comparison has no errors: {e}"),
+                };
                 wrong += usize::from(!ok);
                 println!(
                     "{} {matched:?} {}: relative error {worst:.1e} {}",

@@ -27,9 +27,9 @@ use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::gpu::cuda::{CudaGpu, DeviceProblem, LoadedKernel};
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::KernelBuild;
-use kerntune_kernels::reference::relative_error;
 use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
 use kerntune_tuner::error::chain_message;
+use kerntune_tuner::measure::{check_rows, Failure};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -180,17 +180,11 @@ impl Check<'_> {
                 let kernel = self.load(p, &c, &cubin)?;
                 self.trace(format_args!("  {c}: running"));
                 let out = on_device.run(self.gpu, &kernel, &c)?;
-                let worst = rows
-                    .iter()
-                    .zip(&reference)
-                    .map(|(&r, want)| relative_error(&out[r * len..(r + 1) * len], want))
-                    .fold(0f64, |a, e| {
-                        a.max(if e.is_nan() { f64::INFINITY } else { e })
-                    });
-                if worst > p.tolerance() {
-                    bail!("relative error {worst:.2e}");
+                match check_rows(p, &out, len, &rows, &reference) {
+                    Err(Failure::Wrong(worst)) => bail!("relative error {worst:.2e}"),
+                    Err(Failure::Error(e)) => bail!("{e}"),
+                    Ok(_) => Ok(kernel),
                 }
-                Ok(kernel)
             });
             match outcome {
                 Err(e) => row
