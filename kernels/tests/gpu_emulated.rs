@@ -478,15 +478,19 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
     let (device, emu) = emulator("h200");
     let problem: Problem = spec.parse().unwrap();
     let data = ProblemData::random(&problem, 9);
-    let Config::GpuGemm(mut config) = GpuSpace.heuristic(&problem, &device) else {
-        unreachable!("GEMM problems get GEMM configs")
-    };
-    assert_eq!(
-        config.stages, 4,
-        "the decode heuristic pipelines: {config:?}"
-    );
-    config.split_k = 2;
-    let out = emu.run_source(&data, &Config::GpuGemm(config), body)?;
+    // The one-warp-high decode tile (the heuristic from 9 rows up; below, the skinny kernel).
+    let config = Config::GpuGemm(GpuGemmConfig {
+        variant: GpuGemmVariant::Mma,
+        bm: 16,
+        bn: 64,
+        bk: 32,
+        tm: 1,
+        tn: 2,
+        stages: 4,
+        split_k: 2,
+    });
+    GpuSpace.validate(&config, &problem, &device).unwrap();
+    let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
 }
 
