@@ -59,6 +59,11 @@ constexpr int kMma = -2;
 constexpr int kMfma = -3;
 constexpr int kLdmatrix = -4;
 constexpr int kWgmma = -5;
+// A thread's own wait on an mbarrier phase (not a warp-wide operation).
+constexpr int kMbarrier = -6;
+
+// mbarrier objects a block may initialize.
+constexpr int kMaxMbarriers = 32;
 
 // wgmma operations a thread may have issued and not yet waited for.
 constexpr int kMaxWgmma = 32;
@@ -77,6 +82,16 @@ struct Wgmma {
     int n;
     unsigned long long a, b;
     int group;
+};
+
+// An mbarrier object, by its shared-window address: arrivals a phase expects, those still
+// missing from the current one, and the phases completed so far (the current one's parity is
+// `completed & 1`).
+struct Mbar {
+    unsigned addr;
+    int expected;
+    int pending;
+    int completed;
 };
 
 enum class State : unsigned char { Ready, Waiting, Done };
@@ -163,6 +178,12 @@ struct Block {
     int wg_pending[kMaxThreads];
     int wg_groups[kMaxThreads];
     bool wg_fenced[kMaxThreads];
+    // The block's mbarriers, and what each thread parked at kMbarrier waits for: a phase of
+    // the parity given completed on the mbarrier at that address.
+    Mbar mbar[kMaxMbarriers];
+    int mbar_count;
+    unsigned mbar_addr[kMaxThreads];
+    int mbar_parity[kMaxThreads];
 };
 
 inline thread_local Block* tl_block = nullptr;
@@ -187,6 +208,7 @@ inline void describe(int site, char* out, size_t len) {
     case kMfma: snprintf(out, len, "an MFMA"); break;
     case kLdmatrix: snprintf(out, len, "an ldmatrix"); break;
     case kWgmma: snprintf(out, len, "a wgmma"); break;
+    case kMbarrier: snprintf(out, len, "an mbarrier wait"); break;
     default: snprintf(out, len, "the barrier at line %d", site); break;
     }
 }
@@ -293,7 +315,10 @@ inline void deadlock(Block& b) {
 // barriers the waves take turns first to last, then last to first (and threads within a wave
 // likewise), so a wave reads what others wrote before a barrier only where the kernel has the
 // barrier: a missing one shows as a wrong result.
+inline bool mbar_done(Block& b, int i);
+
 inline bool run_block(Block& b) {
+    b.mbar_count = 0;
     for (int i = 0; i < b.threads; ++i) {
         start_fiber(b, i);
         b.state[i] = State::Ready;
@@ -311,23 +336,29 @@ inline bool run_block(Block& b) {
             for (bool resumed = true; resumed;) {
                 for (int n = 0; n < KT_HOST_WAVE; ++n) {
                     const int i = w + (back ? KT_HOST_WAVE - 1 - n : n);
+                    if (b.state[i] == State::Waiting && b.site[i] == kMbarrier && mbar_done(b, i))
+                        b.state[i] = State::Ready;
                     if (b.state[i] != State::Ready) continue;
                     to_fiber(b, i);
                     if (b.failed) return false;
                 }
-                resumed = b.state[w] == State::Waiting && b.site[w] < 0;
+                resumed = b.state[w] == State::Waiting && b.site[w] < 0 && b.site[w] != kMbarrier;
                 for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i)
                     resumed = b.state[i] == State::Waiting && b.site[i] == b.site[w];
                 for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i) b.state[i] = State::Ready;
             }
         }
-        bool all_done = true, together = true;
+        bool all_done = true, together = true, woken = false;
         for (int i = 0; i < b.threads; ++i) {
             all_done = all_done && b.state[i] == State::Done;
             together = together && b.state[i] == State::Waiting && b.site[i] > 0 &&
                        b.site[i] == b.site[0];
+            // A phase completed after its waiter's turn: the waiter runs in the next round.
+            woken = woken || (b.state[i] == State::Waiting && b.site[i] == kMbarrier &&
+                              mbar_done(b, i));
         }
         if (all_done) return true;
+        if (woken) continue;
         if (!together) {
             deadlock(b);
             return false;
@@ -622,32 +653,52 @@ inline void shared_window(unsigned char* base, size_t bytes) {
     block().shared_bytes = bytes;
 }
 
-// The offset of `p` in the block's dynamic shared memory, as the 32-bit shared-window address
-// the device's instructions take.
+// The shared-window address of the dynamic shared memory's first byte. A device may place it
+// after static shared memory, so it is 16-byte aligned and no more: a kernel that needs a
+// coarser alignment (swizzled wgmma tiles: 1024 bytes) must round up itself, and one that
+// assumes it is caught here.
+constexpr unsigned kSharedWindow = 0x410;
+
+// `p` in the block's dynamic shared memory as the 32-bit shared-window address the device's
+// instructions take.
 inline unsigned smem_offset(const void* p) {
     Block& b = block();
     const unsigned char* c = static_cast<const unsigned char*>(p);
     if (b.shared_base == nullptr || c < b.shared_base || c >= b.shared_base + b.shared_bytes)
         fail("a shared-memory address outside the kernel's dynamic shared memory");
-    return (unsigned)(c - b.shared_base);
+    return kSharedWindow + (unsigned)(c - b.shared_base);
 }
 
 inline void wgmma_fence() { block().wg_fenced[block().current] = true; }
 
 inline void wgmma_commit() { ++block().wg_groups[block().current]; }
 
-// Element (row, k) of a wgmma operand, k-major without swizzling (see kt_wgmma_desc).
+// Element (row, k < 16) of a wgmma operand, k-major (see kt_wgmma_desc). Without swizzling:
+// 8×8 core matrices of 16-byte rows, `lbo` apart in k and `sbo` in rows. Swizzled (mode 1,
+// 2, 3: rows of W = 128, 64, 32 bytes): row r of each 8 at r·W, groups of 8 rows `sbo`
+// apart, the step's 32 bytes of k within one row, and the address's 16-byte piece (bits 4
+// up) XORed with its bits 7 up, as many bits as W has pieces: a function of the address,
+// so a tile must start on a boundary of the pattern (8·W bytes) for its rows to line up.
 inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
-    if ((desc >> 49 & 7u) != 0 || (desc >> 62) != 0)
-        fail("a wgmma descriptor with swizzling or a base offset: only plain core matrices are emulated");
+    if ((desc >> 49 & 7u) != 0) fail("a wgmma descriptor with a base offset: not emulated");
+    const unsigned mode = (unsigned)(desc >> 62);
     const size_t start = (size_t)(desc & 0x3fffu) << 4;
     const size_t lbo = (size_t)(desc >> 16 & 0x3fffu) << 4;
     const size_t sbo = (size_t)(desc >> 32 & 0x3fffu) << 4;
-    const size_t at = start + (size_t)(row / 8) * sbo + (size_t)(k / 8) * lbo +
-                      (size_t)(row % 8) * 16 + (size_t)(k % 8) * 2;
-    if (at + 2 > b.shared_bytes) fail("a wgmma operand element outside dynamic shared memory");
+    size_t addr;
+    if (mode == 0) {
+        addr = start + (size_t)(row / 8) * sbo + (size_t)(k / 8) * lbo + (size_t)(row % 8) * 16 +
+               (size_t)(k % 8) * 2;
+    } else {
+        const size_t w = mode == 1 ? 128 : mode == 2 ? 64 : 32;
+        if (start % w + 32 > w) fail("a wgmma k step that crosses a swizzled row");
+        addr = start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * w + (size_t)k * 2;
+        addr ^= ((addr >> 7) & (w / 16 - 1)) << 4;
+    }
+    if (addr < kSharedWindow || addr - kSharedWindow + 2 > b.shared_bytes)
+        fail("a wgmma operand element outside dynamic shared memory");
     unsigned short x;
-    __builtin_memcpy(&x, b.shared_base + at, sizeof x);
+    __builtin_memcpy(&x, b.shared_base + (addr - kSharedWindow), sizeof x);
     return half_f32(x);
 }
 
@@ -695,6 +746,69 @@ inline void wgmma_wait(int n) {
             }
     }
     b.wg_pending[me] = kept;
+}
+
+// mbarrier.init.shared.b64: an mbarrier at `p` expecting `count` arrivals a phase, in phase 0.
+inline void mbar_init(const void* p, int count) {
+    Block& b = block();
+    const unsigned addr = smem_offset(p);
+    if (addr % 8 != 0) fail("an mbarrier not 8-byte aligned");
+    if (count < 1) fail("an mbarrier initialized to expect no arrivals");
+    int i = 0;
+    while (i < b.mbar_count && b.mbar[i].addr != addr) ++i;
+    if (i == b.mbar_count) {
+        if (b.mbar_count == kMaxMbarriers) fail("more mbarriers than the emulator holds");
+        ++b.mbar_count;
+    }
+    b.mbar[i] = Mbar{addr, count, count, 0};
+}
+
+inline Mbar& mbar_of(Block& b, unsigned addr) {
+    for (int i = 0; i < b.mbar_count; ++i)
+        if (b.mbar[i].addr == addr) return b.mbar[i];
+    fail("an mbarrier used before mbarrier.init");
+}
+
+// Whether thread i, parked at kMbarrier, may go on: the phase of its parity has completed
+// (the current phase has the other parity).
+inline bool mbar_done(Block& b, int i) {
+    return (mbar_of(b, b.mbar_addr[i]).completed & 1) != b.mbar_parity[i];
+}
+
+inline void mbar_arrive_at(Block& b, unsigned addr) {
+    Mbar& m = mbar_of(b, addr);
+    if (--m.pending == 0) {
+        ++m.completed;
+        m.pending = m.expected;
+    }
+}
+
+// mbarrier.arrive.shared.b64: one arrival on the current phase.
+inline void mbar_arrive(const void* p) { mbar_arrive_at(block(), smem_offset(p)); }
+
+// cp.async.mbarrier.arrive.noinc.shared.b64: one arrival (counted among those expected) once
+// every cp.async this thread issued so far has landed; the emulator lands them now.
+inline void cp_mbar_arrive(const void* p) {
+    Block& b = block();
+    const int me = b.current;
+    Copy* mine = b.copies + me * b.copy_cap;
+    for (int i = 0; i < b.pending[me]; ++i) {
+        __builtin_memcpy(mine[i].dst, mine[i].src, mine[i].bytes);
+        __builtin_memset(static_cast<char*>(mine[i].dst) + mine[i].bytes, 0, 16 - mine[i].bytes);
+    }
+    b.pending[me] = 0;
+    mbar_arrive_at(b, smem_offset(p));
+}
+
+// mbarrier.try_wait.parity.shared.b64 until it succeeds: returns once the phase of `parity`
+// (the current one's, or the one before it) has completed, parking the thread until then.
+inline void mbar_wait(const void* p, int parity) {
+    Block& b = block();
+    const int me = b.current;
+    b.mbar_addr[me] = smem_offset(p);
+    b.mbar_parity[me] = parity & 1;
+    if (mbar_done(b, me)) return;
+    wait(kMbarrier);
 }
 
 typedef float f32x16 __attribute__((vector_size(64)));

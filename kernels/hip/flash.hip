@@ -133,6 +133,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #ifndef KT_PAIRED
 #define KT_PAIRED 0
 #endif
+#ifndef KT_SPLIT
+#define KT_SPLIT 1
+#endif
+#if KT_SPLIT > 1 && KT_PAIRED
+#error "paired query tiles take no split of the keys: KT_SPLIT must be 1"
+#endif
 
 #define KT_THREADS (2 * KT_BR)
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
@@ -146,10 +152,24 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #error "KT_DYN_LDS must be the bytes of the K and V tiles, as the launch passes them"
 #endif
 
+// Split (KT_SPLIT > 1): the keys' tiles fall into KT_SPLIT equal runs of whole tiles, the
+// same for every query tile, and the run `c` of the block's z (batch · SPLIT + c) is its
+// part of its query tile. Key run c spans keys [c · kt_run(kv_len), (c + 1) · kt_run(kv_len)).
+KT_DEVICE int kt_run(int kv_len) {
+    return KT_BC * (((kv_len + KT_BC - 1) / KT_BC + KT_SPLIT - 1) / KT_SPLIT);
+}
+
+// Unsplit, `out` is the output. Split, it is the runs' unnormalized output rows, slot
+// ((b · SPLIT + c) · q_len + i) · q_heads + h (block z's rows) of KT_D floats each, and
+// `part_max` / `part_sum` the rows' maxima (of the scaled scores, base 2) and sums in the
+// same slots; kt_flash_reduce combines them.
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
-         float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale) {
+         float* __restrict__ out,
+#if KT_SPLIT > 1
+         float* __restrict__ part_max, float* __restrict__ part_sum,
+#endif
+         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale) {
     // Dynamic shared memory: 128-key tiles of head size 128 pass the 48 KiB a block declares
     // statically.
     KT_DYNAMIC_SHARED(smem);
@@ -159,10 +179,17 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int h = KT_BID_Y;
-    const int b = KT_BID_Z;
+    const int b = KT_BID_Z / KT_SPLIT;
     const int kvh = h / (q_heads / kv_heads);
     const float qscale = scale * 1.4426950408889634f;
     const int shift = kv_len - q_len;
+#if KT_SPLIT > 1
+    const int run = KT_BID_Z % KT_SPLIT;
+    const int run_begin = run * kt_run(kv_len);
+    const int run_end = run_begin + kt_run(kv_len);
+#else
+    const int run_begin = 0, run_end = kv_len;
+#endif
     // Paired (KT_PAIRED, causal only): this block takes query tile x, then its mirror
     // tiles - 1 - x, so that every block sees about the same number of keys; else one tile.
     // Passing to the mirror needs no barrier of its own: the last key tile's closing barrier
@@ -204,7 +231,10 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         float mx[2] = {-KT_INF, -KT_INF}, sum[2] = {0.0f, 0.0f};
 
         const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
-        const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
+        // Keys this block reads: its run's, up to the last any of its rows may see. A run
+        // wholly past them leaves the block nothing: its rows' slots are never read.
+        const int block_seen = min(run_end, causal ? min(kv_len, block_last + shift + 1) : kv_len);
+        if (KT_SPLIT > 1 && run_begin >= block_seen) return;
         // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
         // the keys zero-filled.
         auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
@@ -218,13 +248,13 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         };
         // K and V tiles travel as separate commit groups, so each is waited for only when used:
         // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
-        if (block_seen > 0) {
-            load(ks, k, 0);
+        if (block_seen > run_begin) {
+            load(ks, k, run_begin);
             kt_cp_async_commit();
-            load(vs, v, 0);
+            load(vs, v, run_begin);
             kt_cp_async_commit();
         }
-        for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+        for (int j0 = run_begin; j0 < block_seen; j0 += KT_BC) {
             kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
             KT_SYNC();
             // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
@@ -316,6 +346,20 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             sum[r] += KT_SHFL_XOR(sum[r], 1);
             sum[r] += KT_SHFL_XOR(sum[r], 2);
             if (row0 + g + 8 * r >= q_len) continue;
+#if KT_SPLIT > 1
+            // This run's share, unnormalized.
+            const long slot = ((long)KT_BID_Z * q_len + row0 + g + 8 * r) * q_heads + h;
+            if (t == 0) {
+                part_max[slot] = mx[r];
+                part_sum[slot] = sum[r];
+            }
+#pragma unroll
+            for (int d = 0; d < KT_OT; ++d) {
+                out[slot * KT_D + 8 * d + 2 * t] = o[d][2 * r];
+                out[slot * KT_D + 8 * d + 2 * t + 1] = o[d][2 * r + 1];
+            }
+            continue;
+#endif
             const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d) {
@@ -325,6 +369,37 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         }
     }  // pass
 }
+
+#if KT_SPLIT > 1
+// The split runs' partial results combined into the output, one thread an output element:
+// the runs holding keys the row sees, in order (so results do not depend on scheduling),
+// each scaled from its own maximum to the largest.
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
+                const float* __restrict__ part_sum, float* __restrict__ out, int q_len,
+                int kv_len, int q_heads, int kv_heads, int causal, int batch) {
+    (void)kv_heads;
+    const long rows = (long)batch * q_len * q_heads;
+    const long e = (long)KT_BID_X * KT_THREADS + KT_TID;
+    if (e >= rows * KT_D) return;
+    // Row (b · q_len + i) · q_heads + h; its slot of run c is (b · SPLIT + c) · per + rest.
+    const long row = e / KT_D, per = (long)q_len * q_heads;
+    const long b = row / per, rest = row % per;
+    const int i = (int)(rest / q_heads);
+    const int seen = causal ? min(kv_len, i + kv_len - q_len + 1) : kv_len;
+    const int runs = seen <= 0 ? 0 : min(KT_SPLIT, (seen + kt_run(kv_len) - 1) / kt_run(kv_len));
+    float m = -KT_INF;
+    for (int c = 0; c < runs; ++c) m = fmaxf(m, part_max[(b * KT_SPLIT + c) * per + rest]);
+    float num = 0.0f, den = 0.0f;
+    for (int c = 0; c < runs; ++c) {
+        const long slot = (b * KT_SPLIT + c) * per + rest;
+        const float w = exp2f(part_max[slot] - m);
+        num = fmaf(w, part_out[slot * KT_D + e % KT_D], num);
+        den = fmaf(w, part_sum[slot], den);
+    }
+    out[e] = den > 0.0f ? num / den : 0.0f;
+}
+#endif
 
 #elif KT_VARIANT == 2
 

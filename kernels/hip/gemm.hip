@@ -16,7 +16,8 @@
 //   for a [K,N] B, which the space checks) and read by ldmatrix.
 // KT_VARIANT 3, wgmma (NVIDIA sm_90a, f16 and bf16, B [N,K]): each warpgroup of 4 warps owns
 //   TM tiles of 64×TN computed by wgmma.mma_async.m64nNk16 (N = TN) straight from shared
-//   memory, stored there as 8×8 core matrices. Of KT_STAGES (3 or 4) k tiles in shared memory,
+//   memory, stored there as 8×8 core matrices or (KT_SWIZZLE 32, 64 or 128) as rows of that
+//   many bytes, swizzled as the descriptors' mode of that width reads them. Of KT_STAGES (3 or 4) k tiles in shared memory,
 //   one is being multiplied, the products of the one before may still be in flight, and the
 //   rest are arriving by 16-byte cp.async. Threads = 128 · (BM / (64·TM)) · (BN / TN).
 // KT_VARIANT 4, skinny (every vendor and dtype, B [N,K], decode: a few rows of A): no shared
@@ -40,6 +41,9 @@
 #endif
 #ifndef KT_STAGES
 #define KT_STAGES 1
+#endif
+#ifndef KT_SWIZZLE
+#define KT_SWIZZLE 0
 #endif
 #if KT_STAGES != 1 && KT_VARIANT < 2
 #error "only the mma and wgmma variants (KT_VARIANT 2, 3) pipeline their k tiles: KT_STAGES must be 1"
@@ -428,29 +432,77 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 #define KT_WG_N (KT_BN / KT_TN)
 #define KT_THREADS (128 * (KT_BM / (64 * KT_TM)) * KT_WG_N)
-// A tile of R rows by BK stores core matrix (rows 8·rc .., k 8·kc ..) at element
-// (rc · BK/8 + kc) · 64, row r of it 16 bytes after row r - 1: cores adjacent in k are 128
-// bytes apart (the descriptors' leading offset), cores adjacent in rows BK · 16 (their stride
-// offset). A [stage][BM·BK], then B [stage][BN·BK], in dynamic shared memory.
+#if KT_SWIZZLE
+#if KT_SWIZZLE != 32 && KT_SWIZZLE != 64 && KT_SWIZZLE != 128 || (2 * KT_BK) % KT_SWIZZLE
+#error "KT_SWIZZLE must be 32, 64 or 128 bytes, dividing a k tile's rows"
+#endif
+// Swizzled rows: a tile of R rows by BK stores k in column blocks of KT_ATOM (a swizzled
+// row of KT_SWIZZLE bytes), R·ATOM elements apart; row r of a block at r·ATOM; and 16-byte
+// piece p of that row at piece p ^ (offset bits 7 up), as the descriptors' swizzle mode of
+// that width reads it (kt_swizzled). Tiles start on 1024-byte boundaries (the kernel rounds
+// its shared memory up to one), so an offset in a tile has the address's bits 4 to 9. Eight
+// rows are 8·SWIZZLE bytes (the stride offset); a k step's 32 bytes stay in one row, so the
+// leading offset is unused (1, as for every swizzled k-major operand).
+#define KT_ATOM (KT_SWIZZLE / 2)
+#define KT_LBO 16
+#define KT_SBO (8 * KT_SWIZZLE)
+#define KT_LAYOUT (KT_SWIZZLE == 128 ? 1 : KT_SWIZZLE == 64 ? 2 : 3)
+#define KT_ALIGN 1024
+#else
+// Core matrices: a tile of R rows by BK stores core matrix (rows 8·rc .., k 8·kc ..) at
+// element (rc · BK/8 + kc) · 64, row r of it 16 bytes after row r - 1: cores adjacent in k
+// are 128 bytes apart (the descriptors' leading offset), cores adjacent in rows BK · 16
+// (their stride offset).
 #define KT_LBO 128
 #define KT_SBO (KT_BK * 16)
-#if !defined(KT_DYN_LDS) || 2 * KT_STAGES * (KT_BM + KT_BN) * KT_BK != KT_DYN_LDS
+#define KT_LAYOUT 0
+#define KT_ALIGN 0
+#endif
+// A [stage][BM·BK], then B [stage][BN·BK], in dynamic shared memory (KT_ALIGN more, for
+// rounding its start up).
+#if !defined(KT_DYN_LDS) || 2 * KT_STAGES * (KT_BM + KT_BN) * KT_BK + KT_ALIGN != KT_DYN_LDS
 #error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
 #endif
 
-// Copies rows r0 .. r0 + R of `src` ([rows, k] row-major), k0 .. k0 + BK, into core-matrix
-// order at `dst`, 16 bytes a copy: 8 consecutive threads fill the 8 rows of one core matrix
-// (128 contiguous bytes of shared memory), a warp 4 k-adjacent ones. Pieces outside the
-// matrix or past `ke` are zero-filled (k % 8 == 0: a piece lies wholly inside or outside).
+#if KT_SWIZZLE
+// The byte offset where the hardware's swizzle puts byte offset `at` of a tile.
+KT_DEVICE int kt_swizzled(int at) { return at ^ (((at >> 7) & (KT_SWIZZLE / 16 - 1)) << 4); }
+#endif
+
+// The element offset, in a tile of R rows, that a descriptor starts at for rows r .. r + 8n
+// (r % 8 == 0) and k 16·kk .. 16·kk + 16.
 template <int R>
-KT_DEVICE void kt_load_cores(unsigned short* dst, const kt_in* src, int r0, int rows, int k,
-                             int k0, int ke, int tid) {
+KT_DEVICE int kt_start(int r, int kk) {
+#if KT_SWIZZLE
+    return (16 * kk / KT_ATOM) * R * KT_ATOM + r * KT_ATOM + 16 * kk % KT_ATOM;
+#else
+    // The core matrices kc = 2·kk and 2·kk + 1.
+    return (r / 8) * (KT_BK / 8) * 64 + 128 * kk;
+#endif
+}
+
+// Copies rows r0 .. r0 + R of `src` ([rows, k] row-major), k0 .. k0 + BK, into the tile at
+// `dst`, 16 bytes a copy. Swizzled: consecutive threads take consecutive pieces of a row, so
+// a quarter-warp reads 128 contiguous bytes and writes 8 distinct banks' worth. Core
+// matrices: 8 consecutive threads fill the 8 rows of one (128 contiguous bytes of shared
+// memory), reading 16 bytes of each of 8 rows. Pieces outside the matrix or past `ke` are
+// zero-filled (k % 8 == 0: a piece lies wholly inside or outside).
+template <int R>
+KT_DEVICE void kt_load_tile(unsigned short* dst, const kt_in* src, int r0, int rows, int k,
+                            int k0, int ke, int tid) {
     for (int i = tid; i < R * (KT_BK / 8); i += KT_THREADS) {
+#if KT_SWIZZLE
+        const int p = i % (KT_BK / 8), r = i / (KT_BK / 8);
+        const int gr = r0 + r, gk = k0 + 8 * p;
+        const int at = 2 * ((8 * p / KT_ATOM) * R * KT_ATOM + r * KT_ATOM) + 16 * (p % (KT_ATOM / 8));
+        unsigned short* const to = dst + kt_swizzled(at) / 2;
+#else
         const int r8 = i % 8, kc = (i / 8) % (KT_BK / 8), rc = i / KT_BK;
         const int gr = r0 + 8 * rc + r8, gk = k0 + 8 * kc;
+        unsigned short* const to = dst + (rc * (KT_BK / 8) + kc) * 64 + r8 * 8;
+#endif
         const bool in = gr < rows && gk < ke;
-        kt_cp_async16(dst + (rc * (KT_BK / 8) + kc) * 64 + r8 * 8,
-                      in ? src + ((long)gr * k + gk) : src, in ? 16 : 0);
+        kt_cp_async16(to, in ? src + ((long)gr * k + gk) : src, in ? 16 : 0);
     }
 }
 
@@ -458,7 +510,12 @@ KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k) {
     KT_DYNAMIC_SHARED(smem);
+#if KT_ALIGN
+    unsigned short* const as =
+        reinterpret_cast<unsigned short*>(smem + (KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN);
+#else
     unsigned short* const as = reinterpret_cast<unsigned short*>(smem);
+#endif
     unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BK;
     const int tid = KT_TID;
     const int wg = tid / 128;
@@ -479,8 +536,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_wgmma_fence_operand(acc[i]);
     }
     auto load = [&](int st, int k0) {
-        kt_load_cores<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, tid);
-        kt_load_cores<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, tid);
+        kt_load_tile<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, tid);
+        kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, tid);
     };
     // Of the STAGES stages, one holds the tile being multiplied, one the tile before it, whose
     // products may still be in flight, and the rest tiles being copied: STAGES - 2 ahead.
@@ -502,16 +559,18 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
         kt_cp_async_commit();
         const int st = tile % KT_STAGES;
-        const unsigned short* at = as + st * KT_BM * KT_BK + (wm / 8) * (KT_BK / 8) * 64;
-        const unsigned short* bt = bs + st * KT_BN * KT_BK + (wn / 8) * (KT_BK / 8) * 64;
+        const unsigned short* at = as + st * KT_BM * KT_BK;
+        const unsigned short* bt = bs + st * KT_BN * KT_BK;
         kt_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KT_BK / 16; ++kk) {
-            // k 16·kk .. +16: the core matrices kc = 2·kk and 2·kk + 1, 128 elements on.
-            const unsigned long long bd = kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO);
+            const unsigned long long bd =
+                kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_LBO, KT_SBO, KT_LAYOUT);
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
-                kt_wgmma(acc[i], kt_wgmma_desc(at + 8 * i * (KT_BK / 8) * 64 + 128 * kk, KT_LBO, KT_SBO),
+                kt_wgmma(acc[i],
+                         kt_wgmma_desc(at + kt_start<KT_BM>(wm + 64 * i, kk), KT_LBO, KT_SBO,
+                                       KT_LAYOUT),
                          bd);
         }
         kt_wgmma_commit();

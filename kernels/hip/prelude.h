@@ -324,17 +324,22 @@ KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)
 // (kt_wgmma_wait<n> leaves the newest n groups in flight). Thread (warp w of the warpgroup,
 // lane 4g + t) holds in d[4j + e] row 16w + g + 8·(e / 2), column 8j + 2t + e % 2.
 //
-// Operands are k-major without swizzling: 8×8 core matrices of 128 contiguous bytes (8 rows
-// of 16), `lbo` bytes between core matrices adjacent in k, `sbo` between those adjacent in
-// rows. The emulator computes each operation at the wait that covers it, from shared memory
-// as it is then, so a copy into a tile still being read shows.
+// Operands are k-major. Layout 0, no swizzling: 8×8 core matrices of 128 contiguous bytes
+// (8 rows of 16), `lbo` bytes between core matrices adjacent in k, `sbo` between those
+// adjacent in rows. Layouts 1, 2, 3 (128-, 64-, 32-byte swizzling): rows of that many bytes
+// of k, 8 of them then the next 8 `sbo` on (`lbo` unused), each 16-byte piece at its
+// address XORed with address bits 7 up (see the GEMM's kt_swizzled). The emulator computes
+// each operation at the wait that covers it, from shared memory as it is then, so a copy
+// into a tile still being read shows.
 #if defined(KT_HOST)
 KT_DEVICE unsigned kt_smem(const void* p) { return kt_host::smem_offset(p); }
 #endif
-KT_DEVICE unsigned long long kt_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+KT_DEVICE unsigned long long kt_wgmma_desc(const void* p, unsigned lbo, unsigned sbo,
+                                           unsigned layout) {
     return (unsigned long long)((kt_smem(p) >> 4) & 0x3fffu) |
            ((unsigned long long)((lbo >> 4) & 0x3fffu) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3fffu) << 32);
+           ((unsigned long long)((sbo >> 4) & 0x3fffu) << 32) |
+           ((unsigned long long)(layout & 3u) << 62);
 }
 #if defined(KT_HOST)
 KT_DEVICE void kt_wgmma_fence() { kt_host::wgmma_fence(); }

@@ -78,13 +78,16 @@ fn candidates_where(
 }
 
 /// Asserts that an edited source's run (its relative error, or the emulator's error) shows
-/// `what` as a wrong result: an error over `tol`, or NaN (a poisoned read).
+/// `what` as a wrong result (an error over `tol`, or NaN: a poisoned read) or a fault the
+/// emulator names.
 fn caught(what: &str, run: Result<f64, KernelError>, tol: f64) {
     match run {
         Ok(err) => assert!(
             err.is_nan() || err > tol,
             "{what} went unnoticed: error {err:e}"
         ),
+        // The emulator stopped the launch: a fault a device would turn into garbage or a hang.
+        Err(KernelError::EmulatorFault { .. }) => {}
         Err(e) => panic!("{what}: {e}"),
     }
 }
@@ -488,6 +491,7 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
         tn: 2,
         stages: 4,
         split_k: 2,
+        swizzle: 0,
     });
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
@@ -544,10 +548,10 @@ fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
     }
 }
 
-/// The wgmma GEMM of the H200 (two warpgroups of 64×128, three stages of 32) on a problem of
-/// seven k tiles, none of whose sizes a tile divides, with `body` as its source: its relative
-/// error.
-fn wgmma_gemm_error(body: &str) -> Result<f64, KernelError> {
+/// The wgmma GEMM of the H200 (two warpgroups of 64×128, three stages of `bk`, shared memory
+/// swizzled by `swizzle` bytes or not at all) on a problem none of whose sizes a tile
+/// divides, with `body` as its source: its relative error.
+fn wgmma_gemm_error(body: &str, bk: usize, swizzle: usize) -> Result<f64, KernelError> {
     let (_, emu) = emulator("h200");
     let problem: Problem = "gemm:m=67,n=130,k=200,dtype=bf16,b=nk".parse().unwrap();
     let data = ProblemData::random(&problem, 5);
@@ -555,11 +559,12 @@ fn wgmma_gemm_error(body: &str) -> Result<f64, KernelError> {
         variant: GpuGemmVariant::Wgmma,
         bm: 128,
         bn: 128,
-        bk: 32,
+        bk,
         tm: 1,
         tn: 128,
         stages: 3,
         split_k: 1,
+        swizzle,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -568,9 +573,11 @@ fn wgmma_gemm_error(body: &str) -> Result<f64, KernelError> {
 #[test]
 fn the_wgmma_gemm_checks_catch_each_mistake() {
     let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
-    let ok = wgmma_gemm_error(include_str!("../hip/gemm.hip")).unwrap();
+    let run = |body: &str| wgmma_gemm_error(body, 32, 0);
+    let ok = run(include_str!("../hip/gemm.hip")).unwrap();
     assert!(ok <= tol, "the unchanged source: {ok:e}");
     let fence_sync = "kt_fence_async_shared();\n        KT_SYNC();";
+    let b_desc = "kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_LBO, KT_SBO, KT_LAYOUT)";
     // Wrong results: the operands' layout or the pipeline's order.
     for (what, from, to) in [
         // A tile whose copies are still in flight (poisoned until the wait).
@@ -589,14 +596,20 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
         ),
         (
             "swapped offsets",
-            "kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO)",
-            "kt_wgmma_desc(bt + 128 * kk, KT_SBO, KT_LBO)",
+            b_desc,
+            "kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_SBO, KT_LBO, KT_LAYOUT)",
         ),
         // The next k step starting one core matrix on instead of two.
         (
             "a short k step",
-            "kt_wgmma_desc(bt + 128 * kk,",
-            "kt_wgmma_desc(bt + 64 * kk,",
+            "(KT_BK / 8) * 64 + 128 * kk;",
+            "(KT_BK / 8) * 64 + 64 * kk;",
+        ),
+        // Core matrices read as swizzled rows.
+        (
+            "a swizzle mode on core matrices",
+            "#define KT_LAYOUT 0",
+            "#define KT_LAYOUT 1",
         ),
         // Copies into the stage of the tile before, whose products may be in flight.
         (
@@ -611,7 +624,7 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             "kt_wgmma_wait<2>();",
         ),
     ] {
-        caught(what, wgmma_gemm_error(&gemm_with(from, to)), tol);
+        caught(what, run(&gemm_with(from, to)), tol);
     }
     // Errors the emulator names: what a GPU would run into as garbage or a hang.
     for (from, to, says) in [
@@ -626,17 +639,80 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             "left the kernel with wgmma operations not waited for",
         ),
         (
-            "kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO)",
-            "kt_wgmma_desc(bt + 128 * kk, KT_LBO, KT_SBO) | 1ull << 62",
-            "descriptor with swizzling",
+            b_desc,
+            "kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_LBO, KT_SBO, KT_LAYOUT) | 1ull << 49",
+            "a wgmma descriptor with a base offset",
         ),
     ] {
-        let e = wgmma_gemm_error(&gemm_with(from, to)).unwrap_err();
+        let e = run(&gemm_with(from, to)).unwrap_err();
         assert!(
             matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
             "{e}"
         );
     }
+}
+
+/// Each swizzle width, on one k tile of one swizzled row (128 bytes), of two (64-byte rows)
+/// and of two of 32: the copies' permutation, the descriptors' mode and stride, the tiles'
+/// alignment and the k steps across rows each matter.
+#[test]
+fn the_swizzled_wgmma_gemm_checks_catch_each_mistake() {
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let source = include_str!("../hip/gemm.hip");
+    for (bk, swizzle) in [(64, 128), (64, 64), (32, 32), (32, 64)] {
+        let run = |body: &str| wgmma_gemm_error(body, bk, swizzle);
+        let ok = run(source).unwrap();
+        assert!(ok <= tol, "swizzle {swizzle}, bk {bk}: error {ok:e}");
+        for (what, from, to) in [
+            (
+                "copies not swizzled",
+                "dst + kt_swizzled(at) / 2",
+                "dst + at / 2",
+            ),
+            (
+                "the descriptors' mode one width off",
+                "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 1 : KT_SWIZZLE == 64 ? 2 : 3)",
+                "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 2 : KT_SWIZZLE == 64 ? 3 : 1)",
+            ),
+            (
+                "a wrong stride offset",
+                "#define KT_SBO (8 * KT_SWIZZLE)",
+                "#define KT_SBO (4 * KT_SWIZZLE)",
+            ),
+            // The emulator's dynamic shared memory starts 16 bytes past a 1024-byte line.
+            (
+                "tiles not aligned to the swizzle's pattern",
+                "(KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN",
+                "0",
+            ),
+        ] {
+            caught(
+                &format!("swizzle {swizzle}, bk {bk}: {what}"),
+                run(&gemm_with(from, to)),
+                tol,
+            );
+        }
+        // A k step past its swizzled row: the next column block is R rows on, not one row.
+        if 2 * bk > swizzle {
+            let body = gemm_with(
+                "(16 * kk / KT_ATOM) * R * KT_ATOM + r * KT_ATOM + 16 * kk % KT_ATOM",
+                "r * KT_ATOM + 16 * kk",
+            );
+            caught(
+                &format!("swizzle {swizzle}, bk {bk}: a k step into the next row"),
+                run(&body),
+                tol,
+            );
+        }
+    }
+    // Half a k step on: the emulator names a step whose 32 bytes cross a swizzled row.
+    let body = gemm_with("+ 16 * kk % KT_ATOM;", "+ (16 * kk + 8) % KT_ATOM;");
+    let e = wgmma_gemm_error(&body, 32, 32).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a wgmma k step that crosses a swizzled row"),
+        "{e}"
+    );
 }
 
 /// The skinny GEMM of `model` (8 groups of two weight rows, two 16-byte steps a tile) on a
@@ -654,6 +730,7 @@ fn skinny_gemm_error(model: &str, body: &str) -> Result<f64, KernelError> {
         tn: 2,
         stages: 1,
         split_k: 1,
+        swizzle: 0,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -733,20 +810,31 @@ fn misaligned_cp_async_and_ldmatrix_addresses_are_errors() {
 
 /// The mma flash tile `(br, bc)`, paired or not.
 fn mma_flash((br, bc): (usize, usize), paired: bool) -> Config {
+    mma_flash_split((br, bc), paired, 1)
+}
+
+/// The mma flash tile `(br, bc)`, paired or not, its keys split over `split` blocks.
+fn mma_flash_split((br, bc): (usize, usize), paired: bool, split: usize) -> Config {
     Config::GpuFlash(GpuFlashConfig {
         br,
         bc,
         lanes: 2,
         variant: GpuFlashVariant::Mma,
         paired,
+        split,
     })
 }
 
 /// The relative error of the emulated H200's run of the mma flash tile `(br, bc)` on
 /// `problem`, with a source: the tile checked valid for the problem first.
 fn mma_flash_error(problem: &Problem, tile: (usize, usize), paired: bool) -> impl Fn(&str) -> f64 {
+    config_error(problem, mma_flash(tile, paired))
+}
+
+/// The relative error of the emulated H200's run of `config` on `problem`, with a source:
+/// the config checked valid for the problem first.
+fn config_error(problem: &Problem, config: Config) -> impl Fn(&str) -> f64 {
     let (device, emu) = emulator("h200");
-    let config = mma_flash(tile, paired);
     GpuSpace.validate(&config, problem, &device).unwrap();
     let data = ProblemData::random(problem, 4);
     let reference = data.reference();
@@ -820,4 +908,68 @@ fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirr
         .validate(&paired, &full, &Device::lookup("h200").unwrap())
         .unwrap_err();
     assert!(err.to_string().contains("take paired = false"), "{err}");
+}
+
+/// Split-KV: runs of whole key tiles over blocks, combined by a second kernel. Four key tiles
+/// of 32 in runs of two (split 2) or one (split 4, and split 8: runs past the keys), fewer
+/// queries than keys, so rows see two to four runs and some blocks none; causal and not.
+#[test]
+fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
+    let causal: Problem = "flash:q_len=70,kv_len=120,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
+        .parse()
+        .unwrap();
+    let full: Problem =
+        "flash:q_len=33,kv_len=120,q_heads=2,kv_heads=1,head_dim=64,dtype=f16,causal=false"
+            .parse()
+            .unwrap();
+    let source = include_str!("../hip/flash.hip");
+    for problem in [&causal, &full] {
+        for split in [2, 4, 8] {
+            let error = config_error(problem, mma_flash_split((16, 32), false, split));
+            let ok = error(source);
+            assert!(ok <= problem.tolerance(), "{problem} split {split}: {ok:e}");
+            for (what, from, to) in [
+                (
+                    "the last run left out",
+                    "min(KT_SPLIT, (seen + kt_run(kv_len) - 1) / kt_run(kv_len))",
+                    "min(KT_SPLIT, (seen - 1) / kt_run(kv_len))",
+                ),
+                (
+                    "runs overlapping by a tile",
+                    "const int run_end = run_begin + kt_run(kv_len);",
+                    "const int run_end = run_begin + kt_run(kv_len) + KT_BC;",
+                ),
+                (
+                    "runs' maxima not rescaled",
+                    "const float w = exp2f(part_max[slot] - m);",
+                    "const float w = 1.0f;",
+                ),
+                (
+                    "every run reading from the first key",
+                    "load(ks, k, run_begin);",
+                    "load(ks, k, 0);",
+                ),
+            ] {
+                assert!(source.contains(from), "flash.hip no longer has `{from}`");
+                let err = error(&source.replacen(from, to, 1));
+                assert!(
+                    err.is_nan() || err > problem.tolerance(),
+                    "{problem} split {split}: {what} went unnoticed: error {err:e}"
+                );
+            }
+        }
+    }
+    // Split with paired tiles, or past the workspace's limit, is refused naming the fix.
+    let device = Device::lookup("h200").unwrap();
+    let err = GpuSpace
+        .validate(&mma_flash_split((16, 32), true, 2), &causal, &device)
+        .unwrap_err();
+    assert!(err.to_string().contains("take split = 1"), "{err}");
+    let long: Problem = "flash:q_len=32768,q_heads=64,kv_heads=8,head_dim=128,dtype=bf16"
+        .parse()
+        .unwrap();
+    let err = GpuSpace
+        .validate(&mma_flash_split((128, 128), false, 2), &long, &device)
+        .unwrap_err();
+    assert!(err.to_string().contains("MiB of partial results"), "{err}");
 }

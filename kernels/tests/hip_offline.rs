@@ -167,6 +167,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         lanes: 8,
         variant: GpuFlashVariant::Rows,
         paired: false,
+        split: 1,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

@@ -225,6 +225,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         lanes: 8,
         variant: GpuFlashVariant::Rows,
         paired: false,
+        split: 1,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
@@ -290,10 +291,11 @@ fn every_wgmma_candidate_compiles_for_sm90a() {
         )
     };
     for (name, spec, count) in [
-        ("h200", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk", 18),
+        // 18 tiles, swizzled and in core matrices.
+        ("h200", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk", 36),
         // Decode: 64-row tiles with every split, after the mma ones.
-        ("h200", "gemm:m=16,n=1280,k=8192,dtype=bf16,b=nk", 28),
-        ("h100", "gemm:m=133,n=1000,k=4096,dtype=f16,b=nk", 18),
+        ("h200", "gemm:m=16,n=1280,k=8192,dtype=bf16,b=nk", 46),
+        ("h100", "gemm:m=133,n=1000,k=4096,dtype=f16,b=nk", 36),
     ] {
         let p: Problem = spec.parse().unwrap();
         let configs = wgmma(&p, name);
@@ -396,11 +398,11 @@ fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
             .into_iter()
             .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mma))
             .collect();
-        // Paired tiles too where the mask is causal.
+        // 16 tiles, paired too where the mask is causal, and 8 with their keys split.
         let tiles = if matches!(p, Problem::Flash(f) if f.causal) {
-            32
+            32 + 8
         } else {
-            16
+            16 + 8
         };
         assert_eq!(mma.len(), tiles, "{name}: {mma:?}");
         check_mma_candidates(&nvrtc, name, &p, &mma);

@@ -332,11 +332,25 @@ size_t kt_gpu_gemm_scratch_bytes(const struct KtGpuDispatcher *d,
                                  bool b_is_nk);
 
 /*
- Flash attention prefill on the device (layouts as kt_flash_attention()).
+ Device scratch bytes a kt_gpu_flash_attention() call of `problem` needs: the partial
+ results of a kernel that splits each query tile's keys over several blocks, else 0 (then
+ `scratch` may be NULL). Allocate once for the largest problem served and ask again after
+ a reload. 0 on error.
+
+ # Safety
+ `d` is a live handle; `problem` points to a problem.
+ */
+size_t kt_gpu_flash_scratch_bytes(const struct KtGpuDispatcher *d,
+                                  const struct KtFlashProblem *problem);
+
+/*
+ Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` holds
+ kt_gpu_flash_scratch_bytes() bytes (NULL where that is 0).
 
  # Safety
  `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
- GPU of the sizes the problem implies; `stream` is NULL or a stream of that GPU.
+ GPU of the sizes the problem implies, `scratch` NULL or device memory of the size asked;
+ `stream` is NULL or a stream of that GPU.
  */
 enum KtStatus kt_gpu_flash_attention(const struct KtGpuDispatcher *d,
                                      const struct KtFlashProblem *problem,
@@ -344,6 +358,7 @@ enum KtStatus kt_gpu_flash_attention(const struct KtGpuDispatcher *d,
                                      const void *k,
                                      const void *v,
                                      float *o,
+                                     void *scratch,
                                      void *stream,
                                      KtMatch *matched);
 

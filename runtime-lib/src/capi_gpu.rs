@@ -183,11 +183,36 @@ pub unsafe extern "C" fn kt_gpu_gemm_scratch_bytes(
     bytes
 }
 
-/// Flash attention prefill on the device (layouts as kt_flash_attention()).
+/// Device scratch bytes a kt_gpu_flash_attention() call of `problem` needs: the partial
+/// results of a kernel that splits each query tile's keys over several blocks, else 0 (then
+/// `scratch` may be NULL). Allocate once for the largest problem served and ask again after
+/// a reload. 0 on error.
+///
+/// # Safety
+/// `d` is a live handle; `problem` points to a problem.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_flash_scratch_bytes(
+    d: *const KtGpuDispatcher,
+    problem: *const KtFlashProblem,
+) -> usize {
+    let mut bytes = 0;
+    guard(|| {
+        let d = gpu(d)?;
+        // SAFETY: caller contract.
+        let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
+        bytes = d.scratch_bytes(&Problem::Flash(flash_problem(f)?));
+        Ok(())
+    });
+    bytes
+}
+
+/// Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` holds
+/// kt_gpu_flash_scratch_bytes() bytes (NULL where that is 0).
 ///
 /// # Safety
 /// `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
-/// GPU of the sizes the problem implies; `stream` is NULL or a stream of that GPU.
+/// GPU of the sizes the problem implies, `scratch` NULL or device memory of the size asked;
+/// `stream` is NULL or a stream of that GPU.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kt_gpu_flash_attention(
@@ -197,6 +222,7 @@ pub unsafe extern "C" fn kt_gpu_flash_attention(
     k: *const c_void,
     v: *const c_void,
     o: *mut f32,
+    scratch: *mut c_void,
     stream: *mut c_void,
     matched: *mut KtMatch,
 ) -> KtStatus {
@@ -210,8 +236,9 @@ pub unsafe extern "C" fn kt_gpu_flash_attention(
             out: addr("o", o.cast_const().cast())?,
             ..DevicePtrs::default()
         };
+        let scratch = scratch as usize as u64;
         // SAFETY: caller contract.
-        unsafe { launch(d, &Problem::Flash(p), &ptrs, 0, stream, matched) }
+        unsafe { launch(d, &Problem::Flash(p), &ptrs, scratch, stream, matched) }
     })
 }
 

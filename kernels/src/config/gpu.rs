@@ -73,6 +73,13 @@ pub struct GpuGemmConfig {
     /// rows give too few tiles to fill the device. Absent when 1: 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub split_k: usize,
+    /// The wgmma variant's shared-memory layout: 0 stores each operand as 8×8 core matrices
+    /// (16-byte rows, no swizzling); 32, 64 or 128 stores rows of that many bytes of k, the
+    /// 16-byte pieces of each row permuted by the descriptors' swizzle mode of that width,
+    /// so a quarter-warp copies whole 128-byte lines and writes distinct banks. Absent in
+    /// results stored before it existed, and left out when 0: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub swizzle: usize,
 }
 
 impl GpuGemmConfig {
@@ -118,6 +125,13 @@ pub struct GpuFlashConfig {
     /// configs, which predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paired: bool,
+    /// Mma variant: blocks sharing the keys of one query tile (split-KV), each taking an
+    /// equal run of whole key tiles and writing its rows' unnormalized outputs, maxima and
+    /// sums to a workspace that a second kernel combines in a fixed order. A causal tile's
+    /// last rows see every key: split, the longest block's run is a fraction of it. Absent
+    /// when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub split: usize,
 }
 
 /// The GPU flash-attention kernels of `kernels/hip/flash.hip`.
@@ -176,6 +190,10 @@ fn is_one(n: &usize) -> bool {
     *n == 1
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 impl fmt::Display for GpuGemmConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -189,6 +207,9 @@ impl fmt::Display for GpuGemmConfig {
         if self.split_k != 1 {
             write!(f, " split-k={}", self.split_k)?;
         }
+        if self.swizzle != 0 {
+            write!(f, " swizzle={}", self.swizzle)?;
+        }
         Ok(())
     }
 }
@@ -201,6 +222,13 @@ impl fmt::Display for GpuFlashConfig {
             }
             GpuFlashVariant::Mma if self.paired => {
                 write!(f, "gpu mma br={} bc={} paired", self.br, self.bc)
+            }
+            GpuFlashVariant::Mma if self.split > 1 => {
+                write!(
+                    f,
+                    "gpu mma br={} bc={} split={}",
+                    self.br, self.bc, self.split
+                )
             }
             GpuFlashVariant::Mma => write!(f, "gpu mma br={} bc={}", self.br, self.bc),
             GpuFlashVariant::Mfma => write!(f, "gpu mfma br={} bc={}", self.br, self.bc),

@@ -15,7 +15,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use serde::Serialize;
 
-use super::launch::{launches, split_k_workspace, Arg, DevicePtrs, Launch};
+use super::launch::{flash_split_workspace, launches, split_k_workspace, Arg, DevicePtrs, Launch};
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
@@ -278,6 +278,18 @@ impl DeviceProblem {
                             .map_err(err)?,
                         gpu.stream.alloc_zeros::<f32>(slots).map_err(err)?,
                         gpu.stream.alloc_zeros::<f32>(slots).map_err(err)?,
+                    )),
+                )
+            }
+            // Split-KV configs' partial results, at the largest split any may take.
+            Problem::Flash(p) => {
+                let [o, m, s] = flash_split_workspace(p);
+                (
+                    None,
+                    Some((
+                        gpu.stream.alloc_zeros::<f32>(o.max(1)).map_err(err)?,
+                        gpu.stream.alloc_zeros::<f32>(m.max(1)).map_err(err)?,
+                        gpu.stream.alloc_zeros::<f32>(s.max(1)).map_err(err)?,
                     )),
                 )
             }

@@ -6,8 +6,10 @@
 use std::ffi::c_void;
 
 use crate::config::{GpuFlashVariant, GpuGemmVariant};
-use crate::problem::GemmProblem;
-use crate::space::{GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
+use crate::problem::{FlashProblem, GemmProblem};
+use crate::space::{
+    flash_split_floats, GPU_MAX_FLASH_SPLIT, GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES,
+};
 use crate::{Config, KernelError, Problem};
 
 /// One kernel argument, by value.
@@ -75,8 +77,8 @@ pub fn partial_slots(problem: &Problem, config: &Config) -> usize {
 }
 
 /// Floats each of the three [`DevicePtrs::partials`] buffers must hold for `config`: paged
-/// attention's partial outputs, maxima and sums; a split-K GEMM's partial products
-/// (`split_k` slices of M×N, in the first); nothing otherwise.
+/// attention's and split-KV flash attention's partial outputs, maxima and sums; a split-K
+/// GEMM's partial products (`split_k` slices of M×N, in the first); nothing otherwise.
 pub fn partial_floats(problem: &Problem, config: &Config) -> [usize; 3] {
     match (problem, config) {
         (Problem::Paged(p), Config::GpuPaged(_)) => {
@@ -84,6 +86,7 @@ pub fn partial_floats(problem: &Problem, config: &Config) -> [usize; 3] {
             [slots * p.head_dim, slots, slots]
         }
         (Problem::Gemm(p), Config::GpuGemm(c)) if c.split_k > 1 => [c.split_k * p.m * p.n, 0, 0],
+        (Problem::Flash(p), Config::GpuFlash(c)) => flash_split_floats(p, c.split),
         _ => [0; 3],
     }
 }
@@ -93,6 +96,16 @@ pub fn partial_floats(problem: &Problem, config: &Config) -> [usize; 3] {
 pub fn split_k_workspace(problem: &GemmProblem) -> usize {
     let most = GPU_MAX_SPLIT_K * problem.m * problem.n;
     most.min(GPU_SPLIT_K_WORKSPACE_BYTES / 4)
+}
+
+/// Floats of split-KV partial results (outputs, maxima, sums) that any valid config of
+/// `problem` needs at most: the largest split whose workspace is within the limit.
+pub fn flash_split_workspace(problem: &FlashProblem) -> [usize; 3] {
+    (1..=GPU_MAX_FLASH_SPLIT)
+        .rev()
+        .map(|s| flash_split_floats(problem, s))
+        .find(|f| 4 * f.iter().sum::<usize>() <= GPU_SPLIT_K_WORKSPACE_BYTES)
+        .unwrap_or([0; 3])
 }
 
 /// Bytes every input's device address must be a multiple of under `config`: 16 where the
@@ -206,31 +219,67 @@ pub fn launches(
                 ]
             }
         }
-        (Problem::Flash(p), Config::GpuFlash(c)) => vec![Launch {
-            entry: 0,
-            // Paired, each block takes a query tile and its mirror.
-            grid: grid(
-                p.q_len
-                    .div_ceil(c.br)
-                    .div_ceil(if c.paired { 2 } else { 1 }),
-                p.q_heads,
-                p.batch,
-            )?,
-            block,
-            shared_bytes: crate::space::dynamic_lds_bytes(config, problem) as u32,
-            args: vec![
-                i0,
-                i1,
-                i2,
-                out,
+        (Problem::Flash(p), Config::GpuFlash(c)) => {
+            let sizes = [
                 int(p.q_len, "q_len")?,
                 int(p.kv_len, "kv_len")?,
                 int(p.q_heads, "q_heads")?,
                 int(p.kv_heads, "kv_heads")?,
                 Arg::Int(i32::from(p.causal)),
-                Arg::Float(p.scale.get()),
-            ],
-        }],
+            ];
+            let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
+            let tiles = p.q_len.div_ceil(c.br);
+            if c.split <= 1 {
+                vec![Launch {
+                    entry: 0,
+                    // Paired, each block takes a query tile and its mirror.
+                    grid: grid(
+                        tiles.div_ceil(if c.paired { 2 } else { 1 }),
+                        p.q_heads,
+                        p.batch,
+                    )?,
+                    block,
+                    shared_bytes,
+                    args: [
+                        vec![i0, i1, i2, out],
+                        sizes.to_vec(),
+                        vec![Arg::Float(p.scale.get())],
+                    ]
+                    .concat(),
+                }]
+            } else {
+                // Each tile's keys over `split` blocks (z = batch · split + run), their
+                // partial results into the workspace, then combined into the output.
+                let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
+                let elements = p.batch * p.q_len * p.q_heads * p.head_dim;
+                vec![
+                    Launch {
+                        entry: 0,
+                        grid: grid(tiles, p.q_heads, p.batch * c.split)?,
+                        block,
+                        shared_bytes,
+                        args: [
+                            vec![i0, i1, i2, part_out, part_max, part_sum],
+                            sizes.to_vec(),
+                            vec![Arg::Float(p.scale.get())],
+                        ]
+                        .concat(),
+                    },
+                    Launch {
+                        entry: 1,
+                        grid: grid(elements.div_ceil(block as usize), 1, 1)?,
+                        block,
+                        shared_bytes: 0,
+                        args: [
+                            vec![part_out, part_max, part_sum, out],
+                            sizes.to_vec(),
+                            vec![int(p.batch, "batch")?],
+                        ]
+                        .concat(),
+                    },
+                ]
+            }
+        }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
             let parts = p.context_len.div_ceil(c.partition.max(1));
             let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);

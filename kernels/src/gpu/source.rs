@@ -81,7 +81,11 @@ impl KernelBuild {
                     ("KT_B_NK", usize::from(p.b_layout == BLayout::Nk)),
                     ("KT_STAGES", c.stages),
                     ("KT_SPLIT", c.split_k),
-                ],
+                ]
+                .into_iter()
+                // Only when set, so the builds of unswizzled configs keep their cache keys.
+                .chain((c.swizzle > 0).then_some(("KT_SWIZZLE", c.swizzle)))
+                .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]
                 } else {
@@ -110,10 +114,16 @@ impl KernelBuild {
                     ("KT_D", p.head_dim),
                 ]
                 .into_iter()
-                // Only when set, so the builds of unpaired configs keep their cache keys.
+                // Only when set, so the builds of unpaired, unsplit configs keep their cache
+                // keys.
                 .chain(c.paired.then_some(("KT_PAIRED", 1)))
+                .chain((c.split > 1).then_some(("KT_SPLIT", c.split)))
                 .collect(),
-                entries: &["kt_flash"],
+                entries: if c.split > 1 {
+                    &["kt_flash", "kt_flash_reduce"]
+                } else {
+                    &["kt_flash"]
+                },
                 threads: c.br * c.lanes,
                 dynamic_lds,
                 arch_specific: false,

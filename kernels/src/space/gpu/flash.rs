@@ -6,10 +6,23 @@ use crate::device::GpuModel;
 use crate::problem::FlashProblem;
 use crate::{DType, Family, KernelError};
 
-use super::{check_threads, has_mfma, has_mma, invalid};
+use super::{check_threads, has_mfma, has_mma, invalid, GPU_SPLIT_K_WORKSPACE_BYTES};
 
 /// Head dimensions the flash kernel holds in registers: beyond this a row does not fit.
 pub const GPU_MAX_HEAD_DIM: usize = 256;
+
+/// Blocks that may share the keys of one query tile (split-KV).
+pub const GPU_MAX_FLASH_SPLIT: usize = 8;
+
+/// Floats of split-KV partial results a config of `split` needs on `p`: each block's
+/// unnormalized output rows, then their maxima, then their sums.
+pub fn flash_split_floats(p: &FlashProblem, split: usize) -> [usize; 3] {
+    if split <= 1 {
+        return [0; 3];
+    }
+    let slots = split * p.batch * p.q_len * p.q_heads;
+    [slots * p.head_dim, slots, slots]
+}
 
 /// Dims of q and of the output row one lane of the rows variant holds in registers. Past
 /// this the two arrays alone fill the register file: at head size 128 one lane a row spilled
@@ -50,6 +63,40 @@ pub(super) fn validate(
             f,
             "paired query tiles even out a causal mask's work; without one every tile is equal: take paired = false",
         ));
+    }
+    if c.split != 1 {
+        if !c.split.is_power_of_two() || c.split > GPU_MAX_FLASH_SPLIT {
+            return Err(invalid(
+                f,
+                format!(
+                    "split = {}: must be a power of two up to {GPU_MAX_FLASH_SPLIT}",
+                    c.split
+                ),
+            ));
+        }
+        if c.variant != GpuFlashVariant::Mma || c.paired {
+            return Err(invalid(
+                f,
+                format!(
+                    "split = {}: splitting the keys is a choice of the unpaired mma variant only: take split = 1",
+                    c.split
+                ),
+            ));
+        }
+        let bytes = 4 * flash_split_floats(p, c.split).iter().sum::<usize>();
+        if bytes > GPU_SPLIT_K_WORKSPACE_BYTES {
+            return Err(invalid(
+                f,
+                format!(
+                    "split = {} needs {} MiB of partial results for {} query rows of {} heads; at most {} MiB",
+                    c.split,
+                    bytes >> 20,
+                    p.batch * p.q_len,
+                    p.q_heads,
+                    GPU_SPLIT_K_WORKSPACE_BYTES >> 20
+                ),
+            ));
+        }
     }
     if !c.bc.is_power_of_two() || c.bc > 128 {
         return Err(invalid(
@@ -133,8 +180,20 @@ pub(super) fn validate(
 
 /// Matrix-core variants first, the likeliest winners where they exist (validation drops them
 /// elsewhere); larger tiles first. 128-key tiles for mma only, whose tiles are in dynamic
-/// shared memory; mma tiles paired (causal problems) and not.
-pub(super) fn candidates() -> Vec<GpuFlashConfig> {
+/// shared memory; mma tiles paired (causal problems) and not; mma tiles with their keys
+/// split, first of all where 64-row tiles give the device's multiprocessors fewer than two
+/// blocks each (a long prefill of few heads: each block's run of keys is then the time).
+pub(super) fn candidates(p: &FlashProblem, g: &GpuModel) -> Vec<GpuFlashConfig> {
+    let mut out = all_candidates();
+    let blocks = p.q_len.div_ceil(64) * p.q_heads * p.batch;
+    if blocks < 2 * g.compute_units as usize {
+        // A stable sort keeps each group's order.
+        out.sort_by_key(|c| c.split == 1);
+    }
+    out
+}
+
+fn all_candidates() -> Vec<GpuFlashConfig> {
     let mut out = Vec::new();
     for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
         let (wide, pairings): (&[usize], &[bool]) = if variant == GpuFlashVariant::Mma {
@@ -151,7 +210,26 @@ pub(super) fn candidates() -> Vec<GpuFlashConfig> {
                         lanes: 2,
                         variant,
                         paired,
+                        split: 1,
                     });
+                }
+            }
+        }
+        // Split-KV, for few long query tiles (a long causal prefill of few heads): the
+        // largest tiles, two or four blocks a tile.
+        if variant == GpuFlashVariant::Mma {
+            for br in [128, 64] {
+                for bc in [128, 64] {
+                    for split in [2, 4] {
+                        out.push(GpuFlashConfig {
+                            br,
+                            bc,
+                            lanes: 2,
+                            variant,
+                            paired: false,
+                            split,
+                        });
+                    }
                 }
             }
         }
@@ -165,6 +243,7 @@ pub(super) fn candidates() -> Vec<GpuFlashConfig> {
                     lanes,
                     variant: GpuFlashVariant::Rows,
                     paired: false,
+                    split: 1,
                 });
             }
         }
@@ -185,6 +264,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         lanes,
         variant: GpuFlashVariant::Rows,
         paired: false,
+        split: 1,
     }
 }
 
@@ -202,6 +282,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             lanes: 2,
             variant: GpuFlashVariant::Mma,
             paired: false,
+            split: 1,
         };
         if p.head_dim <= 128 && validate(&measured, p, g).is_ok() {
             return measured;
@@ -226,6 +307,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             lanes: 2,
             variant,
             paired: false,
+            split: 1,
         },
         None => default(p),
     }
@@ -260,6 +342,7 @@ mod tests {
             lanes,
             variant: GpuFlashVariant::Rows,
             paired: false,
+            split: 1,
         };
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
@@ -283,6 +366,34 @@ mod tests {
         check(131, 1).unwrap();
     }
 
+    /// Split-KV tiles come first where unsplit tiles leave the device half empty, last where
+    /// the problem has blocks enough; f32 and AMD get none.
+    #[test]
+    fn split_tiles_come_first_for_few_long_rows() {
+        let first = |model: &str, spec: &str| {
+            let Ok(Device::Gpu(g)) = Device::lookup(model) else {
+                unreachable!("{model} is a GPU of the catalog")
+            };
+            let Ok(Problem::Flash(p)) = spec.parse() else {
+                unreachable!("a valid flash problem: {spec}")
+            };
+            let valid: Vec<GpuFlashConfig> = candidates(&p, g)
+                .into_iter()
+                .filter(|c| validate(c, &p, g).is_ok())
+                .collect();
+            (valid[0].split, valid.iter().filter(|c| c.split > 1).count())
+        };
+        // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs.
+        let tp8 = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+        assert_eq!(first("h200", tp8), (2, 8));
+        // 1024 tokens of 32 heads, 512 blocks: split-KV last, and only in two (four would
+        // need 68 MiB of partial results).
+        let many = "flash:q_len=1024,q_heads=32,kv_heads=8,head_dim=128,dtype=bf16";
+        assert_eq!(first("h200", many), (1, 4));
+        assert_eq!(first("mi300x", tp8).1, 0);
+        assert_eq!(first("h200", &tp8.replace("bf16", "f32")).1, 0);
+    }
+
     #[test]
     fn the_nvidia_guess_follows_the_tiles_measured_best_by_length() {
         let guess = |model: &str, spec: &str| {
@@ -295,7 +406,7 @@ mod tests {
             let c = heuristic(&p, Some(g));
             validate(&c, &p, g).unwrap_or_else(|e| panic!("{model} {spec}: {c}: {e}"));
             assert!(
-                candidates().contains(&c),
+                candidates(&p, g).contains(&c),
                 "{model} {spec}: {c} is no candidate"
             );
             c.to_string()

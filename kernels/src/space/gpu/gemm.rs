@@ -152,6 +152,15 @@ pub(super) fn validate(
             ));
         }
     }
+    if c.swizzle != 0 && c.variant != GpuGemmVariant::Wgmma {
+        return Err(invalid(
+            f,
+            format!(
+                "swizzle = {}: only the wgmma variant swizzles its shared memory; leave it out (0)",
+                c.swizzle
+            ),
+        ));
+    }
     if !c.split_k.is_power_of_two() || c.split_k > GPU_MAX_SPLIT_K {
         return Err(invalid(
             f,
@@ -231,6 +240,20 @@ fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<()
             ),
         ));
     }
+    // A swizzled row holds `swizzle` bytes of k; a k tile is a whole number of them.
+    if !matches!(c.swizzle, 0 | 32 | 64 | 128)
+        || (c.swizzle != 0 && !(2 * c.bk).is_multiple_of(c.swizzle))
+    {
+        return Err(invalid(
+            f,
+            format!(
+                "swizzle = {}: 0 (core matrices), or 32, 64 or 128 bytes dividing a k tile's rows ({} bytes for bk = {})",
+                c.swizzle,
+                2 * c.bk,
+                c.bk
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -281,9 +304,7 @@ fn validate_skinny(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError
 /// has at most 8 rows.
 pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     let mut out = Vec::new();
-    let mut push = |variant, block, thread, stages, split_k| {
-        out.push(tile(variant, block, thread, stages, split_k))
-    };
+    let mut push = |c: GpuGemmConfig| out.push(c);
     // Decode: a few rows give few tiles; split-K fills the device.
     let decode = p.m <= 64;
     let splits: &[usize] = if decode { &[1, 2, 4, 8, 16] } else { &[1] };
@@ -295,7 +316,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                 for &split in splits.iter().rev() {
                     for (bn, tn) in [(64, 2), (128, 4)] {
                         for (bk, stages) in [(32, 4), (64, 3)] {
-                            push(mma, (bm, bn, bk), (bm / 16, tn), stages, split);
+                            push(tile(mma, (bm, bn, bk), (bm / 16, tn), stages, split));
                         }
                     }
                 }
@@ -308,19 +329,29 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             if has_wgmma(g) && p.b_layout == BLayout::Nk {
                 for &split in splits.iter().rev().filter(|_| decode) {
                     for bn in [64, 128] {
-                        push(wgmma, (64, bn, 64), (1, bn), 3, split);
+                        push(tile(wgmma, (64, bn, 64), (1, bn), 3, split));
                     }
                 }
-                for (bm, bn, tm, tn) in [
-                    (128, 256, 1, 256),
-                    (128, 128, 1, 128),
-                    (256, 128, 1, 128),
-                    (128, 256, 2, 128),
-                    (64, 256, 1, 256),
-                    (64, 128, 1, 128),
-                ] {
-                    for (bk, stages) in [(64, 3), (64, 4), (32, 4)] {
-                        push(wgmma, (bm, bn, bk), (tm, tn), stages, 1);
+                // Swizzled rows first: with core matrices each 32-byte sector is fetched
+                // twice (a quarter-warp's copies fill one core matrix, 16 bytes of 8 rows),
+                // which Nsight Compute showed on the H200 (half the L2 sectors excess);
+                // swizzled rows are copied a whole 128-byte line per quarter-warp.
+                for swizzle in [128, 0] {
+                    for (bm, bn, tm, tn) in [
+                        (128, 256, 1, 256),
+                        (128, 128, 1, 128),
+                        (256, 128, 1, 128),
+                        (128, 256, 2, 128),
+                        (64, 256, 1, 256),
+                        (64, 128, 1, 128),
+                    ] {
+                        for (bk, stages) in [(64, 3), (64, 4), (32, 4)] {
+                            let swizzle = swizzle.min(2 * bk);
+                            push(GpuGemmConfig {
+                                swizzle,
+                                ..tile(wgmma, (bm, bn, bk), (tm, tn), stages, 1)
+                            });
+                        }
                     }
                 }
             }
@@ -329,13 +360,13 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             // model's per-block limit (validation).
             for (bm, bn) in [(128, 256), (256, 128)] {
                 for (bk, stages) in [(32, 3), (32, 4), (64, 3)] {
-                    push(mma, (bm, bn, bk), (4, 8), stages, 1);
+                    push(tile(mma, (bm, bn, bk), (4, 8), stages, 1));
                 }
             }
             for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
                 for (bk, stages) in [(32, 3), (32, 4), (64, 3), (32, 2)] {
-                    for tile in [(4, 4), (4, 2), (2, 4), (2, 2)] {
-                        push(mma, (bm, bn, bk), tile, stages, 1);
+                    for t in [(4, 4), (4, 2), (2, 4), (2, 2)] {
+                        push(tile(mma, (bm, bn, bk), t, stages, 1));
                     }
                 }
             }
@@ -343,13 +374,13 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             if decode {
                 let bm = decode_rows(p.m);
                 for &split in splits.iter().rev() {
-                    push(mma, (bm, 64, 32), (bm / 16, 2), 1, split);
+                    push(tile(mma, (bm, 64, 32), (bm / 16, 2), 1, split));
                 }
             }
             for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
                 for bk in [32, 16, 64] {
-                    for tile in [(4, 4), (4, 2), (2, 4), (2, 2), (1, 2)] {
-                        push(mma, (bm, bn, bk), tile, 1, 1);
+                    for t in [(4, 4), (4, 2), (2, 4), (2, 2), (1, 2)] {
+                        push(tile(mma, (bm, bn, bk), t, 1, 1));
                     }
                 }
             }
@@ -358,14 +389,14 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     if has_mfma(g) && p.dtype != DType::F32 {
         if decode {
             for &split in splits.iter().rev() {
-                push(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 1, split);
-                push(GpuGemmVariant::Mfma, (32, 128, 64), (1, 2), 1, split);
+                push(tile(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 1, split));
+                push(tile(GpuGemmVariant::Mfma, (32, 128, 64), (1, 2), 1, split));
             }
         }
         for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
             for bk in [32, 16, 64] {
-                for tile in [(2, 2), (1, 2), (2, 1), (1, 1)] {
-                    push(GpuGemmVariant::Mfma, (bm, bn, bk), tile, 1, 1);
+                for t in [(2, 2), (1, 2), (2, 1), (1, 1)] {
+                    push(tile(GpuGemmVariant::Mfma, (bm, bn, bk), t, 1, 1));
                 }
             }
         }
@@ -379,24 +410,24 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
         for &split in splits.iter().rev() {
             for (groups, tn) in [(8, 2), (4, 4), (8, 1)] {
                 for steps in [2, 1] {
-                    push(
+                    push(tile(
                         skinny,
                         (bm, groups * tn, 32 * vec * steps),
                         (1, tn),
                         1,
                         split,
-                    );
+                    ));
                 }
             }
         }
     }
     for &split in splits[1..].iter().rev() {
-        push(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split);
+        push(tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split));
     }
     for (bm, bn) in [(32, 32), (64, 64), (64, 128), (128, 64), (128, 128)] {
         for bk in [8, 16, 32] {
-            for tile in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
-                push(GpuGemmVariant::Tiled, (bm, bn, bk), tile, 1, 1);
+            for t in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
+                push(tile(GpuGemmVariant::Tiled, (bm, bn, bk), t, 1, 1));
             }
         }
     }
@@ -431,6 +462,7 @@ fn tile(
         tn,
         stages,
         split_k,
+        swizzle: 0,
     }
 }
 
@@ -582,5 +614,60 @@ mod tests {
             let h = heuristic(&gemm(spec), Some(g));
             assert_ne!(h.variant, GpuGemmVariant::Skinny, "{model} {spec}: {h}");
         }
+    }
+
+    /// Swizzled rows are wgmma's alone, of a width the descriptors have, dividing the k tile's
+    /// rows; a stored config without the field is unswizzled and keeps its JSON.
+    #[test]
+    fn swizzle_widths_are_checked_and_old_configs_keep_their_form() {
+        use super::{tile, validate};
+        use crate::config::GpuGemmConfig;
+        let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
+            unreachable!()
+        };
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk");
+        let wgmma = |bk, swizzle| GpuGemmConfig {
+            swizzle,
+            ..tile(GpuGemmVariant::Wgmma, (128, 128, bk), (1, 128), 3, 1)
+        };
+        for (bk, swizzle) in [(64, 0), (64, 128), (64, 64), (64, 32), (32, 64), (16, 32)] {
+            validate(&wgmma(bk, swizzle), &p, g).unwrap();
+        }
+        for (c, says) in [
+            (wgmma(32, 128), "swizzle = 128"),
+            (wgmma(64, 96), "swizzle = 96"),
+            (wgmma(16, 64), "swizzle = 64"),
+            (
+                GpuGemmConfig {
+                    swizzle: 128,
+                    ..tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1)
+                },
+                "only the wgmma variant swizzles",
+            ),
+        ] {
+            let e = validate(&c, &p, g).unwrap_err().to_string();
+            assert!(e.contains(says), "{c}: {e}");
+        }
+        // Both layouts are candidates, swizzled first.
+        let all = candidates(&p, g);
+        let swizzled = all.iter().position(|c| c.swizzle == 128).unwrap();
+        let plain = all
+            .iter()
+            .position(|c| c.variant == GpuGemmVariant::Wgmma && c.swizzle == 0)
+            .unwrap();
+        assert!(swizzled < plain);
+        let stored = r#"{"variant":"wgmma","bm":128,"bn":128,"bk":64,"tm":1,"tn":128,"stages":3}"#;
+        let c: GpuGemmConfig = serde_json::from_str(stored).unwrap();
+        assert_eq!(c, wgmma(64, 0));
+        assert_eq!(serde_json::to_string(&c).unwrap(), stored);
+        let c = wgmma(64, 128);
+        assert_eq!(
+            c.to_string(),
+            "gpu wgmma 128x128x64 tile 1x128 stages=3 swizzle=128"
+        );
+        assert_eq!(
+            serde_json::from_str::<GpuGemmConfig>(&serde_json::to_string(&c).unwrap()).unwrap(),
+            c
+        );
     }
 }

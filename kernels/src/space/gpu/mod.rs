@@ -15,7 +15,7 @@ use crate::config::{GpuFlashVariant, GpuGemmVariant};
 use crate::device::{GpuModel, Vendor};
 use crate::{BLayout, Config, DType, Device, Family, KernelError, Problem, Space};
 
-pub use flash::GPU_MAX_HEAD_DIM;
+pub use flash::{flash_split_floats, GPU_MAX_FLASH_SPLIT, GPU_MAX_HEAD_DIM};
 pub use gemm::{GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
 
 /// The GPU kernels' parameter space.
@@ -92,10 +92,16 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
     }
 }
 
+/// Alignment of a swizzled wgmma GEMM's tiles in shared memory: the hardware swizzles by
+/// address bits 4–9, so each 128-byte-swizzled tile starts on a 1024-byte boundary. The
+/// kernel rounds its dynamic shared memory up to one, and declares this much more.
+pub const SWIZZLE_ALIGN: usize = 1024;
+
 /// Bytes of dynamic shared memory a build of `config` declares: the pipelined mma GEMM's
 /// stages of 16-bit A and B tiles (rows padded by 8 elements; B `[bk][bn + 8]` for a K×N B,
-/// else `[bn][bk + 8]`), the wgmma GEMM's stages of A and B in 8×8 core matrices (no
-/// padding: the instruction reads each core matrix as 128 contiguous bytes), the mma flash
+/// else `[bn][bk + 8]`), the wgmma GEMM's stages of A and B in 8×8 core matrices or
+/// swizzled rows (no padding: the instruction reads each core matrix as 128 contiguous
+/// bytes; swizzled tiles [`SWIZZLE_ALIGN`] more for their alignment), the mma flash
 /// attention's 16-bit K and V tiles (`[bc][d + 8]` each). 0 for builds whose shared memory is
 /// all static.
 pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
@@ -113,7 +119,7 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
             2 * c.stages * (c.bm * (c.bk + 8) + b)
         }
         (Config::GpuGemm(c), Problem::Gemm(_)) if c.variant == GpuGemmVariant::Wgmma => {
-            2 * c.stages * (c.bm + c.bn) * c.bk
+            2 * c.stages * (c.bm + c.bn) * c.bk + if c.swizzle > 0 { SWIZZLE_ALIGN } else { 0 }
         }
         _ => 0,
     }
@@ -168,7 +174,7 @@ impl Space for GpuSpace {
                 .into_iter()
                 .map(Config::GpuGemm)
                 .collect(),
-            Problem::Flash(_) => flash::candidates()
+            Problem::Flash(p) => flash::candidates(p, g)
                 .into_iter()
                 .map(Config::GpuFlash)
                 .collect(),
