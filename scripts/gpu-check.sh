@@ -7,8 +7,9 @@
 # results stored in a database and shown, and the runtime library serving them on the device.
 #
 #   scripts/gpu-check.sh            build (when cargo is here) and run
-#   scripts/gpu-check.sh --build    only build .gpu/ (gpu-check, tune, cuda-dispatch, the CPU
-#                                   GEMM tests), for a GPU machine without Rust
+#   scripts/gpu-check.sh --build    only build .gpu/ (gpu-check, tune, cuda-dispatch, the C
+#                                   ABI's cuda-gemm and libkerntune.so, the CPU GEMM tests),
+#                                   for a GPU machine without Rust
 #
 # The binary loads the CUDA driver, cuBLAS and NVRTC 13 at run time: nothing of CUDA is
 # needed to build it, and a machine without Rust runs a .gpu/gpu-check built elsewhere.
@@ -19,9 +20,14 @@ mkdir -p .gpu "$out"
 
 if command -v cargo >/dev/null; then
     cargo build --release -p kerntune-tuner --features cuda --bin gpu-check --bin tune
-    cargo build --release -p kerntune-runtime --features cuda --example cuda_dispatch
+    cargo build --release -p kerntune-runtime --features cuda --lib --example cuda_dispatch
     cp target/release/gpu-check target/release/tune .gpu/
     cp target/release/examples/cuda_dispatch .gpu/cuda-dispatch
+    # The C ABI as a C server links it: the CUDA build of the shared library beside the
+    # program, which finds it by its run path.
+    cp target/release/libkerntune.so .gpu/
+    "${CC:-cc}" runtime-lib/examples/cuda_gemm.c -I runtime-lib/include -L .gpu -lkerntune -ldl \
+        -Wl,-rpath,'$ORIGIN' -Wall -Wextra -Werror -o .gpu/cuda-gemm
     # The CPU GEMM tests too: on an Intel host with AMX they run the AMX kernel on its tiles.
     tests=$(cargo test --release -p kerntune-kernels --test gemm --no-run --message-format=json \
         | python3 -c 'import json, sys
@@ -31,7 +37,8 @@ for line in sys.stdin:
         print(m["executable"])' | tail -1)
     cp "$tests" .gpu/gemm-tests
     # Smaller to carry to the GPU machine.
-    strip .gpu/gpu-check .gpu/tune .gpu/cuda-dispatch .gpu/gemm-tests 2>/dev/null || true
+    strip .gpu/gpu-check .gpu/tune .gpu/cuda-dispatch .gpu/gemm-tests .gpu/cuda-gemm \
+        .gpu/libkerntune.so 2>/dev/null || true
 fi
 [ "${1:-}" = "--build" ] && exit 0
 [ -x .gpu/gpu-check ] || { echo "no .gpu/gpu-check: run scripts/gpu-check.sh --build where cargo is" >&2; exit 2; }
@@ -49,7 +56,7 @@ status=0
 # One process a family: a kernel that leaves the CUDA context unusable costs only its family.
 # The GEMM's wgmma variant, new to devices, has a process of its own too.
 : > "$out/gpu-check.txt"
-for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:45:--only-variant wgmma" flash:80: paged:40:; do
+for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:60:--only-variant wgmma" flash:80: paged:40:; do
     IFS=: read -r name limit extra <<< "$run"
     # shellcheck disable=SC2086 # $extra is a list of arguments
     timeout "$limit" .gpu/gpu-check --family "${name%-*}" $extra --json "$out/gpu-check-$name.json" \
@@ -85,6 +92,12 @@ if [ -x .gpu/cuda-dispatch ] && [ -f "$out/tuned.db" ]; then
         paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
         paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+fi
+# The same through the C ABI (kt_gpu_open, kt_gpu_gemm on the program's own memory and
+# stream), from C: exact, bucket and nearest GEMMs, each checked for equality.
+if [ -x .gpu/cuda-gemm ] && [ -f "$out/tuned.db" ]; then
+    timeout 30 .gpu/cuda-gemm "$out/tuned.db" "$model" 2>&1 | tee -a "$out/gpu-check.txt" \
+        || status=$?
 fi
 
 # AMX, where the host has it: every CPU GEMM kernel verified on this host (the AMX ones on

@@ -46,8 +46,9 @@ fn check_example_run(out: &Output) -> (Vec<String>, usize) {
     (lines, m)
 }
 
-#[test]
-fn c_example_runs_a_gemm_and_reports_stats() {
+/// `examples/<name>` compiled with the system C compiler against `kerntune.h` and the shared
+/// library (and `extra` libraries), warnings as errors, into `dir`: the executable's path.
+fn compile_example(name: &str, extra: &[&str], dir: &Path) -> PathBuf {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let libs = lib_dir();
     assert!(
@@ -55,20 +56,29 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         "libkerntune.so not found in {}: cargo builds it with the tests of kerntune-runtime",
         libs.display()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("gemm");
+    let exe = dir.join(name.trim_end_matches(".c"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
-        .arg(crate_dir.join("examples/gemm.c"))
+        .arg(crate_dir.join("examples").join(name))
         .arg("-I")
         .arg(crate_dir.join("include"))
         .arg("-L")
         .arg(&libs)
-        .args(["-lkerntune", "-Wall", "-Werror", "-o"])
+        .arg("-lkerntune")
+        .args(extra)
+        .args(["-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .status()
         .unwrap_or_else(|e| panic!("the C compiler `{cc}` could not be run: {e}"));
-    assert!(status.success(), "compiling examples/gemm.c failed");
+    assert!(status.success(), "compiling examples/{name} failed");
+    exe
+}
+
+#[test]
+fn c_example_runs_a_gemm_and_reports_stats() {
+    let libs = lib_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_example("gemm.c", &[], dir.path());
 
     let out = Command::new(&exe)
         .arg(dir.path().join("none.db"))
@@ -140,4 +150,33 @@ fn python_example_runs_the_same_gemm_through_ctypes() {
         text.contains("gemm:m=3,n=4,k=5,dtype=f32,b=nk\t1"),
         "{text}"
     );
+}
+
+/// The GPU example in C (`scripts/gpu-check.sh` runs it on an NVIDIA GPU, on the database
+/// its tuning wrote): it compiles and links with no CUDA present, and where the library has
+/// no usable device it exits 2 with the library's reason, before touching the driver.
+#[test]
+fn cuda_c_example_builds_and_without_a_device_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_example("cuda_gemm.c", &["-ldl"], dir.path());
+    let run = |args: &[&str]| {
+        Command::new(&exe)
+            .args(args)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .output()
+            .unwrap()
+    };
+    let usage = run(&[]);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("usage:"));
+
+    let db = dir.path().join("none.db");
+    let out = run(&[db.to_str().unwrap(), "h200"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing ran");
+    assert!(stderr.starts_with("kt_gpu_open: "), "{stderr}");
+    if !cfg!(feature = "cuda") {
+        assert!(stderr.contains("--features cuda"), "{stderr}");
+    }
 }

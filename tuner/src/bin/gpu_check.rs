@@ -94,26 +94,50 @@ impl Check<'_> {
     fn compile(&self, p: &Problem, configs: &[Config]) -> Vec<(Config, Result<Vec<u8>, String>)> {
         configs
             .par_iter()
-            .map(|c| {
-                let build = KernelBuild::new(p, c).map_err(|e| e.to_string());
-                let cubin = build.and_then(|b| {
-                    let key = b.key();
-                    if let Some(done) = self.compiled.lock().expect("not poisoned").get(&key) {
-                        return done.clone();
-                    }
-                    let out = self
-                        .nvrtc
-                        .compile(&b, &self.arch, b.threads as u32)
-                        .map(|out| out.cubin);
-                    self.compiled
-                        .lock()
-                        .expect("not poisoned")
-                        .insert(key, out.clone());
-                    out
-                });
-                (*c, cubin)
-            })
+            .map(|c| (*c, self.compile_one(p, c)))
             .collect()
+    }
+
+    fn compile_one(&self, p: &Problem, c: &Config) -> Result<Vec<u8>, String> {
+        let b = KernelBuild::new(p, c).map_err(|e| e.to_string())?;
+        let key = b.key();
+        if let Some(done) = self.compiled.lock().expect("not poisoned").get(&key) {
+            return done.clone();
+        }
+        let out = self
+            .nvrtc
+            .compile(&b, &self.arch, b.threads as u32)
+            .map(|out| out.cubin);
+        self.compiled
+            .lock()
+            .expect("not poisoned")
+            .insert(key, out.clone());
+        out
+    }
+
+    /// Compiles every distinct build of `runs` in one parallel batch, before any is timed: a
+    /// problem at a time, each batch waited for its slowest compile with cores idle (the flash
+    /// family's awkward sizes took most of its minute on the H200 that way).
+    fn prepare(&self, runs: &[(Problem, Vec<Config>)]) {
+        let mut seen = std::collections::HashSet::new();
+        let builds: Vec<(&Problem, &Config)> = runs
+            .iter()
+            .flat_map(|(p, configs)| configs.iter().map(move |c| (p, c)))
+            .filter(|(p, c)| KernelBuild::new(p, c).is_ok_and(|b| seen.insert(b.key())))
+            .collect();
+        let t = Instant::now();
+        builds.par_iter().for_each(|(p, c)| {
+            // Errors are kept in the cache and reported with the problem that hits them.
+            let _ = self.compile_one(p, c);
+        });
+        if self.trace {
+            eprintln!(
+                "[{:7.2} s] compiled {} builds in {:.2} s",
+                self.started.elapsed().as_secs_f64(),
+                builds.len(),
+                t.elapsed().as_secs_f64()
+            );
+        }
     }
 
     fn load(&self, p: &Problem, c: &Config, cubin: &[u8]) -> anyhow::Result<LoadedKernel> {
@@ -371,16 +395,41 @@ fn run() -> anyhow::Result<bool> {
 
     let mut failures = 0;
     let awkward: &[&str] = if problems.is_empty() { AWKWARD } else { &[] };
+    let timed: Vec<&str> = if problems.is_empty() {
+        LLAMA70B_TP8
+            .iter()
+            .copied()
+            .filter(|s| wanted(&s))
+            .collect()
+    } else {
+        problems.iter().map(String::as_str).collect()
+    };
+    // Each problem with the configs it runs: 12 candidates of each awkward size, verified;
+    // `--config`'s or up to `--max-candidates` of each timed problem.
+    let runs = |specs: &[&str], max: usize, given: &[Config]| -> anyhow::Result<Vec<_>> {
+        let mut runs = Vec::new();
+        for spec in specs {
+            let p: Problem = spec.parse()?;
+            let configs = if given.is_empty() {
+                candidates(&p, &check.device, max, &variants)
+            } else {
+                given.to_vec()
+            };
+            if !configs.is_empty() {
+                runs.push((p, configs));
+            }
+        }
+        Ok(runs)
+    };
+    let awkward: Vec<&str> = awkward.iter().copied().filter(|s| wanted(&s)).collect();
+    let awkward = runs(&awkward, 12, &[])?;
+    let timed = runs(&timed, max_candidates, &configs)?;
+    check.prepare(&[awkward.as_slice(), timed.as_slice()].concat());
     if !awkward.is_empty() {
         println!("\n== verification on the device (every family, awkward sizes)");
     }
-    for spec in awkward.iter().filter(&wanted) {
-        let p: Problem = spec.parse()?;
-        let configs = candidates(&p, &check.device, 12, &variants);
-        if configs.is_empty() {
-            continue;
-        }
-        let Some(row) = check.sweep_or_report(&p, &configs, 0) else {
+    for (p, configs) in &awkward {
+        let Some(row) = check.sweep_or_report(p, configs, 0) else {
             failures += 1;
             continue;
         };
@@ -394,15 +443,6 @@ fn run() -> anyhow::Result<bool> {
         failures += row.failed.len();
     }
 
-    let timed: Vec<&str> = if problems.is_empty() {
-        LLAMA70B_TP8
-            .iter()
-            .copied()
-            .filter(|s| wanted(&s))
-            .collect()
-    } else {
-        problems.iter().map(String::as_str).collect()
-    };
     let title = if problems.is_empty() {
         "Llama-3.1-70B TP8, bf16"
     } else {
@@ -414,17 +454,8 @@ fn run() -> anyhow::Result<bool> {
         "default", "tuned", "cuBLAS", "vs def", "vs peer"
     );
     let mut rows = Vec::new();
-    for spec in timed {
-        let p: Problem = spec.parse()?;
-        let configs = if configs.is_empty() {
-            candidates(&p, &check.device, max_candidates, &variants)
-        } else {
-            configs.clone()
-        };
-        if configs.is_empty() {
-            continue;
-        }
-        let Some(row) = check.sweep_or_report(&p, &configs, reps) else {
+    for (p, configs) in &timed {
+        let Some(row) = check.sweep_or_report(p, configs, reps) else {
             failures += 1;
             continue;
         };

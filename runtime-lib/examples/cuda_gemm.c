@@ -1,0 +1,215 @@
+/* The C ABI's GPU path on an NVIDIA GPU, as a C or C++ server links it: kt_gpu_open() on a
+ * database that `tune --device h200` wrote, A and B in the program's own device memory, each
+ * GEMM launched on the program's own CUDA stream through kt_gpu_gemm(), and the result
+ * checked against a GEMM computed here. Llama-70B TP8's decode GEMM (n = 1280, k = 8192,
+ * bf16, B [N, K]) at m = 16 (tuned by scripts/gpu-check.sh: an exact match), m = 5 (a
+ * bucket) and m = 100 (the nearest tuned shape), then a bad call's error.
+ *
+ *   cc runtime-lib/examples/cuda_gemm.c -I runtime-lib/include -L DIR -lkerntune -ldl \
+ *       -o cuda-gemm
+ *   LD_LIBRARY_PATH=DIR ./cuda-gemm tuned.db h200
+ *
+ * DIR holds a libkerntune.so built with `--features cuda`. The CUDA driver is loaded at run
+ * time (dlopen), as the library itself does, so building needs no CUDA headers or libraries.
+ * Exits 0 when every result is right, 1 when one is wrong, 2 when there is no usable device.
+ *
+ * A[i][p] = ((3i + p) % 9 - 4) / 8 and B[j][p] = ((j + 2p) % 7 - 3) / 8 are exact in bf16
+ * and every partial sum is a multiple of 1/64 of magnitude at most 1536 (under 2^17 of
+ * them, within f32's 24 bits), so any order of summation in f32, split-K included, gives
+ * the exact result: the check is equality. */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kerntune.h"
+
+/* The few driver API entry points used, as libcuda.so.1 exports them (CUresult is an int,
+ * CUdeviceptr a 64-bit integer, contexts and streams opaque pointers). */
+typedef int (*cu_init_t)(unsigned);
+typedef int (*cu_device_get_t)(int *, int);
+typedef int (*cu_primary_retain_t)(void **, int);
+typedef int (*cu_ctx_set_t)(void *);
+typedef int (*cu_alloc_t)(uint64_t *, size_t);
+typedef int (*cu_free_t)(uint64_t);
+typedef int (*cu_htod_t)(uint64_t, const void *, size_t);
+typedef int (*cu_dtoh_t)(void *, uint64_t, size_t);
+typedef int (*cu_stream_create_t)(void **, unsigned);
+typedef int (*cu_stream_t)(void *);
+
+static struct {
+    cu_init_t init;
+    cu_device_get_t device_get;
+    cu_primary_retain_t primary_retain;
+    cu_ctx_set_t ctx_set;
+    cu_alloc_t alloc;
+    cu_free_t free;
+    cu_htod_t htod;
+    cu_dtoh_t dtoh;
+    cu_stream_create_t stream_create;
+    cu_stream_t stream_sync;
+    cu_stream_t stream_destroy;
+} cu;
+
+/* Loads the driver's entry points; 0 on success, else a message on stderr. */
+static int load_driver(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib == NULL) {
+        fprintf(stderr, "cannot load the CUDA driver (libcuda.so.1): %s\n", dlerror());
+        return -1;
+    }
+    struct {
+        const char *name;
+        void **slot;
+    } syms[] = {
+        {"cuInit", (void **)&cu.init},
+        {"cuDeviceGet", (void **)&cu.device_get},
+        {"cuDevicePrimaryCtxRetain", (void **)&cu.primary_retain},
+        {"cuCtxSetCurrent", (void **)&cu.ctx_set},
+        {"cuMemAlloc_v2", (void **)&cu.alloc},
+        {"cuMemFree_v2", (void **)&cu.free},
+        {"cuMemcpyHtoD_v2", (void **)&cu.htod},
+        {"cuMemcpyDtoH_v2", (void **)&cu.dtoh},
+        {"cuStreamCreate", (void **)&cu.stream_create},
+        {"cuStreamSynchronize", (void **)&cu.stream_sync},
+        {"cuStreamDestroy_v2", (void **)&cu.stream_destroy},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        *syms[i].slot = dlsym(lib, syms[i].name);
+        if (*syms[i].slot == NULL) {
+            fprintf(stderr, "the CUDA driver lacks %s\n", syms[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A driver call that must succeed: its name and result on failure. */
+#define CU(call)                                                                      \
+    do {                                                                              \
+        int r_ = (call);                                                              \
+        if (r_ != 0) {                                                                \
+            fprintf(stderr, "%s failed: CUDA error %d\n", #call, r_);                 \
+            exit(2);                                                                  \
+        }                                                                             \
+    } while (0)
+
+/* bf16 of a float that bf16 holds exactly: its upper 16 bits. */
+static uint16_t bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return (uint16_t)(bits >> 16);
+}
+
+static float a_at(size_t i, size_t p) { return (float)((int)((3 * i + p) % 9) - 4) / 8.0f; }
+static float b_at(size_t j, size_t p) { return (float)((int)((j + 2 * p) % 7) - 3) / 8.0f; }
+
+static const char *match_name(KtMatch m) {
+    switch (m) {
+    case KT_MATCH_EXACT: return "exact";
+    case KT_MATCH_BUCKET: return "bucket";
+    case KT_MATCH_NEAREST: return "nearest";
+    default: return "default";
+    }
+}
+
+/* One GEMM of m rows on the device; returns the number of wrong values, or -1 when the
+ * library refused the call (its error printed). */
+static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, size_t n,
+                           size_t k) {
+    uint16_t *a = malloc(m * k * sizeof *a), *b = malloc(n * k * sizeof *b);
+    float *c = malloc(m * n * sizeof *c);
+    if (a == NULL || b == NULL || c == NULL) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < m; i++)
+        for (size_t p = 0; p < k; p++) a[i * k + p] = bf16(a_at(i, p));
+    for (size_t j = 0; j < n; j++)
+        for (size_t p = 0; p < k; p++) b[j * k + p] = bf16(b_at(j, p));
+    uint64_t da, db, dc, ds = 0;
+    CU(cu.alloc(&da, m * k * sizeof *a));
+    CU(cu.alloc(&db, n * k * sizeof *b));
+    CU(cu.alloc(&dc, m * n * sizeof *c));
+    CU(cu.htod(da, a, m * k * sizeof *a));
+    CU(cu.htod(db, b, n * k * sizeof *b));
+    size_t scratch = kt_gpu_gemm_scratch_bytes(g, m, n, k, KT_DTYPE_BF16, true);
+    if (scratch > 0) CU(cu.alloc(&ds, scratch));
+    KtMatch how = KT_MATCH_DEFAULT;
+    KtStatus st = kt_gpu_gemm(g, m, n, k, KT_DTYPE_BF16, true, (const void *)(uintptr_t)da,
+                              (const void *)(uintptr_t)db, (float *)(uintptr_t)dc,
+                              (void *)(uintptr_t)ds, stream, &how);
+    long wrong = -1;
+    if (st != KT_STATUS_OK) {
+        printf("gemm m=%zu n=%zu k=%zu: status %d: %s\n", m, n, k, (int)st, kt_last_error());
+    } else {
+        CU(cu.stream_sync(stream));
+        CU(cu.dtoh(c, dc, m * n * sizeof *c));
+        wrong = 0;
+        double worst = 0.0;
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++) {
+                double want = 0.0;
+                for (size_t p = 0; p < k; p++) want += (double)a_at(i, p) * b_at(j, p);
+                double off = c[i * n + j] - want;
+                if (off < 0) off = -off;
+                if (off > worst) worst = off;
+                if (off != 0.0) wrong++;
+            }
+        printf("gemm m=%zu n=%zu k=%zu: match=%s, scratch %zu bytes, %ld of %zu values "
+               "wrong (largest error %g)\n",
+               m, n, k, match_name(how), scratch, wrong, m * n, worst);
+    }
+    if (ds != 0) CU(cu.free(ds));
+    CU(cu.free(dc));
+    CU(cu.free(db));
+    CU(cu.free(da));
+    free(c);
+    free(b);
+    free(a);
+    return wrong;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s DB DEVICE (a database `tune --device DEVICE` wrote)\n",
+                argv[0]);
+        return 2;
+    }
+    /* The library first: without the device, or built without CUDA, it says which. */
+    KtGpuDispatcher *g = NULL;
+    if (kt_gpu_open(argv[1], argv[2], &g) != KT_STATUS_OK) {
+        fprintf(stderr, "kt_gpu_open: %s\n", kt_last_error());
+        return 2;
+    }
+    if (load_driver() != 0) {
+        kt_gpu_free(g);
+        return 2;
+    }
+    /* The library works in the device's primary context, as the CUDA runtime does; the
+     * program's memory and stream live there too. */
+    int dev;
+    void *ctx, *stream;
+    CU(cu.init(0));
+    CU(cu.device_get(&dev, 0));
+    CU(cu.primary_retain(&ctx, dev));
+    CU(cu.ctx_set(ctx));
+    CU(cu.stream_create(&stream, 0));
+
+    int failed = 0;
+    const size_t rows[] = {16, 5, 100};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        long wrong = gemm_on_device(g, stream, rows[r], 1280, 8192);
+        if (wrong != 0) failed = 1;
+    }
+    /* A bad call is an error naming the input, not a crash. */
+    KtStatus st = kt_gpu_gemm(g, 0, 1280, 8192, KT_DTYPE_BF16, true, NULL, NULL, NULL, NULL,
+                              stream, NULL);
+    printf("m = 0: status %d: %s\n", (int)st, kt_last_error());
+    if (st != KT_STATUS_INVALID_ARGUMENT) failed = 1;
+    CU(cu.stream_destroy(stream));
+    kt_gpu_free(g);
+    printf("%s\n", failed ? "FAILED" : "all results exact");
+    return failed;
+}
