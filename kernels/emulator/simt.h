@@ -295,7 +295,11 @@ inline void deadlock(Block& b) {
     }
     char x[64], y[64];
     describe(b.site[waiting], x, sizeof x);
-    if (other >= 0) {
+    if (other < 0 && done < 0) {
+        snprintf(b.message, sizeof b.message,
+                 "block (%u,%u,%u): every thread waits, thread %d at %s, which nothing completes",
+                 b.bid[0], b.bid[1], b.bid[2], waiting, x);
+    } else if (other >= 0) {
         describe(b.site[other], y, sizeof y);
         snprintf(b.message, sizeof b.message,
                  "block (%u,%u,%u): thread %d waits at %s, thread %d at %s", b.bid[0], b.bid[1],

@@ -430,8 +430,15 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #error "the wgmma variant takes 3 or 4 stages: one multiplied, one finishing, the rest copied"
 #endif
 
+#ifndef KT_SPECIALIZED
+#define KT_SPECIALIZED 0
+#endif
 #define KT_WG_N (KT_BN / KT_TN)
-#define KT_THREADS (128 * (KT_BM / (64 * KT_TM)) * KT_WG_N)
+// The warpgroups that multiply; specialized, a producer warpgroup (threads 0 .. 127) before
+// them copies every tile, else all of them copy.
+#define KT_CONSUMERS (128 * (KT_BM / (64 * KT_TM)) * KT_WG_N)
+#define KT_THREADS (KT_CONSUMERS + 128 * KT_SPECIALIZED)
+#define KT_COPIERS (KT_SPECIALIZED ? 128 : KT_THREADS)
 #if KT_SWIZZLE
 #if KT_SWIZZLE != 32 && KT_SWIZZLE != 64 && KT_SWIZZLE != 128 || (2 * KT_BK) % KT_SWIZZLE
 #error "KT_SWIZZLE must be 32, 64 or 128 bytes, dividing a k tile's rows"
@@ -459,8 +466,9 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_ALIGN 0
 #endif
 // A [stage][BM·BK], then B [stage][BN·BK], in dynamic shared memory (KT_ALIGN more, for
-// rounding its start up).
-#if !defined(KT_DYN_LDS) || 2 * KT_STAGES * (KT_BM + KT_BN) * KT_BK + KT_ALIGN != KT_DYN_LDS
+// rounding its start up); specialized, then each stage's two mbarriers.
+#define KT_TILE_BYTES (2 * KT_STAGES * (KT_BM + KT_BN) * KT_BK)
+#if !defined(KT_DYN_LDS) || KT_TILE_BYTES + KT_ALIGN + 16 * KT_STAGES * KT_SPECIALIZED != KT_DYN_LDS
 #error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
 #endif
 
@@ -490,7 +498,7 @@ KT_DEVICE int kt_start(int r, int kk) {
 template <int R>
 KT_DEVICE void kt_load_tile(unsigned short* dst, const kt_in* src, int r0, int rows, int k,
                             int k0, int ke, int tid) {
-    for (int i = tid; i < R * (KT_BK / 8); i += KT_THREADS) {
+    for (int i = tid; i < R * (KT_BK / 8); i += KT_COPIERS) {
 #if KT_SWIZZLE
         const int p = i % (KT_BK / 8), r = i / (KT_BK / 8);
         const int gr = r0 + r, gk = k0 + 8 * p;
@@ -506,6 +514,47 @@ KT_DEVICE void kt_load_tile(unsigned short* dst, const kt_in* src, int r0, int r
     }
 }
 
+// C tile rows of warpgroup `wg` of the multiplying ones: its accumulators into C.
+KT_DEVICE void kt_store_acc(float (&acc)[KT_TM][KT_TN / 2], float* c, int m, int n, int row0,
+                            int col0, int wg, int ctid) {
+    const int wm = (wg / KT_WG_N) * 64 * KT_TM;
+    const int wn = (wg % KT_WG_N) * KT_TN;
+    // The accumulator layout: warp w of the warpgroup, lane = 4·group + t.
+    const int w = (ctid / 32) % 4, g = (ctid % 32) / 4, t = ctid % 4;
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int gr = row0 + wm + 64 * i + 16 * w + g + 8 * (e / 2);
+                const int gc = col0 + wn + 8 * j + 2 * t + e % 2;
+                if (gr < m && gc < n) c[(long)gr * n + gc] = acc[i][4 * j + e];
+            }
+}
+
+// Issues stage `st`'s products for warpgroup `wg` of the multiplying ones, one commit group.
+KT_DEVICE void kt_issue(float (&acc)[KT_TM][KT_TN / 2], const unsigned short* as,
+                        const unsigned short* bs, int st, int wg) {
+    const int wm = (wg / KT_WG_N) * 64 * KT_TM;
+    const int wn = (wg % KT_WG_N) * KT_TN;
+    const unsigned short* at = as + st * KT_BM * KT_BK;
+    const unsigned short* bt = bs + st * KT_BN * KT_BK;
+    kt_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KT_BK / 16; ++kk) {
+        const unsigned long long bd =
+            kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_LBO, KT_SBO, KT_LAYOUT);
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i)
+            kt_wgmma(acc[i],
+                     kt_wgmma_desc(at + kt_start<KT_BM>(wm + 64 * i, kk), KT_LBO, KT_SBO,
+                                   KT_LAYOUT),
+                     bd);
+    }
+    kt_wgmma_commit();
+}
+
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k) {
@@ -518,33 +567,71 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
     unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BK;
     const int tid = KT_TID;
-    const int wg = tid / 128;
-    const int wm = (wg / KT_WG_N) * 64 * KT_TM;
-    const int wn = (wg % KT_WG_N) * KT_TN;
-    // The accumulator layout: warp w of the warpgroup, lane = 4·group + t.
-    const int w = (tid / 32) % 4, g = (tid % 32) / 4, t = tid % 4;
     const int row0 = KT_BID_Y * KT_BM;
     const int col0 = KT_BID_X * KT_BN;
     int kb, ke;
     kt_split_range(k, &kb, &ke);
     c += (long)KT_BID_Z * m * n;
+    const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
+    auto load = [&](int st, int k0, int copier) {
+        kt_load_tile<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, copier);
+        kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, copier);
+    };
     float acc[KT_TM][KT_TN / 2];
+#if KT_SPECIALIZED
+    // Stage st is full once the producer's 128 threads' copies of it have landed, and empty
+    // once every multiplying thread is done with its products.
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(bs + KT_STAGES * KT_BN * KT_BK);
+    unsigned long long* const empty = full + KT_STAGES;
+    if (tid == 0) {
+        for (int st = 0; st < KT_STAGES; ++st) {
+            kt_mbar_init(&full[st], 128);
+            kt_mbar_init(&empty[st], KT_CONSUMERS);
+        }
+        kt_fence_mbar_init();
+    }
+    KT_SYNC();
+    if (tid < 128) {
+        // The producer: tile by tile into the stages in turn, each once the products of the
+        // tile before in that stage are done (the first round finds every stage empty).
+        for (int tile = 0; tile < tiles; ++tile) {
+            const int st = tile % KT_STAGES;
+            kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);
+            load(st, kb + tile * KT_BK, tid);
+            kt_cp_async_mbar_arrive(&full[st]);
+        }
+        kt_cp_async_wait_all();
+        return;
+    }
+    const int ctid = tid - 128;
+#else
+    const int ctid = tid;
+#endif
+    const int wg = ctid / 128;
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i) {
 #pragma unroll
         for (int e = 0; e < KT_TN / 2; ++e) acc[i][e] = 0.0f;
         kt_wgmma_fence_operand(acc[i]);
     }
-    auto load = [&](int st, int k0) {
-        kt_load_tile<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, tid);
-        kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, tid);
-    };
+#if KT_SPECIALIZED
+    for (int tile = 0; tile < tiles; ++tile) {
+        const int st = tile % KT_STAGES;
+        // The tile has landed; the proxy fence hands the producer's copies to wgmma's reads.
+        kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);
+        kt_fence_async_shared();
+        kt_issue(acc, as, bs, st, wg);
+        // The tile before is done: its stage goes back to the producer while this one's
+        // products run.
+        kt_wgmma_wait<1>();
+        if (tile > 0) kt_mbar_arrive(&empty[(tile - 1) % KT_STAGES]);
+    }
+#else
     // Of the STAGES stages, one holds the tile being multiplied, one the tile before it, whose
     // products may still be in flight, and the rest tiles being copied: STAGES - 2 ahead.
-    const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
 #pragma unroll
     for (int st = 0; st < KT_STAGES - 2; ++st) {
-        if (st < tiles) load(st, kb + st * KT_BK);
+        if (st < tiles) load(st, kb + st * KT_BK, tid);
         kt_cp_async_commit();
     }
     for (int tile = 0; tile < tiles; ++tile) {
@@ -556,40 +643,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_fence_async_shared();
         KT_SYNC();
         const int next = tile + KT_STAGES - 2;
-        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
+        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK, tid);
         kt_cp_async_commit();
-        const int st = tile % KT_STAGES;
-        const unsigned short* at = as + st * KT_BM * KT_BK;
-        const unsigned short* bt = bs + st * KT_BN * KT_BK;
-        kt_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KT_BK / 16; ++kk) {
-            const unsigned long long bd =
-                kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_LBO, KT_SBO, KT_LAYOUT);
-#pragma unroll
-            for (int i = 0; i < KT_TM; ++i)
-                kt_wgmma(acc[i],
-                         kt_wgmma_desc(at + kt_start<KT_BM>(wm + 64 * i, kk), KT_LBO, KT_SBO,
-                                       KT_LAYOUT),
-                         bd);
-        }
-        kt_wgmma_commit();
+        kt_issue(acc, as, bs, tile % KT_STAGES, wg);
         // This tile's products stay in flight while the next tile is prepared and issued.
         kt_wgmma_wait<1>();
     }
+#endif
     kt_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
-#pragma unroll
-    for (int i = 0; i < KT_TM; ++i)
-#pragma unroll
-        for (int j = 0; j < KT_TN / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int gr = row0 + wm + 64 * i + 16 * w + g + 8 * (e / 2);
-                const int gc = col0 + wn + 8 * j + 2 * t + e % 2;
-                if (gr < m && gc < n) c[(long)gr * n + gc] = acc[i][4 * j + e];
-            }
+    kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
 }
 
 #elif KT_VARIANT == 4

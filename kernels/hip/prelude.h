@@ -457,4 +457,52 @@ KT_DEVICE void kt_wgmma(float (&d)[128], unsigned long long a, unsigned long lon
         : "l"(a), "l"(b), "r"(1));
 }
 #endif
+
+// mbarriers (8 bytes of shared memory each), for warpgroups that hand tiles to each other
+// without block-wide barriers: init with the arrivals a phase expects; arrive; the cp.async
+// arrive, one of the expected arrivals once every cp.async the thread issued has landed (the
+// `.noinc` form); wait for the phase of a parity to complete (the current phase's parity is
+// the phases completed so far, mod 2: a fresh mbarrier's wait on parity 1 returns at once).
+// The emulator parks a waiting thread until the phase completes and names a wait that never
+// can; it lands a thread's copies at its cp.async arrive.
+#if defined(KT_HOST)
+KT_DEVICE void kt_mbar_init(unsigned long long* bar, int count) { kt_host::mbar_init(bar, count); }
+KT_DEVICE void kt_fence_mbar_init() {}
+KT_DEVICE void kt_mbar_arrive(unsigned long long* bar) { kt_host::mbar_arrive(bar); }
+KT_DEVICE void kt_cp_async_mbar_arrive(unsigned long long* bar) { kt_host::cp_mbar_arrive(bar); }
+KT_DEVICE void kt_mbar_wait(unsigned long long* bar, int parity) { kt_host::mbar_wait(bar, parity); }
+KT_DEVICE void kt_cp_async_wait_all() {
+    kt_host::cp_commit();
+    kt_host::cp_wait(0);
+}
+#else
+KT_DEVICE void kt_mbar_init(unsigned long long* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(kt_smem(bar)), "r"(count)
+                 : "memory");
+}
+// Makes the initialized mbarriers visible to the other threads (with the barrier after it).
+KT_DEVICE void kt_fence_mbar_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+KT_DEVICE void kt_mbar_arrive(unsigned long long* bar) {
+    asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(
+                     kt_smem(bar))
+                 : "memory");
+}
+KT_DEVICE void kt_cp_async_mbar_arrive(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(kt_smem(bar))
+                 : "memory");
+}
+KT_DEVICE void kt_mbar_wait(unsigned long long* bar, int parity) {
+    asm volatile(
+        "{ .reg .pred done;\n"
+        "KT_MBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra KT_MBAR_WAIT;\n"
+        "}" ::"r"(kt_smem(bar)),
+        "r"(parity)
+        : "memory");
+}
+KT_DEVICE void kt_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
 #endif

@@ -492,6 +492,7 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
         stages: 4,
         split_k: 2,
         swizzle: 0,
+        specialized: false,
     });
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
@@ -552,20 +553,31 @@ fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
 /// swizzled by `swizzle` bytes or not at all) on a problem none of whose sizes a tile
 /// divides, with `body` as its source: its relative error.
 fn wgmma_gemm_error(body: &str, bk: usize, swizzle: usize) -> Result<f64, KernelError> {
-    let (_, emu) = emulator("h200");
-    let problem: Problem = "gemm:m=67,n=130,k=200,dtype=bf16,b=nk".parse().unwrap();
-    let data = ProblemData::random(&problem, 5);
-    let config = Config::GpuGemm(GpuGemmConfig {
+    wgmma_config_error(body, wgmma_config(bk, swizzle, false, 3))
+}
+
+/// The wgmma GEMM of two warpgroups of 64×128 (and a producer one if `specialized`).
+fn wgmma_config(bk: usize, swizzle: usize, specialized: bool, stages: usize) -> Config {
+    Config::GpuGemm(GpuGemmConfig {
         variant: GpuGemmVariant::Wgmma,
         bm: 128,
         bn: 128,
         bk,
         tm: 1,
         tn: 128,
-        stages: 3,
+        stages,
         split_k: 1,
         swizzle,
-    });
+        specialized,
+    })
+}
+
+/// `config`'s relative error on the H200's emulator, on a problem of 67×130×520 (no size a
+/// tile divides; 9 or 17 k tiles, each stage used twice or more), with `body` as its source.
+fn wgmma_config_error(body: &str, config: Config) -> Result<f64, KernelError> {
+    let (_, emu) = emulator("h200");
+    let problem: Problem = "gemm:m=67,n=130,k=520,dtype=bf16,b=nk".parse().unwrap();
+    let data = ProblemData::random(&problem, 5);
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
 }
@@ -629,7 +641,7 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
     // Errors the emulator names: what a GPU would run into as garbage or a hang.
     for (from, to, says) in [
         (
-            "        kt_wgmma_fence();\n",
+            "    kt_wgmma_fence();\n",
             "",
             "a wgmma without a wgmma.fence before it",
         ),
@@ -731,6 +743,7 @@ fn skinny_gemm_error(model: &str, body: &str) -> Result<f64, KernelError> {
         stages: 1,
         split_k: 1,
         swizzle: 0,
+        specialized: false,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -972,4 +985,71 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
         .validate(&mma_flash_split((128, 128), false, 2), &long, &device)
         .unwrap_err();
     assert!(err.to_string().contains("MiB of partial results"), "{err}");
+}
+
+/// Warp specialization: a producer warpgroup fills the stages, two multiply, stages handed
+/// over by mbarriers; each way of getting the hand-over wrong shows.
+#[test]
+fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let source = include_str!("../hip/gemm.hip");
+    for (bk, swizzle, stages) in [(64, 128, 3), (64, 128, 4), (32, 0, 3)] {
+        let run = |body: &str| wgmma_config_error(body, wgmma_config(bk, swizzle, true, stages));
+        let what = format!("bk {bk}, swizzle {swizzle}, {stages} stages");
+        let ok = run(source).unwrap();
+        assert!(ok <= tol, "{what}: error {ok:e}");
+        for (mistake, from, to) in [
+            (
+                "multiplying before the tile lands",
+                "kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);",
+                "",
+            ),
+            (
+                "waiting on the wrong phase of a full stage",
+                "kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);",
+                "kt_mbar_wait(&full[st], ((tile / KT_STAGES) & 1) ^ 1);",
+            ),
+            (
+                "copying into a stage still multiplied",
+                "kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);",
+                "",
+            ),
+            (
+                "releasing the stage whose products run",
+                "kt_mbar_arrive(&empty[(tile - 1) % KT_STAGES]);",
+                "kt_mbar_arrive(&empty[tile % KT_STAGES]);",
+            ),
+            (
+                "a stage full after half the copies",
+                "kt_mbar_init(&full[st], 128);",
+                "kt_mbar_init(&full[st], 64);",
+            ),
+        ] {
+            caught(
+                &format!("{what}: {mistake}"),
+                run(&gemm_with(from, to)),
+                tol,
+            );
+        }
+    }
+    // Errors the emulator names, where a GPU would hang.
+    let run = |body: &str| wgmma_config_error(body, wgmma_config(64, 128, true, 3));
+    for (from, to, says) in [
+        (
+            "kt_mbar_init(&empty[st], KT_CONSUMERS);",
+            "kt_mbar_init(&empty[st], KT_CONSUMERS + 1);",
+            "an mbarrier wait, which nothing completes",
+        ),
+        (
+            "kt_mbar_init(&full[st], 128);",
+            "",
+            "an mbarrier used before mbarrier.init",
+        ),
+    ] {
+        let e = run(&gemm_with(from, to)).unwrap_err();
+        assert!(
+            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
+            "{e}"
+        );
+    }
 }

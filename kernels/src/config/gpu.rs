@@ -80,6 +80,12 @@ pub struct GpuGemmConfig {
     /// results stored before it existed, and left out when 0: 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub swizzle: usize,
+    /// The wgmma variant's warp specialization: one more warpgroup, the producer, copies
+    /// the k tiles while the others only multiply, stages handed over by mbarriers rather
+    /// than block-wide barriers (as cuBLAS's and CUTLASS's Hopper kernels do, there with
+    /// the tensor-memory copy engine). Absent (false) in results stored before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub specialized: bool,
 }
 
 impl GpuGemmConfig {
@@ -99,8 +105,10 @@ impl GpuGemmConfig {
                     * self.bn.checked_div(8 * self.tn).unwrap_or(0)
             }
             GpuGemmVariant::Wgmma => {
-                128 * self.bm.checked_div(64 * self.tm).unwrap_or(0)
-                    * self.bn.checked_div(self.tn).unwrap_or(0)
+                let consumers = 128
+                    * self.bm.checked_div(64 * self.tm).unwrap_or(0)
+                    * self.bn.checked_div(self.tn).unwrap_or(0);
+                consumers + if self.specialized { 128 } else { 0 }
             }
             GpuGemmVariant::Skinny => 32 * self.bn.checked_div(self.tn).unwrap_or(0),
         }
@@ -209,6 +217,9 @@ impl fmt::Display for GpuGemmConfig {
         }
         if self.swizzle != 0 {
             write!(f, " swizzle={}", self.swizzle)?;
+        }
+        if self.specialized {
+            f.write_str(" specialized")?;
         }
         Ok(())
     }

@@ -85,6 +85,7 @@ impl KernelBuild {
                 .into_iter()
                 // Only when set, so the builds of unswizzled configs keep their cache keys.
                 .chain((c.swizzle > 0).then_some(("KT_SWIZZLE", c.swizzle)))
+                .chain(c.specialized.then_some(("KT_SPECIALIZED", 1)))
                 .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]

@@ -152,6 +152,12 @@ pub(super) fn validate(
             ));
         }
     }
+    if c.specialized && c.variant != GpuGemmVariant::Wgmma {
+        return Err(invalid(
+            f,
+            "specialized: only the wgmma variant has a producer warpgroup; take specialized = false",
+        ));
+    }
     if c.swizzle != 0 && c.variant != GpuGemmVariant::Wgmma {
         return Err(invalid(
             f,
@@ -332,7 +338,23 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                         push(tile(wgmma, (64, bn, 64), (1, bn), 3, split));
                     }
                 }
-                // Swizzled rows first: with core matrices each 32-byte sector is fetched
+                // Warp-specialized first, swizzled, the largest tiles: a producer warpgroup
+                // copies while the others multiply.
+                for (bm, bn, tm, tn) in [
+                    (128, 256, 1, 256),
+                    (128, 128, 1, 128),
+                    (256, 128, 1, 128),
+                    (128, 256, 2, 128),
+                ] {
+                    for stages in [4, 3] {
+                        push(GpuGemmConfig {
+                            swizzle: 128,
+                            specialized: true,
+                            ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, 1)
+                        });
+                    }
+                }
+                // Swizzled rows next: with core matrices each 32-byte sector is fetched
                 // twice (a quarter-warp's copies fill one core matrix, 16 bytes of 8 rows),
                 // which Nsight Compute showed on the H200 (half the L2 sectors excess);
                 // swizzled rows are copied a whole 128-byte line per quarter-warp.
@@ -463,6 +485,7 @@ fn tile(
         stages,
         split_k,
         swizzle: 0,
+        specialized: false,
     }
 }
 
@@ -616,8 +639,9 @@ mod tests {
         }
     }
 
-    /// Swizzled rows are wgmma's alone, of a width the descriptors have, dividing the k tile's
-    /// rows; a stored config without the field is unswizzled and keeps its JSON.
+    /// Swizzled rows and a producer warpgroup are wgmma's alone, swizzles of a width the
+    /// descriptors have, dividing the k tile's rows; a stored config without the fields is
+    /// unswizzled, unspecialized, and keeps its JSON.
     #[test]
     fn swizzle_widths_are_checked_and_old_configs_keep_their_form() {
         use super::{tile, validate};
@@ -644,6 +668,13 @@ mod tests {
                 },
                 "only the wgmma variant swizzles",
             ),
+            (
+                GpuGemmConfig {
+                    specialized: true,
+                    ..tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1)
+                },
+                "only the wgmma variant has a producer warpgroup",
+            ),
         ] {
             let e = validate(&c, &p, g).unwrap_err().to_string();
             assert!(e.contains(says), "{c}: {e}");
@@ -664,6 +695,17 @@ mod tests {
         assert_eq!(
             c.to_string(),
             "gpu wgmma 128x128x64 tile 1x128 stages=3 swizzle=128"
+        );
+        let specialized = GpuGemmConfig {
+            specialized: true,
+            ..c
+        };
+        validate(&specialized, &p, g).unwrap();
+        // A producer warpgroup more than the two that multiply.
+        assert_eq!(specialized.threads(), 3 * 128);
+        assert_eq!(
+            specialized.to_string(),
+            "gpu wgmma 128x128x64 tile 1x128 stages=3 swizzle=128 specialized"
         );
         assert_eq!(
             serde_json::from_str::<GpuGemmConfig>(&serde_json::to_string(&c).unwrap()).unwrap(),

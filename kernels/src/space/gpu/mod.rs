@@ -101,7 +101,8 @@ pub const SWIZZLE_ALIGN: usize = 1024;
 /// stages of 16-bit A and B tiles (rows padded by 8 elements; B `[bk][bn + 8]` for a K×N B,
 /// else `[bn][bk + 8]`), the wgmma GEMM's stages of A and B in 8×8 core matrices or
 /// swizzled rows (no padding: the instruction reads each core matrix as 128 contiguous
-/// bytes; swizzled tiles [`SWIZZLE_ALIGN`] more for their alignment), the mma flash
+/// bytes; swizzled tiles [`SWIZZLE_ALIGN`] more for their alignment; warp-specialized ones
+/// two 8-byte mbarriers a stage after them), the mma flash
 /// attention's 16-bit K and V tiles (`[bc][d + 8]` each). 0 for builds whose shared memory is
 /// all static.
 pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
@@ -119,7 +120,9 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
             2 * c.stages * (c.bm * (c.bk + 8) + b)
         }
         (Config::GpuGemm(c), Problem::Gemm(_)) if c.variant == GpuGemmVariant::Wgmma => {
-            2 * c.stages * (c.bm + c.bn) * c.bk + if c.swizzle > 0 { SWIZZLE_ALIGN } else { 0 }
+            2 * c.stages * (c.bm + c.bn) * c.bk
+                + if c.swizzle > 0 { SWIZZLE_ALIGN } else { 0 }
+                + if c.specialized { 16 * c.stages } else { 0 }
         }
         _ => 0,
     }
