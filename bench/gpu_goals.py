@@ -21,6 +21,41 @@ def verdict(ok):
     return "met" if ok else "MISSED"
 
 
+def form(config):
+    """A config's kernel form, as its display names it: the variant, then the choices that
+    change the kernel's structure (`gpu wgmma 128x256x64 tile 1x256 stages=4 swizzle=128
+    specialized` -> `wgmma swizzled specialized`); tile sizes and stages are left out."""
+    words = config.split()
+    variant = words[1] if len(words) > 1 and "=" not in words[1] else "rows"
+    flags = []
+    for w in words:
+        if w.startswith("swizzle="):
+            flags.append("swizzled")
+        elif w.startswith("split=") or w.startswith("split-k="):
+            flags.append(w.split("=")[0])
+        elif w in ("paired", "specialized"):
+            flags.append(w)
+    return " ".join([variant] + flags)
+
+
+def forms(rows):
+    """Each problem's fastest verified config of each form, over every run's rows: which
+    kernel structure pays on this device, beside the tuned winner."""
+    best = {}
+    for r in rows:
+        for config, ns in r.get("timed") or []:
+            key = (r["problem"], form(config))
+            if key not in best or ns < best[key][0]:
+                best[key] = (ns, config)
+    print("\n== the fastest config of each kernel form (medians from this run)")
+    problem = None
+    for (p, f), (ns, config) in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+        if p != problem:
+            print(f"  {p}")
+            problem = p
+        print(f"    {ns / 1e3:10.1f} us  {f:<28} {config}")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: python3 bench/gpu_goals.py DIR (the folder gpu-check.sh wrote)")
@@ -49,6 +84,7 @@ def main():
         if r.get("best_ns") is not None and (m["best_ns"] is None or r["best_ns"] < m["best_ns"]):
             m["best_ns"], m["best"] = r["best_ns"], r["best"]
 
+    forms(rows)
     print("\n== goals (speed ratios: the other's median time over kerntune's tuned median)")
     missed = 0
     for problem, m in merged.items():

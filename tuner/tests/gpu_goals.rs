@@ -1,0 +1,137 @@
+//! `bench/gpu_goals.py`, which judges a device run of `scripts/gpu-check.sh`: on a run folder
+//! written here (two GEMM processes' rows, a flash row, SDPA's timings) it merges the rows,
+//! names each kernel form's fastest config, and prints each goal's ratio and verdict, with
+//! its exit status saying whether any was missed.
+
+use std::path::Path;
+use std::process::Command;
+
+fn goals(folder: &Path) -> (i32, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/gpu_goals.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(folder)
+        .output()
+        .expect("python3 runs (README, Set-up)");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code().unwrap_or(-1), stdout)
+}
+
+const PREFILL: &str = "gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk";
+const FLASH: &str =
+    "flash:batch=1,q_len=2048,kv_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+
+/// A row as gpu-check writes it; `timed` fastest first, so its first config is the best.
+fn row(problem: &str, default_us: f64, cublas_us: Option<f64>, timed: &[(&str, f64)]) -> String {
+    let (best, best_us) = timed[0];
+    let list: Vec<String> = timed
+        .iter()
+        .map(|(c, us)| format!("[\"{c}\", {}]", us * 1e3))
+        .collect();
+    format!(
+        r#"{{"problem": "{problem}", "candidates": 3, "verified": 3, "failed": [],
+            "default_ns": {}, "best_ns": {}, "best": "{best}", "cublas_ns": {},
+            "timed": [{}]}}"#,
+        default_us * 1e3,
+        best_us * 1e3,
+        cublas_us.map_or("null".to_string(), |u| (u * 1e3).to_string()),
+        list.join(", ")
+    )
+}
+
+#[test]
+fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The wgmma process's rows and the other GEMM process's: the problem's best is the
+    // fastest over both.
+    let wgmma = row(
+        PREFILL,
+        2000.0,
+        Some(295.0),
+        &[
+            (
+                "gpu wgmma 128x256x64 tile 1x256 stages=4 swizzle=128 specialized",
+                400.0,
+            ),
+            (
+                "gpu wgmma 128x256x64 tile 1x256 stages=3 swizzle=128",
+                700.0,
+            ),
+            ("gpu wgmma 128x256x32 tile 1x256 stages=4", 1285.0),
+        ],
+    );
+    let mma = row(
+        PREFILL,
+        2000.0,
+        Some(295.0),
+        &[("gpu mma 128x128x64 tile 4x4 stages=3", 965.0)],
+    );
+    let flash = row(
+        FLASH,
+        500.0,
+        None,
+        &[
+            ("gpu mma br=64 bc=128 split=4", 50.0),
+            ("gpu mma br=128 bc=128", 82.0),
+        ],
+    );
+    std::fs::write(d.join("gpu-check-gemm-wgmma.json"), format!("[{wgmma}]")).unwrap();
+    std::fs::write(d.join("gpu-check-gemm.json"), format!("[{mma}]")).unwrap();
+    std::fs::write(d.join("gpu-check-flash.json"), format!("[{flash}]")).unwrap();
+
+    // Without SDPA's timings the flash goal cannot be judged: missed, and said why.
+    let (code, out) = goals(d);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no sdpa.json"), "{out}");
+
+    std::fs::write(
+        d.join("sdpa.json"),
+        r#"{"us": {"default": 40.0, "flash": 38.0, "cudnn": 35.0}}"#,
+    )
+    .unwrap();
+    let (code, out) = goals(d);
+    let line = |needle: &str| {
+        out.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with `{needle}` in:\n{out}"))
+            .to_string()
+    };
+    // Each form's fastest, fastest first within a problem.
+    let specialized = line("wgmma swizzled specialized");
+    assert!(specialized.contains("400.0 us"), "{specialized}");
+    assert!(line("wgmma swizzled  ").contains("700.0 us"), "{out}");
+    assert!(line("mma split").contains("50.0 us"), "{out}");
+    assert!(
+        out.find("400.0 us").unwrap() < out.find("965.0 us").unwrap(),
+        "{out}"
+    );
+    // The goals: 295 / 400 = 0.74 of cuBLAS, 40 / 50 = 0.80 of SDPA's default (0.70 of its
+    // fastest backend), both over the default.
+    assert!(
+        line("tuned vs cuBLAS").contains("0.74x (goal >= 0.7): met"),
+        "{out}"
+    );
+    assert!(
+        line("tuned vs PyTorch SDPA").contains("0.80x (goal >= 0.7): met"),
+        "{out}"
+    );
+    assert!(
+        line("SDPA's fastest backend (cudnn)").contains("0.70x"),
+        "{out}"
+    );
+    assert!(
+        line(&format!("{PREFILL}: tuned vs default")).contains("5.00x"),
+        "{out}"
+    );
+    assert!(out.contains("0 goals missed"), "{out}");
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn a_folder_without_timings_is_reported_not_guessed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = goals(dir.path());
+    assert_eq!(code, 1);
+    assert!(out.contains("no gpu-check-*.json"), "{out}");
+}
