@@ -92,7 +92,22 @@ struct Mbar {
     int expected;
     int pending;
     int completed;
+    // Bytes the phase still expects from the copy engine (arrive.expect_tx adds, landed
+    // copies subtract): a phase completes with its arrivals and its bytes.
+    long tx;
 };
+
+// A TMA box copy issued and not yet landed: its mbarrier, destination, the tensor map's
+// description (kt_tmap's words) and the box's coordinates (column, row).
+struct Tma {
+    unsigned bar;
+    unsigned char* dst;
+    unsigned long long map[8];
+    int x, y;
+};
+
+// TMA copies a block may have in flight.
+constexpr int kMaxTma = 64;
 
 enum class State : unsigned char { Ready, Waiting, Done };
 
@@ -182,6 +197,8 @@ struct Block {
     // the parity given completed on the mbarrier at that address.
     Mbar mbar[kMaxMbarriers];
     int mbar_count;
+    Tma tma[kMaxTma];
+    int tma_count;
     unsigned mbar_addr[kMaxThreads];
     int mbar_parity[kMaxThreads];
 };
@@ -293,6 +310,15 @@ inline void deadlock(Block& b) {
             other = i;
         }
     }
+    // An mbarrier wait no arrival can complete names itself: threads that left are no fault
+    // of its (producers leave when their copies are issued).
+    for (int i = 0; i < b.threads; ++i)
+        if (b.state[i] == State::Waiting && b.site[i] == kMbarrier) {
+            waiting = i;
+            other = -1;
+            done = -1;
+            break;
+        }
     char x[64], y[64];
     describe(b.site[waiting], x, sizeof x);
     if (other < 0 && done < 0) {
@@ -323,6 +349,7 @@ inline bool mbar_done(Block& b, int i);
 
 inline bool run_block(Block& b) {
     b.mbar_count = 0;
+    b.tma_count = 0;
     for (int i = 0; i < b.threads; ++i) {
         start_fiber(b, i);
         b.state[i] = State::Ready;
@@ -764,7 +791,7 @@ inline void mbar_init(const void* p, int count) {
         if (b.mbar_count == kMaxMbarriers) fail("more mbarriers than the emulator holds");
         ++b.mbar_count;
     }
-    b.mbar[i] = Mbar{addr, count, count, 0};
+    b.mbar[i] = Mbar{addr, count, count, 0, 0};
 }
 
 inline Mbar& mbar_of(Block& b, unsigned addr) {
@@ -773,18 +800,96 @@ inline Mbar& mbar_of(Block& b, unsigned addr) {
     fail("an mbarrier used before mbarrier.init");
 }
 
+inline void mbar_complete(Mbar& m) {
+    ++m.completed;
+    m.pending = m.expected;
+}
+
+inline void tma_land(Block& b, const Tma& t);
+
 // Whether thread i, parked at kMbarrier, may go on: the phase of its parity has completed
-// (the current phase has the other parity).
+// (the current phase has the other parity). A phase whose arrivals are in but whose bytes
+// are not lands its TMA copies now: they land no earlier than someone waits for them, so a
+// read that does not wait finds the poison they left. Called by the scheduler too, so it
+// never fails: tma_load refuses bytes the phase does not expect.
 inline bool mbar_done(Block& b, int i) {
-    return (mbar_of(b, b.mbar_addr[i]).completed & 1) != b.mbar_parity[i];
+    Mbar& m = mbar_of(b, b.mbar_addr[i]);
+    if (m.pending == 0 && m.tx > 0) {
+        int kept = 0;
+        for (int t = 0; t < b.tma_count; ++t) {
+            if (b.tma[t].bar == m.addr)
+                tma_land(b, b.tma[t]);
+            else
+                b.tma[kept++] = b.tma[t];
+        }
+        b.tma_count = kept;
+        if (m.tx == 0) mbar_complete(m);
+    }
+    return (m.completed & 1) != b.mbar_parity[i];
 }
 
 inline void mbar_arrive_at(Block& b, unsigned addr) {
     Mbar& m = mbar_of(b, addr);
-    if (--m.pending == 0) {
-        ++m.completed;
-        m.pending = m.expected;
-    }
+    if (--m.pending == 0 && m.tx == 0) mbar_complete(m);
+}
+
+// mbarrier.arrive.expect_tx.shared.b64: the phase expects `bytes` more from the copy engine,
+// and this is one of its arrivals.
+inline void mbar_expect_tx(const void* p, int bytes) {
+    Block& b = block();
+    const unsigned addr = smem_offset(p);
+    mbar_of(b, addr).tx += bytes;
+    mbar_arrive_at(b, addr);
+}
+
+// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes of a kt_tmap
+// (words: address, cols, rows, row stride in bytes, box cols, box rows, swizzle bytes,
+// element bytes): the box at column x, row y, recorded with its mbarrier; its destination
+// holds 0xff bytes until it lands.
+inline void tma_load(void* dst, const unsigned long long* map, int x, int y, const void* bar) {
+    Block& b = block();
+    const unsigned at = smem_offset(dst);
+    if (at % 128 != 0) fail("a TMA destination not 128-byte aligned");
+    if (map[6] != 128 || map[7] != 2 || map[4] * 2 != 128)
+        fail("a tensor map other than 16-bit boxes of 128-byte swizzled rows: not emulated");
+    const size_t bytes = (size_t)(map[4] * map[5] * map[7]);
+    if (at - kSharedWindow + bytes > b.shared_bytes)
+        fail("a TMA box past the kernel's dynamic shared memory");
+    if (b.tma_count == kMaxTma) fail("more TMA copies in flight than the emulator holds");
+    // The phase must expect these bytes (arrive.expect_tx first), beside those in flight.
+    const unsigned bar_at = smem_offset(bar);
+    long flying = (long)bytes;
+    for (int i = 0; i < b.tma_count; ++i)
+        if (b.tma[i].bar == bar_at) flying += (long)(b.tma[i].map[4] * b.tma[i].map[5] * 2);
+    if (flying > mbar_of(b, bar_at).tx)
+        fail("a TMA box whose bytes its mbarrier's phase does not expect (expect_tx first)");
+    Tma& t = b.tma[b.tma_count++];
+    t.bar = bar_at;
+    t.dst = static_cast<unsigned char*>(dst);
+    for (int w = 0; w < 8; ++w) t.map[w] = map[w];
+    t.x = x;
+    t.y = y;
+    __builtin_memset(dst, 0xff, bytes);
+}
+
+// Lands a TMA box: element (r, c) of the box, row y + r and column x + c of the matrix or
+// zero past its edges, at byte 128·r + 2·c of the box, swizzled by its shared address.
+inline void tma_land(Block& b, const Tma& t) {
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(t.map[0]);
+    const long cols = (long)t.map[1], rows = (long)t.map[2], stride = (long)t.map[3];
+    const int box_cols = (int)t.map[4], box_rows = (int)t.map[5];
+    const unsigned base = smem_offset(t.dst);
+    for (int r = 0; r < box_rows; ++r)
+        for (int c = 0; c < box_cols; ++c) {
+            const long gr = (long)t.y + r, gc = (long)t.x + c;
+            unsigned short v = 0;
+            if (gr >= 0 && gr < rows && gc >= 0 && gc < cols)
+                __builtin_memcpy(&v, src + gr * stride + 2 * gc, 2);
+            unsigned addr = base + (unsigned)(r * box_cols + c) * 2;
+            addr ^= ((addr >> 7) & 7u) << 4;
+            __builtin_memcpy(b.shared_base + (addr - kSharedWindow), &v, 2);
+        }
+    mbar_of(b, t.bar).tx -= (long)box_rows * box_cols * 2;
 }
 
 // mbarrier.arrive.shared.b64: one arrival on the current phase.

@@ -433,6 +433,12 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #ifndef KT_SPECIALIZED
 #define KT_SPECIALIZED 0
 #endif
+#ifndef KT_TMA
+#define KT_TMA 0
+#endif
+#if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BK == 64 && KT_SPLIT == 1)
+#error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64, KT_SPLIT 1"
+#endif
 #define KT_WG_N (KT_BN / KT_TN)
 // The warpgroups that multiply; specialized, a producer warpgroup (threads 0 .. 127) before
 // them copies every tile, else all of them copy.
@@ -555,9 +561,15 @@ KT_DEVICE void kt_issue(float (&acc)[KT_TM][KT_TN / 2], const unsigned short* as
     kt_wgmma_commit();
 }
 
+// With TMA, `a_map` and `b_map` describe A [m, k] and B [n, k] in boxes of BM and BN rows by
+// 64 of k (gpu/launch.rs).
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
-        int m, int n, int k) {
+        int m, int n, int k
+#if KT_TMA
+        , const KT_GRID_CONSTANT kt_tmap a_map, const KT_GRID_CONSTANT kt_tmap b_map
+#endif
+) {
     KT_DYNAMIC_SHARED(smem);
 #if KT_ALIGN
     unsigned short* const as =
@@ -579,18 +591,34 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     };
     float acc[KT_TM][KT_TN / 2];
 #if KT_SPECIALIZED
-    // Stage st is full once the producer's 128 threads' copies of it have landed, and empty
-    // once every multiplying thread is done with its products.
+    // Stage st is full once the producer's copies of it have landed (each of its 128
+    // threads' cp.async; with TMA, the bytes of its two boxes), and empty once every
+    // multiplying thread is done with its products.
     unsigned long long* const full = reinterpret_cast<unsigned long long*>(bs + KT_STAGES * KT_BN * KT_BK);
     unsigned long long* const empty = full + KT_STAGES;
     if (tid == 0) {
         for (int st = 0; st < KT_STAGES; ++st) {
-            kt_mbar_init(&full[st], 128);
+            kt_mbar_init(&full[st], KT_TMA ? 1 : 128);
             kt_mbar_init(&empty[st], KT_CONSUMERS);
         }
         kt_fence_mbar_init();
     }
     KT_SYNC();
+#if KT_TMA
+    if (tid < 128) {
+        // One thread issues every box; the copy engine does the rest, zeros past the edges.
+        if (tid == 0) {
+            for (int tile = 0; tile < tiles; ++tile) {
+                const int st = tile % KT_STAGES;
+                kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);
+                kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);
+                kt_tma_load(as + st * KT_BM * KT_BK, &a_map, kb + tile * KT_BK, row0, &full[st]);
+                kt_tma_load(bs + st * KT_BN * KT_BK, &b_map, kb + tile * KT_BK, col0, &full[st]);
+            }
+        }
+        return;
+    }
+#else
     if (tid < 128) {
         // The producer: tile by tile into the stages in turn, each once the products of the
         // tile before in that stage are done (the first round finds every stage empty).
@@ -603,6 +631,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_cp_async_wait_all();
         return;
     }
+#endif
     const int ctid = tid - 128;
 #else
     const int ctid = tid;

@@ -475,7 +475,43 @@ KT_DEVICE void kt_cp_async_wait_all() {
     kt_host::cp_commit();
     kt_host::cp_wait(0);
 }
+#endif
+
+// The tensor-memory copy engine (TMA): a tensor map, made on the host and passed by value
+// (a __grid_constant__ parameter, whose address the copies take); a 2D box of it at (column
+// x, row y) into shared memory, its bytes counted on an mbarrier whose phase expects them
+// (kt_mbar_expect_tx, which is also one of its arrivals). The emulator's kt_tmap holds the
+// map's description instead of the driver's encoding (gpu/launch.rs, TensorMap).
+#if defined(KT_HOST)
+struct kt_tmap {
+    unsigned long long w[16];
+};
+#define KT_GRID_CONSTANT
+KT_DEVICE void kt_mbar_expect_tx(unsigned long long* bar, int bytes) {
+    kt_host::mbar_expect_tx(bar, bytes);
+}
+KT_DEVICE void kt_tma_load(void* dst, const kt_tmap* map, int x, int y, unsigned long long* bar) {
+    kt_host::tma_load(dst, map->w, x, y, bar);
+}
 #else
+struct alignas(128) kt_tmap {
+    unsigned long long w[16];
+};
+#define KT_GRID_CONSTANT __grid_constant__
+KT_DEVICE void kt_mbar_expect_tx(unsigned long long* bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(kt_smem(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+KT_DEVICE void kt_tma_load(void* dst, const kt_tmap* map, int x, int y, unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%2, %3}], [%4];" ::"r"(kt_smem(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(kt_smem(bar))
+        : "memory");
+}
+#endif
+#if !defined(KT_HOST)
 KT_DEVICE void kt_mbar_init(unsigned long long* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(kt_smem(bar)), "r"(count)
                  : "memory");

@@ -493,6 +493,7 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
         split_k: 2,
         swizzle: 0,
         specialized: false,
+        tma: false,
     });
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
@@ -558,6 +559,17 @@ fn wgmma_gemm_error(body: &str, bk: usize, swizzle: usize) -> Result<f64, Kernel
 
 /// The wgmma GEMM of two warpgroups of 64×128 (and a producer one if `specialized`).
 fn wgmma_config(bk: usize, swizzle: usize, specialized: bool, stages: usize) -> Config {
+    wgmma_config_tma(bk, swizzle, specialized, stages, false)
+}
+
+/// As [`wgmma_config`], its producer copying by TMA if `tma`.
+fn wgmma_config_tma(
+    bk: usize,
+    swizzle: usize,
+    specialized: bool,
+    stages: usize,
+    tma: bool,
+) -> Config {
     Config::GpuGemm(GpuGemmConfig {
         variant: GpuGemmVariant::Wgmma,
         bm: 128,
@@ -569,6 +581,7 @@ fn wgmma_config(bk: usize, swizzle: usize, specialized: bool, stages: usize) -> 
         split_k: 1,
         swizzle,
         specialized,
+        tma,
     })
 }
 
@@ -744,6 +757,7 @@ fn skinny_gemm_error(model: &str, body: &str) -> Result<f64, KernelError> {
         split_k: 1,
         swizzle: 0,
         specialized: false,
+        tma: false,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -1021,8 +1035,8 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
             ),
             (
                 "a stage full after half the copies",
-                "kt_mbar_init(&full[st], 128);",
-                "kt_mbar_init(&full[st], 64);",
+                "kt_mbar_init(&full[st], KT_TMA ? 1 : 128);",
+                "kt_mbar_init(&full[st], KT_TMA ? 1 : 64);",
             ),
         ] {
             caught(
@@ -1041,9 +1055,68 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
             "an mbarrier wait, which nothing completes",
         ),
         (
-            "kt_mbar_init(&full[st], 128);",
+            "kt_mbar_init(&full[st], KT_TMA ? 1 : 128);",
             "",
             "an mbarrier used before mbarrier.init",
+        ),
+    ] {
+        let e = run(&gemm_with(from, to)).unwrap_err();
+        assert!(
+            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
+            "{e}"
+        );
+    }
+}
+
+/// TMA: one producer thread issues a box of A and one of B a stage, their bytes counted on
+/// the stage's mbarrier, zeros past the matrix's edges (67 rows, 130 columns, 520 of k: every
+/// edge ragged); each way of getting the boxes or their hand-over wrong shows.
+#[test]
+fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let source = include_str!("../hip/gemm.hip");
+    for stages in [3, 4] {
+        let run =
+            |body: &str| wgmma_config_error(body, wgmma_config_tma(64, 128, true, stages, true));
+        let ok = run(source).unwrap();
+        assert!(ok <= tol, "{stages} stages: error {ok:e}");
+        for (mistake, from, to) in [
+            (
+                "multiplying before the boxes land",
+                "kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);",
+                "",
+            ),
+            (
+                "a box over a stage still multiplied",
+                "kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);\n                kt_mbar_expect_tx",
+                "kt_mbar_expect_tx",
+            ),
+            (
+                "a box's coordinates swapped",
+                "&a_map, kb + tile * KT_BK, row0,",
+                "&a_map, row0, kb + tile * KT_BK,",
+            ),
+            ("B's box from A's map", "&b_map, kb", "&a_map, kb"),
+        ] {
+            caught(
+                &format!("{stages} stages: {mistake}"),
+                run(&gemm_with(from, to)),
+                tol,
+            );
+        }
+    }
+    // Errors the emulator names: bytes the phase never gets, or more than it expects.
+    let run = |body: &str| wgmma_config_error(body, wgmma_config_tma(64, 128, true, 3, true));
+    for (from, to, says) in [
+        (
+            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);",
+            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK + 2);",
+            "which nothing completes",
+        ),
+        (
+            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);",
+            "kt_mbar_expect_tx(&full[st], 2 * KT_BM * KT_BK);",
+            "whose bytes its mbarrier's phase does not expect",
         ),
     ] {
         let e = run(&gemm_with(from, to)).unwrap_err();

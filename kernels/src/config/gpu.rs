@@ -86,6 +86,12 @@ pub struct GpuGemmConfig {
     /// the tensor-memory copy engine). Absent (false) in results stored before it existed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub specialized: bool,
+    /// The warp-specialized wgmma variant's producer copies by the tensor-memory copy
+    /// engine (TMA, `cp.async.bulk.tensor`): one thread issues a box of A and one of B a
+    /// stage, which land swizzled and count their bytes on the stage's mbarrier; elements
+    /// past the matrix arrive as zeros. Absent (false) in results stored before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tma: bool,
 }
 
 impl GpuGemmConfig {
@@ -220,6 +226,9 @@ impl fmt::Display for GpuGemmConfig {
         }
         if self.specialized {
             f.write_str(" specialized")?;
+        }
+        if self.tma {
+            f.write_str(" tma")?;
         }
         Ok(())
     }

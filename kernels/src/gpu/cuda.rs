@@ -15,7 +15,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use serde::Serialize;
 
-use super::launch::{flash_split_workspace, launches, split_k_workspace, Arg, DevicePtrs, Launch};
+use super::launch::{
+    flash_split_workspace, launches, split_k_workspace, Arg, DevicePtrs, Launch, TensorMap,
+};
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
@@ -184,6 +186,81 @@ pub struct LoadedKernel {
     functions: Vec<CudaFunction>,
 }
 
+/// A tensor map as the driver encodes it, passed to a kernel by value.
+#[repr(transparent)]
+struct EncodedMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value with the alignment the kernel's parameter has (kt_tmap).
+unsafe impl cudarc::driver::DeviceRepr for EncodedMap {}
+
+/// The driver's encoding of `t` (gpu/launch.rs describes it): a 2D tiled map of 16-bit
+/// elements, innermost dimension the columns, 128-byte swizzling, zeros past the edges.
+fn encode(t: &TensorMap) -> Result<EncodedMap, KernelError> {
+    use sys::{
+        CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Fill,
+        CUtensorMapInterleave as Interleave, CUtensorMapL2promotion as L2,
+        CUtensorMapSwizzle as Swizzle,
+    };
+    let dims = [t.cols, t.rows];
+    let strides = [2 * t.cols];
+    let boxes = [t.box_cols, t.box_rows];
+    let steps = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array holds the rank's entries (strides one fewer); the driver writes
+    // the map only.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            if t.bf16 {
+                Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+            } else {
+                Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+            },
+            2,
+            t.addr as usize as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+    }
+    .map_err(|e| driver("encoding a TMA tensor map", e))?;
+    // SAFETY: the call succeeded, so the driver wrote the map.
+    Ok(EncodedMap(unsafe { map.assume_init() }))
+}
+
+/// The driver's encodings of `args`' tensor maps, in order.
+fn encode_maps(args: &[Arg]) -> Result<Vec<EncodedMap>, KernelError> {
+    args.iter()
+        .filter_map(|a| match a {
+            Arg::TensorMap(t) => Some(encode(t)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each launch argument's address for cuLaunchKernel: tensor maps' in `maps` (from
+/// [`encode_maps`], outliving the launch), the rest where `args` holds them.
+fn params(args: &mut [Arg], maps: &mut [EncodedMap]) -> Vec<*mut std::ffi::c_void> {
+    let mut next = maps.iter_mut();
+    args.iter_mut()
+        .map(|a| match a {
+            Arg::TensorMap(_) => {
+                let m = next
+                    .next()
+                    .expect("a map was encoded for each tensor-map argument");
+                (&mut m.0 as *mut sys::CUtensorMap).cast()
+            }
+            a => a.as_param(),
+        })
+        .collect()
+}
+
 impl LoadedKernel {
     /// Queues `launches` in order on `stream`.
     fn launch(&self, stream: &CudaStream, launches: &[Launch]) -> Result<(), KernelError> {
@@ -191,12 +268,18 @@ impl LoadedKernel {
             let f = self.functions.get(l.entry).ok_or_else(|| {
                 unavailable(format!("the build has no kernel number {}", l.entry))
             })?;
+            let maps = encode_maps(&l.args)?;
+            let mut maps = maps.iter();
             let mut b = stream.launch_builder(f);
             for a in &l.args {
                 match a {
                     Arg::Ptr(p) => b.arg(p),
                     Arg::Int(i) => b.arg(i),
                     Arg::Float(x) => b.arg(x),
+                    Arg::TensorMap(_) => b.arg(
+                        maps.next()
+                            .expect("a map was encoded for each tensor-map argument"),
+                    ),
                 };
             }
             let cfg = LaunchConfig {
@@ -666,10 +749,11 @@ impl super::device::LoadedBuild for RawKernel {
                 unavailable(format!("the build has no kernel number {}", l.entry))
             })?;
             let mut args = l.args.clone();
-            let mut params: Vec<*mut std::ffi::c_void> =
-                args.iter_mut().map(Arg::as_param).collect();
-            // SAFETY: `params` points at `args`, which follow the kernel's signature and
-            // outlive the call; the caller vouches for the stream and the addresses.
+            let mut maps = encode_maps(&args)?;
+            let mut params = params(&mut args, &mut maps);
+            // SAFETY: `params` points at `args` and `maps`, which follow the kernel's
+            // signature and outlive the call; the caller vouches for the stream and the
+            // addresses.
             unsafe {
                 cudarc::driver::result::launch_kernel(
                     f,

@@ -10,7 +10,7 @@ use crate::problem::{FlashProblem, GemmProblem};
 use crate::space::{
     flash_split_floats, GPU_MAX_FLASH_SPLIT, GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES,
 };
-use crate::{Config, KernelError, Problem};
+use crate::{Config, DType, KernelError, Problem};
 
 /// One kernel argument, by value.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,16 +19,70 @@ pub enum Arg {
     Ptr(u64),
     Int(i32),
     Float(f32),
+    /// A tensor map for the tensor-memory copy engine (NVIDIA sm_90), passed by value.
+    TensorMap(TensorMap),
+}
+
+/// What a TMA tensor map describes: a row-major matrix of `rows` × `cols` 16-bit elements
+/// at `addr`, copied in boxes of `box_rows` × `box_cols` into shared memory with 128-byte
+/// swizzling (rows of 64 elements, as the swizzled wgmma tiles), zeros for elements outside
+/// the matrix. The CUDA backend has the driver encode it (`cuTensorMapEncodeTiled`); the
+/// host emulator reads the same description from [`TensorMap::words`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TensorMap {
+    pub addr: u64,
+    pub rows: u64,
+    pub cols: u64,
+    pub box_rows: u32,
+    pub box_cols: u32,
+    pub bf16: bool,
+    /// The description as the emulator's `kt_tmap` holds it: address, cols, rows, row
+    /// stride in bytes, box cols, box rows, swizzle bytes, element bytes.
+    pub words: [u64; 16],
+}
+
+impl TensorMap {
+    pub fn new(
+        addr: u64,
+        rows: usize,
+        cols: usize,
+        (box_rows, box_cols): (u32, u32),
+        bf16: bool,
+    ) -> Self {
+        let (rows, cols) = (rows as u64, cols as u64);
+        let mut words = [0; 16];
+        words[..8].copy_from_slice(&[
+            addr,
+            cols,
+            rows,
+            2 * cols,
+            box_cols.into(),
+            box_rows.into(),
+            128,
+            2,
+        ]);
+        TensorMap {
+            addr,
+            rows,
+            cols,
+            box_rows,
+            box_cols,
+            bf16,
+            words,
+        }
+    }
 }
 
 impl Arg {
     /// The address of the value, as `hipModuleLaunchKernel` / `cuLaunchKernel` take each
-    /// argument.
+    /// argument. A tensor map's is its emulator description: a device backend encodes it
+    /// first (CUDA) or refuses it (HIP).
     pub fn as_param(&mut self) -> *mut c_void {
         match self {
             Arg::Ptr(p) => (p as *mut u64).cast(),
             Arg::Int(i) => (i as *mut i32).cast(),
             Arg::Float(x) => (x as *mut f32).cast(),
+            Arg::TensorMap(t) => t.words.as_mut_ptr().cast(),
         }
     }
 }
@@ -189,7 +243,27 @@ pub fn launches(
             let sizes = [int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?];
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?;
-            if c.split_k <= 1 {
+            if c.tma {
+                // A as [M, K] in boxes of bm rows, B as [N, K] in boxes of bn, 64 of k each.
+                let bf16 = p.dtype == DType::Bf16;
+                let box_k = c.bk as u32;
+                let maps = [
+                    TensorMap::new(ptrs.inputs[0], p.m, p.k, (c.bm as u32, box_k), bf16),
+                    TensorMap::new(ptrs.inputs[1], p.n, p.k, (c.bn as u32, box_k), bf16),
+                ];
+                vec![Launch {
+                    entry: 0,
+                    grid: tiles,
+                    block,
+                    shared_bytes,
+                    args: [
+                        vec![i0, i1, out],
+                        sizes.to_vec(),
+                        maps.map(Arg::TensorMap).to_vec(),
+                    ]
+                    .concat(),
+                }]
+            } else if c.split_k <= 1 {
                 vec![Launch {
                     entry: 0,
                     grid: tiles,

@@ -306,6 +306,11 @@ impl HipKernel {
             let f = *self.functions.get(l.entry).ok_or_else(|| {
                 unavailable(format!("the build has no kernel number {}", l.entry))
             })?;
+            if l.args.iter().any(|a| matches!(a, Arg::TensorMap(_))) {
+                return Err(unavailable(
+                    "TMA tensor maps are NVIDIA's (sm_90); no HIP kernel takes one".to_string(),
+                ));
+            }
             let mut args = l.args.clone();
             let mut params: Vec<Ptr> = args.iter_mut().map(Arg::as_param).collect();
             // SAFETY: `params` points at `args`, which follow the kernel's signature

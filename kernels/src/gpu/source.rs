@@ -86,6 +86,7 @@ impl KernelBuild {
                 // Only when set, so the builds of unswizzled configs keep their cache keys.
                 .chain((c.swizzle > 0).then_some(("KT_SWIZZLE", c.swizzle)))
                 .chain(c.specialized.then_some(("KT_SPECIALIZED", 1)))
+                .chain(c.tma.then_some(("KT_TMA", 1)))
                 .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]

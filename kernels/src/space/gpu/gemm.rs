@@ -158,6 +158,17 @@ pub(super) fn validate(
             "specialized: only the wgmma variant has a producer warpgroup; take specialized = false",
         ));
     }
+    // TMA boxes: 64 of k (one 128-byte swizzled row), the whole k range (no split), and a
+    // producer to issue them.
+    if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == 64 && c.split_k == 1) {
+        return Err(invalid(
+            f,
+            format!(
+                "tma: the copy engine feeds the specialized wgmma variant with swizzle = 128, bk = 64 and split_k = 1 (not specialized = {}, swizzle = {}, bk = {}, split_k = {})",
+                c.specialized, c.swizzle, c.bk, c.split_k
+            ),
+        ));
+    }
     if c.swizzle != 0 && c.variant != GpuGemmVariant::Wgmma {
         return Err(invalid(
             f,
@@ -339,19 +350,23 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                     }
                 }
                 // Warp-specialized first, swizzled, the largest tiles: a producer warpgroup
-                // copies while the others multiply.
-                for (bm, bn, tm, tn) in [
-                    (128, 256, 1, 256),
-                    (128, 128, 1, 128),
-                    (256, 128, 1, 128),
-                    (128, 256, 2, 128),
-                ] {
-                    for stages in [4, 3] {
-                        push(GpuGemmConfig {
-                            swizzle: 128,
-                            specialized: true,
-                            ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, 1)
-                        });
+                // copies while the others multiply, by the copy engine (TMA) and then by
+                // cp.async.
+                for tma in [true, false] {
+                    for (bm, bn, tm, tn) in [
+                        (128, 256, 1, 256),
+                        (128, 128, 1, 128),
+                        (256, 128, 1, 128),
+                        (128, 256, 2, 128),
+                    ] {
+                        for stages in [4, 3] {
+                            push(GpuGemmConfig {
+                                swizzle: 128,
+                                specialized: true,
+                                tma,
+                                ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, 1)
+                            });
+                        }
                     }
                 }
                 // Swizzled rows next: with core matrices each 32-byte sector is fetched
@@ -486,6 +501,7 @@ fn tile(
         split_k,
         swizzle: 0,
         specialized: false,
+        tma: false,
     }
 }
 
@@ -707,6 +723,32 @@ mod tests {
             specialized.to_string(),
             "gpu wgmma 128x128x64 tile 1x128 stages=3 swizzle=128 specialized"
         );
+        // The copy engine feeds the specialized form, 64 of k a box, 128-byte swizzled.
+        let tma = GpuGemmConfig {
+            tma: true,
+            ..specialized
+        };
+        validate(&tma, &p, g).unwrap();
+        assert!(tma.to_string().ends_with("specialized tma"), "{tma}");
+        for c in [
+            GpuGemmConfig {
+                tma: true,
+                ..wgmma(64, 128)
+            },
+            GpuGemmConfig {
+                tma: true,
+                swizzle: 64,
+                ..specialized
+            },
+            GpuGemmConfig {
+                tma: true,
+                split_k: 2,
+                ..specialized
+            },
+        ] {
+            let e = validate(&c, &p, g).unwrap_err().to_string();
+            assert!(e.contains("tma: the copy engine feeds"), "{c}: {e}");
+        }
         assert_eq!(
             serde_json::from_str::<GpuGemmConfig>(&serde_json::to_string(&c).unwrap()).unwrap(),
             c
