@@ -8,7 +8,9 @@
 // all its lanes arrive, so they are computed from what every lane passed, in the layout the
 // vendor documents, and not from what the kernel meant to pass. A block whose threads reach different barriers, or whose
 // threads leave while others wait, is an error naming both, where a GPU would hang or compute
-// garbage.
+// garbage. Hopper's mbarriers park only the waiting thread, until the phase it waits for
+// completes (its arrivals, and the bytes of its TMA copies, which land then); a wait that
+// nothing can complete is an error naming it.
 //
 // Shared memory (`KT_SHARED`) is `static thread_local`: one copy per OS thread, shared by the
 // fibers of the block it runs. Waves run one at a time between barriers, in alternating order

@@ -4,9 +4,10 @@
 // q_len < kv_len aligns the queries to the end of the keys, as in chunked prefill.
 //
 // Grid (ceil(q_len / BR), q_heads, batch), one block per KT_BR query rows of one head (half
-// as wide, two tiles a block, when paired); key and value tiles of KT_BC rows are staged in
-// LDS and shared by the block's rows; the softmax is online, in base 2. Causal blocks stop at
-// the last tile any of their rows may see.
+// as wide, two tiles a block, when paired; batch · KT_SPLIT deep when the keys are split);
+// key and value tiles of KT_BC rows are staged in LDS and shared by the block's rows; the
+// softmax is online, in base 2. Causal blocks stop at the last tile any of their rows may
+// see.
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
 //   lanes, lane j owning dims j, j + LANES, ... of q and of the output row (so the lanes' LDS
@@ -15,7 +16,9 @@
 // KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query rows;
 //   with KT_PAIRED (causal), each block takes two query tiles in turn, x and its mirror, on a
 //   grid half as wide: a causal tile's work grows with x, and on an H200 unpaired blocks left
-//   the multiprocessors idle for nearly half the kernel, waiting for the last tiles.
+//   the multiprocessors idle for nearly half the kernel, waiting for the last tiles. With
+//   KT_SPLIT > 1, each query tile's keys are split over that many blocks instead, each writing
+//   its rows' unnormalized partial results for kt_flash_reduce to combine.
 //   S = Q·Kᵀ by mma.sync.m16n8k16 with Q's fragments in registers and K 16-bit in shared
 //   memory; the scores' accumulators are the A fragments of P·V once rounded to 16 bits (the
 //   m16n8 accumulator layout is the m16k16 operand layout, two tiles at a time). K and V tiles

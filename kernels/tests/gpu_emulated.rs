@@ -92,6 +92,16 @@ fn caught(what: &str, run: Result<f64, KernelError>, tol: f64) {
     }
 }
 
+/// Asserts that an edited source's run stopped with the emulator's error naming `says`.
+fn faults(run: Result<f64, KernelError>, says: &str) {
+    match run {
+        Err(e @ KernelError::EmulatorFault { .. }) => {
+            assert!(e.to_string().contains(says), "expected `{says}` in: {e}")
+        }
+        other => panic!("expected the emulator to name `{says}`, got {other:?}"),
+    }
+}
+
 fn variants(model: &str, spec: &str) -> Vec<String> {
     let (device, _) = emulator(model);
     let problem: Problem = spec.parse().unwrap();
@@ -669,11 +679,7 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
             "a wgmma descriptor with a base offset",
         ),
     ] {
-        let e = run(&gemm_with(from, to)).unwrap_err();
-        assert!(
-            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
-            "{e}"
-        );
+        faults(run(&gemm_with(from, to)), says);
     }
 }
 
@@ -804,11 +810,7 @@ fn the_skinny_gemm_checks_catch_each_mistake() {
             ),
             ("row0 + i < m && col0 + j < n", "col0 + j < n", "outside"),
         ] {
-            let e = skinny_gemm_error(model, &gemm_with(from, to)).unwrap_err();
-            assert!(
-                matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
-                "{model}: {e}"
-            );
+            faults(skinny_gemm_error(model, &gemm_with(from, to)), says);
         }
     }
 }
@@ -827,10 +829,9 @@ fn misaligned_cp_async_and_ldmatrix_addresses_are_errors() {
             "ldmatrix row address not 16-byte aligned",
         ),
     ] {
-        let e = pipelined_gemm_error(GEMM_BF16_NK_DECODE, &gemm_with(from, to)).unwrap_err();
-        assert!(
-            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
-            "{e}"
+        faults(
+            pipelined_gemm_error(GEMM_BF16_NK_DECODE, &gemm_with(from, to)),
+            says,
         );
     }
 }
@@ -1060,11 +1061,7 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
             "an mbarrier used before mbarrier.init",
         ),
     ] {
-        let e = run(&gemm_with(from, to)).unwrap_err();
-        assert!(
-            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
-            "{e}"
-        );
+        faults(run(&gemm_with(from, to)), says);
     }
 }
 
@@ -1119,10 +1116,6 @@ fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
             "whose bytes its mbarrier's phase does not expect",
         ),
     ] {
-        let e = run(&gemm_with(from, to)).unwrap_err();
-        assert!(
-            matches!(e, KernelError::EmulatorFault { .. }) && e.to_string().contains(says),
-            "{e}"
-        );
+        faults(run(&gemm_with(from, to)), says);
     }
 }

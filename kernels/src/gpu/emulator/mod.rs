@@ -1,7 +1,8 @@
 //! The GPU kernels on the CPU. The sources of `kernels/hip/` compile as C++ with the host
 //! target of their prelude and the SIMT runtime in `kernels/emulator/simt.h` (every GPU thread
-//! a fiber, barriers and warp-wide operations exchanged through the block, NVIDIA's mma.sync
-//! and AMD's MFMA computed in their documented fragment layouts). A build runs through the
+//! a fiber, barriers and warp-wide operations exchanged through the block, NVIDIA's mma.sync,
+//! wgmma (swizzled or not), mbarriers and TMA boxes and AMD's MFMA computed in their
+//! documented layouts). A build runs through the
 //! same [`launches`](super::launch::launches) as on a device, so a GPU config is verified
 //! against the reference, awkward sizes included, on any machine with a C++ compiler.
 //!
