@@ -155,9 +155,10 @@ pub fn split_k_workspace(problem: &GemmProblem) -> usize {
 /// Floats of split-KV partial results (outputs, maxima, sums) that any valid config of
 /// `problem` needs at most: the largest split whose workspace is within the limit.
 pub fn flash_split_workspace(problem: &FlashProblem) -> [usize; 3] {
-    (1..=GPU_MAX_FLASH_SPLIT)
+    // Splits are powers of two (validation).
+    (0..=GPU_MAX_FLASH_SPLIT.trailing_zeros())
         .rev()
-        .map(|s| flash_split_floats(problem, s))
+        .map(|e| flash_split_floats(problem, 1 << e))
         .find(|f| 4 * f.iter().sum::<usize>() <= GPU_SPLIT_K_WORKSPACE_BYTES)
         .unwrap_or([0; 3])
 }
@@ -453,6 +454,66 @@ mod tests {
         );
         let cpu = crate::CpuSpace.default_config(&p, &Device::host());
         assert!(launches(&p, &cpu, &ptrs).is_err());
+    }
+
+    /// Split-KV flash: its blocks batch · split deep, writing the partial buffers, then the
+    /// combining kernel over every output element; the workspace at its largest valid split.
+    /// TMA GEMM: the two tensor maps after the sizes, describing A [m, k] and B [n, k].
+    #[test]
+    fn split_flash_and_tma_gemm_launches_carry_their_extra_arguments() {
+        let h200 = Device::lookup("h200").unwrap();
+        let ptrs = DevicePtrs {
+            inputs: [0x1000, 0x2000, 0x3000],
+            out: 4,
+            partials: [8, 9, 10],
+            ..DevicePtrs::default()
+        };
+        let p: Problem = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16"
+            .parse()
+            .unwrap();
+        let split = GpuSpace
+            .candidates(&p, &h200)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuFlash(f) if f.split == 4 && f.br == 128))
+            .unwrap();
+        let l = launches(&p, &split, &ptrs).unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].grid, [16, 8, 4]);
+        assert_eq!(&l[0].args[3..6], &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]);
+        assert_eq!(
+            &l[1].args[..4],
+            &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10), Arg::Ptr(4)]
+        );
+        assert_eq!(l[1].grid[0] as usize * 256, 2048 * 8 * 128);
+        assert_eq!(
+            partial_floats(&p, &split),
+            [4 * 2048 * 8 * 128, 4 * 2048 * 8, 4 * 2048 * 8]
+        );
+        let Problem::Flash(f) = p else { unreachable!() };
+        // Eight runs would need 68 MB: the workspace holds four.
+        assert_eq!(flash_split_workspace(&f), flash_split_floats(&f, 4));
+
+        let p: Problem = "gemm:m=2048,n=7168,k=8192,dtype=bf16".parse().unwrap();
+        let tma = GpuSpace
+            .candidates(&p, &h200)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuGemm(g) if g.tma))
+            .unwrap();
+        let Config::GpuGemm(g) = tma else {
+            unreachable!()
+        };
+        let l = launches(&p, &tma, &ptrs).unwrap();
+        let [.., Arg::TensorMap(a), Arg::TensorMap(b)] = l[0].args[..] else {
+            panic!("{:?}", l[0].args)
+        };
+        assert_eq!((a.addr, a.rows, a.cols), (0x1000, 2048, 8192));
+        assert_eq!((b.addr, b.rows, b.cols), (0x2000, 7168, 8192));
+        assert_eq!((a.box_rows, a.box_cols), (g.bm as u32, 64));
+        assert_eq!((b.box_rows, b.box_cols), (g.bn as u32, 64));
+        assert_eq!(
+            &a.words[..8],
+            &[0x1000, 8192, 2048, 16384, 64, g.bm as u64, 128, 2]
+        );
     }
 
     #[test]
