@@ -321,6 +321,17 @@ mod tests {
     use crate::problem::FlashProblem;
     use crate::{Device, Problem};
 
+    /// A GPU of the catalog and a flash problem, by name and spec.
+    fn on(model: &str, spec: &str) -> (&'static GpuModel, FlashProblem) {
+        let Ok(Device::Gpu(g)) = Device::lookup(model) else {
+            unreachable!("{model} is a GPU of the catalog")
+        };
+        let Ok(Problem::Flash(p)) = spec.parse() else {
+            unreachable!("a valid flash problem: {spec}")
+        };
+        (g, p)
+    }
+
     fn problem(head_dim: usize) -> FlashProblem {
         match format!("flash:q_len=64,q_heads=2,head_dim={head_dim}").parse() {
             Ok(Problem::Flash(p)) => p,
@@ -371,12 +382,7 @@ mod tests {
     #[test]
     fn split_tiles_come_first_for_few_long_rows() {
         let first = |model: &str, spec: &str| {
-            let Ok(Device::Gpu(g)) = Device::lookup(model) else {
-                unreachable!("{model} is a GPU of the catalog")
-            };
-            let Ok(Problem::Flash(p)) = spec.parse() else {
-                unreachable!("a valid flash problem: {spec}")
-            };
+            let (g, p) = on(model, spec);
             let valid: Vec<GpuFlashConfig> = candidates(&p, g)
                 .into_iter()
                 .filter(|c| validate(c, &p, g).is_ok())
@@ -397,12 +403,7 @@ mod tests {
     #[test]
     fn the_nvidia_guess_follows_the_tiles_measured_best_by_length() {
         let guess = |model: &str, spec: &str| {
-            let Ok(Device::Gpu(g)) = Device::lookup(model) else {
-                unreachable!("{model} is a GPU of the catalog")
-            };
-            let Ok(Problem::Flash(p)) = spec.parse() else {
-                unreachable!("a valid flash problem: {spec}")
-            };
+            let (g, p) = on(model, spec);
             let c = heuristic(&p, Some(g));
             validate(&c, &p, g).unwrap_or_else(|e| panic!("{model} {spec}: {c}: {e}"));
             assert!(

@@ -315,6 +315,18 @@ fn validate_skinny(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError
     Ok(())
 }
 
+/// The wgmma variant's prefill tiles `(bm, bn, tm, tn)`, largest first: one or two
+/// warpgroups of 64×256 or 64×128 (128×256 also as two warpgroups of two 64×128 tiles), then
+/// one warpgroup; the warp-specialized form takes the first four.
+const WGMMA_TILES: [(usize, usize, usize, usize); 6] = [
+    (128, 256, 1, 256),
+    (128, 128, 1, 128),
+    (256, 128, 1, 128),
+    (128, 256, 2, 128),
+    (64, 256, 1, 256),
+    (64, 128, 1, 128),
+];
+
 /// The GEMM candidates, the likeliest winners first (a budgeted search takes the first):
 /// matrix-core variants before the skinny and tiled ones on models that have them, and
 /// for decode shapes the one-warp-high split-K tiles first, after the skinny ones where A
@@ -353,12 +365,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                 // copies while the others multiply, by the copy engine (TMA) and then by
                 // cp.async.
                 for tma in [true, false] {
-                    for (bm, bn, tm, tn) in [
-                        (128, 256, 1, 256),
-                        (128, 128, 1, 128),
-                        (256, 128, 1, 128),
-                        (128, 256, 2, 128),
-                    ] {
+                    for &(bm, bn, tm, tn) in &WGMMA_TILES[..4] {
                         for stages in [4, 3] {
                             push(GpuGemmConfig {
                                 swizzle: 128,
@@ -374,14 +381,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                 // which Nsight Compute showed on the H200 (half the L2 sectors excess);
                 // swizzled rows are copied a whole 128-byte line per quarter-warp.
                 for swizzle in [128, 0] {
-                    for (bm, bn, tm, tn) in [
-                        (128, 256, 1, 256),
-                        (128, 128, 1, 128),
-                        (256, 128, 1, 128),
-                        (128, 256, 2, 128),
-                        (64, 256, 1, 256),
-                        (64, 128, 1, 128),
-                    ] {
+                    for &(bm, bn, tm, tn) in &WGMMA_TILES {
                         for (bk, stages) in [(64, 3), (64, 4), (32, 4)] {
                             let swizzle = swizzle.min(2 * bk);
                             push(GpuGemmConfig {
