@@ -436,8 +436,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #ifndef KT_TMA
 #define KT_TMA 0
 #endif
-#if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BK == 64 && KT_SPLIT == 1)
-#error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64, KT_SPLIT 1"
+#if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BK == 64)
+#error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64"
 #endif
 #define KT_WG_N (KT_BN / KT_TN)
 // The warpgroups that multiply; specialized, a producer warpgroup (threads 0 .. 127) before
@@ -477,6 +477,22 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if !defined(KT_DYN_LDS) || KT_TILE_BYTES + KT_ALIGN + 16 * KT_STAGES * KT_SPECIALIZED != KT_DYN_LDS
 #error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
 #endif
+
+// Blocks start in launch order (x fastest), so a wave of them is a run of consecutive ids. In
+// the launch's own order (x: n tiles) a wave of 132 takes 4 or 5 rows of m tiles across all
+// of N, and reads every weight of B from memory once per wave; here consecutive ids walk the
+// m tiles of a band of KT_RASTER first, then the next n tile: a wave reads the band's rows of
+// A and a few n tiles of B, and the next waves find A still in L2. 16 tiles of 128 rows
+// against the n tiles they pair with balances the two for 128×256 tiles on 132 SMs.
+#define KT_RASTER 16
+KT_DEVICE void kt_tile_origin(int m, int n, int* row0, int* col0) {
+    const int tiles_m = (m + KT_BM - 1) / KT_BM, tiles_n = (n + KT_BN - 1) / KT_BN;
+    const int id = KT_BID_Y * tiles_n + KT_BID_X;
+    const int band = id / (KT_RASTER * tiles_n), first = band * KT_RASTER;
+    const int rows = min(KT_RASTER, tiles_m - first), in = id - first * tiles_n;
+    *row0 = (first + in % rows) * KT_BM;
+    *col0 = (in / rows) * KT_BN;
+}
 
 #if KT_SWIZZLE
 // The byte offset where the hardware's swizzle puts byte offset `at` of a tile.
@@ -579,8 +595,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
     unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BK;
     const int tid = KT_TID;
-    const int row0 = KT_BID_Y * KT_BM;
-    const int col0 = KT_BID_X * KT_BN;
+    int row0, col0;
+    kt_tile_origin(m, n, &row0, &col0);
     int kb, ke;
     kt_split_range(k, &kb, &ke);
     c += (long)KT_BID_Z * m * n;
@@ -607,6 +623,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_TMA
     if (tid < 128) {
         // One thread issues every box; the copy engine does the rest, zeros past the edges.
+        // A split's k range is whole tiles (kt_split_range) but for the last split's end,
+        // which is k itself: no box reads into the next split's range.
         if (tid == 0) {
             for (int tile = 0; tile < tiles; ++tile) {
                 const int st = tile % KT_STAGES;

@@ -381,81 +381,69 @@ KT_DEVICE void kt_wgmma_fence_operand(float (&d)[N]) {
 #else
 #define KT_WGMMA_IN "bf16"
 #endif
-// One operand list per N the kernels use (64, 128, 256): inline PTX names every register.
-KT_DEVICE void kt_wgmma(float (&d)[32], unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %34, 0; "
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." KT_WGMMA_IN "." KT_WGMMA_IN " {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-          "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
-}
-KT_DEVICE void kt_wgmma(float (&d)[64], unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %66, 0; "
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." KT_WGMMA_IN "." KT_WGMMA_IN " {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
-}
-KT_DEVICE void kt_wgmma(float (&d)[128], unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %130, 0; "
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." KT_WGMMA_IN "." KT_WGMMA_IN " {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-        "}, %128, %129, p, 1, 1, 0, 0; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-          "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-          "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-          "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-          "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-          "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-          "+f"(d[126]), "+f"(d[127])
-        : "l"(a), "l"(b), "r"(1));
-}
+// Inline PTX names every accumulator register (N/2 of them), so each N (the multiples of 32
+// from 64 to 256) has its own operand list, spelled by these macros rather than by hand:
+// KT_WG_OP(x, y) is operand xy's "%xy, " and KT_WG_ACC(x, y) its constraint on d[xy]; the
+// group of 10 takes x0 .. x9 (x empty: 0 .. 9), those of 2 to 8 the first ones of theirs.
+#define KT_WG_OP(x, y) "%" #x #y ", "
+#define KT_WG_ACC(x, y) "+f"(d[x##y])
+#define KT_WG_OP10(x)                                                                           \
+    KT_WG_OP(x, 0) KT_WG_OP(x, 1) KT_WG_OP(x, 2) KT_WG_OP(x, 3) KT_WG_OP(x, 4) KT_WG_OP(x, 5) \
+        KT_WG_OP(x, 6) KT_WG_OP(x, 7) KT_WG_OP(x, 8) KT_WG_OP(x, 9)
+#define KT_WG_ACC10(x)                                                                     \
+    KT_WG_ACC(x, 0), KT_WG_ACC(x, 1), KT_WG_ACC(x, 2), KT_WG_ACC(x, 3), KT_WG_ACC(x, 4),     \
+        KT_WG_ACC(x, 5), KT_WG_ACC(x, 6), KT_WG_ACC(x, 7), KT_WG_ACC(x, 8), KT_WG_ACC(x, 9)
+#define KT_WG_OP2(x) KT_WG_OP(x, 0) KT_WG_OP(x, 1)
+#define KT_WG_ACC2(x) KT_WG_ACC(x, 0), KT_WG_ACC(x, 1)
+#define KT_WG_OP4(x) KT_WG_OP2(x) KT_WG_OP(x, 2) KT_WG_OP(x, 3)
+#define KT_WG_ACC4(x) KT_WG_ACC2(x), KT_WG_ACC(x, 2), KT_WG_ACC(x, 3)
+#define KT_WG_OP6(x) KT_WG_OP4(x) KT_WG_OP(x, 4) KT_WG_OP(x, 5)
+#define KT_WG_ACC6(x) KT_WG_ACC4(x), KT_WG_ACC(x, 4), KT_WG_ACC(x, 5)
+#define KT_WG_OP8(x) KT_WG_OP6(x) KT_WG_OP(x, 6) KT_WG_OP(x, 7)
+#define KT_WG_ACC8(x) KT_WG_ACC6(x), KT_WG_ACC(x, 6), KT_WG_ACC(x, 7)
+// D (N/2 accumulators: operands 0 .. N/2 - 1), then A's descriptor DA, B's DB, and the
+// predicate P; the accumulators' constraints last (their commas would split a macro argument).
+#define KT_WGMMA_N(N, DA, DB, P, OPS, ...)                                                     \
+    KT_DEVICE void kt_wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {   \
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #P ", 0; "                            \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." KT_WGMMA_IN             \
+                     "." KT_WGMMA_IN " {" OPS "}, %" #DA ", %" #DB ", p, 1, 1, 0, 0; }"        \
+                     : __VA_ARGS__                                                             \
+                     : "l"(a), "l"(b), "r"(1));                                                \
+    }
+// Each list spells its last two operands itself, the last without the comma.
+KT_WGMMA_N(64, 32, 33, 34, KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) "%30, %31",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC2(3))
+KT_WGMMA_N(96, 48, 49, 50, KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP6(4) "%46, %47",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC8(4))
+KT_WGMMA_N(128, 64, 65, 66,
+           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
+               KT_WG_OP2(6) "%62, %63",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
+           KT_WG_ACC10(5), KT_WG_ACC4(6))
+KT_WGMMA_N(160, 80, 81, 82,
+           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
+               KT_WG_OP10(6) KT_WG_OP8(7) "%78, %79",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
+           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7))
+KT_WGMMA_N(192, 96, 97, 98,
+           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
+               KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP4(9) "%94, %95",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
+           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8), KT_WG_ACC6(9))
+KT_WGMMA_N(224, 112, 113, 114,
+           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
+               KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP10(9) KT_WG_OP10(10) "%110, %111",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
+           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8), KT_WG_ACC10(9),
+           KT_WG_ACC10(10), KT_WG_ACC2(11))
+KT_WGMMA_N(256, 128, 129, 130,
+           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
+               KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP10(9) KT_WG_OP10(10)
+                   KT_WG_OP10(11) KT_WG_OP6(12) "%126, %127",
+           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
+           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8), KT_WG_ACC10(9),
+           KT_WG_ACC10(10), KT_WG_ACC10(11), KT_WG_ACC8(12))
 #endif
 
 // mbarriers (8 bytes of shared memory each), for warpgroups that hand tiles to each other

@@ -1119,3 +1119,92 @@ fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
         faults(run(&gemm_with(from, to)), says);
     }
 }
+
+/// The specialized form's tiles of every column count it takes (64-row warpgroups by 128 to
+/// 256 columns, two of them, plus four of 64×128 and two of 128×128), by TMA and by
+/// cp.async, and TMA with the k range split: on 200×470 (two m tiles, the last ragged; two
+/// to four n tiles) by 328 of k (six tiles: each stage used again), split ones by 1096 (a
+/// split with a partial last tile, one with a short range).
+#[test]
+fn every_specialized_tile_and_split_matches_the_reference() {
+    let (_, emu) = emulator("h200");
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let check = |spec: &str, config: GpuGemmConfig| {
+        let problem: Problem = spec.parse().unwrap();
+        let data = ProblemData::random(&problem, 9);
+        let out = emu
+            .run(&data, &Config::GpuGemm(config))
+            .unwrap_or_else(|e| panic!("{spec} {config}: {e}"));
+        let err = relative_error(&out, &data.reference());
+        assert!(err <= tol, "{spec} {config}: relative error {err:e}");
+    };
+    let specialized = |(bm, bn, tm, tn): (usize, usize, usize, usize), tma, split_k| {
+        let Config::GpuGemm(c) = wgmma_config_tma(64, 128, true, 4, tma) else {
+            unreachable!()
+        };
+        GpuGemmConfig {
+            bm,
+            bn,
+            tm,
+            tn,
+            split_k,
+            ..c
+        }
+    };
+    for tile in [
+        (128, 160, 1, 160),
+        (128, 192, 1, 192),
+        (128, 224, 1, 224),
+        (128, 256, 1, 256),
+        (256, 128, 1, 128),
+        (128, 256, 2, 128),
+    ] {
+        for tma in [true, false] {
+            check(
+                "gemm:m=200,n=470,k=328,dtype=bf16,b=nk",
+                specialized(tile, tma, 1),
+            );
+        }
+    }
+    for split in [2, 4] {
+        check(
+            "gemm:m=200,n=470,k=1096,dtype=bf16,b=nk",
+            specialized((128, 160, 1, 160), true, split),
+        );
+    }
+}
+
+/// The wgmma blocks' order: consecutive blocks walk a band's m tiles, then the next n tile.
+/// Bands of 1 and 3 m tiles over 5 (the last band partial) cover every tile once; a band
+/// that takes its full width where fewer rows are left does not.
+#[test]
+fn the_wgmma_block_order_covers_every_tile_once() {
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let (_, emu) = emulator("h200");
+    let problem: Problem = "gemm:m=300,n=200,k=72,dtype=bf16,b=nk".parse().unwrap();
+    let data = ProblemData::random(&problem, 3);
+    let config = wgmma_config(64, 128, false, 3);
+    let Config::GpuGemm(c) = config else {
+        unreachable!()
+    };
+    let config = Config::GpuGemm(GpuGemmConfig { bm: 64, tm: 1, ..c });
+    let run = |body: &str| -> Result<f64, KernelError> {
+        let out = emu.run_source(&data, &config, body)?;
+        Ok(relative_error(&out, &data.reference()))
+    };
+    for band in [1, 3] {
+        let ok = run(&gemm_with(
+            "#define KT_RASTER 16",
+            &format!("#define KT_RASTER {band}"),
+        ))
+        .unwrap();
+        assert!(ok <= tol, "bands of {band}: error {ok:e}");
+    }
+    caught(
+        "a partial band taken at full width",
+        run(&gemm_with("#define KT_RASTER 16", "#define KT_RASTER 3")
+            .replace("in % rows", "in % KT_RASTER")
+            .replace("in / rows", "in / KT_RASTER")),
+        tol,
+    );
+}

@@ -244,46 +244,38 @@ pub fn launches(
             let sizes = [int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?];
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?;
-            if c.tma {
-                // A as [M, K] in boxes of bm rows, B as [N, K] in boxes of bn, 64 of k each.
+            // With TMA, A as [M, K] in boxes of bm rows, B as [N, K] in boxes of bn, 64 of k
+            // each, after the sizes.
+            let maps = if c.tma {
                 let bf16 = p.dtype == DType::Bf16;
                 let box_k = c.bk as u32;
-                let maps = [
+                vec![
                     TensorMap::new(ptrs.inputs[0], p.m, p.k, (c.bm as u32, box_k), bf16),
                     TensorMap::new(ptrs.inputs[1], p.n, p.k, (c.bn as u32, box_k), bf16),
-                ];
-                vec![Launch {
-                    entry: 0,
-                    grid: tiles,
-                    block,
-                    shared_bytes,
-                    args: [
-                        vec![i0, i1, out],
-                        sizes.to_vec(),
-                        maps.map(Arg::TensorMap).to_vec(),
-                    ]
-                    .concat(),
-                }]
-            } else if c.split_k <= 1 {
-                vec![Launch {
-                    entry: 0,
-                    grid: tiles,
-                    block,
-                    shared_bytes,
-                    args: [vec![i0, i1, out], sizes.to_vec()].concat(),
-                }]
+                ]
+            } else {
+                Vec::new()
+            };
+            let product = |dst: Arg| Launch {
+                entry: 0,
+                grid: tiles,
+                block,
+                shared_bytes,
+                args: [
+                    vec![i0, i1, dst],
+                    sizes.to_vec(),
+                    maps.iter().copied().map(Arg::TensorMap).collect(),
+                ]
+                .concat(),
+            };
+            if c.split_k <= 1 {
+                vec![product(out)]
             } else {
                 // Partial products into the workspace, then their sum into C.
                 let ws = Arg::Ptr(ptrs.partials[0]);
                 let mn = p.m * p.n;
                 vec![
-                    Launch {
-                        entry: 0,
-                        grid: tiles,
-                        block,
-                        shared_bytes,
-                        args: [vec![i0, i1, ws], sizes.to_vec()].concat(),
-                    },
+                    product(ws),
                     Launch {
                         entry: 1,
                         grid: grid(mn.div_ceil(block as usize), 1, 1)?,

@@ -2,6 +2,8 @@
 //! decode shapes, the candidates in the order a budgeted search should meet them, and the
 //! untuned configs.
 
+use std::cmp::Reverse;
+
 use crate::config::{GpuGemmConfig, GpuGemmVariant};
 use crate::device::GpuModel;
 use crate::problem::GemmProblem;
@@ -76,11 +78,14 @@ pub(super) fn validate(
 ) -> Result<(), KernelError> {
     let f = Family::Gemm;
     let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
-    if !(pow2(c.bm) && pow2(c.bn) && pow2(c.bk) && pow2(c.tm) && pow2(c.tn)) {
+    // wgmma's N need not be a power of two: its columns follow their own rule
+    // (validate_wgmma), so that one of its tiles can divide the problem's N evenly.
+    let columns = |v: usize| pow2(v) || (c.variant == GpuGemmVariant::Wgmma && v <= 512);
+    if !(pow2(c.bm) && columns(c.bn) && pow2(c.bk) && pow2(c.tm) && columns(c.tn)) {
         return Err(invalid(
             f,
             format!(
-                "tile {}x{}x{} / {}x{}: every size must be a power of two up to 512",
+                "tile {}x{}x{} / {}x{}: every size must be a power of two up to 512 (wgmma: bn and tn as its tiles allow)",
                 c.bm, c.bn, c.bk, c.tm, c.tn
             ),
         ));
@@ -158,14 +163,14 @@ pub(super) fn validate(
             "specialized: only the wgmma variant has a producer warpgroup; take specialized = false",
         ));
     }
-    // TMA boxes: 64 of k (one 128-byte swizzled row), the whole k range (no split), and a
-    // producer to issue them.
-    if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == 64 && c.split_k == 1) {
+    // TMA boxes: 64 of k (one 128-byte swizzled row) and a producer to issue them. Split-K
+    // ranges are whole k tiles, so no box crosses into the next split's.
+    if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == 64) {
         return Err(invalid(
             f,
             format!(
-                "tma: the copy engine feeds the specialized wgmma variant with swizzle = 128, bk = 64 and split_k = 1 (not specialized = {}, swizzle = {}, bk = {}, split_k = {})",
-                c.specialized, c.swizzle, c.bk, c.split_k
+                "tma: the copy engine feeds the specialized wgmma variant with swizzle = 128 and bk = 64 (not specialized = {}, swizzle = {}, bk = {})",
+                c.specialized, c.swizzle, c.bk
             ),
         ));
     }
@@ -234,7 +239,8 @@ fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<()
         ));
     }
     if !(1..=2).contains(&c.tm)
-        || !matches!(c.tn, 64 | 128 | 256)
+        || !(64..=256).contains(&c.tn)
+        || !c.tn.is_multiple_of(32)
         || c.tm * c.tn / 2 > WGMMA_MAX_ACCUMULATORS
         || !c.bm.is_multiple_of(64 * c.tm)
         || !c.bn.is_multiple_of(c.tn)
@@ -243,7 +249,7 @@ fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<()
         return Err(invalid(
             f,
             format!(
-                "wgmma tiles: tm = {} (1 or 2) tiles of 64 rows by tn = {} (64, 128 or 256), at most {WGMMA_MAX_ACCUMULATORS} accumulators a thread, dividing {}x{}; bk = {} from 16 to 128",
+                "wgmma tiles: tm = {} (1 or 2) tiles of 64 rows by tn = {} (a multiple of 32 from 64 to 256), at most {WGMMA_MAX_ACCUMULATORS} accumulators a thread, dividing {}x{}; bk = {} from 16 to 128",
                 c.tm, c.tn, c.bm, c.bn, c.bk
             ),
         ));
@@ -317,7 +323,7 @@ fn validate_skinny(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError
 
 /// The wgmma variant's prefill tiles `(bm, bn, tm, tn)`, largest first: one or two
 /// warpgroups of 64×256 or 64×128 (128×256 also as two warpgroups of two 64×128 tiles), then
-/// one warpgroup; the warp-specialized form takes the first four.
+/// one warpgroup.
 const WGMMA_TILES: [(usize, usize, usize, usize); 6] = [
     (128, 256, 1, 256),
     (128, 128, 1, 128),
@@ -326,6 +332,68 @@ const WGMMA_TILES: [(usize, usize, usize, usize); 6] = [
     (64, 256, 1, 256),
     (64, 128, 1, 128),
 ];
+
+/// The warp-specialized wgmma form's tiles `(bm, bn, tm, tn)`: two warpgroups of 64 rows by
+/// each N the instruction takes from 256 down to 128 in steps of 32, so that one of them
+/// divides the problem's N into blocks that fill the last wave (N = 1280 in 8 of 160, 7168 in
+/// 32 of 224); then four warpgroups of 64×128 and two of 128×128.
+const SPECIALIZED_TILES: [(usize, usize, usize, usize); 7] = [
+    (128, 256, 1, 256),
+    (128, 224, 1, 224),
+    (128, 192, 1, 192),
+    (128, 160, 1, 160),
+    (128, 128, 1, 128),
+    (256, 128, 1, 128),
+    (128, 256, 2, 128),
+];
+
+/// How much of the device a `bm`×`bn` tiling with its k range split `split` ways keeps busy,
+/// one block an SM at a time (the
+/// specialized tiles' shared memory and 384 or more threads allow no second): the matrix's
+/// share of the tiles' area, times the blocks' share of the waves they take. 2048×7168 in
+/// 128×256 tiles: 448 blocks, 4 waves of 132 of which the last 52 full, 0.85; in 128×224
+/// tiles 512 blocks, 0.97.
+fn wave_fill(p: &GemmProblem, g: &GpuModel, (bm, bn): (usize, usize), split: usize) -> f64 {
+    let sms = (g.compute_units as usize).max(1);
+    let tiles = p.m.div_ceil(bm) * p.n.div_ceil(bn);
+    let covered = (p.m * p.n) as f64 / (tiles * bm * bn) as f64;
+    let blocks = tiles * split;
+    covered * blocks as f64 / (blocks.div_ceil(sms) * sms) as f64
+}
+
+/// The specialized tiles for `p` with their splits of k, best first: by wave fill in steps
+/// of 5%, then the larger tile (fewer bytes copied per product), then the fewer splits.
+/// Unsplit, the first five; where even the best of those fills under half the SMs, first the
+/// two tiles whose best split (2, 4 or 8, each at least 512 of k) fills more.
+fn specialized_tiles(p: &GemmProblem, g: &GpuModel) -> Vec<((usize, usize, usize, usize), usize)> {
+    let ranked = |mut tiles: Vec<((usize, usize, usize, usize), usize)>| {
+        // A stable sort: equal tiles keep the order of SPECIALIZED_TILES.
+        tiles.sort_by_key(|&((bm, bn, ..), split)| {
+            let step = (wave_fill(p, g, (bm, bn), split) * 20.0).floor() as usize;
+            (Reverse(step), Reverse(bm * bn), split)
+        });
+        tiles
+    };
+    let mut whole = ranked(SPECIALIZED_TILES.iter().map(|&t| (t, 1)).collect());
+    whole.truncate(5);
+    let best = wave_fill(p, g, (whole[0].0 .0, whole[0].0 .1), 1);
+    let mut out = Vec::new();
+    if best < 0.5 {
+        let splits = SPECIALIZED_TILES
+            .iter()
+            .flat_map(|&t| [2, 4, 8].map(|split| (t, split)))
+            .filter(|&((bm, bn, ..), split)| {
+                p.k / split >= 512 && wave_fill(p, g, (bm, bn), split) > best
+            })
+            .collect();
+        // Each tile at its best split only: two tiles to choose from.
+        let mut ranked = ranked(splits);
+        ranked.dedup_by_key(|(t, _)| *t);
+        out.extend(ranked.into_iter().take(2));
+    }
+    out.extend(whole);
+    out
+}
 
 /// The GEMM candidates, the likeliest winners first (a budgeted search takes the first):
 /// matrix-core variants before the skinny and tiled ones on models that have them, and
@@ -361,18 +429,21 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                         push(tile(wgmma, (64, bn, 64), (1, bn), 3, split));
                     }
                 }
-                // Warp-specialized first, swizzled, the largest tiles: a producer warpgroup
-                // copies while the others multiply, by the copy engine (TMA) and then by
-                // cp.async.
+                // Warp-specialized first, swizzled, the tiles that fill the waves best: a
+                // producer warpgroup copies while the others multiply, by the copy engine
+                // (TMA) and then by cp.async; the split ones by TMA at 4 stages only.
+                let specialized = specialized_tiles(p, g);
                 for tma in [true, false] {
-                    for &(bm, bn, tm, tn) in &WGMMA_TILES[..4] {
+                    for &((bm, bn, tm, tn), split) in &specialized {
                         for stages in [4, 3] {
-                            push(GpuGemmConfig {
-                                swizzle: 128,
-                                specialized: true,
-                                tma,
-                                ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, 1)
-                            });
+                            if split == 1 || (tma && stages == 4) {
+                                push(GpuGemmConfig {
+                                    swizzle: 128,
+                                    specialized: true,
+                                    tma,
+                                    ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, split)
+                                });
+                            }
                         }
                     }
                 }
@@ -740,18 +811,58 @@ mod tests {
                 swizzle: 64,
                 ..specialized
             },
-            GpuGemmConfig {
-                tma: true,
-                split_k: 2,
-                ..specialized
-            },
         ] {
             let e = validate(&c, &p, g).unwrap_err().to_string();
             assert!(e.contains("tma: the copy engine feeds"), "{c}: {e}");
         }
+        // Split-K ranges are whole k tiles: the boxes stay inside theirs.
+        let split = GpuGemmConfig { split_k: 2, ..tma };
+        validate(&split, &gemm("gemm:m=512,n=1280,k=8192,dtype=bf16"), g).unwrap();
         assert_eq!(
             serde_json::from_str::<GpuGemmConfig>(&serde_json::to_string(&c).unwrap()).unwrap(),
             c
         );
+    }
+
+    #[test]
+    fn specialized_tiles_lead_with_the_one_that_fills_the_last_wave() {
+        use super::validate;
+        use crate::config::GpuGemmConfig;
+        let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
+            unreachable!("the H200 is in the catalog")
+        };
+        let first = |spec: &str| {
+            let c = candidates(&gemm(spec), g)[0];
+            assert!(c.specialized && c.tma, "{c}");
+            (c.bm, c.bn, c.split_k)
+        };
+        // Llama-70B TP8 prefill on 132 SMs: N = 1280 in 8 tiles of 160 (128 blocks, one
+        // wave), 7168 in 32 of 224 (512 blocks, 3.9 waves), 8192 in 32 of 256.
+        assert_eq!(first("gemm:m=2048,n=1280,k=8192,dtype=bf16"), (128, 160, 1));
+        assert_eq!(first("gemm:m=2048,n=7168,k=8192,dtype=bf16"), (128, 224, 1));
+        assert_eq!(first("gemm:m=2048,n=8192,k=1024,dtype=bf16"), (128, 256, 1));
+        // 512 rows: at most 40 blocks unsplit (128×128), so first 128×160 split 4 ways (128
+        // blocks) and 128×192 (112).
+        let p = gemm("gemm:m=512,n=1280,k=8192,dtype=bf16");
+        let splits: Vec<_> = candidates(&p, g)
+            .iter()
+            .take_while(|c| c.split_k > 1)
+            .map(|c| (c.bn, c.split_k, c.tma))
+            .collect();
+        assert_eq!(splits, [(160, 4, true), (192, 4, true)]);
+        // Every N the instruction takes (multiples of 32 from 64 to 256), and no other.
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16");
+        let with = |bn: usize| GpuGemmConfig {
+            bn,
+            tn: bn,
+            ..candidates(&p, g)[0]
+        };
+        for bn in [64, 96, 160, 192, 224, 256] {
+            validate(&with(bn), &p, g).unwrap();
+        }
+        for bn in [48, 80, 288] {
+            let e = validate(&with(bn), &p, g).unwrap_err().to_string();
+            assert!(e.contains("a multiple of 32 from 64 to 256"), "{bn}: {e}");
+        }
     }
 }
