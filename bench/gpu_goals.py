@@ -24,16 +24,17 @@ def verdict(ok):
 def form(config):
     """A config's kernel form, as its display names it: the variant, then the choices that
     change the kernel's structure (`gpu wgmma 128x256x64 tile 1x256 stages=4 swizzle=128
-    specialized` -> `wgmma swizzled specialized`); tile sizes and stages are left out."""
+    specialized tma block-tiles=4` -> `wgmma swizzled specialized tma block-tiles`); tile
+    sizes, stages and counts are left out."""
     words = config.split()
     variant = words[1] if len(words) > 1 and "=" not in words[1] else "rows"
     flags = []
     for w in words:
         if w.startswith("swizzle="):
             flags.append("swizzled")
-        elif w.startswith("split=") or w.startswith("split-k="):
+        elif w.startswith(("split=", "split-k=", "block-tiles=")):
             flags.append(w.split("=")[0])
-        elif w in ("paired", "specialized"):
+        elif w in ("paired", "specialized", "tma"):
             flags.append(w)
     return " ".join([variant] + flags)
 
@@ -53,7 +54,7 @@ def forms(rows):
         if p != problem:
             print(f"  {p}")
             problem = p
-        print(f"    {ns / 1e3:10.1f} us  {f:<28} {config}")
+        print(f"    {ns / 1e3:10.1f} us  {f:<44} {config}")
 
 
 def main():

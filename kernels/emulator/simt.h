@@ -606,6 +606,13 @@ inline T load16(const void* p) {
     return v;
 }
 
+// Two floats stored as one 8-byte vector, which the device requires 8-byte aligned.
+inline void store8(float* p, float x, float y) {
+    if (((decltype(sizeof 0))p & 7) != 0) fail("an 8-byte store to an address not 8-byte aligned");
+    p[0] = x;
+    p[1] = y;
+}
+
 // cp.async.cg.shared.global of 16 bytes, `bytes` of them from `src`, the rest zeros. The copy
 // happens at the wait that covers its group; until then its destination holds 0xff bytes (NaN
 // in every input type), so reading it early, or copying into a tile others still read, shows.

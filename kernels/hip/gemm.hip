@@ -436,6 +436,12 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #ifndef KT_TMA
 #define KT_TMA 0
 #endif
+#ifndef KT_BLOCK_TILES
+#define KT_BLOCK_TILES 1
+#endif
+#if KT_BLOCK_TILES > 1 && !KT_SPECIALIZED
+#error "a block takes several C tiles only in the specialized variant (KT_BLOCK_TILES 1)"
+#endif
 #if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BK == 64)
 #error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64"
 #endif
@@ -478,16 +484,16 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
 #endif
 
-// Blocks start in launch order (x fastest), so a wave of them is a run of consecutive ids. In
-// the launch's own order (x: n tiles) a wave of 132 takes 4 or 5 rows of m tiles across all
-// of N, and reads every weight of B from memory once per wave; here consecutive ids walk the
-// m tiles of a band of KT_RASTER first, then the next n tile: a wave reads the band's rows of
-// A and a few n tiles of B, and the next waves find A still in L2. 16 tiles of 128 rows
-// against the n tiles they pair with balances the two for 128×256 tiles on 132 SMs.
+// The C tile `id` of a block's KT_BLOCK_TILES (x · KT_BLOCK_TILES on): its first row and
+// column. Blocks start in launch order, so a wave of them is a run of consecutive ids. Row by
+// row of tiles, a wave of 132 would take 4 or 5 rows of m tiles across all of N and read
+// every weight of B from memory once per wave; here consecutive ids walk the m tiles of a
+// band of KT_RASTER first, then the next n tile: a wave reads the band's rows of A and a few
+// n tiles of B, and the next waves find A still in L2. 16 tiles of 128 rows against the n
+// tiles they pair with balances the two for 128×256 tiles on 132 SMs.
 #define KT_RASTER 16
-KT_DEVICE void kt_tile_origin(int m, int n, int* row0, int* col0) {
+KT_DEVICE void kt_tile_origin(int id, int m, int n, int* row0, int* col0) {
     const int tiles_m = (m + KT_BM - 1) / KT_BM, tiles_n = (n + KT_BN - 1) / KT_BN;
-    const int id = KT_BID_Y * tiles_n + KT_BID_X;
     const int band = id / (KT_RASTER * tiles_n), first = band * KT_RASTER;
     const int rows = min(KT_RASTER, tiles_m - first), in = id - first * tiles_n;
     *row0 = (first + in % rows) * KT_BM;
@@ -536,7 +542,8 @@ KT_DEVICE void kt_load_tile(unsigned short* dst, const kt_in* src, int r0, int r
     }
 }
 
-// C tile rows of warpgroup `wg` of the multiplying ones: its accumulators into C.
+// C tile rows of warpgroup `wg` of the multiplying ones: its accumulators into C. A thread's
+// two neighbouring columns go as one 8-byte store where n is even (every pair then aligned).
 KT_DEVICE void kt_store_acc(float (&acc)[KT_TM][KT_TN / 2], float* c, int m, int n, int row0,
                             int col0, int wg, int ctid) {
     const int wm = (wg / KT_WG_N) * 64 * KT_TM;
@@ -548,10 +555,17 @@ KT_DEVICE void kt_store_acc(float (&acc)[KT_TM][KT_TN / 2], float* c, int m, int
 #pragma unroll
         for (int j = 0; j < KT_TN / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
+            for (int e = 0; e < 4; e += 2) {
                 const int gr = row0 + wm + 64 * i + 16 * w + g + 8 * (e / 2);
-                const int gc = col0 + wn + 8 * j + 2 * t + e % 2;
-                if (gr < m && gc < n) c[(long)gr * n + gc] = acc[i][4 * j + e];
+                const int gc = col0 + wn + 8 * j + 2 * t;
+                if (gr >= m) continue;
+                float* const at = c + (long)gr * n + gc;
+                if (gc + 1 < n && n % 2 == 0) {
+                    kt_store8(at, acc[i][4 * j + e], acc[i][4 * j + e + 1]);
+                } else {
+                    if (gc < n) at[0] = acc[i][4 * j + e];
+                    if (gc + 1 < n) at[1] = acc[i][4 * j + e + 1];
+                }
             }
 }
 
@@ -595,13 +609,15 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
     unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BK;
     const int tid = KT_TID;
-    int row0, col0;
-    kt_tile_origin(m, n, &row0, &col0);
     int kb, ke;
     kt_split_range(k, &kb, &ke);
     c += (long)KT_BID_Z * m * n;
     const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
-    auto load = [&](int st, int k0, int copier) {
+    // This block's C tiles: KT_BLOCK_TILES from first on, fewer in the last block.
+    const int c_tiles = ((m + KT_BM - 1) / KT_BM) * ((n + KT_BN - 1) / KT_BN);
+    const int first = KT_BID_X * KT_BLOCK_TILES;
+    const int mine = min(KT_BLOCK_TILES, c_tiles - first);
+    auto load = [&](int st, int k0, int copier, int row0, int col0) {
         kt_load_tile<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, copier);
         kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, copier);
     };
@@ -609,7 +625,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_SPECIALIZED
     // Stage st is full once the producer's copies of it have landed (each of its 128
     // threads' cp.async; with TMA, the bytes of its two boxes), and empty once every
-    // multiplying thread is done with its products.
+    // multiplying thread is done with its products. Both sides count the k tiles of all the
+    // block's C tiles in one sequence `it`: stage it % STAGES, in round it / STAGES.
     unsigned long long* const full = reinterpret_cast<unsigned long long*>(bs + KT_STAGES * KT_BN * KT_BK);
     unsigned long long* const empty = full + KT_STAGES;
     if (tid == 0) {
@@ -620,65 +637,86 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_fence_mbar_init();
     }
     KT_SYNC();
-#if KT_TMA
     if (tid < 128) {
+        // The producer: tile by tile into the stages in turn, each once the products of the
+        // tile before in that stage are done (the first round finds every stage empty), on
+        // into the next C tile's while the multiplying warpgroups store the last one's.
+#if KT_TMA
         // One thread issues every box; the copy engine does the rest, zeros past the edges.
         // A split's k range is whole tiles (kt_split_range) but for the last split's end,
         // which is k itself: no box reads into the next split's range.
-        if (tid == 0) {
-            for (int tile = 0; tile < tiles; ++tile) {
-                const int st = tile % KT_STAGES;
-                kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);
+        if (tid != 0) return;
+#endif
+        for (int ct = 0, it = 0; ct < mine; ++ct) {
+            int row0, col0;
+            kt_tile_origin(first + ct, m, n, &row0, &col0);
+            for (int tile = 0; tile < tiles; ++tile, ++it) {
+                const int st = it % KT_STAGES;
+                kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
+#if KT_TMA
                 kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);
                 kt_tma_load(as + st * KT_BM * KT_BK, &a_map, kb + tile * KT_BK, row0, &full[st]);
                 kt_tma_load(bs + st * KT_BN * KT_BK, &b_map, kb + tile * KT_BK, col0, &full[st]);
+#else
+                load(st, kb + tile * KT_BK, tid, row0, col0);
+                kt_cp_async_mbar_arrive(&full[st]);
+#endif
             }
         }
-        return;
-    }
-#else
-    if (tid < 128) {
-        // The producer: tile by tile into the stages in turn, each once the products of the
-        // tile before in that stage are done (the first round finds every stage empty).
-        for (int tile = 0; tile < tiles; ++tile) {
-            const int st = tile % KT_STAGES;
-            kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);
-            load(st, kb + tile * KT_BK, tid);
-            kt_cp_async_mbar_arrive(&full[st]);
-        }
+#if !KT_TMA
         kt_cp_async_wait_all();
+#endif
         return;
     }
-#endif
     const int ctid = tid - 128;
 #else
     const int ctid = tid;
 #endif
     const int wg = ctid / 128;
+#if KT_SPECIALIZED
+    for (int ct = 0, it = 0; ct < mine; ++ct) {
+        int row0, col0;
+        kt_tile_origin(first + ct, m, n, &row0, &col0);
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i) {
+#pragma unroll
+            for (int e = 0; e < KT_TN / 2; ++e) acc[i][e] = 0.0f;
+            kt_wgmma_fence_operand(acc[i]);
+        }
+        for (int tile = 0; tile < tiles; ++tile, ++it) {
+            const int st = it % KT_STAGES;
+            // The tile has landed; the proxy fence hands the producer's copies to wgmma's
+            // reads.
+            kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);
+            kt_fence_async_shared();
+            kt_issue(acc, as, bs, st, wg);
+            // The tile before is done: its stage goes back to the producer while this one's
+            // products run.
+            kt_wgmma_wait<1>();
+            if (tile > 0) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
+        }
+        kt_wgmma_wait<0>();
+        // The C tile's last stage goes back too, so the producer fills it with the next C
+        // tile's k tiles while these results are stored.
+        if (tiles > 0) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
+        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
+    }
+#else
+    int row0, col0;
+    kt_tile_origin(KT_BID_X, m, n, &row0, &col0);
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i) {
 #pragma unroll
         for (int e = 0; e < KT_TN / 2; ++e) acc[i][e] = 0.0f;
         kt_wgmma_fence_operand(acc[i]);
     }
-#if KT_SPECIALIZED
-    for (int tile = 0; tile < tiles; ++tile) {
-        const int st = tile % KT_STAGES;
-        // The tile has landed; the proxy fence hands the producer's copies to wgmma's reads.
-        kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);
-        kt_fence_async_shared();
-        kt_issue(acc, as, bs, st, wg);
-        // The tile before is done: its stage goes back to the producer while this one's
-        // products run.
-        kt_wgmma_wait<1>();
-        if (tile > 0) kt_mbar_arrive(&empty[(tile - 1) % KT_STAGES]);
-    }
-#else
     // Of the STAGES stages, one holds the tile being multiplied, one the tile before it, whose
     // products may still be in flight, and the rest tiles being copied: STAGES - 2 ahead.
 #pragma unroll
     for (int st = 0; st < KT_STAGES - 2; ++st) {
-        if (st < tiles) load(st, kb + st * KT_BK, tid);
+        if (st < tiles) load(st, kb + st * KT_BK, tid, row0, col0);
         kt_cp_async_commit();
     }
     for (int tile = 0; tile < tiles; ++tile) {
@@ -690,17 +728,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_fence_async_shared();
         KT_SYNC();
         const int next = tile + KT_STAGES - 2;
-        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK, tid);
+        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK, tid, row0, col0);
         kt_cp_async_commit();
         kt_issue(acc, as, bs, tile % KT_STAGES, wg);
         // This tile's products stay in flight while the next tile is prepared and issued.
         kt_wgmma_wait<1>();
     }
-#endif
     kt_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
     kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
+#endif
 }
 
 #elif KT_VARIANT == 4

@@ -138,6 +138,17 @@ KT_DEVICE kt_u32x4 kt_load16(const kt_in* p) { return kt_host::load16<kt_u32x4>(
 typedef uint4 kt_u32x4;
 KT_DEVICE kt_u32x4 kt_load16(const kt_in* p) { return *reinterpret_cast<const kt_u32x4*>(p); }
 #endif
+// Two floats in one 8-byte store (st.global.v2); the address 8-byte aligned.
+#if defined(KT_HOST)
+KT_DEVICE void kt_store8(float* p, float x, float y) { kt_host::store8(p, x, y); }
+#else
+KT_DEVICE void kt_store8(float* p, float x, float y) {
+    float2 v;
+    v.x = x;
+    v.y = y;
+    *reinterpret_cast<float2*>(p) = v;
+}
+#endif
 KT_DEVICE void kt_widen16(const kt_u32x4& v, float (&x)[KT_VEC]) {
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

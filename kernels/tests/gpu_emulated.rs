@@ -504,6 +504,7 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
         swizzle: 0,
         specialized: false,
         tma: false,
+        block_tiles: 1,
     });
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
@@ -592,6 +593,7 @@ fn wgmma_config_tma(
         swizzle,
         specialized,
         tma,
+        block_tiles: 1,
     })
 }
 
@@ -764,6 +766,7 @@ fn skinny_gemm_error(model: &str, body: &str) -> Result<f64, KernelError> {
         swizzle: 0,
         specialized: false,
         tma: false,
+        block_tiles: 1,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -1016,23 +1019,23 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
         for (mistake, from, to) in [
             (
                 "multiplying before the tile lands",
-                "kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);",
+                "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
                 "",
             ),
             (
                 "waiting on the wrong phase of a full stage",
-                "kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);",
-                "kt_mbar_wait(&full[st], ((tile / KT_STAGES) & 1) ^ 1);",
+                "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
+                "kt_mbar_wait(&full[st], ((it / KT_STAGES) & 1) ^ 1);",
             ),
             (
                 "copying into a stage still multiplied",
-                "kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);",
+                "kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);",
                 "",
             ),
             (
                 "releasing the stage whose products run",
-                "kt_mbar_arrive(&empty[(tile - 1) % KT_STAGES]);",
-                "kt_mbar_arrive(&empty[tile % KT_STAGES]);",
+                "if (tile > 0) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);",
+                "if (tile > 0) kt_mbar_arrive(&empty[it % KT_STAGES]);",
             ),
             (
                 "a stage full after half the copies",
@@ -1080,13 +1083,13 @@ fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
         for (mistake, from, to) in [
             (
                 "multiplying before the boxes land",
-                "kt_mbar_wait(&full[st], (tile / KT_STAGES) & 1);",
+                "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
                 "",
             ),
             (
                 "a box over a stage still multiplied",
-                "kt_mbar_wait(&empty[st], ((tile / KT_STAGES) & 1) ^ 1);\n                kt_mbar_expect_tx",
-                "kt_mbar_expect_tx",
+                "kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);\n#if KT_TMA\n                kt_mbar_expect_tx",
+                "#if KT_TMA\n                kt_mbar_expect_tx",
             ),
             (
                 "a box's coordinates swapped",
@@ -1122,8 +1125,8 @@ fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
 
 /// The specialized form's tiles of every column count it takes (64-row warpgroups by 128 to
 /// 256 columns, two of them, plus four of 64×128 and two of 128×128), by TMA and by
-/// cp.async, and TMA with the k range split: on 200×470 (two m tiles, the last ragged; two
-/// to four n tiles) by 328 of k (six tiles: each stage used again), split ones by 1096 (a
+/// cp.async, and TMA with the k range split: on 200×470 or 469 (two m tiles, the last
+/// ragged; two to four n tiles) by 328 of k (six tiles: each stage used again), split ones by 1096 (a
 /// split with a partial last tile, one with a short range).
 #[test]
 fn every_specialized_tile_and_split_matches_the_reference() {
@@ -1159,11 +1162,12 @@ fn every_specialized_tile_and_split_matches_the_reference() {
         (256, 128, 1, 128),
         (128, 256, 2, 128),
     ] {
-        for tma in [true, false] {
-            check(
-                "gemm:m=200,n=470,k=328,dtype=bf16,b=nk",
-                specialized(tile, tma, 1),
-            );
+        // An odd n as well: its last column stored alone, the pairs before it unaligned.
+        for (tma, spec) in [
+            (true, "gemm:m=200,n=470,k=328,dtype=bf16,b=nk"),
+            (false, "gemm:m=200,n=469,k=328,dtype=bf16,b=nk"),
+        ] {
+            check(spec, specialized(tile, tma, 1));
         }
     }
     for split in [2, 4] {
@@ -1171,6 +1175,72 @@ fn every_specialized_tile_and_split_matches_the_reference() {
             "gemm:m=200,n=470,k=1096,dtype=bf16,b=nk",
             specialized((128, 160, 1, 160), true, split),
         );
+    }
+    // Pairs of an odd n's rows stored as 8-byte vectors would be misaligned: a device faults.
+    let problem: Problem = "gemm:m=200,n=469,k=328,dtype=bf16,b=nk".parse().unwrap();
+    let data = ProblemData::random(&problem, 9);
+    let config = Config::GpuGemm(specialized((128, 160, 1, 160), false, 1));
+    let body = gemm_with("gc + 1 < n && n % 2 == 0", "gc + 1 < n");
+    faults(
+        emu.run_source(&data, &config, &body).map(|_| 0.0),
+        "an 8-byte store to an address not 8-byte aligned",
+    );
+}
+
+/// Blocks that take several C tiles in turn (6 tiles of 128×160 over 200×470: blocks of 2,
+/// and of 4 with the last block taking 2), stages handed on from one C tile to the next; each
+/// way of getting that hand-over wrong shows.
+#[test]
+fn blocks_of_several_c_tiles_match_the_reference_and_catch_each_mistake() {
+    let (_, emu) = emulator("h200");
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let problem: Problem = "gemm:m=200,n=470,k=328,dtype=bf16,b=nk".parse().unwrap();
+    let data = ProblemData::random(&problem, 4);
+    let config = |tma, stages, block_tiles| {
+        let Config::GpuGemm(c) = wgmma_config_tma(64, 128, true, stages, tma) else {
+            unreachable!()
+        };
+        Config::GpuGemm(GpuGemmConfig {
+            bn: 160,
+            tn: 160,
+            block_tiles,
+            ..c
+        })
+    };
+    let run = |config: &Config, body: &str| -> Result<f64, KernelError> {
+        let out = emu.run_source(&data, config, body)?;
+        Ok(relative_error(&out, &data.reference()))
+    };
+    let source = include_str!("../hip/gemm.hip");
+    for tma in [true, false] {
+        for (stages, block_tiles) in [(4, 2), (3, 4)] {
+            let config = config(tma, stages, block_tiles);
+            let ok = run(&config, source).unwrap();
+            assert!(ok <= tol, "{config}: error {ok:e}");
+            for (mistake, from, to) in [
+                (
+                    "a C tile's last stage kept from the producer",
+                    "if (tiles > 0) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);",
+                    "",
+                ),
+                (
+                    "the sums carried into the next C tile",
+                    "for (int e = 0; e < KT_TN / 2; ++e) acc[i][e] = 0.0f;\n            kt_wgmma_fence_operand(acc[i]);\n        }\n        for (int tile",
+                    "kt_wgmma_fence_operand(acc[i]);\n        }\n        for (int tile",
+                ),
+                (
+                    "every C tile's products stored as the first",
+                    "kt_tile_origin(first + ct, m, n, &row0, &col0);\n#pragma unroll",
+                    "kt_tile_origin(first, m, n, &row0, &col0);\n#pragma unroll",
+                ),
+            ] {
+                caught(
+                    &format!("{config}: {mistake}"),
+                    run(&config, &gemm_with(from, to)),
+                    tol,
+                );
+            }
+        }
     }
 }
 

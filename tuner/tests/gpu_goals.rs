@@ -55,6 +55,14 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
                 400.0,
             ),
             (
+                "gpu wgmma 128x224x64 tile 1x224 stages=4 swizzle=128 specialized tma block-tiles=4",
+                410.0,
+            ),
+            (
+                "gpu wgmma 128x224x64 tile 1x224 stages=4 swizzle=128 specialized tma",
+                420.0,
+            ),
+            (
                 "gpu wgmma 128x256x64 tile 1x256 stages=3 swizzle=128",
                 700.0,
             ),
@@ -98,8 +106,13 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
             .to_string()
     };
     // Each form's fastest, fastest first within a problem.
-    let specialized = line("wgmma swizzled specialized");
+    let specialized = line("wgmma swizzled specialized  ");
     assert!(specialized.contains("400.0 us"), "{specialized}");
+    assert!(
+        line("specialized tma block-tiles").contains("410.0 us"),
+        "{out}"
+    );
+    assert!(line("specialized tma  ").contains("420.0 us"), "{out}");
     assert!(line("wgmma swizzled  ").contains("700.0 us"), "{out}");
     assert!(line("mma split").contains("50.0 us"), "{out}");
     assert!(

@@ -92,6 +92,12 @@ pub struct GpuGemmConfig {
     /// past the matrix arrive as zeros. Absent (false) in results stored before it existed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tma: bool,
+    /// C tiles each block of the warp-specialized wgmma variant computes in turn (as a
+    /// persistent kernel's blocks do): its producer copies the next tile's first k tiles
+    /// while the multiplying warpgroups store the last tile's results, instead of a block
+    /// ending and the next starting with empty stages. Absent when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub block_tiles: usize,
 }
 
 impl GpuGemmConfig {
@@ -229,6 +235,9 @@ impl fmt::Display for GpuGemmConfig {
         }
         if self.tma {
             f.write_str(" tma")?;
+        }
+        if self.block_tiles != 1 {
+            write!(f, " block-tiles={}", self.block_tiles)?;
         }
         Ok(())
     }

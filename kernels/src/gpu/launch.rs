@@ -243,7 +243,14 @@ pub fn launches(
         (Problem::Gemm(p), Config::GpuGemm(c)) => {
             let sizes = [int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?];
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
-            let tiles = grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?;
+            let tiles = if c.variant == GpuGemmVariant::Wgmma {
+                // One row of blocks, each taking `block_tiles` C tiles in the kernel's order
+                // (kt_tile_origin).
+                let c_tiles = p.m.div_ceil(c.bm) * p.n.div_ceil(c.bn);
+                grid(c_tiles.div_ceil(c.block_tiles.max(1)), 1, c.split_k)?
+            } else {
+                grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?
+            };
             // With TMA, A as [M, K] in boxes of bm rows, B as [N, K] in boxes of bn, 64 of k
             // each, after the sizes.
             let maps = if c.tma {
@@ -506,6 +513,19 @@ mod tests {
             &a.words[..8],
             &[0x1000, 8192, 2048, 16384, 64, g.bm as u64, 128, 2]
         );
+        // wgmma blocks in one row, each taking `block_tiles` of the 512 C tiles of 128×224.
+        assert_eq!((g.bm, g.bn), (128, 224));
+        assert_eq!(l[0].grid, [512, 1, 1]);
+        let four = Config::GpuGemm(GpuGemmConfig {
+            block_tiles: 4,
+            ..g
+        });
+        assert_eq!(launches(&p, &four, &ptrs).unwrap()[0].grid, [128, 1, 1]);
+        let three = Config::GpuGemm(GpuGemmConfig {
+            block_tiles: 3,
+            ..g
+        });
+        assert_eq!(launches(&p, &three, &ptrs).unwrap()[0].grid, [171, 1, 1]);
     }
 
     #[test]

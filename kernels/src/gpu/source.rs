@@ -87,6 +87,7 @@ impl KernelBuild {
                 .chain((c.swizzle > 0).then_some(("KT_SWIZZLE", c.swizzle)))
                 .chain(c.specialized.then_some(("KT_SPECIALIZED", 1)))
                 .chain(c.tma.then_some(("KT_TMA", 1)))
+                .chain((c.block_tiles > 1).then_some(("KT_BLOCK_TILES", c.block_tiles)))
                 .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]

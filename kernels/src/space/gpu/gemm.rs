@@ -18,6 +18,9 @@ pub const GPU_MAX_SPLIT_K: usize = 16;
 /// are invalid (they belong to prefill shapes, which have tiles enough without them).
 pub const GPU_SPLIT_K_WORKSPACE_BYTES: usize = 64 << 20;
 
+/// C tiles a block of the specialized wgmma variant may take in turn.
+const GPU_MAX_BLOCK_TILES: usize = 64;
+
 /// Accumulators a thread of the wgmma variant holds: `tm` tiles of 64 rows by `tn`, `tn / 2`
 /// floats each over a warpgroup's 128 threads.
 const WGMMA_MAX_ACCUMULATORS: usize = 128;
@@ -165,6 +168,16 @@ pub(super) fn validate(
     }
     // TMA boxes: 64 of k (one 128-byte swizzled row) and a producer to issue them. Split-K
     // ranges are whole k tiles, so no box crosses into the next split's.
+    if !(1..=GPU_MAX_BLOCK_TILES).contains(&c.block_tiles) || (c.block_tiles > 1 && !c.specialized)
+    {
+        return Err(invalid(
+            f,
+            format!(
+                "block_tiles = {}: 1, or up to {GPU_MAX_BLOCK_TILES} C tiles a block of the specialized wgmma variant",
+                c.block_tiles
+            ),
+        ));
+    }
     if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == 64) {
         return Err(invalid(
             f,
@@ -348,11 +361,10 @@ const SPECIALIZED_TILES: [(usize, usize, usize, usize); 7] = [
 ];
 
 /// How much of the device a `bm`×`bn` tiling with its k range split `split` ways keeps busy,
-/// one block an SM at a time (the
-/// specialized tiles' shared memory and 384 or more threads allow no second): the matrix's
-/// share of the tiles' area, times the blocks' share of the waves they take. 2048×7168 in
-/// 128×256 tiles: 448 blocks, 4 waves of 132 of which the last 52 full, 0.85; in 128×224
-/// tiles 512 blocks, 0.97.
+/// one block an SM at a time (the specialized tiles' registers allow no second): the
+/// matrix's share of the tiles' area, times the blocks' share of the waves they take.
+/// 2048×7168 in 128×256 tiles: 448 blocks, 4 waves of 132 of which the last 52 full, 0.85;
+/// in 128×224 tiles 512 blocks, 0.97.
 fn wave_fill(p: &GemmProblem, g: &GpuModel, (bm, bn): (usize, usize), split: usize) -> f64 {
     let sms = (g.compute_units as usize).max(1);
     let tiles = p.m.div_ceil(bm) * p.n.div_ceil(bn);
@@ -395,6 +407,18 @@ fn specialized_tiles(p: &GemmProblem, g: &GpuModel) -> Vec<((usize, usize, usize
     out
 }
 
+/// C tiles a block takes so that the blocks fit on the SMs at once (a persistent kernel's
+/// grid), where there are at least two a SM; else 1.
+fn persistent_tiles(p: &GemmProblem, g: &GpuModel, (bm, bn): (usize, usize)) -> usize {
+    let sms = (g.compute_units as usize).max(1);
+    let tiles = p.m.div_ceil(bm) * p.n.div_ceil(bn);
+    if tiles >= 2 * sms {
+        tiles.div_ceil(sms).min(GPU_MAX_BLOCK_TILES)
+    } else {
+        1
+    }
+}
+
 /// The GEMM candidates, the likeliest winners first (a budgeted search takes the first):
 /// matrix-core variants before the skinny and tiled ones on models that have them, and
 /// for decode shapes the one-warp-high split-K tiles first, after the skinny ones where A
@@ -431,18 +455,25 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                 }
                 // Warp-specialized first, swizzled, the tiles that fill the waves best: a
                 // producer warpgroup copies while the others multiply, by the copy engine
-                // (TMA) and then by cp.async; the split ones by TMA at 4 stages only.
+                // (TMA) and then by cp.async; the split ones by TMA at 4 stages only. After
+                // each unsplit TMA tile of 4 stages, the same with every block taking
+                // several C tiles in turn, where there are two a SM or more.
                 let specialized = specialized_tiles(p, g);
                 for tma in [true, false] {
                     for &((bm, bn, tm, tn), split) in &specialized {
                         for stages in [4, 3] {
+                            let c = GpuGemmConfig {
+                                swizzle: 128,
+                                specialized: true,
+                                tma,
+                                ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, split)
+                            };
                             if split == 1 || (tma && stages == 4) {
-                                push(GpuGemmConfig {
-                                    swizzle: 128,
-                                    specialized: true,
-                                    tma,
-                                    ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, split)
-                                });
+                                push(c);
+                            }
+                            let block_tiles = persistent_tiles(p, g, (bm, bn));
+                            if tma && stages == 4 && split == 1 && block_tiles > 1 {
+                                push(GpuGemmConfig { block_tiles, ..c });
                             }
                         }
                     }
@@ -573,6 +604,7 @@ fn tile(
         swizzle: 0,
         specialized: false,
         tma: false,
+        block_tiles: 1,
     }
 }
 
@@ -863,6 +895,54 @@ mod tests {
         for bn in [48, 80, 288] {
             let e = validate(&with(bn), &p, g).unwrap_err().to_string();
             assert!(e.contains("a multiple of 32 from 64 to 256"), "{bn}: {e}");
+        }
+    }
+
+    #[test]
+    fn specialized_blocks_take_several_c_tiles_where_there_are_two_a_sm() {
+        use super::validate;
+        use crate::config::GpuGemmConfig;
+        let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
+            unreachable!("the H200 is in the catalog")
+        };
+        // 512 tiles of 128×224 on 132 SMs: blocks of 4, 128 of them, all at once; right
+        // after the same tile one a block.
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16");
+        let all = candidates(&p, g);
+        assert_eq!((all[0].bn, all[0].block_tiles), (224, 1));
+        assert_eq!((all[1].bn, all[1].block_tiles), (224, 4));
+        assert_eq!(
+            all[1].to_string(),
+            "gpu wgmma 128x224x64 tile 1x224 stages=4 swizzle=128 specialized tma block-tiles=4"
+        );
+        let json = serde_json::to_string(&all[1]).unwrap();
+        assert!(json.ends_with(r#""tma":true,"block_tiles":4}"#), "{json}");
+        assert_eq!(
+            serde_json::from_str::<GpuGemmConfig>(&json).unwrap(),
+            all[1]
+        );
+        // 128 tiles of 128×160 are one wave already.
+        let p = gemm("gemm:m=2048,n=1280,k=8192,dtype=bf16");
+        assert!(candidates(&p, g).iter().all(|c| c.block_tiles == 1));
+        // Only the specialized form hands its stages on to a block's next tile.
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16");
+        for c in [
+            GpuGemmConfig {
+                specialized: false,
+                tma: false,
+                ..all[1]
+            },
+            GpuGemmConfig {
+                block_tiles: 0,
+                ..all[1]
+            },
+            GpuGemmConfig {
+                block_tiles: 65,
+                ..all[1]
+            },
+        ] {
+            let e = validate(&c, &p, g).unwrap_err().to_string();
+            assert!(e.contains("block_tiles = "), "{c}: {e}");
         }
     }
 }
