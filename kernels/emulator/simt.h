@@ -78,12 +78,17 @@ struct Copy {
 };
 
 // An issued wgmma.mma_async: its accumulators (`n / 2` of this thread's), N, the operand
-// descriptors and its commit group.
+// descriptors and its commit group; with A from registers (`reg_a`), the thread's two rows
+// of A (g and g + 8 of its warp's 16) as its warp's registers held them at the issue, and
+// whether B is n-major.
 struct Wgmma {
     float* d;
     int n;
     unsigned long long a, b;
     int group;
+    bool reg_a;
+    bool trans_b;
+    float a_rows[2][16];
 };
 
 // An mbarrier object, by its shared-window address: arrivals a phase expects, those still
@@ -742,25 +747,82 @@ inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
     return half_f32(x);
 }
 
+// Element (k < 16, col) of a wgmma B operand, n-major (the instruction's imm-trans-b 1;
+// swizzled layouts only): B's rows of k hold the N values contiguous, in swizzle atoms of
+// W / 2 values (W = 128, 64, 32 bytes for modes 1, 2, 3) `lbo` apart along N, row k of each
+// 8 at k·W, groups of 8 rows `sbo` apart; the address swizzled as for k-major operands.
+inline float wgmma_elem_mn(Block& b, unsigned long long desc, int k, int col) {
+    if ((desc >> 49 & 7u) != 0) fail("a wgmma descriptor with a base offset: not emulated");
+    const unsigned mode = (unsigned)(desc >> 62);
+    if (mode == 0) fail("an n-major wgmma operand without swizzling: not emulated");
+    const size_t start = (size_t)(desc & 0x3fffu) << 4;
+    const size_t lbo = (size_t)(desc >> 16 & 0x3fffu) << 4;
+    const size_t sbo = (size_t)(desc >> 32 & 0x3fffu) << 4;
+    const size_t w = mode == 1 ? 128 : mode == 2 ? 64 : 32;
+    const int atom = (int)w / 2;
+    size_t addr = start + (size_t)(col / atom) * lbo + (size_t)(k / 8) * sbo + (size_t)(k % 8) * w +
+                  (size_t)(col % atom) * 2;
+    addr ^= ((addr >> 7) & (w / 16 - 1)) << 4;
+    if (addr < kSharedWindow || addr - kSharedWindow + 2 > b.shared_bytes)
+        fail("a wgmma operand element outside dynamic shared memory");
+    unsigned short x;
+    __builtin_memcpy(&x, b.shared_base + (addr - kSharedWindow), sizeof x);
+    return half_f32(x);
+}
+
+// The checks every wgmma.mma_async passes at its issue: whole warpgroups, a wgmma.fence
+// before it, a full warp. Returns the warp's first thread.
+inline int wgmma_issue(Block& b, int me) {
+    if (b.threads % 128 != 0) fail("a wgmma in a block that is not whole warpgroups");
+    if (!b.wg_fenced[me]) fail("a wgmma without a wgmma.fence before it");
+    const int base = wave_base("a wgmma in a warp the block does not fill");
+    if (b.wg_pending[me] == kMaxWgmma) fail("too many wgmma operations in flight");
+    return base;
+}
+
+// Every lane of the warp passed the same two 64-bit words (descriptors).
+inline void wgmma_same(Block& b, int me, int base, unsigned long long x, unsigned long long y) {
+    b.xa[me][0] = (unsigned)x;
+    b.xa[me][1] = (unsigned)(x >> 32);
+    b.xa[me][2] = (unsigned)y;
+    b.xa[me][3] = (unsigned)(y >> 32);
+    wait(kWgmma);
+    for (int r = 0; r < 4; ++r)
+        if (b.xa[base][r] != b.xa[me][r]) fail("lanes of one warp passed different wgmma descriptors");
+    wait(kWgmma);
+}
+
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}, both operands from shared memory,
 // neither transposed (k-major): recorded, and computed at the wgmma.wait_group covering it.
 // The warp's lanes must pass one pair of descriptors.
 inline void wgmma(float* d, int n, unsigned long long da, unsigned long long db) {
     Block& b = block();
     const int me = b.current;
-    if (b.threads % 128 != 0) fail("a wgmma in a block that is not whole warpgroups");
-    if (!b.wg_fenced[me]) fail("a wgmma without a wgmma.fence before it");
-    const int base = wave_base("a wgmma in a warp the block does not fill");
-    b.xa[me][0] = (unsigned)da;
-    b.xa[me][1] = (unsigned)(da >> 32);
-    b.xa[me][2] = (unsigned)db;
-    b.xa[me][3] = (unsigned)(db >> 32);
+    const int base = wgmma_issue(b, me);
+    wgmma_same(b, me, base, da, db);
+    Wgmma op{d, n, da, db, b.wg_groups[me], false, false, {}};
+    b.wgmma[me][b.wg_pending[me]++] = op;
+}
+
+// The same with A from registers: each thread's four registers of two 16-bit values, the
+// m16n8k16 A fragment of its warp's 16 rows (register r of lane (g, t): row g + 8·(r % 2),
+// k 2t + 8·(r / 2) and + 1); B k-major or, with `trans_b`, n-major. A's values are taken at
+// the issue (the device reads the registers before the wait; changing them in between is
+// a race the emulator does not see).
+inline void wgmma_rs(float* d, int n, const unsigned (&a)[4], unsigned long long db, int trans_b) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wgmma_issue(b, me);
+    wgmma_same(b, me, base, db, (unsigned long long)trans_b);
+    for (int r = 0; r < 4; ++r) b.xa[me][r] = a[r];
     wait(kWgmma);
-    for (int r = 0; r < 4; ++r)
-        if (b.xa[base][r] != b.xa[me][r]) fail("lanes of one warp passed different wgmma descriptors");
+    Wgmma op{d, n, 0, db, b.wg_groups[me], true, trans_b != 0, {}};
+    const int g = (me - base) / 4;
+    for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 16; ++k)
+            op.a_rows[h][k] = pair_elem(b.xa[base + 4 * g + (k % 8) / 2][h + 2 * (k / 8)], k % 2);
     wait(kWgmma);
-    if (b.wg_pending[me] == kMaxWgmma) fail("too many wgmma operations in flight");
-    b.wgmma[me][b.wg_pending[me]++] = Wgmma{d, n, da, db, b.wg_groups[me]};
+    b.wgmma[me][b.wg_pending[me]++] = op;
 }
 
 // wgmma.wait_group n: the thread's operations but those of the newest n committed groups (and
@@ -780,8 +842,12 @@ inline void wgmma_wait(int n) {
             for (int e = 0; e < 4; ++e) {
                 const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
                 float acc = op.d[4 * j + e];
-                for (int k = 0; k < 16; ++k)
-                    acc = fmaf(wgmma_elem(b, op.a, row, k), wgmma_elem(b, op.b, col, k), acc);
+                for (int k = 0; k < 16; ++k) {
+                    const float x = op.reg_a ? op.a_rows[e / 2][k] : wgmma_elem(b, op.a, row, k);
+                    const float y = op.trans_b ? wgmma_elem_mn(b, op.b, k, col)
+                                               : wgmma_elem(b, op.b, col, k);
+                    acc = fmaf(x, y, acc);
+                }
                 op.d[4 * j + e] = acc;
             }
     }

@@ -25,7 +25,8 @@
 //   arrive by 16-byte cp.async, each waited for only when used (the next K tile loads during
 //   the softmax and P·V, the next V tile during Q·Kᵀ), and B fragments come by ldmatrix (V's
 //   transposed). A thread holds two rows (g and g + 8 of its warp's 16); row maxima and sums
-//   combine the four threads of a row by shuffles.
+//   combine the four threads of a row by shuffles. With KT_WG (sm_90), both products by
+//   warpgroup MMA instead (below): the same fragments and accumulators, 64 rows a warpgroup.
 // KT_VARIANT 2, MFMA (AMD CDNA2/3, f16 and bf16): KT_BR / 32 waves, each owning 32 query rows.
 //   The transposed scores Sᵀ = K·Qᵀ by v_mfma_f32_32x32x8 (K 16-bit in LDS as the A operand,
 //   Qᵀ's fragments in registers), so that a lane's accumulators hold one query's scores for
@@ -143,16 +144,42 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #error "paired query tiles take no split of the keys: KT_SPLIT must be 1"
 #endif
 
+#ifndef KT_WG
+#define KT_WG 0
+#endif
+
 #define KT_THREADS (2 * KT_BR)
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
 #define KT_ST (KT_BC / 8)   // 8-key tiles of S
 #define KT_OT (KT_D / 8)    // 8-dim tiles of O
+#if KT_WG
+// KT_WG (NVIDIA sm_90): the two products by warpgroup MMA instead, wgmma.mma_async with A
+// from registers (Q's fragments, then P's: the same m16k16 fragments as mma.sync's, a warp's
+// 16 rows each, a warpgroup's 64) and B from shared memory: K k-major for S = Q·Kᵀ (all BC
+// keys in one instruction a 16-dim step), V n-major for O += P·V (all D dims in one a 16-key
+// step). K and V tiles in rows of 64 dims (128 bytes, swizzled as the descriptors' 128-byte
+// mode reads them), D / 64 column blocks of BC rows: dim x of key j at element
+// (x / 64)·BC·64 + j·64 + x % 64, its 16-byte piece XORed with j % 8 (address bits 7 to 9);
+// the tiles start on a 1024-byte boundary (1 KiB more shared memory to round up to one).
+#if !defined(KT_WGMMA)
+#error "the wgmma flash needs NVIDIA sm_90a (or the host emulator of one)"
+#endif
+#if (KT_D != 64 && KT_D != 128) || (KT_BC != 64 && KT_BC != 128) || KT_BR % 64 != 0
+#error "the wgmma flash takes KT_D and KT_BC of 64 or 128 and whole warpgroups (KT_BR % 64 == 0)"
+#endif
+#define KT_TILE (KT_BC * KT_D)
+#define KT_ALIGN 1024
+#if !defined(KT_DYN_LDS) || 2 * 2 * KT_TILE + KT_ALIGN != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the K and V tiles and their alignment, as the launch passes them"
+#endif
+#else
 // K and V tiles [BC][D + 8] each, in dynamic shared memory of KT_DYN_LDS bytes (the launch
 // passes the same). 8 halves of padding put the 8 rows of one ldmatrix on distinct banks and
 // keep every row 16-byte aligned for cp.async.
 #define KT_LDD (KT_D + 8)
 #if !defined(KT_DYN_LDS) || 2 * 2 * KT_BC * KT_LDD != KT_DYN_LDS
 #error "KT_DYN_LDS must be the bytes of the K and V tiles, as the launch passes them"
+#endif
 #endif
 
 // Split (KT_SPLIT > 1): the keys' tiles fall into KT_SPLIT equal runs of whole tiles, the
@@ -176,8 +203,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     // Dynamic shared memory: 128-key tiles of head size 128 pass the 48 KiB a block declares
     // statically.
     KT_DYNAMIC_SHARED(smem);
+#if KT_WG
+    unsigned short* const ks =
+        reinterpret_cast<unsigned short*>(smem + (KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN);
+    unsigned short* const vs = ks + KT_TILE;
+#else
     unsigned short(*ks)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem);
     unsigned short(*vs)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem + 2 * KT_BC * KT_LDD);
+#endif
     const int tid = KT_TID;
     const int lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -239,14 +272,24 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         const int block_seen = min(run_end, causal ? min(kv_len, block_last + shift + 1) : kv_len);
         if (KT_SPLIT > 1 && run_begin >= block_seen) return;
         // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
-        // the keys zero-filled.
+        // the keys zero-filled. Consecutive threads take consecutive pieces of a row.
+#if KT_WG
+        auto load = [&](unsigned short* dst, const kt_in* src, int j0) {
+#else
         auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
+#endif
             for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
                 const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
                 const int j = j0 + r;
                 const bool in = j < kv_len;
                 const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
-                kt_cp_async16(&dst[r][x], src + at, in ? 16 : 0);
+#if KT_WG
+                const int byte = 2 * ((x / 64) * KT_BC * 64 + r * 64 + x % 64);
+                unsigned short* const to = dst + (byte ^ (((byte >> 7) & 7) << 4)) / 2;
+#else
+                unsigned short* const to = &dst[r][x];
+#endif
+                kt_cp_async16(to, src + at, in ? 16 : 0);
             }
         };
         // K and V tiles travel as separate commit groups, so each is waited for only when used:
@@ -259,6 +302,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         }
         for (int j0 = run_begin; j0 < block_seen; j0 += KT_BC) {
             kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
+#if KT_WG
+            kt_fence_async_shared();  // the copies, to wgmma's reads
+#endif
             KT_SYNC();
             // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
             // of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7 address keys
@@ -268,6 +314,20 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#if KT_WG
+            // S tile n of 8 keys is accumulators 4n .. 4n + 3 of the warpgroup's 64 × BC, the
+            // same elements as mma.sync's; the step's 16 dims sit in one 128-byte row.
+            float(&sw)[KT_BC / 2] = *reinterpret_cast<float(*)[KT_BC / 2]>(&s[0][0]);
+            kt_wgmma_fence();
+#pragma unroll
+            for (int st = 0; st < KT_QK; ++st)
+                kt_wgmma_rs<0>(sw, qf[st],
+                               kt_wgmma_desc(ks + (16 * st / 64) * KT_BC * 64 + 16 * st % 64, 16,
+                                             1024, 1));
+            kt_wgmma_commit();
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(sw);
+#else
 #pragma unroll
             for (int nn = 0; nn < KT_ST / 2; ++nn)
 #pragma unroll
@@ -279,6 +339,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                     kt_mma(s[2 * nn], qf[st], b0);
                     kt_mma(s[2 * nn + 1], qf[st], b1);
                 }
+#endif
             KT_SYNC();  // every warp is done with this K tile: load the next over it
             if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
             kt_cp_async_commit();
@@ -318,10 +379,34 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                     sum[e / 2] += s[n][e];
                 }
             kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
+#if KT_WG
+            kt_fence_async_shared();
+#endif
             KT_SYNC();
-            // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1. V's B fragments of
-            // dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes 8q .. 8q + 7 address
-            // keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
+            // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1.
+#if KT_WG
+            // O's accumulators are the warpgroup's 64 × D, dims 8d .. 8d + 7 in 4d .. 4d + 3 as
+            // mma.sync's. V n-major: a 16-key step's rows 16c .. 16c + 15 of column block 0,
+            // the column blocks (64 dims, the swizzle atom) BC rows apart (the leading offset),
+            // groups of 8 keys 1024 bytes apart. P's fragments are all packed first: the
+            // instructions read them after their issue, so each step's keep registers of their
+            // own until the wait.
+            float(&ow)[KT_D / 2] = *reinterpret_cast<float(*)[KT_D / 2]>(&o[0][0]);
+            unsigned pw[KT_BC / 16][4];
+#pragma unroll
+            for (int c = 0; c < KT_BC / 16; ++c) {
+                pw[c][0] = kt_pack2(s[2 * c][0], s[2 * c][1]);
+                pw[c][1] = kt_pack2(s[2 * c][2], s[2 * c][3]);
+                pw[c][2] = kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]);
+                pw[c][3] = kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]);
+            }
+            kt_wgmma_fence();
+#pragma unroll
+            for (int c = 0; c < KT_BC / 16; ++c)
+                kt_wgmma_rs<1>(ow, pw[c], kt_wgmma_desc(vs + 16 * c * 64, 2 * KT_BC * 64, 1024, 1));
+#else
+            // V's B fragments of dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes
+            // 8q .. 8q + 7 address keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
 #pragma unroll
             for (int c = 0; c < KT_BC / 16; ++c) {
                 const unsigned pf[4] = {
@@ -340,6 +425,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                     kt_mma(o[2 * dd + 1], pf, b1);
                 }
             }
+#endif
+#if KT_WG
+            kt_wgmma_commit();
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(ow);
+#endif
             KT_SYNC();  // every warp is done with this V tile: load the next over it
             if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
             kt_cp_async_commit();

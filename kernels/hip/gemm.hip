@@ -617,7 +617,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     const int c_tiles = ((m + KT_BM - 1) / KT_BM) * ((n + KT_BN - 1) / KT_BN);
     const int first = KT_BID_X * KT_BLOCK_TILES;
     const int mine = min(KT_BLOCK_TILES, c_tiles - first);
-    auto load = [&](int st, int k0, int copier, int row0, int col0) {
+    // (TMA copies without it.)
+    [[maybe_unused]] auto load = [&](int st, int k0, int copier, int row0, int col0) {
         kt_load_tile<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, copier);
         kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, copier);
     };

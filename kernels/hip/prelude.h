@@ -368,6 +368,10 @@ template <int N>
 KT_DEVICE void kt_wgmma(float (&d)[N], unsigned long long a, unsigned long long b) {
     kt_host::wgmma(d, 2 * N, a, b);
 }
+template <int TRANS_B, int N>
+KT_DEVICE void kt_wgmma_rs(float (&d)[N], const unsigned (&a)[4], unsigned long long b) {
+    kt_host::wgmma_rs(d, 2 * N, a, b, TRANS_B);
+}
 #else
 KT_DEVICE void kt_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 KT_DEVICE void kt_wgmma_commit() {
@@ -423,38 +427,61 @@ KT_DEVICE void kt_wgmma_fence_operand(float (&d)[N]) {
                      : "l"(a), "l"(b), "r"(1));                                                \
     }
 // Each list spells its last two operands itself, the last without the comma.
-KT_WGMMA_N(64, 32, 33, 34, KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) "%30, %31",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC2(3))
-KT_WGMMA_N(96, 48, 49, 50, KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP6(4) "%46, %47",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC8(4))
-KT_WGMMA_N(128, 64, 65, 66,
-           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
-               KT_WG_OP2(6) "%62, %63",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
-           KT_WG_ACC10(5), KT_WG_ACC4(6))
-KT_WGMMA_N(160, 80, 81, 82,
-           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
-               KT_WG_OP10(6) KT_WG_OP8(7) "%78, %79",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
-           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7))
-KT_WGMMA_N(192, 96, 97, 98,
-           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
-               KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP4(9) "%94, %95",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
-           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8), KT_WG_ACC6(9))
-KT_WGMMA_N(224, 112, 113, 114,
-           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
-               KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP10(9) KT_WG_OP10(10) "%110, %111",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
-           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8), KT_WG_ACC10(9),
-           KT_WG_ACC10(10), KT_WG_ACC2(11))
-KT_WGMMA_N(256, 128, 129, 130,
-           KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) KT_WG_OP10(5)
-               KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP10(9) KT_WG_OP10(10)
-                   KT_WG_OP10(11) KT_WG_OP6(12) "%126, %127",
-           KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), KT_WG_ACC10(4),
-           KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8), KT_WG_ACC10(9),
-           KT_WG_ACC10(10), KT_WG_ACC10(11), KT_WG_ACC8(12))
+#define KT_WG_OPS_64 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) "%30, %31"
+#define KT_WG_ACCS_64 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC2(3)
+#define KT_WG_OPS_96 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP6(4) \
+    "%46, %47"
+#define KT_WG_ACCS_96 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), \
+    KT_WG_ACC8(4)
+#define KT_WG_OPS_128 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) \
+    KT_WG_OP10(5) KT_WG_OP2(6) "%62, %63"
+#define KT_WG_ACCS_128 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), \
+    KT_WG_ACC10(4), KT_WG_ACC10(5), KT_WG_ACC4(6)
+#define KT_WG_OPS_160 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) \
+    KT_WG_OP10(5) KT_WG_OP10(6) KT_WG_OP8(7) "%78, %79"
+#define KT_WG_ACCS_160 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), \
+    KT_WG_ACC10(4), KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7)
+#define KT_WG_OPS_192 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) \
+    KT_WG_OP10(5) KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP4(9) "%94, %95"
+#define KT_WG_ACCS_192 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), \
+    KT_WG_ACC10(4), KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8),   \
+    KT_WG_ACC6(9)
+#define KT_WG_OPS_224 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) \
+    KT_WG_OP10(5) KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP10(9) KT_WG_OP10(10)   \
+    "%110, %111"
+#define KT_WG_ACCS_224 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), \
+    KT_WG_ACC10(4), KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8),   \
+    KT_WG_ACC10(9), KT_WG_ACC10(10), KT_WG_ACC2(11)
+#define KT_WG_OPS_256 KT_WG_OP10() KT_WG_OP10(1) KT_WG_OP10(2) KT_WG_OP10(3) KT_WG_OP10(4) \
+    KT_WG_OP10(5) KT_WG_OP10(6) KT_WG_OP10(7) KT_WG_OP10(8) KT_WG_OP10(9) KT_WG_OP10(10)   \
+    KT_WG_OP10(11) KT_WG_OP6(12) "%126, %127"
+#define KT_WG_ACCS_256 KT_WG_ACC10(), KT_WG_ACC10(1), KT_WG_ACC10(2), KT_WG_ACC10(3), \
+    KT_WG_ACC10(4), KT_WG_ACC10(5), KT_WG_ACC10(6), KT_WG_ACC10(7), KT_WG_ACC10(8),   \
+    KT_WG_ACC10(9), KT_WG_ACC10(10), KT_WG_ACC10(11), KT_WG_ACC8(12)
+KT_WGMMA_N(64, 32, 33, 34, KT_WG_OPS_64, KT_WG_ACCS_64)
+KT_WGMMA_N(96, 48, 49, 50, KT_WG_OPS_96, KT_WG_ACCS_96)
+KT_WGMMA_N(128, 64, 65, 66, KT_WG_OPS_128, KT_WG_ACCS_128)
+KT_WGMMA_N(160, 80, 81, 82, KT_WG_OPS_160, KT_WG_ACCS_160)
+KT_WGMMA_N(192, 96, 97, 98, KT_WG_OPS_192, KT_WG_ACCS_192)
+KT_WGMMA_N(224, 112, 113, 114, KT_WG_OPS_224, KT_WG_ACCS_224)
+KT_WGMMA_N(256, 128, 129, 130, KT_WG_OPS_256, KT_WG_ACCS_256)
+// A from registers (four of two 16-bit values a thread, the m16n8k16 A fragment of its
+// warp's 16 rows), B from shared memory, k-major (TRANS_B 0) or n-major (1: B's rows of k
+// hold N contiguous values, the descriptor's leading offset between swizzle atoms along N,
+// its stride offset between groups of 8 rows of k). Operands: D, the four of A, B's
+// descriptor, the predicate's source, and the transpose immediate.
+#define KT_WGMMA_RS_N(N, AOPS, DB, P, TR, OPS, ...)                                             \
+    template <int TRANS_B>                                                                     \
+    KT_DEVICE void kt_wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], unsigned long long b) { \
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #P ", 0; "                            \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." KT_WGMMA_IN             \
+                     "." KT_WGMMA_IN " {" OPS "}, {" AOPS "}, %" #DB ", p, 1, 1, %" #TR "; }"   \
+                     : __VA_ARGS__                                                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1),             \
+                       "n"(TRANS_B));                                                          \
+    }
+KT_WGMMA_RS_N(64, "%32, %33, %34, %35", 36, 37, 38, KT_WG_OPS_64, KT_WG_ACCS_64)
+KT_WGMMA_RS_N(128, "%64, %65, %66, %67", 68, 69, 70, KT_WG_OPS_128, KT_WG_ACCS_128)
 #endif
 
 // mbarriers (8 bytes of shared memory each), for warpgroups that hand tiles to each other

@@ -853,6 +853,7 @@ fn mma_flash_split((br, bc): (usize, usize), paired: bool, split: usize) -> Conf
         variant: GpuFlashVariant::Mma,
         paired,
         split,
+        wgmma: false,
     })
 }
 
@@ -1277,4 +1278,95 @@ fn the_wgmma_block_order_covers_every_tile_once() {
             .replace("in / rows", "in / KT_RASTER")),
         tol,
     );
+}
+
+/// Flash attention by warpgroup MMA (sm_90): Q's and P's fragments from registers, K k-major
+/// and V n-major from swizzled shared memory. Head sizes 64 and 128 over ragged key tiles,
+/// causal with fewer queries than keys, GQA, paired and split; each way of getting the
+/// operands' layout or the instructions' order wrong shows.
+#[test]
+fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
+    let (device, emu) = emulator("h200");
+    let wgmma = |br, bc, paired, split| {
+        let Config::GpuFlash(c) = mma_flash_split((br, bc), paired, split) else {
+            unreachable!()
+        };
+        Config::GpuFlash(GpuFlashConfig { wgmma: true, ..c })
+    };
+    for (spec, config) in [
+        (FLASH_BF16, wgmma(64, 64, false, 1)),
+        (FLASH_BF16, wgmma(128, 128, true, 1)),
+        (FLASH_F16_128, wgmma(64, 128, false, 1)),
+        (FLASH_F16_128, wgmma(128, 64, false, 2)),
+        (
+            "flash:batch=1,q_len=200,kv_len=330,q_heads=2,kv_heads=1,head_dim=128,dtype=bf16",
+            wgmma(128, 128, false, 4),
+        ),
+    ] {
+        let problem: Problem = spec.parse().unwrap();
+        GpuSpace.validate(&config, &problem, &device).unwrap();
+        let data = ProblemData::random(&problem, 6);
+        let out = emu
+            .run(&data, &config)
+            .unwrap_or_else(|e| panic!("{spec} {config}: {e}"));
+        let err = relative_error(&out, &data.reference());
+        let tol = problem.tolerance();
+        assert!(err <= tol, "{spec} {config}: relative error {err:e}");
+    }
+    let problem: Problem = FLASH_F16_128.parse().unwrap();
+    let tol = problem.tolerance();
+    let run = |body: &str| -> Result<f64, KernelError> {
+        let data = ProblemData::random(&problem, 6);
+        let out = emu.run_source(&data, &wgmma(64, 64, false, 1), body)?;
+        Ok(relative_error(&out, &data.reference()))
+    };
+    let flash_with = |from: &str, to: &str| {
+        let source = include_str!("../hip/flash.hip");
+        assert!(source.contains(from), "flash.hip no longer has `{from}`");
+        source.replace(from, to)
+    };
+    assert!(run(include_str!("../hip/flash.hip")).unwrap() <= tol);
+    for (mistake, from, to) in [
+        (
+            "V read k-major",
+            "kt_wgmma_rs<1>(ow, pw[c]",
+            "kt_wgmma_rs<0>(ow, pw[c]",
+        ),
+        (
+            "V's column blocks at the wrong distance",
+            "2 * KT_BC * 64, 1024, 1)",
+            "KT_BC * 64, 1024, 1)",
+        ),
+        (
+            "the copies unswizzled",
+            "dst + (byte ^ (((byte >> 7) & 7) << 4)) / 2",
+            "dst + byte / 2",
+        ),
+        (
+            "K's next 16 dims a step too short",
+            "ks + (16 * st / 64) * KT_BC * 64 + 16 * st % 64",
+            "ks + (16 * st / 64) * KT_BC * 64 + 8 * st % 64",
+        ),
+        (
+            "P's fragments in the wrong order",
+            "pw[c][1] = kt_pack2(s[2 * c][2], s[2 * c][3]);\n                pw[c][2] = kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]);",
+            "pw[c][2] = kt_pack2(s[2 * c][2], s[2 * c][3]);\n                pw[c][1] = kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]);",
+        ),
+    ] {
+        caught(mistake, run(&flash_with(from, to)), tol);
+    }
+    for (from, to, says) in [
+        (
+            "            kt_wgmma_fence();\n#pragma unroll\n            for (int st",
+            "#pragma unroll\n            for (int st",
+            "a wgmma without a wgmma.fence before it",
+        ),
+        (
+            "            kt_wgmma_commit();\n            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);",
+            "",
+            "left the kernel with wgmma operations not waited for",
+        ),
+    ] {
+        faults(run(&flash_with(from, to)), says);
+    }
 }

@@ -168,6 +168,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         variant: GpuFlashVariant::Rows,
         paired: false,
         split: 1,
+        wgmma: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

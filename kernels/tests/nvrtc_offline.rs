@@ -101,6 +101,16 @@ fn check_candidates(
                 "wgmma.commit_group.sync.aligned",
                 "wgmma.wait_group.sync.aligned",
             ],
+            Config::GpuFlash(f) if f.wgmma => &[
+                ".target sm_90a",
+                ", p, 1, 1, 0; }",
+                ", p, 1, 1, 1; }",
+                "cp.async.cg.shared.global",
+                "fence.proxy.async.shared::cta",
+                "wgmma.fence.sync.aligned",
+                "wgmma.commit_group.sync.aligned",
+                "wgmma.wait_group.sync.aligned",
+            ],
             Config::GpuGemm(g) if g.variant == GpuGemmVariant::Skinny => &["shfl.sync.bfly"],
             Config::GpuPaged(g) if g.lanes > 1 => &["shfl.sync.bfly"],
             Config::GpuGemm(g) if g.stages > 1 => &[
@@ -127,6 +137,7 @@ fn check_candidates(
                 matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
             }
             Config::GpuPaged(g) => g.lanes > 1,
+            Config::GpuFlash(f) => f.wgmma,
             _ => false,
         };
         if c == heuristic || roomy {
@@ -252,6 +263,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         variant: GpuFlashVariant::Rows,
         paired: false,
         split: 1,
+        wgmma: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
@@ -401,6 +413,37 @@ fn every_grouped_paged_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads()
         let configs = candidates_where(name, &p, |c| matches!(c, Config::GpuPaged(c) if c.lanes > 1));
         assert_eq!(configs.len(), count, "{name} {spec}: {configs:?}");
         check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v4.");
+    }
+}
+
+/// Flash attention by warpgroup MMA: every such candidate of Llama-70B TP8's prefill (head
+/// size 128) and of head size 64 compiles for sm_90a with S's k-major and O's n-major
+/// instructions in its PTX and no spilled register; other models get none.
+#[test]
+fn every_wgmma_flash_candidate_compiles_for_sm90a() {
+    let Some(nvrtc) = compiler("every_wgmma_flash_candidate_compiles_for_sm90a") else {
+        return;
+    };
+    let wgmma = |c: &Config| matches!(c, Config::GpuFlash(f) if f.wgmma);
+    for (spec, instruction) in [
+        (
+            "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+        ),
+        (
+            "flash:q_len=300,q_heads=4,kv_heads=4,head_dim=64,dtype=f16,causal=false",
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+        ),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        let configs = candidates_where("h200", &p, wgmma);
+        // Four tiles, two paired where the mask is causal, four split.
+        let causal = matches!(p, Problem::Flash(f) if f.causal);
+        assert_eq!(configs.len(), if causal { 10 } else { 8 }, "{spec}");
+        // O's product (N = the head size) in every build; the k-major and n-major forms by
+        // their last immediate.
+        check_candidates(&nvrtc, "h200", &p, &configs, instruction);
+        assert!(candidates_where("a100", &p, wgmma).is_empty(), "{spec}");
     }
 }
 

@@ -152,6 +152,11 @@ pub struct GpuFlashConfig {
     /// when 1: 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub split: usize,
+    /// Mma variant on sm_90: both products by warpgroup MMA (`wgmma.mma_async`, A from
+    /// registers, K and V read from 128-byte-swizzled shared memory) instead of `mma.sync`
+    /// with `ldmatrix`. Absent (false) in stored configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wgmma: bool,
 }
 
 /// The GPU flash-attention kernels of `kernels/hip/flash.hip`.
@@ -249,17 +254,19 @@ impl fmt::Display for GpuFlashConfig {
             GpuFlashVariant::Rows => {
                 write!(f, "gpu br={} bc={} lanes={}", self.br, self.bc, self.lanes)
             }
-            GpuFlashVariant::Mma if self.paired => {
-                write!(f, "gpu mma br={} bc={} paired", self.br, self.bc)
+            GpuFlashVariant::Mma => {
+                write!(f, "gpu mma br={} bc={}", self.br, self.bc)?;
+                if self.paired {
+                    f.write_str(" paired")?;
+                }
+                if self.split > 1 {
+                    write!(f, " split={}", self.split)?;
+                }
+                if self.wgmma {
+                    f.write_str(" wgmma")?;
+                }
+                Ok(())
             }
-            GpuFlashVariant::Mma if self.split > 1 => {
-                write!(
-                    f,
-                    "gpu mma br={} bc={} split={}",
-                    self.br, self.bc, self.split
-                )
-            }
-            GpuFlashVariant::Mma => write!(f, "gpu mma br={} bc={}", self.br, self.bc),
             GpuFlashVariant::Mfma => write!(f, "gpu mfma br={} bc={}", self.br, self.bc),
         }
     }

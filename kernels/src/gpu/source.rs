@@ -121,6 +121,7 @@ impl KernelBuild {
                 // keys.
                 .chain(c.paired.then_some(("KT_PAIRED", 1)))
                 .chain((c.split > 1).then_some(("KT_SPLIT", c.split)))
+                .chain(c.wgmma.then_some(("KT_WG", 1)))
                 .collect(),
                 entries: if c.split > 1 {
                     &["kt_flash", "kt_flash_reduce"]
@@ -129,7 +130,7 @@ impl KernelBuild {
                 },
                 threads: c.br * c.lanes,
                 dynamic_lds,
-                arch_specific: false,
+                arch_specific: c.wgmma,
             },
             (Problem::Paged(p), Config::GpuPaged(c)) => KernelBuild {
                 family: Family::Paged,

@@ -6,7 +6,7 @@ use crate::device::GpuModel;
 use crate::problem::FlashProblem;
 use crate::{DType, Family, KernelError};
 
-use super::{check_threads, has_mfma, has_mma, invalid, GPU_SPLIT_K_WORKSPACE_BYTES};
+use super::{check_threads, has_mfma, has_mma, has_wgmma, invalid, GPU_SPLIT_K_WORKSPACE_BYTES};
 
 /// Head dimensions the flash kernel holds in registers: beyond this a row does not fit.
 pub const GPU_MAX_HEAD_DIM: usize = 256;
@@ -50,6 +50,12 @@ pub(super) fn validate(
                 "head_dim {} exceeds the {GPU_MAX_HEAD_DIM} a thread holds in registers",
                 p.head_dim
             ),
+        ));
+    }
+    if c.wgmma && c.variant != GpuFlashVariant::Mma {
+        return Err(invalid(
+            f,
+            "wgmma: warpgroup MMA is a choice of the mma variant only: take wgmma = false",
         ));
     }
     if c.paired && c.variant != GpuFlashVariant::Mma {
@@ -147,6 +153,9 @@ pub(super) fn validate(
                 ),
             ));
         }
+        if c.wgmma {
+            validate_wgmma(c, p, g)?;
+        }
         return check_threads(f, c.br * c.lanes, g);
     }
     // Lanes of a row exchange partial dot products by shuffles inside one wave.
@@ -178,11 +187,38 @@ pub(super) fn validate(
     check_threads(f, c.br * c.lanes, g)
 }
 
+/// The wgmma form's own rules: sm_90, whole warpgroups of query rows (64 a warpgroup), and
+/// key tiles and head sizes of 64 or 128 (the instruction's N for S and for O; K and V rows
+/// in 128-byte swizzled pieces of 64 dims).
+fn validate_wgmma(c: &GpuFlashConfig, p: &FlashProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let f = Family::Flash;
+    if !has_wgmma(g) {
+        return Err(invalid(
+            f,
+            format!(
+                "wgmma: {} ({}) has no wgmma instructions (sm_90 only); take wgmma = false",
+                g.name, g.arch
+            ),
+        ));
+    }
+    if !matches!(p.head_dim, 64 | 128) || !matches!(c.bc, 64 | 128) || !c.br.is_multiple_of(64) {
+        return Err(invalid(
+            f,
+            format!(
+                "wgmma: head_dim {} and bc = {} must be 64 or 128, br = {} a multiple of 64 (whole warpgroups)",
+                p.head_dim, c.bc, c.br
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Matrix-core variants first, the likeliest winners where they exist (validation drops them
-/// elsewhere); larger tiles first. 128-key tiles for mma only, whose tiles are in dynamic
-/// shared memory; mma tiles paired (causal problems) and not; mma tiles with their keys
-/// split, first of all where 64-row tiles give the device's multiprocessors fewer than two
-/// blocks each (a long prefill of few heads: each block's run of keys is then the time).
+/// elsewhere): on sm_90 the mma tiles by warpgroup MMA before those by mma.sync; larger
+/// tiles first. 128-key tiles for mma only, whose tiles are in dynamic shared memory; mma
+/// tiles paired (causal problems) and not; mma tiles with their keys split, first of all
+/// where 64-row tiles give the device's multiprocessors fewer than two blocks each (a long
+/// prefill of few heads: each block's run of keys is then the time).
 pub(super) fn candidates(p: &FlashProblem, g: &GpuModel) -> Vec<GpuFlashConfig> {
     let mut out = all_candidates();
     let blocks = p.q_len.div_ceil(64) * p.q_heads * p.batch;
@@ -195,6 +231,27 @@ pub(super) fn candidates(p: &FlashProblem, g: &GpuModel) -> Vec<GpuFlashConfig> 
 
 fn all_candidates() -> Vec<GpuFlashConfig> {
     let mut out = Vec::new();
+    // Warpgroup MMA (sm_90), first of the matrix-core forms: unsplit, paired, split.
+    let wgmma = |br, bc, paired, split| GpuFlashConfig {
+        br,
+        bc,
+        lanes: 2,
+        variant: GpuFlashVariant::Mma,
+        paired,
+        split,
+        wgmma: true,
+    };
+    for (br, bc) in [(128, 128), (64, 128), (128, 64), (64, 64)] {
+        out.push(wgmma(br, bc, false, 1));
+    }
+    for br in [128, 64] {
+        out.push(wgmma(br, 128, true, 1));
+    }
+    for br in [128, 64] {
+        for split in [2, 4] {
+            out.push(wgmma(br, 128, false, split));
+        }
+    }
     for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
         let (wide, pairings): (&[usize], &[bool]) = if variant == GpuFlashVariant::Mma {
             (&[128, 64, 32, 16], &[false, true])
@@ -211,6 +268,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                         variant,
                         paired,
                         split: 1,
+                        wgmma: false,
                     });
                 }
             }
@@ -228,6 +286,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                             variant,
                             paired: false,
                             split,
+                            wgmma: false,
                         });
                     }
                 }
@@ -244,6 +303,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                     variant: GpuFlashVariant::Rows,
                     paired: false,
                     split: 1,
+                    wgmma: false,
                 });
             }
         }
@@ -265,6 +325,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         variant: GpuFlashVariant::Rows,
         paired: false,
         split: 1,
+        wgmma: false,
     }
 }
 
@@ -283,6 +344,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             variant: GpuFlashVariant::Mma,
             paired: false,
             split: 1,
+            wgmma: false,
         };
         if p.head_dim <= 128 && validate(&measured, p, g).is_ok() {
             return measured;
@@ -308,6 +370,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             variant,
             paired: false,
             split: 1,
+            wgmma: false,
         },
         None => default(p),
     }
@@ -354,6 +417,7 @@ mod tests {
             variant: GpuFlashVariant::Rows,
             paired: false,
             split: 1,
+            wgmma: false,
         };
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
@@ -389,15 +453,52 @@ mod tests {
                 .collect();
             (valid[0].split, valid.iter().filter(|c| c.split > 1).count())
         };
-        // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs.
+        // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs;
+        // 8 mma.sync and 4 wgmma split tiles.
         let tp8 = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", tp8), (2, 8));
+        assert_eq!(first("h200", tp8), (2, 12));
         // 1024 tokens of 32 heads, 512 blocks: split-KV last, and only in two (four would
         // need 68 MiB of partial results).
         let many = "flash:q_len=1024,q_heads=32,kv_heads=8,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", many), (1, 4));
+        assert_eq!(first("h200", many), (1, 6));
         assert_eq!(first("mi300x", tp8).1, 0);
         assert_eq!(first("h200", &tp8.replace("bf16", "f32")).1, 0);
+    }
+
+    /// Warpgroup MMA: sm_90 only, head sizes and key tiles of 64 or 128, whole warpgroups;
+    /// first among the matrix-core candidates where it applies.
+    #[test]
+    fn wgmma_tiles_are_checked_and_come_first_on_sm90() {
+        // Blocks enough (64 heads of 4096 queries): unsplit first.
+        let tp8 = "flash:q_len=4096,q_heads=64,kv_heads=8,head_dim=128,dtype=bf16";
+        let (g, p) = on("h200", tp8);
+        let all = candidates(&p, g);
+        let c = all[0];
+        assert!(c.wgmma && c.split == 1, "{c}");
+        assert_eq!(c.to_string(), "gpu mma br=128 bc=128 wgmma");
+        validate(&c, &p, g).unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.ends_with(r#""wgmma":true}"#), "{json}");
+        assert_eq!(serde_json::from_str::<GpuFlashConfig>(&json).unwrap(), c);
+        let refused = |model: &str, spec: &str, c: GpuFlashConfig| {
+            let (g, p) = on(model, spec);
+            validate(&c, &p, g).unwrap_err().to_string()
+        };
+        assert!(refused("a100", tp8, c).contains("no wgmma instructions"));
+        let d80 = tp8.replace("head_dim=128", "head_dim=80");
+        assert!(refused("h200", &d80, c).contains("must be 64 or 128"));
+        let narrow = GpuFlashConfig { br: 32, ..c };
+        assert!(refused("h200", tp8, narrow).contains("whole warpgroups"));
+        let rows = GpuFlashConfig {
+            variant: GpuFlashVariant::Rows,
+            ..c
+        };
+        assert!(refused("h200", tp8, rows).contains("mma variant only"));
+        let (g, p) = on("a100", tp8);
+        assert!(candidates(&p, g)
+            .iter()
+            .filter(|c| validate(c, &p, g).is_ok())
+            .all(|c| !c.wgmma));
     }
 
     #[test]

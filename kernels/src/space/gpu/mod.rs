@@ -103,12 +103,17 @@ pub const SWIZZLE_ALIGN: usize = 1024;
 /// swizzled rows (no padding: the instruction reads each core matrix as 128 contiguous
 /// bytes; swizzled tiles [`SWIZZLE_ALIGN`] more for their alignment; warp-specialized ones
 /// two 8-byte mbarriers a stage after them), the mma flash
-/// attention's 16-bit K and V tiles (`[bc][d + 8]` each). 0 for builds whose shared memory is
-/// all static.
+/// attention's 16-bit K and V tiles (`[bc][d + 8]` each; with `wgmma`, swizzled rows of 64
+/// dims without padding, [`SWIZZLE_ALIGN`] more). 0 for builds whose shared memory is all
+/// static.
 pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
     match (config, problem) {
         (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
-            2 * 2 * c.bc * (p.head_dim + 8)
+            if c.wgmma {
+                2 * 2 * c.bc * p.head_dim + SWIZZLE_ALIGN
+            } else {
+                2 * 2 * c.bc * (p.head_dim + 8)
+            }
         }
         (Config::GpuGemm(c), Problem::Gemm(p))
             if c.variant == GpuGemmVariant::Mma && c.stages > 1 =>
