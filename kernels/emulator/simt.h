@@ -718,28 +718,25 @@ inline void wgmma_fence() { block().wg_fenced[block().current] = true; }
 
 inline void wgmma_commit() { ++block().wg_groups[block().current]; }
 
-// Element (row, k < 16) of a wgmma operand, k-major (see kt_wgmma_desc). Without swizzling:
-// 8×8 core matrices of 16-byte rows, `lbo` apart in k and `sbo` in rows. Swizzled (mode 1,
-// 2, 3: rows of W = 128, 64, 32 bytes): row r of each 8 at r·W, groups of 8 rows `sbo`
-// apart, the step's 32 bytes of k within one row, and the address's 16-byte piece (bits 4
-// up) XORed with its bits 7 up, as many bits as W has pieces: a function of the address,
-// so a tile must start on a boundary of the pattern (8·W bytes) for its rows to line up.
-inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
+// A wgmma descriptor's fields: start address, leading and stride byte offsets, and the
+// swizzle mode's row width W (128, 64, 32 bytes for modes 1, 2, 3; 0 without swizzling).
+struct WgmmaDesc {
+    size_t start, lbo, sbo, w;
+};
+
+inline WgmmaDesc wgmma_desc(unsigned long long desc) {
     if ((desc >> 49 & 7u) != 0) fail("a wgmma descriptor with a base offset: not emulated");
     const unsigned mode = (unsigned)(desc >> 62);
-    const size_t start = (size_t)(desc & 0x3fffu) << 4;
-    const size_t lbo = (size_t)(desc >> 16 & 0x3fffu) << 4;
-    const size_t sbo = (size_t)(desc >> 32 & 0x3fffu) << 4;
-    size_t addr;
-    if (mode == 0) {
-        addr = start + (size_t)(row / 8) * sbo + (size_t)(k / 8) * lbo + (size_t)(row % 8) * 16 +
-               (size_t)(k % 8) * 2;
-    } else {
-        const size_t w = mode == 1 ? 128 : mode == 2 ? 64 : 32;
-        if (start % w + 32 > w) fail("a wgmma k step that crosses a swizzled row");
-        addr = start + (size_t)(row / 8) * sbo + (size_t)(row % 8) * w + (size_t)k * 2;
-        addr ^= ((addr >> 7) & (w / 16 - 1)) << 4;
-    }
+    return WgmmaDesc{(size_t)(desc & 0x3fffu) << 4, (size_t)(desc >> 16 & 0x3fffu) << 4,
+                     (size_t)(desc >> 32 & 0x3fffu) << 4,
+                     (size_t)(mode == 0 ? 0 : mode == 1 ? 128 : mode == 2 ? 64 : 32)};
+}
+
+// The 16-bit operand element at shared address `addr` (a swizzled layout's address before
+// its swizzle: the 16-byte piece, bits 4 up, XORed with bits 7 up, as many bits as a row of
+// W bytes has pieces).
+inline float wgmma_read(Block& b, size_t addr, size_t w) {
+    if (w > 0) addr ^= ((addr >> 7) & (w / 16 - 1)) << 4;
     if (addr < kSharedWindow || addr - kSharedWindow + 2 > b.shared_bytes)
         fail("a wgmma operand element outside dynamic shared memory");
     unsigned short x;
@@ -747,27 +744,33 @@ inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
     return half_f32(x);
 }
 
+// Element (row, k < 16) of a wgmma operand, k-major (see kt_wgmma_desc). Without swizzling:
+// 8×8 core matrices of 16-byte rows, `lbo` apart in k and `sbo` in rows. Swizzled (mode 1,
+// 2, 3: rows of W = 128, 64, 32 bytes): row r of each 8 at r·W, groups of 8 rows `sbo`
+// apart, the step's 32 bytes of k within one row, the address swizzled (wgmma_read): a
+// function of the address, so a tile must start on a boundary of the pattern (8·W bytes)
+// for its rows to line up.
+inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
+    const WgmmaDesc d = wgmma_desc(desc);
+    if (d.w == 0)
+        return wgmma_read(b, d.start + (size_t)(row / 8) * d.sbo + (size_t)(k / 8) * d.lbo +
+                                 (size_t)(row % 8) * 16 + (size_t)(k % 8) * 2,
+                          0);
+    if (d.start % d.w + 32 > d.w) fail("a wgmma k step that crosses a swizzled row");
+    return wgmma_read(b, d.start + (size_t)(row / 8) * d.sbo + (size_t)(row % 8) * d.w + (size_t)k * 2,
+                      d.w);
+}
+
 // Element (k < 16, col) of a wgmma B operand, n-major (the instruction's imm-trans-b 1;
 // swizzled layouts only): B's rows of k hold the N values contiguous, in swizzle atoms of
-// W / 2 values (W = 128, 64, 32 bytes for modes 1, 2, 3) `lbo` apart along N, row k of each
-// 8 at k·W, groups of 8 rows `sbo` apart; the address swizzled as for k-major operands.
+// W / 2 values `lbo` apart along N, row k of each 8 at k·W, groups of 8 rows `sbo` apart.
 inline float wgmma_elem_mn(Block& b, unsigned long long desc, int k, int col) {
-    if ((desc >> 49 & 7u) != 0) fail("a wgmma descriptor with a base offset: not emulated");
-    const unsigned mode = (unsigned)(desc >> 62);
-    if (mode == 0) fail("an n-major wgmma operand without swizzling: not emulated");
-    const size_t start = (size_t)(desc & 0x3fffu) << 4;
-    const size_t lbo = (size_t)(desc >> 16 & 0x3fffu) << 4;
-    const size_t sbo = (size_t)(desc >> 32 & 0x3fffu) << 4;
-    const size_t w = mode == 1 ? 128 : mode == 2 ? 64 : 32;
-    const int atom = (int)w / 2;
-    size_t addr = start + (size_t)(col / atom) * lbo + (size_t)(k / 8) * sbo + (size_t)(k % 8) * w +
-                  (size_t)(col % atom) * 2;
-    addr ^= ((addr >> 7) & (w / 16 - 1)) << 4;
-    if (addr < kSharedWindow || addr - kSharedWindow + 2 > b.shared_bytes)
-        fail("a wgmma operand element outside dynamic shared memory");
-    unsigned short x;
-    __builtin_memcpy(&x, b.shared_base + (addr - kSharedWindow), sizeof x);
-    return half_f32(x);
+    const WgmmaDesc d = wgmma_desc(desc);
+    if (d.w == 0) fail("an n-major wgmma operand without swizzling: not emulated");
+    const size_t atom = d.w / 2;
+    return wgmma_read(b, d.start + (col / atom) * d.lbo + (size_t)(k / 8) * d.sbo +
+                             (size_t)(k % 8) * d.w + (col % atom) * 2,
+                      d.w);
 }
 
 // The checks every wgmma.mma_async passes at its issue: whole warpgroups, a wgmma.fence
