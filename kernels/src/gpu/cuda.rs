@@ -187,6 +187,7 @@ pub struct LoadedKernel {
 }
 
 /// A tensor map as the driver encodes it, passed to a kernel by value.
+#[derive(Debug, Clone, Copy)]
 #[repr(transparent)]
 struct EncodedMap(sys::CUtensorMap);
 
@@ -661,6 +662,54 @@ impl super::device::GpuDevice for CudaGpu {
     }
 }
 
+/// Tensor maps a runtime build encoded last, by what they describe. A server calls a kernel on
+/// the same buffers again and again, and each encode is a driver call on the host before the
+/// launch: a TMA GEMM's two would precede every call. A few entries, the oldest replaced
+/// (buffers of a server's layers come and go less often than they are reused).
+#[derive(Debug)]
+struct MapCache<V> {
+    entries: std::sync::Mutex<std::collections::VecDeque<(TensorMap, V)>>,
+}
+
+/// Tensor maps a runtime build keeps encoded.
+const MAP_CACHE_ENTRIES: usize = 16;
+
+impl<V: Copy> MapCache<V> {
+    fn new() -> Self {
+        MapCache {
+            entries: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// `args`' tensor maps in order, each encoded by `encode` unless a map of the same
+    /// description is kept.
+    fn maps(
+        &self,
+        args: &[Arg],
+        encode: impl Fn(&TensorMap) -> Result<V, KernelError>,
+    ) -> Result<Vec<V>, KernelError> {
+        // A poisoned lock only means another launch panicked: the entries are whole values.
+        let mut kept = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        args.iter()
+            .filter_map(|a| match a {
+                Arg::TensorMap(t) => Some(t),
+                _ => None,
+            })
+            .map(|t| {
+                if let Some((_, v)) = kept.iter().find(|(k, _)| k == t) {
+                    return Ok(*v);
+                }
+                let v = encode(t)?;
+                if kept.len() == MAP_CACHE_ENTRIES {
+                    kept.pop_front();
+                }
+                kept.push_back((*t, v));
+                Ok(v)
+            })
+            .collect()
+    }
+}
+
 /// A build loaded for the runtime library: raw driver handles, launched on a caller's stream,
 /// which cudarc's safe launch API (bound to its own streams) cannot take.
 #[derive(Debug)]
@@ -668,12 +717,13 @@ pub struct RawKernel {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
     functions: Vec<sys::CUfunction>,
+    maps: MapCache<EncodedMap>,
 }
 
 // SAFETY: module and function handles belong to the context, which the driver lets any
 // thread use once bound; every use binds it first.
 unsafe impl Send for RawKernel {}
-// SAFETY: as above; launching mutates nothing here.
+// SAFETY: as above; launching mutates nothing here but the map cache, behind its lock.
 unsafe impl Sync for RawKernel {}
 
 impl RawKernel {
@@ -700,6 +750,7 @@ impl RawKernel {
             ctx: ctx.clone(),
             module,
             functions: Vec::new(),
+            maps: MapCache::new(),
         };
         for e in build.entries {
             let name = std::ffi::CString::new(*e).expect("kernel names have no NUL");
@@ -749,7 +800,7 @@ impl super::device::LoadedBuild for RawKernel {
                 unavailable(format!("the build has no kernel number {}", l.entry))
             })?;
             let mut args = l.args.clone();
-            let mut maps = encode_maps(&args)?;
+            let mut maps = self.maps.maps(&args, encode)?;
             let mut params = params(&mut args, &mut maps);
             // SAFETY: `params` points at `args` and `maps`, which follow the kernel's
             // signature and outlive the call; the caller vouches for the stream and the
@@ -772,7 +823,56 @@ impl super::device::LoadedBuild for RawKernel {
 
 #[cfg(test)]
 mod tests {
-    use super::{checked_cubin, is_cubin};
+    use super::{checked_cubin, is_cubin, MapCache, MAP_CACHE_ENTRIES};
+    use std::cell::Cell;
+
+    use crate::gpu::launch::{Arg, TensorMap};
+    use crate::KernelError;
+
+    #[test]
+    fn runtime_launches_encode_each_tensor_map_once_while_it_is_kept() {
+        let cache = MapCache::new();
+        let encodes = Cell::new(0);
+        let encode = |t: &TensorMap| -> Result<u64, KernelError> {
+            encodes.set(encodes.get() + 1);
+            Ok(t.addr)
+        };
+        let map = |addr: u64| TensorMap::new(addr, 2048, 8192, (128, 64), true);
+        let args = |a: u64, b: u64| {
+            vec![
+                Arg::Ptr(a),
+                Arg::Int(7),
+                Arg::TensorMap(map(a)),
+                Arg::TensorMap(map(b)),
+            ]
+        };
+        // Two maps a launch, in order; the same buffers again encode nothing.
+        assert_eq!(cache.maps(&args(1, 2), encode).unwrap(), [1, 2]);
+        assert_eq!(cache.maps(&args(1, 2), encode).unwrap(), [1, 2]);
+        assert_eq!(encodes.get(), 2);
+        // Another shape of the same buffer is another map.
+        let other = [Arg::TensorMap(TensorMap::new(
+            1,
+            2048,
+            4096,
+            (128, 64),
+            true,
+        ))];
+        cache.maps(&other, encode).unwrap();
+        assert_eq!(encodes.get(), 3);
+        // Past the cache's size the oldest go first.
+        for addr in 100..100 + MAP_CACHE_ENTRIES as u64 {
+            cache.maps(&[Arg::TensorMap(map(addr))], encode).unwrap();
+        }
+        let before = encodes.get();
+        cache.maps(&args(1, 2), encode).unwrap();
+        assert_eq!(encodes.get(), before + 2);
+        // A failed encode keeps nothing and says why.
+        let refuse =
+            |_: &TensorMap| -> Result<u64, KernelError> { Err(super::unavailable("no driver")) };
+        assert!(cache.maps(&args(5, 6), refuse).is_err());
+        assert!(cache.maps(&args(5, 6), encode).is_ok());
+    }
 
     #[test]
     fn a_truncated_or_headless_cubin_is_refused_before_the_driver_reads_it() {
