@@ -29,12 +29,12 @@ def form(config):
     words = config.split()
     variant = words[1] if len(words) > 1 and "=" not in words[1] else "rows"
     flags = []
-    for w in words:
+    for w in words[2:]:
         if w.startswith("swizzle="):
             flags.append("swizzled")
         elif w.startswith(("split=", "split-k=", "block-tiles=")):
             flags.append(w.split("=")[0])
-        elif w in ("paired", "specialized", "tma"):
+        elif w in ("paired", "specialized", "tma", "wgmma"):
             flags.append(w)
     return " ".join([variant] + flags)
 

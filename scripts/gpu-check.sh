@@ -54,9 +54,11 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${site}"
 
 status=0
 # One process a family: a kernel that leaves the CUDA context unusable costs only its family.
-# The GEMM's wgmma variant, new to devices, has a process of its own too.
+# The wgmma kernels (the GEMM's variant, the flash tiles by warpgroup MMA), new to devices,
+# have processes of their own too.
 : > "$out/gpu-check.txt"
-for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:60:--only-variant wgmma" flash:80: paged:40:; do
+for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:60:--only-variant wgmma" \
+    "flash:80:--skip-variant wgmma" "flash-wgmma:60:--only-variant wgmma" paged:40:; do
     IFS=: read -r name limit extra <<< "$run"
     # shellcheck disable=SC2086 # $extra is a list of arguments
     timeout "$limit" .gpu/gpu-check --family "${name%-*}" $extra --json "$out/gpu-check-$name.json" \

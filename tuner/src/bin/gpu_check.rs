@@ -14,8 +14,9 @@
 //!
 //! A problem whose upload, launch or timing fails is reported and the check goes on; the
 //! script runs each family in a process of its own, so a kernel that leaves the CUDA context
-//! unusable costs only its family's results, and the GEMM's wgmma variant (never yet run on
-//! a device) in one more, by `--only-variant` / `--skip-variant`.
+//! unusable costs only its family's results, and the wgmma kernels (the GEMM's variant and
+//! the flash tiles by warpgroup MMA, never yet run on a device) in more, by `--only-variant`
+//! / `--skip-variant` (`wgmma` names both).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -240,7 +241,8 @@ impl Check<'_> {
     }
 }
 
-/// Which GEMM variants a run samples from (`--only-variant`, `--skip-variant`).
+/// Which GEMM variants a run samples from (`--only-variant`, `--skip-variant`); `wgmma`
+/// also names the flash tiles by warpgroup MMA, so that they too can run apart.
 #[derive(Debug, Default)]
 struct Variants {
     only: Vec<String>,
@@ -249,10 +251,12 @@ struct Variants {
 
 impl Variants {
     fn admits(&self, c: &Config) -> bool {
-        let Config::GpuGemm(g) = c else {
-            return true;
+        let v = match c {
+            Config::GpuGemm(g) => g.variant.to_string(),
+            Config::GpuFlash(f) if f.wgmma => GpuGemmVariant::Wgmma.to_string(),
+            Config::GpuFlash(f) => format!("{:?}", f.variant).to_lowercase(),
+            _ => return true,
         };
-        let v = g.variant.to_string();
         (self.only.is_empty() || self.only.contains(&v)) && !self.skip.contains(&v)
     }
 }
