@@ -686,10 +686,13 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         }
         for (int tile = 0; tile < tiles; ++tile, ++it) {
             const int st = it % KT_STAGES;
-            // The tile has landed; the proxy fence hands the producer's copies to wgmma's
-            // reads.
+            // The tile has landed. The proxy fence hands the producer's cp.async copies to
+            // wgmma's reads; TMA writes through the async proxy that wgmma reads by, and its
+            // bytes are visible once the phase completes.
             kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);
+#if !KT_TMA
             kt_fence_async_shared();
+#endif
             kt_issue(acc, as, bs, st, wg);
             // The tile before is done: its stage goes back to the producer while this one's
             // products run.

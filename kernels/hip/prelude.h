@@ -555,20 +555,24 @@ KT_DEVICE void kt_cp_async_mbar_arrive(unsigned long long* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(kt_smem(bar))
                  : "memory");
 }
-// A wait past 10 s (the device's nanosecond timer) traps instead of hanging: a phase that
+// A wait past 1 s (the device's nanosecond timer) traps instead of hanging: a phase that
 // never completes is a bug in a candidate, and the tuner records the launch's failure where
-// it would otherwise wait forever (no kernel it times runs for a second).
+// it would otherwise wait forever (a stage's copy or products take microseconds). The timer
+// is read only once the first try has failed: the waits of a pipeline that keeps up pass at
+// once, several times a k tile in every thread.
 KT_DEVICE void kt_mbar_wait(unsigned long long* bar, int parity) {
     asm volatile(
         "{ .reg .pred done, late;\n"
         ".reg .u64 start, now;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@done bra KT_MBAR_DONE;\n"
         "mov.u64 start, %%globaltimer;\n"
         "KT_MBAR_WAIT:\n"
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@done bra KT_MBAR_DONE;\n"
         "mov.u64 now, %%globaltimer;\n"
         "sub.u64 now, now, start;\n"
-        "setp.gt.u64 late, now, 10000000000;\n"
+        "setp.gt.u64 late, now, 1000000000;\n"
         "@late trap;\n"
         "bra KT_MBAR_WAIT;\n"
         "KT_MBAR_DONE:\n"

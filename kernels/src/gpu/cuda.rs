@@ -506,9 +506,15 @@ impl DeviceProblem {
         Ok(times)
     }
 
-    /// cuBLAS on the same GEMM, as the peer: f32, or f16/bf16 in with 16-bit output (cuBLAS's
-    /// own types through cudarc), timed as the kernels are.
-    pub fn time_cublas(&mut self, gpu: &CudaGpu, reps: usize) -> Result<Vec<f64>, KernelError> {
+    /// cuBLAS on the same GEMM, as the peer, timed as the kernels are: f32, or f16/bf16 in
+    /// with 16-bit output (the GEMM a server calls; cuBLAS's own types through cudarc); with
+    /// `f32_out`, 16-bit inputs write f32 as kerntune's kernels do (the same bytes out).
+    pub fn time_cublas(
+        &mut self,
+        gpu: &CudaGpu,
+        reps: usize,
+        f32_out: bool,
+    ) -> Result<Vec<f64>, KernelError> {
         let Problem::Gemm(p) = self.problem else {
             return Err(unavailable("cuBLAS is the GEMM peer only"));
         };
@@ -532,6 +538,43 @@ impl DeviceProblem {
             let err = |e| driver("cuBLAS GEMM", e);
             let (n, m, k, lda) = dims;
             match (&me.inputs[0], &me.inputs[1], dtype) {
+                (DeviceBuf::Half(a), DeviceBuf::Half(b), dtype) if f32_out => {
+                    let in_type = match dtype {
+                        crate::DType::Bf16 => cudarc::cublas::sys::cudaDataType_t::CUDA_R_16BF,
+                        _ => cudarc::cublas::sys::cudaDataType_t::CUDA_R_16F,
+                    };
+                    let (alpha, beta) = (1.0f32, 0.0f32);
+                    let (a, _ra) = a.device_ptr(&gpu.stream);
+                    let (b, _rb) = b.device_ptr(&gpu.stream);
+                    let (c, _rc) = me.out.device_ptr_mut(&gpu.stream);
+                    // SAFETY: buffers of m·k, k·n and m·n elements, the shapes given; f32
+                    // scalars for the f32 compute type, as cuBLAS's table of GemmEx types
+                    // has it for 16-bit inputs with f32 output.
+                    unsafe {
+                        cudarc::cublas::result::gemm_ex(
+                            *blas.handle(),
+                            transa,
+                            cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                            n,
+                            m,
+                            k,
+                            (&alpha as *const f32).cast(),
+                            b as *const _,
+                            in_type,
+                            lda,
+                            a as *const _,
+                            in_type,
+                            k,
+                            (&beta as *const f32).cast(),
+                            c as *mut _,
+                            cudarc::cublas::sys::cudaDataType_t::CUDA_R_32F,
+                            n,
+                            cudarc::cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            cudarc::cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                    .map_err(err)
+                }
                 (DeviceBuf::F32(a), DeviceBuf::F32(b), _) => {
                     let cfg = gemm_config(transa, n, m, k, lda, 1.0f32, 0.0f32);
                     // SAFETY: buffers of m·k, k·n and m·n elements, the shapes given.

@@ -28,7 +28,7 @@ use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::gpu::cuda::{CudaGpu, DeviceProblem, LoadedKernel};
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::KernelBuild;
-use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
+use kerntune_kernels::{Config, DType, Device, GpuSpace, Problem, Space};
 use kerntune_tuner::error::chain_message;
 use kerntune_tuner::measure::{check_rows, Failure};
 use rayon::prelude::*;
@@ -70,6 +70,9 @@ struct Row {
     best_ns: Option<f64>,
     best: Option<String>,
     cublas_ns: Option<f64>,
+    /// cuBLAS writing f32, as kerntune's GEMM does, where the inputs are 16-bit (`cublas_ns`
+    /// is cuBLAS writing them in the inputs' type, as servers call it).
+    cublas_f32_ns: Option<f64>,
     /// Every verified config's median, fastest first.
     timed: Vec<(String, f64)>,
 }
@@ -189,6 +192,7 @@ impl Check<'_> {
             best_ns: None,
             best: None,
             cublas_ns: None,
+            cublas_f32_ns: None,
             timed: Vec::new(),
         };
         let len = data.row_len();
@@ -234,8 +238,11 @@ impl Check<'_> {
             }
         }
         row.timed.sort_by(|a, b| a.1.total_cmp(&b.1));
-        if reps > 0 && matches!(p, Problem::Gemm(_)) {
-            row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps)?));
+        if let (true, Problem::Gemm(g)) = (reps > 0, p) {
+            row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps, false)?));
+            if g.dtype != DType::F32 {
+                row.cublas_f32_ns = Some(median(on_device.time_cublas(self.gpu, reps, true)?));
+            }
         }
         Ok(row)
     }
@@ -457,7 +464,17 @@ fn run() -> anyhow::Result<bool> {
         "{:>10} {:>10} {:>10} {:>8} {:>9}  problem / best config",
         "default", "tuned", "cuBLAS", "vs def", "vs peer"
     );
-    let mut rows = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    // Rewritten after every problem: a process the script's time limit stops, or a kernel
+    // that takes the CUDA context down, keeps the rows timed before it.
+    let save = |rows: &[Row]| -> anyhow::Result<()> {
+        if let Some(path) = &json {
+            std::fs::write(path, serde_json::to_string_pretty(rows)?)
+                .with_context(|| format!("writing --json {path}"))?;
+        }
+        Ok(())
+    };
+    save(&rows)?;
     for (p, configs) in &timed {
         let Some(row) = check.sweep_or_report(p, configs, reps) else {
             failures += 1;
@@ -484,14 +501,20 @@ fn run() -> anyhow::Result<bool> {
                 (None, _) => "(verified, not timed: --reps 0)",
             }
         );
+        if row.cublas_f32_ns.is_some() {
+            println!(
+                "{:>52}cuBLAS writing f32 as kerntune does: {}, tuned {}",
+                "",
+                us(row.cublas_f32_ns),
+                ratio(row.cublas_f32_ns, row.best_ns)
+            );
+        }
         for f in &row.failed {
             println!("      FAILED {f}");
         }
         failures += row.failed.len();
         rows.push(row);
-    }
-    if let Some(path) = json {
-        std::fs::write(&path, serde_json::to_string_pretty(&rows)?)?;
+        save(&rows)?;
     }
     println!(
         "\n{failures} candidates failed verification or to run; {:.0} s in all",
