@@ -63,6 +63,12 @@ constexpr int kLdmatrix = -4;
 constexpr int kWgmma = -5;
 // A thread's own wait on an mbarrier phase (not a warp-wide operation).
 constexpr int kMbarrier = -6;
+// A thread's wgmma.wait_group, parked until every thread of its warpgroup has committed the
+// groups it waits for (a warpgroup's products start only once all four warps issued them).
+constexpr int kWgmmaWait = -7;
+
+// Sites where a thread waits on its own condition, not for its wave or its block.
+constexpr bool own_wait(int site) { return site == kMbarrier || site == kWgmmaWait; }
 
 // mbarrier objects a block may initialize.
 constexpr int kMaxMbarriers = 32;
@@ -200,6 +206,8 @@ struct Block {
     int wg_pending[kMaxThreads];
     int wg_groups[kMaxThreads];
     bool wg_fenced[kMaxThreads];
+    // The groups a thread parked at kWgmmaWait waits for: those numbered below this.
+    int wg_target[kMaxThreads];
     // The block's mbarriers, and what each thread parked at kMbarrier waits for: a phase of
     // the parity given completed on the mbarrier at that address.
     Mbar mbar[kMaxMbarriers];
@@ -233,6 +241,7 @@ inline void describe(int site, char* out, size_t len) {
     case kLdmatrix: snprintf(out, len, "an ldmatrix"); break;
     case kWgmma: snprintf(out, len, "a wgmma"); break;
     case kMbarrier: snprintf(out, len, "an mbarrier wait"); break;
+    case kWgmmaWait: snprintf(out, len, "a wgmma.wait_group"); break;
     default: snprintf(out, len, "the barrier at line %d", site); break;
     }
 }
@@ -353,6 +362,12 @@ inline void deadlock(Block& b) {
 // likewise), so a wave reads what others wrote before a barrier only where the kernel has the
 // barrier: a missing one shows as a wrong result.
 inline bool mbar_done(Block& b, int i);
+inline bool wg_committed(const Block& b, int i);
+
+// Whether thread i, parked at a wait of its own, may go on.
+inline bool own_wait_done(Block& b, int i) {
+    return b.site[i] == kMbarrier ? mbar_done(b, i) : wg_committed(b, i);
+}
 
 inline bool run_block(Block& b) {
     b.mbar_count = 0;
@@ -374,13 +389,13 @@ inline bool run_block(Block& b) {
             for (bool resumed = true; resumed;) {
                 for (int n = 0; n < KT_HOST_WAVE; ++n) {
                     const int i = w + (back ? KT_HOST_WAVE - 1 - n : n);
-                    if (b.state[i] == State::Waiting && b.site[i] == kMbarrier && mbar_done(b, i))
+                    if (b.state[i] == State::Waiting && own_wait(b.site[i]) && own_wait_done(b, i))
                         b.state[i] = State::Ready;
                     if (b.state[i] != State::Ready) continue;
                     to_fiber(b, i);
                     if (b.failed) return false;
                 }
-                resumed = b.state[w] == State::Waiting && b.site[w] < 0 && b.site[w] != kMbarrier;
+                resumed = b.state[w] == State::Waiting && b.site[w] < 0 && !own_wait(b.site[w]);
                 for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i)
                     resumed = b.state[i] == State::Waiting && b.site[i] == b.site[w];
                 for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i) b.state[i] = State::Ready;
@@ -392,8 +407,8 @@ inline bool run_block(Block& b) {
             together = together && b.state[i] == State::Waiting && b.site[i] > 0 &&
                        b.site[i] == b.site[0];
             // A phase completed after its waiter's turn: the waiter runs in the next round.
-            woken = woken || (b.state[i] == State::Waiting && b.site[i] == kMbarrier &&
-                              mbar_done(b, i));
+            woken = woken || (b.state[i] == State::Waiting && own_wait(b.site[i]) &&
+                              own_wait_done(b, i));
         }
         if (all_done) return true;
         if (woken) continue;
@@ -828,33 +843,56 @@ inline void wgmma_rs(float* d, int n, const unsigned (&a)[4], unsigned long long
     b.wgmma[me][b.wg_pending[me]++] = op;
 }
 
-// wgmma.wait_group n: the thread's operations but those of the newest n committed groups (and
-// any not committed) complete, in issue order.
-inline void wgmma_wait(int n) {
-    Block& b = block();
-    const int me = b.current;
-    const int w = (me / 32) % 4, g = (me % 32) / 4, t = me % 4;
+// Whether every thread of thread i's warpgroup has committed the groups i waits for.
+inline bool wg_committed(const Block& b, int i) {
+    const int base = i / 128 * 128;
+    for (int j = base; j < base + 128; ++j)
+        if (b.wg_groups[j] < b.wg_target[i]) return false;
+    return true;
+}
+
+// Thread j's operations in groups numbered below `target`, computed into its accumulators
+// (in issue order) and no longer pending.
+inline void wgmma_complete(Block& b, int j, int target) {
+    const int w = (j / 32) % 4, g = (j % 32) / 4, t = j % 4;
     int kept = 0;
-    for (int i = 0; i < b.wg_pending[me]; ++i) {
-        const Wgmma op = b.wgmma[me][i];
-        if (op.group >= b.wg_groups[me] - n) {
-            b.wgmma[me][kept++] = op;
+    for (int i = 0; i < b.wg_pending[j]; ++i) {
+        const Wgmma op = b.wgmma[j][i];
+        if (op.group >= target) {
+            b.wgmma[j][kept++] = op;
             continue;
         }
-        for (int j = 0; j < op.n / 8; ++j)
+        for (int c = 0; c < op.n / 8; ++c)
             for (int e = 0; e < 4; ++e) {
-                const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * t + e % 2;
-                float acc = op.d[4 * j + e];
+                const int row = 16 * w + g + 8 * (e / 2), col = 8 * c + 2 * t + e % 2;
+                float acc = op.d[4 * c + e];
                 for (int k = 0; k < 16; ++k) {
                     const float x = op.reg_a ? op.a_rows[e / 2][k] : wgmma_elem(b, op.a, row, k);
                     const float y = op.trans_b ? wgmma_elem_mn(b, op.b, k, col)
                                                : wgmma_elem(b, op.b, col, k);
                     acc = fmaf(x, y, acc);
                 }
-                op.d[4 * j + e] = acc;
+                op.d[4 * c + e] = acc;
             }
     }
-    b.wg_pending[me] = kept;
+    b.wg_pending[j] = kept;
+}
+
+// wgmma.wait_group n: the thread's operations but those of the newest n committed groups (and
+// any not committed) complete, in issue order. Products are the warpgroup's, not a thread's:
+// the wait parks until all 128 threads have committed those groups, then completes them for
+// every thread of the warpgroup, as the device does. A stage handed back by one thread once
+// its wait returns is read by no product after that, whichever warp issued it. Computed at
+// the wait, before any other wave runs: products that read a stage before its copies land
+// read the poison those left; a stage handed back before the wait for its products is a race
+// the emulator does not see.
+inline void wgmma_wait(int n) {
+    Block& b = block();
+    const int me = b.current;
+    b.wg_target[me] = b.wg_groups[me] - n;
+    if (!wg_committed(b, me)) wait(kWgmmaWait);
+    const int base = me / 128 * 128;
+    for (int j = base; j < base + 128; ++j) wgmma_complete(b, j, b.wg_target[me]);
 }
 
 // mbarrier.init.shared.b64: an mbarrier at `p` expecting `count` arrivals a phase, in phase 0.

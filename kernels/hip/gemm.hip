@@ -626,14 +626,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_SPECIALIZED
     // Stage st is full once the producer's copies of it have landed (each of its 128
     // threads' cp.async; with TMA, the bytes of its two boxes), and empty once every
-    // multiplying thread is done with its products. Both sides count the k tiles of all the
-    // block's C tiles in one sequence `it`: stage it % STAGES, in round it / STAGES.
+    // multiplying warpgroup is done with its products: one thread of each arrives once its
+    // wait returns, since a warpgroup's products are one operation for all its threads (as
+    // CUTLASS's pipelines signal, instead of 128 arrivals a warpgroup on one mbarrier). Both
+    // sides count the k tiles of all the block's C tiles in one sequence `it`: stage
+    // it % STAGES, in round it / STAGES.
     unsigned long long* const full = reinterpret_cast<unsigned long long*>(bs + KT_STAGES * KT_BN * KT_BK);
     unsigned long long* const empty = full + KT_STAGES;
     if (tid == 0) {
         for (int st = 0; st < KT_STAGES; ++st) {
             kt_mbar_init(&full[st], KT_TMA ? 1 : 128);
-            kt_mbar_init(&empty[st], KT_CONSUMERS);
+            kt_mbar_init(&empty[st], KT_CONSUMERS / 128);
         }
         kt_fence_mbar_init();
     }
@@ -675,6 +678,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
     const int wg = ctid / 128;
 #if KT_SPECIALIZED
+    const bool signals = ctid % 128 == 0;
     for (int ct = 0, it = 0; ct < mine; ++ct) {
         int row0, col0;
         kt_tile_origin(first + ct, m, n, &row0, &col0);
@@ -697,12 +701,12 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             // The tile before is done: its stage goes back to the producer while this one's
             // products run.
             kt_wgmma_wait<1>();
-            if (tile > 0) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
+            if (tile > 0 && signals) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
         }
         kt_wgmma_wait<0>();
         // The C tile's last stage goes back too, so the producer fills it with the next C
         // tile's k tiles while these results are stored.
-        if (tiles > 0) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
+        if (tiles > 0 && signals) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
 #pragma unroll
         for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
         kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
