@@ -102,6 +102,30 @@ if [ -x .gpu/cuda-gemm ] && [ -f "$out/tuned.db" ]; then
         || status=$?
 fi
 
+# Where the largest prefill GEMM's time goes, kerntune's fastest config beside cuBLAS's own
+# kernel (whose name gives its tile and cluster shape): Nsight Compute's speed of light (SM,
+# L2 and DRAM throughput), where ncu is installed and the check has time left for it.
+prefill=gemm:m=2048,n=7168,k=8192,dtype=bf16
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if [ -n "$ncu" ] && [ "$SECONDS" -lt 210 ]; then
+    best=$(python3 - "$out" "$prefill" <<'PY'
+import glob, json, os, sys
+rows = [r for f in glob.glob(os.path.join(sys.argv[1], "gpu-check-*.json")) for r in json.load(open(f))]
+rows = [r for r in rows if r["problem"].startswith(sys.argv[2]) and r.get("best_config")]
+if rows:
+    print(json.dumps(min(rows, key=lambda r: r["best_ns"])["best_config"]))
+PY
+)
+    if [ -n "$best" ]; then
+        timeout 60 "$ncu" --clock-control none --section SpeedOfLight -c 4 \
+            -k 'regex:kt_gemm|gemm|nvjet|xmma|cutlass' \
+            .gpu/gpu-check --problem "$prefill" --config "$best" --reps 1 > "$out/ncu-prefill.txt" 2>&1 \
+            || echo "ncu: exit $? (its output in ncu-prefill.txt)"
+        grep -E '^  [A-Za-z_].*\(|Duration|Throughput|SM Busy' "$out/ncu-prefill.txt" \
+            | tee -a "$out/gpu-check.txt" || true
+    fi
+fi
+
 # AMX, where the host has it: every CPU GEMM kernel verified on this host (the AMX ones on
 # the tiles), then Llama-70B TP8 gate_up timed with the heuristic (amx-direct on AMX hosts),
 # the packed AMX kernel and PyTorch (oneDNN, which uses AMX), all on every thread.

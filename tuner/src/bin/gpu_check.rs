@@ -69,6 +69,8 @@ struct Row {
     default_ns: Option<f64>,
     best_ns: Option<f64>,
     best: Option<String>,
+    /// The fastest config as `--config` takes it, for profiling it again.
+    best_config: Option<Config>,
     cublas_ns: Option<f64>,
     /// cuBLAS writing f32, as kerntune's GEMM does, where the inputs are 16-bit (`cublas_ns`
     /// is cuBLAS writing them in the inputs' type, as servers call it).
@@ -191,6 +193,7 @@ impl Check<'_> {
             default_ns: None,
             best_ns: None,
             best: None,
+            best_config: None,
             cublas_ns: None,
             cublas_f32_ns: None,
             timed: Vec::new(),
@@ -233,6 +236,7 @@ impl Check<'_> {
                     if row.best_ns.is_none_or(|b| ns < b) {
                         row.best_ns = Some(ns);
                         row.best = Some(c.to_string());
+                        row.best_config = Some(c);
                     }
                 }
             }
