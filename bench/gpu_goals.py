@@ -25,15 +25,15 @@ def verdict(ok):
 def form(config):
     """A config's kernel form, as its display names it: the variant, then the choices that
     change the kernel's structure (`gpu wgmma 128x256x64 tile 1x256 stages=4 swizzle=128
-    specialized tma block-tiles=4` -> `wgmma swizzled specialized tma block-tiles`); tile
-    sizes, stages and counts are left out."""
+    specialized tma block-tiles=4 cluster=2` -> `wgmma swizzled specialized tma block-tiles
+    cluster`); tile sizes, stages and counts are left out."""
     words = config.split()
     variant = words[1] if len(words) > 1 and "=" not in words[1] else "rows"
     flags = []
     for w in words[2:]:
         if w.startswith("swizzle="):
             flags.append("swizzled")
-        elif w.startswith(("split=", "split-k=", "block-tiles=")):
+        elif w.startswith(("split=", "split-k=", "block-tiles=", "cluster=")):
             flags.append(w.split("=")[0])
         elif w in ("paired", "specialized", "tma", "wgmma"):
             flags.append(w)
@@ -55,7 +55,7 @@ def forms(rows):
         if p != problem:
             print(f"  {p}")
             problem = p
-        print(f"    {ns / 1e3:10.1f} us  {f:<44} {config}")
+        print(f"    {ns / 1e3:10.1f} us  {f:<52} {config}")
 
 
 def main():

@@ -67,8 +67,17 @@ constexpr int kMbarrier = -6;
 // groups it waits for (a warpgroup's products start only once all four warps issued them).
 constexpr int kWgmmaWait = -7;
 
+// A thread's barrier.cluster: parked until every thread of every block of its cluster has
+// arrived.
+constexpr int kClusterSync = -8;
+
 // Sites where a thread waits on its own condition, not for its wave or its block.
-constexpr bool own_wait(int site) { return site == kMbarrier || site == kWgmmaWait; }
+constexpr bool own_wait(int site) {
+    return site == kMbarrier || site == kWgmmaWait || site == kClusterSync;
+}
+
+// Blocks a thread-block cluster may take.
+constexpr int kMaxCluster = 2;
 
 // mbarrier objects a block may initialize.
 constexpr int kMaxMbarriers = 32;
@@ -169,6 +178,17 @@ struct Entry {
     void (*call)(void* fn, void** params);
 };
 
+struct Block;
+
+// What the blocks of one cluster share: each other, and the count of barrier.cluster
+// arrivals (a generation ends once every thread of every block has arrived).
+struct Cluster {
+    Block* blocks[kMaxCluster];
+    int size;
+    int arrived;
+    int generation;
+};
+
 struct Block {
     const Entry* entry;
     void** params;
@@ -177,6 +197,17 @@ struct Block {
     int current;
     bool failed;
     char message[512];
+    // Its cluster (a cluster of one without clusters) and its rank there.
+    Cluster* cluster;
+    int rank;
+    // The kernel's dynamic shared memory, this block's own (blocks of a cluster run at once).
+    unsigned char* dyn;
+    size_t dyn_bytes;
+    // Rounds run, and fiber switches so far (a cluster's blocks stop when none switched).
+    int phase;
+    unsigned long switches;
+    // The barrier.cluster generation each thread parked at kClusterSync waits to end.
+    int cluster_gen[kMaxThreads];
 #if KT_HOST_FAST_SWITCH
     void* sched;
     void* ctx[kMaxThreads];  // each parked fiber's stack pointer
@@ -242,6 +273,7 @@ inline void describe(int site, char* out, size_t len) {
     case kWgmma: snprintf(out, len, "a wgmma"); break;
     case kMbarrier: snprintf(out, len, "an mbarrier wait"); break;
     case kWgmmaWait: snprintf(out, len, "a wgmma.wait_group"); break;
+    case kClusterSync: snprintf(out, len, "a barrier.cluster"); break;
     default: snprintf(out, len, "the barrier at line %d", site); break;
     }
 }
@@ -307,6 +339,7 @@ inline void start_fiber(Block& b, int i) {
 
 inline void to_fiber(Block& b, int i) {
     b.current = i;
+    ++b.switches;
 #if KT_HOST_FAST_SWITCH
     kt_host_switch(&b.sched, b.ctx[i]);
 #else
@@ -366,12 +399,15 @@ inline bool wg_committed(const Block& b, int i);
 
 // Whether thread i, parked at a wait of its own, may go on.
 inline bool own_wait_done(Block& b, int i) {
+    if (b.site[i] == kClusterSync) return b.cluster->generation != b.cluster_gen[i];
     return b.site[i] == kMbarrier ? mbar_done(b, i) : wg_committed(b, i);
 }
 
-inline bool run_block(Block& b) {
+// A block's fibers started and its state cleared, ready for its first round.
+inline void begin_block(Block& b) {
     b.mbar_count = 0;
     b.tma_count = 0;
+    b.phase = 0;
     for (int i = 0; i < b.threads; ++i) {
         start_fiber(b, i);
         b.state[i] = State::Ready;
@@ -381,46 +417,96 @@ inline bool run_block(Block& b) {
         b.wg_groups[i] = 0;
         b.wg_fenced[i] = false;
     }
+}
+
+enum class Round { Done, Moved, Stuck, Failed };
+
+// One round of a block: every wave's turn, then its barrier released if every thread waits
+// there. Stuck: no thread can go on by itself (a block alone is then deadlocked; a block of
+// a cluster may wait for another's arrivals).
+inline Round run_round(Block& b) {
     const int waves = b.threads / KT_HOST_WAVE;  // launch() refuses partial waves
-    for (int phase = 0;; ++phase) {
-        const bool back = phase & 1;
-        for (int v = 0; v < waves; ++v) {
-            const int w = KT_HOST_WAVE * (back ? waves - 1 - v : v);
-            for (bool resumed = true; resumed;) {
-                for (int n = 0; n < KT_HOST_WAVE; ++n) {
-                    const int i = w + (back ? KT_HOST_WAVE - 1 - n : n);
-                    if (b.state[i] == State::Waiting && own_wait(b.site[i]) && own_wait_done(b, i))
-                        b.state[i] = State::Ready;
-                    if (b.state[i] != State::Ready) continue;
-                    to_fiber(b, i);
-                    if (b.failed) return false;
-                }
-                resumed = b.state[w] == State::Waiting && b.site[w] < 0 && !own_wait(b.site[w]);
-                for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i)
-                    resumed = b.state[i] == State::Waiting && b.site[i] == b.site[w];
-                for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i) b.state[i] = State::Ready;
+    const bool back = b.phase++ & 1;
+    for (int v = 0; v < waves; ++v) {
+        const int w = KT_HOST_WAVE * (back ? waves - 1 - v : v);
+        for (bool resumed = true; resumed;) {
+            for (int n = 0; n < KT_HOST_WAVE; ++n) {
+                const int i = w + (back ? KT_HOST_WAVE - 1 - n : n);
+                if (b.state[i] == State::Waiting && own_wait(b.site[i]) && own_wait_done(b, i))
+                    b.state[i] = State::Ready;
+                if (b.state[i] != State::Ready) continue;
+                to_fiber(b, i);
+                if (b.failed) return Round::Failed;
             }
+            resumed = b.state[w] == State::Waiting && b.site[w] < 0 && !own_wait(b.site[w]);
+            for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i)
+                resumed = b.state[i] == State::Waiting && b.site[i] == b.site[w];
+            for (int i = w; resumed && i < w + KT_HOST_WAVE; ++i) b.state[i] = State::Ready;
         }
-        bool all_done = true, together = true, woken = false;
-        for (int i = 0; i < b.threads; ++i) {
-            all_done = all_done && b.state[i] == State::Done;
-            together = together && b.state[i] == State::Waiting && b.site[i] > 0 &&
-                       b.site[i] == b.site[0];
-            // A phase completed after its waiter's turn: the waiter runs in the next round.
-            woken = woken || (b.state[i] == State::Waiting && own_wait(b.site[i]) &&
-                              own_wait_done(b, i));
+    }
+    bool all_done = true, together = true, woken = false;
+    for (int i = 0; i < b.threads; ++i) {
+        all_done = all_done && b.state[i] == State::Done;
+        together = together && b.state[i] == State::Waiting && b.site[i] > 0 &&
+                   b.site[i] == b.site[0];
+        // A phase completed after its waiter's turn: the waiter runs in the next round.
+        woken = woken || (b.state[i] == State::Waiting && own_wait(b.site[i]) &&
+                          own_wait_done(b, i));
+    }
+    if (all_done) return Round::Done;
+    if (woken) return Round::Moved;
+    if (!together) return Round::Stuck;
+    for (int i = 0; i < b.threads; ++i) b.state[i] = State::Ready;
+    return Round::Moved;
+}
+
+// Runs the blocks of one cluster (one block without clusters) to completion, round by round
+// in turn, as their SMs would at once; false with the failing block's message in the first
+// block's. They are deadlocked once every block still running is stuck and no thread of any
+// ran in a whole turn.
+inline bool run_cluster(Cluster& cl) {
+    for (int r = 0; r < cl.size; ++r) {
+        tl_block = cl.blocks[r];
+        begin_block(*cl.blocks[r]);
+    }
+    cl.arrived = 0;
+    cl.generation = 0;
+    for (;;) {
+        bool all_done = true, all_stuck = true;
+        unsigned long before = 0, after = 0;
+        for (int r = 0; r < cl.size; ++r) before += cl.blocks[r]->switches;
+        for (int r = 0; r < cl.size; ++r) {
+            Block& b = *cl.blocks[r];
+            tl_block = &b;
+            bool done = true;
+            for (int i = 0; i < b.threads && done; ++i) done = b.state[i] == State::Done;
+            if (done) continue;
+            const Round round = run_round(b);
+            if (round == Round::Failed) {
+                if (r != 0) snprintf(cl.blocks[0]->message, sizeof b.message, "%s", b.message);
+                return false;
+            }
+            all_done = all_done && round == Round::Done;
+            all_stuck = all_stuck && round == Round::Stuck;
         }
         if (all_done) return true;
-        if (woken) continue;
-        if (!together) {
-            deadlock(b);
-            return false;
+        for (int r = 0; r < cl.size; ++r) after += cl.blocks[r]->switches;
+        if (all_stuck && (cl.size == 1 || after == before)) {
+            for (int r = 0; r < cl.size; ++r) {
+                Block& b = *cl.blocks[r];
+                bool done = true;
+                for (int i = 0; i < b.threads && done; ++i) done = b.state[i] == State::Done;
+                if (done) continue;
+                tl_block = &b;
+                deadlock(b);
+                if (r != 0) snprintf(cl.blocks[0]->message, sizeof b.message, "%s", b.message);
+                return false;
+            }
         }
-        for (int i = 0; i < b.threads; ++i) b.state[i] = State::Ready;
     }
 }
 
-inline int launch(const Entry* entries, int count, int entry, const unsigned grid[3],
+inline int launch(const Entry* entries, int count, int entry, const unsigned grid[4],
                   unsigned threads, void** params, char* err, size_t err_len) {
     auto refuse = [&](const char* what) {
         snprintf(err, err_len, "%s", what);
@@ -431,32 +517,51 @@ inline int launch(const Entry* entries, int count, int entry, const unsigned gri
         return refuse("threads per block must be 1 to 1024");
     if (threads % KT_HOST_WAVE != 0)
         return refuse("threads per block must be a multiple of the wave");
-    Block* b = static_cast<Block*>(calloc(1, sizeof(Block)));
-    if (b == nullptr) return refuse("out of memory for the block's state");
-    b->stacks = static_cast<char*>(malloc(kStack * threads));
-    if (b->stacks == nullptr) {
-        free(b);
-        return refuse("out of memory for the threads' stacks");
-    }
-    b->entry = &entries[entry];
-    b->params = params;
-    b->threads = (int)threads;
-    Block* outer = tl_block;
-    tl_block = b;
+    const unsigned size = grid[3];
+    if (size < 1 || size > (unsigned)kMaxCluster) return refuse("clusters take 1 or 2 blocks");
+    if (grid[0] % size != 0) return refuse("a grid of whole clusters along x");
+    Cluster cl{};
+    cl.size = (int)size;
     bool ok = true;
-    for (unsigned z = 0; ok && z < grid[2]; ++z)
-        for (unsigned y = 0; ok && y < grid[1]; ++y)
-            for (unsigned x = 0; ok && x < grid[0]; ++x) {
-                b->bid[0] = x;
-                b->bid[1] = y;
-                b->bid[2] = z;
-                ok = run_block(*b);
-            }
+    for (unsigned r = 0; r < size; ++r) {
+        Block* b = static_cast<Block*>(calloc(1, sizeof(Block)));
+        cl.blocks[r] = b;
+        if (b == nullptr) {
+            ok = false;
+            break;
+        }
+        b->stacks = static_cast<char*>(malloc(kStack * threads));
+        b->entry = &entries[entry];
+        b->params = params;
+        b->threads = (int)threads;
+        b->cluster = &cl;
+        b->rank = (int)r;
+        ok = ok && b->stacks != nullptr;
+    }
+    Block* outer = tl_block;
+    if (!ok) {
+        snprintf(err, err_len, "out of memory for the blocks' state and stacks");
+    } else {
+        for (unsigned z = 0; ok && z < grid[2]; ++z)
+            for (unsigned y = 0; ok && y < grid[1]; ++y)
+                for (unsigned x = 0; ok && x < grid[0]; x += size) {
+                    for (unsigned r = 0; r < size; ++r) {
+                        cl.blocks[r]->bid[0] = x + r;
+                        cl.blocks[r]->bid[1] = y;
+                        cl.blocks[r]->bid[2] = z;
+                    }
+                    ok = run_cluster(cl);
+                }
+        if (!ok) snprintf(err, err_len, "%s", cl.blocks[0]->message);
+    }
     tl_block = outer;
-    if (!ok) snprintf(err, err_len, "%s", b->message);
-    free(b->copies);
-    free(b->stacks);
-    free(b);
+    for (unsigned r = 0; r < size; ++r) {
+        if (cl.blocks[r] == nullptr) continue;
+        free(cl.blocks[r]->copies);
+        free(cl.blocks[r]->stacks);
+        free(cl.blocks[r]->dyn);
+        free(cl.blocks[r]);
+    }
     return ok ? 0 : 1;
 }
 
@@ -707,10 +812,19 @@ inline void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p, bool trans) {
     for (int q = 0; q < 4; ++q) r[q] = out[q];
 }
 
-// Where the kernel's dynamic shared memory is; every thread of the block passes the same.
-inline void shared_window(unsigned char* base, size_t bytes) {
-    block().shared_base = base;
-    block().shared_bytes = bytes;
+// The block's dynamic shared memory of `bytes` (what the launch passes): allocated at the
+// block's first use and kept for the launch's later blocks, as a device reuses an SM's.
+inline unsigned char* dynamic_shared(size_t bytes) {
+    Block& b = block();
+    if (b.dyn == nullptr || b.dyn_bytes < bytes) {
+        free(b.dyn);
+        b.dyn = static_cast<unsigned char*>(calloc(1, bytes));
+        if (b.dyn == nullptr) fail("out of memory for the block's dynamic shared memory");
+        b.dyn_bytes = bytes;
+    }
+    b.shared_base = b.dyn;
+    b.shared_bytes = bytes;
+    return b.dyn;
 }
 
 // The shared-window address of the dynamic shared memory's first byte. A device may place it
@@ -1034,6 +1148,80 @@ inline void mbar_wait(const void* p, int parity) {
     b.mbar_parity[me] = parity & 1;
     if (mbar_done(b, me)) return;
     wait(kMbarrier);
+}
+
+// %cluster_ctarank: the block's rank in its cluster (0 without clusters).
+inline int cluster_rank() { return block().rank; }
+
+// barrier.cluster.arrive.release then barrier.cluster.wait.acquire: parks the thread until
+// every thread of every block of the cluster has arrived (a thread that left never does).
+inline void cluster_sync(int line) {
+    (void)line;
+    Block& b = block();
+    Cluster& cl = *b.cluster;
+    const int me = b.current;
+    b.cluster_gen[me] = cl.generation;
+    if (++cl.arrived == cl.size * b.threads) {
+        cl.arrived = 0;
+        ++cl.generation;
+        return;
+    }
+    wait(kClusterSync);
+}
+
+// The block of rank `rank` in the caller's cluster, which must not have left: its shared
+// memory and mbarriers are gone on a device once its threads have all returned.
+inline Block& cluster_block(int rank) {
+    Block& b = block();
+    if (rank < 0 || rank >= b.cluster->size) fail("a rank outside the block's cluster");
+    Block& to = *b.cluster->blocks[rank];
+    bool left = true;
+    for (int i = 0; i < to.threads && left; ++i) left = to.state[i] == State::Done;
+    if (left) fail("an arrival or a copy into a block of the cluster that has left");
+    return to;
+}
+
+// mapa.shared::cluster then mbarrier.arrive.release.cluster.shared::cluster.b64: one arrival
+// on the mbarrier at `p`'s offset in the shared memory of block `rank` of the cluster.
+inline void mbar_arrive_remote(const void* p, int rank) {
+    const unsigned addr = smem_offset(p);
+    mbar_arrive_at(cluster_block(rank), addr);
+}
+
+// cp.async.bulk.tensor...multicast::cluster: the box of tma_load into every block of the
+// cluster whose bit is set in `ranks`, at `dst`'s offset there, its bytes counted on the
+// mbarrier at `bar`'s offset there. Bytes may reach another block before its phase expects
+// them (a device counts them against the phase's expectation when that arrives), so only
+// this block's own copy is checked against its phase's expectation.
+inline void tma_load_multicast(void* dst, const unsigned long long* map, int x, int y,
+                               const void* bar, unsigned short ranks) {
+    Block& me = block();
+    const unsigned at = smem_offset(dst), bar_at = smem_offset(bar);
+    if (ranks == 0 || ranks >> me.cluster->size != 0)
+        fail("a multicast to blocks outside the cluster (or to none)");
+    for (int r = 0; r < me.cluster->size; ++r) {
+        if (!(ranks >> r & 1)) continue;
+        Block& to = cluster_block(r);
+        if (&to == &me) {
+            tma_load(dst, map, x, y, bar);
+            continue;
+        }
+        if (to.dyn == nullptr || at - kSharedWindow >= to.shared_bytes)
+            fail("a multicast into a block without that shared memory");
+        unsigned char* const there = to.dyn + (at - kSharedWindow);
+        const size_t bytes = (size_t)(map[4] * map[5] * map[7]);
+        if (at - kSharedWindow + bytes > to.shared_bytes)
+            fail("a TMA box past the kernel's dynamic shared memory");
+        if (to.tma_count == kMaxTma) fail("more TMA copies in flight than the emulator holds");
+        mbar_of(to, bar_at);  // initialized there
+        Tma& t = to.tma[to.tma_count++];
+        t.bar = bar_at;
+        t.dst = there;
+        for (int w = 0; w < 8; ++w) t.map[w] = map[w];
+        t.x = x;
+        t.y = y;
+        __builtin_memset(there, 0xff, bytes);
+    }
 }
 
 typedef float f32x16 __attribute__((vector_size(64)));

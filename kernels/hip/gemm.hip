@@ -445,6 +445,12 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BK == 64)
 #error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64"
 #endif
+#ifndef KT_CLUSTER
+#define KT_CLUSTER 1
+#endif
+#if KT_CLUSTER != 1 && !(KT_CLUSTER == 2 && KT_TMA && KT_BN % 16 == 0)
+#error "clusters of 2 blocks share B's tile by TMA multicast (KT_TMA, KT_BN a multiple of 16)"
+#endif
 #define KT_WG_N (KT_BN / KT_TN)
 // The warpgroups that multiply; specialized, a producer warpgroup (threads 0 .. 127) before
 // them copies every tile, else all of them copy.
@@ -485,7 +491,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
 
 // The C tile `id` of a block's KT_BLOCK_TILES (x · KT_BLOCK_TILES on): its first row and
-// column. Blocks start in launch order, so a wave of them is a run of consecutive ids. Row by
+// column. In clusters, ids count columns of KT_CLUSTER tiles one above the other (m tiles in
+// units of KT_CLUSTER · BM), the block of rank r taking the r-th of its cluster's column. Blocks start in launch order, so a wave of them is a run of consecutive ids. Row by
 // row of tiles, a wave of 132 would take 4 or 5 rows of m tiles across all of N and read
 // every weight of B from memory once per wave; here consecutive ids walk the m tiles of a
 // band of KT_RASTER first, then the next n tile: a wave reads the band's rows of A and a few
@@ -493,10 +500,15 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 // tiles they pair with balances the two for 128×256 tiles on 132 SMs.
 #define KT_RASTER 16
 KT_DEVICE void kt_tile_origin(int id, int m, int n, int* row0, int* col0) {
-    const int tiles_m = (m + KT_BM - 1) / KT_BM, tiles_n = (n + KT_BN - 1) / KT_BN;
+    const int tiles_m = (m + KT_CLUSTER * KT_BM - 1) / (KT_CLUSTER * KT_BM);
+    const int tiles_n = (n + KT_BN - 1) / KT_BN;
     const int band = id / (KT_RASTER * tiles_n), first = band * KT_RASTER;
     const int rows = min(KT_RASTER, tiles_m - first), in = id - first * tiles_n;
+#if KT_CLUSTER > 1
+    *row0 = ((first + in % rows) * KT_CLUSTER + kt_cluster_rank()) * KT_BM;
+#else
     *row0 = (first + in % rows) * KT_BM;
+#endif
     *col0 = (in / rows) * KT_BN;
 }
 
@@ -593,7 +605,11 @@ KT_DEVICE void kt_issue(float (&acc)[KT_TM][KT_TN / 2], const unsigned short* as
 
 // With TMA, `a_map` and `b_map` describe A [m, k] and B [n, k] in boxes of BM and BN rows by
 // 64 of k (gpu/launch.rs).
+#if KT_CLUSTER > 1
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS) KT_CLUSTER_DIMS(KT_CLUSTER)
+#else
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+#endif
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k
 #if KT_TMA
@@ -613,9 +629,11 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     kt_split_range(k, &kb, &ke);
     c += (long)KT_BID_Z * m * n;
     const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
-    // This block's C tiles: KT_BLOCK_TILES from first on, fewer in the last block.
-    const int c_tiles = ((m + KT_BM - 1) / KT_BM) * ((n + KT_BN - 1) / KT_BN);
-    const int first = KT_BID_X * KT_BLOCK_TILES;
+    // This block's C tiles: KT_BLOCK_TILES from first on, fewer in the last block (in
+    // clusters, the cluster's columns of tiles, each block its row of them).
+    const int c_tiles =
+        ((m + KT_CLUSTER * KT_BM - 1) / (KT_CLUSTER * KT_BM)) * ((n + KT_BN - 1) / KT_BN);
+    const int first = KT_BID_X / KT_CLUSTER * KT_BLOCK_TILES;
     const int mine = min(KT_BLOCK_TILES, c_tiles - first);
     // (TMA copies without it.)
     [[maybe_unused]] auto load = [&](int st, int k0, int copier, int row0, int col0) {
@@ -636,11 +654,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     if (tid == 0) {
         for (int st = 0; st < KT_STAGES; ++st) {
             kt_mbar_init(&full[st], KT_TMA ? 1 : 128);
-            kt_mbar_init(&empty[st], KT_CONSUMERS / 128);
+            kt_mbar_init(&empty[st], KT_CONSUMERS / 128 * KT_CLUSTER);
         }
         kt_fence_mbar_init();
     }
+#if KT_CLUSTER > 1
+    // No block of the cluster arrives on another's mbarriers or copies into its shared
+    // memory before that block has initialized them.
+    kt_cluster_sync();
+#else
     KT_SYNC();
+#endif
     if (tid < 128) {
         // The producer: tile by tile into the stages in turn, each once the products of the
         // tile before in that stage are done (the first round finds every stage empty), on
@@ -649,7 +673,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         // One thread issues every box; the copy engine does the rest, zeros past the edges.
         // A split's k range is whole tiles (kt_split_range) but for the last split's end,
         // which is k itself: no box reads into the next split's range.
-        if (tid != 0) return;
+        if (tid == 0)
 #endif
         for (int ct = 0, it = 0; ct < mine; ++ct) {
             int row0, col0;
@@ -660,7 +684,19 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_TMA
                 kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);
                 kt_tma_load(as + st * KT_BM * KT_BK, &a_map, kb + tile * KT_BK, row0, &full[st]);
+#if KT_CLUSTER > 1
+                // This block's share of B's tile, into every block of the cluster (whose
+                // stage the same `empty` wait found free: each block's consumers hand their
+                // stages back to every producer of the cluster).
+                {
+                    const int part = kt_cluster_rank() * (KT_BN / KT_CLUSTER);
+                    kt_tma_load_multicast(bs + st * KT_BN * KT_BK + part * KT_BK, &b_map,
+                                          kb + tile * KT_BK, col0 + part, &full[st],
+                                          (1u << KT_CLUSTER) - 1);
+                }
+#else
                 kt_tma_load(bs + st * KT_BN * KT_BK, &b_map, kb + tile * KT_BK, col0, &full[st]);
+#endif
 #else
                 load(st, kb + tile * KT_BK, tid, row0, col0);
                 kt_cp_async_mbar_arrive(&full[st]);
@@ -669,6 +705,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         }
 #if !KT_TMA
         kt_cp_async_wait_all();
+#endif
+#if KT_CLUSTER > 1
+        // Blocks leave together: none while another may still arrive on its mbarriers.
+        kt_cluster_sync();
 #endif
         return;
     }
@@ -679,6 +719,15 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     const int wg = ctid / 128;
 #if KT_SPECIALIZED
     const bool signals = ctid % 128 == 0;
+    // A stage handed back to the producer of every block of the cluster (their multicast
+    // copies write it).
+    auto release = [](unsigned long long* bar) {
+#if KT_CLUSTER > 1
+        for (int r = 0; r < KT_CLUSTER; ++r) kt_mbar_arrive_cluster(bar, r);
+#else
+        kt_mbar_arrive(bar);
+#endif
+    };
     for (int ct = 0, it = 0; ct < mine; ++ct) {
         int row0, col0;
         kt_tile_origin(first + ct, m, n, &row0, &col0);
@@ -701,16 +750,19 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             // The tile before is done: its stage goes back to the producer while this one's
             // products run.
             kt_wgmma_wait<1>();
-            if (tile > 0 && signals) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
+            if (tile > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);
         }
         kt_wgmma_wait<0>();
         // The C tile's last stage goes back too, so the producer fills it with the next C
         // tile's k tiles while these results are stored.
-        if (tiles > 0 && signals) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);
+        if (tiles > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);
 #pragma unroll
         for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
         kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
     }
+#if KT_CLUSTER > 1
+    kt_cluster_sync();
+#endif
 #else
     int row0, col0;
     kt_tile_origin(KT_BID_X, m, n, &row0, &col0);

@@ -56,10 +56,9 @@
 
 // Dynamic shared memory (`KT_DYN_LDS` bytes, passed at launch) as a byte array `name`.
 #if defined(KT_HOST)
-// The emulator learns where it is, to resolve the shared-memory addresses of descriptors.
-#define KT_DYNAMIC_SHARED(name)                                                              \
-    static thread_local __attribute__((aligned(16))) unsigned char name[KT_DYN_LDS];         \
-    kt_host::shared_window(name, sizeof name)
+// The block's own (the blocks of a cluster run at once), where the emulator resolves the
+// shared-memory addresses of descriptors.
+#define KT_DYNAMIC_SHARED(name) unsigned char* const name = kt_host::dynamic_shared(KT_DYN_LDS)
 #else
 #define KT_DYNAMIC_SHARED(name) extern __shared__ __attribute__((aligned(16))) unsigned char name[]
 #endif
@@ -519,6 +518,16 @@ KT_DEVICE void kt_mbar_expect_tx(unsigned long long* bar, int bytes) {
 KT_DEVICE void kt_tma_load(void* dst, const kt_tmap* map, int x, int y, unsigned long long* bar) {
     kt_host::tma_load(dst, map->w, x, y, bar);
 }
+KT_DEVICE void kt_tma_load_multicast(void* dst, const kt_tmap* map, int x, int y,
+                                     unsigned long long* bar, unsigned short ranks) {
+    kt_host::tma_load_multicast(dst, map->w, x, y, bar, ranks);
+}
+#define KT_CLUSTER_DIMS(x)
+KT_DEVICE int kt_cluster_rank() { return kt_host::cluster_rank(); }
+KT_DEVICE void kt_cluster_sync() { kt_host::cluster_sync(__LINE__); }
+KT_DEVICE void kt_mbar_arrive_cluster(unsigned long long* bar, int rank) {
+    kt_host::mbar_arrive_remote(bar, rank);
+}
 #else
 struct alignas(128) kt_tmap {
     unsigned long long w[16];
@@ -534,6 +543,39 @@ KT_DEVICE void kt_tma_load(void* dst, const kt_tmap* map, int x, int y, unsigned
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
         "{%2, %3}], [%4];" ::"r"(kt_smem(dst)),
         "l"(map), "r"(x), "r"(y), "r"(kt_smem(bar))
+        : "memory");
+}
+// Thread-block clusters (sm_90): the blocks of a cluster run at once on neighbouring SMs and
+// reach each other's shared memory. The same box into the shared memory of every block of
+// the cluster whose bit is set in `ranks`, at `dst`'s offset there, its bytes counted on the
+// mbarrier at `bar`'s offset in each (TMA multicast: read from L2 once).
+KT_DEVICE void kt_tma_load_multicast(void* dst, const kt_tmap* map, int x, int y,
+                                     unsigned long long* bar, unsigned short ranks) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(kt_smem(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(kt_smem(bar)), "h"(ranks)
+        : "memory");
+}
+#define KT_CLUSTER_DIMS(x) __cluster_dims__(x, 1, 1)
+KT_DEVICE int kt_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+// Every thread of every block of the cluster: writes before it (shared memory, mbarrier
+// initializations) seen by every thread after it, in any block of the cluster.
+KT_DEVICE void kt_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster.
+KT_DEVICE void kt_mbar_arrive_cluster(unsigned long long* bar, int rank) {
+    asm volatile(
+        "{ .reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "}" ::"r"(kt_smem(bar)),
+        "r"(rank)
         : "memory");
 }
 #endif

@@ -505,6 +505,7 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
         specialized: false,
         tma: false,
         block_tiles: 1,
+        cluster: 1,
     });
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
@@ -594,6 +595,7 @@ fn wgmma_config_tma(
         specialized,
         tma,
         block_tiles: 1,
+        cluster: 1,
     })
 }
 
@@ -767,6 +769,7 @@ fn skinny_gemm_error(model: &str, body: &str) -> Result<f64, KernelError> {
         specialized: false,
         tma: false,
         block_tiles: 1,
+        cluster: 1,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -1035,8 +1038,8 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
             ),
             (
                 "releasing the stage whose products run",
-                "if (tile > 0 && signals) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);",
-                "if (tile > 0 && signals) kt_mbar_arrive(&empty[it % KT_STAGES]);",
+                "if (tile > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);",
+                "if (tile > 0 && signals) release(&empty[it % KT_STAGES]);",
             ),
             (
                 "every multiplying thread signalling, one arrival a warpgroup expected",
@@ -1060,8 +1063,8 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
     let run = |body: &str| wgmma_config_error(body, wgmma_config(64, 128, true, 3));
     for (from, to, says) in [
         (
-            "kt_mbar_init(&empty[st], KT_CONSUMERS / 128);",
-            "kt_mbar_init(&empty[st], KT_CONSUMERS / 128 + 1);",
+            "kt_mbar_init(&empty[st], KT_CONSUMERS / 128 * KT_CLUSTER);",
+            "kt_mbar_init(&empty[st], KT_CONSUMERS / 128 * KT_CLUSTER + 1);",
             "an mbarrier wait, which nothing completes",
         ),
         (
@@ -1198,6 +1201,99 @@ fn every_specialized_tile_and_split_matches_the_reference() {
     );
 }
 
+/// Clusters of two blocks, one above the other, sharing B's tile: each copies half of it into
+/// both by TMA multicast, and hands each stage back to both producers. On 300×470 by 328 (three
+/// m tiles: the last cluster's second block lies wholly past m; ragged n and k), with blocks
+/// of several tiles and split k too; each way of getting the sharing wrong shows.
+#[test]
+fn clusters_sharing_b_match_the_reference_and_catch_each_mistake() {
+    let (_, emu) = emulator("h200");
+    let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
+    let run = |spec: &str, config: GpuGemmConfig, body: &str| {
+        let problem: Problem = spec.parse().unwrap();
+        let data = ProblemData::random(&problem, 6);
+        emu.run_source(&data, &Config::GpuGemm(config), body)
+            .map(|out| relative_error(&out, &data.reference()))
+    };
+    let clustered = |(bm, bn, tn): (usize, usize, usize), stages, block_tiles, split_k| {
+        let Config::GpuGemm(c) = wgmma_config_tma(64, 128, true, stages, true) else {
+            unreachable!()
+        };
+        GpuGemmConfig {
+            bm,
+            bn,
+            tn,
+            stages,
+            block_tiles,
+            split_k,
+            cluster: 2,
+            ..c
+        }
+    };
+    let spec = "gemm:m=300,n=470,k=328,dtype=bf16,b=nk";
+    let source = include_str!("../hip/gemm.hip");
+    for (tile, stages, block_tiles) in [
+        ((128, 128, 128), 4, 1),
+        ((128, 160, 160), 3, 1),
+        ((128, 224, 224), 4, 1),
+        ((128, 128, 128), 4, 3),
+    ] {
+        let config = clustered(tile, stages, block_tiles, 1);
+        let err = run(spec, config, source).unwrap_or_else(|e| panic!("{config}: {e}"));
+        assert!(err <= tol, "{config}: relative error {err:e}");
+    }
+    let split = clustered((128, 160, 160), 4, 1, 2);
+    let err = run("gemm:m=300,n=470,k=1096,dtype=bf16,b=nk", split, source).unwrap();
+    assert!(err <= tol, "{split}: relative error {err:e}");
+
+    let config = clustered((128, 160, 160), 3, 1, 1);
+    for (mistake, from, to) in [
+        (
+            "both blocks taking the same tiles",
+            "*row0 = ((first + in % rows) * KT_CLUSTER + kt_cluster_rank()) * KT_BM;",
+            "*row0 = ((first + in % rows) * KT_CLUSTER) * KT_BM;",
+        ),
+        (
+            "the second half of B over the first",
+            "bs + st * KT_BN * KT_BK + part * KT_BK, &b_map,",
+            "bs + st * KT_BN * KT_BK, &b_map,",
+        ),
+        (
+            "a stage free once one block's consumers are done with it",
+            "kt_mbar_init(&empty[st], KT_CONSUMERS / 128 * KT_CLUSTER);",
+            "kt_mbar_init(&empty[st], KT_CONSUMERS / 128);",
+        ),
+    ] {
+        caught(mistake, run(spec, config, &gemm_with(from, to)), tol);
+    }
+    // Errors the emulator names, where a GPU would hang or fault.
+    for (from, to, says) in [
+        (
+            "for (int r = 0; r < KT_CLUSTER; ++r) kt_mbar_arrive_cluster(bar, r);",
+            "kt_mbar_arrive(bar);",
+            "which nothing completes",
+        ),
+        (
+            "(1u << KT_CLUSTER) - 1);",
+            "1u << kt_cluster_rank());",
+            "which nothing completes",
+        ),
+    ] {
+        faults(run(spec, config, &gemm_with(from, to)), says);
+    }
+    // Without the barrier before they leave, a block's consumers hand a stage back to a block
+    // that has gone.
+    let body = gemm_with(
+        "        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);\n    }\n#if KT_CLUSTER > 1\n    kt_cluster_sync();",
+        "        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);\n    }\n#if KT_CLUSTER > 1",
+    )
+    .replace(
+        "#if KT_CLUSTER > 1\n        // Blocks leave together: none while another may still arrive on its mbarriers.\n        kt_cluster_sync();\n#endif",
+        "",
+    );
+    faults(run(spec, config, &body), "that has left");
+}
+
 /// Blocks that take several C tiles in turn (6 tiles of 128×160 over 200×470: blocks of 2,
 /// and of 4 with the last block taking 2), stages handed on from one C tile to the next; each
 /// way of getting that hand-over wrong shows.
@@ -1231,7 +1327,7 @@ fn blocks_of_several_c_tiles_match_the_reference_and_catch_each_mistake() {
             for (mistake, from, to) in [
                 (
                     "a C tile's last stage kept from the producer",
-                    "if (tiles > 0 && signals) kt_mbar_arrive(&empty[(it - 1) % KT_STAGES]);",
+                    "if (tiles > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);",
                     "",
                 ),
                 (

@@ -65,6 +65,10 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
                 420.0,
             ),
             (
+                "gpu wgmma 128x224x64 tile 1x224 stages=4 swizzle=128 specialized tma cluster=2",
+                430.0,
+            ),
+            (
                 "gpu wgmma 128x256x64 tile 1x256 stages=3 swizzle=128",
                 700.0,
             ),
@@ -122,6 +126,10 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         "{out}"
     );
     assert!(line("specialized tma  ").contains("420.0 us"), "{out}");
+    assert!(
+        line("specialized tma cluster").contains("430.0 us"),
+        "{out}"
+    );
     assert!(line("wgmma swizzled  ").contains("700.0 us"), "{out}");
     assert!(line("mma split").contains("50.0 us"), "{out}");
     assert!(line("mma wgmma").contains("48.0 us"), "{out}");

@@ -98,6 +98,12 @@ pub struct GpuGemmConfig {
     /// ending and the next starting with empty stages. Absent when 1: 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub block_tiles: usize,
+    /// Blocks of the TMA wgmma variant that run as one thread-block cluster (1 or 2): a
+    /// pair takes two C tiles one above the other, which read the same tile of B, and each
+    /// of the pair copies half of that tile once into both blocks' shared memory (TMA
+    /// multicast), so B crosses from L2 to the SMs once for two blocks. Absent when 1: 1.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub cluster: usize,
 }
 
 impl GpuGemmConfig {
@@ -243,6 +249,9 @@ impl fmt::Display for GpuGemmConfig {
         }
         if self.block_tiles != 1 {
             write!(f, " block-tiles={}", self.block_tiles)?;
+        }
+        if self.cluster != 1 {
+            write!(f, " cluster={}", self.cluster)?;
         }
         Ok(())
     }

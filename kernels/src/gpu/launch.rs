@@ -93,6 +93,10 @@ pub struct Launch {
     /// Index into the build's entry points.
     pub entry: usize,
     pub grid: [u32; 3],
+    /// Blocks a thread-block cluster takes along x (1: no clusters). The CUDA builds declare
+    /// it in the kernel (`__cluster_dims__`); the host emulator runs a cluster's blocks
+    /// together.
+    pub cluster: u32,
     pub block: u32,
     /// Bytes of dynamic shared memory (the build's [`KernelBuild::dynamic_lds`] for its main
     /// kernel, else 0).
@@ -245,9 +249,16 @@ pub fn launches(
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = if c.variant == GpuGemmVariant::Wgmma {
                 // One row of blocks, each taking `block_tiles` C tiles in the kernel's order
-                // (kt_tile_origin).
-                let c_tiles = p.m.div_ceil(c.bm) * p.n.div_ceil(c.bn);
-                grid(c_tiles.div_ceil(c.block_tiles.max(1)), 1, c.split_k)?
+                // (kt_tile_origin); in clusters, each cluster `block_tiles` columns of
+                // `cluster` tiles one above the other (a last one past m computes zeros it
+                // does not store).
+                let cluster = c.cluster.max(1);
+                let c_tiles = p.m.div_ceil(c.bm * cluster) * p.n.div_ceil(c.bn);
+                grid(
+                    cluster * c_tiles.div_ceil(c.block_tiles.max(1)),
+                    1,
+                    c.split_k,
+                )?
             } else {
                 grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?
             };
@@ -258,7 +269,14 @@ pub fn launches(
                 let box_k = c.bk as u32;
                 vec![
                     TensorMap::new(ptrs.inputs[0], p.m, p.k, (c.bm as u32, box_k), bf16),
-                    TensorMap::new(ptrs.inputs[1], p.n, p.k, (c.bn as u32, box_k), bf16),
+                    // In a cluster each block copies its share of B's tile.
+                    TensorMap::new(
+                        ptrs.inputs[1],
+                        p.n,
+                        p.k,
+                        ((c.bn / c.cluster.max(1)) as u32, box_k),
+                        bf16,
+                    ),
                 ]
             } else {
                 Vec::new()
@@ -266,6 +284,7 @@ pub fn launches(
             let product = |dst: Arg| Launch {
                 entry: 0,
                 grid: tiles,
+                cluster: c.cluster.max(1) as u32,
                 block,
                 shared_bytes,
                 args: [
@@ -286,6 +305,7 @@ pub fn launches(
                     Launch {
                         entry: 1,
                         grid: grid(mn.div_ceil(block as usize), 1, 1)?,
+                        cluster: 1,
                         block,
                         shared_bytes: 0,
                         args: vec![ws, out, int(mn, "m·n")?],
@@ -312,6 +332,7 @@ pub fn launches(
                         p.q_heads,
                         p.batch,
                     )?,
+                    cluster: 1,
                     block,
                     shared_bytes,
                     args: [
@@ -330,6 +351,7 @@ pub fn launches(
                     Launch {
                         entry: 0,
                         grid: grid(tiles, p.q_heads, p.batch * c.split)?,
+                        cluster: 1,
                         block,
                         shared_bytes,
                         args: [
@@ -342,6 +364,7 @@ pub fn launches(
                     Launch {
                         entry: 1,
                         grid: grid(elements.div_ceil(block as usize), 1, 1)?,
+                        cluster: 1,
                         block,
                         shared_bytes: 0,
                         args: [
@@ -361,6 +384,7 @@ pub fn launches(
                 Launch {
                     entry: 0,
                     grid: grid(parts, p.q_heads, p.num_seqs)?,
+                    cluster: 1,
                     block,
                     shared_bytes: 0,
                     args: vec![
@@ -382,6 +406,7 @@ pub fn launches(
                 Launch {
                     entry: 1,
                     grid: grid(p.q_heads, p.num_seqs, 1)?,
+                    cluster: 1,
                     block,
                     shared_bytes: 0,
                     args: vec![
@@ -518,11 +543,13 @@ mod tests {
         assert_eq!(l[0].grid, [512, 1, 1]);
         let four = Config::GpuGemm(GpuGemmConfig {
             block_tiles: 4,
+            cluster: 1,
             ..g
         });
         assert_eq!(launches(&p, &four, &ptrs).unwrap()[0].grid, [128, 1, 1]);
         let three = Config::GpuGemm(GpuGemmConfig {
             block_tiles: 3,
+            cluster: 1,
             ..g
         });
         assert_eq!(launches(&p, &three, &ptrs).unwrap()[0].grid, [171, 1, 1]);

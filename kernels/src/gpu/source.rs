@@ -88,6 +88,7 @@ impl KernelBuild {
                 .chain(c.specialized.then_some(("KT_SPECIALIZED", 1)))
                 .chain(c.tma.then_some(("KT_TMA", 1)))
                 .chain((c.block_tiles > 1).then_some(("KT_BLOCK_TILES", c.block_tiles)))
+                .chain((c.cluster > 1).then_some(("KT_CLUSTER", c.cluster)))
                 .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]

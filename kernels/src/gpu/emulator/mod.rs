@@ -441,7 +441,13 @@ impl Emulator {
             let rc = unsafe {
                 (loaded.launch)(
                     entry,
-                    launch.grid.as_ptr(),
+                    [
+                        launch.grid[0],
+                        launch.grid[1],
+                        launch.grid[2],
+                        launch.cluster,
+                    ]
+                    .as_ptr(),
                     launch.block,
                     params.as_mut_ptr(),
                     err.as_mut_ptr(),

@@ -23,7 +23,8 @@ pub(super) const SIMT: &str = include_str!("../../../emulator/simt.h");
 /// Part of every key: a change to how units are laid out changes every build's object.
 const LAYOUT: &str = "units of namespaced builds, kt_host_launch_<key>";
 
-/// The launch function of a build (`KT_HOST_ENTRIES` of kernels/emulator/simt.h).
+/// The launch function of a build (`KT_HOST_ENTRIES` of kernels/emulator/simt.h); `grid`
+/// is x, y, z and the blocks of a cluster along x.
 pub(super) type LaunchFn = unsafe extern "C" fn(
     entry: i32,
     grid: *const u32,

@@ -178,6 +178,17 @@ pub(super) fn validate(
             ),
         ));
     }
+    // A pair of blocks shares B's tile, each copying half by a multicast box: rows bn / 2,
+    // a whole number of 8-row swizzle patterns (1024 bytes) so the second half lines up.
+    if !(1..=2).contains(&c.cluster) || (c.cluster == 2 && !(c.tma && c.bn.is_multiple_of(16))) {
+        return Err(invalid(
+            f,
+            format!(
+                "cluster = {}: 1, or 2 blocks of the TMA wgmma variant sharing B's tile (bn = {} a multiple of 16)",
+                c.cluster, c.bn
+            ),
+        ));
+    }
     if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == 64) {
         return Err(invalid(
             f,
@@ -457,7 +468,8 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                 // producer warpgroup copies while the others multiply, by the copy engine
                 // (TMA) and then by cp.async; the split ones by TMA at 4 stages only. After
                 // each unsplit TMA tile of 4 stages, the same with every block taking
-                // several C tiles in turn, where there are two a SM or more.
+                // several C tiles in turn, where there are two a SM or more, and both in
+                // clusters of two blocks sharing B's tile.
                 let specialized = specialized_tiles(p, g);
                 for tma in [true, false] {
                     for &((bm, bn, tm, tn), split) in &specialized {
@@ -474,6 +486,18 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                             let block_tiles = persistent_tiles(p, g, (bm, bn));
                             if tma && stages == 4 && split == 1 && block_tiles > 1 {
                                 push(GpuGemmConfig { block_tiles, ..c });
+                            }
+                            // The same in pairs sharing B's tile (multicast: half of B's
+                            // traffic from L2), where there are two m tiles to pair.
+                            if tma && stages == 4 && split == 1 && p.m > bm {
+                                push(GpuGemmConfig { cluster: 2, ..c });
+                                if block_tiles > 1 {
+                                    push(GpuGemmConfig {
+                                        block_tiles,
+                                        cluster: 2,
+                                        ..c
+                                    });
+                                }
                             }
                         }
                     }
@@ -605,6 +629,7 @@ fn tile(
         specialized: false,
         tma: false,
         block_tiles: 1,
+        cluster: 1,
     }
 }
 
@@ -705,7 +730,7 @@ mod tests {
     use super::{candidates, heuristic};
     use crate::config::GpuGemmVariant;
     use crate::problem::GemmProblem;
-    use crate::{Device, Problem};
+    use crate::{Config, Device, Problem};
 
     fn gemm(spec: &str) -> GemmProblem {
         match spec.parse() {
@@ -943,6 +968,64 @@ mod tests {
         ] {
             let e = validate(&c, &p, g).unwrap_err().to_string();
             assert!(e.contains("block_tiles = "), "{c}: {e}");
+        }
+    }
+
+    #[test]
+    fn tma_tiles_also_come_in_clusters_sharing_b() {
+        use super::validate;
+        use crate::config::GpuGemmConfig;
+        use crate::gpu::launch::{launches, DevicePtrs};
+        let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
+            unreachable!("the H200 is in the catalog")
+        };
+        // After the first tile and its blocks of 4: the same in pairs, then both.
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16");
+        let all = candidates(&p, g);
+        assert_eq!(
+            all[..4]
+                .iter()
+                .map(|c| (c.bn, c.block_tiles, c.cluster))
+                .collect::<Vec<_>>(),
+            [(224, 1, 1), (224, 4, 1), (224, 1, 2), (224, 4, 2)]
+        );
+        assert_eq!(
+            all[3].to_string(),
+            "gpu wgmma 128x224x64 tile 1x224 stages=4 swizzle=128 specialized tma block-tiles=4 cluster=2"
+        );
+        let json = serde_json::to_string(&all[2]).unwrap();
+        assert!(json.ends_with(r#""tma":true,"cluster":2}"#), "{json}");
+        assert_eq!(
+            serde_json::from_str::<GpuGemmConfig>(&json).unwrap(),
+            all[2]
+        );
+        // 16 m tiles in 8 pairs by 32 n tiles: 512 blocks, or 128 of 4 tiles each; B's box
+        // is half the tile, A's the whole.
+        let ptrs = DevicePtrs::default();
+        let l = launches(&Problem::Gemm(p), &Config::GpuGemm(all[2]), &ptrs).unwrap();
+        assert_eq!((l[0].grid, l[0].cluster), ([512, 1, 1], 2));
+        let l = launches(&Problem::Gemm(p), &Config::GpuGemm(all[3]), &ptrs).unwrap();
+        assert_eq!((l[0].grid, l[0].cluster), ([128, 1, 1], 2));
+        // One m tile has nothing to pair.
+        let p1 = gemm("gemm:m=128,n=7168,k=8192,dtype=bf16");
+        assert!(candidates(&p1, g).iter().all(|c| c.cluster == 1));
+        // Pairs by TMA only, of two blocks.
+        for c in [
+            GpuGemmConfig {
+                tma: false,
+                ..all[2]
+            },
+            GpuGemmConfig {
+                cluster: 3,
+                ..all[2]
+            },
+            GpuGemmConfig {
+                cluster: 0,
+                ..all[2]
+            },
+        ] {
+            let e = validate(&c, &p, g).unwrap_err().to_string();
+            assert!(e.contains("cluster = ") || e.contains("tma"), "{c}: {e}");
         }
     }
 }
