@@ -55,9 +55,10 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${site}"
 status=0
 # One process a family: a kernel that leaves the CUDA context unusable costs only its family.
 # The wgmma kernels (the GEMM's variant, the flash tiles by warpgroup MMA), new to devices,
-# have processes of their own too.
+# have processes of their own too, and the GEMM's clusters one more.
 : > "$out/gpu-check.txt"
-for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:60:--only-variant wgmma" \
+for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:60:--only-variant wgmma --skip-variant cluster" \
+    "gemm-cluster:45:--only-variant cluster" \
     "flash:80:--skip-variant wgmma" "flash-wgmma:60:--only-variant wgmma" paged:40:; do
     IFS=: read -r name limit extra <<< "$run"
     # shellcheck disable=SC2086 # $extra is a list of arguments

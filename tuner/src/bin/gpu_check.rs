@@ -16,7 +16,7 @@
 //! script runs each family in a process of its own, so a kernel that leaves the CUDA context
 //! unusable costs only its family's results, and the wgmma kernels (the GEMM's variant and
 //! the flash tiles by warpgroup MMA, never yet run on a device) in more, by `--only-variant`
-//! / `--skip-variant` (`wgmma` names both).
+//! / `--skip-variant` (`wgmma` names both; `cluster` the GEMM tiles run in clusters).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -261,14 +261,20 @@ struct Variants {
 }
 
 impl Variants {
+    /// Names a filter may give besides the GEMM variants: `cluster`, the GEMM tiles that
+    /// run in clusters of blocks.
+    const FORMS: [&'static str; 1] = ["cluster"];
+
     fn admits(&self, c: &Config) -> bool {
-        let v = match c {
-            Config::GpuGemm(g) => g.variant.to_string(),
-            Config::GpuFlash(f) if f.wgmma => GpuGemmVariant::Wgmma.to_string(),
-            Config::GpuFlash(f) => format!("{:?}", f.variant).to_lowercase(),
+        let names = match c {
+            Config::GpuGemm(g) if g.cluster > 1 => vec![g.variant.to_string(), "cluster".into()],
+            Config::GpuGemm(g) => vec![g.variant.to_string()],
+            Config::GpuFlash(f) if f.wgmma => vec![GpuGemmVariant::Wgmma.to_string()],
+            Config::GpuFlash(f) => vec![format!("{:?}", f.variant).to_lowercase()],
             _ => return true,
         };
-        (self.only.is_empty() || self.only.contains(&v)) && !self.skip.contains(&v)
+        (self.only.is_empty() || self.only.iter().any(|o| names.contains(o)))
+            && !self.skip.iter().any(|s| names.contains(s))
     }
 }
 
@@ -358,11 +364,14 @@ fn run() -> anyhow::Result<bool> {
             }
             "--only-variant" | "--skip-variant" => {
                 let v = value()?;
-                let known: Vec<String> =
-                    GpuGemmVariant::ALL.iter().map(|v| v.to_string()).collect();
+                let known: Vec<String> = GpuGemmVariant::ALL
+                    .iter()
+                    .map(|v| v.to_string())
+                    .chain(Variants::FORMS.iter().map(|f| f.to_string()))
+                    .collect();
                 if !known.contains(&v) {
                     bail!(
-                        "{a} {v}: not a GEMM variant ({}); {usage}",
+                        "{a} {v}: not a GEMM variant or form ({}); {usage}",
                         known.join(", ")
                     );
                 }
@@ -525,4 +534,35 @@ fn run() -> anyhow::Result<bool> {
         started.elapsed().as_secs_f64()
     );
     Ok(failures == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Variants;
+    use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
+
+    /// The script's GEMM processes between them run every candidate once: the plain ones,
+    /// the wgmma ones outside clusters, and the clusters.
+    #[test]
+    fn the_gemm_processes_split_the_candidates_between_them() {
+        let p: Problem = "gemm:m=2048,n=7168,k=8192,dtype=bf16".parse().unwrap();
+        let device = Device::lookup("h200").unwrap();
+        let all = GpuSpace.candidates(&p, &device);
+        let filter = |only: &[&str], skip: &[&str]| Variants {
+            only: only.iter().map(|s| s.to_string()).collect(),
+            skip: skip.iter().map(|s| s.to_string()).collect(),
+        };
+        let runs = [
+            filter(&[], &["wgmma"]),
+            filter(&["wgmma"], &["cluster"]),
+            filter(&["cluster"], &[]),
+        ];
+        for c in &all {
+            let takers = runs.iter().filter(|v| v.admits(c)).count();
+            assert_eq!(takers, 1, "{c}");
+        }
+        let clustered = |c: &Config| matches!(c, Config::GpuGemm(g) if g.cluster > 1);
+        assert!(all.iter().any(clustered));
+        assert!(all.iter().filter(|c| runs[2].admits(c)).all(clustered));
+    }
 }
