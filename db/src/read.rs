@@ -104,6 +104,28 @@ impl Db {
             .collect())
     }
 
+    /// The configs (as JSON) of a problem on a device and kernel whose measurements' message
+    /// contains `marker`: the tuner's record of candidates that left the device unusable.
+    pub async fn crashed_configs(
+        &self,
+        device_id: i64,
+        kernel_id: i64,
+        problem_key: &str,
+        marker: &str,
+    ) -> Result<Vec<String>> {
+        let rows = sqlx::query_scalar(
+            "SELECT DISTINCT m.config FROM measurements m JOIN problems p ON p.id = m.problem_id
+             WHERE m.device_id = ? AND m.kernel_id = ? AND p.key = ? AND instr(m.message, ?) > 0",
+        )
+        .bind(device_id)
+        .bind(kernel_id)
+        .bind(problem_key)
+        .bind(marker)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
     /// Runs as (id, status), oldest first.
     pub async fn runs(&self) -> Result<Vec<(i64, String)>> {
         let rows = sqlx::query("SELECT id, status FROM runs ORDER BY id")

@@ -492,7 +492,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 // The C tile `id` of a block's KT_BLOCK_TILES (x · KT_BLOCK_TILES on): its first row and
 // column. In clusters, ids count columns of KT_CLUSTER tiles one above the other (m tiles in
-// units of KT_CLUSTER · BM), the block of rank r taking the r-th of its cluster's column. Blocks start in launch order, so a wave of them is a run of consecutive ids. Row by
+// units of KT_CLUSTER · BM), the block of rank r taking the r-th of its cluster's column.
+// Blocks start in launch order, so a wave of them is a run of consecutive ids. Row by
 // row of tiles, a wave of 132 would take 4 or 5 rows of m tiles across all of N and read
 // every weight of B from memory once per wave; here consecutive ids walk the m tiles of a
 // band of KT_RASTER first, then the next n tile: a wave reads the band's rows of A and a few

@@ -45,6 +45,14 @@ pub enum KernelError {
     /// a rule of the GPU (barriers, whole waves, writes within the output).
     #[error("{build} on the host emulator: {reason}")]
     EmulatorFault { build: String, reason: String },
+    /// A kernel left the device unusable to this process (an illegal address, a trap, a
+    /// launch that failed: the driver's errors that stick to the context), so every later
+    /// call fails too until the process starts again.
+    #[error("{backend} device lost: {reason} (nothing more runs on it in this process)")]
+    DeviceLost {
+        backend: &'static str,
+        reason: String,
+    },
 }
 
 /// Shorthand for results in this crate.

@@ -36,6 +36,8 @@ fn status(e: RuntimeError) -> (KtStatus, String) {
     let code = match &e {
         RuntimeError::NoGpuKernel { .. } => KtStatus::NotTuned,
         RuntimeError::Kernel(KernelError::BackendUnavailable { .. }) => KtStatus::NoDevice,
+        // The kernel faulted; the message says the device is gone for the process.
+        RuntimeError::Kernel(KernelError::DeviceLost { .. }) => KtStatus::KernelError,
         RuntimeError::Kernel(_) | RuntimeError::NoScratch { .. } => KtStatus::InvalidArgument,
         _ => KtStatus::KernelError,
     };
@@ -306,4 +308,30 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
         // SAFETY: caller contract.
         unsafe { launch(d, &p, &ptrs, scratch, stream, matched) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{status, KtStatus};
+    use crate::RuntimeError;
+    use kerntune_kernels::KernelError;
+
+    /// A server told why a GPU call failed: no device, or a kernel that faulted and took the
+    /// device with it (every later call fails too), or a bad argument.
+    #[test]
+    fn gpu_errors_map_to_the_status_a_server_acts_on() {
+        let of = |e: KernelError| status(RuntimeError::Kernel(e)).0;
+        let unavailable = KernelError::BackendUnavailable {
+            backend: "cuda",
+            reason: "no CUDA driver".into(),
+        };
+        assert_eq!(of(unavailable), KtStatus::NoDevice);
+        let lost = KernelError::DeviceLost {
+            backend: "cuda",
+            reason: "a kernel failed: CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        };
+        let (code, text) = status(RuntimeError::Kernel(lost));
+        assert_eq!(code, KtStatus::KernelError);
+        assert!(text.contains("device lost"), "{text}");
+    }
 }

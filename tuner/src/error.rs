@@ -17,6 +17,17 @@ pub enum TuneError {
     /// Ctrl-C: finished problems are committed.
     #[error("interrupted: {done} problems committed, {left} left for the next run")]
     Interrupted { done: usize, left: usize },
+    /// A candidate left the GPU unusable to this process: what was measured before it is
+    /// committed, the candidate recorded as crashing (later runs skip it), the rest of the
+    /// run left for the next one.
+    #[error("{config} on {problem}: {reason}; {done} problems committed, {left} left: run the same command again to go on (it skips this config)")]
+    DeviceLost {
+        problem: String,
+        config: String,
+        reason: String,
+        done: usize,
+        left: usize,
+    },
     /// Ctrl-C during an offline plan: the builds compiled so far are cached.
     #[error("interrupted: {compiled} builds compiled and cached, {left} left to compile on the next run")]
     PlanInterrupted { compiled: usize, left: usize },
@@ -35,7 +46,9 @@ impl TuneError {
                     | DbError::NewerSchema { .. }
                     | DbError::NotKerntune { .. }
             ),
-            TuneError::Interrupted { .. } | TuneError::PlanInterrupted { .. } => false,
+            TuneError::Interrupted { .. }
+            | TuneError::PlanInterrupted { .. }
+            | TuneError::DeviceLost { .. } => false,
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::measure::{check_rows, settled, stats, Failure};
 use crate::plan::{plan, Candidate, Plan, PlanOptions};
 use crate::shapes::Derived;
-use crate::tune::{invalid, sweep_candidates, Job, Measured, Sweep, Swept};
+use crate::tune::{crashed_before, invalid, sweep_candidates, Job, Measured, Sweep, Swept};
 
 /// Launches timed per batch; batches continue until the policy's confidence, repetition or
 /// time limit.
@@ -107,7 +107,10 @@ impl<'g> GpuSweep<'g> {
         beat: Option<f64>,
     ) -> Measured {
         let problem = &truth.data.problem;
-        let error = |e: kerntune_kernels::KernelError| Failure::Error(e.to_string());
+        let error = |e: kerntune_kernels::KernelError| match e {
+            kerntune_kernels::KernelError::DeviceLost { .. } => Failure::Lost(e.to_string()),
+            _ => Failure::Error(e.to_string()),
+        };
         // A vendor library's solution (rocBLAS) runs without a build of ours.
         if !matches!(config, Config::Rocblas(_)) {
             let build = KernelBuild::new(problem, config).map_err(error)?;
@@ -158,6 +161,7 @@ impl Sweep for GpuSweep<'_> {
         job: &Job<'_>,
         budget: Duration,
         problem: &Problem,
+        crashed: &[String],
         bar: &ProgressBar,
     ) -> Option<Swept> {
         let planned = self
@@ -169,6 +173,9 @@ impl Sweep for GpuSweep<'_> {
         let mut runnable = Vec::new();
         for c in &planned {
             match &c.verdict {
+                Verdict::Keep { .. } if crashed.contains(&c.config.to_json()) => {
+                    pruned.push(crashed_before(&c.config));
+                }
                 Verdict::Keep { .. } => runnable.push(c.config),
                 Verdict::Pruned { reason } => {
                     pruned.push(invalid(&c.config, format!("pruned offline: {reason}")));

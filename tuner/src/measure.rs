@@ -80,6 +80,9 @@ pub enum Failure {
     Wrong(f64),
     /// The kernel returned an error or panicked.
     Error(String),
+    /// The kernel left the device unusable to the process (a GPU's sticky fault): nothing
+    /// more can run on it.
+    Lost(String),
 }
 
 impl Workload {

@@ -83,13 +83,15 @@ pub trait Sweep {
     fn runtime(&self) -> String {
         String::new()
     }
-    /// Measures the candidates of one problem, searching for up to `budget`; `None` when
-    /// interrupted (nothing of it is committed).
+    /// Measures the candidates of one problem, searching for up to `budget`, but for
+    /// `crashed` (configs as JSON that left the device unusable in earlier runs, recorded as
+    /// pruned); `None` when interrupted (nothing of it is committed).
     fn sweep(
         &mut self,
         job: &Job<'_>,
         budget: Duration,
         problem: &Problem,
+        crashed: &[String],
         bar: &ProgressBar,
     ) -> Option<Swept>;
 }
@@ -105,7 +107,14 @@ pub struct Swept {
     pub pruned: usize,
     /// How long the search took, the final round not included.
     pub searched: Duration,
+    /// The config that left the device unusable, and why: the sweep stopped there, no
+    /// winner, and nothing more can run in this process.
+    pub lost: Option<(Config, String)>,
 }
+
+/// How a candidate that left the device unusable is recorded (its measurement's message
+/// says so): later runs skip it.
+pub const LOST: &str = "left the device unusable";
 
 /// The CPU kernels, run in this process.
 pub struct CpuSweep<'a> {
@@ -217,6 +226,8 @@ pub async fn run(
     );
     let mut outcomes = Vec::new();
     let mut interrupted = false;
+    // The problem, config and reason of a candidate that left the device unusable.
+    let mut device_lost: Option<(String, Config, String)> = None;
     for (i, d) in problems.iter().enumerate() {
         if job.stop.load(Ordering::SeqCst) {
             interrupted = true;
@@ -269,7 +280,16 @@ pub async fn run(
         bar.set_message(key.clone());
         let problem_started = Instant::now();
         let budget = pace.search_budget(started.elapsed());
-        let result = sweep.sweep(job, budget, &d.problem, &bar);
+        // Configs that left the device unusable in an earlier run are not run again (but
+        // for --retune, which runs everything afresh).
+        let crashed = if job.retune {
+            Vec::new()
+        } else {
+            job.db
+                .crashed_configs(device_id, kernel_id, &key, LOST)
+                .await?
+        };
+        let result = sweep.sweep(job, budget, &d.problem, &crashed, &bar);
         bar.finish_and_clear();
         bars.remove(&bar);
         let Some(Swept {
@@ -279,6 +299,7 @@ pub async fn run(
             default,
             pruned,
             searched,
+            lost,
         }) = result
         else {
             interrupted = true;
@@ -325,6 +346,8 @@ pub async fn run(
                 .count(),
             ..blank(if winner.is_some() {
                 "tuned"
+            } else if lost.is_some() {
+                "device-lost"
             } else {
                 "no-winner"
             })
@@ -338,14 +361,27 @@ pub async fn run(
             job.budget,
         ));
         overall.inc(1);
+        if let Some((config, reason)) = lost {
+            device_lost = Some((key, config, reason));
+            break;
+        }
     }
     overall.finish_and_clear();
-    let status = if interrupted {
+    let status = if interrupted || device_lost.is_some() {
         RunStatus::Interrupted
     } else {
         RunStatus::Done
     };
     job.db.finish_run(run_id, status).await?;
+    if let Some((problem, config, reason)) = device_lost {
+        return Err(TuneError::DeviceLost {
+            problem,
+            config: config.to_string(),
+            reason,
+            done: outcomes.iter().filter(|o| o.status == "tuned").count(),
+            left: problems.len() - outcomes.len() + 1,
+        });
+    }
     if interrupted {
         let done = outcomes.iter().filter(|o| o.status == "tuned").count();
         return Err(TuneError::Interrupted {
@@ -364,6 +400,7 @@ fn progress_line(o: &Outcome, (n, of): (usize, usize), took: Duration, budget: D
             format!("{}, {speedup:.2}x the default", fmt_time(median))
         }
         (Some(median), None) => fmt_time(median),
+        (None, _) if o.status == "device-lost" => "a candidate left the device unusable".into(),
         (None, _) => "no candidate passed verification".to_string(),
     };
     let paced = match o.search_budget_s {
@@ -394,6 +431,7 @@ impl Sweep for CpuSweep<'_> {
         job: &Job<'_>,
         budget: Duration,
         problem: &Problem,
+        crashed: &[String],
         bar: &ProgressBar,
     ) -> Option<Swept> {
         let device = job.device;
@@ -413,6 +451,7 @@ impl Sweep for CpuSweep<'_> {
         let mut runnable = Vec::new();
         for c in candidates {
             match self.space.validate(&c, problem, device) {
+                Ok(()) if crashed.contains(&c.to_json()) => pruned.push(crashed_before(&c)),
                 Ok(()) => runnable.push(c),
                 Err(e) => pruned.push(invalid(&c, e.to_string())),
             }
@@ -456,6 +495,15 @@ pub fn invalid(config: &Config, why: String) -> MeasurementRecord {
     }
 }
 
+/// A config that left the device unusable in an earlier run, recorded as pruned (with the
+/// same words, so the runs after this one skip it too).
+pub fn crashed_before(config: &Config) -> MeasurementRecord {
+    invalid(
+        config,
+        format!("{LOST} in an earlier run: not run again (--retune runs it)"),
+    )
+}
+
 /// How a candidate fared: its verification error and timing, or why it has none.
 pub type Measured = std::result::Result<(f64, Stats), Failure>;
 
@@ -497,9 +545,14 @@ pub fn sweep_candidates(
     // The configs measured, in the order of their records after the pruned ones.
     let mut tried: Vec<Config> = Vec::new();
     let mut stopped = false;
+    let mut lost: Option<(Config, String)> = None;
     let mut eval = |c: &Config| -> std::result::Result<Option<f64>, ()> {
         if job.stop.load(Ordering::SeqCst) {
             stopped = true;
+            return Err(());
+        }
+        // Nothing more runs on a lost device.
+        if lost.is_some() {
             return Err(());
         }
         // The default is always measured, so the budget applies after it.
@@ -515,7 +568,11 @@ pub fn sweep_candidates(
             .filter(|r| r.status == Status::Ok)
             .map(median_of)
             .min_by(f64::total_cmp);
-        let rec = record(problem, c, measure(c, beat), None);
+        let measured = measure(c, beat);
+        if let Err(Failure::Lost(why)) = &measured {
+            lost = Some((*c, why.clone()));
+        }
+        let rec = record(problem, c, measured, None);
         let median = rec.stats.as_ref().map(|s| s.median_ns);
         tried.push(*c);
         records.push(rec);
@@ -528,6 +585,19 @@ pub fn sweep_candidates(
     let searched = started.elapsed();
     if stopped {
         return None;
+    }
+    // The device is gone: what was measured stands, with the config that lost it, and no
+    // winner (the problem is tuned again on the next run).
+    if lost.is_some() {
+        return Some(Swept {
+            final_round: 0,
+            winner: None,
+            default: tried.iter().position(|c| *c == default).map(|i| pruned + i),
+            pruned,
+            searched,
+            lost,
+            records,
+        });
     }
     let search = &records[pruned..];
     let mut finalists: Vec<usize> = (0..search.len())
@@ -587,6 +657,9 @@ pub fn sweep_candidates(
             if *c == default {
                 default_idx = Some(records.len());
             }
+            if let Err(Failure::Lost(why)) = &r {
+                lost.get_or_insert((*c, why.clone()));
+            }
             contenders.push(records.len());
             records.push(record(problem, c, r, Some(how.clone())));
         }
@@ -596,7 +669,10 @@ pub fn sweep_candidates(
         .filter(|&i| records[i].status == Status::Ok)
         .filter_map(|i| records[i].stats.as_ref().map(|s| (i, s.median_ns)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(i, _)| i);
+        .map(|(i, _)| i)
+        // A final round that lost the device names no winner: the round's later timings
+        // failed with it.
+        .filter(|_| lost.is_none());
     Some(Swept {
         final_round: records.len() - pruned - tried.len(),
         records,
@@ -604,6 +680,7 @@ pub fn sweep_candidates(
         default: default_idx,
         pruned,
         searched,
+        lost,
     })
 }
 
@@ -640,6 +717,10 @@ fn record(problem: &Problem, c: &Config, m: Measured, round: Option<String>) -> 
         Err(Failure::Error(msg)) => {
             rec.status = Status::Error;
             Some(msg)
+        }
+        Err(Failure::Lost(msg)) => {
+            rec.status = Status::Error;
+            Some(format!("{LOST}: {msg}"))
         }
     };
     rec.message = match (round, why) {

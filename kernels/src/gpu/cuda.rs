@@ -9,8 +9,8 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use serde::Serialize;
@@ -30,8 +30,40 @@ fn unavailable(reason: impl Into<String>) -> KernelError {
     }
 }
 
-fn driver(what: &str, e: impl std::fmt::Debug) -> KernelError {
-    unavailable(format!("{what}: {e:?}"))
+fn driver(what: &str, e: impl std::fmt::Debug + 'static) -> KernelError {
+    let sticky = (&e as &dyn std::any::Any)
+        .downcast_ref::<DriverError>()
+        .is_some_and(|d| is_sticky(d.0));
+    lost_or_unavailable(format!("{what}: {e:?}"), sticky)
+}
+
+/// Whether the driver's error leaves the context unusable ("sticky": every later call in
+/// the process returns it), as the CUDA driver API documents them.
+fn is_sticky(code: sys::CUresult) -> bool {
+    use sys::CUresult as R;
+    matches!(
+        code,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+    )
+}
+
+fn lost_or_unavailable(reason: String, sticky: bool) -> KernelError {
+    if sticky {
+        KernelError::DeviceLost {
+            backend: "cuda",
+            reason,
+        }
+    } else {
+        unavailable(reason)
+    }
 }
 
 /// What the driver says about the device.
@@ -870,11 +902,44 @@ impl super::device::LoadedBuild for RawKernel {
 
 #[cfg(test)]
 mod tests {
-    use super::{checked_cubin, is_cubin, MapCache, MAP_CACHE_ENTRIES};
+    use super::{
+        checked_cubin, driver, is_cubin, is_sticky, lost_or_unavailable, MapCache,
+        MAP_CACHE_ENTRIES,
+    };
     use std::cell::Cell;
+
+    use cudarc::driver::sys::CUresult as Code;
 
     use crate::gpu::launch::{Arg, TensorMap};
     use crate::KernelError;
+
+    /// A launch that faulted leaves the context unusable: the device is lost to the process
+    /// (the tuner stops its run there); an error that does not stick is the backend's. (A
+    /// driver error's text comes from the driver itself, absent here: the codes are checked.)
+    #[test]
+    fn sticky_driver_errors_lose_the_device() {
+        for code in [
+            Code::CUDA_ERROR_ILLEGAL_ADDRESS,
+            Code::CUDA_ERROR_LAUNCH_FAILED,
+            Code::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+            Code::CUDA_ERROR_ASSERT,
+        ] {
+            assert!(is_sticky(code), "{code:?}");
+        }
+        for code in [
+            Code::CUDA_ERROR_OUT_OF_MEMORY,
+            Code::CUDA_ERROR_INVALID_VALUE,
+            Code::CUDA_ERROR_NO_BINARY_FOR_GPU,
+        ] {
+            assert!(!is_sticky(code), "{code:?}");
+        }
+        let lost = lost_or_unavailable("a timed kernel failed: ...".into(), true);
+        assert!(lost.to_string().contains("cuda device lost"), "{lost}");
+        assert!(matches!(
+            driver("starting cuBLAS", "not a driver error"),
+            KernelError::BackendUnavailable { .. }
+        ));
+    }
 
     #[test]
     fn runtime_launches_encode_each_tensor_map_once_while_it_is_kept() {

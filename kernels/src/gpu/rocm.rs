@@ -85,14 +85,21 @@ impl std::fmt::Debug for Api {
 }
 
 fn check(what: &str, status: HipError) -> Result<(), KernelError> {
-    if status == 0 {
-        Ok(())
-    } else {
-        Err(unavailable(format!(
-            "{what} failed with HIP error {status}"
-        )))
+    let reason = format!("{what} failed with HIP error {status}");
+    match status {
+        0 => Ok(()),
+        s if STICKY.contains(&s) => Err(KernelError::DeviceLost {
+            backend: "hip",
+            reason,
+        }),
+        _ => Err(unavailable(reason)),
     }
 }
+
+/// HIP's errors that leave the device unusable to the process, as CUDA's do (the same
+/// numbers): an illegal address, a launch timeout, a device-side assert or trap, a launch
+/// failure.
+const STICKY: [HipError; 4] = [700, 702, 710, 719];
 
 impl Api {
     fn load() -> Result<Api, KernelError> {
@@ -729,5 +736,25 @@ impl super::device::LoadedBuild for HipKernel {
         let launches = launches(problem, config, ptrs)?;
         // SAFETY: the caller's promise, passed on.
         unsafe { HipKernel::launch(self, &launches, stream as usize as Ptr) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check;
+    use crate::KernelError;
+
+    /// A fault in a kernel (an illegal address, a trap) loses the device to the process: the
+    /// tuner stops its run there; other errors are the backend's.
+    #[test]
+    fn sticky_hip_errors_lose_the_device() {
+        assert!(check("synchronizing", 0).is_ok());
+        for code in [700, 710, 719] {
+            let e = check("synchronizing", code).unwrap_err();
+            assert!(matches!(e, KernelError::DeviceLost { .. }), "{code}: {e:?}");
+            assert!(e.to_string().contains("hip device lost"), "{e}");
+        }
+        let e = check("allocating", 2).unwrap_err();
+        assert!(matches!(e, KernelError::BackendUnavailable { .. }), "{e:?}");
     }
 }

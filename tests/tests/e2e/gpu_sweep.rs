@@ -26,7 +26,7 @@ use kerntune_kernels::gpu::launch::{launches, partial_floats, Arg, DevicePtrs, L
 use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::{
-    Backend, Config, CpuBackend, CpuSpace, Device, GpuSpace, KernelError, Problem, Space,
+    Backend, Config, CpuBackend, CpuSpace, Device, Family, GpuSpace, KernelError, Problem, Space,
 };
 use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::plan::PlanOptions;
@@ -71,6 +71,13 @@ struct StandIn {
     loads: Arc<AtomicUsize>,
     timed_unverified: Arc<AtomicUsize>,
     launched: Launched,
+    /// Which family's first candidate other than the default faults the way a kernel that
+    /// traps does on a device: that call and every later one fail with the device lost.
+    lose: Option<Family>,
+    /// The config that lost the device, once one has.
+    lost: Arc<Mutex<Option<Config>>>,
+    /// Every config run, in order.
+    ran: Arc<Mutex<Vec<Config>>>,
 }
 
 /// A build "loaded" for the runtime: records its launches.
@@ -115,6 +122,22 @@ struct StandInProblem {
     verified: Option<Config>,
     loads: Arc<AtomicUsize>,
     timed_unverified: Arc<AtomicUsize>,
+    lose: Option<Family>,
+    lost: Arc<Mutex<Option<Config>>>,
+    ran: Arc<Mutex<Vec<Config>>>,
+}
+
+impl StandInProblem {
+    /// The sticky error of a lost device, for every call once one is lost.
+    fn gone(&self) -> Result<(), KernelError> {
+        match *self.lost.lock().unwrap() {
+            Some(c) => Err(KernelError::DeviceLost {
+                backend: "hip",
+                reason: format!("stand-in: lost running {c}"),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 impl GpuDevice for StandIn {
@@ -148,6 +171,9 @@ impl GpuDevice for StandIn {
             verified: None,
             loads: self.loads.clone(),
             timed_unverified: self.timed_unverified.clone(),
+            lose: self.lose,
+            lost: self.lost.clone(),
+            ran: self.ran.clone(),
         }))
     }
     fn load_build(
@@ -174,6 +200,7 @@ impl GpuProblem for StandInProblem {
     fn load(&mut self, build: &KernelBuild, code: &[u8]) -> Result<(), KernelError> {
         // The plan's cached code object, as the real device path would load it.
         assert!(code.starts_with(b"\x7fELF"), "not a code object");
+        self.gone()?;
         self.loads.fetch_add(1, Ordering::SeqCst);
         self.loaded = Some(build.key());
         Ok(())
@@ -187,6 +214,12 @@ impl GpuProblem for StandInProblem {
                 Some(KernelBuild::new(&problem, config)?.key().as_str()),
                 "run before its build was loaded"
             );
+        }
+        self.gone()?;
+        self.ran.lock().unwrap().push(*config);
+        if self.lose == Some(problem.family()) && *config != self.default && *config != LIBRARY {
+            *self.lost.lock().unwrap() = Some(*config);
+            self.gone()?;
         }
         let fate = fate(config, &self.default);
         if fate == Fate::Fails {
@@ -215,6 +248,7 @@ impl GpuProblem for StandInProblem {
     }
 
     fn time(&mut self, config: &Config, reps: usize) -> Result<Vec<f64>, KernelError> {
+        self.gone()?;
         if self.verified != Some(*config) {
             self.timed_unverified.fetch_add(1, Ordering::SeqCst);
         }
@@ -433,4 +467,118 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     assert!(matches!(err, RuntimeError::NoGpuKernel { .. }), "{err}");
     assert!(err.to_string().contains("tune --device"), "{err}");
     assert_eq!(launched.lock().unwrap().len(), before);
+}
+
+/// A candidate that faults the way a kernel that traps does on a device leaves it unusable to
+/// the process: the run stops there with what it measured committed and that candidate
+/// recorded as crashing, says how to go on, and the next run (a new process, a working
+/// device) tunes what was left without running that candidate again.
+#[tokio::test]
+async fn a_candidate_that_loses_the_device_stops_the_run_and_is_skipped_after() {
+    if let Err(e) = kerntune_kernels::gpu::hip::HipCompiler::find() {
+        assert!(
+            std::env::var_os("KERNTUNE_REQUIRE_HIP").is_none(),
+            "KERNTUNE_REQUIRE_HIP is set but {e}"
+        );
+        eprintln!(
+            "a_candidate_that_loses_the_device_stops_the_run_and_is_skipped_after did not run: {e}"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
+    let device = Device::lookup("mi250").unwrap();
+    let problems: Vec<Derived> = [
+        "gemm:m=5,n=96,k=70,dtype=bf16",
+        "flash:q_len=19,kv_len=40,q_heads=4,kv_heads=1,head_dim=64,dtype=f16",
+        "paged:num_seqs=3,context_len=70,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16",
+    ]
+    .iter()
+    .map(|s| Derived {
+        problem: s.parse().unwrap(),
+        origin: "test".into(),
+    })
+    .collect();
+    let options = PlanOptions {
+        min_waves: 1.0,
+        max_candidates: Some(8),
+        ..Default::default()
+    };
+    let mut job = job(&db, &device);
+    job.max_configs = 8;
+    let flash = problems[1].problem.key();
+
+    let gpu = StandIn {
+        lose: Some(Family::Flash),
+        ..StandIn::default()
+    };
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &options)
+        .await
+        .unwrap();
+    let err = tune::run(&job, &mut sweep, &problems).await.unwrap_err();
+    let crashed = gpu
+        .lost
+        .lock()
+        .unwrap()
+        .expect("a flash candidate lost the device");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, kerntune_tuner::error::TuneError::DeviceLost { problem, done: 1, left: 2, .. } if *problem == flash),
+        "{text}"
+    );
+    assert!(
+        text.contains(&crashed.to_string()) && text.contains("run the same command again"),
+        "{text}"
+    );
+    // Nothing ran after the loss.
+    assert_eq!(gpu.ran.lock().unwrap().last(), Some(&crashed));
+    // The GEMM before it is tuned; the flash problem is not, its crashing candidate stored.
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    assert_eq!(
+        winners
+            .iter()
+            .map(|w| w.problem.as_str())
+            .collect::<Vec<_>>(),
+        [problems[0].problem.key().as_str()]
+    );
+    let rows = db.measurements(&flash).await.unwrap();
+    let row = rows
+        .iter()
+        .find(|r| Config::from_json(&r.0).unwrap() == crashed)
+        .unwrap();
+    assert_eq!(row.1, "error");
+    assert!(row.3.as_deref().unwrap().starts_with(tune::LOST), "{row:?}");
+    assert!(
+        rows.iter().filter(|r| r.1 == "ok").count() >= 1,
+        "the default before it: {rows:?}"
+    );
+    assert!(db
+        .measurements(&problems[2].problem.key())
+        .await
+        .unwrap()
+        .is_empty());
+    drop(sweep);
+
+    // The next run, on a device that works: the rest is tuned, that candidate is not run.
+    let gpu = StandIn::default();
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &options)
+        .await
+        .unwrap();
+    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert_eq!(
+        out.iter().map(|o| o.status.as_str()).collect::<Vec<_>>(),
+        ["skipped", "tuned", "tuned"],
+        "{out:#?}"
+    );
+    assert!(!gpu.ran.lock().unwrap().contains(&crashed));
+    let skipped = db
+        .measurements(&flash)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| Config::from_json(&r.0).unwrap() == crashed && r.1 == "invalid")
+        .count();
+    assert_eq!(skipped, 1, "recorded as pruned by the second run");
+    drop(sweep);
+    db.close().await;
 }

@@ -19,6 +19,7 @@
 //! / `--skip-variant` (`wgmma` names both; `cluster` the GEMM tiles run in clusters).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -92,6 +93,18 @@ struct Check<'a> {
     trace: bool,
     started: Instant,
     compiled: Mutex<HashMap<String, Result<Vec<u8>, String>>>,
+    /// Whether a kernel left the device unusable (every later call of the process fails).
+    lost: AtomicBool,
+}
+
+/// Whether `e` is the device lost to the process (a kernel's sticky fault).
+fn lost(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<kerntune_kernels::KernelError>(),
+            Some(kerntune_kernels::KernelError::DeviceLost { .. })
+        )
+    })
 }
 
 impl Check<'_> {
@@ -159,11 +172,19 @@ impl Check<'_> {
         }
     }
 
-    /// [`sweep`](Self::sweep), or None with the error printed.
+    /// [`sweep`](Self::sweep), or None with the error printed; None at once once the
+    /// device is lost to the process.
     fn sweep_or_report(&self, p: &Problem, configs: &[Config], reps: usize) -> Option<Row> {
+        if self.lost.load(Ordering::SeqCst) {
+            println!("      SKIPPED {}: the device was lost above", p.key());
+            return None;
+        }
         match self.sweep(p, configs, reps) {
             Ok(row) => Some(row),
             Err(e) => {
+                if lost(&e) {
+                    self.lost.store(true, Ordering::SeqCst);
+                }
                 println!("      ERROR {}: {}", p.key(), chain_message(e.as_ref()));
                 None
             }
@@ -214,11 +235,18 @@ impl Check<'_> {
                 let out = on_device.run(self.gpu, &kernel, &c)?;
                 match check_rows(p, &out, len, &rows, &reference) {
                     Err(Failure::Wrong(worst)) => bail!("relative error {worst:.2e}"),
-                    Err(Failure::Error(e)) => bail!("{e}"),
+                    Err(Failure::Error(e) | Failure::Lost(e)) => bail!("{e}"),
                     Ok(_) => Ok(kernel),
                 }
             });
             match outcome {
+                // Nothing more runs in this process: the candidate is the row's last.
+                Err(e) if lost(&e) => {
+                    row.failed
+                        .push(format!("{c}: {}", chain_message(e.as_ref())));
+                    self.lost.store(true, Ordering::SeqCst);
+                    break;
+                }
                 Err(e) => row
                     .failed
                     .push(format!("{c}: {}", chain_message(e.as_ref()))),
@@ -242,7 +270,7 @@ impl Check<'_> {
             }
         }
         row.timed.sort_by(|a, b| a.1.total_cmp(&b.1));
-        if let (true, Problem::Gemm(g)) = (reps > 0, p) {
+        if let (true, Problem::Gemm(g)) = (reps > 0 && !self.lost.load(Ordering::SeqCst), p) {
             row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps, false)?));
             if g.dtype != DType::F32 {
                 row.cublas_f32_ns = Some(median(on_device.time_cublas(self.gpu, reps, true)?));
@@ -415,6 +443,7 @@ fn run() -> anyhow::Result<bool> {
         trace,
         started,
         compiled: Mutex::default(),
+        lost: AtomicBool::new(false),
     };
 
     let mut failures = 0;
