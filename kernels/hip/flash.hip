@@ -266,6 +266,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
         float mx[2] = {-KT_INF, -KT_INF}, sum[2] = {0.0f, 0.0f};
 
+        // Keys every row of the warp sees: tiles wholly below them need no mask.
+        const int open = row0 + 15 < q_len ? (causal ? min(kv_len, row0 + shift + 1) : kv_len) : 0;
         const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
         // Keys this block reads: its run's, up to the last any of its rows may see. A run
         // wholly past them leaves the block nothing: its rows' slots are never read.
@@ -343,26 +345,32 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             KT_SYNC();  // every warp is done with this K tile: load the next over it
             if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
             kt_cp_async_commit();
+            // The scores stay unscaled until the exponent, which takes scale and maximum in
+            // one multiply-add (the scale is positive: the maximum of the scaled scores is
+            // the scaled maximum); only tiles past a row's last key are masked, the causal
+            // diagonal's and the keys' end.
+            if (j0 + KT_BC > open) {
+#pragma unroll
+                for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (j0 + 8 * n + 2 * t + e % 2 >= seen[e / 2]) s[n][e] = -KT_INF;
+            }
             float tile_max[2] = {-KT_INF, -KT_INF};
 #pragma unroll
             for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = e / 2;
-                    const int j = j0 + 8 * n + 2 * t + e % 2;
-                    s[n][e] = j < seen[r] ? s[n][e] * qscale : -KT_INF;
-                    tile_max[r] = fmaxf(tile_max[r], s[n][e]);
-                }
+                for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
             float base[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 // The four threads of a row are lanes 4g .. 4g + 3.
                 tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 1));
                 tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 2));
-                const float m_new = fmaxf(mx[r], tile_max[r]);
+                const float m_new = fmaxf(mx[r], tile_max[r] * qscale);
                 // A row with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
                 base[r] = m_new == -KT_INF ? 0.0f : m_new;
-                const float correction = exp2f(mx[r] - base[r]);
+                const float correction = kt_exp2(mx[r] - base[r]);
                 sum[r] *= correction;
 #pragma unroll
                 for (int d = 0; d < KT_OT; ++d) {
@@ -375,7 +383,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    s[n][e] = exp2f(s[n][e] - base[e / 2]);
+                    s[n][e] = kt_exp2(fmaf(s[n][e], qscale, -base[e / 2]));
                     sum[e / 2] += s[n][e];
                 }
             kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
@@ -545,6 +553,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int e = 0; e < 16; ++e) o[d][e] = 0.0f;
     float mx = -KT_INF, sum = 0.0f;
 
+    // Keys every query of the wave sees: tiles wholly below them need no mask.
+    const int first = KT_BID_X * KT_BR + (tid / 64) * 32;
+    const int open = first + 31 < q_len ? (causal ? min(kv_len, first + shift + 1) : kv_len) : 0;
     const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
     for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
@@ -556,9 +567,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             vt[x][r] = j < kv_len ? v[at] : (unsigned short)0;
         }
         KT_SYNC();
-        // Sᵀ tile n: accumulator e is key j0 + 32n + 8·(e / 4) + 4·half + e % 4.
+        // Sᵀ tile n: accumulator e is key j0 + 32n + 8·(e / 4) + 4·half + e % 4. The scores
+        // stay unscaled until the exponent, which takes scale and maximum in one multiply-add
+        // (the scale is positive); only tiles past a query's last key are masked.
         kt_f32x16 s[KT_ST];
         float tile_max = -KT_INF;
+        const bool masked = j0 + KT_BC > open;
 #pragma unroll
         for (int n = 0; n < KT_ST; ++n) {
 #pragma unroll
@@ -566,15 +580,16 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #pragma unroll
             for (int st = 0; st < KT_QK; ++st)
                 s[n] = kt_mfma(kt_frag_at(&ks[32 * n + col][8 * st + 4 * half]), qf[st], s[n]);
+            if (masked) {
 #pragma unroll
-            for (int e = 0; e < 16; ++e) {
-                const int j = j0 + 32 * n + 8 * (e / 4) + 4 * half + e % 4;
-                s[n][e] = j < seen ? s[n][e] * qscale : -KT_INF;
-                tile_max = fmaxf(tile_max, s[n][e]);
+                for (int e = 0; e < 16; ++e)
+                    if (j0 + 32 * n + 8 * (e / 4) + 4 * half + e % 4 >= seen) s[n][e] = -KT_INF;
             }
+#pragma unroll
+            for (int e = 0; e < 16; ++e) tile_max = fmaxf(tile_max, s[n][e]);
         }
         tile_max = fmaxf(tile_max, KT_SHFL_XOR(tile_max, 32));
-        const float m_new = fmaxf(mx, tile_max);
+        const float m_new = fmaxf(mx, tile_max * qscale);
         // A query with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
         const float base = m_new == -KT_INF ? 0.0f : m_new;
         const float correction = exp2f(mx - base);
@@ -588,7 +603,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
             for (int e = 0; e < 16; ++e) {
-                s[n][e] = exp2f(s[n][e] - base);
+                s[n][e] = exp2f(fmaf(s[n][e], qscale, -base));
                 sum += s[n][e];
             }
         // Pᵀ's B fragment for keys 8c .. 8c + 7 is accumulators 4·(c % 4) .. + 3 of tile c / 4.

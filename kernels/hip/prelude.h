@@ -256,6 +256,20 @@ KT_DEVICE unsigned kt_pack2(float lo, float hi) {
 #endif
 }
 
+// 2^x by the special function unit's approximation, subnormal results flushed to zero (as
+// CUDA's fast math has it): the flash softmax's exponent, whose arguments are at most 0 and
+// whose results round to 16 bits before use. exp2f checks for subnormals around the same
+// instruction.
+KT_DEVICE float kt_exp2(float x) {
+#if defined(KT_HOST)
+    return exp2f(x);
+#else
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#endif
+}
+
 // sm_80's asynchronous copies, 16 bytes from global to shared memory: `bytes` (0 or 16) read
 // from `src`, the rest zero-filled; a thread's copies complete by commit group. And ldmatrix:
 // four 8×8 matrices of 16-bit values whose rows lanes 8q .. 8q + 7 address; register q of lane
