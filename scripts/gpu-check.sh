@@ -43,6 +43,21 @@ fi
 [ "${1:-}" = "--build" ] && exit 0
 [ -x .gpu/gpu-check ] || { echo "no .gpu/gpu-check: run scripts/gpu-check.sh --build where cargo is" >&2; exit 2; }
 
+# The check stays under 5 minutes whatever its steps do: each step's own limit is cut to what
+# is left of 285 s from here, and a step with under 5 s left is skipped, saying so (and
+# counted as timed out). The steps come in the order of what the goals need first.
+SECONDS=0
+step() {
+    local limit=$1 left=$((285 - SECONDS))
+    shift
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 5 ]; then
+        echo "skipped, the check's 5 minutes are spent: $*"
+        return 124
+    fi
+    timeout "$limit" "$@"
+}
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
 # The host CPU too: kerntune's CPU kernels have met two-core Zen 4 and Xeon (AMX) guests so far;
 # a larger host checks them at its own thread count.
@@ -53,20 +68,21 @@ site=$(python3 -c 'import sys; print(":".join(p + "/nvidia/cu13/lib" for p in sy
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:${site}"
 
 status=0
+: > "$out/gpu-check.txt"
+# The flash goal's peer first: PyTorch SDPA on the flash shape.
+PYTHONUNBUFFERED=1 step 45 python3 bench/sdpa_peer.py --json "$out/sdpa.json" 2>&1 \
+    | tee -a "$out/gpu-check.txt" || status=$?
 # One process a family: a kernel that leaves the CUDA context unusable costs only its family.
 # The wgmma kernels (the GEMM's variant, the flash tiles by warpgroup MMA), new to devices,
 # have processes of their own too, and the GEMM's clusters one more.
-: > "$out/gpu-check.txt"
-for run in "gemm:90:--skip-variant wgmma" "gemm-wgmma:60:--only-variant wgmma --skip-variant cluster" \
-    "gemm-cluster:45:--only-variant cluster" \
-    "flash:80:--skip-variant wgmma" "flash-wgmma:60:--only-variant wgmma" paged:40:; do
+for run in "gemm:90:--skip-variant wgmma" "flash:80:--skip-variant wgmma" \
+    "gemm-wgmma:60:--only-variant wgmma --skip-variant cluster" "flash-wgmma:60:--only-variant wgmma" \
+    "gemm-cluster:45:--only-variant cluster" paged:40:; do
     IFS=: read -r name limit extra <<< "$run"
     # shellcheck disable=SC2086 # $extra is a list of arguments
-    timeout "$limit" .gpu/gpu-check --family "${name%-*}" $extra --json "$out/gpu-check-$name.json" \
+    step "$limit" .gpu/gpu-check --family "${name%-*}" $extra --json "$out/gpu-check-$name.json" \
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
 done
-PYTHONUNBUFFERED=1 timeout 45 python3 bench/sdpa_peer.py --json "$out/sdpa.json" 2>&1 \
-    | tee -a "$out/gpu-check.txt" || status=$?
 # The goals, each a speed ratio from this run: tuned vs cuBLAS, SDPA and the default. Goals
 # are benchmarks: a missed one is printed, and the check's status stays the verification's.
 python3 bench/gpu_goals.py "$out" 2>&1 | tee -a "$out/gpu-check.txt" || true
@@ -74,7 +90,7 @@ python3 bench/gpu_goals.py "$out" 2>&1 | tee -a "$out/gpu-check.txt" || true
 # The tuner's own device path: plan, compile, verify, time and store, as users run it.
 if [ -x .gpu/tune ]; then
     model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' | grep -o 'h200\|h100\|a100' || echo h200)
-    timeout 60 .gpu/tune --device "$model" --db "$out/tuned.db" --strategy exhaustive \
+    step 60 .gpu/tune --device "$model" --db "$out/tuned.db" --strategy exhaustive \
         --max-configs 8 --budget 5s --total-budget 40s \
         --shapes gemm:m=16,n=1280,k=8192,dtype=bf16 \
         --shapes flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
@@ -87,7 +103,7 @@ fi
 # device memory, the kernel launched on the caller's stream, the output checked against the
 # CPU reference. The tuned shapes match exactly; the others take the nearest tuned kernel.
 if [ -x .gpu/cuda-dispatch ] && [ -f "$out/tuned.db" ]; then
-    timeout 30 .gpu/cuda-dispatch "$out/tuned.db" "$model" \
+    step 30 .gpu/cuda-dispatch "$out/tuned.db" "$model" \
         gemm:m=16,n=1280,k=8192,dtype=bf16 gemm:m=5,n=1280,k=8192,dtype=bf16 \
         gemm:m=100,n=1280,k=8192,dtype=bf16 \
         flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
@@ -99,7 +115,7 @@ fi
 # The same through the C ABI (kt_gpu_open, kt_gpu_gemm on the program's own memory and
 # stream), from C: exact, bucket and nearest GEMMs, each checked for equality.
 if [ -x .gpu/cuda-gemm ] && [ -f "$out/tuned.db" ]; then
-    timeout 30 .gpu/cuda-gemm "$out/tuned.db" "$model" 2>&1 | tee -a "$out/gpu-check.txt" \
+    step 30 .gpu/cuda-gemm "$out/tuned.db" "$model" 2>&1 | tee -a "$out/gpu-check.txt" \
         || status=$?
 fi
 
@@ -108,7 +124,7 @@ fi
 # L2 and DRAM throughput), where ncu is installed and the check has time left for it.
 prefill=gemm:m=2048,n=7168,k=8192,dtype=bf16
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
-if [ -n "$ncu" ] && [ "$SECONDS" -lt 210 ]; then
+if [ -n "$ncu" ] && [ "$SECONDS" -lt 200 ]; then
     best=$(python3 - "$out" "$prefill" <<'PY'
 import glob, json, os, sys
 rows = [r for f in glob.glob(os.path.join(sys.argv[1], "gpu-check-*.json")) for r in json.load(open(f))]
@@ -118,7 +134,7 @@ if rows:
 PY
 )
     if [ -n "$best" ]; then
-        timeout 60 "$ncu" --clock-control none --section SpeedOfLight -c 4 \
+        step 60 "$ncu" --clock-control none --section SpeedOfLight -c 4 \
             -k 'regex:kt_gemm|gemm|nvjet|xmma|cutlass' \
             .gpu/gpu-check --problem "$prefill" --config "$best" --reps 1 > "$out/ncu-prefill.txt" 2>&1 \
             || echo "ncu: exit $? (its output in ncu-prefill.txt)"
@@ -130,17 +146,19 @@ fi
 # AMX, where the host has it: every CPU GEMM kernel verified on this host (the AMX ones on
 # the tiles), then Llama-70B TP8 gate_up timed with the heuristic (amx-direct on AMX hosts),
 # the packed AMX kernel and PyTorch (oneDNN, which uses AMX), all on every thread.
-if grep -q amx_bf16 /proc/cpuinfo && [ -x .gpu/gemm-tests ] && [ -x .gpu/tune ]; then
+# Extras: only with the time they need left.
+if grep -q amx_bf16 /proc/cpuinfo && [ -x .gpu/gemm-tests ] && [ -x .gpu/tune ] \
+    && [ "$SECONDS" -lt 150 ]; then
     t=$(nproc)
     amx="{\"family\":\"gemm\",\"variant\":\"amx\",\"isa\":\"avx512-amx\",\"mr\":32,\"nr\":32,\"mc\":128,\"kc\":1024,\"nc\":256,\"split\":\"n\",\"threads\":$t}"
-    timeout 60 .gpu/gemm-tests --nocapture 2>&1 | tee "$out/amx.txt" || status=$?
+    step 60 .gpu/gemm-tests --nocapture 2>&1 | tee "$out/amx.txt" || status=$?
     for m in 128 2048; do
         for config in heuristic "$amx"; do
-            timeout 30 .gpu/tune bench --device cpu --config "$config" \
+            step 30 .gpu/tune bench --device cpu --config "$config" \
                 --shapes "gemm:m=$m,n=7168,k=8192,dtype=bf16,b=nk" 2>&1 | tee -a "$out/amx.txt" || status=$?
         done
     done
-    timeout 60 python3 bench/peers.py --threads "$t" --only gemm-bf16 --tokens 128,2048 2>&1 \
+    step 60 python3 bench/peers.py --threads "$t" --only gemm-bf16 --tokens 128,2048 2>&1 \
         | tee -a "$out/amx.txt" || status=$?
 fi
 exit "$status"
