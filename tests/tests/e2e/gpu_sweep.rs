@@ -5,13 +5,14 @@
 //! run shares with this test: the cached code objects reach the device, every candidate is
 //! verified before it is timed, wrong and failing candidates are recorded and never win, the
 //! winner is the fastest verified one, and results are stored under the `hip` backend and the
-//! GPU sources' hash, resumable like CPU runs; then the runtime library loads the winners'
+//! GPU sources' hash, resumable like CPU runs (after Ctrl-C or a kernel that loses the
+//! device); then the runtime library loads the winners'
 //! code objects from the database and launches each call's winner on the caller's addresses.
 //!
 //! Needs the HIP compiler (Debian: hipcc, libamdhip64-dev); without it the test says so and
 //! checks nothing else, unless `KERNTUNE_REQUIRE_HIP` is set (CI), which makes it fail.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kerntune::{GpuDispatcher, RuntimeError};
@@ -76,6 +77,10 @@ struct StandIn {
     lose: Option<Family>,
     /// The config that lost the device, once one has.
     lost: Arc<Mutex<Option<Config>>>,
+    /// Which family's first candidate other than the default raises `stop` while it runs,
+    /// as Ctrl-C does in the `tune` binary.
+    interrupt: Option<Family>,
+    stop: Arc<AtomicBool>,
     /// Every config run, in order.
     ran: Arc<Mutex<Vec<Config>>>,
 }
@@ -124,6 +129,8 @@ struct StandInProblem {
     timed_unverified: Arc<AtomicUsize>,
     lose: Option<Family>,
     lost: Arc<Mutex<Option<Config>>>,
+    interrupt: Option<Family>,
+    stop: Arc<AtomicBool>,
     ran: Arc<Mutex<Vec<Config>>>,
 }
 
@@ -173,6 +180,8 @@ impl GpuDevice for StandIn {
             timed_unverified: self.timed_unverified.clone(),
             lose: self.lose,
             lost: self.lost.clone(),
+            interrupt: self.interrupt,
+            stop: self.stop.clone(),
             ran: self.ran.clone(),
         }))
     }
@@ -220,6 +229,9 @@ impl GpuProblem for StandInProblem {
         if self.lose == Some(problem.family()) && *config != self.default && *config != LIBRARY {
             *self.lost.lock().unwrap() = Some(*config);
             self.gone()?;
+        }
+        if self.interrupt == Some(problem.family()) && *config != self.default {
+            self.stop.store(true, Ordering::SeqCst);
         }
         let fate = fate(config, &self.default);
         if fate == Fate::Fails {
@@ -578,6 +590,92 @@ async fn a_candidate_that_loses_the_device_stops_the_run_and_is_skipped_after() 
         .filter(|r| Config::from_json(&r.0).unwrap() == crashed && r.1 == "invalid")
         .count();
     assert_eq!(skipped, 1, "recorded as pruned by the second run");
+    drop(sweep);
+    db.close().await;
+}
+
+/// Ctrl-C in the middle of a problem on the device (the `tune` binary raises the job's stop
+/// flag): the run stops after the candidate running, with the problems before committed and
+/// nothing of the interrupted one, and the same command again tunes what was left without
+/// running the finished problem's candidates again.
+#[tokio::test]
+async fn ctrl_c_on_the_device_keeps_finished_problems_and_the_next_run_goes_on() {
+    if !hip_compiler("ctrl_c_on_the_device_keeps_finished_problems_and_the_next_run_goes_on") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
+    let device = Device::lookup("mi250").unwrap();
+    let problems = one_of_each_family();
+    let options = PlanOptions {
+        min_waves: 1.0,
+        max_candidates: Some(8),
+        ..Default::default()
+    };
+    let gpu = StandIn {
+        interrupt: Some(Family::Flash),
+        ..StandIn::default()
+    };
+    let stop = gpu.stop.clone();
+    let mut job = job(&db, &device);
+    job.max_configs = 8;
+    job.stop = &stop;
+    let (gemm, flash) = (problems[0].problem.key(), problems[1].problem.key());
+
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &options)
+        .await
+        .unwrap();
+    let err = tune::run(&job, &mut sweep, &problems).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            kerntune_tuner::error::TuneError::Interrupted { done: 1, left: 2 }
+        ),
+        "{err}"
+    );
+    // The candidate running when the flag went up was the last to run.
+    let ran = gpu.ran.lock().unwrap().clone();
+    let default = GpuSpace.default_config(&problems[1].problem, &device);
+    let others: Vec<_> = ran
+        .iter()
+        .filter(|c| matches!(c, Config::GpuFlash(_)) && **c != default)
+        .collect();
+    assert_eq!(others.len(), 1, "{ran:?}");
+    assert_eq!(ran.last(), Some(others[0]), "{ran:?}");
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    assert_eq!(
+        winners
+            .iter()
+            .map(|w| w.problem.as_str())
+            .collect::<Vec<_>>(),
+        [gemm.as_str()]
+    );
+    assert!(!db.measurements(&gemm).await.unwrap().is_empty());
+    assert!(db.measurements(&flash).await.unwrap().is_empty());
+    drop(sweep);
+
+    // The same command again, nothing interrupting it.
+    let gpu = StandIn::default();
+    let job = kerntune_e2e::job(&db, &device);
+    let job = tune::Job {
+        max_configs: 8,
+        ..job
+    };
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &options)
+        .await
+        .unwrap();
+    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert_eq!(
+        out.iter().map(|o| o.status.as_str()).collect::<Vec<_>>(),
+        ["skipped", "tuned", "tuned"],
+        "{out:#?}"
+    );
+    assert!(!gpu
+        .ran
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|c| matches!(c, Config::GpuGemm(_) | Config::Rocblas(_))));
     drop(sweep);
     db.close().await;
 }
