@@ -147,8 +147,30 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #ifndef KT_WG
 #define KT_WG 0
 #endif
+#ifndef KT_SPEC
+#define KT_SPEC 0
+#endif
 
+#if KT_SPEC
+// Warp-specialized (KT_SPEC, with KT_WG): a producer warpgroup before the two multiplying
+// ones copies each K and V tile into one of KT_STAGES stages; the multiplying warpgroups
+// (64 query rows each) share no block barrier, each stage handed over by mbarriers (full once
+// the producer's copies of it have landed; empty once both warpgroups' products with it are
+// done, one thread of each arriving), so one warpgroup's softmax can run beside the other's
+// products while the next tiles arrive, the overlap FlashAttention-3 builds on. The producer
+// needs few registers and gives them to the others (setmaxnreg): 128 · 40 + 256 · 232 of the
+// 65536.
+#if !KT_WG || KT_PAIRED || KT_BR != 128
+#error "the warp-specialized flash takes the wgmma tiles of 128 rows, unpaired"
+#endif
+#define KT_STAGES 2
+#define KT_THREADS (2 * KT_BR + 128)
+#define KT_COPIERS 128
+#else
+#define KT_STAGES 1
 #define KT_THREADS (2 * KT_BR)
+#define KT_COPIERS KT_THREADS
+#endif
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
 #define KT_ST (KT_BC / 8)   // 8-key tiles of S
 #define KT_OT (KT_D / 8)    // 8-dim tiles of O
@@ -169,8 +191,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #endif
 #define KT_TILE (KT_BC * KT_D)
 #define KT_ALIGN 1024
-#if !defined(KT_DYN_LDS) || 2 * 2 * KT_TILE + KT_ALIGN != KT_DYN_LDS
-#error "KT_DYN_LDS must be the bytes of the K and V tiles and their alignment, as the launch passes them"
+#if !defined(KT_DYN_LDS) || KT_STAGES * 2 * 2 * KT_TILE + KT_ALIGN + 16 * KT_STAGES * KT_SPEC != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the K and V tiles, their alignment and mbarriers, as the launch passes them"
 #endif
 #else
 // K and V tiles [BC][D + 8] each, in dynamic shared memory of KT_DYN_LDS bytes (the launch
@@ -204,14 +226,17 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     // statically.
     KT_DYNAMIC_SHARED(smem);
 #if KT_WG
-    unsigned short* const ks =
+    // Stage st's K tile, then its V tile (one stage unless warp-specialized).
+    unsigned short* const stages =
         reinterpret_cast<unsigned short*>(smem + (KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN);
-    unsigned short* const vs = ks + KT_TILE;
+    unsigned short* ks = stages;
+    unsigned short* vs = ks + KT_TILE;
 #else
     unsigned short(*ks)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem);
     unsigned short(*vs)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem + 2 * KT_BC * KT_LDD);
 #endif
-    const int tid = KT_TID;
+    // Warp-specialized, the producer's threads are -128 .. -1, the multiplying ones from 0.
+    const int tid = KT_TID - 128 * KT_SPEC;
     const int lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int h = KT_BID_Y;
@@ -235,6 +260,61 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     for (int pass = 0; pass <= KT_PAIRED; ++pass) {
         const int qt = pass == 0 ? KT_BID_X : tiles - 1 - KT_BID_X;
         if (pass == 1 && qt <= KT_BID_X) break;  // the middle tile of an odd count: done once
+        const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
+        // Keys this block reads: its run's, up to the last any of its rows may see. A run
+        // wholly past them leaves the block nothing: its rows' slots are never read.
+        const int block_seen = min(run_end, causal ? min(kv_len, block_last + shift + 1) : kv_len);
+        if (KT_SPLIT > 1 && run_begin >= block_seen) return;
+        // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
+        // the keys zero-filled. Consecutive threads take consecutive pieces of a row.
+#if KT_WG
+        auto load = [&](unsigned short* dst, const kt_in* src, int j0) {
+#else
+        auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
+#endif
+            for (int e = KT_TID % KT_COPIERS; e < KT_BC * (KT_D / 8); e += KT_COPIERS) {
+                const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
+                const int j = j0 + r;
+                const bool in = j < kv_len;
+                const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
+#if KT_WG
+                const int byte = 2 * ((x / 64) * KT_BC * 64 + r * 64 + x % 64);
+                unsigned short* const to = dst + (byte ^ (((byte >> 7) & 7) << 4)) / 2;
+#else
+                unsigned short* const to = &dst[r][x];
+#endif
+                kt_cp_async16(to, src + at, in ? 16 : 0);
+            }
+        };
+#if KT_SPEC
+        unsigned long long* const full =
+            reinterpret_cast<unsigned long long*>(stages + KT_STAGES * 2 * KT_TILE);
+        unsigned long long* const empty = full + KT_STAGES;
+        if (KT_TID == 0) {
+            for (int st = 0; st < KT_STAGES; ++st) {
+                kt_mbar_init(&full[st], 128);
+                kt_mbar_init(&empty[st], KT_BR / 64);
+            }
+            kt_fence_mbar_init();
+        }
+        KT_SYNC();
+        if (tid < 0) {
+            // The producer: key tile it into stage it % STAGES in round it / STAGES, once
+            // both warpgroups are done with the tile before it there (the first round finds
+            // every stage empty).
+            kt_setmaxnreg_dec<40>();
+            for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
+                const int st = it % KT_STAGES;
+                kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
+                load(stages + 2 * st * KT_TILE, k, j0);
+                load(stages + (2 * st + 1) * KT_TILE, v, j0);
+                kt_cp_async_mbar_arrive(&full[st]);
+            }
+            kt_cp_async_wait_all();
+            return;
+        }
+        kt_setmaxnreg_inc<232>();
+#endif
         const int row0 = qt * KT_BR + (tid / 32) * 16;
 
         // Row r of this thread is g + 8·r of its warp's 16; `seen` keys of each are visible.
@@ -268,32 +348,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 
         // Keys every row of the warp sees: tiles wholly below them need no mask.
         const int open = row0 + 15 < q_len ? (causal ? min(kv_len, row0 + shift + 1) : kv_len) : 0;
-        const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
-        // Keys this block reads: its run's, up to the last any of its rows may see. A run
-        // wholly past them leaves the block nothing: its rows' slots are never read.
-        const int block_seen = min(run_end, causal ? min(kv_len, block_last + shift + 1) : kv_len);
-        if (KT_SPLIT > 1 && run_begin >= block_seen) return;
-        // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
-        // the keys zero-filled. Consecutive threads take consecutive pieces of a row.
-#if KT_WG
-        auto load = [&](unsigned short* dst, const kt_in* src, int j0) {
-#else
-        auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
-#endif
-            for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
-                const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
-                const int j = j0 + r;
-                const bool in = j < kv_len;
-                const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
-#if KT_WG
-                const int byte = 2 * ((x / 64) * KT_BC * 64 + r * 64 + x % 64);
-                unsigned short* const to = dst + (byte ^ (((byte >> 7) & 7) << 4)) / 2;
-#else
-                unsigned short* const to = &dst[r][x];
-#endif
-                kt_cp_async16(to, src + at, in ? 16 : 0);
-            }
-        };
+#if !KT_SPEC
         // K and V tiles travel as separate commit groups, so each is waited for only when used:
         // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
         if (block_seen > run_begin) {
@@ -302,12 +357,24 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             load(vs, v, run_begin);
             kt_cp_async_commit();
         }
-        for (int j0 = run_begin; j0 < block_seen; j0 += KT_BC) {
+#endif
+        for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
+#if KT_SPEC
+            // This stage's K and V tiles have landed; the proxy fence hands the producer's
+            // copies to wgmma's reads.
+            const int stage = it % KT_STAGES;
+            ks = stages + 2 * stage * KT_TILE;
+            vs = ks + KT_TILE;
+            kt_mbar_wait(&full[stage], (it / KT_STAGES) & 1);
+            kt_fence_async_shared();
+#else
+            (void)it;
             kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
 #if KT_WG
             kt_fence_async_shared();  // the copies, to wgmma's reads
 #endif
             KT_SYNC();
+#endif
             // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
             // of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7 address keys
             // 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
@@ -342,9 +409,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                     kt_mma(s[2 * nn + 1], qf[st], b1);
                 }
 #endif
+#if !KT_SPEC
             KT_SYNC();  // every warp is done with this K tile: load the next over it
             if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
             kt_cp_async_commit();
+#endif
             // The scores stay unscaled until the exponent, which takes scale and maximum in
             // one multiply-add (the scale is positive: the maximum of the scaled scores is
             // the scaled maximum); only tiles past a row's last key are masked, the causal
@@ -386,11 +455,13 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                     s[n][e] = kt_exp2(fmaf(s[n][e], qscale, -base[e / 2]));
                     sum[e / 2] += s[n][e];
                 }
+#if !KT_SPEC
             kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
 #if KT_WG
             kt_fence_async_shared();
 #endif
             KT_SYNC();
+#endif
             // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1.
 #if KT_WG
             // O's accumulators are the warpgroup's 64 × D, dims 8d .. 8d + 7 in 4d .. 4d + 3 as
@@ -439,9 +510,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(ow);
 #endif
+#if KT_SPEC
+            // The warpgroup's products with this stage are done: back to the producer.
+            if (tid % 128 == 0) kt_mbar_arrive(&empty[stage]);
+#else
             KT_SYNC();  // every warp is done with this V tile: load the next over it
             if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
             kt_cp_async_commit();
+#endif
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

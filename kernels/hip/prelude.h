@@ -385,7 +385,23 @@ template <int TRANS_B, int N>
 KT_DEVICE void kt_wgmma_rs(float (&d)[N], const unsigned (&a)[4], unsigned long long b) {
     kt_host::wgmma_rs(d, 2 * N, a, b, TRANS_B);
 }
+template <int N>
+KT_DEVICE void kt_setmaxnreg_dec() {}
+template <int N>
+KT_DEVICE void kt_setmaxnreg_inc() {}
 #else
+// Warp specialization's register split: the executing warpgroup's threads give registers
+// back to the block's pool down to N each, or take them from it up to N each (every thread
+// of the warpgroup, at the same point). ptxas compiles the code after each for its N, where
+// the launch bounds alone would hold every thread to the same share.
+template <int N>
+KT_DEVICE void kt_setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+KT_DEVICE void kt_setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
 KT_DEVICE void kt_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 KT_DEVICE void kt_wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");

@@ -72,7 +72,7 @@ impl Config {
             Config::Flash(c) => c.threads,
             Config::Paged(c) => c.threads,
             Config::GpuGemm(c) => c.threads(),
-            Config::GpuFlash(c) => c.br * c.lanes,
+            Config::GpuFlash(c) => c.threads(),
             Config::GpuPaged(c) => c.threads,
             // rocBLAS picks its own launch.
             Config::Rocblas(_) => 0,

@@ -857,6 +857,7 @@ fn mma_flash_split((br, bc): (usize, usize), paired: bool, split: usize) -> Conf
         paired,
         split,
         wgmma: false,
+        specialized: false,
     })
 }
 
@@ -1388,8 +1389,9 @@ fn the_wgmma_block_order_covers_every_tile_once() {
 
 /// Flash attention by warpgroup MMA (sm_90): Q's and P's fragments from registers, K k-major
 /// and V n-major from swizzled shared memory. Head sizes 64 and 128 over ragged key tiles,
-/// causal with fewer queries than keys, GQA, paired and split; each way of getting the
-/// operands' layout or the instructions' order wrong shows.
+/// causal with fewer queries than keys, GQA, paired, split and warp-specialized; each way of
+/// getting the operands' layout, the instructions' order or the stages' hand-over wrong
+/// shows.
 #[test]
 fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
     let (device, emu) = emulator("h200");
@@ -1399,7 +1401,23 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         };
         Config::GpuFlash(GpuFlashConfig { wgmma: true, ..c })
     };
+    let specialized = |c: Config| {
+        let Config::GpuFlash(c) = c else {
+            unreachable!()
+        };
+        Config::GpuFlash(GpuFlashConfig {
+            specialized: true,
+            ..c
+        })
+    };
+    // Two query tiles, the second's other warpgroup past the queries; 5 and 6 key tiles of
+    // 64, so the producer goes round its two stages three times.
+    let long = "flash:batch=1,q_len=150,kv_len=330,q_heads=2,kv_heads=1,head_dim=128,dtype=bf16";
     for (spec, config) in [
+        (FLASH_F16_128, specialized(wgmma(128, 64, false, 1))),
+        (long, specialized(wgmma(128, 64, false, 1))),
+        (long, specialized(wgmma(128, 128, false, 2))),
+        (long, specialized(wgmma(128, 128, false, 4))),
         (FLASH_BF16, wgmma(64, 64, false, 1)),
         (FLASH_BF16, wgmma(128, 128, true, 1)),
         (FLASH_F16_128, wgmma(64, 128, false, 1)),
@@ -1461,6 +1479,36 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
     ] {
         caught(mistake, run(&flash_with(from, to)), tol);
     }
+    // The warp-specialized hand-over.
+    let long: Problem = long.parse().unwrap();
+    let run_specialized = |body: &str| -> Result<f64, KernelError> {
+        let data = ProblemData::random(&long, 6);
+        let out = emu.run_source(&data, &specialized(wgmma(128, 64, false, 1)), body)?;
+        Ok(relative_error(&out, &data.reference()))
+    };
+    let tol = long.tolerance();
+    assert!(run_specialized(include_str!("../hip/flash.hip")).unwrap() <= tol);
+    for (mistake, from, to) in [
+        (
+            "the tiles read before they land",
+            "kt_mbar_wait(&full[stage], (it / KT_STAGES) & 1);",
+            "",
+        ),
+        (
+            "a stage refilled once one warpgroup is done with it",
+            "kt_mbar_init(&empty[st], KT_BR / 64);",
+            "kt_mbar_init(&empty[st], 1);",
+        ),
+    ] {
+        caught(mistake, run_specialized(&flash_with(from, to)), tol);
+    }
+    faults(
+        run_specialized(&flash_with(
+            "kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);",
+            "kt_mbar_wait(&empty[st], (it / KT_STAGES) & 1);",
+        )),
+        "mbarrier",
+    );
     for (from, to, says) in [
         (
             "            kt_wgmma_fence();\n#pragma unroll\n            for (int st",

@@ -169,6 +169,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         paired: false,
         split: 1,
         wgmma: false,
+        specialized: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

@@ -114,6 +114,20 @@ fn check_candidates(
                 "wgmma.commit_group.sync.aligned",
                 "wgmma.wait_group.sync.aligned",
             ],
+            Config::GpuFlash(f) if f.specialized => &[
+                ".target sm_90a",
+                ", p, 1, 1, 0; }",
+                ", p, 1, 1, 1; }",
+                "cp.async.cg.shared.global",
+                "mbarrier.init.shared::cta.b64",
+                "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
+                "mbarrier.try_wait.parity.shared::cta.b64",
+                "mbarrier.arrive.shared::cta.b64",
+                "setmaxnreg.dec.sync.aligned.u32 40",
+                "setmaxnreg.inc.sync.aligned.u32 232",
+                "fence.proxy.async.shared::cta",
+                "wgmma.wait_group.sync.aligned",
+            ],
             Config::GpuFlash(f) if f.wgmma => &[
                 ".target sm_90a",
                 ", p, 1, 1, 0; }",
@@ -277,6 +291,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         paired: false,
         split: 1,
         wgmma: false,
+        specialized: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
@@ -431,8 +446,9 @@ fn every_grouped_paged_candidate_compiles_for_sm80_and_sm90_with_16_byte_loads()
 }
 
 /// Flash attention by warpgroup MMA: every such candidate of Llama-70B TP8's prefill (head
-/// size 128) and of head size 64 compiles for sm_90a with S's k-major and O's n-major
-/// instructions in its PTX and no spilled register; other models get none.
+/// size 128) and of head size 64, warp-specialized or not, compiles for sm_90a with S's
+/// k-major and O's n-major instructions in its PTX and no spilled register (the specialized
+/// ones with their register split and mbarriers); other models get none.
 #[test]
 fn every_wgmma_flash_candidate_compiles_for_sm90a() {
     let Some(nvrtc) = compiler("every_wgmma_flash_candidate_compiles_for_sm90a") else {
@@ -451,9 +467,10 @@ fn every_wgmma_flash_candidate_compiles_for_sm90a() {
     ] {
         let p: Problem = spec.parse().unwrap();
         let configs = candidates_where("h200", &p, wgmma);
-        // Four tiles, two paired where the mask is causal, four split.
+        // Four tiles, two paired where the mask is causal, four split; the four of 128 rows
+        // unpaired also warp-specialized.
         let causal = matches!(p, Problem::Flash(f) if f.causal);
-        assert_eq!(configs.len(), if causal { 10 } else { 8 }, "{spec}");
+        assert_eq!(configs.len(), if causal { 14 } else { 12 }, "{spec}");
         // O's product (N = the head size) in every build; the k-major and n-major forms by
         // their last immediate.
         check_candidates(&nvrtc, "h200", &p, &configs, instruction);

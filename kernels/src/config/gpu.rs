@@ -163,6 +163,19 @@ pub struct GpuFlashConfig {
     /// with `ldmatrix`. Absent (false) in stored configs, which predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wgmma: bool,
+    /// Wgmma tiles of 128 rows: warp-specialized, a producer warpgroup copying the key and
+    /// value tiles into two stages handed over by mbarriers, the two multiplying warpgroups
+    /// free of block barriers (FlashAttention-3's structure). Absent (false) in stored
+    /// configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub specialized: bool,
+}
+
+impl GpuFlashConfig {
+    /// Threads a block: two a query row, and the producer warpgroup where specialized.
+    pub fn threads(&self) -> usize {
+        self.br * self.lanes + if self.specialized { 128 } else { 0 }
+    }
 }
 
 /// The GPU flash-attention kernels of `kernels/hip/flash.hip`.
@@ -273,6 +286,9 @@ impl fmt::Display for GpuFlashConfig {
                 }
                 if self.wgmma {
                     f.write_str(" wgmma")?;
+                }
+                if self.specialized {
+                    f.write_str(" specialized")?;
                 }
                 Ok(())
             }

@@ -123,13 +123,14 @@ impl KernelBuild {
                 .chain(c.paired.then_some(("KT_PAIRED", 1)))
                 .chain((c.split > 1).then_some(("KT_SPLIT", c.split)))
                 .chain(c.wgmma.then_some(("KT_WG", 1)))
+                .chain(c.specialized.then_some(("KT_SPEC", 1)))
                 .collect(),
                 entries: if c.split > 1 {
                     &["kt_flash", "kt_flash_reduce"]
                 } else {
                     &["kt_flash"]
                 },
-                threads: c.br * c.lanes,
+                threads: c.threads(),
                 dynamic_lds,
                 arch_specific: c.wgmma,
             },

@@ -58,6 +58,15 @@ pub(super) fn validate(
             "wgmma: warpgroup MMA is a choice of the mma variant only: take wgmma = false",
         ));
     }
+    if c.specialized && !(c.wgmma && c.br == 128 && !c.paired) {
+        return Err(invalid(
+            f,
+            format!(
+                "specialized: a producer warpgroup feeds the two warpgroups of the unpaired wgmma tiles of 128 rows (not wgmma = {}, br = {}, paired = {}): take specialized = false",
+                c.wgmma, c.br, c.paired
+            ),
+        ));
+    }
     if c.paired && c.variant != GpuFlashVariant::Mma {
         return Err(invalid(
             f,
@@ -156,7 +165,7 @@ pub(super) fn validate(
         if c.wgmma {
             validate_wgmma(c, p, g)?;
         }
-        return check_threads(f, c.br * c.lanes, g);
+        return check_threads(f, c.threads(), g);
     }
     // Lanes of a row exchange partial dot products by shuffles inside one wave.
     if !c.lanes.is_power_of_two() || c.lanes > 32 || !p.head_dim.is_multiple_of(c.lanes) {
@@ -231,7 +240,8 @@ pub(super) fn candidates(p: &FlashProblem, g: &GpuModel) -> Vec<GpuFlashConfig> 
 
 fn all_candidates() -> Vec<GpuFlashConfig> {
     let mut out = Vec::new();
-    // Warpgroup MMA (sm_90), first of the matrix-core forms: unsplit, paired, split.
+    // Warpgroup MMA (sm_90), first of the matrix-core forms: unsplit, paired, split; the
+    // 128-row tiles also warp-specialized, each after its plain form.
     let wgmma = |br, bc, paired, split| GpuFlashConfig {
         br,
         bc,
@@ -240,9 +250,17 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
         paired,
         split,
         wgmma: true,
+        specialized: false,
+    };
+    let specialized = |c: GpuFlashConfig| GpuFlashConfig {
+        specialized: true,
+        ..c
     };
     for (br, bc) in [(128, 128), (64, 128), (128, 64), (64, 64)] {
         out.push(wgmma(br, bc, false, 1));
+        if br == 128 {
+            out.push(specialized(wgmma(br, bc, false, 1)));
+        }
     }
     for br in [128, 64] {
         out.push(wgmma(br, 128, true, 1));
@@ -250,6 +268,9 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
     for br in [128, 64] {
         for split in [2, 4] {
             out.push(wgmma(br, 128, false, split));
+            if br == 128 {
+                out.push(specialized(wgmma(br, 128, false, split)));
+            }
         }
     }
     for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
@@ -269,6 +290,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                         paired,
                         split: 1,
                         wgmma: false,
+                        specialized: false,
                     });
                 }
             }
@@ -287,6 +309,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                             paired: false,
                             split,
                             wgmma: false,
+                            specialized: false,
                         });
                     }
                 }
@@ -304,6 +327,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                     paired: false,
                     split: 1,
                     wgmma: false,
+                    specialized: false,
                 });
             }
         }
@@ -326,6 +350,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         paired: false,
         split: 1,
         wgmma: false,
+        specialized: false,
     }
 }
 
@@ -345,6 +370,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             paired: false,
             split: 1,
             wgmma: false,
+            specialized: false,
         };
         if p.head_dim <= 128 && validate(&measured, p, g).is_ok() {
             return measured;
@@ -371,6 +397,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             paired: false,
             split: 1,
             wgmma: false,
+            specialized: false,
         },
         None => default(p),
     }
@@ -418,6 +445,7 @@ mod tests {
             paired: false,
             split: 1,
             wgmma: false,
+            specialized: false,
         };
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
@@ -454,13 +482,13 @@ mod tests {
             (valid[0].split, valid.iter().filter(|c| c.split > 1).count())
         };
         // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs;
-        // 8 mma.sync and 4 wgmma split tiles.
+        // 8 mma.sync split tiles and 6 wgmma (2 of them warp-specialized).
         let tp8 = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", tp8), (2, 12));
+        assert_eq!(first("h200", tp8), (2, 14));
         // 1024 tokens of 32 heads, 512 blocks: split-KV last, and only in two (four would
         // need 68 MiB of partial results).
         let many = "flash:q_len=1024,q_heads=32,kv_heads=8,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", many), (1, 6));
+        assert_eq!(first("h200", many), (1, 7));
         assert_eq!(first("mi300x", tp8).1, 0);
         assert_eq!(first("h200", &tp8.replace("bf16", "f32")).1, 0);
     }
@@ -499,6 +527,51 @@ mod tests {
             .iter()
             .filter(|c| validate(c, &p, g).is_ok())
             .all(|c| !c.wgmma));
+    }
+
+    /// Warp-specialized: the unpaired wgmma tiles of 128 rows, each right after its plain
+    /// form, with a producer warpgroup more.
+    #[test]
+    fn warp_specialized_tiles_are_the_unpaired_wgmma_tiles_of_128_rows() {
+        let tp8 = "flash:q_len=4096,q_heads=64,kv_heads=8,head_dim=128,dtype=bf16";
+        let (g, p) = on("h200", tp8);
+        let all = candidates(&p, g);
+        let c = all[1];
+        assert_eq!(c.to_string(), "gpu mma br=128 bc=128 wgmma specialized");
+        assert_eq!(
+            GpuFlashConfig {
+                specialized: false,
+                ..c
+            },
+            all[0]
+        );
+        assert_eq!((c.threads(), all[0].threads()), (384, 256));
+        validate(&c, &p, g).unwrap();
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            json.ends_with(r#""wgmma":true,"specialized":true}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<GpuFlashConfig>(&json).unwrap(), c);
+        // Stored configs from before it read as plain.
+        let old = json.replace(r#","specialized":true"#, "");
+        assert!(
+            !serde_json::from_str::<GpuFlashConfig>(&old)
+                .unwrap()
+                .specialized
+        );
+        assert!(all
+            .iter()
+            .filter(|c| c.specialized)
+            .all(|c| c.br == 128 && c.wgmma && !c.paired));
+        for other in [
+            GpuFlashConfig { br: 64, ..c },
+            GpuFlashConfig { wgmma: false, ..c },
+            GpuFlashConfig { paired: true, ..c },
+        ] {
+            let e = validate(&other, &p, g).unwrap_err().to_string();
+            assert!(e.contains("specialized = false"), "{other}: {e}");
+        }
     }
 
     #[test]

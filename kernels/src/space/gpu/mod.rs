@@ -110,7 +110,10 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
     match (config, problem) {
         (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
             if c.wgmma {
-                2 * 2 * c.bc * p.head_dim + SWIZZLE_ALIGN
+                // Two stages and their full and empty mbarriers where specialized.
+                let stages = if c.specialized { 2 } else { 1 };
+                stages * (2 * 2 * c.bc * p.head_dim + if c.specialized { 16 } else { 0 })
+                    + SWIZZLE_ALIGN
             } else {
                 2 * 2 * c.bc * (p.head_dim + 8)
             }
