@@ -157,9 +157,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 // (64 query rows each) share no block barrier, each stage handed over by mbarriers (full once
 // the producer's copies of it have landed; empty once both warpgroups' products with it are
 // done, one thread of each arriving), so one warpgroup's softmax can run beside the other's
-// products while the next tiles arrive, the overlap FlashAttention-3 builds on. The producer
-// needs few registers and gives them to the others (setmaxnreg): 128 · 40 + 256 · 232 of the
-// 65536.
+// products while the next tiles arrive, the overlap FlashAttention-3 builds on. At head size
+// 128 the producer, which needs few registers, gives them to the others (setmaxnreg):
+// 128 · 40 + 256 · 232 of the 65536, all 168 a thread the block launches with (the build
+// says so, and the compile is refused if ptxas leaves the kernel fewer: the pool would not
+// hold what the multiplying warpgroups ask for). At 64 every thread fits in its share.
 #if !KT_WG || KT_PAIRED || KT_BR != 128
 #error "the warp-specialized flash takes the wgmma tiles of 128 rows, unpaired"
 #endif
@@ -302,7 +304,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             // The producer: key tile it into stage it % STAGES in round it / STAGES, once
             // both warpgroups are done with the tile before it there (the first round finds
             // every stage empty).
+#if KT_D == 128
             kt_setmaxnreg_dec<40>();
+#endif
             for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
                 const int st = it % KT_STAGES;
                 kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
@@ -313,7 +317,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_cp_async_wait_all();
             return;
         }
+#if KT_D == 128
         kt_setmaxnreg_inc<232>();
+#endif
 #endif
         const int row0 = qt * KT_BR + (tid / 32) * 16;
 

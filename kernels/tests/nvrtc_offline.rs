@@ -123,8 +123,6 @@ fn check_candidates(
                 "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
                 "mbarrier.try_wait.parity.shared::cta.b64",
                 "mbarrier.arrive.shared::cta.b64",
-                "setmaxnreg.dec.sync.aligned.u32 40",
-                "setmaxnreg.inc.sync.aligned.u32 232",
                 "fence.proxy.async.shared::cta",
                 "wgmma.wait_group.sync.aligned",
             ],
@@ -169,6 +167,17 @@ fn check_candidates(
         };
         if c == heuristic || roomy {
             assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
+        }
+        // The warp-specialized flash of head size 128 launches with the registers its
+        // setmaxnreg split shares out (168 · 384 = 128 · 40 + 256 · 232).
+        if build.launch_registers > 0 {
+            assert_eq!(k.vgpr, build.launch_registers, "{name} {c}: {k:?}");
+            for op in [
+                "setmaxnreg.dec.sync.aligned.u32 40",
+                "setmaxnreg.inc.sync.aligned.u32 232",
+            ] {
+                assert!(ptx.contains(op), "{name} {c}: no {op}");
+            }
         }
         eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
     }
@@ -475,6 +484,22 @@ fn every_wgmma_flash_candidate_compiles_for_sm90a() {
         // their last immediate.
         check_candidates(&nvrtc, "h200", &p, &configs, instruction);
         assert!(candidates_where("a100", &p, wgmma).is_empty(), "{spec}");
+        // A build whose kernel would launch with fewer registers than its setmaxnreg split
+        // shares out is refused by the compile, never run.
+        let specialized = configs
+            .iter()
+            .find(|c| matches!(c, Config::GpuFlash(f) if f.specialized))
+            .unwrap();
+        let mut build = KernelBuild::new(&p, specialized).unwrap();
+        let split = matches!(p, Problem::Flash(f) if f.head_dim == 128);
+        assert_eq!(build.launch_registers > 0, split, "{spec}");
+        if split {
+            build.launch_registers += 8;
+            let e = nvrtc
+                .compile(&build, "sm_90", build.threads as u32)
+                .unwrap_err();
+            assert!(e.contains("would wait forever"), "{e}");
+        }
     }
 }
 

@@ -150,11 +150,23 @@ impl NvrtcCompiler {
             });
             let _ = result::destroy_program(program);
             match code {
-                Ok((ptx, cubin)) => Ok(NvrtcOutput {
-                    ptx,
-                    cubin,
-                    kernels: parse_log(&log, threads),
-                }),
+                Ok((ptx, cubin)) => {
+                    let kernels = parse_log(&log, threads);
+                    if let Some(k) = kernels
+                        .iter()
+                        .find(|k| k.name == build.entries[0] && k.vgpr < build.launch_registers)
+                    {
+                        return Err(format!(
+                            "{} launches with {} registers a thread, fewer than the {} its setmaxnreg split shares out: its warpgroups asking for more would wait forever",
+                            k.name, k.vgpr, build.launch_registers
+                        ));
+                    }
+                    Ok(NvrtcOutput {
+                        ptx,
+                        cubin,
+                        kernels,
+                    })
+                }
                 Err(e) => {
                     // ptxas refuses static shared memory over 48 KiB without saying so in the
                     // log; its report of the kernel's smem shows it.

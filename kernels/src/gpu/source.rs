@@ -43,6 +43,12 @@ pub struct KernelBuild {
     /// Uses instructions of one architecture only (wgmma: NVIDIA's `sm_90a` target, whose
     /// code runs on sm_90 and no later architecture), so compiles for that target.
     pub arch_specific: bool,
+    /// Registers a thread its main kernel must launch with (0: any). A warp-specialized
+    /// build's warpgroups trade registers through the block's pool (`setmaxnreg`), which
+    /// holds what the block launched with: launched with fewer than its split shares out,
+    /// the warpgroups asking for more would wait forever. The compiler's report of each
+    /// build is checked against it.
+    pub launch_registers: u32,
 }
 
 fn dtype_code(d: DType) -> usize {
@@ -98,6 +104,7 @@ impl KernelBuild {
                 threads: c.threads(),
                 dynamic_lds,
                 arch_specific: c.variant == GpuGemmVariant::Wgmma,
+                launch_registers: 0,
             },
             (Problem::Flash(p), Config::GpuFlash(c)) => KernelBuild {
                 family: Family::Flash,
@@ -133,6 +140,13 @@ impl KernelBuild {
                 threads: c.threads(),
                 dynamic_lds,
                 arch_specific: c.wgmma,
+                // Head size 128 splits the registers (flash.hip): a thread's share of the
+                // 65536 at 384 threads, in the allocation's steps of 8.
+                launch_registers: if c.specialized && p.head_dim == 128 {
+                    (65536 / c.threads() as u32) & !7
+                } else {
+                    0
+                },
             },
             (Problem::Paged(p), Config::GpuPaged(c)) => KernelBuild {
                 family: Family::Paged,
@@ -149,6 +163,7 @@ impl KernelBuild {
                 threads: c.threads,
                 dynamic_lds,
                 arch_specific: false,
+                launch_registers: 0,
             },
             (p, c) if !c.is_gpu() => {
                 return Err(KernelError::InvalidConfig {
