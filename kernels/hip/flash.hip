@@ -151,17 +151,21 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #define KT_SPEC 0
 #endif
 
+#ifndef KT_SPLIT_REGS
+#define KT_SPLIT_REGS 0
+#endif
 #if KT_SPEC
 // Warp-specialized (KT_SPEC, with KT_WG): a producer warpgroup before the two multiplying
 // ones copies each K and V tile into one of KT_STAGES stages; the multiplying warpgroups
 // (64 query rows each) share no block barrier, each stage handed over by mbarriers (full once
 // the producer's copies of it have landed; empty once both warpgroups' products with it are
 // done, one thread of each arriving), so one warpgroup's softmax can run beside the other's
-// products while the next tiles arrive, the overlap FlashAttention-3 builds on. At head size
-// 128 the producer, which needs few registers, gives them to the others (setmaxnreg):
-// 128 · 40 + 256 · 232 of the 65536, all 168 a thread the block launches with (the build
-// says so, and the compile is refused if ptxas leaves the kernel fewer: the pool would not
-// hold what the multiplying warpgroups ask for). At 64 every thread fits in its share.
+// products while the next tiles arrive, the overlap FlashAttention-3 builds on. With
+// KT_SPLIT_REGS (128-key tiles or head size 128) the producer, which needs few registers,
+// gives them to the others (setmaxnreg): 128 · 40 + 256 · 232 of the 65536, all 168 a thread
+// the block launches with (the build says so, and the compile is refused if ptxas leaves the
+// kernel fewer: the pool would not hold what the multiplying warpgroups ask for). At 64 by
+// 64 every thread fits in its even share.
 #if !KT_WG || KT_PAIRED || KT_BR != 128
 #error "the warp-specialized flash takes the wgmma tiles of 128 rows, unpaired"
 #endif
@@ -232,7 +236,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     unsigned short* const stages =
         reinterpret_cast<unsigned short*>(smem + (KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN);
     unsigned short* ks = stages;
-    unsigned short* vs = ks + KT_TILE;
+    [[maybe_unused]] unsigned short* vs = ks + KT_TILE;
 #else
     unsigned short(*ks)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem);
     unsigned short(*vs)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem + 2 * KT_BC * KT_LDD);
@@ -304,7 +308,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             // The producer: key tile it into stage it % STAGES in round it / STAGES, once
             // both warpgroups are done with the tile before it there (the first round finds
             // every stage empty).
-#if KT_D == 128
+#if KT_SPLIT_REGS
             kt_setmaxnreg_dec<40>();
 #endif
             for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
@@ -317,7 +321,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_cp_async_wait_all();
             return;
         }
-#if KT_D == 128
+#if KT_SPLIT_REGS
         kt_setmaxnreg_inc<232>();
 #endif
 #endif
@@ -354,76 +358,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 
         // Keys every row of the warp sees: tiles wholly below them need no mask.
         const int open = row0 + 15 < q_len ? (causal ? min(kv_len, row0 + shift + 1) : kv_len) : 0;
-#if !KT_SPEC
-        // K and V tiles travel as separate commit groups, so each is waited for only when used:
-        // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
-        if (block_seen > run_begin) {
-            load(ks, k, run_begin);
-            kt_cp_async_commit();
-            load(vs, v, run_begin);
-            kt_cp_async_commit();
-        }
-#endif
-        for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
-#if KT_SPEC
-            // This stage's K and V tiles have landed; the proxy fence hands the producer's
-            // copies to wgmma's reads.
-            const int stage = it % KT_STAGES;
-            ks = stages + 2 * stage * KT_TILE;
-            vs = ks + KT_TILE;
-            kt_mbar_wait(&full[stage], (it / KT_STAGES) & 1);
-            kt_fence_async_shared();
-#else
-            (void)it;
-            kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
-#if KT_WG
-            kt_fence_async_shared();  // the copies, to wgmma's reads
-#endif
-            KT_SYNC();
-#endif
-            // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2. B fragments
-            // of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7 address keys
-            // 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
-            float s[KT_ST][4];
-#pragma unroll
-            for (int n = 0; n < KT_ST; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-#if KT_WG
-            // S tile n of 8 keys is accumulators 4n .. 4n + 3 of the warpgroup's 64 × BC, the
-            // same elements as mma.sync's; the step's 16 dims sit in one 128-byte row.
-            float(&sw)[KT_BC / 2] = *reinterpret_cast<float(*)[KT_BC / 2]>(&s[0][0]);
-            kt_wgmma_fence();
-#pragma unroll
-            for (int st = 0; st < KT_QK; ++st)
-                kt_wgmma_rs<0>(sw, qf[st],
-                               kt_wgmma_desc(ks + (16 * st / 64) * KT_BC * 64 + 16 * st % 64, 16,
-                                             1024, 1));
-            kt_wgmma_commit();
-            kt_wgmma_wait<0>();
-            kt_wgmma_fence_operand(sw);
-#else
-#pragma unroll
-            for (int nn = 0; nn < KT_ST / 2; ++nn)
-#pragma unroll
-                for (int st = 0; st < KT_QK; ++st) {
-                    unsigned r[4];
-                    kt_ldmatrix_x4(r, &ks[16 * nn + 8 * (lane / 16) + lane % 8]
-                                         [16 * st + 8 * ((lane / 8) % 2)]);
-                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    kt_mma(s[2 * nn], qf[st], b0);
-                    kt_mma(s[2 * nn + 1], qf[st], b1);
-                }
-#endif
-#if !KT_SPEC
-            KT_SYNC();  // every warp is done with this K tile: load the next over it
-            if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
-            kt_cp_async_commit();
-#endif
-            // The scores stay unscaled until the exponent, which takes scale and maximum in
-            // one multiply-add (the scale is positive: the maximum of the scaled scores is
-            // the scaled maximum); only tiles past a row's last key are masked, the causal
-            // diagonal's and the keys' end.
+        // One key tile's online softmax: its scores `s` (from key j0) masked past each row's
+        // last visible key, the rows' maxima and sums brought up to date, `s` made the tile's
+        // probabilities, and `corr` what O's rows are to be scaled by (left to the caller:
+        // pipelined, O's products may still be in flight). The scores stay unscaled until the
+        // exponent, which takes scale and maximum in one multiply-add (the scale is positive:
+        // the maximum of the scaled scores is the scaled maximum); only tiles past a row's
+        // last key are masked, the causal diagonal's and the keys' end.
+        auto softmax = [&](float (&s)[KT_ST][4], int j0, float (&corr)[2]) {
             if (j0 + KT_BC > open) {
 #pragma unroll
                 for (int n = 0; n < KT_ST; ++n)
@@ -445,13 +387,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 const float m_new = fmaxf(mx[r], tile_max[r] * qscale);
                 // A row with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
                 base[r] = m_new == -KT_INF ? 0.0f : m_new;
-                const float correction = kt_exp2(mx[r] - base[r]);
-                sum[r] *= correction;
-#pragma unroll
-                for (int d = 0; d < KT_OT; ++d) {
-                    o[d][2 * r] *= correction;
-                    o[d][2 * r + 1] *= correction;
-                }
+                corr[r] = kt_exp2(mx[r] - base[r]);
+                sum[r] *= corr[r];
                 mx[r] = m_new;
             }
 #pragma unroll
@@ -461,23 +398,39 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                     s[n][e] = kt_exp2(fmaf(s[n][e], qscale, -base[e / 2]));
                     sum[e / 2] += s[n][e];
                 }
-#if !KT_SPEC
-            kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
+        };
+        auto rescale = [&](const float (&corr)[2]) {
+#pragma unroll
+            for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[d][e] *= corr[e / 2];
+        };
 #if KT_WG
-            kt_fence_async_shared();
-#endif
-            KT_SYNC();
-#endif
-            // P's A fragments for keys 16c .. 16c + 15: S tiles 2c and 2c + 1.
-#if KT_WG
-            // O's accumulators are the warpgroup's 64 × D, dims 8d .. 8d + 7 in 4d .. 4d + 3 as
-            // mma.sync's. V n-major: a 16-key step's rows 16c .. 16c + 15 of column block 0,
-            // the column blocks (64 dims, the swizzle atom) BC rows apart (the leading offset),
-            // groups of 8 keys 1024 bytes apart. P's fragments are all packed first: the
-            // instructions read them after their issue, so each step's keep registers of their
-            // own until the wait.
-            float(&ow)[KT_D / 2] = *reinterpret_cast<float(*)[KT_D / 2]>(&o[0][0]);
-            unsigned pw[KT_BC / 16][4];
+        // O's accumulators are the warpgroup's 64 × D, dims 8d .. 8d + 7 in 4d .. 4d + 3 as
+        // mma.sync's; S tile n of 8 keys is accumulators 4n .. 4n + 3 of its 64 × BC.
+        float(&ow)[KT_D / 2] = *reinterpret_cast<float(*)[KT_D / 2]>(&o[0][0]);
+        auto flat = [](float(&s)[KT_ST][4]) -> float(&)[KT_BC / 2] {
+            return *reinterpret_cast<float(*)[KT_BC / 2]>(&s[0][0]);
+        };
+        // S = Q·Kᵀ with the K tile at `ks` into `s`, issued (the caller commits); the step's
+        // 16 dims sit in one 128-byte row.
+        auto issue_scores = [&](float (&s)[KT_ST][4]) {
+#pragma unroll
+            for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+            kt_wgmma_fence();
+#pragma unroll
+            for (int st = 0; st < KT_QK; ++st)
+                kt_wgmma_rs<0>(flat(s), qf[st],
+                               kt_wgmma_desc(ks + (16 * st / 64) * KT_BC * 64 + 16 * st % 64, 16,
+                                             1024, 1));
+        };
+        // P's A fragments for keys 16c .. 16c + 15 are S tiles 2c and 2c + 1, all packed
+        // before the products are issued: the instructions read them after their issue, so
+        // each step's keep registers of their own until the wait.
+        unsigned pw[KT_BC / 16][4];
+        auto pack = [&](const float (&s)[KT_ST][4]) {
 #pragma unroll
             for (int c = 0; c < KT_BC / 16; ++c) {
                 pw[c][0] = kt_pack2(s[2 * c][0], s[2 * c][1]);
@@ -485,10 +438,128 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 pw[c][2] = kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]);
                 pw[c][3] = kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]);
             }
+        };
+        // O += P·V with the V tile at `vt`, issued (the caller commits). V n-major: a 16-key
+        // step's rows 16c .. 16c + 15 of column block 0, the column blocks (64 dims, the
+        // swizzle atom) BC rows apart (the leading offset), groups of 8 keys 1024 bytes apart.
+        auto issue_products = [&](const unsigned short* vt) {
             kt_wgmma_fence();
 #pragma unroll
             for (int c = 0; c < KT_BC / 16; ++c)
-                kt_wgmma_rs<1>(ow, pw[c], kt_wgmma_desc(vs + 16 * c * 64, 2 * KT_BC * 64, 1024, 1));
+                kt_wgmma_rs<1>(ow, pw[c], kt_wgmma_desc(vt + 16 * c * 64, 2 * KT_BC * 64, 1024, 1));
+        };
+#endif
+#if KT_SPEC
+        // Pipelined within each warpgroup too (FlashAttention-3's second overlap): the next
+        // tile's scores are issued before this tile's products, so their softmax runs while
+        // the products do, and O is rescaled once the products are done. `s` holds a tile's
+        // scores, then its probabilities until they are packed.
+        const int key_tiles = block_seen > run_begin ? (block_seen - run_begin + KT_BC - 1) / KT_BC : 0;
+        // Tile `it`'s K tile, once it and its V tile (after it) have landed in their stage;
+        // the proxy fence hands the producer's copies to wgmma's reads.
+        auto arrived = [&](int it) {
+            const int stage = it % KT_STAGES;
+            kt_mbar_wait(&full[stage], (it / KT_STAGES) & 1);
+            kt_fence_async_shared();
+            return stages + 2 * stage * KT_TILE;
+        };
+        float s[KT_ST][4];
+        float corr[2];
+        if (key_tiles > 0) {
+            ks = arrived(0);
+            issue_scores(s);
+            kt_wgmma_commit();
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(flat(s));
+            softmax(s, run_begin, corr);  // O is zero yet: nothing to rescale
+        }
+        // Every tile but the last has a next, its scores issued beside this tile's products
+        // (the last's, below, without: no branch inside the pipeline, which ptxas would
+        // otherwise serialize).
+        for (int it = 0; it + 1 < key_tiles; ++it) {
+            // This tile's probabilities packed, `s` takes the next tile's scores, issued
+            // first: commit groups complete in order, and the softmax waits for them.
+            pack(s);
+            const unsigned short* const v_tile = ks + KT_TILE;
+            ks = arrived(it + 1);
+            issue_scores(s);
+            kt_wgmma_commit();
+            issue_products(v_tile);
+            kt_wgmma_commit();
+            kt_wgmma_wait<1>();  // the next tile's scores; this tile's products run on
+            kt_wgmma_fence_operand(flat(s));
+            softmax(s, run_begin + (it + 1) * KT_BC, corr);
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(ow);
+            // The warpgroup's products with this stage are done: back to the producer.
+            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);
+            rescale(corr);
+        }
+        if (key_tiles > 0) {
+            pack(s);
+            issue_products(ks + KT_TILE);
+            kt_wgmma_commit();
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(ow);
+        }
+#else
+        // K and V tiles travel as separate commit groups, so each is waited for only when used:
+        // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
+        if (block_seen > run_begin) {
+            load(ks, k, run_begin);
+            kt_cp_async_commit();
+            load(vs, v, run_begin);
+            kt_cp_async_commit();
+        }
+        for (int j0 = run_begin; j0 < block_seen; j0 += KT_BC) {
+            kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
+#if KT_WG
+            kt_fence_async_shared();  // the copies, to wgmma's reads
+#endif
+            KT_SYNC();
+            // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2.
+            float s[KT_ST][4];
+#if KT_WG
+            issue_scores(s);
+            kt_wgmma_commit();
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(flat(s));
+#else
+#pragma unroll
+            for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+            // B fragments of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7
+            // address keys 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
+#pragma unroll
+            for (int nn = 0; nn < KT_ST / 2; ++nn)
+#pragma unroll
+                for (int st = 0; st < KT_QK; ++st) {
+                    unsigned r[4];
+                    kt_ldmatrix_x4(r, &ks[16 * nn + 8 * (lane / 16) + lane % 8]
+                                         [16 * st + 8 * ((lane / 8) % 2)]);
+                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    kt_mma(s[2 * nn], qf[st], b0);
+                    kt_mma(s[2 * nn + 1], qf[st], b1);
+                }
+#endif
+            KT_SYNC();  // every warp is done with this K tile: load the next over it
+            if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
+            kt_cp_async_commit();
+            float corr[2];
+            softmax(s, j0, corr);
+            rescale(corr);
+            kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
+#if KT_WG
+            kt_fence_async_shared();
+#endif
+            KT_SYNC();
+#if KT_WG
+            pack(s);
+            issue_products(vs);
+            kt_wgmma_commit();
+            kt_wgmma_wait<0>();
+            kt_wgmma_fence_operand(ow);
 #else
             // V's B fragments of dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes
             // 8q .. 8q + 7 address keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
@@ -511,20 +582,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 }
             }
 #endif
-#if KT_WG
-            kt_wgmma_commit();
-            kt_wgmma_wait<0>();
-            kt_wgmma_fence_operand(ow);
-#endif
-#if KT_SPEC
-            // The warpgroup's products with this stage are done: back to the producer.
-            if (tid % 128 == 0) kt_mbar_arrive(&empty[stage]);
-#else
             KT_SYNC();  // every warp is done with this V tile: load the next over it
             if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
             kt_cp_async_commit();
-#endif
         }
+#endif
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             sum[r] += KT_SHFL_XOR(sum[r], 1);

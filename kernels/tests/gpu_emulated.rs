@@ -1389,8 +1389,9 @@ fn the_wgmma_block_order_covers_every_tile_once() {
 
 /// Flash attention by warpgroup MMA (sm_90): Q's and P's fragments from registers, K k-major
 /// and V n-major from swizzled shared memory. Head sizes 64 and 128 over ragged key tiles,
-/// causal with fewer queries than keys, GQA, paired, split and warp-specialized; each way of
-/// getting the operands' layout, the instructions' order or the stages' hand-over wrong
+/// causal with fewer queries than keys, GQA, paired, split and warp-specialized (pipelined:
+/// the next tile's scores beside this tile's products); each way of getting the operands'
+/// layout, the instructions' order, the pipeline's waits or the stages' hand-over wrong
 /// shows.
 #[test]
 fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
@@ -1498,6 +1499,16 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
             "a stage refilled once one warpgroup is done with it",
             "kt_mbar_init(&empty[st], KT_BR / 64);",
             "kt_mbar_init(&empty[st], 1);",
+        ),
+        (
+            "the next tile's softmax before its scores are done",
+            "kt_wgmma_wait<1>();  // the next tile's scores",
+            "kt_wgmma_wait<2>();  // the next tile's scores",
+        ),
+        (
+            "O rescaled while this tile's products run",
+            "            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);\n            // The warpgroup's products with this stage are done: back to the producer.\n            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);\n            rescale(corr);",
+            "            rescale(corr);\n            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);\n            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);",
         ),
     ] {
         caught(mistake, run_specialized(&flash_with(from, to)), tol);

@@ -165,6 +165,7 @@ impl NvrtcCompiler {
                         ptx,
                         cubin,
                         kernels,
+                        log,
                     })
                 }
                 Err(e) => {
@@ -195,6 +196,9 @@ pub struct NvrtcOutput {
     pub cubin: Vec<u8>,
     /// Each kernel's resources from ptxas's report.
     pub kernels: Vec<KernelResources>,
+    /// The compiler's messages: ptxas's report, and its notes (e.g. `wgmma` instructions it
+    /// had to serialize, a performance loss the resources do not show).
+    pub log: String,
 }
 
 /// The CUBIN of a compiled program (NVRTC makes one when compiling for a real `sm_` target).

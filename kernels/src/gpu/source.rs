@@ -106,48 +106,54 @@ impl KernelBuild {
                 arch_specific: c.variant == GpuGemmVariant::Wgmma,
                 launch_registers: 0,
             },
-            (Problem::Flash(p), Config::GpuFlash(c)) => KernelBuild {
-                family: Family::Flash,
-                file: "flash.hip",
-                defines: vec![
-                    ("KT_DTYPE", dtype_code(p.dtype)),
-                    (
-                        "KT_VARIANT",
-                        match c.variant {
-                            GpuFlashVariant::Rows => 0,
-                            GpuFlashVariant::Mma => 1,
-                            GpuFlashVariant::Mfma => 2,
-                        },
-                    ),
-                    ("KT_BR", c.br),
-                    ("KT_BC", c.bc),
-                    ("KT_LANES", c.lanes),
-                    ("KT_D", p.head_dim),
-                ]
-                .into_iter()
-                // Only when set, so the builds of unpaired, unsplit configs keep their cache
-                // keys.
-                .chain(c.paired.then_some(("KT_PAIRED", 1)))
-                .chain((c.split > 1).then_some(("KT_SPLIT", c.split)))
-                .chain(c.wgmma.then_some(("KT_WG", 1)))
-                .chain(c.specialized.then_some(("KT_SPEC", 1)))
-                .collect(),
-                entries: if c.split > 1 {
-                    &["kt_flash", "kt_flash_reduce"]
-                } else {
-                    &["kt_flash"]
-                },
-                threads: c.threads(),
-                dynamic_lds,
-                arch_specific: c.wgmma,
-                // Head size 128 splits the registers (flash.hip): a thread's share of the
-                // 65536 at 384 threads, in the allocation's steps of 8.
-                launch_registers: if c.specialized && p.head_dim == 128 {
-                    (65536 / c.threads() as u32) & !7
-                } else {
-                    0
-                },
-            },
+            (Problem::Flash(p), Config::GpuFlash(c)) => {
+                // Warp-specialized tiles whose multiplying warpgroups need more than an even
+                // share of the registers (a 128-key tile or head size 128) take them from the
+                // producer (flash.hip): each thread's share of the 65536 at launch, in the
+                // allocation's steps of 8. At 64 by 64 every thread fits in its share.
+                let split_registers = c.specialized && (p.head_dim == 128 || c.bc == 128);
+                KernelBuild {
+                    family: Family::Flash,
+                    file: "flash.hip",
+                    defines: vec![
+                        ("KT_DTYPE", dtype_code(p.dtype)),
+                        (
+                            "KT_VARIANT",
+                            match c.variant {
+                                GpuFlashVariant::Rows => 0,
+                                GpuFlashVariant::Mma => 1,
+                                GpuFlashVariant::Mfma => 2,
+                            },
+                        ),
+                        ("KT_BR", c.br),
+                        ("KT_BC", c.bc),
+                        ("KT_LANES", c.lanes),
+                        ("KT_D", p.head_dim),
+                    ]
+                    .into_iter()
+                    // Only when set, so the builds of unpaired, unsplit configs keep their cache
+                    // keys.
+                    .chain(c.paired.then_some(("KT_PAIRED", 1)))
+                    .chain((c.split > 1).then_some(("KT_SPLIT", c.split)))
+                    .chain(c.wgmma.then_some(("KT_WG", 1)))
+                    .chain(c.specialized.then_some(("KT_SPEC", 1)))
+                    .chain(split_registers.then_some(("KT_SPLIT_REGS", 1)))
+                    .collect(),
+                    entries: if c.split > 1 {
+                        &["kt_flash", "kt_flash_reduce"]
+                    } else {
+                        &["kt_flash"]
+                    },
+                    threads: c.threads(),
+                    dynamic_lds,
+                    arch_specific: c.wgmma,
+                    launch_registers: if split_registers {
+                        (65536 / c.threads() as u32) & !7
+                    } else {
+                        0
+                    },
+                }
+            }
             (Problem::Paged(p), Config::GpuPaged(c)) => KernelBuild {
                 family: Family::Paged,
                 file: "paged.hip",
