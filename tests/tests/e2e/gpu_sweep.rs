@@ -294,6 +294,34 @@ fn hip_compiler(test: &str) -> bool {
     }
 }
 
+/// The plan of the tests that stop a run: 8 candidates a problem, any occupancy.
+fn eight_candidates() -> PlanOptions<'static> {
+    PlanOptions {
+        min_waves: 1.0,
+        max_candidates: Some(8),
+        ..Default::default()
+    }
+}
+
+/// The same command again after a run stopped in `problems[1]`, on a stand-in device that
+/// works: the finished first problem is skipped, the rest tuned. Returns what it ran.
+async fn run_again(db: &Db, device: &Device, problems: &[Derived]) -> Vec<Config> {
+    let gpu = StandIn::default();
+    let mut job = job(db, device);
+    job.max_configs = 8;
+    let (mut sweep, _) = GpuSweep::prepare(db, device, &gpu, problems, &eight_candidates())
+        .await
+        .unwrap();
+    let out = tune::run(&job, &mut sweep, problems).await.unwrap();
+    assert_eq!(
+        out.iter().map(|o| o.status.as_str()).collect::<Vec<_>>(),
+        ["skipped", "tuned", "tuned"],
+        "{out:#?}"
+    );
+    let ran = gpu.ran.lock().unwrap().clone();
+    ran
+}
+
 /// A small GEMM, flash and paged problem for the stand-in MI250.
 fn one_of_each_family() -> Vec<Derived> {
     [
@@ -510,11 +538,7 @@ async fn a_candidate_that_loses_the_device_stops_the_run_and_is_skipped_after() 
     let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
     let device = Device::lookup("mi250").unwrap();
     let problems = one_of_each_family();
-    let options = PlanOptions {
-        min_waves: 1.0,
-        max_candidates: Some(8),
-        ..Default::default()
-    };
+    let options = eight_candidates();
     let mut job = job(&db, &device);
     job.max_configs = 8;
     let flash = problems[1].problem.key();
@@ -571,17 +595,7 @@ async fn a_candidate_that_loses_the_device_stops_the_run_and_is_skipped_after() 
     drop(sweep);
 
     // The next run, on a device that works: the rest is tuned, that candidate is not run.
-    let gpu = StandIn::default();
-    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &options)
-        .await
-        .unwrap();
-    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
-    assert_eq!(
-        out.iter().map(|o| o.status.as_str()).collect::<Vec<_>>(),
-        ["skipped", "tuned", "tuned"],
-        "{out:#?}"
-    );
-    assert!(!gpu.ran.lock().unwrap().contains(&crashed));
+    assert!(!run_again(&db, &device, &problems).await.contains(&crashed));
     let skipped = db
         .measurements(&flash)
         .await
@@ -590,7 +604,6 @@ async fn a_candidate_that_loses_the_device_stops_the_run_and_is_skipped_after() 
         .filter(|r| Config::from_json(&r.0).unwrap() == crashed && r.1 == "invalid")
         .count();
     assert_eq!(skipped, 1, "recorded as pruned by the second run");
-    drop(sweep);
     db.close().await;
 }
 
@@ -607,11 +620,7 @@ async fn ctrl_c_on_the_device_keeps_finished_problems_and_the_next_run_goes_on()
     let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
     let device = Device::lookup("mi250").unwrap();
     let problems = one_of_each_family();
-    let options = PlanOptions {
-        min_waves: 1.0,
-        max_candidates: Some(8),
-        ..Default::default()
-    };
+    let options = eight_candidates();
     let gpu = StandIn {
         interrupt: Some(Family::Flash),
         ..StandIn::default()
@@ -655,27 +664,9 @@ async fn ctrl_c_on_the_device_keeps_finished_problems_and_the_next_run_goes_on()
     drop(sweep);
 
     // The same command again, nothing interrupting it.
-    let gpu = StandIn::default();
-    let job = kerntune_e2e::job(&db, &device);
-    let job = tune::Job {
-        max_configs: 8,
-        ..job
-    };
-    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &options)
+    assert!(!run_again(&db, &device, &problems)
         .await
-        .unwrap();
-    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
-    assert_eq!(
-        out.iter().map(|o| o.status.as_str()).collect::<Vec<_>>(),
-        ["skipped", "tuned", "tuned"],
-        "{out:#?}"
-    );
-    assert!(!gpu
-        .ran
-        .lock()
-        .unwrap()
         .iter()
         .any(|c| matches!(c, Config::GpuGemm(_) | Config::Rocblas(_))));
-    drop(sweep);
     db.close().await;
 }
