@@ -3,11 +3,15 @@
 // in f32. GQA/MQA: query head h reads kv head h / (q_heads / kv_heads). Causal with
 // q_len < kv_len aligns the queries to the end of the keys, as in chunked prefill.
 //
-// Grid (ceil(q_len / BR), q_heads, batch), one block per KT_BR query rows of one head (half
-// as wide, two tiles a block, when paired; batch · KT_SPLIT deep when the keys are split);
-// key and value tiles of KT_BC rows are staged in LDS and shared by the block's rows; the
-// softmax is online, in base 2. Causal blocks stop at the last tile any of their rows may
-// see.
+// Grid (q_heads · batch, ceil(q_len / BR)), one block per KT_BR query rows of one head (half
+// as many tiles, two a block, when paired; q_heads · KT_SPLIT · batch wide when the keys are
+// split, x = h + q_heads · (run + SPLIT · b)). Block y takes the query tile counted from the
+// last: blocks start in x order, then y, so a causal mask's longest tiles, of every head and
+// key run, start first and the short ones fill in behind them (kt_tile; NVIDIA and AMD
+// both hand out blocks in that order in practice, though neither promises it). Key and
+// value tiles of KT_BC rows are staged in LDS and shared by the block's rows; the softmax is
+// online, in base 2. Causal blocks stop at the last tile any of their rows may see.
+//
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
 //   lanes, lane j owning dims j, j + LANES, ... of q and of the output row (so the lanes' LDS
@@ -42,6 +46,13 @@
 #error "KT_LANES must divide KT_D"
 #endif
 
+// The query tile of block y, of `launched` along y: the last first. On an H200 a
+// 2048-query Llama-70B TP8 prefill has 128 tiles of 128 rows for 132 multiprocessors; split
+// over two blocks each, first tiles first left the longest runs to start behind the short
+// ones (a greedy schedule of its 256 blocks ends after 14 tiles' time, against 9 longest
+// first, where the whole divided evenly is 8.2).
+KT_DEVICE int kt_tile(int launched) { return launched - 1 - KT_BID_Y; }
+
 #if KT_VARIANT == 0
 
 #define KT_THREADS (KT_BR * KT_LANES)
@@ -55,10 +66,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     KT_SHARED float vs[KT_BC][KT_D];
     const int tid = KT_TID;
     const int lane = tid % KT_LANES;
-    const int h = KT_BID_Y;
-    const int b = KT_BID_Z;
+    const int h = KT_BID_X % q_heads;
+    const int b = KT_BID_X / q_heads;
     const int kvh = h / (q_heads / kv_heads);
-    const int i = KT_BID_X * KT_BR + tid / KT_LANES;
+    const int qt = kt_tile((q_len + KT_BR - 1) / KT_BR);
+    const int i = qt * KT_BR + tid / KT_LANES;
     const bool live = i < q_len;
     const float log2e = 1.4426950408889634f;
 
@@ -73,7 +85,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     // Keys row i may see: all, or up to its position aligned to the end of the keys.
     const int shift = kv_len - q_len;
     const int seen = causal ? min(kv_len, i + shift + 1) : kv_len;
-    const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
+    const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
 
     for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
@@ -211,14 +223,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #endif
 
 // Split (KT_SPLIT > 1): the keys' tiles fall into KT_SPLIT equal runs of whole tiles, the
-// same for every query tile, and the run `c` of the block's z (batch · SPLIT + c) is its
-// part of its query tile. Key run c spans keys [c · kt_run(kv_len), (c + 1) · kt_run(kv_len)).
+// same for every query tile, and the run `c` of the block's x (h + q_heads · (c + SPLIT · b))
+// is its part of its query tile. Key run c spans keys [c · kt_run(kv_len), (c + 1) · kt_run(kv_len)).
 KT_DEVICE int kt_run(int kv_len) {
     return KT_BC * (((kv_len + KT_BC - 1) / KT_BC + KT_SPLIT - 1) / KT_SPLIT);
 }
 
 // Unsplit, `out` is the output. Split, it is the runs' unnormalized output rows, slot
-// ((b · SPLIT + c) · q_len + i) · q_heads + h (block z's rows) of KT_D floats each, and
+// ((b · SPLIT + c) · q_len + i) · q_heads + h (the block's rows) of KT_D floats each, and
 // `part_max` / `part_sum` the rows' maxima (of the scaled scores, base 2) and sums in the
 // same slots; kt_flash_reduce combines them.
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
@@ -245,13 +257,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int tid = KT_TID - 128 * KT_SPEC;
     const int lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
-    const int h = KT_BID_Y;
-    const int b = KT_BID_Z / KT_SPLIT;
+    // x = h + q_heads · (run + SPLIT · b).
+    const int h = KT_BID_X % q_heads;
+    const int b = KT_BID_X / q_heads / KT_SPLIT;
     const int kvh = h / (q_heads / kv_heads);
     const float qscale = scale * 1.4426950408889634f;
     const int shift = kv_len - q_len;
 #if KT_SPLIT > 1
-    const int run = KT_BID_Z % KT_SPLIT;
+    const int run = KT_BID_X / q_heads % KT_SPLIT;
     const int run_begin = run * kt_run(kv_len);
     const int run_end = run_begin + kt_run(kv_len);
 #else
@@ -262,10 +275,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     // Passing to the mirror needs no barrier of its own: the last key tile's closing barrier
     // has every warp done with the shared tiles before the mirror's first copies.
     const int tiles = (q_len + KT_BR - 1) / KT_BR;
+    const int first = kt_tile(KT_PAIRED ? (tiles + 1) / 2 : tiles);
 #pragma unroll 1
     for (int pass = 0; pass <= KT_PAIRED; ++pass) {
-        const int qt = pass == 0 ? KT_BID_X : tiles - 1 - KT_BID_X;
-        if (pass == 1 && qt <= KT_BID_X) break;  // the middle tile of an odd count: done once
+        const int qt = pass == 0 ? first : tiles - 1 - first;
+        if (pass == 1 && qt <= first) break;  // the middle tile of an odd count: done once
         const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
         // Keys this block reads: its run's, up to the last any of its rows may see. A run
         // wholly past them leaves the block nothing: its rows' slots are never read.
@@ -594,7 +608,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             if (row0 + g + 8 * r >= q_len) continue;
 #if KT_SPLIT > 1
             // This run's share, unnormalized.
-            const long slot = ((long)KT_BID_Z * q_len + row0 + g + 8 * r) * q_heads + h;
+            const long slot = ((long)(b * KT_SPLIT + run) * q_len + row0 + g + 8 * r) * q_heads + h;
             if (t == 0) {
                 part_max[slot] = mx[r];
                 part_sum[slot] = sum[r];
@@ -676,10 +690,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int tid = KT_TID;
     const int lane = tid % 64;
     const int half = lane / 32, col = lane % 32;
-    const int h = KT_BID_Y;
-    const int b = KT_BID_Z;
+    const int h = KT_BID_X % q_heads;
+    const int b = KT_BID_X / q_heads;
     const int kvh = h / (q_heads / kv_heads);
-    const int i = KT_BID_X * KT_BR + (tid / 64) * 32 + col;
+    const int qt = kt_tile((q_len + KT_BR - 1) / KT_BR);
+    const int i = qt * KT_BR + (tid / 64) * 32 + col;
     const bool live = i < q_len;
     const float qscale = scale * 1.4426950408889634f;
     const int shift = kv_len - q_len;
@@ -698,9 +713,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     float mx = -KT_INF, sum = 0.0f;
 
     // Keys every query of the wave sees: tiles wholly below them need no mask.
-    const int first = KT_BID_X * KT_BR + (tid / 64) * 32;
+    const int first = qt * KT_BR + (tid / 64) * 32;
     const int open = first + 31 < q_len ? (causal ? min(kv_len, first + shift + 1) : kv_len) : 0;
-    const int block_last = min(q_len, KT_BID_X * KT_BR + KT_BR) - 1;
+    const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
     for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
         for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {

@@ -917,8 +917,8 @@ fn the_mma_flash_pipeline_checks_catch_each_mistake() {
 
 #[test]
 fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirror() {
-    // Five query tiles of 16 on a grid of three blocks: tiles 0 and 4, 1 and 3, then the
-    // middle tile 2 alone; fewer queries than keys (aligned to the end), GQA.
+    // Five query tiles of 16 on a grid of three blocks (taken last first): the middle tile 2
+    // alone, then 1 and 3, then 0 and 4; fewer queries than keys (aligned to the end), GQA.
     let problem: Problem = "flash:q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
         .parse()
         .unwrap();
@@ -926,7 +926,7 @@ fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirr
     let source = include_str!("../hip/flash.hip");
     assert!(error(source) <= problem.tolerance());
     let (from, to) = (
-        "if (pass == 1 && qt <= KT_BID_X) break;",
+        "if (pass == 1 && qt <= first) break;",
         "if (pass == 1) break;",
     );
     assert!(source.contains(from), "flash.hip no longer has `{from}`");

@@ -228,9 +228,23 @@ pub fn launches(
             .map(Arg::Int)
             .map_err(|_| too_large(problem, field, v))
     };
+    // CUDA and HIP both take at most 65535 blocks along y and z.
     let grid = |x: usize, y: usize, z: usize| {
         let dim = |v: usize| u32::try_from(v).map_err(|_| too_large(problem, "grid", v));
-        Ok::<_, KernelError>([dim(x)?, dim(y)?, dim(z)?])
+        let short = |v: usize, axis: &'static str| {
+            if v > 65535 {
+                return Err(KernelError::InvalidProblem {
+                    family: problem.family(),
+                    field: axis,
+                    value: v.to_string(),
+                    reason: "blocks along y or z of a GPU launch: at most 65535 (a smaller \
+                             problem, or larger tiles)"
+                        .into(),
+                });
+            }
+            dim(v)
+        };
+        Ok::<_, KernelError>([dim(x)?, short(y, "grid y")?, short(z, "grid z")?])
     };
     if !config.is_gpu() || matches!(config, Config::Rocblas(_)) {
         return Err(KernelError::InvalidConfig {
@@ -326,11 +340,13 @@ pub fn launches(
             if c.split <= 1 {
                 vec![Launch {
                     entry: 0,
-                    // Paired, each block takes a query tile and its mirror.
+                    // Heads then batches along x, query tiles along y, the last tile (the
+                    // longest, causal) first: kernels/hip/flash.hip's kt_tile. Paired, each
+                    // block takes a query tile and its mirror.
                     grid: grid(
+                        p.q_heads * p.batch,
                         tiles.div_ceil(if c.paired { 2 } else { 1 }),
-                        p.q_heads,
-                        p.batch,
+                        1,
                     )?,
                     cluster: 1,
                     block,
@@ -343,14 +359,15 @@ pub fn launches(
                     .concat(),
                 }]
             } else {
-                // Each tile's keys over `split` blocks (z = batch · split + run), their
-                // partial results into the workspace, then combined into the output.
+                // Each tile's keys over `split` blocks (x = head + q_heads · (run + split ·
+                // batch)), their partial results into the workspace, then combined into the
+                // output.
                 let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
                 let elements = p.batch * p.q_len * p.q_heads * p.head_dim;
                 vec![
                     Launch {
                         entry: 0,
-                        grid: grid(tiles, p.q_heads, p.batch * c.split)?,
+                        grid: grid(p.q_heads * c.split * p.batch, tiles, 1)?,
                         cluster: 1,
                         block,
                         shared_bytes,
@@ -433,7 +450,7 @@ pub fn launches(
 mod tests {
     use super::*;
     use crate::gpu::KernelBuild;
-    use crate::{Device, GpuGemmConfig, GpuSpace, Space};
+    use crate::{Device, GpuFlashConfig, GpuGemmConfig, GpuSpace, Space};
 
     #[test]
     fn launches_follow_the_kernel_signatures() {
@@ -480,7 +497,44 @@ mod tests {
         assert!(launches(&p, &cpu, &ptrs).is_err());
     }
 
-    /// Split-KV flash: its blocks batch · split deep, writing the partial buffers, then the
+    /// Flash blocks: heads and batches along x, query tiles along y (the kernel takes them
+    /// last first); more tiles than a launch holds along y is an error naming the grid.
+    #[test]
+    fn flash_tiles_run_along_y_and_past_its_limit_are_refused() {
+        let device = Device::lookup("h200").unwrap();
+        let ptrs = DevicePtrs::default();
+        let grid = |spec: &str, paired: bool| {
+            let p: Problem = spec.parse().unwrap();
+            let c = Config::GpuFlash(GpuFlashConfig {
+                br: 16,
+                bc: 16,
+                lanes: 2,
+                variant: GpuFlashVariant::Mma,
+                paired,
+                split: 1,
+                wgmma: false,
+                specialized: false,
+            });
+            GpuSpace.validate(&c, &p, &device).unwrap();
+            launches(&p, &c, &ptrs).map(|l| l[0].grid)
+        };
+        let spec = |q_len: usize| {
+            format!("flash:batch=3,q_len={q_len},q_heads=8,kv_heads=1,head_dim=64,dtype=bf16")
+        };
+        assert_eq!(grid(&spec(37), false).unwrap(), [24, 3, 1]);
+        let most = spec(16 * 65535);
+        assert_eq!(grid(&most, false).unwrap(), [24, 65535, 1]);
+        let over = spec(16 * 65535 + 1);
+        let e = grid(&over, false).unwrap_err().to_string();
+        assert!(
+            e.contains("grid y = 65536") && e.contains("at most 65535"),
+            "{e}"
+        );
+        // Paired, half as many blocks along y: within the limit again.
+        assert_eq!(grid(&over, true).unwrap(), [24, 32768, 1]);
+    }
+
+    /// Split-KV flash: its blocks heads · split · batch wide, writing the partial buffers, then the
     /// combining kernel over every output element; the workspace at its largest valid split.
     /// TMA GEMM: the two tensor maps after the sizes, describing A [m, k] and B [n, k].
     #[test]
@@ -502,7 +556,7 @@ mod tests {
             .unwrap();
         let l = launches(&p, &split, &ptrs).unwrap();
         assert_eq!(l.len(), 2);
-        assert_eq!(l[0].grid, [16, 8, 4]);
+        assert_eq!(l[0].grid, [8 * 4, 16, 1]);
         assert_eq!(&l[0].args[3..6], &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]);
         assert_eq!(
             &l[1].args[..4],
