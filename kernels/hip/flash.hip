@@ -229,15 +229,18 @@ KT_DEVICE int kt_run(int kv_len) {
     return KT_BC * (((kv_len + KT_BC - 1) / KT_BC + KT_SPLIT - 1) / KT_SPLIT);
 }
 
-// Unsplit, `out` is the output. Split, it is the runs' unnormalized output rows, slot
+// Split, `part_out` holds the runs' unnormalized output rows, slot
 // ((b · SPLIT + c) · q_len + i) · q_heads + h (the block's rows) of KT_D floats each, and
 // `part_max` / `part_sum` the rows' maxima (of the scaled scores, base 2) and sums in the
-// same slots; kt_flash_reduce combines them.
+// same slots; kt_flash_reduce combines them. A row whose keys all lie in the first run is
+// written to `out` by that run's block and left alone by kt_flash_reduce: in a causal mask
+// split in two, half the rows, whose partial results would otherwise cross the memory twice.
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out,
 #if KT_SPLIT > 1
-         float* __restrict__ part_max, float* __restrict__ part_sum,
+         float* __restrict__ part_out, float* __restrict__ part_max,
+         float* __restrict__ part_sum,
 #endif
          int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale) {
     // Dynamic shared memory: 128-key tiles of head size 128 pass the 48 KiB a block declares
@@ -607,18 +610,21 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             sum[r] += KT_SHFL_XOR(sum[r], 2);
             if (row0 + g + 8 * r >= q_len) continue;
 #if KT_SPLIT > 1
-            // This run's share, unnormalized.
-            const long slot = ((long)(b * KT_SPLIT + run) * q_len + row0 + g + 8 * r) * q_heads + h;
-            if (t == 0) {
-                part_max[slot] = mx[r];
-                part_sum[slot] = sum[r];
-            }
+            if (run > 0 || seen[r] > run_end) {
+                // This run's share, unnormalized.
+                const long slot =
+                    ((long)(b * KT_SPLIT + run) * q_len + row0 + g + 8 * r) * q_heads + h;
+                if (t == 0) {
+                    part_max[slot] = mx[r];
+                    part_sum[slot] = sum[r];
+                }
 #pragma unroll
-            for (int d = 0; d < KT_OT; ++d) {
-                out[slot * KT_D + 8 * d + 2 * t] = o[d][2 * r];
-                out[slot * KT_D + 8 * d + 2 * t + 1] = o[d][2 * r + 1];
+                for (int d = 0; d < KT_OT; ++d) {
+                    part_out[slot * KT_D + 8 * d + 2 * t] = o[d][2 * r];
+                    part_out[slot * KT_D + 8 * d + 2 * t + 1] = o[d][2 * r + 1];
+                }
+                continue;
             }
-            continue;
 #endif
             const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
 #pragma unroll
@@ -633,7 +639,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #if KT_SPLIT > 1
 // The split runs' partial results combined into the output, one thread an output element:
 // the runs holding keys the row sees, in order (so results do not depend on scheduling),
-// each scaled from its own maximum to the largest.
+// each scaled from its own maximum to the largest. Rows of one run are kt_flash's; rows
+// that see no key get zeros here (their tile's blocks may all have stopped at once).
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
                 const float* __restrict__ part_sum, float* __restrict__ out, int q_len,
@@ -648,6 +655,7 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     const int i = (int)(rest / q_heads);
     const int seen = causal ? min(kv_len, i + kv_len - q_len + 1) : kv_len;
     const int runs = seen <= 0 ? 0 : min(KT_SPLIT, (seen + kt_run(kv_len) - 1) / kt_run(kv_len));
+    if (runs == 1) return;
     float m = -KT_INF;
     for (int c = 0; c < runs; ++c) m = fmaxf(m, part_max[(b * KT_SPLIT + c) * per + rest]);
     float num = 0.0f, den = 0.0f;

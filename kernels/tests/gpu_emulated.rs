@@ -948,7 +948,9 @@ fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirr
 
 /// Split-KV: runs of whole key tiles over blocks, combined by a second kernel. Four key tiles
 /// of 32 in runs of two (split 2) or one (split 4, and split 8: runs past the keys), fewer
-/// queries than keys, so rows see two to four runs and some blocks none; causal and not.
+/// queries than keys, so rows see two to four runs and some blocks none; causal and not;
+/// and as many queries as keys, where the first rows see one run only, written by the first
+/// kernel and left by the second.
 #[test]
 fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
     let causal: Problem = "flash:q_len=70,kv_len=120,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
@@ -958,8 +960,11 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
         "flash:q_len=33,kv_len=120,q_heads=2,kv_heads=1,head_dim=64,dtype=f16,causal=false"
             .parse()
             .unwrap();
+    let square: Problem = "flash:q_len=70,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
+        .parse()
+        .unwrap();
     let source = include_str!("../hip/flash.hip");
-    for problem in [&causal, &full] {
+    for problem in [&causal, &full, &square] {
         for split in [2, 4, 8] {
             let error = config_error(problem, mma_flash_split((16, 32), false, split));
             let ok = error(source);
@@ -985,6 +990,11 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
                     "load(ks, k, run_begin);",
                     "load(ks, k, 0);",
                 ),
+                (
+                    "rows of several runs taken for rows of one",
+                    "if (runs == 1) return;",
+                    "if (runs >= 1) return;",
+                ),
             ] {
                 assert!(source.contains(from), "flash.hip no longer has `{from}`");
                 let err = error(&source.replacen(from, to, 1));
@@ -994,6 +1004,17 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
                 );
             }
         }
+    }
+    // Rows of one run left to the partial results: the combining kernel never writes them.
+    let (from, to) = ("if (run > 0 || seen[r] > run_end) {", "if (true) {");
+    assert!(source.contains(from), "flash.hip no longer has `{from}`");
+    for split in [2, 4] {
+        let error = config_error(&square, mma_flash_split((16, 32), false, split));
+        let err = error(&source.replacen(from, to, 1));
+        assert!(
+            err.is_nan() || err > square.tolerance(),
+            "split {split}: rows of one run never written went unnoticed: error {err:e}"
+        );
     }
     // Split with paired tiles, or past the workspace's limit, is refused naming the fix.
     let device = Device::lookup("h200").unwrap();

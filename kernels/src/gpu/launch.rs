@@ -361,7 +361,7 @@ pub fn launches(
             } else {
                 // Each tile's keys over `split` blocks (x = head + q_heads · (run + split ·
                 // batch)), their partial results into the workspace, then combined into the
-                // output.
+                // output (rows of one run written there by the first kernel).
                 let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
                 let elements = p.batch * p.q_len * p.q_heads * p.head_dim;
                 vec![
@@ -372,7 +372,7 @@ pub fn launches(
                         block,
                         shared_bytes,
                         args: [
-                            vec![i0, i1, i2, part_out, part_max, part_sum],
+                            vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
                             vec![Arg::Float(p.scale.get())],
                         ]
@@ -557,7 +557,10 @@ mod tests {
         let l = launches(&p, &split, &ptrs).unwrap();
         assert_eq!(l.len(), 2);
         assert_eq!(l[0].grid, [8 * 4, 16, 1]);
-        assert_eq!(&l[0].args[3..6], &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]);
+        assert_eq!(
+            &l[0].args[3..7],
+            &[Arg::Ptr(4), Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]
+        );
         assert_eq!(
             &l[1].args[..4],
             &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10), Arg::Ptr(4)]
