@@ -35,7 +35,7 @@ def form(config):
             flags.append("swizzled")
         elif w.startswith(("split=", "split-k=", "block-tiles=", "cluster=")):
             flags.append(w.split("=")[0])
-        elif w in ("paired", "specialized", "tma", "wgmma"):
+        elif w in ("paired", "specialized", "pingpong", "tma", "wgmma"):
             flags.append(w)
     return " ".join([variant] + flags)
 

@@ -162,6 +162,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #ifndef KT_SPEC
 #define KT_SPEC 0
 #endif
+#ifndef KT_PINGPONG
+#define KT_PINGPONG 0
+#endif
+#if KT_PINGPONG && !KT_SPEC
+#error "the turns (KT_PINGPONG) are the warp-specialized tiles' multiplying warpgroups'"
+#endif
 
 #ifndef KT_SPLIT_REGS
 #define KT_SPLIT_REGS 0
@@ -177,7 +183,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 // gives them to the others (setmaxnreg): 128 · 40 + 256 · 232 of the 65536, all 168 a thread
 // the block launches with (the build says so, and the compile is refused if ptxas leaves the
 // kernel fewer: the pool would not hold what the multiplying warpgroups ask for). At 64 by
-// 64 every thread fits in its even share.
+// 64 every thread fits in its even share. With KT_PINGPONG the two multiplying warpgroups
+// also take turns to issue their products (FlashAttention-3's ping-pong), handed over by two
+// more mbarriers: warpgroup 0 first, each passing the turn once its products are issued, so
+// one's products have the tensor cores while the other's softmax runs; the turns order only
+// the issue, never data.
 #if !KT_WG || KT_PAIRED || KT_BR != 128
 #error "the warp-specialized flash takes the wgmma tiles of 128 rows, unpaired"
 #endif
@@ -209,7 +219,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #endif
 #define KT_TILE (KT_BC * KT_D)
 #define KT_ALIGN 1024
-#if !defined(KT_DYN_LDS) || KT_STAGES * 2 * 2 * KT_TILE + KT_ALIGN + 16 * KT_STAGES * KT_SPEC != KT_DYN_LDS
+#if !defined(KT_DYN_LDS) || \
+    KT_STAGES * 2 * 2 * KT_TILE + KT_ALIGN + 16 * KT_STAGES * KT_SPEC + 16 * KT_PINGPONG != KT_DYN_LDS
 #error "KT_DYN_LDS must be the bytes of the K and V tiles, their alignment and mbarriers, as the launch passes them"
 #endif
 #else
@@ -313,11 +324,16 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         unsigned long long* const full =
             reinterpret_cast<unsigned long long*>(stages + KT_STAGES * 2 * KT_TILE);
         unsigned long long* const empty = full + KT_STAGES;
+        [[maybe_unused]] unsigned long long* const turn = empty + KT_STAGES;
         if (KT_TID == 0) {
             for (int st = 0; st < KT_STAGES; ++st) {
                 kt_mbar_init(&full[st], 128);
                 kt_mbar_init(&empty[st], KT_BR / 64);
             }
+#if KT_PINGPONG
+            // One arrival a turn: the other warpgroup's first thread, its products issued.
+            for (int w = 0; w < 2; ++w) kt_mbar_init(&turn[w], 1);
+#endif
             kt_fence_mbar_init();
         }
         KT_SYNC();
@@ -480,12 +496,30 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_fence_async_shared();
             return stages + 2 * stage * KT_TILE;
         };
+#if KT_PINGPONG
+        // Turn k of warpgroup w waits for the other's turn k (w = 1) or k - 1 (w = 0: its
+        // first wait, on parity 1 of a fresh mbarrier, returns at once); both take key_tiles
+        // turns, the first tile's scores and then one a tile with the next tile's scores. The
+        // last tile's products go without: a wait there made ptxas spill two registers of
+        // the split builds of head size 64. The turn passes without a branch: one between a
+        // wgmma's issue and its wait would make ptxas serialize them.
+        auto take_turn = [&](int k) {
+            const int wg = tid / 128;
+            kt_mbar_wait(&turn[wg], (k & 1) ^ (wg == 0 ? 1 : 0));
+        };
+        auto pass_turn = [&] { kt_mbar_arrive_if(&turn[1 - tid / 128], tid % 128 == 0); };
+#else
+        auto take_turn = [](int) {};
+        auto pass_turn = [] {};
+#endif
         float s[KT_ST][4];
         float corr[2];
         if (key_tiles > 0) {
             ks = arrived(0);
+            take_turn(0);
             issue_scores(s);
             kt_wgmma_commit();
+            pass_turn();
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(flat(s));
             softmax(s, run_begin, corr);  // O is zero yet: nothing to rescale
@@ -499,10 +533,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             pack(s);
             const unsigned short* const v_tile = ks + KT_TILE;
             ks = arrived(it + 1);
+            take_turn(it + 1);
             issue_scores(s);
             kt_wgmma_commit();
             issue_products(v_tile);
             kt_wgmma_commit();
+            pass_turn();
             kt_wgmma_wait<1>();  // the next tile's scores; this tile's products run on
             kt_wgmma_fence_operand(flat(s));
             softmax(s, run_begin + (it + 1) * KT_BC, corr);

@@ -524,6 +524,9 @@ KT_WGMMA_RS_N(128, "%64, %65, %66, %67", 68, 69, 70, KT_WG_OPS_128, KT_WG_ACCS_1
 KT_DEVICE void kt_mbar_init(unsigned long long* bar, int count) { kt_host::mbar_init(bar, count); }
 KT_DEVICE void kt_fence_mbar_init() {}
 KT_DEVICE void kt_mbar_arrive(unsigned long long* bar) { kt_host::mbar_arrive(bar); }
+KT_DEVICE void kt_mbar_arrive_if(unsigned long long* bar, bool arrive) {
+    if (arrive) kt_host::mbar_arrive(bar);
+}
 KT_DEVICE void kt_cp_async_mbar_arrive(unsigned long long* bar) { kt_host::cp_mbar_arrive(bar); }
 KT_DEVICE void kt_mbar_wait(unsigned long long* bar, int parity) { kt_host::mbar_wait(bar, parity); }
 KT_DEVICE void kt_cp_async_wait_all() {
@@ -622,6 +625,16 @@ KT_DEVICE void kt_mbar_arrive(unsigned long long* bar) {
     asm volatile("{ .reg .b64 state; mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(
                      kt_smem(bar))
                  : "memory");
+}
+// An arrival by the threads passing `arrive`, predicated rather than branched around: a
+// branch between a wgmma's issue and its wait makes ptxas serialize the wgmma.
+KT_DEVICE void kt_mbar_arrive_if(unsigned long long* bar, bool arrive) {
+    asm volatile(
+        "{ .reg .pred p; .reg .b64 state;\n"
+        "setp.ne.u32 p, %1, 0;\n"
+        "@p mbarrier.arrive.shared::cta.b64 state, [%0]; }" ::"r"(kt_smem(bar)),
+        "r"((unsigned)arrive)
+        : "memory");
 }
 KT_DEVICE void kt_cp_async_mbar_arrive(unsigned long long* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(kt_smem(bar))

@@ -858,6 +858,7 @@ fn mma_flash_split((br, bc): (usize, usize), paired: bool, split: usize) -> Conf
         split,
         wgmma: false,
         specialized: false,
+        pingpong: false,
     })
 }
 
@@ -1432,6 +1433,15 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
             ..c
         })
     };
+    let pingpong = |c: Config| {
+        let Config::GpuFlash(c) = specialized(c) else {
+            unreachable!()
+        };
+        Config::GpuFlash(GpuFlashConfig {
+            pingpong: true,
+            ..c
+        })
+    };
     // Two query tiles, the second's other warpgroup past the queries; 5 and 6 key tiles of
     // 64, so the producer goes round its two stages three times.
     let long = "flash:batch=1,q_len=150,kv_len=330,q_heads=2,kv_heads=1,head_dim=128,dtype=bf16";
@@ -1440,6 +1450,9 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         (long, specialized(wgmma(128, 64, false, 1))),
         (long, specialized(wgmma(128, 128, false, 2))),
         (long, specialized(wgmma(128, 128, false, 4))),
+        (FLASH_F16_128, pingpong(wgmma(128, 128, false, 1))),
+        (long, pingpong(wgmma(128, 64, false, 1))),
+        (long, pingpong(wgmma(128, 128, false, 2))),
         (FLASH_BF16, wgmma(64, 64, false, 1)),
         (FLASH_BF16, wgmma(128, 128, true, 1)),
         (FLASH_F16_128, wgmma(64, 128, false, 1)),
@@ -1541,6 +1554,23 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         )),
         "mbarrier",
     );
+    // Turns: each warpgroup's products correct with them; a protocol in which neither goes
+    // first, or the turn is handed to oneself, waits forever and is named.
+    let run_pingpong = |body: &str| -> Result<f64, KernelError> {
+        let data = ProblemData::random(&long, 6);
+        let out = emu.run_source(&data, &pingpong(wgmma(128, 64, false, 1)), body)?;
+        Ok(relative_error(&out, &data.reference()))
+    };
+    assert!(run_pingpong(include_str!("../hip/flash.hip")).unwrap() <= tol);
+    for (from, to) in [
+        ("(k & 1) ^ (wg == 0 ? 1 : 0)", "(k & 1)"),
+        (
+            "kt_mbar_arrive_if(&turn[1 - tid / 128], tid % 128 == 0);",
+            "kt_mbar_arrive_if(&turn[tid / 128], tid % 128 == 0);",
+        ),
+    ] {
+        faults(run_pingpong(&flash_with(from, to)), "mbarrier");
+    }
     for (from, to, says) in [
         (
             "            kt_wgmma_fence();\n#pragma unroll\n            for (int st",

@@ -170,6 +170,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         split: 1,
         wgmma: false,
         specialized: false,
+        pingpong: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

@@ -94,7 +94,15 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     std::fs::write(d.join("gpu-check-gemm.json"), format!("[{mma}]")).unwrap();
     std::fs::write(d.join("gpu-check-flash.json"), format!("[{flash}]")).unwrap();
     // The flash tiles by warpgroup MMA in a process of their own: the best over both again.
-    let flash_wgmma = row(FLASH, 500.0, None, &[("gpu mma br=128 bc=128 wgmma", 48.0)]);
+    let flash_wgmma = row(
+        FLASH,
+        500.0,
+        None,
+        &[
+            ("gpu mma br=128 bc=128 wgmma", 48.0),
+            ("gpu mma br=128 bc=128 wgmma specialized pingpong", 49.0),
+        ],
+    );
     std::fs::write(
         d.join("gpu-check-flash-wgmma.json"),
         format!("[{flash_wgmma}]"),
@@ -132,7 +140,11 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     );
     assert!(line("wgmma swizzled  ").contains("700.0 us"), "{out}");
     assert!(line("mma split").contains("50.0 us"), "{out}");
-    assert!(line("mma wgmma").contains("48.0 us"), "{out}");
+    assert!(line("mma wgmma  ").contains("48.0 us"), "{out}");
+    assert!(
+        line("mma wgmma specialized pingpong").contains("49.0 us"),
+        "{out}"
+    );
     assert!(
         out.find("400.0 us").unwrap() < out.find("965.0 us").unwrap(),
         "{out}"

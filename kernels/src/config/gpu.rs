@@ -169,6 +169,12 @@ pub struct GpuFlashConfig {
     /// configs, which predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub specialized: bool,
+    /// Warp-specialized tiles: the two multiplying warpgroups take turns to issue their
+    /// products (handed over by a pair of mbarriers), so one's softmax runs while the
+    /// other's products have the tensor cores (FlashAttention-3's ping-pong). Absent (false)
+    /// in stored configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pingpong: bool,
 }
 
 impl GpuFlashConfig {
@@ -289,6 +295,9 @@ impl fmt::Display for GpuFlashConfig {
                 }
                 if self.specialized {
                     f.write_str(" specialized")?;
+                }
+                if self.pingpong {
+                    f.write_str(" pingpong")?;
                 }
                 Ok(())
             }

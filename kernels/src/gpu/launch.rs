@@ -514,6 +514,7 @@ mod tests {
                 split: 1,
                 wgmma: false,
                 specialized: false,
+                pingpong: false,
             });
             GpuSpace.validate(&c, &p, &device).unwrap();
             launches(&p, &c, &ptrs).map(|l| l[0].grid)

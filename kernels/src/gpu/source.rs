@@ -137,6 +137,7 @@ impl KernelBuild {
                     .chain((c.split > 1).then_some(("KT_SPLIT", c.split)))
                     .chain(c.wgmma.then_some(("KT_WG", 1)))
                     .chain(c.specialized.then_some(("KT_SPEC", 1)))
+                    .chain(c.pingpong.then_some(("KT_PINGPONG", 1)))
                     .chain(split_registers.then_some(("KT_SPLIT_REGS", 1)))
                     .collect(),
                     entries: if c.split > 1 {

@@ -67,6 +67,12 @@ pub(super) fn validate(
             ),
         ));
     }
+    if c.pingpong && !c.specialized {
+        return Err(invalid(
+            f,
+            "pingpong: the turns are the warp-specialized tiles' two multiplying warpgroups': take pingpong = false",
+        ));
+    }
     if c.paired && c.variant != GpuFlashVariant::Mma {
         return Err(invalid(
             f,
@@ -241,7 +247,8 @@ pub(super) fn candidates(p: &FlashProblem, g: &GpuModel) -> Vec<GpuFlashConfig> 
 fn all_candidates() -> Vec<GpuFlashConfig> {
     let mut out = Vec::new();
     // Warpgroup MMA (sm_90), first of the matrix-core forms: unsplit, paired, split; the
-    // 128-row tiles also warp-specialized, each after its plain form.
+    // 128-row tiles also warp-specialized, each after its plain form, then with the two
+    // warpgroups taking turns.
     let wgmma = |br, bc, paired, split| GpuFlashConfig {
         br,
         bc,
@@ -251,15 +258,21 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
         split,
         wgmma: true,
         specialized: false,
+        pingpong: false,
     };
-    let specialized = |c: GpuFlashConfig| GpuFlashConfig {
-        specialized: true,
-        ..c
+    let specialized = |out: &mut Vec<GpuFlashConfig>, c: GpuFlashConfig| {
+        for pingpong in [false, true] {
+            out.push(GpuFlashConfig {
+                specialized: true,
+                pingpong,
+                ..c
+            });
+        }
     };
     for (br, bc) in [(128, 128), (64, 128), (128, 64), (64, 64)] {
         out.push(wgmma(br, bc, false, 1));
         if br == 128 {
-            out.push(specialized(wgmma(br, bc, false, 1)));
+            specialized(&mut out, wgmma(br, bc, false, 1));
         }
     }
     for br in [128, 64] {
@@ -269,7 +282,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
         for split in [2, 4] {
             out.push(wgmma(br, 128, false, split));
             if br == 128 {
-                out.push(specialized(wgmma(br, 128, false, split)));
+                specialized(&mut out, wgmma(br, 128, false, split));
             }
         }
     }
@@ -291,6 +304,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                         split: 1,
                         wgmma: false,
                         specialized: false,
+                        pingpong: false,
                     });
                 }
             }
@@ -310,6 +324,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                             split,
                             wgmma: false,
                             specialized: false,
+                            pingpong: false,
                         });
                     }
                 }
@@ -328,6 +343,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                     split: 1,
                     wgmma: false,
                     specialized: false,
+                    pingpong: false,
                 });
             }
         }
@@ -351,6 +367,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         split: 1,
         wgmma: false,
         specialized: false,
+        pingpong: false,
     }
 }
 
@@ -371,6 +388,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             split: 1,
             wgmma: false,
             specialized: false,
+            pingpong: false,
         };
         if p.head_dim <= 128 && validate(&measured, p, g).is_ok() {
             return measured;
@@ -398,6 +416,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             split: 1,
             wgmma: false,
             specialized: false,
+            pingpong: false,
         },
         None => default(p),
     }
@@ -446,6 +465,7 @@ mod tests {
             split: 1,
             wgmma: false,
             specialized: false,
+            pingpong: false,
         };
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
@@ -482,13 +502,13 @@ mod tests {
             (valid[0].split, valid.iter().filter(|c| c.split > 1).count())
         };
         // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs;
-        // 8 mma.sync split tiles and 6 wgmma (2 of them warp-specialized).
+        // 8 mma.sync split tiles and 8 wgmma (4 of them warp-specialized, 2 taking turns).
         let tp8 = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", tp8), (2, 14));
+        assert_eq!(first("h200", tp8), (2, 16));
         // 1024 tokens of 32 heads, 512 blocks: split-KV last, and only in two (four would
         // need 68 MiB of partial results).
         let many = "flash:q_len=1024,q_heads=32,kv_heads=8,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", many), (1, 7));
+        assert_eq!(first("h200", many), (1, 8));
         assert_eq!(first("mi300x", tp8).1, 0);
         assert_eq!(first("h200", &tp8.replace("bf16", "f32")).1, 0);
     }
@@ -530,7 +550,7 @@ mod tests {
     }
 
     /// Warp-specialized: the unpaired wgmma tiles of 128 rows, each right after its plain
-    /// form, with a producer warpgroup more.
+    /// form, with a producer warpgroup more, then taking turns.
     #[test]
     fn warp_specialized_tiles_are_the_unpaired_wgmma_tiles_of_128_rows() {
         let tp8 = "flash:q_len=4096,q_heads=64,kv_heads=8,head_dim=128,dtype=bf16";
@@ -572,6 +592,40 @@ mod tests {
             let e = validate(&other, &p, g).unwrap_err().to_string();
             assert!(e.contains("specialized = false"), "{other}: {e}");
         }
+        // Taking turns: right after its specialized form; specialized tiles only.
+        let turns = all[2];
+        assert_eq!(
+            turns.to_string(),
+            "gpu mma br=128 bc=128 wgmma specialized pingpong"
+        );
+        assert_eq!(
+            GpuFlashConfig {
+                pingpong: false,
+                ..turns
+            },
+            c
+        );
+        validate(&turns, &p, g).unwrap();
+        let json = serde_json::to_string(&turns).unwrap();
+        assert!(
+            json.ends_with(r#""specialized":true,"pingpong":true}"#),
+            "{json}"
+        );
+        assert_eq!(
+            serde_json::from_str::<GpuFlashConfig>(&json).unwrap(),
+            turns
+        );
+        let e = validate(
+            &GpuFlashConfig {
+                pingpong: true,
+                ..all[0]
+            },
+            &p,
+            g,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("take pingpong = false"), "{e}");
     }
 
     #[test]

@@ -110,9 +110,11 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
     match (config, problem) {
         (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
             if c.wgmma {
-                // Two stages and their full and empty mbarriers where specialized.
+                // Two stages and their full and empty mbarriers where specialized, and the
+                // two warpgroups' turns where they take turns.
                 let stages = if c.specialized { 2 } else { 1 };
                 stages * (2 * 2 * c.bc * p.head_dim + if c.specialized { 16 } else { 0 })
+                    + if c.pingpong { 16 } else { 0 }
                     + SWIZZLE_ALIGN
             } else {
                 2 * 2 * c.bc * (p.head_dim + 8)
