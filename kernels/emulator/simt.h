@@ -120,13 +120,20 @@ struct Mbar {
 };
 
 // A TMA box copy issued and not yet landed: its mbarrier, destination, the tensor map's
-// description (kt_tmap's words) and the box's coordinates (column, row).
+// description (kt_tmap's words) and the box's coordinates (innermost first; a 2D map's
+// third and fourth are 0).
 struct Tma {
     unsigned bar;
     unsigned char* dst;
-    unsigned long long map[8];
-    int x, y;
+    unsigned long long map[16];
+    int at[4];
 };
+
+// Bytes of a tensor map's box: words 4, 5, 12 and 13 are its extents (a 2D map's last two
+// are 1), word 7 the element's bytes.
+inline size_t box_bytes(const unsigned long long* map) {
+    return (size_t)(map[4] * map[5] * map[12] * map[13] * map[7]);
+}
 
 // TMA copies a block may have in flight.
 constexpr int kMaxTma = 64;
@@ -1072,17 +1079,20 @@ inline void mbar_expect_tx(const void* p, int bytes) {
     mbar_arrive_at(b, addr);
 }
 
-// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes of a kt_tmap
-// (words: address, cols, rows, row stride in bytes, box cols, box rows, swizzle bytes,
-// element bytes): the box at column x, row y, recorded with its mbarrier; its destination
-// holds 0xff bytes until it lands.
-inline void tma_load(void* dst, const unsigned long long* map, int x, int y, const void* bar) {
+// cp.async.bulk.tensor.{2d,4d}.shared::cluster.global.mbarrier::complete_tx::bytes of a
+// kt_tmap (words: address, dims 0 and 1, stride 1 in bytes, boxes 0 and 1, swizzle bytes,
+// element bytes, dims 2 and 3, strides 2 and 3, boxes 2 and 3): the box at coordinates
+// x, y, z, w (innermost first), recorded with its mbarrier; its destination holds 0xff
+// bytes until it lands.
+inline void tma_load_4d(void* dst, const unsigned long long* map, int x, int y, int z, int w,
+                        const void* bar) {
     Block& b = block();
     const unsigned at = smem_offset(dst);
     if (at % 128 != 0) fail("a TMA destination not 128-byte aligned");
     if (map[6] != 128 || map[7] != 2 || map[4] * 2 != 128)
         fail("a tensor map other than 16-bit boxes of 128-byte swizzled rows: not emulated");
-    const size_t bytes = (size_t)(map[4] * map[5] * map[7]);
+    if (map[12] == 0 || map[13] == 0) fail("a tensor map without its third and fourth boxes");
+    const size_t bytes = box_bytes(map);
     if (at - kSharedWindow + bytes > b.shared_bytes)
         fail("a TMA box past the kernel's dynamic shared memory");
     if (b.tma_count == kMaxTma) fail("more TMA copies in flight than the emulator holds");
@@ -1090,36 +1100,53 @@ inline void tma_load(void* dst, const unsigned long long* map, int x, int y, con
     const unsigned bar_at = smem_offset(bar);
     long flying = (long)bytes;
     for (int i = 0; i < b.tma_count; ++i)
-        if (b.tma[i].bar == bar_at) flying += (long)(b.tma[i].map[4] * b.tma[i].map[5] * 2);
+        if (b.tma[i].bar == bar_at) flying += (long)box_bytes(b.tma[i].map);
     if (flying > mbar_of(b, bar_at).tx)
         fail("a TMA box whose bytes its mbarrier's phase does not expect (expect_tx first)");
     Tma& t = b.tma[b.tma_count++];
     t.bar = bar_at;
     t.dst = static_cast<unsigned char*>(dst);
-    for (int w = 0; w < 8; ++w) t.map[w] = map[w];
-    t.x = x;
-    t.y = y;
+    for (int i = 0; i < 16; ++i) t.map[i] = map[i];
+    t.at[0] = x;
+    t.at[1] = y;
+    t.at[2] = z;
+    t.at[3] = w;
     __builtin_memset(dst, 0xff, bytes);
 }
 
-// Lands a TMA box: element (r, c) of the box, row y + r and column x + c of the matrix or
-// zero past its edges, at byte 128·r + 2·c of the box, swizzled by its shared address.
+inline void tma_load(void* dst, const unsigned long long* map, int x, int y, const void* bar) {
+    tma_load_4d(dst, map, x, y, 0, 0, bar);
+}
+
+// Lands a TMA box: element (i3, i2, r, c) of the box, at coordinates (x + c, y + r, z + i2,
+// w + i3) of the tensor or zero past its edges, at element ((i3·box2 + i2)·box1 + r)·box0 +
+// c of the box (rows of 128 bytes), swizzled by its shared address.
 inline void tma_land(Block& b, const Tma& t) {
     const unsigned char* src = reinterpret_cast<const unsigned char*>(t.map[0]);
-    const long cols = (long)t.map[1], rows = (long)t.map[2], stride = (long)t.map[3];
-    const int box_cols = (int)t.map[4], box_rows = (int)t.map[5];
+    const long dims[4] = {(long)t.map[1], (long)t.map[2], (long)t.map[8], (long)t.map[9]};
+    const long strides[4] = {2, (long)t.map[3], (long)t.map[10], (long)t.map[11]};
+    const int boxes[4] = {(int)t.map[4], (int)t.map[5], (int)t.map[12], (int)t.map[13]};
     const unsigned base = smem_offset(t.dst);
-    for (int r = 0; r < box_rows; ++r)
-        for (int c = 0; c < box_cols; ++c) {
-            const long gr = (long)t.y + r, gc = (long)t.x + c;
-            unsigned short v = 0;
-            if (gr >= 0 && gr < rows && gc >= 0 && gc < cols)
-                __builtin_memcpy(&v, src + gr * stride + 2 * gc, 2);
-            unsigned addr = base + (unsigned)(r * box_cols + c) * 2;
-            addr ^= ((addr >> 7) & 7u) << 4;
-            __builtin_memcpy(b.shared_base + (addr - kSharedWindow), &v, 2);
-        }
-    mbar_of(b, t.bar).tx -= (long)box_rows * box_cols * 2;
+    unsigned e = 0;  // the box's element, in its order
+    for (int i3 = 0; i3 < boxes[3]; ++i3)
+        for (int i2 = 0; i2 < boxes[2]; ++i2)
+            for (int r = 0; r < boxes[1]; ++r)
+                for (int c = 0; c < boxes[0]; ++c, ++e) {
+                    const long g[4] = {(long)t.at[0] + c, (long)t.at[1] + r, (long)t.at[2] + i2,
+                                       (long)t.at[3] + i3};
+                    bool in = true;
+                    long off = 0;
+                    for (int d = 0; d < 4; ++d) {
+                        in = in && g[d] >= 0 && g[d] < dims[d];
+                        off += g[d] * strides[d];
+                    }
+                    unsigned short v = 0;
+                    if (in) __builtin_memcpy(&v, src + off, 2);
+                    unsigned addr = base + e * 2;
+                    addr ^= ((addr >> 7) & 7u) << 4;
+                    __builtin_memcpy(b.shared_base + (addr - kSharedWindow), &v, 2);
+                }
+    mbar_of(b, t.bar).tx -= (long)box_bytes(t.map);
 }
 
 // mbarrier.arrive.shared.b64: one arrival on the current phase.
@@ -1209,7 +1236,7 @@ inline void tma_load_multicast(void* dst, const unsigned long long* map, int x, 
         if (to.dyn == nullptr || at - kSharedWindow >= to.shared_bytes)
             fail("a multicast into a block without that shared memory");
         unsigned char* const there = to.dyn + (at - kSharedWindow);
-        const size_t bytes = (size_t)(map[4] * map[5] * map[7]);
+        const size_t bytes = box_bytes(map);
         if (at - kSharedWindow + bytes > to.shared_bytes)
             fail("a TMA box past the kernel's dynamic shared memory");
         if (to.tma_count == kMaxTma) fail("more TMA copies in flight than the emulator holds");
@@ -1217,9 +1244,10 @@ inline void tma_load_multicast(void* dst, const unsigned long long* map, int x, 
         Tma& t = to.tma[to.tma_count++];
         t.bar = bar_at;
         t.dst = there;
-        for (int w = 0; w < 8; ++w) t.map[w] = map[w];
-        t.x = x;
-        t.y = y;
+        for (int i = 0; i < 16; ++i) t.map[i] = map[i];
+        t.at[0] = x;
+        t.at[1] = y;
+        t.at[2] = t.at[3] = 0;
         __builtin_memset(there, 0xff, bytes);
     }
 }

@@ -168,6 +168,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #if KT_PINGPONG && !KT_SPEC
 #error "the turns (KT_PINGPONG) are the warp-specialized tiles' multiplying warpgroups'"
 #endif
+#ifndef KT_TMA
+#define KT_TMA 0
+#endif
+#if KT_TMA && !KT_SPEC
+#error "the tensor-memory copies (KT_TMA) are the warp-specialized tiles' producer's"
+#endif
 
 #ifndef KT_SPLIT_REGS
 #define KT_SPLIT_REGS 0
@@ -187,7 +193,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 // also take turns to issue their products (FlashAttention-3's ping-pong), handed over by two
 // more mbarriers: warpgroup 0 first, each passing the turn once its products are issued, so
 // one's products have the tensor cores while the other's softmax runs; the turns order only
-// the issue, never data.
+// the issue, never data. With KT_TMA the producer's first thread copies by the tensor-memory
+// copy engine instead: a stage is D / 64 boxes of K and as many of V (4D tensor maps of
+// [batch, kv_len, kv_heads, D], a box one head's BC keys by 64 dims, written 128-byte
+// swizzled as the descriptors read them, zeros past the keys), their bytes counted on the
+// stage's full mbarrier; it needs so few registers that the split is 24 / 240.
 #if !KT_WG || KT_PAIRED || KT_BR != 128
 #error "the warp-specialized flash takes the wgmma tiles of 128 rows, unpaired"
 #endif
@@ -253,7 +263,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
          float* __restrict__ part_out, float* __restrict__ part_max,
          float* __restrict__ part_sum,
 #endif
-         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale) {
+         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale
+#if KT_TMA
+         ,
+         const KT_GRID_CONSTANT kt_tmap k_map, const KT_GRID_CONSTANT kt_tmap v_map
+#endif
+) {
     // Dynamic shared memory: 128-key tiles of head size 128 pass the 48 KiB a block declares
     // statically.
     KT_DYNAMIC_SHARED(smem);
@@ -327,7 +342,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         [[maybe_unused]] unsigned long long* const turn = empty + KT_STAGES;
         if (KT_TID == 0) {
             for (int st = 0; st < KT_STAGES; ++st) {
-                kt_mbar_init(&full[st], 128);
+                // Full: the producer's 128 cp.async arrivals, or its one thread's expect_tx.
+                kt_mbar_init(&full[st], KT_TMA ? 1 : 128);
                 kt_mbar_init(&empty[st], KT_BR / 64);
             }
 #if KT_PINGPONG
@@ -342,8 +358,24 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             // both warpgroups are done with the tile before it there (the first round finds
             // every stage empty).
 #if KT_SPLIT_REGS
-            kt_setmaxnreg_dec<40>();
+            kt_setmaxnreg_dec<KT_TMA ? 24 : 40>();
 #endif
+#if KT_TMA
+            if (tid != -128) return;
+            for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
+                const int st = it % KT_STAGES;
+                kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
+                kt_mbar_expect_tx(&full[st], 2 * KT_TILE * 2);
+                // Not unrolled: unrolled, ptxas spilled two registers of the split builds.
+#pragma unroll 1
+                for (int cb = 0; cb < KT_D / 64; ++cb) {
+                    kt_tma_load_4d(stages + 2 * st * KT_TILE + cb * KT_BC * 64, &k_map, 64 * cb,
+                                   kvh, j0, b, &full[st]);
+                    kt_tma_load_4d(stages + (2 * st + 1) * KT_TILE + cb * KT_BC * 64, &v_map,
+                                   64 * cb, kvh, j0, b, &full[st]);
+                }
+            }
+#else
             for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
                 const int st = it % KT_STAGES;
                 kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
@@ -352,22 +384,27 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 kt_cp_async_mbar_arrive(&full[st]);
             }
             kt_cp_async_wait_all();
+#endif
             return;
         }
 #if KT_SPLIT_REGS
-        kt_setmaxnreg_inc<232>();
+        kt_setmaxnreg_inc<KT_TMA ? 240 : 232>();
 #endif
 #endif
         const int row0 = qt * KT_BR + (tid / 32) * 16;
 
         // Row r of this thread is g + 8·r of its warp's 16; `seen` keys of each are visible.
         int seen[2];
-        long qrow[2];
+        // Row r's first element in q and out, computed where used: held through the key
+        // loop, its four registers made the split TMA builds spill.
+        auto qrow = [&](int r) {
+            const int i = row0 + g + 8 * r;
+            return (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
+        };
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = row0 + g + 8 * r;
             seen[r] = i >= q_len ? 0 : (causal ? min(kv_len, i + shift + 1) : kv_len);
-            qrow[r] = (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
         }
         // Q's A fragments: register x of step s holds row g + 8·(x % 2), dims
         // 16s + 2t + 8·(x / 2) and the next.
@@ -377,7 +414,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
                 const int r = x % 2;
-                const long at = qrow[r] + 16 * s + 2 * t + 8 * (x / 2);
+                const long at = qrow(r) + 16 * s + 2 * t + 8 * (x / 2);
                 qf[s][x] = row0 + g + 8 * r < q_len ? (unsigned)q[at] | ((unsigned)q[at + 1] << 16)
                                                    : 0u;
             }
@@ -493,7 +530,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         auto arrived = [&](int it) {
             const int stage = it % KT_STAGES;
             kt_mbar_wait(&full[stage], (it / KT_STAGES) & 1);
-            kt_fence_async_shared();
+#if !KT_TMA
+            kt_fence_async_shared();  // TMA writes through the async proxy already
+#endif
             return stages + 2 * stage * KT_TILE;
         };
 #if KT_PINGPONG
@@ -665,8 +704,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d) {
-                out[qrow[r] + 8 * d + 2 * t] = o[d][2 * r] * inv;
-                out[qrow[r] + 8 * d + 2 * t + 1] = o[d][2 * r + 1] * inv;
+                out[qrow(r) + 8 * d + 2 * t] = o[d][2 * r] * inv;
+                out[qrow(r) + 8 * d + 2 * t + 1] = o[d][2 * r + 1] * inv;
             }
         }
     }  // pass

@@ -551,6 +551,10 @@ KT_DEVICE void kt_mbar_expect_tx(unsigned long long* bar, int bytes) {
 KT_DEVICE void kt_tma_load(void* dst, const kt_tmap* map, int x, int y, unsigned long long* bar) {
     kt_host::tma_load(dst, map->w, x, y, bar);
 }
+KT_DEVICE void kt_tma_load_4d(void* dst, const kt_tmap* map, int x, int y, int z, int w,
+                              unsigned long long* bar) {
+    kt_host::tma_load_4d(dst, map->w, x, y, z, w, bar);
+}
 KT_DEVICE void kt_tma_load_multicast(void* dst, const kt_tmap* map, int x, int y,
                                      unsigned long long* bar, unsigned short ranks) {
     kt_host::tma_load_multicast(dst, map->w, x, y, bar, ranks);
@@ -576,6 +580,15 @@ KT_DEVICE void kt_tma_load(void* dst, const kt_tmap* map, int x, int y, unsigned
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
         "{%2, %3}], [%4];" ::"r"(kt_smem(dst)),
         "l"(map), "r"(x), "r"(y), "r"(kt_smem(bar))
+        : "memory");
+}
+// A box of a 4D map at coordinates x, y, z, w (innermost first).
+KT_DEVICE void kt_tma_load_4d(void* dst, const kt_tmap* map, int x, int y, int z, int w,
+                              unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%2, %3, %4, %5}], [%6];" ::"r"(kt_smem(dst)),
+        "l"(map), "r"(x), "r"(y), "r"(z), "r"(w), "r"(kt_smem(bar))
         : "memory");
 }
 // Thread-block clusters (sm_90): the blocks of a cluster run at once on neighbouring SMs and

@@ -859,6 +859,7 @@ fn mma_flash_split((br, bc): (usize, usize), paired: bool, split: usize) -> Conf
         wgmma: false,
         specialized: false,
         pingpong: false,
+        tma: false,
     })
 }
 
@@ -1442,6 +1443,16 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
             ..c
         })
     };
+    let tma = |c: Config| {
+        let Config::GpuFlash(c) = c else {
+            unreachable!()
+        };
+        Config::GpuFlash(GpuFlashConfig {
+            specialized: true,
+            tma: true,
+            ..c
+        })
+    };
     // Two query tiles, the second's other warpgroup past the queries; 5 and 6 key tiles of
     // 64, so the producer goes round its two stages three times.
     let long = "flash:batch=1,q_len=150,kv_len=330,q_heads=2,kv_heads=1,head_dim=128,dtype=bf16";
@@ -1453,6 +1464,10 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         (FLASH_F16_128, pingpong(wgmma(128, 128, false, 1))),
         (long, pingpong(wgmma(128, 64, false, 1))),
         (long, pingpong(wgmma(128, 128, false, 2))),
+        (FLASH_F16_128, tma(wgmma(128, 128, false, 1))),
+        (long, tma(wgmma(128, 64, false, 1))),
+        (long, tma(pingpong(wgmma(128, 128, false, 4)))),
+        (FLASH_BF16, tma(wgmma(128, 64, false, 1))),
         (FLASH_BF16, wgmma(64, 64, false, 1)),
         (FLASH_BF16, wgmma(128, 128, true, 1)),
         (FLASH_F16_128, wgmma(64, 128, false, 1)),
@@ -1571,6 +1586,33 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
     ] {
         faults(run_pingpong(&flash_with(from, to)), "mbarrier");
     }
+    // By TMA: a batch of two, GQA, fewer queries than keys (FLASH_BF16); the boxes' keys,
+    // map and bytes each matter.
+    let problem: Problem = FLASH_BF16.parse().unwrap();
+    let run_tma = |body: &str| -> Result<f64, KernelError> {
+        let data = ProblemData::random(&problem, 6);
+        let out = emu.run_source(&data, &tma(wgmma(128, 64, false, 1)), body)?;
+        Ok(relative_error(&out, &data.reference()))
+    };
+    let tol = problem.tolerance();
+    assert!(run_tma(include_str!("../hip/flash.hip")).unwrap() <= tol);
+    for (mistake, from, to) in [
+        ("V's boxes read through K's map", "&v_map,", "&k_map,"),
+        (
+            "every batch's keys from the first",
+            "kt_tma_load_4d(stages + 2 * st * KT_TILE + cb * KT_BC * 64, &k_map, 64 * cb,\n                                   kvh, j0, b, &full[st]);",
+            "kt_tma_load_4d(stages + 2 * st * KT_TILE + cb * KT_BC * 64, &k_map, 64 * cb,\n                                   kvh, j0, 0, &full[st]);",
+        ),
+    ] {
+        caught(mistake, run_tma(&flash_with(from, to)), tol);
+    }
+    faults(
+        run_tma(&flash_with(
+            "kt_mbar_expect_tx(&full[st], 2 * KT_TILE * 2);",
+            "kt_mbar_expect_tx(&full[st], KT_TILE * 2);",
+        )),
+        "does not expect",
+    );
     for (from, to, says) in [
         (
             "            kt_wgmma_fence();\n#pragma unroll\n            for (int st",

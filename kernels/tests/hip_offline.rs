@@ -171,6 +171,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         wgmma: false,
         specialized: false,
         pingpong: false,
+        tma: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");

@@ -121,6 +121,14 @@ fn check_candidates(
                 "wgmma.commit_group.sync.aligned",
                 "wgmma.wait_group.sync.aligned",
             ],
+            // By TMA: one thread's boxes of the 4D maps, their bytes expected.
+            Config::GpuFlash(f) if f.tma => &[
+                ".target sm_90a",
+                "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes",
+                "mbarrier.arrive.expect_tx.shared::cta.b64",
+                "mbarrier.try_wait.parity.shared::cta.b64",
+                "wgmma.wait_group.sync.aligned",
+            ],
             // Taking turns: the predicated arrive that passes the turn.
             Config::GpuFlash(f) if f.pingpong => &[
                 ".target sm_90a",
@@ -184,14 +192,17 @@ fn check_candidates(
             assert_eq!(k.vgpr_spill, 0, "{name} {c}: {k:?}");
         }
         // The warp-specialized flash of head size 128 launches with the registers its
-        // setmaxnreg split shares out (168 · 384 = 128 · 40 + 256 · 232).
+        // setmaxnreg split shares out (168 · 384 = 128 · 40 + 256 · 232 copying by
+        // cp.async, 128 · 24 + 256 · 240 by TMA).
         if build.launch_registers > 0 {
             assert_eq!(k.vgpr, build.launch_registers, "{name} {c}: {k:?}");
+            let by_tma = matches!(c, Config::GpuFlash(f) if f.tma);
+            let (dec, inc) = if by_tma { (24, 240) } else { (40, 232) };
             for op in [
-                "setmaxnreg.dec.sync.aligned.u32 40",
-                "setmaxnreg.inc.sync.aligned.u32 232",
+                format!("setmaxnreg.dec.sync.aligned.u32 {dec}"),
+                format!("setmaxnreg.inc.sync.aligned.u32 {inc}"),
             ] {
-                assert!(ptx.contains(op), "{name} {c}: no {op}");
+                assert!(ptx.contains(&op), "{name} {c}: no {op}");
             }
         }
         eprintln!("{name} {c}: {} registers, {} spilled", k.vgpr, k.vgpr_spill);
@@ -317,6 +328,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         wgmma: false,
         specialized: false,
         pingpong: false,
+        tma: false,
     });
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
@@ -493,9 +505,10 @@ fn every_wgmma_flash_candidate_compiles_for_sm90a() {
         let p: Problem = spec.parse().unwrap();
         let configs = candidates_where("h200", &p, wgmma);
         // Four tiles, two paired where the mask is causal, four split; the four of 128 rows
-        // unpaired also warp-specialized, and those again taking turns.
+        // unpaired also warp-specialized, copying by cp.async and by TMA, each without and
+        // with turns.
         let causal = matches!(p, Problem::Flash(f) if f.causal);
-        assert_eq!(configs.len(), if causal { 18 } else { 16 }, "{spec}");
+        assert_eq!(configs.len(), if causal { 26 } else { 24 }, "{spec}");
         // O's product (N = the head size) in every build; the k-major and n-major forms by
         // their last immediate.
         check_candidates(&nvrtc, "h200", &p, &configs, instruction);

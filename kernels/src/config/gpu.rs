@@ -175,6 +175,11 @@ pub struct GpuFlashConfig {
     /// in stored configs, which predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pingpong: bool,
+    /// Warp-specialized tiles: the producer copies K and V by the tensor-memory copy engine
+    /// (one thread issuing boxes of a 4D tensor map), not by its 128 threads' `cp.async`.
+    /// Absent (false) in stored configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tma: bool,
 }
 
 impl GpuFlashConfig {
@@ -295,6 +300,9 @@ impl fmt::Display for GpuFlashConfig {
                 }
                 if self.specialized {
                     f.write_str(" specialized")?;
+                }
+                if self.tma {
+                    f.write_str(" tma")?;
                 }
                 if self.pingpong {
                     f.write_str(" pingpong")?;

@@ -226,18 +226,16 @@ struct EncodedMap(sys::CUtensorMap);
 // SAFETY: a plain 128-byte value with the alignment the kernel's parameter has (kt_tmap).
 unsafe impl cudarc::driver::DeviceRepr for EncodedMap {}
 
-/// The driver's encoding of `t` (gpu/launch.rs describes it): a 2D tiled map of 16-bit
-/// elements, innermost dimension the columns, 128-byte swizzling, zeros past the edges.
+/// The driver's encoding of `t` (gpu/launch.rs describes it): a tiled map of 16-bit elements
+/// of its rank, innermost dimension first, 128-byte swizzling, zeros past the edges.
 fn encode(t: &TensorMap) -> Result<EncodedMap, KernelError> {
     use sys::{
         CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Fill,
         CUtensorMapInterleave as Interleave, CUtensorMapL2promotion as L2,
         CUtensorMapSwizzle as Swizzle,
     };
-    let dims = [t.cols, t.rows];
-    let strides = [2 * t.cols];
-    let boxes = [t.box_cols, t.box_rows];
-    let steps = [1u32, 1];
+    let (dims, strides, boxes) = (t.dims(), t.strides(), t.boxes());
+    let steps = [1u32; 4];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every array holds the rank's entries (strides one fewer); the driver writes
     // the map only.
@@ -249,7 +247,7 @@ fn encode(t: &TensorMap) -> Result<EncodedMap, KernelError> {
             } else {
                 Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
             },
-            2,
+            t.rank,
             t.addr as usize as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),

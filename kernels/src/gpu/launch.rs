@@ -23,25 +23,26 @@ pub enum Arg {
     TensorMap(TensorMap),
 }
 
-/// What a TMA tensor map describes: a row-major matrix of `rows` × `cols` 16-bit elements
-/// at `addr`, copied in boxes of `box_rows` × `box_cols` into shared memory with 128-byte
-/// swizzling (rows of 64 elements, as the swizzled wgmma tiles), zeros for elements outside
-/// the matrix. The CUDA backend has the driver encode it (`cuTensorMapEncodeTiled`); the
-/// host emulator reads the same description from [`TensorMap::words`].
+/// What a TMA tensor map describes: a tensor of 16-bit elements at `addr` of `rank` (2 to
+/// 4) dimensions, innermost first: `dims` extents (1 past the rank), dimension 0 contiguous
+/// and `strides` the bytes between consecutive indices of the others; copied in boxes of
+/// `boxes` elements into shared memory with 128-byte swizzling (rows of 64 elements, as the
+/// swizzled wgmma tiles), zeros for elements outside the tensor. The CUDA backend has the
+/// driver encode it (`cuTensorMapEncodeTiled`); the host emulator reads the same
+/// description from [`TensorMap::words`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TensorMap {
     pub addr: u64,
-    pub rows: u64,
-    pub cols: u64,
-    pub box_rows: u32,
-    pub box_cols: u32,
+    pub rank: u32,
     pub bf16: bool,
-    /// The description as the emulator's `kt_tmap` holds it: address, cols, rows, row
-    /// stride in bytes, box cols, box rows, swizzle bytes, element bytes.
+    /// The description as the emulator's `kt_tmap` holds it: address, dims 0 and 1, stride
+    /// 1, boxes 0 and 1, swizzle bytes, element bytes, then dims 2 and 3, strides 2 and 3,
+    /// boxes 2 and 3 (the one copy of them: an argument is at most this large).
     pub words: [u64; 16],
 }
 
 impl TensorMap {
+    /// A row-major matrix of `rows` × `cols`, in boxes of `box_rows` × `box_cols`.
     pub fn new(
         addr: u64,
         rows: usize,
@@ -50,26 +51,66 @@ impl TensorMap {
         bf16: bool,
     ) -> Self {
         let (rows, cols) = (rows as u64, cols as u64);
-        let mut words = [0; 16];
-        words[..8].copy_from_slice(&[
+        TensorMap::tiled(
             addr,
-            cols,
-            rows,
-            2 * cols,
-            box_cols.into(),
-            box_rows.into(),
+            2,
+            [cols, rows, 1, 1],
+            [2 * cols, 0, 0],
+            [box_cols, box_rows, 1, 1],
+            bf16,
+        )
+    }
+
+    /// Any rank up to 4: extents, byte strides and box, innermost first.
+    pub fn tiled(
+        addr: u64,
+        rank: u32,
+        dims: [u64; 4],
+        strides: [u64; 3],
+        boxes: [u32; 4],
+        bf16: bool,
+    ) -> Self {
+        let mut words = [0; 16];
+        words[..14].copy_from_slice(&[
+            addr,
+            dims[0],
+            dims[1],
+            strides[0],
+            boxes[0].into(),
+            boxes[1].into(),
             128,
             2,
+            dims[2],
+            dims[3],
+            strides[1],
+            strides[2],
+            boxes[2].into(),
+            boxes[3].into(),
         ]);
         TensorMap {
             addr,
-            rows,
-            cols,
-            box_rows,
-            box_cols,
+            rank,
             bf16,
             words,
         }
+    }
+
+    /// Extents, innermost first (1 past the rank).
+    pub fn dims(&self) -> [u64; 4] {
+        let w = &self.words;
+        [w[1], w[2], w[8], w[9]]
+    }
+
+    /// Byte strides of dimensions 1 to 3.
+    pub fn strides(&self) -> [u64; 3] {
+        let w = &self.words;
+        [w[3], w[10], w[11]]
+    }
+
+    /// The box's extents, innermost first.
+    pub fn boxes(&self) -> [u32; 4] {
+        let w = &self.words;
+        [w[4], w[5], w[12], w[13]].map(|b| b as u32)
     }
 }
 
@@ -337,6 +378,24 @@ pub fn launches(
             ];
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = p.q_len.div_ceil(c.br);
+            // With TMA, K and V as [batch, kv_len, kv_heads, head_dim] in boxes of one
+            // head's `bc` keys by 64 dims, after the scale.
+            let maps: Vec<Arg> = if c.tma {
+                let (d, kvh, kv) = (p.head_dim as u64, p.kv_heads as u64, p.kv_len as u64);
+                let map = |addr| {
+                    Arg::TensorMap(TensorMap::tiled(
+                        addr,
+                        4,
+                        [d, kvh, kv, p.batch as u64],
+                        [2 * d, 2 * d * kvh, 2 * d * kvh * kv],
+                        [64, 1, c.bc as u32, 1],
+                        p.dtype == DType::Bf16,
+                    ))
+                };
+                vec![map(ptrs.inputs[1]), map(ptrs.inputs[2])]
+            } else {
+                Vec::new()
+            };
             if c.split <= 1 {
                 vec![Launch {
                     entry: 0,
@@ -355,6 +414,7 @@ pub fn launches(
                         vec![i0, i1, i2, out],
                         sizes.to_vec(),
                         vec![Arg::Float(p.scale.get())],
+                        maps,
                     ]
                     .concat(),
                 }]
@@ -375,6 +435,7 @@ pub fn launches(
                             vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
                             vec![Arg::Float(p.scale.get())],
+                            maps,
                         ]
                         .concat(),
                     },
@@ -515,6 +576,7 @@ mod tests {
                 wgmma: false,
                 specialized: false,
                 pingpong: false,
+                tma: false,
             });
             GpuSpace.validate(&c, &p, &device).unwrap();
             launches(&p, &c, &ptrs).map(|l| l[0].grid)
@@ -574,6 +636,30 @@ mod tests {
         let Problem::Flash(f) = p else { unreachable!() };
         // Eight runs would need 68 MB: the workspace holds four.
         assert_eq!(flash_split_workspace(&f), flash_split_floats(&f, 4));
+        // Flash by TMA: K's and V's 4D maps (dims, heads, keys, batches) after the scale,
+        // a box one head's 128 keys by 64 dims.
+        let Config::GpuFlash(s) = split else {
+            unreachable!()
+        };
+        let by_tma = Config::GpuFlash(GpuFlashConfig {
+            specialized: true,
+            tma: true,
+            ..s
+        });
+        GpuSpace.validate(&by_tma, &p, &h200).unwrap();
+        let l = launches(&p, &by_tma, &ptrs).unwrap();
+        let [.., Arg::Float(_), Arg::TensorMap(k), Arg::TensorMap(v)] = l[0].args[..] else {
+            panic!("{:?}", l[0].args)
+        };
+        assert_eq!((k.addr, v.addr, k.rank), (0x2000, 0x3000, 4));
+        assert_eq!(k.dims(), [128, 1, 2048, 1]);
+        assert_eq!(k.strides(), [256, 256, 256 * 2048]);
+        assert_eq!(k.boxes(), [64, 1, 128, 1]);
+        assert_eq!(
+            l[1].args.len(),
+            4 + 5 + 1,
+            "the combining kernel takes no maps"
+        );
 
         let p: Problem = "gemm:m=2048,n=7168,k=8192,dtype=bf16".parse().unwrap();
         let tma = GpuSpace
@@ -588,10 +674,10 @@ mod tests {
         let [.., Arg::TensorMap(a), Arg::TensorMap(b)] = l[0].args[..] else {
             panic!("{:?}", l[0].args)
         };
-        assert_eq!((a.addr, a.rows, a.cols), (0x1000, 2048, 8192));
-        assert_eq!((b.addr, b.rows, b.cols), (0x2000, 7168, 8192));
-        assert_eq!((a.box_rows, a.box_cols), (g.bm as u32, 64));
-        assert_eq!((b.box_rows, b.box_cols), (g.bn as u32, 64));
+        assert_eq!((a.addr, a.rank, a.dims()), (0x1000, 2, [8192, 2048, 1, 1]));
+        assert_eq!((b.addr, b.rank, b.dims()), (0x2000, 2, [8192, 7168, 1, 1]));
+        assert_eq!(a.boxes(), [64, g.bm as u32, 1, 1]);
+        assert_eq!(b.boxes(), [64, g.bn as u32, 1, 1]);
         assert_eq!(
             &a.words[..8],
             &[0x1000, 8192, 2048, 16384, 64, g.bm as u64, 128, 2]

@@ -138,6 +138,7 @@ impl KernelBuild {
                     .chain(c.wgmma.then_some(("KT_WG", 1)))
                     .chain(c.specialized.then_some(("KT_SPEC", 1)))
                     .chain(c.pingpong.then_some(("KT_PINGPONG", 1)))
+                    .chain(c.tma.then_some(("KT_TMA", 1)))
                     .chain(split_registers.then_some(("KT_SPLIT_REGS", 1)))
                     .collect(),
                     entries: if c.split > 1 {

@@ -73,6 +73,12 @@ pub(super) fn validate(
             "pingpong: the turns are the warp-specialized tiles' two multiplying warpgroups': take pingpong = false",
         ));
     }
+    if c.tma && !c.specialized {
+        return Err(invalid(
+            f,
+            "tma: the tensor-memory copies are the warp-specialized tiles' producer's: take tma = false",
+        ));
+    }
     if c.paired && c.variant != GpuFlashVariant::Mma {
         return Err(invalid(
             f,
@@ -247,8 +253,8 @@ pub(super) fn candidates(p: &FlashProblem, g: &GpuModel) -> Vec<GpuFlashConfig> 
 fn all_candidates() -> Vec<GpuFlashConfig> {
     let mut out = Vec::new();
     // Warpgroup MMA (sm_90), first of the matrix-core forms: unsplit, paired, split; the
-    // 128-row tiles also warp-specialized, each after its plain form, then with the two
-    // warpgroups taking turns.
+    // 128-row tiles also warp-specialized, each after its plain form, copying by cp.async
+    // and by TMA, each without and with the two warpgroups taking turns.
     let wgmma = |br, bc, paired, split| GpuFlashConfig {
         br,
         bc,
@@ -259,12 +265,14 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
         wgmma: true,
         specialized: false,
         pingpong: false,
+        tma: false,
     };
     let specialized = |out: &mut Vec<GpuFlashConfig>, c: GpuFlashConfig| {
-        for pingpong in [false, true] {
+        for (tma, pingpong) in [(false, false), (false, true), (true, false), (true, true)] {
             out.push(GpuFlashConfig {
                 specialized: true,
                 pingpong,
+                tma,
                 ..c
             });
         }
@@ -305,6 +313,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                         wgmma: false,
                         specialized: false,
                         pingpong: false,
+                        tma: false,
                     });
                 }
             }
@@ -325,6 +334,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                             wgmma: false,
                             specialized: false,
                             pingpong: false,
+                            tma: false,
                         });
                     }
                 }
@@ -344,6 +354,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                     wgmma: false,
                     specialized: false,
                     pingpong: false,
+                    tma: false,
                 });
             }
         }
@@ -368,6 +379,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         wgmma: false,
         specialized: false,
         pingpong: false,
+        tma: false,
     }
 }
 
@@ -389,6 +401,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             wgmma: false,
             specialized: false,
             pingpong: false,
+            tma: false,
         };
         if p.head_dim <= 128 && validate(&measured, p, g).is_ok() {
             return measured;
@@ -417,6 +430,7 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             wgmma: false,
             specialized: false,
             pingpong: false,
+            tma: false,
         },
         None => default(p),
     }
@@ -466,6 +480,7 @@ mod tests {
             wgmma: false,
             specialized: false,
             pingpong: false,
+            tma: false,
         };
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
@@ -502,13 +517,14 @@ mod tests {
             (valid[0].split, valid.iter().filter(|c| c.split > 1).count())
         };
         // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs;
-        // 8 mma.sync split tiles and 8 wgmma (4 of them warp-specialized, 2 taking turns).
+        // 8 mma.sync split tiles and 12 wgmma (8 of them warp-specialized: by cp.async and
+        // by TMA, with turns and without).
         let tp8 = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", tp8), (2, 16));
+        assert_eq!(first("h200", tp8), (2, 20));
         // 1024 tokens of 32 heads, 512 blocks: split-KV last, and only in two (four would
         // need 68 MiB of partial results).
         let many = "flash:q_len=1024,q_heads=32,kv_heads=8,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", many), (1, 8));
+        assert_eq!(first("h200", many), (1, 10));
         assert_eq!(first("mi300x", tp8).1, 0);
         assert_eq!(first("h200", &tp8.replace("bf16", "f32")).1, 0);
     }
@@ -550,7 +566,7 @@ mod tests {
     }
 
     /// Warp-specialized: the unpaired wgmma tiles of 128 rows, each right after its plain
-    /// form, with a producer warpgroup more, then taking turns.
+    /// form, with a producer warpgroup more, then taking turns, then copying by TMA.
     #[test]
     fn warp_specialized_tiles_are_the_unpaired_wgmma_tiles_of_128_rows() {
         let tp8 = "flash:q_len=4096,q_heads=64,kv_heads=8,head_dim=128,dtype=bf16";
@@ -601,6 +617,7 @@ mod tests {
         assert_eq!(
             GpuFlashConfig {
                 pingpong: false,
+                tma: false,
                 ..turns
             },
             c
@@ -626,6 +643,31 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("take pingpong = false"), "{e}");
+        // By TMA, without and with turns, after the cp.async forms.
+        assert_eq!(
+            (all[3].to_string(), all[4].to_string()),
+            (
+                "gpu mma br=128 bc=128 wgmma specialized tma".to_string(),
+                "gpu mma br=128 bc=128 wgmma specialized tma pingpong".to_string()
+            )
+        );
+        validate(&all[4], &p, g).unwrap();
+        let json = serde_json::to_string(&all[4]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<GpuFlashConfig>(&json).unwrap(),
+            all[4]
+        );
+        let e = validate(
+            &GpuFlashConfig {
+                tma: true,
+                ..all[0]
+            },
+            &p,
+            g,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("take tma = false"), "{e}");
     }
 
     #[test]
