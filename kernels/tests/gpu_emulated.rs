@@ -850,16 +850,9 @@ fn mma_flash((br, bc): (usize, usize), paired: bool) -> Config {
 /// The mma flash tile `(br, bc)`, paired or not, its keys split over `split` blocks.
 fn mma_flash_split((br, bc): (usize, usize), paired: bool, split: usize) -> Config {
     Config::GpuFlash(GpuFlashConfig {
-        br,
-        bc,
-        lanes: 2,
-        variant: GpuFlashVariant::Mma,
         paired,
         split,
-        wgmma: false,
-        specialized: false,
-        pingpong: false,
-        tma: false,
+        ..GpuFlashConfig::new(GpuFlashVariant::Mma, br, bc, 2)
     })
 }
 

@@ -161,18 +161,7 @@ fn a_config_built_to_overflow_lds_is_pruned() {
         .parse()
         .unwrap();
     // 128 keys × 128 dims × 4 bytes × (K and V) = 128 KiB, twice the 64 KiB of a CU.
-    let config = Config::GpuFlash(GpuFlashConfig {
-        br: 16,
-        bc: 128,
-        lanes: 8,
-        variant: GpuFlashVariant::Rows,
-        paired: false,
-        split: 1,
-        wgmma: false,
-        specialized: false,
-        pingpong: false,
-        tma: false,
-    });
+    let config = Config::GpuFlash(GpuFlashConfig::new(GpuFlashVariant::Rows, 16, 128, 8));
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
     // Past the space, the compiler and the judge refuse it too.

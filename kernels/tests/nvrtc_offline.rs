@@ -318,18 +318,7 @@ fn static_shared_memory_over_48k_is_refused_and_pruned() {
         .parse()
         .unwrap();
     // 64 keys × 128 dims × 4 bytes × (K and V) = 64 KiB of static shared memory.
-    let config = Config::GpuFlash(GpuFlashConfig {
-        br: 32,
-        bc: 64,
-        lanes: 8,
-        variant: GpuFlashVariant::Rows,
-        paired: false,
-        split: 1,
-        wgmma: false,
-        specialized: false,
-        pingpong: false,
-        tma: false,
-    });
+    let config = Config::GpuFlash(GpuFlashConfig::new(GpuFlashVariant::Rows, 32, 64, 8));
     let err = GpuSpace.validate(&config, &p, &device).unwrap_err();
     assert!(err.to_string().contains("LDS"), "{err}");
     let build = KernelBuild::new(&p, &config).unwrap();

@@ -183,6 +183,23 @@ pub struct GpuFlashConfig {
 }
 
 impl GpuFlashConfig {
+    /// A tile of `variant`, `br` query rows by `bc` keys, `lanes` a row, in its plainest
+    /// form: unpaired, unsplit, by `mma.sync`, unspecialized (struct update sets the rest).
+    pub const fn new(variant: GpuFlashVariant, br: usize, bc: usize, lanes: usize) -> Self {
+        GpuFlashConfig {
+            br,
+            bc,
+            lanes,
+            variant,
+            paired: false,
+            split: 1,
+            wgmma: false,
+            specialized: false,
+            pingpong: false,
+            tma: false,
+        }
+    }
+
     /// Threads a block: two a query row, and the producer warpgroup where specialized.
     pub fn threads(&self) -> usize {
         self.br * self.lanes + if self.specialized { 128 } else { 0 }

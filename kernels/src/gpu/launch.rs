@@ -567,16 +567,8 @@ mod tests {
         let grid = |spec: &str, paired: bool| {
             let p: Problem = spec.parse().unwrap();
             let c = Config::GpuFlash(GpuFlashConfig {
-                br: 16,
-                bc: 16,
-                lanes: 2,
-                variant: GpuFlashVariant::Mma,
                 paired,
-                split: 1,
-                wgmma: false,
-                specialized: false,
-                pingpong: false,
-                tma: false,
+                ..GpuFlashConfig::new(GpuFlashVariant::Mma, 16, 16, 2)
             });
             GpuSpace.validate(&c, &p, &device).unwrap();
             launches(&p, &c, &ptrs).map(|l| l[0].grid)

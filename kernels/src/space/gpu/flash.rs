@@ -256,16 +256,10 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
     // 128-row tiles also warp-specialized, each after its plain form, copying by cp.async
     // and by TMA, each without and with the two warpgroups taking turns.
     let wgmma = |br, bc, paired, split| GpuFlashConfig {
-        br,
-        bc,
-        lanes: 2,
-        variant: GpuFlashVariant::Mma,
         paired,
         split,
         wgmma: true,
-        specialized: false,
-        pingpong: false,
-        tma: false,
+        ..GpuFlashConfig::new(GpuFlashVariant::Mma, br, bc, 2)
     };
     let specialized = |out: &mut Vec<GpuFlashConfig>, c: GpuFlashConfig| {
         for (tma, pingpong) in [(false, false), (false, true), (true, false), (true, true)] {
@@ -304,16 +298,8 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
             for &bc in wide {
                 for &paired in pairings {
                     out.push(GpuFlashConfig {
-                        br,
-                        bc,
-                        lanes: 2,
-                        variant,
                         paired,
-                        split: 1,
-                        wgmma: false,
-                        specialized: false,
-                        pingpong: false,
-                        tma: false,
+                        ..GpuFlashConfig::new(variant, br, bc, 2)
                     });
                 }
             }
@@ -325,16 +311,8 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
                 for bc in [128, 64] {
                     for split in [2, 4] {
                         out.push(GpuFlashConfig {
-                            br,
-                            bc,
-                            lanes: 2,
-                            variant,
-                            paired: false,
                             split,
-                            wgmma: false,
-                            specialized: false,
-                            pingpong: false,
-                            tma: false,
+                            ..GpuFlashConfig::new(variant, br, bc, 2)
                         });
                     }
                 }
@@ -344,18 +322,7 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
     for br in [16, 32, 64, 128] {
         for bc in [16, 32, 64] {
             for lanes in [1, 2, 4, 8, 16] {
-                out.push(GpuFlashConfig {
-                    br,
-                    bc,
-                    lanes,
-                    variant: GpuFlashVariant::Rows,
-                    paired: false,
-                    split: 1,
-                    wgmma: false,
-                    specialized: false,
-                    pingpong: false,
-                    tma: false,
-                });
+                out.push(GpuFlashConfig::new(GpuFlashVariant::Rows, br, bc, lanes));
             }
         }
     }
@@ -369,18 +336,12 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
         .into_iter()
         .find(|l| p.head_dim.is_multiple_of(*l))
         .unwrap_or(1);
-    GpuFlashConfig {
-        br: (256 / lanes).min(64),
-        bc: if p.head_dim > 128 { 16 } else { 32 },
+    GpuFlashConfig::new(
+        GpuFlashVariant::Rows,
+        (256 / lanes).min(64),
+        if p.head_dim > 128 { 16 } else { 32 },
         lanes,
-        variant: GpuFlashVariant::Rows,
-        paired: false,
-        split: 1,
-        wgmma: false,
-        specialized: false,
-        pingpong: false,
-        tma: false,
-    }
+    )
 }
 
 /// Matrix cores for 16-bit attention; else the default. On NVIDIA up to head size 128, the
@@ -391,18 +352,12 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
 /// NVIDIA, two waves of 32 on CDNA) and 64-key tiles, 32 over head size 128.
 pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashConfig {
     if let Some(g) = gpu.filter(|g| has_mma(g) && p.dtype != DType::F32) {
-        let measured = GpuFlashConfig {
-            br: if p.q_len >= 1024 { 128 } else { 64 },
-            bc: 128,
-            lanes: 2,
-            variant: GpuFlashVariant::Mma,
-            paired: false,
-            split: 1,
-            wgmma: false,
-            specialized: false,
-            pingpong: false,
-            tma: false,
-        };
+        let measured = GpuFlashConfig::new(
+            GpuFlashVariant::Mma,
+            if p.q_len >= 1024 { 128 } else { 64 },
+            128,
+            2,
+        );
         if p.head_dim <= 128 && validate(&measured, p, g).is_ok() {
             return measured;
         }
@@ -420,18 +375,9 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
         _ => None,
     };
     match variant {
-        Some(variant) => GpuFlashConfig {
-            br: 64,
-            bc: if p.head_dim > 128 { 32 } else { 64 },
-            lanes: 2,
-            variant,
-            paired: false,
-            split: 1,
-            wgmma: false,
-            specialized: false,
-            pingpong: false,
-            tma: false,
-        },
+        Some(variant) => {
+            GpuFlashConfig::new(variant, 64, if p.head_dim > 128 { 32 } else { 64 }, 2)
+        }
         None => default(p),
     }
 }
@@ -470,18 +416,7 @@ mod tests {
     }
 
     fn check(head_dim: usize, lanes: usize) -> Result<(), String> {
-        let rows = GpuFlashConfig {
-            br: 32,
-            bc: 16,
-            lanes,
-            variant: GpuFlashVariant::Rows,
-            paired: false,
-            split: 1,
-            wgmma: false,
-            specialized: false,
-            pingpong: false,
-            tma: false,
-        };
+        let rows = GpuFlashConfig::new(GpuFlashVariant::Rows, 32, 16, lanes);
         validate(&rows, &problem(head_dim), h200()).map_err(|e| e.to_string())
     }
 
