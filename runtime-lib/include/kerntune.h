@@ -82,9 +82,11 @@ typedef struct KtDispatcher KtDispatcher;
 /*
  A GPU dispatcher. Create with kt_gpu_open(), release with kt_gpu_free(). Thread-safe.
 
- Launches check the input buffers' addresses first: a tuned kernel that reads its inputs
- in 16-byte pieces needs each to start on a 16-byte boundary, the others on their element
- size; a misaligned one returns KT_STATUS_INVALID_ARGUMENT naming it, and nothing runs.
+ Launches check the buffers' addresses first: a tuned kernel that reads its inputs in
+ 16-byte pieces needs each to start on a 16-byte boundary, the others on their element
+ size, and one that stores its results in pairs (the mma and wgmma GEMMs) needs C on an
+ 8-byte boundary; a misaligned one returns KT_STATUS_INVALID_ARGUMENT naming it, and
+ nothing runs.
  */
 typedef struct KtGpuDispatcher KtGpuDispatcher;
 

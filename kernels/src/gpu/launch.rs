@@ -228,6 +228,23 @@ pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
     }
 }
 
+/// Bytes the output's device address must be a multiple of under `config`: 8 where the
+/// kernel stores pairs of f32 results in one 8-byte store (the `mma` and `wgmma` GEMMs
+/// writing C itself, N even), else 4. As for the inputs, a misaligned store would fault the
+/// device.
+pub fn output_alignment(problem: &Problem, config: &Config) -> usize {
+    match (problem, config) {
+        (Problem::Gemm(p), Config::GpuGemm(c))
+            if c.split_k <= 1
+                && p.n.is_multiple_of(2)
+                && matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) =>
+        {
+            8
+        }
+        _ => 4,
+    }
+}
+
 /// The inputs' names, in [`DevicePtrs::inputs`] order.
 fn input_names(problem: &Problem) -> &'static [&'static str] {
     match problem {
@@ -263,6 +280,16 @@ pub fn launches(
                 ),
             });
         }
+    }
+    let align = output_alignment(problem, config);
+    if !ptrs.out.is_multiple_of(align as u64) {
+        let out = ptrs.out;
+        return Err(KernelError::BadBuffer {
+            name: if matches!(problem, Problem::Gemm(_)) { "C" } else { "out" },
+            reason: format!(
+                "device address {out:#x} is not a multiple of {align} bytes, which `{config}` needs (it stores its f32 results {align} bytes at a time); pass a buffer, or a view into one, whose address is a multiple of {align}"
+            ),
+        });
     }
     let int = |v: usize, field: &'static str| {
         i32::try_from(v)
@@ -597,7 +624,7 @@ mod tests {
         let h200 = Device::lookup("h200").unwrap();
         let ptrs = DevicePtrs {
             inputs: [0x1000, 0x2000, 0x3000],
-            out: 4,
+            out: 0x40,
             partials: [8, 9, 10],
             ..DevicePtrs::default()
         };
@@ -614,11 +641,11 @@ mod tests {
         assert_eq!(l[0].grid, [8 * 4, 16, 1]);
         assert_eq!(
             &l[0].args[3..7],
-            &[Arg::Ptr(4), Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]
+            &[Arg::Ptr(0x40), Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]
         );
         assert_eq!(
             &l[1].args[..4],
-            &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10), Arg::Ptr(4)]
+            &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10), Arg::Ptr(0x40)]
         );
         assert_eq!(l[1].grid[0] as usize * 256, 2048 * 8 * 128);
         assert_eq!(
@@ -764,6 +791,37 @@ mod tests {
         };
         let e = launches(&p, &tiled, &odd).unwrap_err().to_string();
         assert!(e.contains("`A`") && e.contains("2 bytes"), "{e}");
+        // C 4 bytes past an 8-byte boundary: fine for single floats, not for the pairs the
+        // mma GEMM stores into C (N even); split K stores C a float at a time.
+        let c_off = DevicePtrs {
+            out: 0x4004,
+            ..aligned
+        };
+        let prefill: Problem = "gemm:m=2048,n=1280,k=8192,dtype=bf16".parse().unwrap();
+        let mma = GpuSpace.heuristic(&prefill, &h200);
+        assert!(
+            matches!(mma, Config::GpuGemm(g) if g.variant == GpuGemmVariant::Mma && g.split_k == 1),
+            "{mma}"
+        );
+        let e = launches(&prefill, &mma, &c_off).unwrap_err().to_string();
+        assert!(
+            e.contains("`C`") && e.contains("0x4004") && e.contains("8 bytes"),
+            "{e}"
+        );
+        let c_even = DevicePtrs {
+            out: 0x4008,
+            ..aligned
+        };
+        launches(&prefill, &mma, &c_even).unwrap();
+        launches(&p, &tiled, &c_off).unwrap();
+        let odd_n: Problem = "gemm:m=2048,n=1279,k=8192,dtype=bf16".parse().unwrap();
+        assert_eq!(output_alignment(&odd_n, &mma), 4);
+        let split = candidates
+            .iter()
+            .find(|c| matches!(c, Config::GpuGemm(g) if g.variant == GpuGemmVariant::Mma && g.split_k > 1))
+            .unwrap();
+        assert_eq!(output_alignment(&p, split), 4);
+        launches(&p, split, &c_off).unwrap();
         // Grouped paged attention reads the caches in 16-byte pieces too.
         let paged: Problem = "paged:num_seqs=2,context_len=100,q_heads=8,kv_heads=1,head_dim=128"
             .parse()
