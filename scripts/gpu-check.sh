@@ -119,28 +119,40 @@ if [ -x .gpu/cuda-gemm ] && [ -f "$out/tuned.db" ]; then
         || status=$?
 fi
 
-# Where the largest prefill GEMM's time goes, kerntune's fastest config beside cuBLAS's own
-# kernel (whose name gives its tile and cluster shape): Nsight Compute's speed of light (SM,
-# L2 and DRAM throughput), where ncu is installed and the check has time left for it.
-prefill=gemm:m=2048,n=7168,k=8192,dtype=bf16
+# Where the time goes in the goals' hardest problems, kerntune's fastest config of each:
+# Nsight Compute's speed of light (SM, L2 and DRAM throughput) and occupancy, where ncu is
+# installed and the check has time left for it. The largest prefill GEMM beside cuBLAS's own
+# kernel (whose name gives its tile and cluster shape); flash attention at 2048 queries (its
+# kernels and, split, the combining one).
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
-if [ -n "$ncu" ] && [ "$SECONDS" -lt 200 ]; then
-    best=$(python3 - "$out" "$prefill" <<'PY'
+# profile NAME MATCH KERNELS: the fastest row whose problem contains MATCH, under ncu.
+profile() {
+    local name=$1 match=$2 kernels=$3 picked problem best
+    picked=$(python3 - "$out" "$match" <<'PY'
 import glob, json, os, sys
 rows = [r for f in glob.glob(os.path.join(sys.argv[1], "gpu-check-*.json")) for r in json.load(open(f))]
-rows = [r for r in rows if r["problem"].startswith(sys.argv[2]) and r.get("best_config")]
+rows = [r for r in rows if sys.argv[2] in r["problem"] and r.get("best_config")]
 if rows:
-    print(json.dumps(min(rows, key=lambda r: r["best_ns"])["best_config"]))
+    r = min(rows, key=lambda r: r["best_ns"])
+    print(r["problem"])
+    print(json.dumps(r["best_config"]))
 PY
 )
-    if [ -n "$best" ]; then
-        step 60 "$ncu" --clock-control none --section SpeedOfLight -c 4 \
-            -k 'regex:kt_gemm|gemm|nvjet|xmma|cutlass' \
-            .gpu/gpu-check --problem "$prefill" --config "$best" --reps 1 > "$out/ncu-prefill.txt" 2>&1 \
-            || echo "ncu: exit $? (its output in ncu-prefill.txt)"
-        grep -E '^  [A-Za-z_].*\(|Duration|Throughput|SM Busy' "$out/ncu-prefill.txt" \
-            | tee -a "$out/gpu-check.txt" || true
-    fi
+    [ -n "$picked" ] || return 0
+    problem=$(sed -n 1p <<< "$picked")
+    best=$(sed -n 2p <<< "$picked")
+    step 60 "$ncu" --clock-control none --section SpeedOfLight --section Occupancy -c 4 \
+        -k "regex:$kernels" \
+        .gpu/gpu-check --problem "$problem" --config "$best" --reps 1 > "$out/ncu-$name.txt" 2>&1 \
+        || echo "ncu: exit $? (its output in ncu-$name.txt)"
+    grep -E '^  [A-Za-z_].*\(|Duration|Throughput|SM Busy|Achieved Occupancy' "$out/ncu-$name.txt" \
+        | tee -a "$out/gpu-check.txt" || true
+}
+if [ -n "$ncu" ] && [ "$SECONDS" -lt 200 ]; then
+    profile prefill "gemm:m=2048,n=7168,k=8192," 'kt_gemm|gemm|nvjet|xmma|cutlass'
+fi
+if [ -n "$ncu" ] && [ "$SECONDS" -lt 220 ]; then
+    profile flash "q_len=2048," 'kt_flash'
 fi
 
 # AMX, where the host has it: every CPU GEMM kernel verified on this host (the AMX ones on
