@@ -1480,13 +1480,15 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         let tol = problem.tolerance();
         assert!(err <= tol, "{spec} {config}: relative error {err:e}");
     }
-    let problem: Problem = FLASH_F16_128.parse().unwrap();
-    let tol = problem.tolerance();
-    let run = |body: &str| -> Result<f64, KernelError> {
-        let data = ProblemData::random(&problem, 6);
-        let out = emu.run_source(&data, &wgmma(64, 64, false, 1), body)?;
+    // The relative error of `body` built as `config` on `problem`.
+    let error_of = |problem: &Problem, config: &Config, body: &str| -> Result<f64, KernelError> {
+        let data = ProblemData::random(problem, 6);
+        let out = emu.run_source(&data, config, body)?;
         Ok(relative_error(&out, &data.reference()))
     };
+    let problem: Problem = FLASH_F16_128.parse().unwrap();
+    let tol = problem.tolerance();
+    let run = |body: &str| error_of(&problem, &wgmma(64, 64, false, 1), body);
     let flash_with = |from: &str, to: &str| {
         let source = include_str!("../hip/flash.hip");
         assert!(source.contains(from), "flash.hip no longer has `{from}`");
@@ -1524,11 +1526,8 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
     }
     // The warp-specialized hand-over.
     let long: Problem = long.parse().unwrap();
-    let run_specialized = |body: &str| -> Result<f64, KernelError> {
-        let data = ProblemData::random(&long, 6);
-        let out = emu.run_source(&data, &specialized(wgmma(128, 64, false, 1)), body)?;
-        Ok(relative_error(&out, &data.reference()))
-    };
+    let run_specialized =
+        |body: &str| error_of(&long, &specialized(wgmma(128, 64, false, 1)), body);
     let tol = long.tolerance();
     assert!(run_specialized(include_str!("../hip/flash.hip")).unwrap() <= tol);
     for (mistake, from, to) in [
@@ -1564,11 +1563,7 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
     );
     // Turns: each warpgroup's products correct with them; a protocol in which neither goes
     // first, or the turn is handed to oneself, waits forever and is named.
-    let run_pingpong = |body: &str| -> Result<f64, KernelError> {
-        let data = ProblemData::random(&long, 6);
-        let out = emu.run_source(&data, &pingpong(wgmma(128, 64, false, 1)), body)?;
-        Ok(relative_error(&out, &data.reference()))
-    };
+    let run_pingpong = |body: &str| error_of(&long, &pingpong(wgmma(128, 64, false, 1)), body);
     assert!(run_pingpong(include_str!("../hip/flash.hip")).unwrap() <= tol);
     for (from, to) in [
         ("(k & 1) ^ (wg == 0 ? 1 : 0)", "(k & 1)"),
@@ -1582,11 +1577,7 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
     // By TMA: a batch of two, GQA, fewer queries than keys (FLASH_BF16); the boxes' keys,
     // map and bytes each matter.
     let problem: Problem = FLASH_BF16.parse().unwrap();
-    let run_tma = |body: &str| -> Result<f64, KernelError> {
-        let data = ProblemData::random(&problem, 6);
-        let out = emu.run_source(&data, &tma(wgmma(128, 64, false, 1)), body)?;
-        Ok(relative_error(&out, &data.reference()))
-    };
+    let run_tma = |body: &str| error_of(&problem, &tma(wgmma(128, 64, false, 1)), body);
     let tol = problem.tolerance();
     assert!(run_tma(include_str!("../hip/flash.hip")).unwrap() <= tol);
     for (mistake, from, to) in [
