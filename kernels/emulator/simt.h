@@ -850,6 +850,15 @@ inline unsigned smem_offset(const void* p) {
     return kSharedWindow + (unsigned)(c - b.shared_base);
 }
 
+// The byte of the block's dynamic shared memory at shared-window address `at` (smem_offset's
+// inverse), for the instructions that take addresses rather than pointers.
+inline const void* smem_at(unsigned at) {
+    Block& b = block();
+    if (b.shared_base == nullptr || at < kSharedWindow || at - kSharedWindow >= b.shared_bytes)
+        fail("a shared-memory address outside the kernel's dynamic shared memory");
+    return b.shared_base + (at - kSharedWindow);
+}
+
 inline void wgmma_fence() { block().wg_fenced[block().current] = true; }
 
 inline void wgmma_commit() { ++block().wg_groups[block().current]; }

@@ -17,20 +17,23 @@
 //   lanes, lane j owning dims j, j + LANES, ... of q and of the output row (so the lanes' LDS
 //   reads are consecutive), with dot products summed across the lanes by shuffles. Tiles in
 //   LDS as f32, the scale folded into q. Every vendor and dtype.
-// KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query rows;
-//   with KT_PAIRED (causal), each block takes two query tiles in turn, x and its mirror, on a
+// KT_VARIANT 1, mma (NVIDIA sm_80+, f16 and bf16): KT_BR / 16 warps, each owning 16 query
+//   rows (KT_LANES 2), or KT_BR / 32 warps of 32 rows, two row tiles of 16 (KT_LANES 1); with
+//   KT_PAIRED (causal), each block takes two query tiles in turn, x and its mirror, on a
 //   grid half as wide: a causal tile's work grows with x, and on an H200 unpaired blocks left
 //   the multiprocessors idle for nearly half the kernel, waiting for the last tiles. With
 //   KT_SPLIT > 1, each query tile's keys are split over that many blocks instead, each writing
 //   its rows' unnormalized partial results for kt_flash_reduce to combine.
-//   S = Q·Kᵀ by mma.sync.m16n8k16 with Q's fragments in registers and K 16-bit in shared
-//   memory; the scores' accumulators are the A fragments of P·V once rounded to 16 bits (the
-//   m16n8 accumulator layout is the m16k16 operand layout, two tiles at a time). K and V tiles
+//   S = Q·Kᵀ by mma.sync.m16n8k16 with Q's fragments in registers (or, 32 rows a warp past
+//   head size 64, read from a Q tile in shared memory) and K 16-bit in shared memory; the
+//   scores' accumulators are the A fragments of P·V once rounded to 16 bits (the m16n8
+//   accumulator layout is the m16k16 operand layout, two tiles at a time). K and V tiles
 //   arrive by 16-byte cp.async, each waited for only when used (the next K tile loads during
 //   the softmax and P·V, the next V tile during Q·Kᵀ), and B fragments come by ldmatrix (V's
-//   transposed). A thread holds two rows (g and g + 8 of its warp's 16); row maxima and sums
-//   combine the four threads of a row by shuffles. With KT_WG (sm_90), both products by
-//   warpgroup MMA instead (below): the same fragments and accumulators, 64 rows a warpgroup.
+//   transposed). A thread holds two rows of each row tile (g and g + 8 of its 16); row maxima
+//   and sums combine the four threads of a row by shuffles. With KT_WG (sm_90), both products
+//   by warpgroup MMA instead (below): the same fragments and accumulators, 64 rows a
+//   warpgroup.
 // KT_VARIANT 2, MFMA (AMD CDNA2/3, f16 and bf16): KT_BR / 32 waves, each owning 32 query rows.
 //   The transposed scores Sᵀ = K·Qᵀ by v_mfma_f32_32x32x8 (K 16-bit in LDS as the A operand,
 //   Qᵀ's fragments in registers), so that a lane's accumulators hold one query's scores for
@@ -178,6 +181,24 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #ifndef KT_SPLIT_REGS
 #define KT_SPLIT_REGS 0
 #endif
+// Row tiles of 16 a warp (KT_MR): one with KT_LANES 2 (two threads a row), two with KT_LANES
+// 1 (32 rows a warp, FlashAttention-2's layout). Each K or V fragment read from shared
+// memory then feeds both row tiles' products: at 16 rows a warp every ldmatrix.x4 (512
+// bytes, 4 cycles of a multiprocessor's shared memory) serves two mma.sync, about what the
+// tensor cores take in 3, and a 128 by 128 tile's eight warps read 512 KiB. Q's fragments
+// stay in registers up to 32 a thread (KT_MR · KT_D <= 128); beyond, O and S need the
+// registers, and Q waits in shared memory, its fragments read by ldmatrix each step.
+#if KT_LANES == 2
+#define KT_MR 1
+#elif KT_LANES == 1
+#define KT_MR 2
+#else
+#error "the mma variant takes KT_LANES 2 (16 rows a warp) or 1 (32 rows a warp)"
+#endif
+#if KT_MR > 1 && (KT_WG || KT_BR % 32 != 0)
+#error "32 rows a warp (KT_LANES 1) are mma.sync tiles of whole warps: KT_BR % 32 == 0, no KT_WG"
+#endif
+#define KT_Q_SHARED (KT_MR * KT_D > 128)
 #if KT_SPEC
 // Warp-specialized (KT_SPEC, with KT_WG): a producer warpgroup before the two multiplying
 // ones copies each K and V tile into one of KT_STAGES stages; the multiplying warpgroups
@@ -206,7 +227,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #define KT_COPIERS 128
 #else
 #define KT_STAGES 1
-#define KT_THREADS (2 * KT_BR)
+#define KT_THREADS (KT_LANES * KT_BR)
 #define KT_COPIERS KT_THREADS
 #endif
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
@@ -234,12 +255,13 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #error "KT_DYN_LDS must be the bytes of the K and V tiles, their alignment and mbarriers, as the launch passes them"
 #endif
 #else
-// K and V tiles [BC][D + 8] each, in dynamic shared memory of KT_DYN_LDS bytes (the launch
-// passes the same). 8 halves of padding put the 8 rows of one ldmatrix on distinct banks and
-// keep every row 16-byte aligned for cp.async.
+// K and V tiles [BC][D + 8] each, then with KT_Q_SHARED the Q tile [BR][D + 8], in dynamic
+// shared memory of KT_DYN_LDS bytes (the launch passes the same). 8 halves of padding put
+// the 8 rows of one ldmatrix on distinct banks and keep every row 16-byte aligned for
+// cp.async.
 #define KT_LDD (KT_D + 8)
-#if !defined(KT_DYN_LDS) || 2 * 2 * KT_BC * KT_LDD != KT_DYN_LDS
-#error "KT_DYN_LDS must be the bytes of the K and V tiles, as the launch passes them"
+#if !defined(KT_DYN_LDS) || 2 * (2 * KT_BC + KT_BR * KT_Q_SHARED) * KT_LDD != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the K and V (and Q) tiles, as the launch passes them"
 #endif
 #endif
 
@@ -281,6 +303,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #else
     unsigned short(*ks)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem);
     unsigned short(*vs)[KT_LDD] = reinterpret_cast<unsigned short(*)[KT_LDD]>(smem + 2 * KT_BC * KT_LDD);
+    [[maybe_unused]] unsigned short(*qs)[KT_LDD] =
+        reinterpret_cast<unsigned short(*)[KT_LDD]>(smem + 4 * KT_BC * KT_LDD);
 #endif
     // Warp-specialized, the producer's threads are -128 .. -1, the multiplying ones from 0.
     const int tid = KT_TID - 128 * KT_SPEC;
@@ -391,43 +415,59 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         kt_setmaxnreg_inc<KT_TMA ? 240 : 232>();
 #endif
 #endif
-        const int row0 = qt * KT_BR + (tid / 32) * 16;
+        const int row0 = qt * KT_BR + (tid / 32) * 16 * KT_MR;
 
-        // Row r of this thread is g + 8·r of its warp's 16; `seen` keys of each are visible.
-        int seen[2];
-        // Row r's first element in q and out, computed where used: held through the key
-        // loop, its four registers made the split TMA builds spill.
-        auto qrow = [&](int r) {
-            const int i = row0 + g + 8 * r;
+        // Row slot 2m + r of this thread is row g + 8·r of its warp's row tile m (16 rows
+        // each); `seen` keys of each are visible.
+        int seen[2 * KT_MR];
+        auto row = [&](int m, int r) { return row0 + 16 * m + g + 8 * r; };
+        // Row slot 2m + r's first element in q and out, computed where used: held through the
+        // key loop, its registers made the split TMA builds spill.
+        auto qrow = [&](int m, int r) {
+            const int i = row(m, r);
             return (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
         };
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int i = row0 + g + 8 * r;
-            seen[r] = i >= q_len ? 0 : (causal ? min(kv_len, i + shift + 1) : kv_len);
+        for (int x = 0; x < 2 * KT_MR; ++x) {
+            const int i = row(x / 2, x % 2);
+            seen[x] = i >= q_len ? 0 : (causal ? min(kv_len, i + shift + 1) : kv_len);
         }
-        // Q's A fragments: register x of step s holds row g + 8·(x % 2), dims
+#if !KT_Q_SHARED
+        // Q's A fragments: register x of step s of row tile m holds row g + 8·(x % 2), dims
         // 16s + 2t + 8·(x / 2) and the next.
-        unsigned qf[KT_QK][4];
+        unsigned qf[KT_MR][KT_QK][4];
 #pragma unroll
-        for (int s = 0; s < KT_QK; ++s)
+        for (int m = 0; m < KT_MR; ++m)
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const int r = x % 2;
-                const long at = qrow(r) + 16 * s + 2 * t + 8 * (x / 2);
-                qf[s][x] = row0 + g + 8 * r < q_len ? (unsigned)q[at] | ((unsigned)q[at + 1] << 16)
-                                                   : 0u;
-            }
+            for (int s = 0; s < KT_QK; ++s)
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    const int r = x % 2;
+                    const long at = qrow(m, r) + 16 * s + 2 * t + 8 * (x / 2);
+                    qf[m][s][x] = row(m, r) < q_len
+                                      ? (unsigned)q[at] | ((unsigned)q[at + 1] << 16)
+                                      : 0u;
+                }
+#endif
 
-        float o[KT_OT][4];
+        float o[KT_MR][KT_OT][4];
 #pragma unroll
-        for (int d = 0; d < KT_OT; ++d)
+        for (int m = 0; m < KT_MR; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
-        float mx[2] = {-KT_INF, -KT_INF}, sum[2] = {0.0f, 0.0f};
+            for (int d = 0; d < KT_OT; ++d)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[m][d][e] = 0.0f;
+        float mx[2 * KT_MR], sum[2 * KT_MR];
+#pragma unroll
+        for (int x = 0; x < 2 * KT_MR; ++x) {
+            mx[x] = -KT_INF;
+            sum[x] = 0.0f;
+        }
 
         // Keys every row of the warp sees: tiles wholly below them need no mask.
-        const int open = row0 + 15 < q_len ? (causal ? min(kv_len, row0 + shift + 1) : kv_len) : 0;
+        const int open = row0 + 16 * KT_MR - 1 < q_len
+                             ? (causal ? min(kv_len, row0 + shift + 1) : kv_len)
+                             : 0;
         // One key tile's online softmax: its scores `s` (from key j0) masked past each row's
         // last visible key, the rows' maxima and sums brought up to date, `s` made the tile's
         // probabilities, and `corr` what O's rows are to be scaled by (left to the caller:
@@ -435,13 +475,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // exponent, which takes scale and maximum in one multiply-add (the scale is positive:
         // the maximum of the scaled scores is the scaled maximum); only tiles past a row's
         // last key are masked, the causal diagonal's and the keys' end.
-        auto softmax = [&](float (&s)[KT_ST][4], int j0, float (&corr)[2]) {
+        // Row tile m's rows are slots 2m and 2m + 1.
+        auto softmax = [&](float (&s)[KT_ST][4], int m, int j0, float (&corr)[2]) {
             if (j0 + KT_BC > open) {
 #pragma unroll
                 for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        if (j0 + 8 * n + 2 * t + e % 2 >= seen[e / 2]) s[n][e] = -KT_INF;
+                        if (j0 + 8 * n + 2 * t + e % 2 >= seen[2 * m + e / 2]) s[n][e] = -KT_INF;
             }
             float tile_max[2] = {-KT_INF, -KT_INF};
 #pragma unroll
@@ -454,31 +495,31 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 // The four threads of a row are lanes 4g .. 4g + 3.
                 tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 1));
                 tile_max[r] = fmaxf(tile_max[r], KT_SHFL_XOR(tile_max[r], 2));
-                const float m_new = fmaxf(mx[r], tile_max[r] * qscale);
+                const float m_new = fmaxf(mx[2 * m + r], tile_max[r] * qscale);
                 // A row with nothing visible yet keeps zeros: exp2(-inf - 0) = 0.
                 base[r] = m_new == -KT_INF ? 0.0f : m_new;
-                corr[r] = kt_exp2(mx[r] - base[r]);
-                sum[r] *= corr[r];
-                mx[r] = m_new;
+                corr[r] = kt_exp2(mx[2 * m + r] - base[r]);
+                sum[2 * m + r] *= corr[r];
+                mx[2 * m + r] = m_new;
             }
 #pragma unroll
             for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     s[n][e] = kt_exp2(fmaf(s[n][e], qscale, -base[e / 2]));
-                    sum[e / 2] += s[n][e];
+                    sum[2 * m + e / 2] += s[n][e];
                 }
         };
-        auto rescale = [&](const float (&corr)[2]) {
+        auto rescale = [&](int m, const float (&corr)[2]) {
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o[d][e] *= corr[e / 2];
+                for (int e = 0; e < 4; ++e) o[m][d][e] *= corr[e / 2];
         };
 #if KT_WG
         // O's accumulators are the warpgroup's 64 × D, dims 8d .. 8d + 7 in 4d .. 4d + 3 as
         // mma.sync's; S tile n of 8 keys is accumulators 4n .. 4n + 3 of its 64 × BC.
-        float(&ow)[KT_D / 2] = *reinterpret_cast<float(*)[KT_D / 2]>(&o[0][0]);
+        float(&ow)[KT_D / 2] = *reinterpret_cast<float(*)[KT_D / 2]>(&o[0][0][0]);
         auto flat = [](float(&s)[KT_ST][4]) -> float(&)[KT_BC / 2] {
             return *reinterpret_cast<float(*)[KT_BC / 2]>(&s[0][0]);
         };
@@ -492,7 +533,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_wgmma_fence();
 #pragma unroll
             for (int st = 0; st < KT_QK; ++st)
-                kt_wgmma_rs<0>(flat(s), qf[st],
+                kt_wgmma_rs<0>(flat(s), qf[0][st],
                                kt_wgmma_desc(ks + (16 * st / 64) * KT_BC * 64 + 16 * st % 64, 16,
                                              1024, 1));
         };
@@ -561,7 +602,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             pass_turn();
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(flat(s));
-            softmax(s, run_begin, corr);  // O is zero yet: nothing to rescale
+            softmax(s, 0, run_begin, corr);  // O is zero yet: nothing to rescale
         }
         // Every tile but the last has a next, its scores issued beside this tile's products
         // (the last's, below, without: no branch inside the pipeline, which ptxas would
@@ -580,12 +621,12 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             pass_turn();
             kt_wgmma_wait<1>();  // the next tile's scores; this tile's products run on
             kt_wgmma_fence_operand(flat(s));
-            softmax(s, run_begin + (it + 1) * KT_BC, corr);
+            softmax(s, 0, run_begin + (it + 1) * KT_BC, corr);
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(ow);
             // The warpgroup's products with this stage are done: back to the producer.
             if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);
-            rescale(corr);
+            rescale(0, corr);
         }
         if (key_tiles > 0) {
             pack(s);
@@ -596,51 +637,102 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         }
 #else
         // K and V tiles travel as separate commit groups, so each is waited for only when used:
-        // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ.
+        // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ. A
+        // shared Q tile goes first, in a group of its own, waited for with the first K tile.
         if (block_seen > run_begin) {
+#if KT_Q_SHARED
+            for (int e = KT_TID; e < KT_BR * (KT_D / 8); e += KT_THREADS) {
+                const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
+                const int i = qt * KT_BR + r;
+                const long at = (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D + x;
+                kt_cp_async16(&qs[r][x], q + at, i < q_len ? 16 : 0);
+            }
+            kt_cp_async_commit();
+#endif
             load(ks, k, run_begin);
             kt_cp_async_commit();
             load(vs, v, run_begin);
             kt_cp_async_commit();
         }
+#if !KT_WG
+        // This lane's ldmatrix row addresses in the K, V (and Q) tiles, each fragment's a
+        // constant past them (kt_ldmatrix_x4_at).
+        const unsigned k_at = kt_smem(&ks[8 * (lane / 16) + lane % 8][8 * ((lane / 8) % 2)]);
+        const unsigned v_at = kt_smem(&vs[8 * ((lane / 8) % 2) + lane % 8][8 * (lane / 16)]);
+#if KT_Q_SHARED
+        const unsigned q_at =
+            kt_smem(&qs[row0 - qt * KT_BR + 8 * ((lane / 8) % 2) + lane % 8][8 * (lane / 16)]);
+#endif
+#endif
         for (int j0 = run_begin; j0 < block_seen; j0 += KT_BC) {
             kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
 #if KT_WG
             kt_fence_async_shared();  // the copies, to wgmma's reads
 #endif
             KT_SYNC();
+#if KT_WG
             // S tile n: accumulator e is row g + 8·(e / 2), key j0 + 8n + 2t + e % 2.
             float s[KT_ST][4];
-#if KT_WG
             issue_scores(s);
             kt_wgmma_commit();
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(flat(s));
 #else
+            // Row tile m's S tile n: accumulator e is row 16m + g + 8·(e / 2) of the warp's,
+            // key j0 + 8n + 2t + e % 2.
+            float s[KT_MR][KT_ST][4];
 #pragma unroll
-            for (int n = 0; n < KT_ST; ++n)
+            for (int m = 0; m < KT_MR; ++m)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-            // B fragments of tiles 2nn and 2nn + 1 by one ldmatrix: lanes 8q .. 8q + 7
-            // address keys 16nn + 8·(q / 2) + (0 .. 7), dims 16st + 8·(q % 2).
+                for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
-            for (int nn = 0; nn < KT_ST / 2; ++nn)
+                    for (int e = 0; e < 4; ++e) s[m][n][e] = 0.0f;
 #pragma unroll
-                for (int st = 0; st < KT_QK; ++st) {
-                    unsigned r[4];
-                    kt_ldmatrix_x4(r, &ks[16 * nn + 8 * (lane / 16) + lane % 8]
-                                         [16 * st + 8 * ((lane / 8) % 2)]);
-                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    kt_mma(s[2 * nn], qf[st], b0);
-                    kt_mma(s[2 * nn + 1], qf[st], b1);
+            for (int st = 0; st < KT_QK; ++st) {
+                // Q's A fragments of this 16-dim step, each row tile's.
+                unsigned qa[KT_MR][4];
+#pragma unroll
+                for (int m = 0; m < KT_MR; ++m) {
+#if KT_Q_SHARED
+                    // Lanes 8q .. 8q + 7 address rows 16m + 8·(q % 2) + (0 .. 7) of the warp's,
+                    // dims 16st + 8·(q / 2).
+                    kt_ldmatrix_x4_at(qa[m], q_at + 2 * (16 * m * KT_LDD + 16 * st));
+#else
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) qa[m][x] = qf[m][st][x];
+#endif
                 }
+                // B fragments of tiles 2nn and 2nn + 1 by one ldmatrix, for every row tile:
+                // lanes 8q .. 8q + 7 address keys 16nn + 8·(q / 2) + (0 .. 7), dims
+                // 16st + 8·(q % 2).
+#pragma unroll
+                for (int nn = 0; nn < KT_ST / 2; ++nn) {
+                    unsigned r[4];
+                    kt_ldmatrix_x4_at(r, k_at + 2 * (16 * nn * KT_LDD + 16 * st));
+                    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                    for (int m = 0; m < KT_MR; ++m) {
+                        kt_mma(s[m][2 * nn], qa[m], b0);
+                        kt_mma(s[m][2 * nn + 1], qa[m], b1);
+                    }
+                }
+            }
 #endif
             KT_SYNC();  // every warp is done with this K tile: load the next over it
             if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
             kt_cp_async_commit();
+#if KT_WG
             float corr[2];
-            softmax(s, j0, corr);
-            rescale(corr);
+            softmax(s, 0, j0, corr);
+            rescale(0, corr);
+#else
+#pragma unroll
+            for (int m = 0; m < KT_MR; ++m) {
+                float corr[2];
+                softmax(s[m], m, j0, corr);
+                rescale(m, corr);
+            }
+#endif
             kt_cp_async_wait<1>();  // this V tile (the next K tile may still be in flight)
 #if KT_WG
             kt_fence_async_shared();
@@ -653,24 +745,29 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(ow);
 #else
-            // V's B fragments of dim tiles 2dd and 2dd + 1 by one transposing ldmatrix: lanes
-            // 8q .. 8q + 7 address keys 16c + 8·(q % 2) + (0 .. 7), dims 16dd + 8·(q / 2).
+            // V's B fragments of dim tiles 2dd and 2dd + 1 by one transposing ldmatrix, for
+            // every row tile: lanes 8q .. 8q + 7 address keys 16c + 8·(q % 2) + (0 .. 7), dims
+            // 16dd + 8·(q / 2).
 #pragma unroll
             for (int c = 0; c < KT_BC / 16; ++c) {
-                const unsigned pf[4] = {
-                    kt_pack2(s[2 * c][0], s[2 * c][1]),
-                    kt_pack2(s[2 * c][2], s[2 * c][3]),
-                    kt_pack2(s[2 * c + 1][0], s[2 * c + 1][1]),
-                    kt_pack2(s[2 * c + 1][2], s[2 * c + 1][3]),
-                };
+                unsigned pf[KT_MR][4];
+#pragma unroll
+                for (int m = 0; m < KT_MR; ++m) {
+                    pf[m][0] = kt_pack2(s[m][2 * c][0], s[m][2 * c][1]);
+                    pf[m][1] = kt_pack2(s[m][2 * c][2], s[m][2 * c][3]);
+                    pf[m][2] = kt_pack2(s[m][2 * c + 1][0], s[m][2 * c + 1][1]);
+                    pf[m][3] = kt_pack2(s[m][2 * c + 1][2], s[m][2 * c + 1][3]);
+                }
 #pragma unroll
                 for (int dd = 0; dd < KT_OT / 2; ++dd) {
                     unsigned r[4];
-                    kt_ldmatrix_x4_trans(r, &vs[16 * c + 8 * ((lane / 8) % 2) + lane % 8]
-                                               [16 * dd + 8 * (lane / 16)]);
+                    kt_ldmatrix_x4_trans_at(r, v_at + 2 * (16 * c * KT_LDD + 16 * dd));
                     const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    kt_mma(o[2 * dd], pf, b0);
-                    kt_mma(o[2 * dd + 1], pf, b1);
+#pragma unroll
+                    for (int m = 0; m < KT_MR; ++m) {
+                        kt_mma(o[m][2 * dd], pf[m], b0);
+                        kt_mma(o[m][2 * dd + 1], pf[m], b1);
+                    }
                 }
             }
 #endif
@@ -680,32 +777,33 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         }
 #endif
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            sum[r] += KT_SHFL_XOR(sum[r], 1);
-            sum[r] += KT_SHFL_XOR(sum[r], 2);
-            if (row0 + g + 8 * r >= q_len) continue;
+        for (int x = 0; x < 2 * KT_MR; ++x) {
+            const int m = x / 2, r = x % 2;
+            sum[x] += KT_SHFL_XOR(sum[x], 1);
+            sum[x] += KT_SHFL_XOR(sum[x], 2);
+            if (row(m, r) >= q_len) continue;
 #if KT_SPLIT > 1
-            if (run > 0 || seen[r] > run_end) {
+            if (run > 0 || seen[x] > run_end) {
                 // This run's share, unnormalized.
                 const long slot =
-                    ((long)(b * KT_SPLIT + run) * q_len + row0 + g + 8 * r) * q_heads + h;
+                    ((long)(b * KT_SPLIT + run) * q_len + row(m, r)) * q_heads + h;
                 if (t == 0) {
-                    part_max[slot] = mx[r];
-                    part_sum[slot] = sum[r];
+                    part_max[slot] = mx[x];
+                    part_sum[slot] = sum[x];
                 }
 #pragma unroll
                 for (int d = 0; d < KT_OT; ++d) {
-                    part_out[slot * KT_D + 8 * d + 2 * t] = o[d][2 * r];
-                    part_out[slot * KT_D + 8 * d + 2 * t + 1] = o[d][2 * r + 1];
+                    part_out[slot * KT_D + 8 * d + 2 * t] = o[m][d][2 * r];
+                    part_out[slot * KT_D + 8 * d + 2 * t + 1] = o[m][d][2 * r + 1];
                 }
                 continue;
             }
 #endif
-            const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+            const float inv = sum[x] > 0.0f ? 1.0f / sum[x] : 0.0f;
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d) {
-                out[qrow(r) + 8 * d + 2 * t] = o[d][2 * r] * inv;
-                out[qrow(r) + 8 * d + 2 * t + 1] = o[d][2 * r + 1] * inv;
+                out[qrow(m, r) + 8 * d + 2 * t] = o[m][d][2 * r] * inv;
+                out[qrow(m, r) + 8 * d + 2 * t + 1] = o[m][d][2 * r + 1] * inv;
             }
         }
     }  // pass

@@ -357,6 +357,14 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
     };
     const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
+    // This lane's ldmatrix row addresses in stage 0's A and B tiles; a fragment's is a
+    // constant past them, plus its stage's offset (kt_ldmatrix_x4_at).
+    const unsigned a_at = kt_smem(&as[0][wm + lane % 16][8 * (lane / 16)]);
+#if KT_B_NK
+    const unsigned b_at = kt_smem(&bs[0][wn + 8 * (lane / 16) + lane % 8][8 * ((lane / 8) % 2)]);
+#else
+    const unsigned b_at = kt_smem(&bs[0][8 * ((lane / 8) % 2) + lane % 8][wn + 8 * (lane / 16)]);
+#endif
     // Tiles 0 .. STAGES-2 in flight before the first product, one commit group each (empty
     // groups past the end keep the count that the waits rely on).
 #pragma unroll
@@ -373,6 +381,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
         kt_cp_async_commit();
         const int st = tile % KT_STAGES;
+        const unsigned a_st = a_at + 2 * st * KT_BM * KT_LDA;
+        const unsigned b_st = b_at + 2 * st * KT_B_ROWS * KT_LDB;
 #pragma unroll
         for (int kk = 0; kk < KT_BK; kk += 16) {
             // Lanes 8q .. 8q + 7 address the rows of 8×8 matrix q. A: matrices (rows 0-7,
@@ -381,17 +391,15 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             unsigned af[KT_TM][4], bf[KT_TN][2];
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
-                kt_ldmatrix_x4(af[i], &as[st][wm + 16 * i + lane % 16][kk + 8 * (lane / 16)]);
+                kt_ldmatrix_x4_at(af[i], a_st + 2 * (16 * i * KT_LDA + kk));
 #pragma unroll
             for (int jj = 0; jj < KT_TN / 2; ++jj) {
                 unsigned r[4];
 #if KT_B_NK
-                kt_ldmatrix_x4(r, &bs[st][wn + 16 * jj + 8 * (lane / 16) + lane % 8]
-                                     [kk + 8 * ((lane / 8) % 2)]);
+                kt_ldmatrix_x4_at(r, b_st + 2 * (16 * jj * KT_LDB + kk));
 #else
                 // Rows of the K×N tile are k: transposed, each lane gets a k pair of one n.
-                kt_ldmatrix_x4_trans(r, &bs[st][kk + 8 * ((lane / 8) % 2) + lane % 8]
-                                           [wn + 16 * jj + 8 * (lane / 16)]);
+                kt_ldmatrix_x4_trans_at(r, b_st + 2 * (kk * KT_LDB + 16 * jj));
 #endif
                 bf[2 * jj][0] = r[0];
                 bf[2 * jj][1] = r[1];

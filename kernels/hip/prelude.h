@@ -276,6 +276,10 @@ KT_DEVICE float kt_exp2(float x) {
 // l holds elements 2·(l % 4) and + 1 of row l / 4 of matrix q (`_trans`: of column l / 4).
 // The emulator delays each copy to the wait and poisons its destination meanwhile, so a read
 // before the wait, or a copy into a stage still being read, shows in the output.
+// kt_ldmatrix_x4_at takes the 32-bit shared address (kt_smem) instead of a pointer: a hot
+// loop computes each lane's once and adds constants, which ptxas folds into the instruction.
+// Through a pointer, every use converts a 64-bit generic address: in the flash mma tile of
+// 128 by 128 keys, two 64-bit adds an ldmatrix, 400 of the key loop's 1700 instructions.
 #if defined(KT_HOST)
 KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
     kt_host::cp_async(dst, src, bytes);
@@ -285,11 +289,18 @@ template <int N>
 KT_DEVICE void kt_cp_async_wait() {
     kt_host::cp_wait(N);
 }
+KT_DEVICE unsigned kt_smem(const void* p) { return kt_host::smem_offset(p); }
 KT_DEVICE void kt_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
     kt_host::ldmatrix_x4(r, p, false);
 }
 KT_DEVICE void kt_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
     kt_host::ldmatrix_x4(r, p, true);
+}
+KT_DEVICE void kt_ldmatrix_x4_at(unsigned (&r)[4], unsigned at) {
+    kt_host::ldmatrix_x4(r, static_cast<const unsigned short*>(kt_host::smem_at(at)), false);
+}
+KT_DEVICE void kt_ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned at) {
+    kt_host::ldmatrix_x4(r, static_cast<const unsigned short*>(kt_host::smem_at(at)), true);
 }
 #else
 // A shared-memory address as the 32-bit offset the instructions take (what CUDA's
@@ -298,6 +309,16 @@ KT_DEVICE unsigned kt_smem(const void* p) {
     unsigned r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
     return r;
+}
+KT_DEVICE void kt_ldmatrix_x4_at(unsigned (&r)[4], unsigned at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+KT_DEVICE void kt_ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
 }
 KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(kt_smem(dst)), "l"(src),
@@ -310,14 +331,10 @@ KT_DEVICE void kt_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 KT_DEVICE void kt_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(kt_smem(p)));
+    kt_ldmatrix_x4_at(r, kt_smem(p));
 }
 KT_DEVICE void kt_ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(kt_smem(p)));
+    kt_ldmatrix_x4_trans_at(r, kt_smem(p));
 }
 #endif
 
@@ -355,9 +372,6 @@ KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)
 // address XORed with address bits 7 up (see the GEMM's kt_swizzled). The emulator computes
 // each operation at the wait that covers it, from shared memory as it is then, so a copy
 // into a tile still being read shows.
-#if defined(KT_HOST)
-KT_DEVICE unsigned kt_smem(const void* p) { return kt_host::smem_offset(p); }
-#endif
 KT_DEVICE unsigned long long kt_wgmma_desc(const void* p, unsigned lbo, unsigned sbo,
                                            unsigned layout) {
     return (unsigned long long)((kt_smem(p) >> 4) & 0x3fffu) |

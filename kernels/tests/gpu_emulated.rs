@@ -538,15 +538,15 @@ fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
         // B fragments from the wrong 8×8 matrices of an ldmatrix.
         (
             "swapped ldmatrix rows",
-            "[kk + 8 * ((lane / 8) % 2)]);",
-            "[kk + 8 * (lane / 16)]);",
+            "[wn + 8 * (lane / 16) + lane % 8][8 * ((lane / 8) % 2)]);",
+            "[wn + 8 * (lane / 16) + lane % 8][8 * (lane / 16)]);",
             GEMM_BF16_NK_DECODE,
         ),
         // A K×N B read without the transpose.
         (
             "a missing transpose",
-            "kt_ldmatrix_x4_trans(r,",
-            "kt_ldmatrix_x4(r,",
+            "kt_ldmatrix_x4_trans_at(r,",
+            "kt_ldmatrix_x4_at(r,",
             GEMM_F16_KN_DECODE,
         ),
         // The reduction dropping the last split's partial products.
@@ -830,8 +830,8 @@ fn misaligned_cp_async_and_ldmatrix_addresses_are_errors() {
             "cp.async from or to an address not 16-byte aligned",
         ),
         (
-            "kt_ldmatrix_x4(af[i], &as[st][wm + 16 * i + lane % 16][kk + 8 * (lane / 16)]);",
-            "kt_ldmatrix_x4(af[i], &as[st][wm + 16 * i + lane % 16][kk + 4 * (lane / 16)]);",
+            "kt_ldmatrix_x4_at(af[i], a_st + 2 * (16 * i * KT_LDA + kk));",
+            "kt_ldmatrix_x4_at(af[i], a_st + 2 * (16 * i * KT_LDA + kk) + 8);",
             "ldmatrix row address not 16-byte aligned",
         ),
     ] {
@@ -896,8 +896,8 @@ fn the_mma_flash_pipeline_checks_catch_each_mistake() {
         // V's fragments without the transpose.
         (
             "a missing transpose",
-            "kt_ldmatrix_x4_trans(r, &vs[",
-            "kt_ldmatrix_x4(r, &vs[",
+            "kt_ldmatrix_x4_trans_at(r, v_at",
+            "kt_ldmatrix_x4_at(r, v_at",
         ),
     ] {
         assert!(source.contains(from), "flash.hip no longer has `{from}`");
@@ -939,6 +939,82 @@ fn paired_flash_tiles_cover_every_query_once_and_the_checks_catch_a_skipped_mirr
         .validate(&paired, &full, &Device::lookup("h200").unwrap())
         .unwrap_err();
     assert!(err.to_string().contains("take paired = false"), "{err}");
+}
+
+/// Warps of 32 query rows (`lanes` 1): two row tiles of 16 sharing each K and V fragment,
+/// Q's fragments in registers at head size 64 and from a shared Q tile at 128; over query
+/// counts of no tile (a warp's second row tile partly or wholly past the queries), causal
+/// with fewer queries than keys, GQA, paired and split. Each way of mixing up the two row
+/// tiles shows.
+#[test]
+fn warps_of_32_rows_match_the_reference_and_catch_each_mistake() {
+    let source = include_str!("../hip/flash.hip");
+    let tile = |br, bc, paired, split| {
+        Config::GpuFlash(GpuFlashConfig {
+            paired,
+            split,
+            ..GpuFlashConfig::new(GpuFlashVariant::Mma, br, bc, 1)
+        })
+    };
+    let both: &[(&str, &str, &str)] = &[
+        (
+            "every warp's rows 16 apart",
+            "const int row0 = qt * KT_BR + (tid / 32) * 16 * KT_MR;",
+            "const int row0 = qt * KT_BR + (tid / 32) * 16;",
+        ),
+        (
+            "the second row tile masked as the first",
+            "if (j0 + 8 * n + 2 * t + e % 2 >= seen[2 * m + e / 2]) s[n][e] = -KT_INF;",
+            "if (j0 + 8 * n + 2 * t + e % 2 >= seen[e / 2]) s[n][e] = -KT_INF;",
+        ),
+        (
+            "the first row tile's probabilities in the second's products",
+            "kt_mma(o[m][2 * dd + 1], pf[m], b1);",
+            "kt_mma(o[m][2 * dd + 1], pf[0], b1);",
+        ),
+    ];
+    for (spec, q_shared) in [
+        (
+            "flash:q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=128,dtype=f16",
+            true,
+        ),
+        (
+            "flash:batch=2,q_len=50,kv_len=77,q_heads=2,kv_heads=1,head_dim=64,dtype=bf16",
+            false,
+        ),
+    ] {
+        let problem: Problem = spec.parse().unwrap();
+        let own = if q_shared {
+            (
+                "the second row tile reading the first's queries",
+                "q_at + 2 * (16 * m * KT_LDD + 16 * st)",
+                "q_at + 2 * (16 * st)",
+            )
+        } else {
+            (
+                "the second row tile taking the first's queries",
+                "for (int x = 0; x < 4; ++x) qa[m][x] = qf[m][st][x];",
+                "for (int x = 0; x < 4; ++x) qa[m][x] = qf[0][st][x];",
+            )
+        };
+        for config in [
+            tile(64, 32, false, 1),
+            tile(64, 64, true, 1),
+            tile(64, 32, false, 2),
+        ] {
+            let error = config_error(&problem, config);
+            let ok = error(source);
+            assert!(ok <= problem.tolerance(), "{problem} {config}: {ok:e}");
+            for (what, from, to) in both.iter().chain([&own]) {
+                assert!(source.contains(from), "flash.hip no longer has `{from}`");
+                let err = error(&source.replacen(from, to, 1));
+                assert!(
+                    err.is_nan() || err > problem.tolerance(),
+                    "{problem} {config}: {what} went unnoticed: error {err:e}"
+                );
+            }
+        }
+    }
 }
 
 /// Split-KV: runs of whole key tiles over blocks, combined by a second kernel. Four key tiles
@@ -1001,7 +1077,7 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
         }
     }
     // Rows of one run left to the partial results: the combining kernel never writes them.
-    let (from, to) = ("if (run > 0 || seen[r] > run_end) {", "if (true) {");
+    let (from, to) = ("if (run > 0 || seen[x] > run_end) {", "if (true) {");
     assert!(source.contains(from), "flash.hip no longer has `{from}`");
     for split in [2, 4] {
         let error = config_error(&square, mma_flash_split((16, 32), false, split));
@@ -1548,8 +1624,8 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         ),
         (
             "O rescaled while this tile's products run",
-            "            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);\n            // The warpgroup's products with this stage are done: back to the producer.\n            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);\n            rescale(corr);",
-            "            rescale(corr);\n            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);\n            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);",
+            "            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);\n            // The warpgroup's products with this stage are done: back to the producer.\n            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);\n            rescale(0, corr);",
+            "            rescale(0, corr);\n            kt_wgmma_wait<0>();\n            kt_wgmma_fence_operand(ow);\n            if (tid % 128 == 0) kt_mbar_arrive(&empty[it % KT_STAGES]);",
         ),
     ] {
         caught(mistake, run_specialized(&flash_with(from, to)), tol);

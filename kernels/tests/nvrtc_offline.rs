@@ -185,7 +185,10 @@ fn check_candidates(
                 matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
             }
             Config::GpuPaged(g) => g.lanes > 1,
-            Config::GpuFlash(f) => f.wgmma,
+            // Warps of 32 rows: the plain 32-key tiles, which the space leads with.
+            Config::GpuFlash(f) => {
+                f.wgmma || (f.lanes == 1 && f.bc == 32 && !f.paired && f.split == 1)
+            }
             _ => false,
         };
         if c == heuristic || roomy {
@@ -549,11 +552,12 @@ fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
             .into_iter()
             .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mma))
             .collect();
-        // 16 tiles, paired too where the mask is causal, and 8 with their keys split.
+        // 16 tiles of 16 rows a warp and 4 of 32, paired too where the mask is causal, and
+        // 8 and 4 with their keys split.
         let tiles = if matches!(p, Problem::Flash(f) if f.causal) {
-            32 + 8
+            2 * (16 + 4) + 8 + 4
         } else {
-            16 + 8
+            16 + 4 + 8 + 4
         };
         assert_eq!(mma.len(), tiles, "{name}: {mma:?}");
         check_mma_candidates(&nvrtc, name, &p, &mma);

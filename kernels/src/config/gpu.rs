@@ -135,8 +135,8 @@ impl GpuGemmConfig {
 
 /// Flash attention on a GPU: `br` query rows per block, key/value tiles of `bc` rows in LDS.
 /// Rows variant: each query row held by `lanes` threads (each owning `head_dim / lanes` dims).
-/// Mma variant: each warp owns 16 rows; MFMA variant: each wave 32. So `lanes` is 2 for both
-/// (two threads a row on average).
+/// Mma variant: each warp owns 16 rows (`lanes` 2: two threads a row on average) or 32, two
+/// row tiles sharing each K and V fragment (`lanes` 1); MFMA variant: each wave 32 (`lanes` 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuFlashConfig {
@@ -200,7 +200,7 @@ impl GpuFlashConfig {
         }
     }
 
-    /// Threads a block: two a query row, and the producer warpgroup where specialized.
+    /// Threads a block: `lanes` a query row, and the producer warpgroup where specialized.
     pub fn threads(&self) -> usize {
         self.br * self.lanes + if self.specialized { 128 } else { 0 }
     }
@@ -306,6 +306,9 @@ impl fmt::Display for GpuFlashConfig {
             }
             GpuFlashVariant::Mma => {
                 write!(f, "gpu mma br={} bc={}", self.br, self.bc)?;
+                if self.lanes != 2 {
+                    write!(f, " lanes={}", self.lanes)?;
+                }
                 if self.paired {
                     f.write_str(" paired")?;
                 }

@@ -160,17 +160,35 @@ pub(super) fn validate(
                 ),
             ));
         }
+        // Two threads a row on average: a warp's 16 rows, a wave's 32; mma warps of 32 rows
+        // (two row tiles) have one.
+        let warp_rows = c.variant == GpuFlashVariant::Mma && c.lanes == 1;
         if c.br == 0
             || !c.br.is_multiple_of(tile)
             || c.bc == 0
             || !c.bc.is_multiple_of(tile)
-            || c.lanes != 2
+            || !(c.lanes == 2 || warp_rows)
         {
+            let lanes = if c.variant == GpuFlashVariant::Mma {
+                "1 or 2"
+            } else {
+                "2"
+            };
             return Err(invalid(
                 f,
                 format!(
-                    "{variant} tiles: br = {} and bc = {} must be multiples of {tile}, lanes = {} must be 2",
+                    "{variant} tiles: br = {} and bc = {} must be multiples of {tile}, lanes = {} must be {lanes}",
                     c.br, c.bc, c.lanes
+                ),
+            ));
+        }
+        if warp_rows && (c.wgmma || !c.br.is_multiple_of(32)) {
+            return Err(invalid(
+                f,
+                format!(
+                    "lanes = 1 (32 query rows a warp) takes mma.sync tiles of whole warps, not br = {}{}: take lanes = 2",
+                    c.br,
+                    if c.wgmma { " by wgmma" } else { "" }
                 ),
             ));
         }
@@ -286,6 +304,27 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
             if br == 128 {
                 specialized(&mut out, wgmma(br, 128, false, split));
             }
+        }
+    }
+    // Warps of 32 query rows (mma.sync, one thread a row): FlashAttention-2's layout, each K
+    // and V fragment feeding two row tiles; key tiles of up to 64, as S's registers double
+    // (at head size 128, ptxas fits 32-key tiles in 255 registers and spills 64-key ones).
+    for br in [128, 64] {
+        for bc in [32, 64] {
+            for paired in [false, true] {
+                out.push(GpuFlashConfig {
+                    paired,
+                    ..GpuFlashConfig::new(GpuFlashVariant::Mma, br, bc, 1)
+                });
+            }
+        }
+    }
+    for bc in [32, 64] {
+        for split in [2, 4] {
+            out.push(GpuFlashConfig {
+                split,
+                ..GpuFlashConfig::new(GpuFlashVariant::Mma, 128, bc, 1)
+            });
         }
     }
     for variant in [GpuFlashVariant::Mma, GpuFlashVariant::Mfma] {
@@ -452,16 +491,61 @@ mod tests {
             (valid[0].split, valid.iter().filter(|c| c.split > 1).count())
         };
         // Llama-70B TP8 at 2048 tokens: 32 tiles of 64 by 8 heads, 256 blocks for 132 SMs;
-        // 8 mma.sync split tiles and 12 wgmma (8 of them warp-specialized: by cp.async and
-        // by TMA, with turns and without).
+        // 12 mma.sync split tiles (4 of 32 rows a warp) and 12 wgmma (8 of them
+        // warp-specialized: by cp.async and by TMA, with turns and without).
         let tp8 = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", tp8), (2, 20));
+        assert_eq!(first("h200", tp8), (2, 24));
         // 1024 tokens of 32 heads, 512 blocks: split-KV last, and only in two (four would
         // need 68 MiB of partial results).
         let many = "flash:q_len=1024,q_heads=32,kv_heads=8,head_dim=128,dtype=bf16";
-        assert_eq!(first("h200", many), (1, 10));
+        assert_eq!(first("h200", many), (1, 12));
         assert_eq!(first("mi300x", tp8).1, 0);
         assert_eq!(first("h200", &tp8.replace("bf16", "f32")).1, 0);
+    }
+
+    /// Warps of 32 query rows (`lanes` 1): mma.sync tiles of whole warps, first of the
+    /// mma.sync candidates, named by their lanes, and with the Q tile in shared memory past
+    /// head size 64 (its fragments would take the registers O and S need).
+    #[test]
+    fn warps_of_32_rows_are_whole_mma_sync_warps_with_q_shared_past_head_size_64() {
+        let tp8 = "flash:q_len=4096,q_heads=64,kv_heads=8,head_dim=128,dtype=bf16";
+        let (g, p) = on("a100", tp8);
+        let all: Vec<GpuFlashConfig> = candidates(&p, g)
+            .into_iter()
+            .filter(|c| validate(c, &p, g).is_ok())
+            .collect();
+        let c = all[0];
+        assert_eq!(c.to_string(), "gpu mma br=128 bc=32 lanes=1");
+        assert_eq!(c.threads(), 128);
+        // Two heights by two key tiles, paired and not; their four splits would need more
+        // partial results than the workspace holds.
+        assert_eq!(all.iter().filter(|c| c.lanes == 1).count(), 8);
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.contains(r#""lanes":1"#), "{json}");
+        assert_eq!(serde_json::from_str::<GpuFlashConfig>(&json).unwrap(), c);
+        let bytes = |spec: &str| {
+            let problem: Problem = spec.parse().unwrap();
+            crate::space::dynamic_lds_bytes(&crate::Config::GpuFlash(c), &problem)
+        };
+        // K and V tiles of 32 keys, and the 128 query rows, each row 8 halves wider.
+        assert_eq!(bytes(tp8), 2 * (2 * 32 + 128) * 136);
+        assert_eq!(
+            bytes(&tp8.replace("head_dim=128", "head_dim=64")),
+            2 * 2 * 32 * 72
+        );
+        let refused = |model: &str, c: GpuFlashConfig| {
+            let (g, p) = on(model, tp8);
+            validate(&c, &p, g).unwrap_err().to_string()
+        };
+        let half_warp = GpuFlashConfig { br: 16, ..c };
+        assert!(refused("a100", half_warp).contains("take lanes = 2"));
+        let by_wgmma = GpuFlashConfig { wgmma: true, ..c };
+        assert!(refused("h200", by_wgmma).contains("take lanes = 2"));
+        let mfma = GpuFlashConfig {
+            variant: GpuFlashVariant::Mfma,
+            ..c
+        };
+        assert!(refused("mi300x", mfma).contains("must be 2"));
     }
 
     /// Warpgroup MMA: sm_90 only, head sizes and key tiles of 64 or 128, whole warpgroups;

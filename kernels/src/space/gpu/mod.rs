@@ -117,7 +117,14 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
                     + if c.pingpong { 16 } else { 0 }
                     + SWIZZLE_ALIGN
             } else {
-                2 * 2 * c.bc * (p.head_dim + 8)
+                // K and V tiles; with 32 rows a warp past head size 64, the Q tile too (the
+                // kernel's KT_Q_SHARED).
+                let q_rows = if c.lanes == 1 && p.head_dim > 64 {
+                    c.br
+                } else {
+                    0
+                };
+                2 * (2 * c.bc + q_rows) * (p.head_dim + 8)
             }
         }
         (Config::GpuGemm(c), Problem::Gemm(p))
