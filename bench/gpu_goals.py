@@ -26,13 +26,17 @@ def form(config):
     """A config's kernel form, as its display names it: the variant, then the choices that
     change the kernel's structure (`gpu wgmma 128x256x64 tile 1x256 stages=4 swizzle=128
     specialized tma block-tiles=4 cluster=2` -> `wgmma swizzled specialized tma block-tiles
-    cluster`); tile sizes, stages and counts are left out."""
+    cluster`; `gpu mma br=128 bc=32 lanes=1 split=2` -> `mma 32-row-warps split`); tile sizes,
+    stages and counts are left out."""
     words = config.split()
     variant = words[1] if len(words) > 1 and "=" not in words[1] else "rows"
     flags = []
     for w in words[2:]:
         if w.startswith("swizzle="):
             flags.append("swizzled")
+        elif variant == "mma" and w == "lanes=1":
+            # The flash mma tiles' one thread a row: warps of 32 query rows.
+            flags.append("32-row-warps")
         elif w.startswith(("split=", "split-k=", "block-tiles=", "cluster=")):
             flags.append(w.split("=")[0])
         elif w in ("paired", "specialized", "pingpong", "tma", "wgmma"):

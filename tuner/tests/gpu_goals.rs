@@ -88,6 +88,8 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         &[
             ("gpu mma br=64 bc=128 split=4", 50.0),
             ("gpu mma br=128 bc=128", 82.0),
+            ("gpu mma br=128 bc=32 lanes=1 split=2", 47.0),
+            ("gpu mma br=128 bc=32 lanes=1", 60.0),
         ],
     );
     std::fs::write(d.join("gpu-check-gemm-wgmma.json"), format!("[{wgmma}]")).unwrap();
@@ -140,6 +142,9 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     );
     assert!(line("wgmma swizzled  ").contains("700.0 us"), "{out}");
     assert!(line("mma split").contains("50.0 us"), "{out}");
+    // Warps of 32 query rows are a form of their own, split or not.
+    assert!(line("mma 32-row-warps split").contains("47.0 us"), "{out}");
+    assert!(line("mma 32-row-warps  ").contains("60.0 us"), "{out}");
     assert!(line("mma wgmma  ").contains("48.0 us"), "{out}");
     assert!(
         line("mma wgmma specialized pingpong").contains("49.0 us"),
