@@ -345,18 +345,21 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #else
         auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
 #endif
+            // The tile's shared address and this KV head's first key, once: each piece is
+            // then an offset from both (kt_cp_async16_at).
+            const unsigned to = kt_smem(dst);
+            const kt_in* const head = src + ((long)b * kv_len * kv_heads + kvh) * KT_D;
             for (int e = KT_TID % KT_COPIERS; e < KT_BC * (KT_D / 8); e += KT_COPIERS) {
                 const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
                 const int j = j0 + r;
                 const bool in = j < kv_len;
-                const long at = (((long)b * kv_len + (in ? j : 0)) * kv_heads + kvh) * KT_D + x;
 #if KT_WG
                 const int byte = 2 * ((x / 64) * KT_BC * 64 + r * 64 + x % 64);
-                unsigned short* const to = dst + (byte ^ (((byte >> 7) & 7) << 4)) / 2;
+                const unsigned at = to + (byte ^ (((byte >> 7) & 7) << 4));
 #else
-                unsigned short* const to = &dst[r][x];
+                const unsigned at = to + 2 * (r * KT_LDD + x);
 #endif
-                kt_cp_async16(to, src + at, in ? 16 : 0);
+                kt_cp_async16_at(at, head + (long)(in ? j : 0) * kv_heads * KT_D + x, in ? 16 : 0);
             }
         };
 #if KT_SPEC

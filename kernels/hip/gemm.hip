@@ -333,26 +333,31 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     // Copies the k tile at k0 into stage st, 16 bytes a copy; chunks outside the matrix or
     // this split's k range are zero-filled (a row of 8 lies wholly inside or outside, as k,
     // and n for a K×N B, are multiples of 8).
+    // Stage st's tiles' shared addresses once; each piece an offset from them.
     auto load = [&](int st, int k0) {
+        const unsigned a_to = kt_smem(&as[st][0][0]), b_to = kt_smem(&bs[st][0][0]);
         for (int i = tid; i < KT_BM * (KT_BK / 8); i += KT_THREADS) {
             const int r = i / (KT_BK / 8), ch = 8 * (i % (KT_BK / 8));
             const int gr = row0 + r, gk = k0 + ch;
             const bool in = gr < m && gk < ke;
-            kt_cp_async16(&as[st][r][ch], in ? a + ((long)gr * k + gk) : a, in ? 16 : 0);
+            kt_cp_async16_at(a_to + 2 * (r * KT_LDA + ch), in ? a + ((long)gr * k + gk) : a,
+                             in ? 16 : 0);
         }
 #if KT_B_NK
         for (int i = tid; i < KT_BN * (KT_BK / 8); i += KT_THREADS) {
             const int r = i / (KT_BK / 8), ch = 8 * (i % (KT_BK / 8));
             const int gc = col0 + r, gk = k0 + ch;
             const bool in = gc < n && gk < ke;
-            kt_cp_async16(&bs[st][r][ch], in ? b + ((long)gc * k + gk) : b, in ? 16 : 0);
+            kt_cp_async16_at(b_to + 2 * (r * KT_LDB + ch), in ? b + ((long)gc * k + gk) : b,
+                             in ? 16 : 0);
         }
 #else
         for (int i = tid; i < KT_BK * (KT_BN / 8); i += KT_THREADS) {
             const int r = i / (KT_BN / 8), ch = 8 * (i % (KT_BN / 8));
             const int gk = k0 + r, gc = col0 + ch;
             const bool in = gk < ke && gc < n;
-            kt_cp_async16(&bs[st][r][ch], in ? b + ((long)gk * n + gc) : b, in ? 16 : 0);
+            kt_cp_async16_at(b_to + 2 * (r * KT_LDB + ch), in ? b + ((long)gk * n + gc) : b,
+                             in ? 16 : 0);
         }
 #endif
     };
@@ -557,19 +562,21 @@ KT_DEVICE int kt_start(int r, int kk) {
 template <int R>
 KT_DEVICE void kt_load_tile(unsigned short* dst, const kt_in* src, int r0, int rows, int k,
                             int k0, int ke, int tid) {
+    // The tile's shared address once; each piece an offset from it (kt_cp_async16_at).
+    const unsigned base = kt_smem(dst);
     for (int i = tid; i < R * (KT_BK / 8); i += KT_COPIERS) {
 #if KT_SWIZZLE
         const int p = i % (KT_BK / 8), r = i / (KT_BK / 8);
         const int gr = r0 + r, gk = k0 + 8 * p;
         const int at = 2 * ((8 * p / KT_ATOM) * R * KT_ATOM + r * KT_ATOM) + 16 * (p % (KT_ATOM / 8));
-        unsigned short* const to = dst + kt_swizzled(at) / 2;
+        const unsigned to = base + kt_swizzled(at);
 #else
         const int r8 = i % 8, kc = (i / 8) % (KT_BK / 8), rc = i / KT_BK;
         const int gr = r0 + 8 * rc + r8, gk = k0 + 8 * kc;
-        unsigned short* const to = dst + (rc * (KT_BK / 8) + kc) * 64 + r8 * 8;
+        const unsigned to = base + 2 * ((rc * (KT_BK / 8) + kc) * 64 + r8 * 8);
 #endif
         const bool in = gr < rows && gk < ke;
-        kt_cp_async16(to, in ? src + ((long)gr * k + gk) : src, in ? 16 : 0);
+        kt_cp_async16_at(to, in ? src + ((long)gr * k + gk) : src, in ? 16 : 0);
     }
 }
 

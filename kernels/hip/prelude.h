@@ -276,10 +276,11 @@ KT_DEVICE float kt_exp2(float x) {
 // l holds elements 2·(l % 4) and + 1 of row l / 4 of matrix q (`_trans`: of column l / 4).
 // The emulator delays each copy to the wait and poisons its destination meanwhile, so a read
 // before the wait, or a copy into a stage still being read, shows in the output.
-// kt_ldmatrix_x4_at takes the 32-bit shared address (kt_smem) instead of a pointer: a hot
-// loop computes each lane's once and adds constants, which ptxas folds into the instruction.
-// Through a pointer, every use converts a 64-bit generic address: in the flash mma tile of
-// 128 by 128 keys, two 64-bit adds an ldmatrix, 400 of the key loop's 1700 instructions.
+// kt_ldmatrix_x4_at and kt_cp_async16_at take the 32-bit shared address (kt_smem) instead of
+// a pointer: a hot loop computes each lane's once and adds constants, which ptxas folds into
+// the instruction. Through a pointer, every use converts a 64-bit generic address: in the
+// flash mma tile of 128 by 128 keys, two 64-bit adds an ldmatrix, 370 of the key loop's 1,700
+// instructions.
 #if defined(KT_HOST)
 KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
     kt_host::cp_async(dst, src, bytes);
@@ -290,6 +291,9 @@ KT_DEVICE void kt_cp_async_wait() {
     kt_host::cp_wait(N);
 }
 KT_DEVICE unsigned kt_smem(const void* p) { return kt_host::smem_offset(p); }
+KT_DEVICE void kt_cp_async16_at(unsigned at, const void* src, int bytes) {
+    kt_host::cp_async(const_cast<void*>(kt_host::smem_at(at)), src, bytes);
+}
 KT_DEVICE void kt_ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
     kt_host::ldmatrix_x4(r, p, false);
 }
@@ -320,10 +324,12 @@ KT_DEVICE void kt_ldmatrix_x4_trans_at(unsigned (&r)[4], unsigned at) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
 }
-KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(kt_smem(dst)), "l"(src),
-                 "r"(bytes)
+KT_DEVICE void kt_cp_async16_at(unsigned at, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(at), "l"(src), "r"(bytes)
                  : "memory");
+}
+KT_DEVICE void kt_cp_async16(void* dst, const void* src, int bytes) {
+    kt_cp_async16_at(kt_smem(dst), src, bytes);
 }
 KT_DEVICE void kt_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>

@@ -699,11 +699,7 @@ fn the_swizzled_wgmma_gemm_checks_catch_each_mistake() {
         let ok = run(source).unwrap();
         assert!(ok <= tol, "swizzle {swizzle}, bk {bk}: error {ok:e}");
         for (what, from, to) in [
-            (
-                "copies not swizzled",
-                "dst + kt_swizzled(at) / 2",
-                "dst + at / 2",
-            ),
+            ("copies not swizzled", "base + kt_swizzled(at)", "base + at"),
             (
                 "the descriptors' mode one width off",
                 "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 1 : KT_SWIZZLE == 64 ? 2 : 3)",
@@ -825,8 +821,8 @@ fn the_skinny_gemm_checks_catch_each_mistake() {
 fn misaligned_cp_async_and_ldmatrix_addresses_are_errors() {
     for (from, to, says) in [
         (
-            "kt_cp_async16(&as[st][r][ch],",
-            "kt_cp_async16(&as[st][r][ch] + 1,",
+            "kt_cp_async16_at(a_to + 2 * (r * KT_LDA + ch),",
+            "kt_cp_async16_at(a_to + 2 * (r * KT_LDA + ch) + 2,",
             "cp.async from or to an address not 16-byte aligned",
         ),
         (
@@ -1584,8 +1580,8 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         ),
         (
             "the copies unswizzled",
-            "dst + (byte ^ (((byte >> 7) & 7) << 4)) / 2",
-            "dst + byte / 2",
+            "to + (byte ^ (((byte >> 7) & 7) << 4))",
+            "to + byte",
         ),
         (
             "K's next 16 dims a step too short",
