@@ -186,8 +186,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 // memory then feeds both row tiles' products: at 16 rows a warp every ldmatrix.x4 (512
 // bytes, 4 cycles of a multiprocessor's shared memory) serves two mma.sync, about what the
 // tensor cores take in 3, and a 128 by 128 tile's eight warps read 512 KiB. Q's fragments
-// stay in registers up to 32 a thread (KT_MR · KT_D <= 128); beyond, O and S need the
-// registers, and Q waits in shared memory, its fragments read by ldmatrix each step.
+// stay in registers up to head size 64 (32 a thread); beyond, O and S need the
+// registers, and Q waits in shared memory, its fragments read by ldmatrix each step. (16-row
+// warps keep Q in registers at every head size, as the launch's shared bytes assume.)
 #if KT_LANES == 2
 #define KT_MR 1
 #elif KT_LANES == 1
@@ -198,7 +199,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #if KT_MR > 1 && (KT_WG || KT_BR % 32 != 0)
 #error "32 rows a warp (KT_LANES 1) are mma.sync tiles of whole warps: KT_BR % 32 == 0, no KT_WG"
 #endif
-#define KT_Q_SHARED (KT_MR * KT_D > 128)
+#define KT_Q_SHARED (KT_MR > 1 && KT_D > 64)
 #if KT_SPEC
 // Warp-specialized (KT_SPEC, with KT_WG): a producer warpgroup before the two multiplying
 // ones copies each K and V tile into one of KT_STAGES stages; the multiplying warpgroups

@@ -1013,6 +1013,20 @@ fn warps_of_32_rows_match_the_reference_and_catch_each_mistake() {
     }
 }
 
+/// Head size 256 (Gemma's): warps of 16 rows keep Q's fragments in registers, warps of 32
+/// read them from the shared Q tile; each build's shared memory is what the launch passes.
+#[test]
+fn mma_flash_tiles_of_head_size_256_match_the_reference() {
+    let problem: Problem = "flash:q_len=37,kv_len=50,q_heads=2,kv_heads=1,head_dim=256,dtype=bf16"
+        .parse()
+        .unwrap();
+    for lanes in [2, 1] {
+        let config = Config::GpuFlash(GpuFlashConfig::new(GpuFlashVariant::Mma, 64, 32, lanes));
+        let error = config_error(&problem, config)(include_str!("../hip/flash.hip"));
+        assert!(error <= problem.tolerance(), "{config}: {error:e}");
+    }
+}
+
 /// Split-KV: runs of whole key tiles over blocks, combined by a second kernel. Four key tiles
 /// of 32 in runs of two (split 2) or one (split 4, and split 8: runs past the keys), fewer
 /// queries than keys, so rows see two to four runs and some blocks none; causal and not;
