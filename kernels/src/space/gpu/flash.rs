@@ -182,6 +182,17 @@ pub(super) fn validate(
                 ),
             ));
         }
+        // A thread of a 32-row warp holds head_dim of O's accumulators (two rows of each row
+        // tile): past 128, with S's, more than the 255 registers a thread has.
+        if warp_rows && p.head_dim > 128 {
+            return Err(invalid(
+                f,
+                format!(
+                    "lanes = 1 (32 query rows a warp) holds {} of O's accumulators a thread at head_dim {}, more than fit beside S's in 255 registers past 128: take lanes = 2",
+                    p.head_dim, p.head_dim
+                ),
+            ));
+        }
         if warp_rows && (c.wgmma || !c.br.is_multiple_of(32)) {
             return Err(invalid(
                 f,
@@ -546,6 +557,12 @@ mod tests {
             ..c
         };
         assert!(refused("mi300x", mfma).contains("must be 2"));
+        let (g, wide) = on("a100", &tp8.replace("head_dim=128", "head_dim=256"));
+        let err = validate(&c, &wide, g).unwrap_err().to_string();
+        assert!(
+            err.contains("head_dim 256") && err.contains("take lanes = 2"),
+            "{err}"
+        );
     }
 
     /// Warpgroup MMA: sm_90 only, head sizes and key tiles of 64 or 128, whole warpgroups;
