@@ -330,10 +330,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         KT_SYNC();
     }
 #else
-    // Copies the k tile at k0 into stage st, 16 bytes a copy; chunks outside the matrix or
-    // this split's k range are zero-filled (a row of 8 lies wholly inside or outside, as k,
-    // and n for a K×N B, are multiples of 8).
-    // Stage st's tiles' shared addresses once; each piece an offset from them.
+    // Copies the k tile at k0 into stage st, 16 bytes a copy, each an offset from the stage's
+    // tiles' shared addresses; chunks outside the matrix or this split's k range are
+    // zero-filled (a row of 8 lies wholly inside or outside, as k, and n for a K×N B, are
+    // multiples of 8).
     auto load = [&](int st, int k0) {
         const unsigned a_to = kt_smem(&as[st][0][0]), b_to = kt_smem(&bs[st][0][0]);
         for (int i = tid; i < KT_BM * (KT_BK / 8); i += KT_THREADS) {
