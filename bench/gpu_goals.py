@@ -46,20 +46,24 @@ def form(config):
 
 def forms(rows):
     """Each problem's fastest verified config of each form, over every run's rows: which
-    kernel structure pays on this device, beside the tuned winner."""
+    kernel structure pays on this device, beside the tuned winner. Its registers and spilled
+    registers where the run recorded them (`[config, ns, registers, spilled]`; runs before
+    session 43 wrote `[config, ns]`)."""
     best = {}
     for r in rows:
-        for config, ns in r.get("timed") or []:
+        for timed in r.get("timed") or []:
+            config, ns = timed[0], timed[1]
             key = (r["problem"], form(config))
             if key not in best or ns < best[key][0]:
-                best[key] = (ns, config)
+                best[key] = (ns, config, timed[2:4])
     print("\n== the fastest config of each kernel form (medians from this run)")
     problem = None
-    for (p, f), (ns, config) in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+    for (p, f), (ns, config, regs) in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1][0])):
         if p != problem:
             print(f"  {p}")
             problem = p
-        print(f"    {ns / 1e3:10.1f} us  {f:<52} {config}")
+        used = f"{regs[0]:>3} regs {regs[1]:>2} spilled" if len(regs) == 2 else ""
+        print(f"    {ns / 1e3:10.1f} us  {f:<52} {used:<18} {config}")
 
 
 def main():

@@ -21,12 +21,18 @@ const PREFILL: &str = "gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk";
 const FLASH: &str =
     "flash:batch=1,q_len=2048,kv_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
 
-/// A row as gpu-check writes it; `timed` fastest first, so its first config is the best.
+/// A row as gpu-check writes it; `timed` fastest first, so its first config is the best. A
+/// config written `CONFIG|REGISTERS|SPILLED` is timed with its resources, as gpu-check writes
+/// since session 43; one without, as runs before wrote.
 fn row(problem: &str, default_us: f64, cublas_us: Option<f64>, timed: &[(&str, f64)]) -> String {
-    let (best, best_us) = timed[0];
+    let best = timed[0].0.split('|').next().unwrap();
+    let best_us = timed[0].1;
     let list: Vec<String> = timed
         .iter()
-        .map(|(c, us)| format!("[\"{c}\", {}]", us * 1e3))
+        .map(|(c, us)| match c.split('|').collect::<Vec<_>>()[..] {
+            [c, regs, spilled] => format!("[\"{c}\", {}, {regs}, {spilled}]", us * 1e3),
+            _ => format!("[\"{c}\", {}]", us * 1e3),
+        })
         .collect();
     format!(
         r#"{{"problem": "{problem}", "candidates": 3, "verified": 3, "failed": [],
@@ -86,10 +92,10 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         500.0,
         None,
         &[
-            ("gpu mma br=64 bc=128 split=4", 50.0),
-            ("gpu mma br=128 bc=128", 82.0),
-            ("gpu mma br=128 bc=32 lanes=1 split=2", 47.0),
-            ("gpu mma br=128 bc=32 lanes=1", 60.0),
+            ("gpu mma br=64 bc=128 split=4|244|0", 50.0),
+            ("gpu mma br=128 bc=128|242|0", 82.0),
+            ("gpu mma br=128 bc=64 lanes=1 split=2|255|4", 47.0),
+            ("gpu mma br=128 bc=32 lanes=1|255|0", 60.0),
         ],
     );
     std::fs::write(d.join("gpu-check-gemm-wgmma.json"), format!("[{wgmma}]")).unwrap();
@@ -142,9 +148,13 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     );
     assert!(line("wgmma swizzled  ").contains("700.0 us"), "{out}");
     assert!(line("mma split").contains("50.0 us"), "{out}");
-    // Warps of 32 query rows are a form of their own, split or not.
-    assert!(line("mma 32-row-warps split").contains("47.0 us"), "{out}");
+    // Warps of 32 query rows are a form of their own, split or not; registers and spills
+    // where the run recorded them.
+    let split_32 = line("mma 32-row-warps split");
+    assert!(split_32.contains("47.0 us"), "{split_32}");
+    assert!(split_32.contains("255 regs  4 spilled"), "{split_32}");
     assert!(line("mma 32-row-warps  ").contains("60.0 us"), "{out}");
+    assert!(!specialized.contains("regs"), "{specialized}");
     assert!(line("mma wgmma  ").contains("48.0 us"), "{out}");
     assert!(
         line("mma wgmma specialized pingpong").contains("49.0 us"),

@@ -76,8 +76,17 @@ struct Row {
     /// cuBLAS writing f32, as kerntune's GEMM does, where the inputs are 16-bit (`cublas_ns`
     /// is cuBLAS writing them in the inputs' type, as servers call it).
     cublas_f32_ns: Option<f64>,
-    /// Every verified config's median, fastest first.
-    timed: Vec<(String, f64)>,
+    /// Every verified config's median, fastest first, with its main kernel's registers and
+    /// spilled registers as ptxas allocated them: which of the tiles that spill pay.
+    timed: Vec<(String, f64, u32, u32)>,
+}
+
+/// One build as NVRTC compiled it: the CUBIN, and its main kernel's registers and spills.
+#[derive(Clone)]
+struct Compiled {
+    cubin: Vec<u8>,
+    registers: u32,
+    spilled: u32,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -92,7 +101,7 @@ struct Check<'a> {
     arch: String,
     trace: bool,
     started: Instant,
-    compiled: Mutex<HashMap<String, Result<Vec<u8>, String>>>,
+    compiled: Mutex<HashMap<String, Result<Compiled, String>>>,
     /// Whether a kernel left the device unusable (every later call of the process fails).
     lost: AtomicBool,
 }
@@ -110,14 +119,14 @@ fn lost(e: &anyhow::Error) -> bool {
 impl Check<'_> {
     /// Each config's CUBIN, compiled in parallel; a build another problem compiled (the same
     /// source, defines and target: sizes are arguments, not defines) is taken from the cache.
-    fn compile(&self, p: &Problem, configs: &[Config]) -> Vec<(Config, Result<Vec<u8>, String>)> {
+    fn compile(&self, p: &Problem, configs: &[Config]) -> Vec<(Config, Result<Compiled, String>)> {
         configs
             .par_iter()
             .map(|c| (*c, self.compile_one(p, c)))
             .collect()
     }
 
-    fn compile_one(&self, p: &Problem, c: &Config) -> Result<Vec<u8>, String> {
+    fn compile_one(&self, p: &Problem, c: &Config) -> Result<Compiled, String> {
         let b = KernelBuild::new(p, c).map_err(|e| e.to_string())?;
         let key = b.key();
         if let Some(done) = self.compiled.lock().expect("not poisoned").get(&key) {
@@ -126,7 +135,14 @@ impl Check<'_> {
         let out = self
             .nvrtc
             .compile(&b, &self.arch, b.threads as u32)
-            .map(|out| out.cubin);
+            .map(|out| {
+                let main = out.kernels.iter().find(|k| k.name == b.entries[0]);
+                Compiled {
+                    registers: main.map_or(0, |k| k.vgpr),
+                    spilled: main.map_or(0, |k| k.vgpr_spill),
+                    cubin: out.cubin,
+                }
+            });
         self.compiled
             .lock()
             .expect("not poisoned")
@@ -227,10 +243,11 @@ impl Check<'_> {
         ));
         let compiled = self.compile(p, configs);
         self.trace(format_args!("{}: compiled", p.key()));
-        for (c, cubin) in compiled {
-            let outcome = cubin.map_err(anyhow::Error::msg).and_then(|cubin| {
+        for (c, build) in compiled {
+            let resources = build.as_ref().map_or((0, 0), |b| (b.registers, b.spilled));
+            let outcome = build.map_err(anyhow::Error::msg).and_then(|build| {
                 self.trace(format_args!("  {c}: loading"));
-                let kernel = self.load(p, &c, &cubin)?;
+                let kernel = self.load(p, &c, &build.cubin)?;
                 self.trace(format_args!("  {c}: running"));
                 let out = on_device.run(self.gpu, &kernel, &c)?;
                 match check_rows(p, &out, len, &rows, &reference) {
@@ -257,7 +274,8 @@ impl Check<'_> {
                     }
                     self.trace(format_args!("  {c}: timing"));
                     let ns = median(on_device.time(self.gpu, &kernel, &c, reps)?);
-                    row.timed.push((c.to_string(), ns));
+                    row.timed
+                        .push((c.to_string(), ns, resources.0, resources.1));
                     if c == default {
                         row.default_ns = Some(ns);
                     }
