@@ -203,8 +203,12 @@ impl Space for GpuSpace {
                 .map(Config::GpuPaged)
                 .collect(),
         };
+        // A family's list may name a config twice (a decode tile that is also one of the
+        // general tiles): each is offered once, where it first ranks, so no search times it
+        // twice.
+        let mut seen = std::collections::HashSet::new();
         all.into_iter()
-            .filter(|c| self.validate(c, problem, device).is_ok())
+            .filter(|c| seen.insert(*c) && self.validate(c, problem, device).is_ok())
             .collect()
     }
 
@@ -286,6 +290,38 @@ impl Space for GpuSpace {
             Problem::Gemm(p) => Config::GpuGemm(gemm::heuristic(p, gpu)),
             Problem::Flash(p) => Config::GpuFlash(flash::heuristic(p, gpu)),
             Problem::Paged(p) => Config::GpuPaged(paged::default(p)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decode shapes once offered some tiles twice: on Hopper the unswizzled 64x128 wgmma tile
+    /// of 3 stages (a decode tile and a general one), on sm_80 and sm_90 four mma tiles of 64
+    /// rows at 33 to 64 rows of A.
+    #[test]
+    fn no_config_is_offered_twice() {
+        for device in ["a100", "h100", "h200", "mi250", "mi300x"] {
+            let device = Device::lookup(device).unwrap();
+            for spec in [
+                "gemm:m=1,n=8192,k=4096,dtype=bf16",
+                "gemm:m=64,n=28672,k=8192,dtype=bf16",
+                "gemm:m=48,n=1280,k=8192,dtype=f16",
+                "gemm:m=2048,n=7168,k=8192,dtype=bf16",
+                "gemm:m=17,n=130,k=256,dtype=f16,b=kn",
+                "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                "flash:q_len=65,q_heads=4,kv_heads=2,head_dim=80,dtype=f16,causal=false",
+                "paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            ] {
+                let p: Problem = spec.parse().unwrap();
+                let all = GpuSpace.candidates(&p, &device);
+                assert!(!all.is_empty(), "{spec}");
+                for (i, c) in all.iter().enumerate() {
+                    assert!(!all[..i].contains(c), "{spec} on {device}: {c} twice");
+                }
+            }
         }
     }
 }
