@@ -25,6 +25,7 @@ struct OnDevice {
     _scratch: Option<CudaSlice<u8>>,
     ptrs: DevicePtrs,
     scratch: u64,
+    scratch_bytes: usize,
 }
 
 fn bytes_of(t: &TensorBuf) -> Vec<u8> {
@@ -71,6 +72,7 @@ fn upload(
         _scratch: scratch,
         ptrs,
         scratch: scratch_addr,
+        scratch_bytes,
     })
 }
 
@@ -128,7 +130,15 @@ fn main() -> ExitCode {
         let selection = gpu.select(p);
         // SAFETY: every address is this device's memory sized for `p` (inputs, tables and
         // output from its data, scratch as the dispatcher asked), and the stream is live.
-        let launched = unsafe { gpu.launch(p, &on.ptrs, on.scratch, stream.cu_stream() as u64) };
+        let launched = unsafe {
+            gpu.launch(
+                p,
+                &on.ptrs,
+                on.scratch,
+                on.scratch_bytes,
+                stream.cu_stream() as u64,
+            )
+        };
         match launched {
             Ok(matched) => {
                 let out = match stream

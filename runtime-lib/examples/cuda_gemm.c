@@ -3,7 +3,8 @@
  * GEMM launched on the program's own CUDA stream through kt_gpu_gemm(), and the result
  * checked against a GEMM computed here. Llama-70B TP8's decode GEMM (n = 1280, k = 8192,
  * bf16, B [N, K]) at m = 16 (tuned by scripts/gpu-check.sh: an exact match), m = 5 (a
- * bucket) and m = 100 (the nearest tuned shape), then a bad call's error.
+ * bucket) and m = 100 (the nearest tuned shape), each whose kernel needs scratch first called
+ * with a byte too little (refused), then a bad call's error.
  *
  *   cc runtime-lib/examples/cuda_gemm.c -I runtime-lib/include -L DIR -lkerntune -ldl \
  *       -o cuda-gemm
@@ -137,9 +138,20 @@ static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, siz
     size_t scratch = kt_gpu_gemm_scratch_bytes(g, m, n, k, KT_DTYPE_BF16, true);
     if (scratch > 0) CU(cu.alloc(&ds, scratch));
     KtMatch how = KT_MATCH_DEFAULT;
+    int short_ran = 0;
+    if (scratch > 0) {
+        /* Scratch a byte short is refused before anything runs: the kernel would overrun it. */
+        KtStatus short_st = kt_gpu_gemm(g, m, n, k, KT_DTYPE_BF16, true,
+                                        (const void *)(uintptr_t)da, (const void *)(uintptr_t)db,
+                                        (float *)(uintptr_t)dc, (void *)(uintptr_t)ds,
+                                        scratch - 1, stream, &how);
+        printf("gemm m=%zu: scratch of %zu bytes, one short: status %d: %s\n", m, scratch,
+               (int)short_st, kt_last_error());
+        short_ran = short_st != KT_STATUS_INVALID_ARGUMENT;
+    }
     KtStatus st = kt_gpu_gemm(g, m, n, k, KT_DTYPE_BF16, true, (const void *)(uintptr_t)da,
                               (const void *)(uintptr_t)db, (float *)(uintptr_t)dc,
-                              (void *)(uintptr_t)ds, stream, &how);
+                              (void *)(uintptr_t)ds, scratch, stream, &how);
     long wrong = -1;
     if (st != KT_STATUS_OK) {
         printf("gemm m=%zu n=%zu k=%zu: status %d: %s\n", m, n, k, (int)st, kt_last_error());
@@ -168,7 +180,7 @@ static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, siz
     free(c);
     free(b);
     free(a);
-    return wrong;
+    return short_ran ? -1 : wrong;
 }
 
 int main(int argc, char **argv) {
@@ -205,7 +217,7 @@ int main(int argc, char **argv) {
     }
     /* A bad call is an error naming the input, not a crash. */
     KtStatus st = kt_gpu_gemm(g, 0, 1280, 8192, KT_DTYPE_BF16, true, NULL, NULL, NULL, NULL,
-                              stream, NULL);
+                              0, stream, NULL);
     printf("m = 0: status %d: %s\n", (int)st, kt_last_error());
     if (st != KT_STATUS_INVALID_ARGUMENT) failed = 1;
     CU(cu.stream_destroy(stream));

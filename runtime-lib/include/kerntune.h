@@ -298,12 +298,14 @@ void kt_gpu_free(struct KtGpuDispatcher *d);
 
 /*
  `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float;
- `scratch` holds kt_gpu_gemm_scratch_bytes() bytes (NULL where that is 0).
+ `scratch` is `scratch_bytes` bytes of device memory (NULL and 0 where the call needs none),
+ at least kt_gpu_gemm_scratch_bytes() of this shape, or the call is refused
+ (KT_STATUS_INVALID_ARGUMENT) with nothing launched.
 
  # Safety
  `d` is a live handle; `a`, `b`, `c` are device memory of m·k, k·n and m·n elements on its
- GPU, `scratch` NULL or device memory of the size asked; `stream` is NULL or a stream of
- that GPU.
+ GPU, `scratch` NULL or `scratch_bytes` bytes of device memory; `stream` is NULL or a
+ stream of that GPU.
  */
 enum KtStatus kt_gpu_gemm(const struct KtGpuDispatcher *d,
                           size_t m,
@@ -315,13 +317,16 @@ enum KtStatus kt_gpu_gemm(const struct KtGpuDispatcher *d,
                           const void *b,
                           float *c,
                           void *scratch,
+                          size_t scratch_bytes,
                           void *stream,
                           KtMatch *matched);
 
 /*
  Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
- kernel, else 0 (then `scratch` may be NULL). Allocate once for the largest shape served
- and ask again after a reload. 0 on error.
+ kernel, else 0 (then `scratch` may be NULL). Each shape has its own winner, so a smaller
+ shape may need more (a decode GEMM split 16 ways): size one buffer by the most over the
+ shapes served (every m up to the largest batch: each answer takes nanoseconds), and ask
+ again after a reload. 0 on error.
 
  # Safety
  `d` is a live handle.
@@ -336,8 +341,8 @@ size_t kt_gpu_gemm_scratch_bytes(const struct KtGpuDispatcher *d,
 /*
  Device scratch bytes a kt_gpu_flash_attention() call of `problem` needs: the partial
  results of a kernel that splits each query tile's keys over several blocks, else 0 (then
- `scratch` may be NULL). Allocate once for the largest problem served and ask again after
- a reload. 0 on error.
+ `scratch` may be NULL). Size one buffer by the most over the problems served (each
+ problem has its own winner) and ask again after a reload. 0 on error.
 
  # Safety
  `d` is a live handle; `problem` points to a problem.
@@ -346,13 +351,15 @@ size_t kt_gpu_flash_scratch_bytes(const struct KtGpuDispatcher *d,
                                   const struct KtFlashProblem *problem);
 
 /*
- Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` holds
- kt_gpu_flash_scratch_bytes() bytes (NULL where that is 0).
+ Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` is
+ `scratch_bytes` bytes of device memory (NULL and 0 where the call needs none), at least
+ kt_gpu_flash_scratch_bytes() of this problem, or the call is refused with nothing
+ launched.
 
  # Safety
  `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
- GPU of the sizes the problem implies, `scratch` NULL or device memory of the size asked;
- `stream` is NULL or a stream of that GPU.
+ GPU of the sizes the problem implies, `scratch` NULL or `scratch_bytes` bytes of device
+ memory; `stream` is NULL or a stream of that GPU.
  */
 enum KtStatus kt_gpu_flash_attention(const struct KtGpuDispatcher *d,
                                      const struct KtFlashProblem *problem,
@@ -361,12 +368,14 @@ enum KtStatus kt_gpu_flash_attention(const struct KtGpuDispatcher *d,
                                      const void *v,
                                      float *o,
                                      void *scratch,
+                                     size_t scratch_bytes,
                                      void *stream,
                                      KtMatch *matched);
 
 /*
  Device scratch bytes a kt_gpu_paged_attention() call of `problem` needs (partial results
- of the context partitions): allocate once for the largest problem served. 0 on error.
+ of the context partitions): size one buffer by the most over the problems served (each
+ has its own winner) and ask again after a reload. 0 on error.
 
  # Safety
  `d` is a live handle; `problem` points to a problem.
@@ -375,12 +384,14 @@ size_t kt_gpu_paged_scratch_bytes(const struct KtGpuDispatcher *d,
                                   const struct KtPagedProblem *problem);
 
 /*
- Paged attention decode on the device (layouts as kt_paged_attention()); `scratch` holds
- kt_gpu_paged_scratch_bytes() bytes.
+ Paged attention decode on the device (layouts as kt_paged_attention()); `scratch` is
+ `scratch_bytes` bytes of device memory, at least kt_gpu_paged_scratch_bytes() of this
+ problem, or the call is refused with nothing launched.
 
  # Safety
  `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
- GPU of the sizes the problem implies; `stream` is NULL or a stream of that GPU.
+ GPU of the sizes the problem implies, `scratch` `scratch_bytes` bytes of it; `stream` is
+ NULL or a stream of that GPU.
  */
 enum KtStatus kt_gpu_paged_attention(const struct KtGpuDispatcher *d,
                                      const struct KtPagedProblem *problem,
@@ -392,6 +403,7 @@ enum KtStatus kt_gpu_paged_attention(const struct KtGpuDispatcher *d,
                                      const uint32_t *context_lens,
                                      float *o,
                                      void *scratch,
+                                     size_t scratch_bytes,
                                      void *stream,
                                      KtMatch *matched);
 

@@ -61,13 +61,22 @@ unsafe fn launch(
     d: &GpuDispatcher,
     problem: &Problem,
     ptrs: &DevicePtrs,
-    scratch: u64,
+    (scratch, scratch_bytes): (*mut c_void, usize),
     stream: *mut c_void,
     matched: *mut KtMatch,
 ) -> Result<(), (KtStatus, String)> {
+    let scratch = scratch as usize as u64;
     // SAFETY: the caller's promise, passed on.
-    let how =
-        unsafe { d.launch(problem, ptrs, scratch, stream as usize as u64) }.map_err(status)?;
+    let how = unsafe {
+        d.launch(
+            problem,
+            ptrs,
+            scratch,
+            scratch_bytes,
+            stream as usize as u64,
+        )
+    }
+    .map_err(status)?;
     report(matched, how);
     Ok(())
 }
@@ -116,12 +125,14 @@ pub unsafe extern "C" fn kt_gpu_free(d: *mut KtGpuDispatcher) {
 }
 
 /// `C[m, n] = A[m, k] · B` on the device, B `[n, k]` (`b_is_nk`) or `[k, n]`, C float;
-/// `scratch` holds kt_gpu_gemm_scratch_bytes() bytes (NULL where that is 0).
+/// `scratch` is `scratch_bytes` bytes of device memory (NULL and 0 where the call needs none),
+/// at least kt_gpu_gemm_scratch_bytes() of this shape, or the call is refused
+/// (KT_STATUS_INVALID_ARGUMENT) with nothing launched.
 ///
 /// # Safety
 /// `d` is a live handle; `a`, `b`, `c` are device memory of m·k, k·n and m·n elements on its
-/// GPU, `scratch` NULL or device memory of the size asked; `stream` is NULL or a stream of
-/// that GPU.
+/// GPU, `scratch` NULL or `scratch_bytes` bytes of device memory; `stream` is NULL or a
+/// stream of that GPU.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kt_gpu_gemm(
@@ -135,6 +146,7 @@ pub unsafe extern "C" fn kt_gpu_gemm(
     b: *const c_void,
     c: *mut f32,
     scratch: *mut c_void,
+    scratch_bytes: usize,
     stream: *mut c_void,
     matched: *mut KtMatch,
 ) -> KtStatus {
@@ -146,7 +158,7 @@ pub unsafe extern "C" fn kt_gpu_gemm(
             out: addr("c", c.cast_const().cast())?,
             ..DevicePtrs::default()
         };
-        let scratch = scratch as usize as u64;
+        let scratch = (scratch, scratch_bytes);
         // SAFETY: caller contract.
         unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
     })
@@ -164,8 +176,10 @@ fn gemm_problem(
 }
 
 /// Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
-/// kernel, else 0 (then `scratch` may be NULL). Allocate once for the largest shape served
-/// and ask again after a reload. 0 on error.
+/// kernel, else 0 (then `scratch` may be NULL). Each shape has its own winner, so a smaller
+/// shape may need more (a decode GEMM split 16 ways): size one buffer by the most over the
+/// shapes served (every m up to the largest batch: each answer takes nanoseconds), and ask
+/// again after a reload. 0 on error.
 ///
 /// # Safety
 /// `d` is a live handle.
@@ -189,8 +203,8 @@ pub unsafe extern "C" fn kt_gpu_gemm_scratch_bytes(
 
 /// Device scratch bytes a kt_gpu_flash_attention() call of `problem` needs: the partial
 /// results of a kernel that splits each query tile's keys over several blocks, else 0 (then
-/// `scratch` may be NULL). Allocate once for the largest problem served and ask again after
-/// a reload. 0 on error.
+/// `scratch` may be NULL). Size one buffer by the most over the problems served (each
+/// problem has its own winner) and ask again after a reload. 0 on error.
 ///
 /// # Safety
 /// `d` is a live handle; `problem` points to a problem.
@@ -210,13 +224,15 @@ pub unsafe extern "C" fn kt_gpu_flash_scratch_bytes(
     bytes
 }
 
-/// Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` holds
-/// kt_gpu_flash_scratch_bytes() bytes (NULL where that is 0).
+/// Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` is
+/// `scratch_bytes` bytes of device memory (NULL and 0 where the call needs none), at least
+/// kt_gpu_flash_scratch_bytes() of this problem, or the call is refused with nothing
+/// launched.
 ///
 /// # Safety
 /// `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
-/// GPU of the sizes the problem implies, `scratch` NULL or device memory of the size asked;
-/// `stream` is NULL or a stream of that GPU.
+/// GPU of the sizes the problem implies, `scratch` NULL or `scratch_bytes` bytes of device
+/// memory; `stream` is NULL or a stream of that GPU.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kt_gpu_flash_attention(
@@ -227,6 +243,7 @@ pub unsafe extern "C" fn kt_gpu_flash_attention(
     v: *const c_void,
     o: *mut f32,
     scratch: *mut c_void,
+    scratch_bytes: usize,
     stream: *mut c_void,
     matched: *mut KtMatch,
 ) -> KtStatus {
@@ -240,14 +257,15 @@ pub unsafe extern "C" fn kt_gpu_flash_attention(
             out: addr("o", o.cast_const().cast())?,
             ..DevicePtrs::default()
         };
-        let scratch = scratch as usize as u64;
+        let scratch = (scratch, scratch_bytes);
         // SAFETY: caller contract.
         unsafe { launch(d, &Problem::Flash(p), &ptrs, scratch, stream, matched) }
     })
 }
 
 /// Device scratch bytes a kt_gpu_paged_attention() call of `problem` needs (partial results
-/// of the context partitions): allocate once for the largest problem served. 0 on error.
+/// of the context partitions): size one buffer by the most over the problems served (each
+/// has its own winner) and ask again after a reload. 0 on error.
 ///
 /// # Safety
 /// `d` is a live handle; `problem` points to a problem.
@@ -267,12 +285,14 @@ pub unsafe extern "C" fn kt_gpu_paged_scratch_bytes(
     bytes
 }
 
-/// Paged attention decode on the device (layouts as kt_paged_attention()); `scratch` holds
-/// kt_gpu_paged_scratch_bytes() bytes.
+/// Paged attention decode on the device (layouts as kt_paged_attention()); `scratch` is
+/// `scratch_bytes` bytes of device memory, at least kt_gpu_paged_scratch_bytes() of this
+/// problem, or the call is refused with nothing launched.
 ///
 /// # Safety
 /// `d` is a live handle; `problem` points to a problem; the buffers are device memory of its
-/// GPU of the sizes the problem implies; `stream` is NULL or a stream of that GPU.
+/// GPU of the sizes the problem implies, `scratch` `scratch_bytes` bytes of it; `stream` is
+/// NULL or a stream of that GPU.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kt_gpu_paged_attention(
@@ -286,6 +306,7 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
     context_lens: *const u32,
     o: *mut f32,
     scratch: *mut c_void,
+    scratch_bytes: usize,
     stream: *mut c_void,
     matched: *mut KtMatch,
 ) -> KtStatus {
@@ -306,9 +327,9 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
             max_blocks_per_seq: max_blocks,
             partials: [0; 3],
         };
-        let scratch = addr("scratch", scratch.cast_const())?;
+        addr("scratch", scratch.cast_const())?;
         // SAFETY: caller contract.
-        unsafe { launch(d, &p, &ptrs, scratch, stream, matched) }
+        unsafe { launch(d, &p, &ptrs, (scratch, scratch_bytes), stream, matched) }
     })
 }
 

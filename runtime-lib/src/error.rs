@@ -19,12 +19,14 @@ pub enum RuntimeError {
     /// kernel for it.
     #[error("no compiled kernel for {problem} (config {config}) in the database; tune this shape class on the device: tune --device <gpu> --shapes {problem}")]
     NoGpuKernel { problem: String, config: String },
-    /// The selected kernel needs device scratch and the call passed none.
-    #[error("{problem} runs config {config}, which needs {bytes} bytes of device scratch; pass scratch of the size scratch_bytes() reports (ask again after a reload)")]
+    /// The selected kernel needs more device scratch than the call passed (none, or too
+    /// little): nothing was launched.
+    #[error("{problem} runs config {config}, which needs {bytes} bytes of device scratch and the call passed {given}; pass at least scratch_bytes() of this problem (size one buffer by the most over the shapes served, and ask again after a reload)")]
     NoScratch {
         problem: String,
         config: String,
         bytes: usize,
+        given: usize,
     },
     #[error("writing untuned shapes to {path}: {source}")]
     Write {

@@ -202,26 +202,33 @@ impl GpuDispatcher {
     }
 
     /// Bytes of device scratch a call of `problem` needs with its selected config (paged
-    /// attention's partial results, a split-K GEMM's partial products; else 0): allocate it
-    /// once, at the largest shape served, and ask again after a reload.
+    /// attention's partial results, a split-K GEMM's partial products, a split flash
+    /// kernel's partial rows; else 0). Each shape has its own winner, so the need is not
+    /// monotone in the shape: a decode GEMM of 64 rows split 16 ways needs more than one of
+    /// 128 rows split 2 ways. Size one buffer by the most over the shapes served (selection
+    /// takes nanoseconds: asking for every M up to the largest batch is cheap), and ask again
+    /// after a reload; [`launch`](Self::launch) refuses a call whose scratch is too small.
     pub fn scratch_bytes(&self, problem: &Problem) -> usize {
         let config = self.dispatcher.peek(problem);
         scratch_bytes(problem, &config)
     }
 
     /// Launches the tuned kernel of `problem` on `stream` (0: the default stream) without
-    /// waiting; `ptrs` holds the operands, `scratch` at least
-    /// [`scratch_bytes`](Self::scratch_bytes) of device memory. Returns how the config matched.
+    /// waiting; `ptrs` holds the operands, `scratch` the address of `scratch_len` bytes of
+    /// device memory (0 and 0 where none is needed). A call whose selected kernel needs more
+    /// scratch than `scratch_len` ([`scratch_bytes`](Self::scratch_bytes)) is refused before
+    /// anything is launched, [`RuntimeError::NoScratch`]. Returns how the config matched.
     ///
     /// # Safety
     /// Every address is memory of this device holding what `problem` needs (see
-    /// [`DevicePtrs`]; `ptrs.partials` is ignored, `scratch` replaces it), and `stream` is 0
-    /// or a live stream of this device.
+    /// [`DevicePtrs`]; `ptrs.partials` is ignored, `scratch` replaces it), `scratch` holds
+    /// `scratch_len` bytes, and `stream` is 0 or a live stream of this device.
     pub unsafe fn launch(
         &self,
         problem: &Problem,
         ptrs: &DevicePtrs,
         scratch: u64,
+        scratch_len: usize,
         stream: u64,
     ) -> Result<Match, RuntimeError> {
         let Selection { config, matched } = self.dispatcher.select(problem);
@@ -232,12 +239,16 @@ impl GpuDispatcher {
                 config: config.to_string(),
             });
         };
+        // The kernel writes its partial results without bounds: a buffer sized for another
+        // shape's winner would be overrun on the device.
         let bytes = scratch_bytes(problem, &config);
-        if bytes > 0 && scratch == 0 {
+        let given = if scratch == 0 { 0 } else { scratch_len };
+        if bytes > given {
             return Err(RuntimeError::NoScratch {
                 problem: problem.key(),
                 config: config.to_string(),
                 bytes,
+                given,
             });
         }
         let mut ptrs = *ptrs;

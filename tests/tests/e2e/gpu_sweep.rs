@@ -460,7 +460,7 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
             matches!(p, Problem::Paged(_)) || matches!(winner, Config::GpuGemm(g) if g.split_k > 1)
         );
         // SAFETY: the stand-in device dereferences nothing.
-        let how = unsafe { runtime.launch(p, &ptrs, 0x9000, 7) }.unwrap();
+        let how = unsafe { runtime.launch(p, &ptrs, 0x9000, scratch, 7) }.unwrap();
         assert_eq!(how, kerntune::Match::Exact);
         let (key, list, stream) = launched.lock().unwrap().pop().unwrap();
         assert_eq!(stream, 7);
@@ -475,15 +475,26 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
         if needs > 0 {
             // The partial results go to the caller's scratch.
             assert!(list[0].args.contains(&Arg::Ptr(0x9000)));
-            // Without scratch the call is refused, saying how much it needs, and nothing
-            // is launched.
+            // Without scratch, or with a byte too little (a buffer sized for another
+            // shape's winner), the call is refused, saying how much it needs and got, and
+            // nothing is launched.
             let before = launched.lock().unwrap().len();
-            // SAFETY: as above.
-            let err = unsafe { runtime.launch(p, &ptrs, 0, 7) }.unwrap_err();
-            assert!(
-                matches!(err, RuntimeError::NoScratch { bytes, .. } if bytes == scratch),
-                "{err}"
-            );
+            for (addr, len, given) in [
+                (0, 0, 0),
+                (0, scratch, 0),
+                (0x9000, scratch - 1, scratch - 1),
+            ] {
+                // SAFETY: as above.
+                let err = unsafe { runtime.launch(p, &ptrs, addr, len, 7) }.unwrap_err();
+                assert!(
+                    matches!(err, RuntimeError::NoScratch { bytes, given: g, .. } if bytes == scratch && g == given),
+                    "{err}"
+                );
+                assert!(
+                    err.to_string().contains(&format!("passed {given}")),
+                    "{err}"
+                );
+            }
             assert_eq!(launched.lock().unwrap().len(), before);
         }
     }
@@ -500,7 +511,7 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
         ..ptrs
     };
     // SAFETY: as above.
-    let err = unsafe { runtime.launch(flash, &odd, 0x9000, 0) }.unwrap_err();
+    let err = unsafe { runtime.launch(flash, &odd, 0x9000, 1 << 20, 0) }.unwrap_err();
     assert!(
         matches!(
             &err,
@@ -514,12 +525,12 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     // tuned on the device has no kernel, and says so without launching.
     let smaller: Problem = "gemm:m=2,n=96,k=70,dtype=bf16".parse().unwrap();
     // SAFETY: as above.
-    let how = unsafe { runtime.launch(&smaller, &ptrs, 0x9000, 0) }.unwrap();
+    let how = unsafe { runtime.launch(&smaller, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
     assert_eq!(how, kerntune::Match::Bucket);
     let untuned: Problem = "gemm:m=2,n=64,k=64,dtype=f16".parse().unwrap();
     let before = launched.lock().unwrap().len();
     // SAFETY: as above.
-    let err = unsafe { runtime.launch(&untuned, &ptrs, 0, 0) }.unwrap_err();
+    let err = unsafe { runtime.launch(&untuned, &ptrs, 0, 0, 0) }.unwrap_err();
     assert!(matches!(err, RuntimeError::NoGpuKernel { .. }), "{err}");
     assert!(err.to_string().contains("tune --device"), "{err}");
     assert_eq!(launched.lock().unwrap().len(), before);
