@@ -104,15 +104,28 @@ impl Dispatcher {
     /// Re-reads the database and swaps the new winners in atomically; calls in flight finish
     /// with the snapshot they started with. On failure the current winners stay.
     pub fn reload(&self) -> Result<(), RuntimeError> {
-        let snap = Snapshot::load(&self.db_path, &self.device).map_err(RuntimeError::Load)?;
-        self.snapshot.store(Arc::new(snap));
+        self.store(Arc::new(self.read_winners()?));
         Ok(())
+    }
+
+    /// The database's winners as they are now, not yet swapped in.
+    pub(crate) fn read_winners(&self) -> Result<Snapshot, RuntimeError> {
+        Snapshot::load(&self.db_path, &self.device).map_err(RuntimeError::Load)
+    }
+
+    /// Swaps `snap` in; calls in flight finish with the one they started with.
+    pub(crate) fn store(&self, snap: Arc<Snapshot>) {
+        self.snapshot.store(snap);
     }
 
     /// The config for `problem` and how it matched. Lock-free and allocation-free except the
     /// first time an untuned problem is seen (recorded for `write_untuned`).
     pub fn select(&self, problem: &Problem) -> Selection {
-        let snap = self.snapshot.load();
+        self.select_in(&self.snapshot.load(), problem)
+    }
+
+    /// [`select`](Self::select) among the winners of `snap`, counted as this dispatcher's.
+    pub(crate) fn select_in(&self, snap: &Snapshot, problem: &Problem) -> Selection {
         let (config, matched) = snap.lookup(problem).unwrap_or_else(|| {
             (
                 space_of(&self.device).heuristic(problem, &self.device),
@@ -133,11 +146,9 @@ impl Dispatcher {
         Selection { config, matched }
     }
 
-    /// The config `select` would pick, without counting the call.
-    pub(crate) fn peek(&self, problem: &Problem) -> Config {
-        self.snapshot
-            .load()
-            .lookup(problem)
+    /// The config [`select_in`](Self::select_in) would pick, without counting the call.
+    pub(crate) fn peek_in(&self, snap: &Snapshot, problem: &Problem) -> Config {
+        snap.lookup(problem)
             .map(|(c, _)| c)
             .unwrap_or_else(|| space_of(&self.device).heuristic(problem, &self.device))
     }

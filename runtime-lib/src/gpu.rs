@@ -23,9 +23,12 @@ use crate::select::{split, Match, StaticKey};
 use crate::snapshot::{on_db, Snapshot};
 use crate::RuntimeError;
 
-/// The builds loaded on the device, by the shape class and config that select them.
+/// The winners a GPU call selects among and the builds loaded for them, swapped in together:
+/// a call never selects a winner whose build is not loaded yet (or, after a reload that
+/// failed, at all).
 #[derive(Debug, Default)]
 struct Kernels {
+    snapshot: Arc<Snapshot>,
     by_key: FxHashMap<(StaticKey, Config), Arc<dyn LoadedBuild>>,
     /// Distinct builds loaded.
     builds: u64,
@@ -66,7 +69,7 @@ fn targets(model: &GpuModel) -> Vec<&'static str> {
 fn load_kernels(
     path: &Path,
     model: &GpuModel,
-    snapshot: &Snapshot,
+    snapshot: Arc<Snapshot>,
     gpu: &dyn GpuDevice,
 ) -> Result<Kernels, RuntimeError> {
     let mut builds: FxHashMap<String, (KernelBuild, Vec<(StaticKey, Config)>)> =
@@ -85,7 +88,10 @@ fn load_kernels(
             .1
             .push((split(problem).0, *config));
     }
-    let mut kernels = Kernels::default();
+    let mut kernels = Kernels {
+        snapshot: snapshot.clone(),
+        ..Kernels::default()
+    };
     for (config, keys) in library {
         match gpu.load_library(&config) {
             Ok(loaded) => {
@@ -173,9 +179,12 @@ impl GpuDispatcher {
         let db_path = db_path.as_ref().to_path_buf();
         let dispatcher = Dispatcher::open_for(&db_path, Device::Gpu(model));
         let kernels = if dispatcher.note().is_some() {
-            Kernels::default()
+            Kernels {
+                snapshot: dispatcher.snapshot(),
+                ..Kernels::default()
+            }
         } else {
-            load_kernels(&db_path, model, &dispatcher.snapshot(), gpu.as_ref())?
+            load_kernels(&db_path, model, dispatcher.snapshot(), gpu.as_ref())?
         };
         Ok(GpuDispatcher {
             dispatcher,
@@ -198,7 +207,8 @@ impl GpuDispatcher {
 
     /// The config for `problem` and how it matched, as [`Dispatcher::select`].
     pub fn select(&self, problem: &Problem) -> Selection {
-        self.dispatcher.select(problem)
+        self.dispatcher
+            .select_in(&self.kernels.load().snapshot, problem)
     }
 
     /// Bytes of device scratch a call of `problem` needs with its selected config (paged
@@ -209,7 +219,9 @@ impl GpuDispatcher {
     /// takes nanoseconds: asking for every M up to the largest batch is cheap), and ask again
     /// after a reload; [`launch`](Self::launch) refuses a call whose scratch is too small.
     pub fn scratch_bytes(&self, problem: &Problem) -> usize {
-        let config = self.dispatcher.peek(problem);
+        let config = self
+            .dispatcher
+            .peek_in(&self.kernels.load().snapshot, problem);
         scratch_bytes(problem, &config)
     }
 
@@ -231,8 +243,8 @@ impl GpuDispatcher {
         scratch_len: usize,
         stream: u64,
     ) -> Result<Match, RuntimeError> {
-        let Selection { config, matched } = self.dispatcher.select(problem);
         let kernels = self.kernels.load();
+        let Selection { config, matched } = self.dispatcher.select_in(&kernels.snapshot, problem);
         let Some(build) = kernels.by_key.get(&(split(problem).0, config)) else {
             return Err(RuntimeError::NoGpuKernel {
                 problem: problem.key(),
@@ -259,15 +271,19 @@ impl GpuDispatcher {
         Ok(matched)
     }
 
-    /// Re-reads the winners and loads their builds; on failure the current ones stay.
+    /// Re-reads the winners and loads their builds, then swaps both in at once; on failure
+    /// the current ones stay, winners and builds alike.
     pub fn reload(&self) -> Result<(), RuntimeError> {
-        self.dispatcher.reload()?;
+        let snapshot = Arc::new(self.dispatcher.read_winners()?);
         let kernels = load_kernels(
             &self.db_path,
             self.model,
-            &self.dispatcher.snapshot(),
+            snapshot.clone(),
             self.gpu.as_ref(),
         )?;
+        // The dispatcher's copy serves its statistics and note; calls select among the
+        // kernels' own.
+        self.dispatcher.store(snapshot);
         self.kernels.store(Arc::new(kernels));
         Ok(())
     }

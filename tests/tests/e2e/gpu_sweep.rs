@@ -534,6 +534,41 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     assert!(matches!(err, RuntimeError::NoGpuKernel { .. }), "{err}");
     assert!(err.to_string().contains("tune --device"), "{err}");
     assert_eq!(launched.lock().unwrap().len(), before);
+
+    // A reload that fails leaves the winners and their builds as they were, together: here
+    // the flash problem's winner changes in the database while the compiled code is dropped,
+    // so the new winner's build cannot load. Swapping the winners in before their builds
+    // loaded would have the calls select a winner with no kernel.
+    let served = runtime.select(flash).config;
+    let other = [
+        GpuSpace.default_config(flash, &device),
+        GpuSpace.heuristic(flash, &device),
+    ]
+    .into_iter()
+    .find(|c| *c != served)
+    .unwrap();
+    let status = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); \
+             c.execute('DELETE FROM winner_snapshots'); \
+             c.execute('UPDATE winners SET config = ? WHERE problem_id = (SELECT id FROM problems WHERE key = ?)', (sys.argv[2], sys.argv[3])); \
+             c.execute('DROP TABLE gpu_compiles'); c.commit(); c.close()",
+        )
+        .arg(dir.path().join("gpu.db"))
+        .arg(other.to_json())
+        .arg(flash.key())
+        .status()
+        .expect("python3 with sqlite3 is available (README, Set-up)");
+    assert!(status.success());
+    let err = runtime.reload().unwrap_err();
+    assert!(matches!(err, RuntimeError::Load(_)), "{err}");
+    assert_eq!(runtime.select(flash).config, served);
+    // SAFETY: as above.
+    let how = unsafe { runtime.launch(flash, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
+    assert_eq!(how, kerntune::Match::Exact);
+    let (key, _, _) = launched.lock().unwrap().pop().unwrap();
+    assert_eq!(key, KernelBuild::new(flash, &served).unwrap().key());
 }
 
 /// A candidate that faults the way a kernel that traps does on a device leaves it unusable to
