@@ -289,6 +289,19 @@ enum KtStatus kt_write_untuned(const struct KtDispatcher *d, const char *path);
 enum KtStatus kt_gpu_open(const char *db_path, const char *device, struct KtGpuDispatcher **out);
 
 /*
+ As kt_gpu_open(), on GPU `ordinal` of those the process sees: for a server whose
+ tensor-parallel workers each drive one of several GPUs they all see. The handle's kernels
+ are loaded on that GPU, and its calls take streams of that GPU.
+
+ # Safety
+ As kt_gpu_open().
+ */
+enum KtStatus kt_gpu_open_on(const char *db_path,
+                             const char *device,
+                             size_t ordinal,
+                             struct KtGpuDispatcher **out);
+
+/*
  Releases a handle; NULL is accepted and ignored. Wait for its launches first.
 
  # Safety

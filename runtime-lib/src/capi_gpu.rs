@@ -94,6 +94,23 @@ pub unsafe extern "C" fn kt_gpu_open(
     device: *const c_char,
     out: *mut *mut KtGpuDispatcher,
 ) -> KtStatus {
+    // SAFETY: caller contract, passed on.
+    unsafe { kt_gpu_open_on(db_path, device, 0, out) }
+}
+
+/// As kt_gpu_open(), on GPU `ordinal` of those the process sees: for a server whose
+/// tensor-parallel workers each drive one of several GPUs they all see. The handle's kernels
+/// are loaded on that GPU, and its calls take streams of that GPU.
+///
+/// # Safety
+/// As kt_gpu_open().
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_open_on(
+    db_path: *const c_char,
+    device: *const c_char,
+    ordinal: usize,
+    out: *mut *mut KtGpuDispatcher,
+) -> KtStatus {
     guard(|| {
         if db_path.is_null() || device.is_null() || out.is_null() {
             return Err(invalid(
@@ -104,7 +121,7 @@ pub unsafe extern "C" fn kt_gpu_open(
         let (path, name) = unsafe { (CStr::from_ptr(db_path), CStr::from_ptr(device)) };
         let path = path.to_str().map_err(|_| invalid("db_path is not UTF-8"))?;
         let name = name.to_str().map_err(|_| invalid("device is not UTF-8"))?;
-        let inner = GpuDispatcher::open(path, name).map_err(|e| match e {
+        let inner = GpuDispatcher::open_on(path, name, ordinal).map_err(|e| match e {
             RuntimeError::Kernel(KernelError::UnknownDevice { .. }) => invalid(e.to_string()),
             e => status(e),
         })?;
@@ -335,9 +352,24 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
 
 #[cfg(test)]
 mod tests {
-    use super::{status, KtStatus};
+    use super::{kt_gpu_open_on, status, KtStatus};
     use crate::RuntimeError;
     use kerntune_kernels::KernelError;
+
+    /// Opening a GPU other than the first: a missing output pointer is the caller's error, a
+    /// host without the device (as here) says so, and no handle is made.
+    #[test]
+    fn opening_gpu_n_without_it_is_no_device() {
+        let (db, device) = (c"none.db", c"h100");
+        let mut out = std::ptr::null_mut();
+        // SAFETY: NUL-terminated strings; `out` is a local.
+        let st = unsafe { kt_gpu_open_on(db.as_ptr(), device.as_ptr(), 3, std::ptr::null_mut()) };
+        assert_eq!(st, KtStatus::InvalidArgument);
+        // SAFETY: as above.
+        let st = unsafe { kt_gpu_open_on(db.as_ptr(), device.as_ptr(), 3, &mut out) };
+        assert_eq!(st, KtStatus::NoDevice);
+        assert!(out.is_null());
+    }
 
     /// A server told why a GPU call failed: no device, or a kernel that faulted and took the
     /// device with it (every later call fails too), or a bad argument.

@@ -147,6 +147,18 @@ impl GpuDispatcher {
     /// Opens GPU 0 (after `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`), which must be a
     /// `device` (`mi250`, `mi300x`, `h100`, ...), and loads its winners from `db_path`.
     pub fn open(db_path: impl AsRef<Path>, device: &str) -> Result<GpuDispatcher, RuntimeError> {
+        Self::open_on(db_path, device, 0)
+    }
+
+    /// Opens GPU `ordinal` of those the process sees, as [`open`](Self::open) opens GPU 0:
+    /// for servers whose tensor-parallel workers each drive one GPU of several they all see
+    /// (a worker of rank r calling `set_device(r)`). Its kernels are loaded on that GPU and
+    /// each launch goes to it, on the caller's stream of it.
+    pub fn open_on(
+        db_path: impl AsRef<Path>,
+        device: &str,
+        ordinal: usize,
+    ) -> Result<GpuDispatcher, RuntimeError> {
         let Device::Gpu(model) = Device::lookup(device)? else {
             return Err(KernelError::BackendUnavailable {
                 backend: "gpu",
@@ -154,12 +166,12 @@ impl GpuDispatcher {
             }
             .into());
         };
-        let gpu = kerntune_kernels::gpu::device::open(model.vendor, 0)?;
+        let gpu = kerntune_kernels::gpu::device::open(model.vendor, ordinal)?;
         if !gpu.is(model) {
             return Err(KernelError::BackendUnavailable {
                 backend: gpu.backend(),
                 reason: format!(
-                    "GPU 0 is `{}`, not {} ({})",
+                    "GPU {ordinal} is `{}`, not {} ({})",
                     gpu.name(),
                     model.name,
                     model.arch

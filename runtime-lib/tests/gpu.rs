@@ -26,6 +26,17 @@ fn opening_an_absent_gpu_says_what_is_missing() {
             "{device}: {text}"
         );
     }
+    // Any GPU of several a process sees (a tensor-parallel worker's own): the same answer.
+    for ordinal in [1, 7] {
+        let err = GpuDispatcher::open_on(&db, "h100", ordinal).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RuntimeError::Kernel(KernelError::BackendUnavailable { .. })
+            ),
+            "GPU {ordinal}: {err}"
+        );
+    }
     let err = GpuDispatcher::open(&db, "tpu9").unwrap_err();
     assert!(err.to_string().contains("unknown device `tpu9`"), "{err}");
     let err = GpuDispatcher::open(&db, "cpu").unwrap_err();
