@@ -245,6 +245,23 @@ pub fn output_alignment(problem: &Problem, config: &Config) -> usize {
     }
 }
 
+/// Bytes the first partial-results buffer's device address (a caller's scratch) must be a
+/// multiple of under `config`: 8 where the product kernel stores pairs of f32 partial
+/// products in one 8-byte store (the `mma` and `wgmma` GEMMs split along k, N even: each
+/// split's slice of m·n floats then starts 8-aligned too), else 4.
+pub fn partials_alignment(problem: &Problem, config: &Config) -> usize {
+    match (problem, config) {
+        (Problem::Gemm(p), Config::GpuGemm(c))
+            if c.split_k > 1
+                && p.n.is_multiple_of(2)
+                && matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) =>
+        {
+            8
+        }
+        _ => 4,
+    }
+}
+
 /// The inputs' names, in [`DevicePtrs::inputs`] order.
 fn input_names(problem: &Problem) -> &'static [&'static str] {
     match problem {
@@ -290,6 +307,23 @@ pub fn launches(
                 "device address {out:#x} is not a multiple of {align} bytes, which `{config}` needs (it stores its f32 results {align} bytes at a time); pass a buffer, or a view into one, whose address is a multiple of {align}"
             ),
         });
+    }
+    // The partial results go to the caller's scratch, stored as the output is.
+    let floats = partial_floats(problem, config);
+    for (i, (&address, &n)) in ptrs.partials.iter().zip(&floats).enumerate() {
+        let align = if i == 0 {
+            partials_alignment(problem, config)
+        } else {
+            4
+        };
+        if n > 0 && !address.is_multiple_of(align as u64) {
+            return Err(KernelError::BadBuffer {
+                name: "scratch",
+                reason: format!(
+                    "device address {address:#x} is not a multiple of {align} bytes, which `{config}` needs (it stores its partial results {align} bytes at a time); pass scratch whose address is a multiple of {align}"
+                ),
+            });
+        }
     }
     let int = |v: usize, field: &'static str| {
         i32::try_from(v)
@@ -549,7 +583,7 @@ mod tests {
             block_tables: 5,
             context_lens: 6,
             max_blocks_per_seq: 7,
-            partials: [8, 9, 10],
+            partials: [8, 12, 16],
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
@@ -625,7 +659,7 @@ mod tests {
         let ptrs = DevicePtrs {
             inputs: [0x1000, 0x2000, 0x3000],
             out: 0x40,
-            partials: [8, 9, 10],
+            partials: [8, 12, 16],
             ..DevicePtrs::default()
         };
         let p: Problem = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16"
@@ -641,11 +675,11 @@ mod tests {
         assert_eq!(l[0].grid, [8 * 4, 16, 1]);
         assert_eq!(
             &l[0].args[3..7],
-            &[Arg::Ptr(0x40), Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10)]
+            &[Arg::Ptr(0x40), Arg::Ptr(8), Arg::Ptr(12), Arg::Ptr(16)]
         );
         assert_eq!(
             &l[1].args[..4],
-            &[Arg::Ptr(8), Arg::Ptr(9), Arg::Ptr(10), Arg::Ptr(0x40)]
+            &[Arg::Ptr(8), Arg::Ptr(12), Arg::Ptr(16), Arg::Ptr(0x40)]
         );
         assert_eq!(l[1].grid[0] as usize * 256, 2048 * 8 * 128);
         assert_eq!(
@@ -877,5 +911,61 @@ mod tests {
         // Any valid split fits the workspace a device path allocates per problem.
         let Problem::Gemm(g) = p else { unreachable!() };
         assert!(split_k_workspace(&g) >= 16 * 16 * 1280);
+    }
+
+    /// The partial results are stored as the output is: a split `mma` GEMM writes pairs of
+    /// partial products 8 bytes at a time, so scratch at an address 4 bytes off is refused by
+    /// name instead of faulting the device; one that writes floats singly takes it; paged
+    /// attention's three partial buffers need float alignment.
+    #[test]
+    fn misaligned_scratch_is_refused_by_name() {
+        let h200 = Device::lookup("h200").unwrap();
+        let p: Problem = "gemm:m=16,n=1280,k=8192,dtype=bf16".parse().unwrap();
+        let mma = GpuSpace
+            .candidates(&p, &h200)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuGemm(g) if g.variant == GpuGemmVariant::Mma && g.split_k == 4))
+            .unwrap();
+        assert_eq!(partials_alignment(&p, &mma), 8);
+        let at = |scratch: u64| DevicePtrs {
+            inputs: [0x100, 0x200, 0],
+            out: 0x400,
+            partials: [scratch, 0, 0],
+            ..DevicePtrs::default()
+        };
+        launches(&p, &mma, &at(0x1008)).unwrap();
+        let e = launches(&p, &mma, &at(0x1004)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                KernelError::BadBuffer {
+                    name: "scratch",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("0x1004") && e.to_string().contains("multiple of 8"),
+            "{e}"
+        );
+        // Unsplit, the scratch is not used: any address.
+        let whole = GpuSpace.default_config(&p, &h200);
+        launches(&p, &whole, &at(0x1001)).unwrap();
+        let paged: Problem = "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128"
+            .parse()
+            .unwrap();
+        let config = GpuSpace.default_config(&paged, &h200);
+        let three = |maxima: u64| DevicePtrs {
+            inputs: [0x100, 0x200, 0x300],
+            out: 0x400,
+            block_tables: 0x500,
+            context_lens: 0x600,
+            max_blocks_per_seq: 63,
+            partials: [0x1000, maxima, 0x3000],
+        };
+        launches(&paged, &config, &three(0x2000)).unwrap();
+        let e = launches(&paged, &config, &three(0x2002)).unwrap_err();
+        assert!(e.to_string().contains("0x2002"), "{e}");
     }
 }
