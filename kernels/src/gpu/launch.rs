@@ -228,37 +228,35 @@ pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
     }
 }
 
+/// Whether the product kernel stores pairs of f32 results in one 8-byte store: the `mma`
+/// and `wgmma` GEMMs with N even, into C, or split along k into the partial products.
+fn stores_pairs(problem: &Problem, config: &Config) -> bool {
+    matches!((problem, config), (Problem::Gemm(p), Config::GpuGemm(c))
+        if p.n.is_multiple_of(2) && matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma))
+}
+
 /// Bytes the output's device address must be a multiple of under `config`: 8 where the
-/// kernel stores pairs of f32 results in one 8-byte store (the `mma` and `wgmma` GEMMs
-/// writing C itself, N even), else 4. As for the inputs, a misaligned store would fault the
-/// device.
+/// kernel stores pairs of f32 results into C itself (`stores_pairs`, unsplit), else 4. As
+/// for the inputs, a misaligned store would fault the device.
 pub fn output_alignment(problem: &Problem, config: &Config) -> usize {
-    match (problem, config) {
-        (Problem::Gemm(p), Config::GpuGemm(c))
-            if c.split_k <= 1
-                && p.n.is_multiple_of(2)
-                && matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) =>
-        {
-            8
-        }
-        _ => 4,
+    let split = matches!(config, Config::GpuGemm(c) if c.split_k > 1);
+    if stores_pairs(problem, config) && !split {
+        8
+    } else {
+        4
     }
 }
 
 /// Bytes the first partial-results buffer's device address (a caller's scratch) must be a
-/// multiple of under `config`: 8 where the product kernel stores pairs of f32 partial
-/// products in one 8-byte store (the `mma` and `wgmma` GEMMs split along k, N even: each
-/// split's slice of m·n floats then starts 8-aligned too), else 4.
+/// multiple of under `config`: 8 where the kernel, split along k, stores pairs of partial
+/// products (`stores_pairs`; each split's slice of m·n floats, N even, then starts
+/// 8-aligned too), else 4.
 pub fn partials_alignment(problem: &Problem, config: &Config) -> usize {
-    match (problem, config) {
-        (Problem::Gemm(p), Config::GpuGemm(c))
-            if c.split_k > 1
-                && p.n.is_multiple_of(2)
-                && matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) =>
-        {
-            8
-        }
-        _ => 4,
+    let split = matches!(config, Config::GpuGemm(c) if c.split_k > 1);
+    if stores_pairs(problem, config) && split {
+        8
+    } else {
+        4
     }
 }
 
