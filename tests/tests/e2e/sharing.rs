@@ -364,7 +364,7 @@ async fn bad_rows_are_rejected_one_by_one_with_reasons() {
     assert_eq!(rows, 4);
 
     type Edit = (&'static str, fn(&mut serde_json::Value));
-    let edits: [Edit; 9] = [
+    let edits: [Edit; 10] = [
         ("out-of-range config", |v| v["config"]["nc"] = 0.into()),
         ("enormous threads", |v| {
             v["config"]["threads"] = 1_000_000.into()
@@ -390,6 +390,9 @@ async fn bad_rows_are_rejected_one_by_one_with_reasons() {
         ("error beyond tolerance", |v| v["error"] = 0.5.into()),
         ("impossible timings", |v| {
             v["stats"]["median_ns"] = (-1.0).into()
+        }),
+        ("median above p80", |v| {
+            v["stats"]["median_ns"] = 1e300.into()
         }),
     ];
     for (what, edit) in edits {

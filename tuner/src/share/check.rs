@@ -125,16 +125,16 @@ pub fn check(row: ExportRow) -> Result<ImportRow, String> {
             .stats
             .as_ref()
             .ok_or_else(|| format!("verified measurement of {} has no timings", row.problem))?;
-        let sane = s.median_ns.is_finite()
-            && s.median_ns > 0.0
-            && s.min_ns.is_finite()
-            && s.min_ns > 0.0
-            && s.min_ns <= s.median_ns
+        // Quantiles of one sample set are ordered; a row whose are not was edited or
+        // corrupted, and its median cannot be trusted to pick a winner.
+        let quantiles = [s.min_ns, s.p20_ns, s.median_ns, s.p80_ns];
+        let sane = quantiles.iter().all(|q| q.is_finite() && *q > 0.0)
+            && quantiles.windows(2).all(|w| w[0] <= w[1])
             && s.reps >= 1;
         if !sane {
             return Err(format!(
-                "verified measurement of {} has impossible timings (median {} ns, min {} ns, {} reps)",
-                row.problem, s.median_ns, s.min_ns, s.reps
+                "verified measurement of {} has impossible timings (min {} <= p20 {} <= median {} <= p80 {} ns expected, {} reps)",
+                row.problem, s.min_ns, s.p20_ns, s.median_ns, s.p80_ns, s.reps
             ));
         }
         let tolerance = problem.tolerance();
