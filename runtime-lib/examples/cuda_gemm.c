@@ -215,6 +215,27 @@ int main(int argc, char **argv) {
         long wrong = gemm_on_device(g, stream, rows[r], 1280, 8192);
         if (wrong != 0) failed = 1;
     }
+    /* A reload of the unchanged database loads nothing, and the calls after it run the
+     * same builds. */
+    if (kt_gpu_reload(g) != KT_STATUS_OK) {
+        printf("reload: %s\n", kt_last_error());
+        failed = 1;
+    } else if (gemm_on_device(g, stream, 16, 1280, 8192) != 0) {
+        failed = 1;
+    }
+    KtStats s;
+    KtGpuStats held;
+    if (kt_gpu_stats(g, &s, &held) != KT_STATUS_OK) {
+        printf("stats: %s\n", kt_last_error());
+        failed = 1;
+    } else {
+        printf("calls: %llu exact, %llu bucket, %llu nearest, %llu default; builds: %llu "
+               "launched, %llu loaded, %llu without code, %llu refused\n",
+               (unsigned long long)s.exact, (unsigned long long)s.bucket,
+               (unsigned long long)s.nearest, (unsigned long long)s.defaults,
+               (unsigned long long)held.builds, (unsigned long long)held.resident,
+               (unsigned long long)held.missing, (unsigned long long)held.failed);
+    }
     /* A bad call is an error naming the input, not a crash. */
     KtStatus st = kt_gpu_gemm(g, 0, 1280, 8192, KT_DTYPE_BF16, true, NULL, NULL, NULL, NULL,
                               0, stream, NULL);

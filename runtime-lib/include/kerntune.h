@@ -165,6 +165,35 @@ typedef struct KtStats {
 typedef struct KtStats KtStats;
 
 /*
+ What the device holds: counts of loaded builds, and of winners that cannot run.
+ */
+typedef struct KtGpuStats {
+  /*
+   Distinct builds (and library solutions) the current winners launch.
+   */
+  uint64_t builds;
+  /*
+   Winners whose build has no compiled code in the database.
+   */
+  uint64_t missing;
+  /*
+   Builds the device refused to load, and library solutions it cannot run.
+   */
+  uint64_t failed;
+  /*
+   Builds and library solutions loaded since the dispatcher opened, those of winners a
+   reload replaced included: they stay loaded for work queued or captured before it.
+   */
+  uint64_t resident;
+} KtGpuStats;
+
+/*
+ What a GPU dispatcher holds on its device: builds the winners launch, winners without
+ compiled code or that the device refused, and builds kept loaded since it opened.
+ */
+typedef struct KtGpuStats KtGpuStats;
+
+/*
  The message of the last failed call on this thread ("" if none). Valid until the next
  failing call on the same thread.
  */
@@ -419,5 +448,45 @@ enum KtStatus kt_gpu_paged_attention(const struct KtGpuDispatcher *d,
                                      size_t scratch_bytes,
                                      void *stream,
                                      KtMatch *matched);
+
+/*
+ Why the GPU dispatcher has no winners (no database, or none for this device), or "" when
+ it loaded some. Valid until the next failing call on this thread.
+
+ # Safety
+ `d` is a live handle.
+ */
+const char *kt_gpu_note(const struct KtGpuDispatcher *d);
+
+/*
+ Copies the selection counters into `*stats` and what the device holds into `*device`;
+ either may be NULL.
+
+ # Safety
+ `d` is a live handle; `stats` and `device` are NULL or writable.
+ */
+enum KtStatus kt_gpu_stats(const struct KtGpuDispatcher *d, KtStats *stats, KtGpuStats *device);
+
+/*
+ Re-reads the database and loads the builds of its winners not loaded yet, then swaps both
+ in at once; calls on other threads go on meanwhile, and a failure leaves the current ones.
+ Builds the new winners no longer launch stay loaded until kt_gpu_free(), so kernels queued
+ before, and CUDA or HIP graphs that captured launches before, still find their code. Ask
+ the kt_gpu_*_scratch_bytes() again after it: the winners may need more.
+
+ # Safety
+ `d` is a live handle.
+ */
+enum KtStatus kt_gpu_reload(const struct KtGpuDispatcher *d);
+
+/*
+ Adds the problems launched without an exact winner, and their calls, to the file at
+ `path` (for `tune --device <gpu> --shapes untuned:PATH`), merged under a lock as
+ kt_write_untuned() does.
+
+ # Safety
+ `d` is a live handle; `path` is NUL-terminated.
+ */
+enum KtStatus kt_gpu_write_untuned(const struct KtGpuDispatcher *d, const char *path);
 
 #endif  /* KERNTUNE_H */

@@ -10,10 +10,14 @@ use kerntune_kernels::problem::{BLayout, GemmProblem};
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    dtype, flash_problem, free_handle, guard, invalid, paged_problem, report, KtDtype,
-    KtFlashProblem, KtMatch, KtPagedProblem, KtStatus,
+    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, paged_problem, report,
+    set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem, KtStats, KtStatus,
 };
-use crate::{GpuDispatcher, RuntimeError};
+use crate::{GpuDispatcher, GpuStats, RuntimeError};
+
+/// What a GPU dispatcher holds on its device: builds the winners launch, winners without
+/// compiled code or that the device refused, and builds kept loaded since it opened.
+pub type KtGpuStats = GpuStats;
 
 /// A GPU dispatcher. Create with kt_gpu_open(), release with kt_gpu_free(). Thread-safe.
 ///
@@ -25,6 +29,14 @@ use crate::{GpuDispatcher, RuntimeError};
 #[derive(Debug)]
 pub struct KtGpuDispatcher {
     inner: GpuDispatcher,
+}
+
+impl KtGpuDispatcher {
+    /// A handle for C code of a Rust host that opened its dispatcher itself (with a device
+    /// of its own, [`GpuDispatcher::with_device`]); release it with kt_gpu_free().
+    pub fn into_raw(inner: GpuDispatcher) -> *mut KtGpuDispatcher {
+        Box::into_raw(Box::new(KtGpuDispatcher { inner }))
+    }
 }
 
 fn gpu<'a>(d: *const KtGpuDispatcher) -> Result<&'a GpuDispatcher, (KtStatus, String)> {
@@ -347,6 +359,87 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
         addr("scratch", scratch.cast_const())?;
         // SAFETY: caller contract.
         unsafe { launch(d, &p, &ptrs, (scratch, scratch_bytes), stream, matched) }
+    })
+}
+
+/// Why the GPU dispatcher has no winners (no database, or none for this device), or "" when
+/// it loaded some. Valid until the next failing call on this thread.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_note(d: *const KtGpuDispatcher) -> *const c_char {
+    let note = gpu(d).ok().and_then(|d| d.note()).unwrap_or_default();
+    set_error(note);
+    kt_last_error()
+}
+
+/// Copies the selection counters into `*stats` and what the device holds into `*device`;
+/// either may be NULL.
+///
+/// # Safety
+/// `d` is a live handle; `stats` and `device` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_stats(
+    d: *const KtGpuDispatcher,
+    stats: *mut KtStats,
+    device: *mut KtGpuStats,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        // SAFETY: caller contract: each is NULL or writable.
+        unsafe {
+            if let Some(out) = stats.as_mut() {
+                *out = d.stats();
+            }
+            if let Some(out) = device.as_mut() {
+                *out = d.gpu_stats();
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Re-reads the database and loads the builds of its winners not loaded yet, then swaps both
+/// in at once; calls on other threads go on meanwhile, and a failure leaves the current ones.
+/// Builds the new winners no longer launch stay loaded until kt_gpu_free(), so kernels queued
+/// before, and CUDA or HIP graphs that captured launches before, still find their code. Ask
+/// the kt_gpu_*_scratch_bytes() again after it: the winners may need more.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_reload(d: *const KtGpuDispatcher) -> KtStatus {
+    guard(|| {
+        gpu(d)?
+            .reload()
+            .map_err(|e| (KtStatus::IoError, e.to_string()))
+    })
+}
+
+/// Adds the problems launched without an exact winner, and their calls, to the file at
+/// `path` (for `tune --device <gpu> --shapes untuned:PATH`), merged under a lock as
+/// kt_write_untuned() does.
+///
+/// # Safety
+/// `d` is a live handle; `path` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_write_untuned(
+    d: *const KtGpuDispatcher,
+    path: *const c_char,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        if path.is_null() {
+            return Err(invalid("path is NULL"));
+        }
+        // SAFETY: caller contract.
+        let path = unsafe { CStr::from_ptr(path) }
+            .to_str()
+            .map_err(|_| invalid("path is not UTF-8"))?;
+        d.write_untuned(path)
+            .map(|_| ())
+            .map_err(|e| (KtStatus::IoError, e.to_string()))
     })
 }
 

@@ -8,7 +8,7 @@
 //! [`RuntimeError::NoGpuKernel`] at once, and the caller runs its own kernel for them.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use kerntune_kernels::device::{GpuModel, Vendor};
@@ -39,12 +39,31 @@ struct Kernels {
     failed: u64,
 }
 
+/// Every build loaded on the device since the dispatcher opened, by build key (library
+/// solutions by config), kept until it drops. Kernels queued before a reload may still be
+/// waiting to run, and a CUDA or HIP graph captured before it launches the old winners'
+/// functions on every replay: unloading their module under them is undefined behaviour. A
+/// reload also loads only the builds not resident yet, so an unchanged database reloads
+/// without touching the device.
+#[derive(Debug, Default)]
+struct Resident {
+    builds: FxHashMap<String, Arc<dyn LoadedBuild>>,
+    library: FxHashMap<Config, Arc<dyn LoadedBuild>>,
+}
+
 /// What the device holds: counts of loaded builds, and of winners that cannot run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
 pub struct GpuStats {
+    /// Distinct builds (and library solutions) the current winners launch.
     pub builds: u64,
+    /// Winners whose build has no compiled code in the database.
     pub missing: u64,
+    /// Builds the device refused to load, and library solutions it cannot run.
     pub failed: u64,
+    /// Builds and library solutions loaded since the dispatcher opened, those of winners a
+    /// reload replaced included: they stay loaded for work queued or captured before it.
+    pub resident: u64,
 }
 
 /// Loads the winners of one GPU and launches each call's tuned kernel.
@@ -52,8 +71,11 @@ pub struct GpuStats {
 pub struct GpuDispatcher {
     dispatcher: Dispatcher,
     model: &'static GpuModel,
-    gpu: Box<dyn GpuDevice>,
+    // Builds before the device: their modules unload while it is still open.
     kernels: ArcSwap<Kernels>,
+    /// Held through a reload's loading, so that two reloads load each build once.
+    resident: Mutex<Resident>,
+    gpu: Box<dyn GpuDevice>,
     db_path: PathBuf,
 }
 
@@ -66,11 +88,14 @@ fn targets(model: &GpuModel) -> Vec<&'static str> {
     }
 }
 
+/// The builds of `snapshot`'s winners: those in `resident` as they are, the others' code read
+/// from the database and loaded onto `gpu`, then kept in `resident`.
 fn load_kernels(
     path: &Path,
     model: &GpuModel,
     snapshot: Arc<Snapshot>,
     gpu: &dyn GpuDevice,
+    resident: &mut Resident,
 ) -> Result<Kernels, RuntimeError> {
     let mut builds: FxHashMap<String, (KernelBuild, Vec<(StaticKey, Config)>)> =
         FxHashMap::default();
@@ -93,9 +118,16 @@ fn load_kernels(
         ..Kernels::default()
     };
     for (config, keys) in library {
-        match gpu.load_library(&config) {
-            Ok(loaded) => {
+        let loaded = match resident.library.get(&config) {
+            Some(kept) => Ok(kept.clone()),
+            None => gpu.load_library(&config).map(|loaded| {
                 let loaded: Arc<dyn LoadedBuild> = Arc::from(loaded);
+                resident.library.insert(config, loaded.clone());
+                loaded
+            }),
+        };
+        match loaded {
+            Ok(loaded) => {
                 kernels.builds += 1;
                 for k in keys {
                     kernels.by_key.insert((k, config), loaded.clone());
@@ -105,6 +137,13 @@ fn load_kernels(
                 kernels.failed += 1;
                 tracing::warn!(%config, error = %e, "a tuned library solution cannot run here");
             }
+        }
+    }
+    for (key, (_, selectors)) in builds.extract_if(|key, _| resident.builds.contains_key(key)) {
+        let kept = &resident.builds[&key];
+        kernels.builds += 1;
+        for s in selectors {
+            kernels.by_key.insert(s, kept.clone());
         }
     }
     if builds.is_empty() {
@@ -129,6 +168,7 @@ fn load_kernels(
         match gpu.load_build(&build, object) {
             Ok(loaded) => {
                 let loaded: Arc<dyn LoadedBuild> = Arc::from(loaded);
+                resident.builds.insert(key, loaded.clone());
                 kernels.builds += 1;
                 for s in selectors {
                     kernels.by_key.insert(s, loaded.clone());
@@ -190,19 +230,27 @@ impl GpuDispatcher {
     ) -> Result<GpuDispatcher, RuntimeError> {
         let db_path = db_path.as_ref().to_path_buf();
         let dispatcher = Dispatcher::open_for(&db_path, Device::Gpu(model));
+        let mut resident = Resident::default();
         let kernels = if dispatcher.note().is_some() {
             Kernels {
                 snapshot: dispatcher.snapshot(),
                 ..Kernels::default()
             }
         } else {
-            load_kernels(&db_path, model, dispatcher.snapshot(), gpu.as_ref())?
+            load_kernels(
+                &db_path,
+                model,
+                dispatcher.snapshot(),
+                gpu.as_ref(),
+                &mut resident,
+            )?
         };
         Ok(GpuDispatcher {
             dispatcher,
             model,
-            gpu,
             kernels: ArcSwap::from_pointee(kernels),
+            resident: Mutex::new(resident),
+            gpu,
             db_path,
         })
     }
@@ -283,15 +331,21 @@ impl GpuDispatcher {
         Ok(matched)
     }
 
-    /// Re-reads the winners and loads their builds, then swaps both in at once; on failure
-    /// the current ones stay, winners and builds alike.
+    /// Re-reads the winners and loads the builds not yet loaded, then swaps both in at
+    /// once; on failure the current ones stay, winners and builds alike. Builds the new
+    /// winners no longer launch stay loaded until the dispatcher drops (see
+    /// [`GpuStats::resident`]), so kernels queued before the reload, and CUDA or HIP graphs
+    /// that captured launches before it, still find their code.
     pub fn reload(&self) -> Result<(), RuntimeError> {
         let snapshot = Arc::new(self.dispatcher.read_winners()?);
+        // A panic elsewhere while loading leaves whole entries: the registry is still sound.
+        let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         let kernels = load_kernels(
             &self.db_path,
             self.model,
             snapshot.clone(),
             self.gpu.as_ref(),
+            &mut resident,
         )?;
         // The dispatcher's copy serves its statistics and note; calls select among the
         // kernels' own.
@@ -308,11 +362,19 @@ impl GpuDispatcher {
     /// Builds loaded on the device, and winners that cannot run.
     pub fn gpu_stats(&self) -> GpuStats {
         let k = self.kernels.load();
+        let resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         GpuStats {
             builds: k.builds,
             missing: k.missing,
             failed: k.failed,
+            resident: (resident.builds.len() + resident.library.len()) as u64,
         }
+    }
+
+    /// Adds the problems seen without an exact winner, and their calls, to the file at
+    /// `path`, as [`Dispatcher::write_untuned`]: the shapes to tune next on this GPU.
+    pub fn write_untuned(&self, path: impl AsRef<Path>) -> Result<usize, RuntimeError> {
+        self.dispatcher.write_untuned(path)
     }
 }
 

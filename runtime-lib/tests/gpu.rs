@@ -2,6 +2,12 @@
 //! of host buffers. Launching on a device is tested with a stand-in device in
 //! `tests/tests/e2e/gpu_sweep.rs` (kerntune-e2e).
 
+use std::ffi::CStr;
+
+use kerntune::capi::{kt_last_error, KtStats, KtStatus};
+use kerntune::capi_gpu::{
+    kt_gpu_note, kt_gpu_reload, kt_gpu_stats, kt_gpu_write_untuned, KtGpuStats,
+};
 use kerntune::{Dispatcher, GpuDispatcher, RuntimeError};
 use kerntune_kernels::kernel::GemmArgs;
 use kerntune_kernels::{Device, KernelError, Problem, Tensor};
@@ -63,4 +69,33 @@ fn a_gpu_dispatcher_refuses_host_buffers_and_selects_gpu_configs() {
         .unwrap_err();
     assert!(matches!(err, RuntimeError::HostCallOnGpu { .. }), "{err}");
     assert_eq!(c, [0.0; 6], "nothing was written");
+}
+
+/// The GPU handle's C calls refuse a NULL handle by name rather than crash (a server whose
+/// kt_gpu_open failed may still call them); with a handle they are checked on the stand-in
+/// device in `tests/tests/e2e/gpu_sweep.rs`.
+#[test]
+fn gpu_c_calls_refuse_a_null_handle() {
+    let null = std::ptr::null();
+    let (mut stats, mut held) = (KtStats::default(), KtGpuStats::default());
+    let path = c"untuned.txt";
+    // SAFETY: each call is made with a NULL handle, which it must refuse.
+    let answers = unsafe {
+        [
+            kt_gpu_stats(null, &mut stats, &mut held),
+            kt_gpu_reload(null),
+            kt_gpu_write_untuned(null, path.as_ptr()),
+        ]
+    };
+    for status in answers {
+        assert_eq!(status, KtStatus::InvalidArgument);
+        // SAFETY: the library's own NUL-terminated message.
+        let msg = unsafe { CStr::from_ptr(kt_last_error()) }.to_str().unwrap();
+        assert!(msg.contains("handle is NULL"), "{msg}");
+    }
+    assert_eq!(held, KtGpuStats::default(), "nothing was written");
+    // SAFETY: a NULL handle has no note.
+    let note = unsafe { CStr::from_ptr(kt_gpu_note(null)) };
+    assert_eq!(note.to_str().unwrap(), "");
+    assert!(!std::path::Path::new("untuned.txt").exists());
 }

@@ -15,6 +15,13 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::ffi::CStr;
+
+use kerntune::capi::{KtDtype, KtMatch, KtStats, KtStatus};
+use kerntune::capi_gpu::{
+    kt_gpu_free, kt_gpu_gemm, kt_gpu_gemm_scratch_bytes, kt_gpu_note, kt_gpu_reload, kt_gpu_stats,
+    kt_gpu_write_untuned, KtGpuDispatcher, KtGpuStats,
+};
 use kerntune::{GpuDispatcher, RuntimeError};
 use kerntune_db::Db;
 use kerntune_e2e::job;
@@ -70,6 +77,8 @@ type Launched = Arc<Mutex<Vec<(String, Vec<Launch>, u64)>>>;
 struct StandIn {
     uploads: AtomicUsize,
     loads: Arc<AtomicUsize>,
+    /// Builds the runtime loaded and has not dropped: a module still loaded on a device.
+    resident: Arc<AtomicUsize>,
     timed_unverified: Arc<AtomicUsize>,
     launched: Launched,
     /// Which family's first candidate other than the default faults the way a kernel that
@@ -90,6 +99,24 @@ struct StandIn {
 struct StandInBuild {
     key: String,
     launched: Launched,
+    resident: Arc<AtomicUsize>,
+}
+
+impl StandInBuild {
+    fn new(key: String, gpu: &StandIn) -> StandInBuild {
+        gpu.resident.fetch_add(1, Ordering::SeqCst);
+        StandInBuild {
+            key,
+            launched: gpu.launched.clone(),
+            resident: gpu.resident.clone(),
+        }
+    }
+}
+
+impl Drop for StandInBuild {
+    fn drop(&mut self) {
+        self.resident.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl LoadedBuild for StandInBuild {
@@ -191,17 +218,11 @@ impl GpuDevice for StandIn {
         code: &[u8],
     ) -> Result<Box<dyn LoadedBuild>, KernelError> {
         assert!(code.starts_with(b"\x7fELF"), "not a code object");
-        Ok(Box::new(StandInBuild {
-            key: build.key(),
-            launched: self.launched.clone(),
-        }))
+        Ok(Box::new(StandInBuild::new(build.key(), self)))
     }
     fn load_library(&self, config: &Config) -> Result<Box<dyn LoadedBuild>, KernelError> {
         assert_eq!(*config, LIBRARY);
-        Ok(Box::new(StandInBuild {
-            key: "rocblas".into(),
-            launched: self.launched.clone(),
-        }))
+        Ok(Box::new(StandInBuild::new("rocblas".into(), self)))
     }
 }
 
@@ -428,6 +449,7 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     // The runtime library on the "same device": the winners' code objects come from the
     // database and each call launches its winner's build on the caller's addresses.
     let launched = gpu.launched.clone();
+    let resident = gpu.resident.clone();
     let Device::Gpu(model) = device else {
         unreachable!()
     };
@@ -527,48 +549,154 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     // SAFETY: as above.
     let how = unsafe { runtime.launch(&smaller, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
     assert_eq!(how, kerntune::Match::Bucket);
-    let untuned: Problem = "gemm:m=2,n=64,k=64,dtype=f16".parse().unwrap();
+    let untuned_problem: Problem = "gemm:m=2,n=64,k=64,dtype=f16".parse().unwrap();
     let before = launched.lock().unwrap().len();
     // SAFETY: as above.
-    let err = unsafe { runtime.launch(&untuned, &ptrs, 0, 0, 0) }.unwrap_err();
+    let err = unsafe { runtime.launch(&untuned_problem, &ptrs, 0, 0, 0) }.unwrap_err();
     assert!(matches!(err, RuntimeError::NoGpuKernel { .. }), "{err}");
     assert!(err.to_string().contains("tune --device"), "{err}");
     assert_eq!(launched.lock().unwrap().len(), before);
 
-    // A reload that fails leaves the winners and their builds as they were, together: here
-    // the flash problem's winner changes in the database while the compiled code is dropped,
-    // so the new winner's build cannot load. Swapping the winners in before their builds
-    // loaded would have the calls select a winner with no kernel.
+    // A reload of an unchanged database loads nothing.
+    let opened = runtime.gpu_stats();
+    assert_eq!(opened.resident, 3, "{opened:?}");
+    assert_eq!(resident.load(Ordering::SeqCst), 3);
+    runtime.reload().unwrap();
+    assert_eq!(runtime.gpu_stats(), opened);
+    assert_eq!(resident.load(Ordering::SeqCst), 3);
+
+    // A reload that changes a winner loads the new winner's build beside the old one, which
+    // stays loaded: kernels queued before the reload, and CUDA or HIP graphs captured
+    // before it, still launch the old build's functions, and unloading its module under
+    // them would be undefined on a device.
+    let gpu_db = dir.path().join("gpu.db");
     let served = runtime.select(flash).config;
+    let build_of = |c: &Config| KernelBuild::new(flash, c).unwrap().key();
     let other = [
         GpuSpace.default_config(flash, &device),
         GpuSpace.heuristic(flash, &device),
     ]
     .into_iter()
-    .find(|c| *c != served)
+    .find(|c| build_of(c) != build_of(&served))
     .unwrap();
+    set_winner(&gpu_db, flash, &other, false);
+    runtime.reload().unwrap();
+    assert_eq!(runtime.select(flash).config, other);
+    // SAFETY: as above.
+    unsafe { runtime.launch(flash, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
+    assert_eq!(launched.lock().unwrap().pop().unwrap().0, build_of(&other));
+    let swapped = runtime.gpu_stats();
+    assert_eq!((swapped.builds, swapped.resident), (3, 4), "{swapped:?}");
+    assert_eq!(resident.load(Ordering::SeqCst), 4);
+
+    // A reload that fails leaves the winners and their builds as they were, together: here
+    // the flash problem's winner changes in the database to a build not loaded yet while
+    // the compiled code is dropped, so that build cannot load. Swapping the winners in
+    // before their builds loaded would have the calls select a winner with no kernel.
+    let unloaded = GpuSpace
+        .candidates(flash, &device)
+        .into_iter()
+        .find(|c| build_of(c) != build_of(&served) && build_of(c) != build_of(&other))
+        .unwrap();
+    set_winner(&gpu_db, flash, &unloaded, true);
+    let err = runtime.reload().unwrap_err();
+    assert!(matches!(err, RuntimeError::Load(_)), "{err}");
+    assert_eq!(runtime.select(flash).config, other);
+    // SAFETY: as above.
+    let how = unsafe { runtime.launch(flash, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
+    assert_eq!(how, kerntune::Match::Exact);
+    let (key, _, _) = launched.lock().unwrap().pop().unwrap();
+    assert_eq!(key, build_of(&other));
+    assert_eq!(runtime.gpu_stats(), swapped);
+
+    // Back to the first winner, whose build is still loaded: the reload needs no compiled
+    // code (there is none left) and loads nothing.
+    set_winner(&gpu_db, flash, &served, false);
+    runtime.reload().unwrap();
+    assert_eq!(runtime.select(flash).config, served);
+    // SAFETY: as above.
+    unsafe { runtime.launch(flash, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
+    assert_eq!(launched.lock().unwrap().pop().unwrap().0, build_of(&served));
+    assert_eq!(resident.load(Ordering::SeqCst), 4);
+
+    // The C ABI on the same dispatcher: what the device holds, a reload, a launch, and the
+    // shapes served without an exact winner written for `tune --shapes untuned:PATH`.
+    let handle = KtGpuDispatcher::into_raw(runtime);
+    let (mut counts, mut held) = (KtStats::default(), KtGpuStats::default());
+    // SAFETY: a live handle and writable outputs.
+    unsafe {
+        assert_eq!(kt_gpu_stats(handle, &mut counts, &mut held), KtStatus::Ok);
+        assert_eq!(kt_gpu_reload(handle), KtStatus::Ok);
+        assert_eq!(
+            kt_gpu_stats(handle, std::ptr::null_mut(), std::ptr::null_mut()),
+            KtStatus::Ok
+        );
+        assert_eq!(CStr::from_ptr(kt_gpu_note(handle)).to_str().unwrap(), "");
+    }
+    assert_eq!((held.builds, held.resident), (3, 4), "{held:?}");
+    assert!(
+        counts.exact > 0 && counts.bucket > 0 && counts.defaults > 0,
+        "{counts:?}"
+    );
+    let gemm = match problems[0].problem {
+        Problem::Gemm(g) => g,
+        _ => unreachable!("the first problem is the GEMM"),
+    };
+    let ptr = |a: u64| a as usize as *const std::ffi::c_void;
+    let mut how = KtMatch::Default;
+    // SAFETY: the stand-in device dereferences nothing.
+    let status = unsafe {
+        let bytes = kt_gpu_gemm_scratch_bytes(handle, gemm.m, gemm.n, gemm.k, KtDtype::Bf16, true);
+        kt_gpu_gemm(
+            handle,
+            gemm.m,
+            gemm.n,
+            gemm.k,
+            KtDtype::Bf16,
+            true,
+            ptr(0x1000),
+            ptr(0x2000),
+            0x4000 as *mut f32,
+            0x9000 as *mut std::ffi::c_void,
+            bytes,
+            std::ptr::null_mut(),
+            &mut how,
+        )
+    };
+    assert_eq!(status, KtStatus::Ok);
+    assert_eq!(how, KtMatch::Exact);
+    let untuned = dir.path().join("untuned.txt");
+    let path = std::ffi::CString::new(untuned.to_str().unwrap()).unwrap();
+    // SAFETY: a live handle and a NUL-terminated path; freed once.
+    unsafe {
+        assert_eq!(kt_gpu_write_untuned(handle, path.as_ptr()), KtStatus::Ok);
+        kt_gpu_free(handle);
+    }
+    let text = std::fs::read_to_string(&untuned).unwrap();
+    assert!(text.contains(&smaller.key()), "{text}");
+    assert!(text.contains(&untuned_problem.key()), "{text}");
+    // Freeing the dispatcher unloads every build it held.
+    assert_eq!(resident.load(Ordering::SeqCst), 0);
+}
+
+/// Sets `problem`'s stored winner to `config` behind the runtime's back, as another tuner
+/// would; with `drop_compiles` the compiled code of every build goes too.
+fn set_winner(db: &std::path::Path, problem: &Problem, config: &Config, drop_compiles: bool) {
     let status = std::process::Command::new("python3")
         .arg("-c")
         .arg(
             "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); \
              c.execute('DELETE FROM winner_snapshots'); \
              c.execute('UPDATE winners SET config = ? WHERE problem_id = (SELECT id FROM problems WHERE key = ?)', (sys.argv[2], sys.argv[3])); \
-             c.execute('DROP TABLE gpu_compiles'); c.commit(); c.close()",
+             sys.argv[4] == '1' and c.execute('DROP TABLE IF EXISTS gpu_compiles'); c.commit(); c.close()",
         )
-        .arg(dir.path().join("gpu.db"))
-        .arg(other.to_json())
-        .arg(flash.key())
+        .arg(db)
+        .arg(config.to_json())
+        .arg(problem.key())
+        .arg(if drop_compiles { "1" } else { "0" })
         .status()
         .expect("python3 with sqlite3 is available (README, Set-up)");
     assert!(status.success());
-    let err = runtime.reload().unwrap_err();
-    assert!(matches!(err, RuntimeError::Load(_)), "{err}");
-    assert_eq!(runtime.select(flash).config, served);
-    // SAFETY: as above.
-    let how = unsafe { runtime.launch(flash, &ptrs, 0x9000, 1 << 20, 0) }.unwrap();
-    assert_eq!(how, kerntune::Match::Exact);
-    let (key, _, _) = launched.lock().unwrap().pop().unwrap();
-    assert_eq!(key, KernelBuild::new(flash, &served).unwrap().key());
 }
 
 /// A candidate that faults the way a kernel that traps does on a device leaves it unusable to
