@@ -9,6 +9,7 @@
 //! and refuses a newer one without touching it. A tuner records each problem in one transaction,
 //! so a crash or Ctrl-C never leaves half a problem behind.
 
+mod claims;
 mod compiles;
 mod error;
 mod exchange;
@@ -23,6 +24,7 @@ mod write;
 pub use snapshot::{SnapshotBody, SnapshotConfig, SnapshotKernel, SNAPSHOT_FORMAT};
 pub use write::ProblemResult;
 
+pub use claims::Claim;
 pub use compiles::CompileRecord;
 pub use error::DbError;
 pub use exchange::{ExportRow, ImportCounts, ImportRow, Prefer, RunInfo};

@@ -67,15 +67,22 @@ impl Db {
         Ok(row.get(0))
     }
 
-    /// Marks a run finished and rebuilds the winner snapshots its results invalidated.
+    /// Marks a run finished, releases the problems it still claimed, and rebuilds the winner
+    /// snapshots its results invalidated.
     pub async fn finish_run(&self, run_id: i64, status: RunStatus) -> Result<()> {
+        let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         sqlx::query(&format!(
             "UPDATE runs SET status = ?, finished_at = {NOW} WHERE id = ?"
         ))
         .bind(status.as_str())
         .bind(run_id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        sqlx::query("DELETE FROM claims WHERE run_id = ?")
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         self.rebuild_snapshots().await
     }
 
@@ -85,6 +92,16 @@ impl Db {
     pub async fn record_problem(&self, r: &ProblemResult<'_>) -> Result<()> {
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await?;
         let p = r.problem;
+        // Recorded, the problem is no longer this run's to hold (see `Db::claim`).
+        sqlx::query(
+            "DELETE FROM claims WHERE run_id = ? AND device_id = ? AND kernel_id = ? AND problem = ?",
+        )
+        .bind(r.run_id)
+        .bind(r.device_id)
+        .bind(r.kernel_id)
+        .bind(&p.key)
+        .execute(&mut *tx)
+        .await?;
         let problem_id = upsert_problem(&mut tx, &p.family, &p.key, &p.fields).await?;
         let mut ids = Vec::with_capacity(r.measurements.len());
         let finals_from = r.measurements.len().saturating_sub(r.final_round);

@@ -78,6 +78,12 @@ impl Pace {
     pub fn skipped(&mut self) {
         self.left = self.left.saturating_sub(1);
     }
+
+    /// A problem counted out by [`skipped`](Self::skipped) is this run's to tune after all
+    /// (another run that held it stopped without it).
+    pub fn resumed(&mut self) {
+        self.left += 1;
+    }
 }
 
 #[cfg(test)]

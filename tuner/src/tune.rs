@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar};
 use kerntune_db::Stats;
 use kerntune_db::{
-    Db, DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, ProblemResult, RunStatus,
-    Status,
+    Claim, Db, DeviceRecord, KernelRecord, MeasurementRecord, ProblemRecord, ProblemResult,
+    RunStatus, Status,
 };
 use kerntune_kernels::{Backend, Config, Device, Problem, Space};
 
@@ -52,7 +52,9 @@ impl std::fmt::Debug for Job<'_> {
 pub struct Outcome {
     pub problem: String,
     pub origin: String,
-    /// `tuned`, `skipped` (already tuned), `no-winner`, `budget` (not reached).
+    /// `tuned`, `skipped` (already tuned, by an earlier run or one at the same time),
+    /// `no-winner`, `device-lost`, `budget` (not reached), `elsewhere` (another run was still
+    /// tuning it when this one's budget ran out).
     pub status: String,
     pub winner: Option<String>,
     pub median_ns: Option<f64>,
@@ -194,6 +196,12 @@ pub async fn run(
         .db
         .begin_run(TOOL_VERSION, &job.command_line, device_id, &record.host)
         .await?;
+    // Re-tuning passes by only what another run re-tuned since this one began.
+    let tuned_since = if job.retune {
+        Some(job.db.run_started_at(run_id).await?)
+    } else {
+        None
+    };
     let bars = MultiProgress::new();
     if job.progress != Progress::Bars {
         bars.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -224,173 +232,271 @@ pub async fn run(
         job.budget,
         pending.iter().filter(|&&p| p).count(),
     );
-    let mut outcomes = Vec::new();
+    // A claim outlasts the problem's search, its verification and final round; a process
+    // killed on another host holds its problem this long (on this host, not at all).
+    let lease = job.budget * 4 + CLAIM_MARGIN;
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; problems.len()];
+    let blank = |i: usize, status: &str| Outcome {
+        problem: problems[i].problem.key(),
+        origin: problems[i].origin.clone(),
+        status: status.into(),
+        winner: None,
+        median_ns: None,
+        throughput: None,
+        unit: None,
+        speedup: None,
+        search_budget_s: None,
+        measured: 0,
+        final_round: 0,
+        pruned: 0,
+        failed: 0,
+    };
     let mut interrupted = false;
+    let mut out_of_budget = false;
     // The problem, config and reason of a candidate that left the device unusable.
     let mut device_lost: Option<(String, Config, String)> = None;
-    for (i, d) in problems.iter().enumerate() {
-        if job.stop.load(Ordering::SeqCst) {
-            interrupted = true;
-            break;
-        }
-        let key = d.problem.key();
-        let kernel_id = kernel_ids[i];
-        let blank = |status: &str| Outcome {
-            problem: key.clone(),
-            origin: d.origin.clone(),
-            status: status.into(),
-            winner: None,
-            median_ns: None,
-            throughput: None,
-            unit: None,
-            speedup: None,
-            search_budget_s: None,
-            measured: 0,
-            final_round: 0,
-            pruned: 0,
-            failed: 0,
-        };
-        // Checked again as its turn comes: another run may have tuned it meanwhile.
-        if !job.retune && job.db.is_tuned(device_id, kernel_id, &key).await? {
-            if pending[i] {
-                pace.skipped();
+    // Problems another run holds: passed by, then waited for once the rest is done.
+    let mut held: Vec<usize> = Vec::new();
+    let mut order: Vec<usize> = (0..problems.len()).collect();
+    'passes: loop {
+        for &i in &order {
+            if job.stop.load(Ordering::SeqCst) {
+                interrupted = true;
+                break 'passes;
             }
-            outcomes.push(blank("skipped"));
-            overall.inc(1);
-            continue;
-        }
-        if started.elapsed() >= job.total_budget {
-            job.progress.line(format_args!(
-                "total budget ({:.0?}) spent: {} problems left for the next run",
-                job.total_budget,
-                problems.len() - i
-            ));
-            outcomes.extend(problems[i..].iter().map(|d| Outcome {
-                problem: d.problem.key(),
-                origin: d.origin.clone(),
-                ..blank("budget")
-            }));
-            break;
-        }
-        let bar = bars.add(
-            job.progress
-                .bar(0, "{prefix:>8} [{bar:30}] {pos}/{len} configs {msg}"),
-        );
-        bar.set_prefix(d.problem.family().to_string());
-        bar.set_message(key.clone());
-        let problem_started = Instant::now();
-        let budget = pace.search_budget(started.elapsed());
-        // Configs that left the device unusable in an earlier run are not run again (but
-        // for --retune, which runs everything afresh).
-        let crashed = if job.retune {
-            Vec::new()
-        } else {
-            job.db
-                .crashed_configs(device_id, kernel_id, &key, LOST)
+            let d = &problems[i];
+            let key = d.problem.key();
+            let kernel_id = kernel_ids[i];
+            // Checked again as its turn comes: another run may have tuned it meanwhile, or
+            // be tuning it now.
+            let waited = held.contains(&i);
+            match job
+                .db
+                .claim(
+                    run_id,
+                    device_id,
+                    kernel_id,
+                    &key,
+                    &record.host,
+                    lease,
+                    tuned_since.as_deref(),
+                )
                 .await?
-        };
-        let result = sweep.sweep(job, budget, &d.problem, &crashed, &bar);
-        bar.finish_and_clear();
-        bars.remove(&bar);
-        let Some(Swept {
-            records: measurements,
-            final_round,
-            winner,
-            default,
-            pruned,
-            searched,
-            lost,
-        }) = result
-        else {
-            interrupted = true;
-            break;
-        };
-        let record = ProblemRecord {
-            family: d.problem.family().to_string(),
-            key: key.clone(),
-            fields: serde_json::to_string(&d.problem).expect("problems serialise"),
-        };
-        job.db
-            .record_problem(&ProblemResult {
-                run_id,
-                device_id,
-                kernel_id,
-                problem: &record,
-                measurements: &measurements,
+            {
+                Claim::Tuned => {
+                    if pending[i] && !waited {
+                        pace.skipped();
+                    }
+                    held.retain(|&h| h != i);
+                    outcomes[i] = Some(blank(i, "skipped"));
+                    overall.inc(1);
+                    continue;
+                }
+                Claim::Held { host, pid } => {
+                    if !waited {
+                        job.progress.line(format_args!(
+                            "{key}: being tuned by process {pid} on {host}; going on with the others"
+                        ));
+                        if pending[i] {
+                            pace.skipped();
+                        }
+                        held.push(i);
+                    }
+                    continue;
+                }
+                Claim::Ours => {
+                    if waited {
+                        // Its run stopped without it: the problem is this run's after all.
+                        held.retain(|&h| h != i);
+                        if pending[i] {
+                            pace.resumed();
+                        }
+                    }
+                }
+            }
+            if started.elapsed() >= job.total_budget {
+                out_of_budget = true;
+                break 'passes;
+            }
+            let bar = bars.add(
+                job.progress
+                    .bar(0, "{prefix:>8} [{bar:30}] {pos}/{len} configs {msg}"),
+            );
+            bar.set_prefix(d.problem.family().to_string());
+            bar.set_message(key.clone());
+            let problem_started = Instant::now();
+            let budget = pace.search_budget(started.elapsed());
+            // Configs that left the device unusable in an earlier run are not run again (but
+            // for --retune, which runs everything afresh).
+            let crashed = if job.retune {
+                Vec::new()
+            } else {
+                job.db
+                    .crashed_configs(device_id, kernel_id, &key, LOST)
+                    .await?
+            };
+            let result = sweep.sweep(job, budget, &d.problem, &crashed, &bar);
+            bar.finish_and_clear();
+            bars.remove(&bar);
+            let Some(Swept {
+                records: measurements,
+                final_round,
                 winner,
                 default,
+                pruned,
+                searched,
+                lost,
+            }) = result
+            else {
+                interrupted = true;
+                break 'passes;
+            };
+            let record = ProblemRecord {
+                family: d.problem.family().to_string(),
+                key: key.clone(),
+                fields: serde_json::to_string(&d.problem).expect("problems serialise"),
+            };
+            job.db
+                .record_problem(&ProblemResult {
+                    run_id,
+                    device_id,
+                    kernel_id,
+                    problem: &record,
+                    measurements: &measurements,
+                    winner,
+                    default,
+                    final_round,
+                    tool_version: TOOL_VERSION,
+                })
+                .await?;
+            let w = winner.map(|w| &measurements[w]);
+            let ws = w.and_then(|w| w.stats.as_ref());
+            let ds = default.and_then(|d| measurements[d].stats.as_ref());
+            outcomes[i] = Some(Outcome {
+                winner: w.map(|w| {
+                    Config::from_json(&w.config)
+                        .map(|c| c.to_string())
+                        .unwrap_or_default()
+                }),
+                median_ns: ws.map(|s| s.median_ns),
+                throughput: ws.map(|s| s.throughput),
+                unit: ws.map(|s| s.unit.clone()),
+                speedup: ws.zip(ds).map(|(w, d)| d.median_ns / w.median_ns),
+                search_budget_s: Some(budget.as_secs_f64()),
+                measured: measurements.len() - pruned - final_round,
                 final_round,
-                tool_version: TOOL_VERSION,
-            })
-            .await?;
-        let w = winner.map(|w| &measurements[w]);
-        let ws = w.and_then(|w| w.stats.as_ref());
-        let ds = default.and_then(|d| measurements[d].stats.as_ref());
-        outcomes.push(Outcome {
-            winner: w.map(|w| {
-                Config::from_json(&w.config)
-                    .map(|c| c.to_string())
-                    .unwrap_or_default()
-            }),
-            median_ns: ws.map(|s| s.median_ns),
-            throughput: ws.map(|s| s.throughput),
-            unit: ws.map(|s| s.unit.clone()),
-            speedup: ws.zip(ds).map(|(w, d)| d.median_ns / w.median_ns),
-            search_budget_s: Some(budget.as_secs_f64()),
-            measured: measurements.len() - pruned - final_round,
-            final_round,
-            pruned,
-            failed: measurements
-                .iter()
-                .filter(|m| matches!(m.status, Status::Error | Status::FailedVerification))
-                .count(),
-            ..blank(if winner.is_some() {
-                "tuned"
-            } else if lost.is_some() {
-                "device-lost"
-            } else {
-                "no-winner"
-            })
-        });
-        let took = problem_started.elapsed();
-        pace.finished(took, searched, budget);
-        job.progress.line(progress_line(
-            outcomes.last().expect("just pushed"),
-            (i + 1, problems.len()),
-            took,
-            job.budget,
-        ));
-        overall.inc(1);
-        if let Some((config, reason)) = lost {
-            device_lost = Some((key, config, reason));
+                pruned,
+                failed: measurements
+                    .iter()
+                    .filter(|m| matches!(m.status, Status::Error | Status::FailedVerification))
+                    .count(),
+                ..blank(
+                    i,
+                    if winner.is_some() {
+                        "tuned"
+                    } else if lost.is_some() {
+                        "device-lost"
+                    } else {
+                        "no-winner"
+                    },
+                )
+            });
+            let took = problem_started.elapsed();
+            pace.finished(took, searched, budget);
+            let finished = outcomes.iter().filter(|o| o.is_some()).count();
+            job.progress.line(progress_line(
+                outcomes[i].as_ref().expect("just stored"),
+                (finished, problems.len()),
+                took,
+                job.budget,
+            ));
+            overall.inc(1);
+            if let Some((config, reason)) = lost {
+                device_lost = Some((key, config, reason));
+                break 'passes;
+            }
+        }
+        if held.is_empty() {
             break;
         }
+        // What is left is held by other runs: wait for them to record it (or to stop
+        // without it, leaving it to this run), within this run's budget.
+        if started.elapsed() >= job.total_budget {
+            out_of_budget = true;
+            break;
+        }
+        if order.len() != held.len() || order.iter().any(|i| !held.contains(i)) {
+            job.progress.line(format_args!(
+                "waiting for {} problems other runs are tuning",
+                held.len()
+            ));
+        }
+        order = held.clone();
+        let stop_waiting = started + job.total_budget;
+        let nap = CLAIM_POLL.min(stop_waiting.saturating_duration_since(Instant::now()));
+        tokio::time::sleep(nap).await;
     }
     overall.finish_and_clear();
+    if out_of_budget {
+        let left = outcomes.iter().filter(|o| o.is_none()).count() - held.len();
+        job.progress.line(format_args!(
+            "total budget ({:.0?}) spent: {left} problems left for the next run{}",
+            job.total_budget,
+            if held.is_empty() {
+                String::new()
+            } else {
+                format!(", {} still being tuned by other runs", held.len())
+            }
+        ));
+    }
     let status = if interrupted || device_lost.is_some() {
         RunStatus::Interrupted
     } else {
         RunStatus::Done
     };
     job.db.finish_run(run_id, status).await?;
+    let done = outcomes
+        .iter()
+        .flatten()
+        .filter(|o| o.status == "tuned")
+        .count();
+    let left = outcomes.iter().filter(|o| o.is_none()).count();
     if let Some((problem, config, reason)) = device_lost {
         return Err(TuneError::DeviceLost {
             problem,
             config: config.to_string(),
             reason,
-            done: outcomes.iter().filter(|o| o.status == "tuned").count(),
-            left: problems.len() - outcomes.len() + 1,
+            done,
+            left: left + 1,
         });
     }
     if interrupted {
-        let done = outcomes.iter().filter(|o| o.status == "tuned").count();
-        return Err(TuneError::Interrupted {
-            done,
-            left: problems.len() - outcomes.len(),
-        });
+        return Err(TuneError::Interrupted { done, left });
     }
-    Ok(outcomes)
+    Ok(outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(i, o)| {
+            o.unwrap_or_else(|| {
+                blank(
+                    i,
+                    if held.contains(&i) {
+                        "elsewhere"
+                    } else {
+                        "budget"
+                    },
+                )
+            })
+        })
+        .collect())
 }
+
+/// Slack of a claim's lease beyond four times the search budget: compiling, uploading,
+/// verifying and the final round.
+const CLAIM_MARGIN: Duration = Duration::from_secs(120);
+
+/// How often a run that has only problems other runs hold looks at them again.
+const CLAIM_POLL: Duration = Duration::from_millis(500);
 
 /// The line a problem's end writes in a log: where the run is, what won and by how much, what
 /// the search cost, and its budget where the run's pace cut it short of `budget`.

@@ -1,5 +1,6 @@
 //! `tune db ...` as users run it, and the database under real processes: four tuners writing
-//! one file at once, and tuners killed with SIGKILL at arbitrary moments.
+//! one file at once, three dividing the same problems, and tuners killed with SIGKILL at
+//! arbitrary moments.
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -112,6 +113,57 @@ fn four_tuners_share_one_database_and_lose_nothing() {
     verify_ok("shared.db", d);
 }
 
+/// Tuners started together on one database with the same problems (one a GPU of a node, each
+/// with its own CUDA_VISIBLE_DEVICES) divide them: each problem is tuned by one of them, which
+/// claimed it first; the others pass it by and find it tuned when they are done with theirs.
+#[test]
+fn tuners_given_the_same_problems_divide_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let problems = longer(9);
+    let problems: Vec<&str> = problems.iter().map(String::as_str).collect();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            tune_cmd(&tune_args("shared.db", &problems), d)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut tuned_by = vec![0; problems.len()];
+    let mut written = 0;
+    let mut tuners = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let summary: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary.len(), problems.len());
+        tuners += usize::from(summary.iter().any(|o| o["status"] == "tuned"));
+        for (i, o) in summary.iter().enumerate() {
+            match o["status"].as_str().unwrap() {
+                "tuned" => tuned_by[i] += 1,
+                "skipped" => {}
+                other => panic!("{}: {other}", o["problem"]),
+            }
+            written += ["measured", "final_round", "pruned"]
+                .map(|f| o[f].as_u64().unwrap())
+                .iter()
+                .sum::<u64>() as usize;
+        }
+    }
+    assert_eq!(tuned_by, vec![1; problems.len()], "each tuned once");
+    assert!(tuners > 1, "the runs shared the work");
+    assert_eq!(winners("shared.db", d).len(), problems.len());
+    assert_eq!(rows_in("shared.db", d), written, "nothing measured twice");
+    // Every claim was released (the table is there: the count reads 0 without it too).
+    let db = d.join("shared.db");
+    let table = "SELECT COUNT(*) FROM sqlite_master WHERE name = 'claims'";
+    assert_eq!(sql_count(&db, table), 1);
+    assert_eq!(sql_count(&db, "SELECT COUNT(*) FROM claims"), 0);
+    verify_ok("shared.db", d);
+}
+
 #[test]
 fn sigkill_at_any_moment_leaves_a_sound_database_that_resumes() {
     let dir = tempfile::tempdir().unwrap();
@@ -153,6 +205,9 @@ fn sigkill_at_any_moment_leaves_a_sound_database_that_resumes() {
     // What killed runs committed is kept and not redone; the rest is tuned now.
     assert_eq!(count("skipped"), before, "{summary:#?}");
     assert_eq!(count("tuned"), problems.len() - before, "{summary:#?}");
+    // The problems the killed runs held are taken over at once (their processes are gone),
+    // not after their leases.
+    assert!(!text(&out).contains("being tuned by"), "{}", text(&out));
     assert_eq!(winners("k.db", d).len(), problems.len());
     verify_ok("k.db", d);
 }
@@ -234,7 +289,7 @@ fn db_commands_exit_codes_and_messages() {
     verify_ok("m.db", d);
     let out = tune(&["--db", "m.db", "db", "migrate"], d);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("schema 4"), "{}", text(&out));
+    assert!(text(&out).contains("schema 5"), "{}", text(&out));
 
     // Usage errors: exit 2, a message naming the input and the fix, nothing written.
     let text_of = |path: &str| std::fs::read_to_string(d.join(path)).unwrap();
