@@ -155,6 +155,16 @@ if [ -n "$ncu" ] && [ "$SECONDS" -lt 220 ]; then
     profile flash "q_len=2048," 'kt_flash'
 fi
 
+# The same from PyTorch, as a vLLM-style server calls it (ctypes; tensors' data_ptr(), the
+# current stream), a shape never tuned falling back to PyTorch, and a CUDA graph that captured
+# the tuned kernel replayed after a reload of the database.
+# After the profiles, which the goals need more.
+if [ -f "$out/tuned.db" ] && [ -f .gpu/libkerntune.so ] && [ "$SECONDS" -lt 255 ] \
+    && python3 -c 'import torch' 2>/dev/null; then
+    step 60 python3 runtime-lib/examples/torch_gpu.py .gpu/libkerntune.so "$out/tuned.db" "$model" \
+        2>&1 | tee -a "$out/gpu-check.txt" || status=$?
+fi
+
 # AMX, where the host has it: every CPU GEMM kernel verified on this host (the AMX ones on
 # the tiles), then Llama-70B TP8 gate_up timed with the heuristic (amx-direct on AMX hosts),
 # the packed AMX kernel and PyTorch (oneDNN, which uses AMX), all on every thread.

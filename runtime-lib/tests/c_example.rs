@@ -180,3 +180,30 @@ fn cuda_c_example_builds_and_without_a_device_says_why() {
         assert!(stderr.contains("--features cuda"), "{stderr}");
     }
 }
+
+/// The GPU example from PyTorch (`scripts/gpu-check.sh` runs it where PyTorch and an NVIDIA
+/// GPU are): the library is asked first, so where it has no usable device the script exits 2
+/// with the library's reason, without PyTorch.
+#[test]
+fn torch_gpu_example_without_a_device_says_why() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torch_gpu.py");
+    let usage = Command::new("python3").arg(&script).output().unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("usage:"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(lib_dir().join("libkerntune.so"))
+        .arg(dir.path().join("none.db"))
+        .arg("h200")
+        .output()
+        .expect("python3 runs (README, Set-up)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing ran");
+    assert!(stderr.starts_with("kt_gpu_open: "), "{stderr}");
+    if !cfg!(feature = "cuda") {
+        assert!(stderr.contains("--features cuda"), "{stderr}");
+    }
+}
