@@ -225,6 +225,10 @@ pub struct TuneArgs {
     /// Re-tune problems that already have a winner for this device and kernel version.
     #[arg(long)]
     pub retune: bool,
+    /// Which GPU of those this process sees to tune on (default 0). One `tune` per GPU of a
+    /// node, on one database and the same shapes, divide the problems among them.
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<usize>,
     /// Print the summary as JSON.
     #[arg(long, global = true)]
     pub json: bool,

@@ -216,6 +216,13 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
         }
     }
     let device = named_device(args)?;
+    if let Some(n) = args.gpu {
+        return Err(usage(format!(
+            "--gpu {n} chooses among GPUs, and this run tunes {}: name a GPU with --device (h200, mi300x, ...)",
+            device.name()
+        ))
+        .into());
+    }
     let problems = derive(&args.shapes, &device)?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
@@ -238,13 +245,14 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
 /// Tunes on a GPU: open it (or say why it cannot be used, writing nothing), plan and compile
 /// the candidates offline, then verify and time the kept ones on the device.
 async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
-    let gpu = match kerntune_kernels::gpu::device::open(g.vendor, 0) {
+    let ordinal = args.gpu.unwrap_or(0);
+    let gpu = match kerntune_kernels::gpu::device::open(g.vendor, ordinal) {
         Ok(gpu) => gpu,
         Err(why) => return plan_cmd::no_device(args, g, &why),
     };
     if !gpu.is(g) {
         return Err(usage(format!(
-            "--device {}: GPU 0 of this host is `{}`, not {} ({}); name the device present, or choose another GPU with HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES",
+            "--device {}: GPU {ordinal} of this host is `{}`, not {} ({}); name the device present, or choose another GPU with --gpu N (or HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES)",
             args.device.as_deref().unwrap_or(g.name),
             gpu.name(),
             g.name,

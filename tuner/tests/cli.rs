@@ -85,6 +85,25 @@ fn bad_inputs_exit_2_and_write_nothing() {
             &["--device", "h200", "--shapes", "gemm:m=1,n=8,k=8"],
             "no sm_90 device could be used",
         ),
+        (
+            &[
+                "--device",
+                "h200",
+                "--gpu",
+                "3",
+                "--shapes",
+                "gemm:m=1,n=8,k=8",
+            ],
+            "no sm_90 device could be used",
+        ),
+        (
+            &["--gpu", "1", "--shapes", "gemm:m=1,n=8,k=8"],
+            "--gpu 1 chooses among GPUs",
+        ),
+        (
+            &["--gpu", "first", "--shapes", "gemm:m=1,n=8,k=8"],
+            "--gpu <N>",
+        ),
     ];
     for (args, needle) in cases {
         let out = tune(args, d);
