@@ -344,11 +344,15 @@ fn print_summary(outcomes: &[Outcome], budget: Duration, json: bool) -> anyhow::
     }
     let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
     println!(
-        "{} tuned, {} already tuned, {} without a winner, {} left for the next run (budget)",
+        "{} tuned, {} already tuned, {} without a winner, {} left for the next run (budget){}",
         count("tuned"),
         count("skipped"),
         count("no-winner"),
-        count("budget")
+        count("budget"),
+        match count("elsewhere") {
+            0 => String::new(),
+            n => format!(", {n} still being tuned by other runs"),
+        }
     );
     let paced: Vec<f64> = outcomes
         .iter()
