@@ -460,15 +460,24 @@ pub unsafe extern "C" fn kt_reload(d: *const KtDispatcher) -> KtStatus {
 pub unsafe extern "C" fn kt_write_untuned(d: *const KtDispatcher, path: *const c_char) -> KtStatus {
     guard(|| {
         let d = dispatcher(d)?;
-        if path.is_null() {
-            return Err(invalid("path is NULL"));
-        }
         // SAFETY: caller contract.
-        let path = unsafe { CStr::from_ptr(path) }
-            .to_str()
-            .map_err(|_| invalid("path is not UTF-8"))?;
+        let path = unsafe { path_arg(path) }?;
         d.write_untuned(path)
             .map(|_| ())
             .map_err(|e| (KtStatus::IoError, e.to_string()))
     })
+}
+
+/// A file path argument as UTF-8, refused by name when NULL or not UTF-8.
+///
+/// # Safety
+/// `path` is NULL or NUL-terminated, alive for `'a`.
+pub(crate) unsafe fn path_arg<'a>(path: *const c_char) -> Result<&'a str, (KtStatus, String)> {
+    if path.is_null() {
+        return Err(invalid("path is NULL"));
+    }
+    // SAFETY: caller contract.
+    unsafe { CStr::from_ptr(path) }
+        .to_str()
+        .map_err(|_| invalid("path is not UTF-8"))
 }

@@ -10,8 +10,8 @@ use kerntune_kernels::problem::{BLayout, GemmProblem};
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, paged_problem, report,
-    set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem, KtStats, KtStatus,
+    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, paged_problem, path_arg,
+    report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem, KtStats, KtStatus,
 };
 use crate::{GpuDispatcher, GpuStats, RuntimeError};
 
@@ -430,13 +430,8 @@ pub unsafe extern "C" fn kt_gpu_write_untuned(
 ) -> KtStatus {
     guard(|| {
         let d = gpu(d)?;
-        if path.is_null() {
-            return Err(invalid("path is NULL"));
-        }
         // SAFETY: caller contract.
-        let path = unsafe { CStr::from_ptr(path) }
-            .to_str()
-            .map_err(|_| invalid("path is not UTF-8"))?;
+        let path = unsafe { path_arg(path) }?;
         d.write_untuned(path)
             .map(|_| ())
             .map_err(|e| (KtStatus::IoError, e.to_string()))
