@@ -8,6 +8,9 @@
 // KT_VARIANT 1, MFMA (CDNA2/3, f16 and bf16): each wave owns TM×TN tiles of 32×32 computed
 //   by v_mfma_f32_32x32x8; A and B tiles stay 16-bit in LDS, k contiguous, so each lane reads
 //   its four k values in one 8-byte load. Threads = 64 · (BM / (32·TM)) · (BN / (32·TN)).
+//   KT_STAGES 1: element loads of any size. KT_STAGES 2 (B [N,K], k % 8 == 0): 16-byte loads
+//   (global_load_dwordx4) of the next k tile into registers while this one is multiplied
+//   from LDS, written to the other of two LDS tiles after it: one barrier a k tile.
 // KT_VARIANT 2, mma (NVIDIA sm_80+, f16 and bf16): each warp owns TM×TN tiles of 16×8
 //   computed by mma.sync.aligned.m16n8k16 (f32 accumulation); A and B tiles stay 16-bit in
 //   shared memory. Threads = 32 · (BM / (16·TM)) · (BN / (8·TN)). KT_STAGES 1: plain loads,
@@ -45,8 +48,8 @@
 #ifndef KT_SWIZZLE
 #define KT_SWIZZLE 0
 #endif
-#if KT_STAGES != 1 && KT_VARIANT < 2
-#error "only the mma and wgmma variants (KT_VARIANT 2, 3) pipeline their k tiles: KT_STAGES must be 1"
+#if KT_STAGES != 1 && KT_VARIANT == 0
+#error "the tiled variant does not pipeline its k tiles: KT_STAGES must be 1"
 #endif
 
 // The k range [*begin, *end) of this block's split, in whole k tiles.
@@ -140,13 +143,61 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_WAVES_N (KT_BN / (32 * KT_TN))
 #define KT_THREADS (64 * KT_WAVES_M * KT_WAVES_N)
 
+#if KT_STAGES == 2
+#if !KT_B_NK
+#error "the pipelined MFMA variant takes B as [N, K] (both operands k-major)"
+#endif
+#define KT_LDK (KT_BK + 8)
+// 16-byte pieces of 8 values a row of a k tile, and how many of A's and B's a thread loads.
+#define KT_KPIECES (KT_BK / 8)
+#define KT_A_PIECES ((KT_BM * KT_KPIECES + KT_THREADS - 1) / KT_THREADS)
+#define KT_B_PIECES ((KT_BN * KT_KPIECES + KT_THREADS - 1) / KT_THREADS)
+
+// The k tile at k0 of ROWS rows from row0 of a k-major operand of `limit` rows, in 16-byte
+// pieces into registers, consecutive threads on consecutive pieces of a row; zeros past the
+// rows or the split's end (k % 8 == 0, so a piece is wholly in or out).
+template <int ROWS, int PER>
+KT_DEVICE void kt_mfma_fetch(kt_u32x4 (&r)[PER], const kt_in* src, int row0, int limit, int k,
+                             int k0, int ke, int tid) {
+#pragma unroll
+    for (int t = 0; t < PER; ++t) {
+        const int p = tid + t * KT_THREADS;
+        const int row = p / KT_KPIECES, gk = k0 + (p % KT_KPIECES) * 8;
+        kt_u32x4 v;
+        v.x = v.y = v.z = v.w = 0u;
+        if (p < ROWS * KT_KPIECES && row0 + row < limit && gk < ke)
+            v = kt_load16(src + (long)(row0 + row) * k + gk);
+        r[t] = v;
+    }
+}
+
+// The pieces kt_mfma_fetch loaded, into an LDS tile of the same rows.
+template <int ROWS, int PER>
+KT_DEVICE void kt_mfma_stage(unsigned short (*dst)[KT_LDK], const kt_u32x4 (&r)[PER], int tid) {
+#pragma unroll
+    for (int t = 0; t < PER; ++t) {
+        const int p = tid + t * KT_THREADS;
+        if (p < ROWS * KT_KPIECES)
+            *reinterpret_cast<kt_u32x4*>(&dst[p / KT_KPIECES][(p % KT_KPIECES) * 8]) = r[t];
+    }
+}
+#elif KT_STAGES != 1
+#error "the MFMA variant takes 1 or 2 stages"
+#endif
+
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
         int m, int n, int k) {
+#if KT_STAGES == 1
     // k contiguous for both operands; 4 halves of padding keep 8-byte reads aligned and
     // spread the 32 rows of a fragment over the banks.
-    KT_SHARED unsigned short as[KT_BM][KT_BK + 4];
-    KT_SHARED unsigned short bs[KT_BN][KT_BK + 4];
+    KT_SHARED unsigned short as_[1][KT_BM][KT_BK + 4];
+    KT_SHARED unsigned short bs_[1][KT_BN][KT_BK + 4];
+#else
+    // Two tiles of each; 8 halves of padding keep every row's 16-byte pieces aligned.
+    KT_SHARED __attribute__((aligned(16))) unsigned short as_[2][KT_BM][KT_LDK];
+    KT_SHARED __attribute__((aligned(16))) unsigned short bs_[2][KT_BN][KT_LDK];
+#endif
     const int tid = KT_TID;
     const int lane = tid % 64;
     const int wave = tid / 64;
@@ -165,7 +216,22 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int e = 0; e < 16; ++e) acc[i][j][e] = 0.0f;
 
+#if KT_STAGES == 2
+    kt_u32x4 ra[KT_A_PIECES], rb[KT_B_PIECES];
+    // Uniform over the block: a split with no k tiles only meets the barrier.
+    if (kb < ke) {
+        kt_mfma_fetch<KT_BM, KT_A_PIECES>(ra, a, row0, m, k, kb, ke, tid);
+        kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, kb, ke, tid);
+        kt_mfma_stage<KT_BM, KT_A_PIECES>(as_[0], ra, tid);
+        kt_mfma_stage<KT_BN, KT_B_PIECES>(bs_[0], rb, tid);
+    }
+    KT_SYNC();
+    int st = 0;
+#endif
     for (int k0 = kb; k0 < ke; k0 += KT_BK) {
+#if KT_STAGES == 1
+        unsigned short(*as)[KT_BK + 4] = as_[0];
+        unsigned short(*bs)[KT_BK + 4] = bs_[0];
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
@@ -183,6 +249,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
         }
         KT_SYNC();
+#else
+        // The next tile's loads go out before this tile's products, and land in the other
+        // LDS tiles after them: the barrier closing the last tile ended every read of those.
+        const bool more = k0 + KT_BK < ke;
+        if (more) {
+            kt_mfma_fetch<KT_BM, KT_A_PIECES>(ra, a, row0, m, k, k0 + KT_BK, ke, tid);
+            kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, k0 + KT_BK, ke, tid);
+        }
+        unsigned short(*as)[KT_LDK] = as_[st];
+        unsigned short(*bs)[KT_LDK] = bs_[st];
+#endif
         // Lane l holds row (or column) l % 32 and k values 4·(l / 32) .. +4 of each 32×8 step.
 #pragma unroll
         for (int kk = 0; kk < KT_BK; kk += 8) {
@@ -197,6 +274,13 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
                 for (int j = 0; j < KT_TN; ++j) acc[i][j] = kt_mfma(af[i], bf[j], acc[i][j]);
         }
+#if KT_STAGES == 2
+        if (more) {
+            kt_mfma_stage<KT_BM, KT_A_PIECES>(as_[st ^ 1], ra, tid);
+            kt_mfma_stage<KT_BN, KT_B_PIECES>(bs_[st ^ 1], rb, tid);
+        }
+        st ^= 1;
+#endif
         KT_SYNC();
     }
     // Accumulator element e of lane l: row 8·(e / 4) + 4·(l / 32) + e % 4, column l % 32.

@@ -562,6 +562,74 @@ fn the_pipelined_split_k_gemm_checks_catch_each_mistake() {
     }
 }
 
+/// The pipelined MFMA GEMM of the MI300X (128×128 tiles, two waves by two of 32×32 tiles
+/// each, k tiles of 32 in two LDS stages) with `body` as its source, split in two along k:
+/// its relative error on `spec`.
+fn pipelined_mfma_error(spec: &str, body: &str) -> Result<f64, KernelError> {
+    let (device, emu) = emulator("mi300x");
+    let problem: Problem = spec.parse().unwrap();
+    let data = ProblemData::random(&problem, 5);
+    let config = Config::GpuGemm(GpuGemmConfig {
+        variant: GpuGemmVariant::Mfma,
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        tm: 2,
+        tn: 2,
+        stages: 2,
+        split_k: 2,
+        swizzle: 0,
+        specialized: false,
+        tma: false,
+        block_tiles: 1,
+        cluster: 1,
+    });
+    GpuSpace.validate(&config, &problem, &device).unwrap();
+    let out = emu.run_source(&data, &config, body)?;
+    Ok(relative_error(&out, &data.reference()))
+}
+
+#[test]
+fn the_pipelined_mfma_gemm_checks_catch_each_mistake() {
+    // Five k tiles of 32 (the last partial) split in two: one split of three tiles, one of two.
+    let spec = "gemm:m=150,n=131,k=136,dtype=bf16,b=nk";
+    let tol = spec.parse::<Problem>().unwrap().tolerance();
+    let ok = pipelined_mfma_error(spec, include_str!("../hip/gemm.hip")).unwrap();
+    assert!(ok <= tol, "the unchanged source: {ok:e}");
+    for (what, from, to) in [
+        // Multiplying the same LDS tile every k tile: the next tile's data goes unread.
+        ("a stage never switched", "        st ^= 1;\n", "\n"),
+        // The next tile written into the tile being multiplied.
+        (
+            "the next tile into the current stage",
+            "kt_mfma_stage<KT_BM, KT_A_PIECES>(as_[st ^ 1], ra, tid);",
+            "kt_mfma_stage<KT_BM, KT_A_PIECES>(as_[st], ra, tid);",
+        ),
+        // The next tile's loads from this tile's k.
+        (
+            "a load of the wrong k tile",
+            "kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, k0 + KT_BK, ke, tid);",
+            "kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, k0, ke, tid);",
+        ),
+        // Pieces past k's end read instead of zeroed: the next row's first values (splits
+        // are whole k tiles, so only the last tile of the last split has such pieces).
+        (
+            "k's end ignored",
+            "if (p < ROWS * KT_KPIECES && row0 + row < limit && gk < ke)",
+            "if (p < ROWS * KT_KPIECES && row0 + row < limit)",
+        ),
+        // Without the barrier closing a k tile, waves multiply a tile others are still
+        // writing, and write the next over one others still multiply.
+        (
+            "a missing barrier",
+            "        st ^= 1;\n#endif\n        KT_SYNC();",
+            "        st ^= 1;\n#endif",
+        ),
+    ] {
+        caught(what, pipelined_mfma_error(spec, &gemm_with(from, to)), tol);
+    }
+}
+
 /// The wgmma GEMM of the H200 (two warpgroups of 64×128, three stages of `bk`, shared memory
 /// swizzled by `swizzle` bytes or not at all) on a problem none of whose sizes a tile
 /// divides, with `body` as its source: its relative error.

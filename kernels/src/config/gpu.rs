@@ -64,7 +64,9 @@ pub struct GpuGemmConfig {
     /// Shared-memory stages of the mma variant: 1 stages each k tile with plain loads
     /// between two barriers; 2 to 4 keep that many tiles in flight with 16-byte `cp.async`
     /// copies and read fragments with `ldmatrix` (rows of 8 elements: k, and n for a
-    /// `[K, N]` B, multiples of 8). The wgmma variant takes 3 or 4. Absent in
+    /// `[K, N]` B, multiples of 8). The wgmma variant takes 3 or 4; the MFMA variant 1 or 2
+    /// (16-byte loads of the next k tile into registers over this one's products, B
+    /// `[N, K]`, k a multiple of 8). Absent in
     /// results stored before it existed, and left out when 1: 1.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub stages: usize,

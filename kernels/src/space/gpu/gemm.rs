@@ -126,12 +126,24 @@ pub(super) fn validate(
         return Err(invalid(f, format!("stages = {}: must be 1 to 4", c.stages)));
     }
     if c.stages > 1 {
-        if !matches!(c.variant, GpuGemmVariant::Mma | GpuGemmVariant::Wgmma) {
+        if !matches!(
+            c.variant,
+            GpuGemmVariant::Mma | GpuGemmVariant::Wgmma | GpuGemmVariant::Mfma
+        ) {
             return Err(invalid(
                 f,
                 format!(
-                    "stages = {}: only the mma and wgmma variants pipeline their k tiles",
+                    "stages = {}: only the mma, wgmma and MFMA variants pipeline their k tiles",
                     c.stages
+                ),
+            ));
+        }
+        if c.variant == GpuGemmVariant::Mfma && (c.stages != 2 || p.b_layout != BLayout::Nk) {
+            return Err(invalid(
+                f,
+                format!(
+                    "stages = {}: the MFMA variant pipelines 2 stages with B as [N, K] (b = {}); take stages = 1 otherwise",
+                    c.stages, p.b_layout
                 ),
             ));
         }
@@ -550,6 +562,16 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
         }
     }
     if has_mfma(g) && p.dtype != DType::F32 {
+        // Pipelined where the 16-byte loads apply (every LLM shape): first, as the guess.
+        if pipelines(p) && p.b_layout == BLayout::Nk {
+            for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
+                for bk in [32, 64] {
+                    for t in [(2, 2), (1, 2), (2, 1)] {
+                        push(tile(GpuGemmVariant::Mfma, (bm, bn, bk), t, 2, 1));
+                    }
+                }
+            }
+        }
         if decode {
             for &split in splits.iter().rev() {
                 push(tile(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 1, split));
@@ -672,7 +694,14 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
         let split = gpu.map_or(1, |g| decode_split(p, bm, 64, g));
         tile(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
     } else if mfma && p.m >= 64 {
-        tile(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), 1, 1)
+        // 16-byte loads of the next k tile in flight over this one's products where the
+        // shape allows them; element loads, one tile at a time, elsewhere.
+        let stages = if pipelines(p) && p.b_layout == BLayout::Nk {
+            2
+        } else {
+            1
+        };
+        tile(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), stages, 1)
     } else if p.m <= 64 {
         // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
         let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));

@@ -69,6 +69,8 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
     match (config, problem) {
         (Config::GpuGemm(c), _) => match c.variant {
             GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
+            // Two tiles of each with 8 halves of padding when pipelined (16-byte rows).
+            GpuGemmVariant::Mfma if c.stages > 1 => 2 * c.stages * (c.bm + c.bn) * (c.bk + 8),
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
             GpuGemmVariant::Mma if c.stages > 1 => dynamic_lds_bytes(config, problem),
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
