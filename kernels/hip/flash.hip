@@ -903,12 +903,26 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
     for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
-        for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {
-            const int r = e / KT_D, x = e % KT_D;
+        // 16-byte pieces of 8 dims, consecutive threads along a key's row: K's into its row
+        // as two 8-byte halves (rows of KT_LDD halves are 8-byte aligned), V's transposed.
+        for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
+            const int r = e / (KT_D / 8), x = (e % (KT_D / 8)) * 8;
             const int j = j0 + r;
-            const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
-            ks[r][x] = j < kv_len ? k[at] : (unsigned short)0;
-            vt[x][r] = j < kv_len ? v[at] : (unsigned short)0;
+            kt_u32x4 kp, vp;
+            kp.x = kp.y = kp.z = kp.w = 0u;
+            vp = kp;
+            if (j < kv_len) {
+                const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
+                kp = kt_load16(k + at);
+                vp = kt_load16(v + at);
+            }
+            const unsigned kw[4] = {kp.x, kp.y, kp.z, kp.w};
+            __builtin_memcpy(&ks[r][x], kw, 8);
+            __builtin_memcpy(&ks[r][x + 4], kw + 2, 8);
+            const unsigned vw[4] = {vp.x, vp.y, vp.z, vp.w};
+#pragma unroll
+            for (int d = 0; d < 8; ++d)
+                vt[x + d][r] = (unsigned short)(vw[d / 2] >> (16 * (d % 2)));
         }
         KT_SYNC();
         // Sᵀ tile n: accumulator e is key j0 + 32n + 8·(e / 4) + 4·half + e % 4. The scores

@@ -217,7 +217,7 @@ pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
         Config::GpuGemm(c) => {
             c.stages > 1 || matches!(c.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
         }
-        Config::GpuFlash(c) => c.variant == GpuFlashVariant::Mma,
+        Config::GpuFlash(c) => matches!(c.variant, GpuFlashVariant::Mma | GpuFlashVariant::Mfma),
         Config::GpuPaged(c) => c.lanes > 1,
         _ => false,
     };
