@@ -865,6 +865,61 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
 // 4 halves of padding keep 8-byte fragment reads aligned and spread the 32 rows over banks.
 #define KT_LDD (KT_D + 4)
 #define KT_LDC (KT_BC + 4)
+// 16-byte pieces of 8 dims of a key tile's K (and as many of V) a thread loads.
+#define KT_PIECES ((KT_BC * (KT_D / 8) + KT_THREADS - 1) / KT_THREADS)
+
+#ifndef KT_PREFETCH
+#define KT_PREFETCH 0
+#endif
+
+// Piece e (8 dims of a key, consecutive pieces along the key's row) of key tile j0's K and
+// V; zeros past the keys.
+KT_DEVICE void kt_mfma_kv_fetch_one(kt_u32x4& kp, kt_u32x4& vp, const kt_in* k, const kt_in* v,
+                                    int b, int kv_len, int kv_heads, int kvh, int j0, int e) {
+    const int j = j0 + e / (KT_D / 8), x = (e % (KT_D / 8)) * 8;
+    kt_u32x4 z;
+    z.x = z.y = z.z = z.w = 0u;
+    kp = vp = z;
+    if (j < kv_len) {
+        const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
+        kp = kt_load16(k + at);
+        vp = kt_load16(v + at);
+    }
+}
+
+// Piece e into LDS: K's into its row as two 8-byte halves (rows of KT_LDD halves are 8-byte
+// aligned), V's transposed.
+KT_DEVICE void kt_mfma_kv_stage_one(unsigned short (*ks)[KT_LDD], unsigned short (*vt)[KT_LDC],
+                                    const kt_u32x4& kp, const kt_u32x4& vp, int e) {
+    const int r = e / (KT_D / 8), x = (e % (KT_D / 8)) * 8;
+    const unsigned kw[4] = {kp.x, kp.y, kp.z, kp.w};
+    __builtin_memcpy(&ks[r][x], kw, 8);
+    __builtin_memcpy(&ks[r][x + 4], kw + 2, 8);
+    const unsigned vw[4] = {vp.x, vp.y, vp.z, vp.w};
+#pragma unroll
+    for (int d = 0; d < 8; ++d) vt[x + d][r] = (unsigned short)(vw[d / 2] >> (16 * (d % 2)));
+}
+
+// A thread's pieces of key tile j0 (piece tid + t · threads for each t), into registers.
+KT_DEVICE void kt_mfma_kv_fetch(kt_u32x4 (&kp)[KT_PIECES], kt_u32x4 (&vp)[KT_PIECES],
+                                const kt_in* k, const kt_in* v, int b, int kv_len,
+                                int kv_heads, int kvh, int j0, int tid) {
+#pragma unroll
+    for (int t = 0; t < KT_PIECES; ++t)
+        if (tid + t * KT_THREADS < KT_BC * (KT_D / 8))
+            kt_mfma_kv_fetch_one(kp[t], vp[t], k, v, b, kv_len, kv_heads, kvh, j0,
+                                 tid + t * KT_THREADS);
+}
+
+// The pieces kt_mfma_kv_fetch loaded, into LDS.
+KT_DEVICE void kt_mfma_kv_stage(unsigned short (*ks)[KT_LDD], unsigned short (*vt)[KT_LDC],
+                                const kt_u32x4 (&kp)[KT_PIECES],
+                                const kt_u32x4 (&vp)[KT_PIECES], int tid) {
+#pragma unroll
+    for (int t = 0; t < KT_PIECES; ++t)
+        if (tid + t * KT_THREADS < KT_BC * (KT_D / 8))
+            kt_mfma_kv_stage_one(ks, vt, kp[t], vp[t], tid + t * KT_THREADS);
+}
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
@@ -902,29 +957,27 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int open = first + 31 < q_len ? (causal ? min(kv_len, first + shift + 1) : kv_len) : 0;
     const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
+#if KT_PREFETCH
+    // The next key tile's 16-byte pieces of K and V are loaded into registers while this one
+    // is multiplied, and written to LDS after it: a wave a SIMD hides no load latency.
+    kt_u32x4 kp[KT_PIECES], vp[KT_PIECES];
+    if (block_seen > 0) kt_mfma_kv_fetch(kp, vp, k, v, b, kv_len, kv_heads, kvh, 0, tid);
+#endif
     for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
-        // 16-byte pieces of 8 dims, consecutive threads along a key's row: K's into its row
-        // as two 8-byte halves (rows of KT_LDD halves are 8-byte aligned), V's transposed.
+#if KT_PREFETCH
+        kt_mfma_kv_stage(ks, vt, kp, vp, tid);
+        KT_SYNC();
+        if (j0 + KT_BC < block_seen)
+            kt_mfma_kv_fetch(kp, vp, k, v, b, kv_len, kv_heads, kvh, j0 + KT_BC, tid);
+#else
+        // A piece at a time: few registers, the loads' latency exposed.
         for (int e = tid; e < KT_BC * (KT_D / 8); e += KT_THREADS) {
-            const int r = e / (KT_D / 8), x = (e % (KT_D / 8)) * 8;
-            const int j = j0 + r;
             kt_u32x4 kp, vp;
-            kp.x = kp.y = kp.z = kp.w = 0u;
-            vp = kp;
-            if (j < kv_len) {
-                const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
-                kp = kt_load16(k + at);
-                vp = kt_load16(v + at);
-            }
-            const unsigned kw[4] = {kp.x, kp.y, kp.z, kp.w};
-            __builtin_memcpy(&ks[r][x], kw, 8);
-            __builtin_memcpy(&ks[r][x + 4], kw + 2, 8);
-            const unsigned vw[4] = {vp.x, vp.y, vp.z, vp.w};
-#pragma unroll
-            for (int d = 0; d < 8; ++d)
-                vt[x + d][r] = (unsigned short)(vw[d / 2] >> (16 * (d % 2)));
+            kt_mfma_kv_fetch_one(kp, vp, k, v, b, kv_len, kv_heads, kvh, j0, e);
+            kt_mfma_kv_stage_one(ks, vt, kp, vp, e);
         }
         KT_SYNC();
+#endif
         // Sᵀ tile n: accumulator e is key j0 + 32n + 8·(e / 4) + 4·half + e % 4. The scores
         // stay unscaled until the exponent, which takes scale and maximum in one multiply-add
         // (the scale is positive); only tiles past a query's last key are masked.

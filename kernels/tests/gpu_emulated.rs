@@ -937,6 +937,69 @@ fn config_error(problem: &Problem, config: Config) -> impl Fn(&str) -> f64 {
 }
 
 #[test]
+fn the_mfma_flash_loads_and_prefetch_checks_catch_each_mistake() {
+    // Head size 128 over two key tiles of 64 on the MI300X: four waves of 32 queries, the
+    // second tile's loads in flight over the first one's products.
+    let problem: Problem = FLASH_F16_128.parse().unwrap();
+    let (device, emu) = emulator("mi300x");
+    let config = Config::GpuFlash(GpuFlashConfig {
+        prefetch: true,
+        ..GpuFlashConfig::new(GpuFlashVariant::Mfma, 128, 64, 2)
+    });
+    assert_eq!(GpuSpace.heuristic(&problem, &device), config);
+    GpuSpace.validate(&config, &problem, &device).unwrap();
+    let data = ProblemData::random(&problem, 4);
+    let reference = data.reference();
+    let error = |body: &str| match emu.run_source(&data, &config, body) {
+        Ok(out) => Ok(relative_error(&out, &reference)),
+        Err(e) => Err(e),
+    };
+    let source = include_str!("../hip/flash.hip");
+    assert!(error(source).unwrap() <= problem.tolerance());
+    for (what, from, to) in [
+        // The current tile loaded again where the next one is due.
+        (
+            "a prefetch of the wrong key tile",
+            "kt_mfma_kv_fetch(kp, vp, k, v, b, kv_len, kv_heads, kvh, j0 + KT_BC, tid);",
+            "kt_mfma_kv_fetch(kp, vp, k, v, b, kv_len, kv_heads, kvh, j0, tid);",
+        ),
+        // Waves multiplying a tile others are still writing into LDS.
+        (
+            "a missing barrier after the LDS writes",
+            "        kt_mfma_kv_stage(ks, vt, kp, vp, tid);\n        KT_SYNC();",
+            "        kt_mfma_kv_stage(ks, vt, kp, vp, tid);",
+        ),
+        // V's dims transposed into the wrong rows.
+        (
+            "a V piece transposed out of order",
+            "vt[x + d][r] = ",
+            "vt[x + (d ^ 1)][r] = ",
+        ),
+        // K's second 8-byte half written from its first.
+        (
+            "a K half written twice",
+            "__builtin_memcpy(&ks[r][x + 4], kw + 2, 8);",
+            "__builtin_memcpy(&ks[r][x + 4], kw, 8);",
+        ),
+    ] {
+        caught(
+            what,
+            error(&source.replacen(from, to, 1)),
+            problem.tolerance(),
+        );
+    }
+    // A K or V address off a 16-byte boundary faults the emulator as it would the device.
+    faults(
+        error(&source.replacen(
+            "* KT_D + x;\n        kp = kt_load16(k + at);",
+            "* KT_D + x + 1;\n        kp = kt_load16(k + at);",
+            1,
+        )),
+        "16-byte load from an address not 16-byte aligned",
+    );
+}
+
+#[test]
 fn the_mma_flash_pipeline_checks_catch_each_mistake() {
     // Head size 128 over two key tiles of 64: the next tiles' copies overlap the current ones'
     // use, four warps share them.

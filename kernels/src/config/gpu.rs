@@ -182,6 +182,12 @@ pub struct GpuFlashConfig {
     /// Absent (false) in stored configs, which predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tma: bool,
+    /// MFMA variant: the next key tile's K and V loaded into registers while this one is
+    /// multiplied, so the loads' latency passes under the products (a wave a SIMD hides
+    /// none otherwise), at the cost of a thread's share of a tile in registers. Absent
+    /// (false) in stored configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prefetch: bool,
 }
 
 impl GpuFlashConfig {
@@ -199,6 +205,7 @@ impl GpuFlashConfig {
             specialized: false,
             pingpong: false,
             tma: false,
+            prefetch: false,
         }
     }
 
@@ -331,7 +338,13 @@ impl fmt::Display for GpuFlashConfig {
                 }
                 Ok(())
             }
-            GpuFlashVariant::Mfma => write!(f, "gpu mfma br={} bc={}", self.br, self.bc),
+            GpuFlashVariant::Mfma => {
+                write!(f, "gpu mfma br={} bc={}", self.br, self.bc)?;
+                if self.prefetch {
+                    f.write_str(" prefetch")?;
+                }
+                Ok(())
+            }
         }
     }
 }

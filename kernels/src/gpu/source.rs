@@ -139,6 +139,7 @@ impl KernelBuild {
                     .chain(c.specialized.then_some(("KT_SPEC", 1)))
                     .chain(c.pingpong.then_some(("KT_PINGPONG", 1)))
                     .chain(c.tma.then_some(("KT_TMA", 1)))
+                    .chain(c.prefetch.then_some(("KT_PREFETCH", 1)))
                     .chain(split_registers.then_some(("KT_SPLIT_REGS", 1)))
                     .collect(),
                     entries: if c.split > 1 {

@@ -131,6 +131,12 @@ pub(super) fn validate(
             format!("bc = {} must be a power of two up to 128", c.bc),
         ));
     }
+    if c.prefetch && c.variant != GpuFlashVariant::Mfma {
+        return Err(invalid(
+            f,
+            "prefetch: only the MFMA variant loads the next key tile into registers (the mma one copies it by cp.async stages): take prefetch = false",
+        ));
+    }
     // The matrix-core variants: the instructions, and the multiple of 16 (mma.sync's rows
     // and k step) or 32 (MFMA's) that rows, key tiles and the head size must be.
     let matrix = match c.variant {
@@ -344,13 +350,23 @@ fn all_candidates() -> Vec<GpuFlashConfig> {
         } else {
             (&[64, 32, 16], &[false])
         };
+        // MFMA: each tile with the next key tile's loads in flight over its products, then
+        // without (fewer registers: more waves a SIMD for the smaller tiles).
+        let prefetches: &[bool] = if variant == GpuFlashVariant::Mfma {
+            &[true, false]
+        } else {
+            &[false]
+        };
         for br in [64, 128, 32, 16] {
             for &bc in wide {
                 for &paired in pairings {
-                    out.push(GpuFlashConfig {
-                        paired,
-                        ..GpuFlashConfig::new(variant, br, bc, 2)
-                    });
+                    for &prefetch in prefetches {
+                        out.push(GpuFlashConfig {
+                            paired,
+                            prefetch,
+                            ..GpuFlashConfig::new(variant, br, bc, 2)
+                        });
+                    }
                 }
             }
         }
@@ -398,8 +414,10 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
 /// unpaired tiles measured best on an H200 (Llama-70B TP8 prefill, head size 128, each
 /// length's whole space in one run): 64 query rows by 128 keys at 512 queries, 128 by 128 at
 /// 2048 and 8192 (taken from 1024). Paired 128-key tiles were faster at 8192 but spill 15
-/// registers on sm_90, which the plan prunes. Elsewhere 64 query rows (four warps of 16 on
-/// NVIDIA, two waves of 32 on CDNA) and 64-key tiles, 32 over head size 128.
+/// registers on sm_90, which the plan prunes. On CDNA up to head size 128, 128 query rows
+/// (four waves of 32) by 64 keys, the next key tile prefetched (not measured: no AMD device
+/// has been lent). Elsewhere 64 query rows (four warps of 16 on NVIDIA, two waves of 32 on
+/// CDNA) and 64-key tiles, 32 over head size 128.
 pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashConfig {
     if let Some(g) = gpu.filter(|g| has_mma(g) && p.dtype != DType::F32) {
         let measured = GpuFlashConfig::new(
@@ -425,6 +443,13 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
         _ => None,
     };
     match variant {
+        // CDNA up to head size 128: four waves of 32 queries, 64-key tiles, the next one's
+        // loads in flight (at 64 queries a block, K's and V's 64-key tiles of head size 128
+        // fill half the LDS: one block, two waves, a CU).
+        Some(GpuFlashVariant::Mfma) if p.head_dim <= 128 => GpuFlashConfig {
+            prefetch: true,
+            ..GpuFlashConfig::new(GpuFlashVariant::Mfma, 128, 64, 2)
+        },
         Some(variant) => {
             GpuFlashConfig::new(variant, 64, if p.head_dim > 128 { 32 } else { 64 }, 2)
         }
@@ -728,12 +753,24 @@ mod tests {
             guess("h200", &llama(8192, ",causal=false")),
             "gpu mma br=128 bc=128"
         );
-        // Beyond head size 128 and on AMD, where nothing was measured, the earlier guess.
+        // Beyond head size 128, where nothing was measured, the earlier guess.
         assert_eq!(
             guess("h200", "flash:q_len=2048,q_heads=8,head_dim=256,dtype=bf16"),
             "gpu mma br=64 bc=32"
         );
-        assert_eq!(guess("mi250", &llama(2048, "")), "gpu mfma br=64 bc=64");
+        // On CDNA (never measured) four waves and the next key tile prefetched: the two-wave
+        // 64-key tile of head size 128 fills half the LDS, one block and two waves a CU.
+        assert_eq!(
+            guess("mi250", &llama(2048, "")),
+            "gpu mfma br=128 bc=64 prefetch"
+        );
+        assert_eq!(
+            guess(
+                "mi300x",
+                "flash:q_len=2048,q_heads=8,head_dim=256,dtype=bf16"
+            ),
+            "gpu mfma br=64 bc=32"
+        );
     }
 
     #[test]
