@@ -492,21 +492,13 @@ fn pipelined_gemm_error(spec: &str, body: &str) -> Result<f64, KernelError> {
     let problem: Problem = spec.parse().unwrap();
     let data = ProblemData::random(&problem, 9);
     // The one-warp-high decode tile (the heuristic from 9 rows up; below, the skinny kernel).
-    let config = Config::GpuGemm(GpuGemmConfig {
-        variant: GpuGemmVariant::Mma,
-        bm: 16,
-        bn: 64,
-        bk: 32,
-        tm: 1,
-        tn: 2,
-        stages: 4,
-        split_k: 2,
-        swizzle: 0,
-        specialized: false,
-        tma: false,
-        block_tiles: 1,
-        cluster: 1,
-    });
+    let config = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Mma,
+        (16, 64, 32),
+        (1, 2),
+        4,
+        2,
+    ));
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -569,21 +561,13 @@ fn pipelined_mfma_error(spec: &str, body: &str) -> Result<f64, KernelError> {
     let (device, emu) = emulator("mi300x");
     let problem: Problem = spec.parse().unwrap();
     let data = ProblemData::random(&problem, 5);
-    let config = Config::GpuGemm(GpuGemmConfig {
-        variant: GpuGemmVariant::Mfma,
-        bm: 128,
-        bn: 128,
-        bk: 32,
-        tm: 2,
-        tn: 2,
-        stages: 2,
-        split_k: 2,
-        swizzle: 0,
-        specialized: false,
-        tma: false,
-        block_tiles: 1,
-        cluster: 1,
-    });
+    let config = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Mfma,
+        (128, 128, 32),
+        (2, 2),
+        2,
+        2,
+    ));
     GpuSpace.validate(&config, &problem, &device).unwrap();
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))

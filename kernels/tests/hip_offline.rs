@@ -319,7 +319,8 @@ fn every_mfma_flash_candidate_compiles_for_mi250_and_mi300x() {
             .into_iter()
             .filter(|c| matches!(c, Config::GpuFlash(c) if c.variant == GpuFlashVariant::Mfma))
             .collect();
-        assert_eq!(mfma.len(), 6, "{name}: {mfma:?}");
+        // Three row tiles by two key tiles, each prefetched and not.
+        assert_eq!(mfma.len(), 12, "{name}: {mfma:?}");
         let heuristic = GpuSpace.heuristic(&p, &device);
         assert!(mfma.contains(&heuristic), "{name}: heuristic {heuristic}");
         let results: Vec<_> = mfma
@@ -401,6 +402,24 @@ fn every_skinny_candidate_compiles_for_mi250_and_mi300x_without_spills() {
             ("mi300x", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
         ],
         |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+    );
+}
+
+#[test]
+fn every_pipelined_mfma_gemm_candidate_compiles_for_mi250_and_mi300x_without_spills() {
+    use kerntune_kernels::config::GpuGemmVariant;
+    let Some(hip) = compiler("every_pipelined_mfma_gemm_candidate_compiles_for_mi250_and_mi300x")
+    else {
+        return;
+    };
+    // Two LDS tiles of each operand, rows padded by 8 halves: the space's figure.
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[
+            ("mi250", "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk", 24),
+            ("mi300x", "gemm:m=2048,n=7168,k=8192,dtype=f16,b=nk", 24),
+        ],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.stages == 2),
     );
 }
 

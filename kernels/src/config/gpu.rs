@@ -109,6 +109,34 @@ pub struct GpuGemmConfig {
 }
 
 impl GpuGemmConfig {
+    /// A config from its parts as the space's tables list them: the block tile
+    /// `(bm, bn, bk)`, the tiles of a thread, warp, wave or warpgroup `(tm, tn)`, the stages
+    /// and the split of k; unswizzled, unspecialized, a tile a block, no cluster (struct
+    /// update sets the rest).
+    pub const fn tile(
+        variant: GpuGemmVariant,
+        (bm, bn, bk): (usize, usize, usize),
+        (tm, tn): (usize, usize),
+        stages: usize,
+        split_k: usize,
+    ) -> Self {
+        GpuGemmConfig {
+            variant,
+            bm,
+            bn,
+            bk,
+            tm,
+            tn,
+            stages,
+            split_k,
+            swizzle: 0,
+            specialized: false,
+            tma: false,
+            block_tiles: 1,
+            cluster: 1,
+        }
+    }
+
     /// Threads per block the kernel is compiled for (0 when the tile does not divide).
     pub fn threads(&self) -> usize {
         match self.variant {

@@ -460,7 +460,13 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                 for &split in splits.iter().rev() {
                     for (bn, tn) in [(64, 2), (128, 4)] {
                         for (bk, stages) in [(32, 4), (64, 3)] {
-                            push(tile(mma, (bm, bn, bk), (bm / 16, tn), stages, split));
+                            push(GpuGemmConfig::tile(
+                                mma,
+                                (bm, bn, bk),
+                                (bm / 16, tn),
+                                stages,
+                                split,
+                            ));
                         }
                     }
                 }
@@ -473,7 +479,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             if has_wgmma(g) && p.b_layout == BLayout::Nk {
                 for &split in splits.iter().rev().filter(|_| decode) {
                     for bn in [64, 128] {
-                        push(tile(wgmma, (64, bn, 64), (1, bn), 3, split));
+                        push(GpuGemmConfig::tile(wgmma, (64, bn, 64), (1, bn), 3, split));
                     }
                 }
                 // Warp-specialized first, swizzled, the tiles that fill the waves best: a
@@ -490,7 +496,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                                 swizzle: 128,
                                 specialized: true,
                                 tma,
-                                ..tile(wgmma, (bm, bn, 64), (tm, tn), stages, split)
+                                ..GpuGemmConfig::tile(wgmma, (bm, bn, 64), (tm, tn), stages, split)
                             };
                             if split == 1 || (tma && stages == 4) {
                                 push(c);
@@ -524,7 +530,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                             let swizzle = swizzle.min(2 * bk);
                             push(GpuGemmConfig {
                                 swizzle,
-                                ..tile(wgmma, (bm, bn, bk), (tm, tn), stages, 1)
+                                ..GpuGemmConfig::tile(wgmma, (bm, bn, bk), (tm, tn), stages, 1)
                             });
                         }
                     }
@@ -535,13 +541,13 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             // model's per-block limit (validation).
             for (bm, bn) in [(128, 256), (256, 128)] {
                 for (bk, stages) in [(32, 3), (32, 4), (64, 3)] {
-                    push(tile(mma, (bm, bn, bk), (4, 8), stages, 1));
+                    push(GpuGemmConfig::tile(mma, (bm, bn, bk), (4, 8), stages, 1));
                 }
             }
             for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
                 for (bk, stages) in [(32, 3), (32, 4), (64, 3), (32, 2)] {
                     for t in [(4, 4), (4, 2), (2, 4), (2, 2)] {
-                        push(tile(mma, (bm, bn, bk), t, stages, 1));
+                        push(GpuGemmConfig::tile(mma, (bm, bn, bk), t, stages, 1));
                     }
                 }
             }
@@ -549,13 +555,19 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             if decode {
                 let bm = decode_rows(p.m);
                 for &split in splits.iter().rev() {
-                    push(tile(mma, (bm, 64, 32), (bm / 16, 2), 1, split));
+                    push(GpuGemmConfig::tile(
+                        mma,
+                        (bm, 64, 32),
+                        (bm / 16, 2),
+                        1,
+                        split,
+                    ));
                 }
             }
             for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
                 for bk in [32, 16, 64] {
                     for t in [(4, 4), (4, 2), (2, 4), (2, 2), (1, 2)] {
-                        push(tile(mma, (bm, bn, bk), t, 1, 1));
+                        push(GpuGemmConfig::tile(mma, (bm, bn, bk), t, 1, 1));
                     }
                 }
             }
@@ -567,21 +579,45 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
                 for bk in [32, 64] {
                     for t in [(2, 2), (1, 2), (2, 1)] {
-                        push(tile(GpuGemmVariant::Mfma, (bm, bn, bk), t, 2, 1));
+                        push(GpuGemmConfig::tile(
+                            GpuGemmVariant::Mfma,
+                            (bm, bn, bk),
+                            t,
+                            2,
+                            1,
+                        ));
                     }
                 }
             }
         }
         if decode {
             for &split in splits.iter().rev() {
-                push(tile(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 1, split));
-                push(tile(GpuGemmVariant::Mfma, (32, 128, 64), (1, 2), 1, split));
+                push(GpuGemmConfig::tile(
+                    GpuGemmVariant::Mfma,
+                    (32, 64, 64),
+                    (1, 1),
+                    1,
+                    split,
+                ));
+                push(GpuGemmConfig::tile(
+                    GpuGemmVariant::Mfma,
+                    (32, 128, 64),
+                    (1, 2),
+                    1,
+                    split,
+                ));
             }
         }
         for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
             for bk in [32, 16, 64] {
                 for t in [(2, 2), (1, 2), (2, 1), (1, 1)] {
-                    push(tile(GpuGemmVariant::Mfma, (bm, bn, bk), t, 1, 1));
+                    push(GpuGemmConfig::tile(
+                        GpuGemmVariant::Mfma,
+                        (bm, bn, bk),
+                        t,
+                        1,
+                        1,
+                    ));
                 }
             }
         }
@@ -595,7 +631,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
         for &split in splits.iter().rev() {
             for (groups, tn) in [(8, 2), (4, 4), (8, 1)] {
                 for steps in [2, 1] {
-                    push(tile(
+                    push(GpuGemmConfig::tile(
                         skinny,
                         (bm, groups * tn, 32 * vec * steps),
                         (1, tn),
@@ -607,12 +643,24 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
         }
     }
     for &split in splits[1..].iter().rev() {
-        push(tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split));
+        push(GpuGemmConfig::tile(
+            GpuGemmVariant::Tiled,
+            (32, 32, 32),
+            (2, 2),
+            1,
+            split,
+        ));
     }
     for (bm, bn) in [(32, 32), (64, 64), (64, 128), (128, 64), (128, 128)] {
         for bk in [8, 16, 32] {
             for t in [(2, 2), (4, 4), (8, 4), (4, 8), (8, 8)] {
-                push(tile(GpuGemmVariant::Tiled, (bm, bn, bk), t, 1, 1));
+                push(GpuGemmConfig::tile(
+                    GpuGemmVariant::Tiled,
+                    (bm, bn, bk),
+                    t,
+                    1,
+                    1,
+                ));
             }
         }
     }
@@ -626,33 +674,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
 
 /// What runs untuned: a 64×64 tile of 4×4 per thread, on every model and input type.
 pub(super) fn default() -> GpuGemmConfig {
-    tile(GpuGemmVariant::Tiled, (64, 64, 16), (4, 4), 1, 1)
-}
-
-/// A config from its parts as the tables here list them: the block tile `(bm, bn, bk)`, the
-/// tiles of a thread, warp or warpgroup `(tm, tn)`, the stages and the split of k.
-fn tile(
-    variant: GpuGemmVariant,
-    (bm, bn, bk): (usize, usize, usize),
-    (tm, tn): (usize, usize),
-    stages: usize,
-    split_k: usize,
-) -> GpuGemmConfig {
-    GpuGemmConfig {
-        variant,
-        bm,
-        bn,
-        bk,
-        tm,
-        tn,
-        stages,
-        split_k,
-        swizzle: 0,
-        specialized: false,
-        tma: false,
-        block_tiles: 1,
-        cluster: 1,
-    }
+    GpuGemmConfig::tile(GpuGemmVariant::Tiled, (64, 64, 16), (4, 4), 1, 1)
 }
 
 /// The guess for shapes never tuned (`gpu` is `None` when asked about a CPU): matrix cores
@@ -672,10 +694,10 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
             .into_iter()
             .find(|&(bm, bn, ..)| tiles(bm, bn) >= sms)
             .unwrap_or((64, 128, 2, 4, 4));
-        tile(GpuGemmVariant::Mma, (bm, bn, 32), (tm, tn), stages, 1)
+        GpuGemmConfig::tile(GpuGemmVariant::Mma, (bm, bn, 32), (tm, tn), stages, 1)
     } else if mma && p.m > 64 {
         // Rows not of 8 elements: a 128×128 tile over 8 warps, plain loads.
-        tile(GpuGemmVariant::Mma, (128, 128, 32), (4, 4), 1, 1)
+        GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 32), (4, 4), 1, 1)
     } else if mma && p.m <= SKINNY_FIRST_ROWS && validate_skinny(&skinny_guess(p), p).is_ok() {
         // Decode of a few rows, weights [N, K]: the skinny kernel, 4 groups of 4 weight rows
         // a block with two steps in flight, split-K until every SM has two blocks. Measured on
@@ -692,7 +714,7 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
         // split-K until every SM has two blocks.
         let bm = decode_rows(p.m);
         let split = gpu.map_or(1, |g| decode_split(p, bm, 64, g));
-        tile(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
+        GpuGemmConfig::tile(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
     } else if mfma && p.m >= 64 {
         // 16-byte loads of the next k tile in flight over this one's products where the
         // shape allows them; element loads, one tile at a time, elsewhere.
@@ -701,11 +723,11 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
         } else {
             1
         };
-        tile(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), stages, 1)
+        GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), stages, 1)
     } else if p.m <= 64 {
         // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
         let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
-        tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
+        GpuGemmConfig::tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
     } else {
         default()
     }
@@ -715,7 +737,7 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
 /// groups of 4 weight rows, two 16-byte steps a lane in flight.
 fn skinny_guess(p: &GemmProblem) -> GpuGemmConfig {
     let vec = vec_of(p.dtype);
-    tile(
+    GpuGemmConfig::tile(
         GpuGemmVariant::Skinny,
         (p.m.next_power_of_two(), 16, 2 * 32 * vec),
         (1, 4),
@@ -817,7 +839,7 @@ mod tests {
     /// unswizzled, unspecialized, and keeps its JSON.
     #[test]
     fn swizzle_widths_are_checked_and_old_configs_keep_their_form() {
-        use super::{tile, validate};
+        use super::validate;
         use crate::config::GpuGemmConfig;
         let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
             unreachable!()
@@ -825,7 +847,7 @@ mod tests {
         let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk");
         let wgmma = |bk, swizzle| GpuGemmConfig {
             swizzle,
-            ..tile(GpuGemmVariant::Wgmma, (128, 128, bk), (1, 128), 3, 1)
+            ..GpuGemmConfig::tile(GpuGemmVariant::Wgmma, (128, 128, bk), (1, 128), 3, 1)
         };
         for (bk, swizzle) in [(64, 0), (64, 128), (64, 64), (64, 32), (32, 64), (16, 32)] {
             validate(&wgmma(bk, swizzle), &p, g).unwrap();
@@ -837,14 +859,14 @@ mod tests {
             (
                 GpuGemmConfig {
                     swizzle: 128,
-                    ..tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1)
+                    ..GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1)
                 },
                 "only the wgmma variant swizzles",
             ),
             (
                 GpuGemmConfig {
                     specialized: true,
-                    ..tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1)
+                    ..GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1)
                 },
                 "only the wgmma variant has a producer warpgroup",
             ),
