@@ -6,7 +6,8 @@
 // Two kernels. kt_paged: grid (partitions, q_heads, num_seqs), KT_THREADS threads; a block
 // takes KT_PART tokens of one sequence for one query head: scores into LDS, block-wide max
 // and sum, then P·V, written unnormalised with the partition's max and sum. kt_paged_reduce:
-// grid (q_heads, num_seqs), combines the partitions by their log-sum-exp.
+// grid (q_heads, num_seqs), combines the partitions by their log-sum-exp. `window` > 0 (a
+// sliding window): a sequence of ctx tokens attends to its last `window` only.
 //
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
@@ -53,7 +54,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
          const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale) {
+         int max_blocks, int partitions, float scale, int window) {
     KT_SHARED float qs[KT_D];
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
@@ -63,7 +64,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     const int seq = KT_BID_Z;
     const int kvh = h / (q_heads / kv_heads);
     const int ctx = (int)context_lens[seq];
-    const int t0 = part * KT_PART;
+    // Partitions count from the first token the sequence attends to: its window's start.
+    const int t0 = (window > 0 && ctx > window ? ctx - window : 0) + part * KT_PART;
     const int t1 = min(ctx, t0 + KT_PART);
     const long slot = ((long)seq * q_heads + h) * partitions + part;
     if (t0 >= t1) {
@@ -135,7 +137,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
          const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale) {
+         int max_blocks, int partitions, float scale, int window) {
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
     KT_SHARED float sums[KT_WAVES][KT_D];
@@ -145,7 +147,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     const int seq = KT_BID_Z;
     const int kvh = h / (q_heads / kv_heads);
     const int ctx = (int)context_lens[seq];
-    const int t0 = part * KT_PART;
+    // Partitions count from the first token the sequence attends to: its window's start.
+    const int t0 = (window > 0 && ctx > window ? ctx - window : 0) + part * KT_PART;
     const int t1 = min(ctx, t0 + KT_PART);
     const long slot = ((long)seq * q_heads + h) * partitions + part;
     if (t0 >= t1) {

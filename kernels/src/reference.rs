@@ -158,7 +158,8 @@ pub fn paged_row(
     let (s, h) = (r / p.q_heads, r % p.q_heads);
     let kvh = h / p.group();
     let qrow: Vec<f64> = (0..d).map(|x| query.get(r * d + x) as f64).collect();
-    let keys = (0..context_lens[s] as usize).map(move |t| {
+    let ctx = context_lens[s] as usize;
+    let keys = (p.first_token(ctx)..ctx).map(move |t| {
         let block = block_tables[s * max_blocks + t / p.block_size] as usize;
         ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d
     });

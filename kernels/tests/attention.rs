@@ -6,7 +6,9 @@ use common::{check_all, described_amx_host, error_of};
 use kerntune_kernels::config::{FlashConfig, FlashSplit, PagedConfig};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
-use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
+use kerntune_kernels::{
+    Config, CpuSpace, DType, Device, Isa, PagedProblem, Problem, Space, TensorBuf,
+};
 use proptest::prelude::*;
 
 fn problem(spec: &str) -> Problem {
@@ -468,6 +470,97 @@ fn paged_mixed_context_lengths() {
     }
 }
 
+/// Sliding windows: every candidate against the reference with sequences shorter than the
+/// window, longer by a few tokens, and far longer, windows starting inside a block, a window
+/// of one token, a window longer than a partition, every block size and input type. The
+/// cache rows before each window are NaN, as rows a server gave to another sequence since
+/// may hold anything: no kernel may read them into a result, even with a weight of zero.
+#[test]
+fn every_paged_candidate_matches_reference_within_a_window() {
+    let device = Device::host();
+    let mut ran = 0;
+    let mut scratch = Scratch::new();
+    for (seqs, ctx, hq, hkv, d, bs, window, lens) in [
+        (3, 300, 8, 2, 64, 16, 37, vec![1, 300, 40]),
+        (2, 1100, 8, 8, 128, 16, 600, vec![1100, 601]),
+        (4, 77, 8, 1, 128, 8, 1, vec![77, 1, 9, 8]),
+        (2, 45, 6, 2, 80, 32, 44, vec![45, 44]),
+    ] {
+        for dtype in DType::ALL {
+            let p = problem(&format!(
+                "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype},window={window}"
+            ));
+            let Problem::Paged(paged) = p else {
+                unreachable!("a paged spec")
+            };
+            assert_eq!(paged.window, Some(window), "{p}");
+            let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
+            let reference = data.reference();
+            poison_before_windows(&mut data, &paged);
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            for c in &configs {
+                let err = error_of(&mut data, c, &reference, &mut scratch);
+                assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
+            }
+            ran += configs.len();
+        }
+    }
+    eprintln!("verified {ran} windowed paged configs");
+}
+
+/// NaN in every cache row of a token before its sequence's window.
+fn poison_before_windows(data: &mut ProblemData, p: &PagedProblem) {
+    let (mb, bs, width) = (
+        data.max_blocks_per_seq,
+        p.block_size,
+        p.kv_heads * p.head_dim,
+    );
+    for (s, &len) in data.context_lens.clone().iter().enumerate() {
+        for t in 0..p.first_token(len as usize) {
+            let row = data.block_tables[s * mb + t / bs] as usize * bs + t % bs;
+            for cache in &mut data.inputs[1..] {
+                let rows = row * width..(row + 1) * width;
+                match cache {
+                    TensorBuf::F32(c) => c[rows].fill(f32::NAN),
+                    TensorBuf::F16(c) => c[rows].fill(half::f16::NAN),
+                    TensorBuf::Bf16(c) => c[rows].fill(half::bf16::NAN),
+                }
+            }
+        }
+    }
+}
+
+/// A window changes what is computed: the reference over the last `window` tokens differs
+/// from full attention's, and a window as long as the context is no window at all.
+#[test]
+fn a_paged_window_bounds_the_reference_and_a_long_one_is_dropped() {
+    let spec = "paged:num_seqs=2,context_len=100,q_heads=4,kv_heads=2,head_dim=64,dtype=f32";
+    let full = ProblemData::random(&problem(spec), 9).reference();
+    let windowed = ProblemData::random(&problem(&format!("{spec},window=10")), 9).reference();
+    assert_eq!(full.len(), windowed.len());
+    let moved = full
+        .iter()
+        .zip(&windowed)
+        .filter(|(a, b)| (*a - *b).abs() > 1e-3)
+        .count();
+    assert!(
+        moved > full.len() / 2,
+        "{moved} of {} values moved",
+        full.len()
+    );
+    for long in [100, 4096] {
+        let p = problem(&format!("{spec},window={long}"));
+        assert_eq!(p, problem(spec), "window={long}");
+        assert_eq!(p.key(), problem(spec).key());
+    }
+    let p = problem(&format!("{spec},window=99"));
+    assert!(p.key().ends_with(",window=99"), "{}", p.key());
+    assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+    let err = format!("{spec},window=0").parse::<Problem>().unwrap_err();
+    assert!(err.to_string().contains("window"), "{err}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
@@ -490,9 +583,11 @@ proptest! {
     fn random_paged_shapes_match_reference(
         seqs in 1usize..5, ctx in 1usize..400, kvh in 1usize..3, group in 1usize..9,
         d in 1usize..100, bs in 0usize..3, dt in 0usize..3, pick in any::<prop::sample::Index>(),
+        window in prop::option::of(1usize..400),
     ) {
+        let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
         let p = problem(&format!(
-            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={}",
+            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={}{window}",
             kvh * group, [8, 16, 32][bs], DType::ALL[dt]
         ));
         let device = Device::host();

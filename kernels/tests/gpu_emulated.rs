@@ -202,6 +202,12 @@ fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
         every_candidate(model, PAGED_BF16, Some(vec![1, 600, 333]));
         every_candidate(model, PAGED_F32, Some(vec![77, 5]));
     }
+    // A sliding window of 300 tokens: sequences inside it, and past it by 33 tokens (the
+    // window starting inside a block) and by 300 (two partitions of 256 from its start).
+    let windowed = format!("{PAGED_BF16},window=300");
+    for model in ["h200", "mi250"] {
+        every_candidate(model, &windowed, Some(vec![1, 600, 333]));
+    }
     // Head sizes 128 and 256 take groups of 16 and 32 lanes (one 16-byte piece a lane).
     let grouped = |c: &Config| matches!(c, Config::GpuPaged(p) if p.lanes > 1);
     for model in ["h200", "mi250"] {

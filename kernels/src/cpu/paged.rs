@@ -57,12 +57,14 @@ pub(crate) fn turn_tokens(p: &PagedProblem) -> usize {
     (TURN_BYTES / (p.head_dim * p.dtype.size())).clamp(16, 256) / 16 * 16
 }
 
-/// Context tokens one task covers: a partition's, or the whole context's (`partition` 0).
+/// Context tokens one task covers: a partition's, or all a sequence attends to (`partition`
+/// 0). Partitions count from a sequence's first attended token: a window's start, which
+/// need not begin a block.
 pub(crate) fn part_len(p: &PagedProblem, partition: usize) -> usize {
     if partition == 0 {
-        p.context_len
+        p.span()
     } else {
-        partition.min(p.context_len)
+        partition.min(p.span())
     }
 }
 
@@ -124,7 +126,7 @@ impl Layout {
             units,
             part_len,
             ld,
-            parts: p.context_len.div_ceil(part_len),
+            parts: p.span().div_ceil(part_len),
             tile,
         }
     }
@@ -218,7 +220,7 @@ pub(super) fn run_with<T: TableElem>(
             (unit, unit / p.group())
         };
         let ctx = context_lens[seq] as usize;
-        let t0 = part * lay.part_len;
+        let t0 = p.first_token(ctx) + part * lay.part_len;
         let t1 = (t0 + lay.part_len).min(ctx);
         let n = t1.saturating_sub(t0);
         // Block sizes are powers of two (validated): shifts, where a division by the run-time

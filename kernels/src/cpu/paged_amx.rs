@@ -650,9 +650,11 @@ mod tests {
     /// and (`whole_rows`) every KV head of a row in one, 2 or 3 heads on 16-token blocks
     /// (the rows' prefetch as one run) and 2 on blocks of 8 (row by row), grouped or one
     /// query head per KV head; one and two threads; the portable passes and, where the
-    /// host has them, the AVX-512 ones. The
-    /// cache rows past each sequence's context are NaN, as stale or never-written rows of
-    /// a block may be: no weight of zero may meet them.
+    /// host has them, the AVX-512 ones; sliding windows starting inside a block and inside
+    /// a 16-token tile, one shorter than a partition and one longer. The cache rows past each
+    /// sequence's context are NaN, as stale or never-written rows of a block may be, and so
+    /// are those before its window, as rows a server has since given to another sequence
+    /// may be: no weight of zero may meet them.
     #[test]
     fn paged_matches_the_reference_on_the_tile_model() {
         let mut engines = vec![Engine::Model { avx512: false }];
@@ -689,6 +691,14 @@ mod tests {
                 "num_seqs=2,context_len=90,q_heads=2,kv_heads=2,head_dim=32,block_size=16",
                 vec![90, 40],
             ),
+            (
+                "num_seqs=3,context_len=130,q_heads=8,kv_heads=2,head_dim=64,block_size=16,window=37",
+                vec![130, 20, 41],
+            ),
+            (
+                "num_seqs=2,context_len=100,q_heads=10,kv_heads=1,head_dim=32,block_size=8,window=70",
+                vec![100, 75],
+            ),
         ] {
             let problem: Problem = format!("paged:{spec},dtype=bf16").parse().unwrap();
             let Problem::Paged(p) = &problem else {
@@ -702,7 +712,9 @@ mod tests {
                 p.kv_heads * p.head_dim,
             );
             for (s, &len) in data.context_lens.clone().iter().enumerate() {
-                for t in len as usize..(len as usize).next_multiple_of(bs) {
+                let len = len as usize;
+                let outside = (0..p.first_token(len)).chain(len..len.next_multiple_of(bs));
+                for t in outside {
                     let row = data.block_tables[s * mb + t / bs] as usize * bs + t % bs;
                     for cache in &mut data.inputs[1..] {
                         let TensorBuf::Bf16(c) = cache else {
@@ -768,7 +780,9 @@ mod tests {
         // head per KV head.
         assert_eq!(
             ran,
-            (3 * 2 + 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2 + 3 * 3 + 3 * 4) * 2 * engines.len()
+            (3 * 2 + 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2 + 3 * 3 + 3 * 4 + 3 * 3 + 4 * 2)
+                * 2
+                * engines.len()
         );
     }
 }

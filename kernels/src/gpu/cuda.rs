@@ -378,7 +378,7 @@ impl DeviceProblem {
             .collect::<Result<_, _>>()?;
         let (tables, partials) = match &data.problem {
             Problem::Paged(p) => {
-                let parts = p.context_len.div_ceil(min_partition.max(1));
+                let parts = p.span().div_ceil(min_partition.max(1));
                 let slots = p.num_seqs * p.q_heads * parts;
                 (
                     Some((

@@ -169,7 +169,7 @@ pub struct DevicePtrs {
 pub fn partial_slots(problem: &Problem, config: &Config) -> usize {
     match (problem, config) {
         (Problem::Paged(p), Config::GpuPaged(c)) => {
-            p.num_seqs * p.q_heads * p.context_len.div_ceil(c.partition.max(1))
+            p.num_seqs * p.q_heads * p.span().div_ceil(c.partition.max(1))
         }
         _ => 0,
     }
@@ -515,7 +515,8 @@ pub fn launches(
             }
         }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
-            let parts = p.context_len.div_ceil(c.partition.max(1));
+            // Partitions count from each sequence's first attended token (a window's start).
+            let parts = p.span().div_ceil(c.partition.max(1));
             let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
             vec![
                 Launch {
@@ -538,6 +539,7 @@ pub fn launches(
                         int(ptrs.max_blocks_per_seq, "max_blocks_per_seq")?,
                         int(parts, "partitions")?,
                         Arg::Float(p.scale.get()),
+                        int(p.window.unwrap_or(0), "window")?,
                     ],
                 },
                 Launch {
@@ -588,7 +590,7 @@ mod tests {
             ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![10]),
             (
                 "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
-                vec![13, 6],
+                vec![14, 6],
             ),
         ] {
             let p: Problem = spec.parse().unwrap();
@@ -613,6 +615,20 @@ mod tests {
             partial_slots(&p, &c),
             3 * 8 * 1000usize.div_ceil(g.partition)
         );
+        // A window: partitions of the 300 tokens each sequence attends to, the window the
+        // kernel's last argument (0 without one).
+        let windowed: Problem =
+            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,window=300"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            partial_slots(&windowed, &c),
+            3 * 8 * 300usize.div_ceil(g.partition)
+        );
+        for (p, window) in [(&p, 0), (&windowed, 300)] {
+            let l = launches(p, &c, &ptrs).unwrap();
+            assert_eq!(l[0].args.last(), Some(&Arg::Int(window)), "{p}");
+        }
         let cpu = crate::CpuSpace.default_config(&p, &Device::host());
         assert!(launches(&p, &cpu, &ptrs).is_err());
     }

@@ -385,7 +385,7 @@ impl<'g> HipProblem<'g> {
             .collect::<Result<_, _>>()?;
         let (tables, partials) = match &data.problem {
             Problem::Paged(p) => {
-                let slots = p.num_seqs * p.q_heads * p.context_len.div_ceil(min_partition.max(1));
+                let slots = p.num_seqs * p.q_heads * p.span().div_ceil(min_partition.max(1));
                 (
                     Some((
                         gpu.upload(&data.block_tables)?,

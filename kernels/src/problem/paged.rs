@@ -7,6 +7,11 @@
 //!
 //! The problem's `context_len` is the longest context a call may carry; each call passes its
 //! sequences' own lengths (`1..=context_len`). Tuning uses every sequence at `context_len`.
+//!
+//! A sliding window (`window`, the layers of Mistral 7B v0.1, Gemma 2 and 3 or gpt-oss that
+//! look back a bounded distance) limits each sequence to its last `window` tokens: the new
+//! token sees keys `ctx - window .. ctx` of a context of `ctx`, itself included, as
+//! FlashAttention's `window_size = (window - 1, 0)` and vLLM's `sliding_window` count it.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +29,10 @@ pub struct PagedProblem {
     pub block_size: usize,
     pub scale: Scale,
     pub dtype: DType,
+    /// Tokens a sequence's new token looks back at, itself included; `None` for every token
+    /// of the context. Only a window shorter than `context_len` is kept: a longer one bounds
+    /// nothing, and the problem is the full attention one, under its key.
+    pub window: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -36,6 +45,9 @@ struct PagedFields {
     block_size: usize,
     scale: Scale,
     dtype: DType,
+    /// Absent in problems written before windows.
+    #[serde(default)]
+    window: Option<usize>,
 }
 
 impl TryFrom<PagedFields> for PagedProblem {
@@ -50,7 +62,8 @@ impl TryFrom<PagedFields> for PagedProblem {
             f.block_size,
             f.scale,
             f.dtype,
-        )
+        )?
+        .with_window(f.window)
     }
 }
 
@@ -103,11 +116,38 @@ impl PagedProblem {
             block_size,
             scale,
             dtype,
+            window: None,
         })
     }
 
+    /// This problem looking back at most `window` tokens (`None`: all of them). A window of
+    /// `context_len` tokens or more is dropped: no call of the problem reaches past it.
+    pub fn with_window(mut self, window: Option<usize>) -> Result<Self> {
+        if let Some(w) = window {
+            check_dim(Family::Paged, "window", w, 1 << 22)?;
+        }
+        self.window = window.filter(|&w| w < self.context_len);
+        Ok(self)
+    }
+
+    /// Tokens of its context a sequence of `ctx` tokens attends to.
+    pub fn span_of(&self, ctx: usize) -> usize {
+        self.window.map_or(ctx, |w| ctx.min(w))
+    }
+
+    /// The first token a sequence of `ctx` tokens attends to: `ctx - span_of(ctx)`.
+    pub fn first_token(&self, ctx: usize) -> usize {
+        ctx - self.span_of(ctx)
+    }
+
+    /// Tokens the longest sequence attends to: the context, or the window within it.
+    pub fn span(&self) -> usize {
+        self.span_of(self.context_len)
+    }
+
     /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
-    /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32).
+    /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `window`
+    /// (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let context_len = f.req("context_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -127,7 +167,8 @@ impl PagedProblem {
             f.opt("block_size")?.unwrap_or(16),
             scale,
             f.opt("dtype")?.unwrap_or(DType::F32),
-        )?;
+        )?
+        .with_window(f.opt("window")?)?;
         f.finish(&[
             "num_seqs",
             "context_len",
@@ -137,6 +178,7 @@ impl PagedProblem {
             "block_size",
             "scale",
             "dtype",
+            "window",
         ])?;
         Ok(p)
     }
@@ -152,6 +194,9 @@ impl PagedProblem {
             self.block_size,
             self.dtype
         );
+        if let Some(w) = self.window {
+            key.push_str(&format!(",window={w}"));
+        }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));
         }
@@ -168,13 +213,13 @@ impl PagedProblem {
     }
 
     pub fn flops(&self) -> f64 {
-        4.0 * (self.num_seqs * self.q_heads * self.head_dim) as f64 * self.context_len as f64
+        4.0 * (self.num_seqs * self.q_heads * self.head_dim) as f64 * self.span() as f64
     }
 
-    /// Decode is bound by reading every sequence's K and V once.
+    /// Decode is bound by reading every sequence's K and V once, within its window.
     pub fn min_bytes(&self) -> f64 {
         let e = self.dtype.size() as f64;
-        let kv = 2.0 * (self.num_seqs * self.context_len * self.kv_heads * self.head_dim) as f64;
+        let kv = 2.0 * (self.num_seqs * self.span() * self.kv_heads * self.head_dim) as f64;
         let q = (self.num_seqs * self.q_heads * self.head_dim) as f64;
         (kv + q) * e + q * 4.0
     }

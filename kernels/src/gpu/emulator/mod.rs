@@ -111,9 +111,16 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
         }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
             let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
+            // A window stays shorter than the context and, where it is longer than a
+            // partition, spans two of them.
+            let window = p.window.map(|w| w.min(c.partition + 5));
+            let context_len = match window {
+                Some(w) => p.context_len.min(w + 19),
+                None => p.context_len.min(c.partition + 7),
+            };
             PagedProblem::new(
                 p.num_seqs.min(2),
-                p.context_len.min(c.partition + 7),
+                context_len,
                 q_heads,
                 kv_heads,
                 p.head_dim,
@@ -121,6 +128,7 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
                 p.scale,
                 p.dtype,
             )
+            .and_then(|q| q.with_window(window))
             .map(Problem::Paged)
         }
         _ => Ok(*problem),

@@ -53,8 +53,7 @@ pub(super) fn candidates(p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
         for &threads in &thread_counts(host) {
             for partition in [0, 256, 512, 1024, 2048] {
                 for group_heads in [false, true] {
-                    if (group_heads && p.group() == 1)
-                        || (partition >= p.context_len && partition != 0)
+                    if (group_heads && p.group() == 1) || (partition >= p.span() && partition != 0)
                     {
                         continue;
                     }
@@ -214,7 +213,7 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
     let whole_rows = p.kv_heads > 1 && host.isa != Isa::Portable;
     // Split long contexts so every thread has work even with few sequences.
     let units = p.num_seqs * if whole_rows { 1 } else { p.kv_heads };
-    let partition = if units >= 4 * threads || p.context_len <= 512 {
+    let partition = if units >= 4 * threads || p.span() <= 512 {
         0
     } else {
         512usize.max(p.block_size)
