@@ -46,6 +46,10 @@ template <typename T>
 static inline T min(T a, T b) {
     return b < a ? b : a;
 }
+template <typename T>
+static inline T max(T a, T b) {
+    return a < b ? b : a;
+}
 
 namespace kt_host {
 

@@ -10,7 +10,12 @@
 // key run, start first and the short ones fill in behind them (kt_tile; NVIDIA and AMD
 // both hand out blocks in that order in practice, though neither promises it). Key and
 // value tiles of KT_BC rows are staged in LDS and shared by the block's rows; the softmax is
-// online, in base 2. Causal blocks stop at the last tile any of their rows may see.
+// online, in base 2. Causal blocks stop at the last tile any of their rows may see. With a
+// sliding window (KT_WINDOW builds, causal; its size `window` an argument), the query at
+// position pos sees keys pos + 1 - window ..= pos: blocks start at the tile holding their
+// first row's first key (kt_first_tile), and rows mask the keys their window has passed.
+// Builds without KT_WINDOW hold none of that code: its registers made ptxas spill the
+// warp-specialized 128 by 128 wgmma tiles.
 //
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
@@ -56,6 +61,19 @@
 // first, where the whole divided evenly is 8.2).
 KT_DEVICE int kt_tile(int launched) { return launched - 1 - KT_BID_Y; }
 
+#ifndef KT_WINDOW
+#define KT_WINDOW 0
+#endif
+
+// The first key of the tile holding the first key query `i` (shifted by `shift`) sees in its
+// window (without one, key 0).
+KT_DEVICE int kt_first_tile(int i, int shift, int window) {
+    return KT_WINDOW ? max(0, i + shift + 1 - window) / KT_BC * KT_BC : 0;
+}
+
+// How far back query rows reach: the window, or without one further than any key.
+KT_DEVICE int kt_reach(int window) { return KT_WINDOW ? window : 0x40000000; }
+
 #if KT_VARIANT == 0
 
 #define KT_THREADS (KT_BR * KT_LANES)
@@ -64,7 +82,7 @@ KT_DEVICE int kt_tile(int launched) { return launched - 1 - KT_BID_Y; }
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale) {
+         float scale, int window) {
     KT_SHARED float ks[KT_BC][KT_D];
     KT_SHARED float vs[KT_BC][KT_D];
     const int tid = KT_TID;
@@ -85,13 +103,15 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         o[x] = 0.0f;
     }
     float mx = -KT_INF, sum = 0.0f;
-    // Keys row i may see: all, or up to its position aligned to the end of the keys.
+    // Keys row i may see: all, or up to its position aligned to the end of the keys, and
+    // with a window from `reach` keys before that end.
     const int shift = kv_len - q_len;
     const int seen = causal ? min(kv_len, i + shift + 1) : kv_len;
+    const int reach = kt_reach(window);
     const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
 
-    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+    for (int j0 = kt_first_tile(qt * KT_BR, shift, window); j0 < block_seen; j0 += KT_BC) {
         for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {
             const int r = e / KT_D, x = e % KT_D;
             const int j = j0 + r;
@@ -110,7 +130,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 dot = fmaf(qr[x], ks[r][lane + KT_LANES * x], dot);
 #pragma unroll
             for (int m = KT_LANES / 2; m > 0; m /= 2) dot += KT_SHFL_XOR(dot, m);
-            s[r] = (live && j0 + r < seen) ? dot : -KT_INF;
+            s[r] = (live && j0 + r < seen && (!KT_WINDOW || j0 + r >= seen - reach)) ? dot : -KT_INF;
             tile_max = fmaxf(tile_max, s[r]);
         }
         if (tile_max > -KT_INF) {
@@ -286,7 +306,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
          float* __restrict__ part_out, float* __restrict__ part_max,
          float* __restrict__ part_sum,
 #endif
-         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale
+         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale, int window
 #if KT_TMA
          ,
          const KT_GRID_CONSTANT kt_tmap k_map, const KT_GRID_CONSTANT kt_tmap v_map
@@ -338,7 +358,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // Keys this block reads: its run's, up to the last any of its rows may see. A run
         // wholly past them leaves the block nothing: its rows' slots are never read.
         const int block_seen = min(run_end, causal ? min(kv_len, block_last + shift + 1) : kv_len);
-        if (KT_SPLIT > 1 && run_begin >= block_seen) return;
+        // And from the tile holding the first key its first row sees (its window's start).
+        const int key_begin = max(run_begin, kt_first_tile(qt * KT_BR, shift, window));
+        if (KT_SPLIT > 1 && key_begin >= block_seen) return;
         // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
         // the keys zero-filled. Consecutive threads take consecutive pieces of a row.
 #if KT_WG
@@ -390,7 +412,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #endif
 #if KT_TMA
             if (tid != -128) return;
-            for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
+            for (int j0 = key_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
                 const int st = it % KT_STAGES;
                 kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
                 kt_mbar_expect_tx(&full[st], 2 * KT_TILE * 2);
@@ -404,7 +426,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 }
             }
 #else
-            for (int j0 = run_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
+            for (int j0 = key_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
                 const int st = it % KT_STAGES;
                 kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
                 load(stages + 2 * st * KT_TILE, k, j0);
@@ -468,25 +490,32 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             sum[x] = 0.0f;
         }
 
-        // Keys every row of the warp sees: tiles wholly below them need no mask.
+        // Keys every row of the warp sees: tiles wholly below them need no mask, nor, with a
+        // window, from the first its last row sees on (`passed`). A row of `seen` keys sees
+        // from key seen - reach on (its seen is its position + 1).
         const int open = row0 + 16 * KT_MR - 1 < q_len
                              ? (causal ? min(kv_len, row0 + shift + 1) : kv_len)
                              : 0;
+        const int reach = kt_reach(window);
+        const int passed = max(0, row0 + 16 * KT_MR + shift - reach);
         // One key tile's online softmax: its scores `s` (from key j0) masked past each row's
         // last visible key, the rows' maxima and sums brought up to date, `s` made the tile's
         // probabilities, and `corr` what O's rows are to be scaled by (left to the caller:
         // pipelined, O's products may still be in flight). The scores stay unscaled until the
         // exponent, which takes scale and maximum in one multiply-add (the scale is positive:
         // the maximum of the scaled scores is the scaled maximum); only tiles past a row's
-        // last key are masked, the causal diagonal's and the keys' end.
+        // last key are masked, the causal diagonal's and the keys' end, and with a window
+        // tiles holding keys some row's window has passed.
         // Row tile m's rows are slots 2m and 2m + 1.
         auto softmax = [&](float (&s)[KT_ST][4], int m, int j0, float (&corr)[2]) {
-            if (j0 + KT_BC > open) {
+            if (j0 + KT_BC > open || (KT_WINDOW && j0 < passed)) {
 #pragma unroll
                 for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (j0 + 8 * n + 2 * t + e % 2 >= seen[2 * m + e / 2]) s[n][e] = -KT_INF;
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = j0 + 8 * n + 2 * t + e % 2, sn = seen[2 * m + e / 2];
+                        if (j >= sn || (KT_WINDOW && j < sn - reach)) s[n][e] = -KT_INF;
+                    }
             }
             float tile_max[2] = {-KT_INF, -KT_INF};
 #pragma unroll
@@ -569,7 +598,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // tile's scores are issued before this tile's products, so their softmax runs while
         // the products do, and O is rescaled once the products are done. `s` holds a tile's
         // scores, then its probabilities until they are packed.
-        const int key_tiles = block_seen > run_begin ? (block_seen - run_begin + KT_BC - 1) / KT_BC : 0;
+        const int key_tiles = block_seen > key_begin ? (block_seen - key_begin + KT_BC - 1) / KT_BC : 0;
         // Tile `it`'s K tile, once it and its V tile (after it) have landed in their stage;
         // the proxy fence hands the producer's copies to wgmma's reads.
         auto arrived = [&](int it) {
@@ -606,7 +635,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             pass_turn();
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(flat(s));
-            softmax(s, 0, run_begin, corr);  // O is zero yet: nothing to rescale
+            softmax(s, 0, key_begin, corr);  // O is zero yet: nothing to rescale
         }
         // Every tile but the last has a next, its scores issued beside this tile's products
         // (the last's, below, without: no branch inside the pipeline, which ptxas would
@@ -625,7 +654,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             pass_turn();
             kt_wgmma_wait<1>();  // the next tile's scores; this tile's products run on
             kt_wgmma_fence_operand(flat(s));
-            softmax(s, 0, run_begin + (it + 1) * KT_BC, corr);
+            softmax(s, 0, key_begin + (it + 1) * KT_BC, corr);
             kt_wgmma_wait<0>();
             kt_wgmma_fence_operand(ow);
             // The warpgroup's products with this stage are done: back to the producer.
@@ -643,7 +672,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // K and V tiles travel as separate commit groups, so each is waited for only when used:
         // the next K tile loads during the softmax and P·V, the next V tile during Q·Kᵀ. A
         // shared Q tile goes first, in a group of its own, waited for with the first K tile.
-        if (block_seen > run_begin) {
+        if (block_seen > key_begin) {
 #if KT_Q_SHARED
             for (int e = KT_TID; e < KT_BR * (KT_D / 8); e += KT_THREADS) {
                 const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
@@ -653,9 +682,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             }
             kt_cp_async_commit();
 #endif
-            load(ks, k, run_begin);
+            load(ks, k, key_begin);
             kt_cp_async_commit();
-            load(vs, v, run_begin);
+            load(vs, v, key_begin);
             kt_cp_async_commit();
         }
 #if !KT_WG
@@ -668,7 +697,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             kt_smem(&qs[row0 - qt * KT_BR + 8 * ((lane / 8) % 2) + lane % 8][8 * (lane / 16)]);
 #endif
 #endif
-        for (int j0 = run_begin; j0 < block_seen; j0 += KT_BC) {
+        for (int j0 = key_begin; j0 < block_seen; j0 += KT_BC) {
             kt_cp_async_wait<1>();  // this K tile (its V tile may still be in flight)
 #if KT_WG
             kt_fence_async_shared();  // the copies, to wgmma's reads
@@ -787,7 +816,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             sum[x] += KT_SHFL_XOR(sum[x], 2);
             if (row(m, r) >= q_len) continue;
 #if KT_SPLIT > 1
-            if (run > 0 || seen[x] > run_end) {
+            // A row whose keys lie in one run is written to `out` by that run's block (and
+            // left alone by the others); the others' rows leave each run's share.
+            const int first_run = KT_WINDOW ? max(0, seen[x] - reach) / kt_run(kv_len) : 0;
+            if (first_run == (seen[x] - 1) / kt_run(kv_len) && run != first_run) continue;
+            if (run != first_run || seen[x] > run_end) {
                 // This run's share, unnormalized.
                 const long slot =
                     ((long)(b * KT_SPLIT + run) * q_len + row(m, r)) * q_heads + h;
@@ -821,7 +854,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
                 const float* __restrict__ part_sum, float* __restrict__ out, int q_len,
-                int kv_len, int q_heads, int kv_heads, int causal, int batch) {
+                int kv_len, int q_heads, int kv_heads, int causal, int batch, int window) {
     (void)kv_heads;
     const long rows = (long)batch * q_len * q_heads;
     const long e = (long)KT_BID_X * KT_THREADS + KT_TID;
@@ -831,12 +864,14 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     const long b = row / per, rest = row % per;
     const int i = (int)(rest / q_heads);
     const int seen = causal ? min(kv_len, i + kv_len - q_len + 1) : kv_len;
+    // The runs holding the keys the row sees: from its window's start to its last key.
+    const int first = seen <= 0 || !KT_WINDOW ? 0 : max(0, seen - kt_reach(window)) / kt_run(kv_len);
     const int runs = seen <= 0 ? 0 : min(KT_SPLIT, (seen + kt_run(kv_len) - 1) / kt_run(kv_len));
-    if (runs == 1) return;
+    if (runs - first == 1) return;
     float m = -KT_INF;
-    for (int c = 0; c < runs; ++c) m = fmaxf(m, part_max[(b * KT_SPLIT + c) * per + rest]);
+    for (int c = first; c < runs; ++c) m = fmaxf(m, part_max[(b * KT_SPLIT + c) * per + rest]);
     float num = 0.0f, den = 0.0f;
-    for (int c = 0; c < runs; ++c) {
+    for (int c = first; c < runs; ++c) {
         const long slot = (b * KT_SPLIT + c) * per + rest;
         const float w = exp2f(part_max[slot] - m);
         num = fmaf(w, part_out[slot * KT_D + e % KT_D], num);
@@ -924,7 +959,7 @@ KT_DEVICE void kt_mfma_kv_stage(unsigned short (*ks)[KT_LDD], unsigned short (*v
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale) {
+         float scale, int window) {
     KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
     KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
     const int tid = KT_TID;
@@ -952,18 +987,24 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int e = 0; e < 16; ++e) o[d][e] = 0.0f;
     float mx = -KT_INF, sum = 0.0f;
 
-    // Keys every query of the wave sees: tiles wholly below them need no mask.
+    // Keys every query of the wave sees: tiles wholly below them need no mask, nor, with a
+    // window, from the first its last query sees on (`passed`); a query sees from key
+    // seen - reach on.
     const int first = qt * KT_BR + (tid / 64) * 32;
     const int open = first + 31 < q_len ? (causal ? min(kv_len, first + shift + 1) : kv_len) : 0;
+    const int reach = kt_reach(window);
+    const int passed = max(0, first + 32 + shift - reach);
     const int block_last = min(q_len, qt * KT_BR + KT_BR) - 1;
     const int block_seen = causal ? min(kv_len, block_last + shift + 1) : kv_len;
+    const int key_begin = kt_first_tile(qt * KT_BR, shift, window);
 #if KT_PREFETCH
     // The next key tile's 16-byte pieces of K and V are loaded into registers while this one
     // is multiplied, and written to LDS after it: a wave a SIMD hides no load latency.
     kt_u32x4 kp[KT_PIECES], vp[KT_PIECES];
-    if (block_seen > 0) kt_mfma_kv_fetch(kp, vp, k, v, b, kv_len, kv_heads, kvh, 0, tid);
+    if (block_seen > key_begin)
+        kt_mfma_kv_fetch(kp, vp, k, v, b, kv_len, kv_heads, kvh, key_begin, tid);
 #endif
-    for (int j0 = 0; j0 < block_seen; j0 += KT_BC) {
+    for (int j0 = key_begin; j0 < block_seen; j0 += KT_BC) {
 #if KT_PREFETCH
         kt_mfma_kv_stage(ks, vt, kp, vp, tid);
         KT_SYNC();
@@ -980,10 +1021,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #endif
         // Sᵀ tile n: accumulator e is key j0 + 32n + 8·(e / 4) + 4·half + e % 4. The scores
         // stay unscaled until the exponent, which takes scale and maximum in one multiply-add
-        // (the scale is positive); only tiles past a query's last key are masked.
+        // (the scale is positive); only tiles past a query's last key are masked, and those
+        // holding keys some query's window has passed.
         kt_f32x16 s[KT_ST];
         float tile_max = -KT_INF;
-        const bool masked = j0 + KT_BC > open;
+        const bool masked = j0 + KT_BC > open || (KT_WINDOW && j0 < passed);
 #pragma unroll
         for (int n = 0; n < KT_ST; ++n) {
 #pragma unroll
@@ -993,8 +1035,10 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 s[n] = kt_mfma(kt_frag_at(&ks[32 * n + col][8 * st + 4 * half]), qf[st], s[n]);
             if (masked) {
 #pragma unroll
-                for (int e = 0; e < 16; ++e)
-                    if (j0 + 32 * n + 8 * (e / 4) + 4 * half + e % 4 >= seen) s[n][e] = -KT_INF;
+                for (int e = 0; e < 16; ++e) {
+                    const int j = j0 + 32 * n + 8 * (e / 4) + 4 * half + e % 4;
+                    if (j >= seen || (KT_WINDOW && j < seen - reach)) s[n][e] = -KT_INF;
+                }
             }
 #pragma unroll
             for (int e = 0; e < 16; ++e) tile_max = fmaxf(tile_max, s[n][e]);

@@ -7,7 +7,8 @@
 // takes KT_PART tokens of one sequence for one query head: scores into LDS, block-wide max
 // and sum, then P·V, written unnormalised with the partition's max and sum. kt_paged_reduce:
 // grid (q_heads, num_seqs), combines the partitions by their log-sum-exp. `window` > 0 (a
-// sliding window): a sequence of ctx tokens attends to its last `window` only.
+// sliding window): a sequence of ctx tokens attends to its last `window` only, and its
+// partitions count from the first of them.
 //
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
@@ -63,9 +64,13 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     const int h = KT_BID_Y;
     const int seq = KT_BID_Z;
     const int kvh = h / (q_heads / kv_heads);
-    const int ctx = (int)context_lens[seq];
-    // Partitions count from the first token the sequence attends to: its window's start.
-    const int t0 = (window > 0 && ctx > window ? ctx - window : 0) + part * KT_PART;
+    // Tokens counted from the block holding the first the sequence attends to (its window's
+    // start, `first`), the block table from that block: partitions starting at `first` itself
+    // made ptxas spill three registers of the f32 builds of head size 96.
+    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
+    const int skip = first / KT_BLOCK;
+    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
+    const int t0 = first % KT_BLOCK + part * KT_PART;
     const int t1 = min(ctx, t0 + KT_PART);
     const long slot = ((long)seq * q_heads + h) * partitions + part;
     if (t0 >= t1) {
@@ -81,7 +86,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     for (int x = tid; x < KT_D; x += KT_THREADS)
         qs[x] = kt_load(query, ((long)seq * q_heads + h) * KT_D + x) * scale * log2e;
     KT_SYNC();
-    const unsigned* table = block_tables + (long)seq * max_blocks;
+    const unsigned* table = block_tables + (long)seq * max_blocks + skip;
     float local_max = -KT_INF;
     for (int t = t0 + tid; t < t1; t += KT_THREADS) {
         const long row =
@@ -146,9 +151,13 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     const int h = KT_BID_Y;
     const int seq = KT_BID_Z;
     const int kvh = h / (q_heads / kv_heads);
-    const int ctx = (int)context_lens[seq];
-    // Partitions count from the first token the sequence attends to: its window's start.
-    const int t0 = (window > 0 && ctx > window ? ctx - window : 0) + part * KT_PART;
+    // Tokens counted from the block holding the first the sequence attends to (its window's
+    // start, `first`), the block table from that block: partitions starting at `first` itself
+    // made ptxas spill three registers of the f32 builds of head size 96.
+    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
+    const int skip = first / KT_BLOCK;
+    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
+    const int t0 = first % KT_BLOCK + part * KT_PART;
     const int t1 = min(ctx, t0 + KT_PART);
     const long slot = ((long)seq * q_heads + h) * partitions + part;
     if (t0 >= t1) {
@@ -173,7 +182,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
 #pragma unroll
         for (int e = 0; e < KT_VEC; ++e) q[p][e] *= scale * log2e;
     }
-    const unsigned* table = block_tables + (long)seq * max_blocks;
+    const unsigned* table = block_tables + (long)seq * max_blocks + skip;
     auto row_of = [&](int t) {
         return (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
     };

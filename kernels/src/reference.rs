@@ -138,7 +138,7 @@ pub fn flash_row(
     } else {
         p.kv_len
     };
-    let keys = (0..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
+    let keys = (p.first_key(i)..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
     attend_rows(p.scale.get() as f64, &qrow, keys, k, v)
 }
 

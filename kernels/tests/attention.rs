@@ -68,6 +68,71 @@ fn every_flash_candidate_matches_reference() {
     eprintln!("verified {ran} flash configs");
 }
 
+/// Sliding windows (causal): a window of one key, windows shorter than a tile and longer,
+/// starting inside tiles, with queries aligned to the end of more keys (chunked prefill),
+/// GQA 1, 8 and 64, every input type.
+#[test]
+fn every_flash_candidate_matches_reference_within_a_window() {
+    let device = Device::host();
+    let mut ran = 0;
+    for (q, kv, hq, hkv, d, window) in [
+        (37, 37, 2, 2, 64, 5),
+        (19, 70, 8, 1, 128, 40),
+        (70, 100, 4, 2, 64, 1),
+        (130, 130, 64, 1, 64, 77),
+        (5, 131, 16, 2, 96, 3),
+    ] {
+        for dtype in DType::ALL {
+            let p = problem(&format!(
+                "flash:batch=2,q_len={q},kv_len={kv},q_heads={hq},kv_heads={hkv},head_dim={d},dtype={dtype},window={window}"
+            ));
+            assert!(
+                matches!(p, Problem::Flash(f) if f.window == Some(window)),
+                "{p}"
+            );
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            ran += check_all(&p, &configs);
+        }
+    }
+    eprintln!("verified {ran} windowed flash configs");
+}
+
+/// A flash window: what the reference computes changes, a window of `kv_len` keys or more is
+/// dropped from the problem, and one without the causal mask is refused by name.
+#[test]
+fn a_flash_window_bounds_the_reference_and_needs_the_causal_mask() {
+    let spec = "flash:q_len=50,kv_len=80,q_heads=2,head_dim=32";
+    let full = ProblemData::random(&problem(spec), 9).reference();
+    let windowed = ProblemData::random(&problem(&format!("{spec},window=8")), 9).reference();
+    let moved = full
+        .iter()
+        .zip(&windowed)
+        .filter(|(a, b)| (*a - *b).abs() > 1e-3)
+        .count();
+    assert!(
+        moved > full.len() / 2,
+        "{moved} of {} values moved",
+        full.len()
+    );
+    for long in [80, 1000] {
+        assert_eq!(problem(&format!("{spec},window={long}")), problem(spec));
+    }
+    let p = problem(&format!("{spec},window=79"));
+    assert!(p.key().ends_with(",window=79"), "{}", p.key());
+    assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+    // Query i at position i + 30 sees keys i + 23 ..= i + 30: 50 queries of 8 keys each.
+    let Problem::Flash(f) = problem(&format!("{spec},window=8")) else {
+        unreachable!("a flash spec")
+    };
+    assert_eq!(f.visible_pairs(), 400.0);
+    assert_eq!(f.first_key(0), 23);
+    let err = format!("{spec},causal=false,window=8")
+        .parse::<Problem>()
+        .unwrap_err();
+    assert!(err.to_string().contains("causal=true"), "{err}");
+}
+
 #[test]
 fn every_paged_candidate_matches_reference() {
     let device = Device::host();
@@ -567,11 +632,15 @@ proptest! {
     fn random_flash_shapes_match_reference(
         q in 1usize..40, extra in 0usize..30, kvh in 1usize..3, group in 1usize..5,
         d in 1usize..100, causal in prop::bool::ANY, dt in 0usize..3,
-        pick in any::<prop::sample::Index>(),
+        pick in any::<prop::sample::Index>(), window in prop::option::of(1usize..70),
     ) {
         let dtype = DType::ALL[dt];
+        let window = match (causal, window) {
+            (true, Some(w)) => format!(",window={w}"),
+            _ => String::new(),
+        };
         let p = problem(&format!(
-            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype}",
+            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype}{window}",
             q + extra, kvh * group
         ));
         let device = Device::host();

@@ -196,6 +196,23 @@ fn flash_candidates_match_the_reference_on_32_and_64_wide_waves() {
     }
 }
 
+// Sliding windows: shorter than any key tile, over queries aligned to the end of more keys
+// (split runs some rows see nothing of, rows whose keys lie in one run past the first);
+// longer than a 32-key tile at head size 128 (the MFMA variant's).
+const FLASH_BF16_WINDOW: &str =
+    "flash:q_len=70,kv_len=130,q_heads=2,kv_heads=1,head_dim=64,dtype=bf16,window=13";
+const FLASH_F16_128_WINDOW: &str =
+    "flash:q_len=40,kv_len=100,q_heads=2,kv_heads=1,head_dim=128,dtype=f16,window=45";
+
+#[test]
+fn flash_candidates_match_the_reference_within_a_window() {
+    for model in ["h200", "mi250"] {
+        for spec in [FLASH_BF16_WINDOW, FLASH_F16_128_WINDOW] {
+            every_candidate(model, spec, None);
+        }
+    }
+}
+
 #[test]
 fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
     for model in ["h200", "mi250", "rx7900xtx"] {
@@ -1081,8 +1098,8 @@ fn warps_of_32_rows_match_the_reference_and_catch_each_mistake() {
         ),
         (
             "the second row tile masked as the first",
-            "if (j0 + 8 * n + 2 * t + e % 2 >= seen[2 * m + e / 2]) s[n][e] = -KT_INF;",
-            "if (j0 + 8 * n + 2 * t + e % 2 >= seen[e / 2]) s[n][e] = -KT_INF;",
+            "const int j = j0 + 8 * n + 2 * t + e % 2, sn = seen[2 * m + e / 2];",
+            "const int j = j0 + 8 * n + 2 * t + e % 2, sn = seen[e / 2];",
         ),
         (
             "the first row tile's probabilities in the second's products",
@@ -1150,7 +1167,8 @@ fn mma_flash_tiles_of_head_size_256_match_the_reference() {
 /// of 32 in runs of two (split 2) or one (split 4, and split 8: runs past the keys), fewer
 /// queries than keys, so rows see two to four runs and some blocks none; causal and not;
 /// and as many queries as keys, where the first rows see one run only, written by the first
-/// kernel and left by the second.
+/// kernel and left by the second; and a sliding window of 20 keys, where rows see one run
+/// past the first, or two, and blocks start past the first run.
 #[test]
 fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
     let causal: Problem = "flash:q_len=70,kv_len=120,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
@@ -1163,8 +1181,12 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
     let square: Problem = "flash:q_len=70,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16"
         .parse()
         .unwrap();
+    let windowed: Problem =
+        "flash:q_len=70,kv_len=120,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16,window=20"
+            .parse()
+            .unwrap();
     let source = include_str!("../hip/flash.hip");
-    for problem in [&causal, &full, &square] {
+    for problem in [&causal, &full, &square, &windowed] {
         for split in [2, 4, 8] {
             let error = config_error(problem, mma_flash_split((16, 32), false, split));
             let ok = error(source);
@@ -1187,13 +1209,13 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
                 ),
                 (
                     "every run reading from the first key",
-                    "load(ks, k, run_begin);",
+                    "load(ks, k, key_begin);",
                     "load(ks, k, 0);",
                 ),
                 (
                     "rows of several runs taken for rows of one",
-                    "if (runs == 1) return;",
-                    "if (runs >= 1) return;",
+                    "if (runs - first == 1) return;",
+                    "if (runs - first >= 1) return;",
                 ),
             ] {
                 assert!(source.contains(from), "flash.hip no longer has `{from}`");
@@ -1205,8 +1227,34 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
             }
         }
     }
+    // A window's rows combined from the first run on, or their one run taken for the first.
+    for (what, from, to) in [
+        (
+            "runs before the window combined",
+            "const int first = seen <= 0 || !KT_WINDOW ? 0 :",
+            "const int first = 1 ? 0 :",
+        ),
+        (
+            "a row's one run taken for the first",
+            "const int first_run = KT_WINDOW ? max(0, seen[x] - reach) / kt_run(kv_len) : 0;",
+            "const int first_run = 0;",
+        ),
+    ] {
+        assert!(source.contains(from), "flash.hip no longer has `{from}`");
+        for split in [2, 4] {
+            let error = config_error(&windowed, mma_flash_split((16, 32), false, split));
+            let err = error(&source.replacen(from, to, 1));
+            assert!(
+                err.is_nan() || err > windowed.tolerance(),
+                "split {split}: {what} went unnoticed: error {err:e}"
+            );
+        }
+    }
     // Rows of one run left to the partial results: the combining kernel never writes them.
-    let (from, to) = ("if (run > 0 || seen[x] > run_end) {", "if (true) {");
+    let (from, to) = (
+        "if (run != first_run || seen[x] > run_end) {",
+        "if (true) {",
+    );
     assert!(source.contains(from), "flash.hip no longer has `{from}`");
     for split in [2, 4] {
         let error = config_error(&square, mma_flash_split((16, 32), false, split));

@@ -531,6 +531,30 @@ fn every_wgmma_flash_candidate_compiles_for_sm90a() {
     }
 }
 
+/// Sliding-window builds (KT_WINDOW, their masks): every warpgroup-MMA tile of a windowed
+/// Llama-70B TP8 prefill, and the NVIDIA heuristic, compile for sm_90a without spills, with
+/// the space's shared memory; the builds of the problem without a window hold none of that
+/// code (their names, and so their compiled code, differ).
+#[test]
+fn windowed_flash_builds_compile_for_sm90a_without_spills() {
+    let Some(nvrtc) = compiler("windowed_flash_builds_compile_for_sm90a_without_spills") else {
+        return;
+    };
+    let spec = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+    let p: Problem = format!("{spec},window=512").parse().unwrap();
+    let mut configs = candidates_where("h200", &p, |c| matches!(c, Config::GpuFlash(f) if f.wgmma));
+    assert_eq!(configs.len(), 26, "{p}");
+    configs.push(GpuSpace.heuristic(&p, &Device::lookup("h200").unwrap()));
+    check_candidates(&nvrtc, "h200", &p, &configs, "mma");
+    let full: Problem = spec.parse().unwrap();
+    for c in &configs {
+        let windowed = KernelBuild::new(&p, c).unwrap().key();
+        assert!(windowed.contains("KT_WINDOW=1"), "{windowed}");
+        let plain = KernelBuild::new(&full, c).unwrap().key();
+        assert!(!plain.contains("KT_WINDOW"), "{plain}");
+    }
+}
+
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {

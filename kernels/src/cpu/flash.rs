@@ -5,7 +5,8 @@
 //! row max `m` and sum `l`, accumulator `O ← O·2^(m_old − m_new) + P·V`. Both products run on
 //! the GEMM microkernels. Scores carry a factor `log2(e)` folded into Q so the softmax uses
 //! `exp2`. Causal tiles entirely above the diagonal are never visited; only tiles crossing it
-//! are masked.
+//! are masked. With a sliding window, likewise below it: a query tile's keys start at its
+//! first row's window, and tiles its later rows' windows have passed are masked for those.
 //!
 //! Scores are computed transposed, `Sᵀ = K·Qᵀ`: K rows are contiguous in memory as the
 //! microkernel's A operand wants them, and `Qᵀ` is built once per query tile instead of a `Kᵀ`
@@ -260,7 +261,9 @@ impl Tile<'_> {
         let kv_end = kv_end(p, i1);
         let kv_stride = p.kv_heads * d;
         let kv_base = span.kv_base(p);
-        for j0 in (0..kv_end).step_by(c.bc) {
+        // The last position's window start: keys below it are hidden from some rows.
+        let last_first = p.first_key(i1 - 1);
+        for j0 in (p.first_key(i0)..kv_end).step_by(c.bc) {
             let w = c.bc.min(kv_end - j0);
             // K and V tiles [w][dp], widened; V zero-padded where the microkernel reads past
             // the live columns (K rows past `w` are never read).
@@ -304,6 +307,15 @@ impl Tile<'_> {
                     let hidden = (j0 + j).saturating_sub(off + i0);
                     let upto = (hidden * span.rows_per_pos).min(rows);
                     st[j * rp..j * rp + upto].fill(f32::NEG_INFINITY);
+                }
+            }
+            // And what the window has passed, in a tile below the last row's window start:
+            // key j0 + j is hidden from positions from j0 + j + window − off on, a suffix.
+            if let (Some(window), true) = (p.window, j0 < last_first) {
+                for j in 0..w {
+                    let from = (j0 + j + window).saturating_sub(off + i0);
+                    let from = (from * span.rows_per_pos).min(rows);
+                    st[j * rp + from..j * rp + rows].fill(f32::NEG_INFINITY);
                 }
             }
             (self.t.softmax_cols)(st, w, rows, rp, mx, sum, tmp, ot, lay.dp, d);

@@ -7,7 +7,7 @@
 //! - `S = Q·Kᵀ`: the tile's Q rows, copied once per query tile, are the A tiles; each key tile
 //!   is packed as B tiles, the pair words of each key's row transposed into `[d pair][key]`
 //!   rows (16 × 16 word transposes in registers);
-//! - the softmax runs along each row of S: scale by `scale·log2(e)`, causal mask, running max
+//! - the softmax runs along each row of S: scale by `scale·log2(e)`, causal and window masks, running max
 //!   and sum, `exp2`, and the weights rounded to bf16 into P, whose rows are the A tiles of the
 //!   second product (PyTorch's CPU flash attention rounds them the same way);
 //! - `O += P·V`: V packed as B tiles, each pair of consecutive keys interleaved per column; the
@@ -241,18 +241,25 @@ struct Rows<'a> {
     /// With the mask, the keys of this tile the tile's first position sees (negative when
     /// the tile starts past them): row r sees `first_pos_keys + r / rows_per_pos` of them.
     first_pos_keys: isize,
+    /// With a sliding window, the keys of this tile the window of the tile's first position
+    /// has passed (negative when none): row r's window has passed `first_pos_passed +
+    /// r / rows_per_pos` of them.
+    first_pos_passed: Option<isize>,
     rows_per_pos: usize,
     causal: bool,
 }
 
 impl Rows<'_> {
-    fn visible(&self, r: usize) -> usize {
-        if self.causal {
-            let seen = self.first_pos_keys + (r / self.rows_per_pos) as isize;
-            seen.clamp(0, self.w as isize) as usize
-        } else {
-            self.w
-        }
+    /// The keys of this tile row `r` sees: a range, empty for a row the tile is hidden from.
+    fn visible(&self, r: usize) -> std::ops::Range<usize> {
+        let pos = (r / self.rows_per_pos) as isize;
+        let clamp = |keys: isize| keys.clamp(0, self.w as isize) as usize;
+        let end = match self.causal {
+            true => clamp(self.first_pos_keys + pos),
+            false => self.w,
+        };
+        let start = self.first_pos_passed.map_or(0, |k| clamp(k + pos));
+        start..end.max(start)
     }
 }
 
@@ -268,14 +275,16 @@ fn softmax_rows(
     for r in 0..t.rows {
         let vis = t.visible(r);
         let pm = &mut t.pm[r * t.bcp..r * t.bcp + t.wp];
-        if vis == 0 {
+        if vis.is_empty() {
             // Hidden from every key of this tile: nothing to add, nothing to rescale.
             pm.fill(0);
             continue;
         }
         let m_old = t.mx[r];
-        let (m_new, total) = exp_row(&mut t.s[r * t.bcp..r * t.bcp + vis], t.qscale, m_old, pm);
-        pm[vis..].fill(0);
+        let row = &mut t.s[r * t.bcp + vis.start..r * t.bcp + vis.end];
+        let (m_new, total) = exp_row(row, t.qscale, m_old, &mut pm[vis.start..]);
+        pm[..vis.start].fill(0);
+        pm[vis.end..].fill(0);
         // 0 on the first visible tile, where m_old is −∞.
         let alpha = super::leaf::exp2_approx(m_old - m_new);
         t.sum[r] = t.sum[r] * alpha + total;
@@ -639,7 +648,7 @@ unsafe fn query_tile<T: Tiles>(
     // within their blocks; the caller's contract on T.
     unsafe {
         tiles.configure(&TileConfig::full(2, 2));
-        for j0 in (0..kv_end).step_by(c.bc) {
+        for j0 in (p.first_key(i0)..kv_end).step_by(c.bc) {
             let w = c.bc.min(kv_end - j0);
             let wp = w.next_multiple_of(BLOCK);
             (passes.pack_kt)(
@@ -680,6 +689,10 @@ unsafe fn query_tile<T: Tiles>(
                 qscale,
                 // Position i0 + t sees keys up to i0 + t + off.
                 first_pos_keys: (i0 + off + 1) as isize - j0 as isize,
+                // Position i0 + t's window starts at key i0 + t + off + 1 − window.
+                first_pos_passed: p
+                    .window
+                    .map(|w| (i0 + off + 1) as isize - w as isize - j0 as isize),
                 rows_per_pos: span.rows_per_pos,
                 causal: p.causal,
             });
@@ -733,7 +746,8 @@ mod tests {
     /// dimensions below, at and past a block, GQA 1, 8 and 64, one query, more queries than
     /// keys, causal with fewer queries than keys, key tiles shorter than query tiles (rows
     /// that start seeing keys mid-tile), tiles shorter than a block, both splits, one and two
-    /// threads, every build of the passes the host runs.
+    /// threads, every build of the passes the host runs; sliding windows of 1, 5 and 40 keys
+    /// (rows whose window has passed keys mid-tile, tiles some rows see nothing of).
     #[test]
     fn flash_matches_the_reference_on_the_tile_model() {
         let builds = Level::supported();
@@ -745,6 +759,9 @@ mod tests {
             "flash:batch=1,q_len=23,kv_len=23,q_heads=8,kv_heads=8,head_dim=80,causal=false",
             "flash:batch=1,q_len=70,kv_len=9,q_heads=4,kv_heads=2,head_dim=64,causal=false",
             "flash:batch=1,q_len=9,kv_len=40,q_heads=2,kv_heads=1,head_dim=2,causal=true",
+            "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true,window=5",
+            "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true,window=40",
+            "flash:batch=1,q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=64,causal=true,window=1",
         ] {
             let problem: Problem = format!("{spec},dtype=bf16").parse().unwrap();
             let Problem::Flash(p) = problem else {
@@ -794,6 +811,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ran, 6 * 4 * 2 * 2 * builds.len());
+        assert_eq!(ran, 9 * 4 * 2 * 2 * builds.len());
     }
 }

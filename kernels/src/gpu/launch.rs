@@ -435,6 +435,8 @@ pub fn launches(
                 int(p.kv_heads, "kv_heads")?,
                 Arg::Int(i32::from(p.causal)),
             ];
+            // The sliding window, 0 without one.
+            let window = int(p.window.unwrap_or(0), "window")?;
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = p.q_len.div_ceil(c.br);
             // With TMA, K and V as [batch, kv_len, kv_heads, head_dim] in boxes of one
@@ -472,7 +474,7 @@ pub fn launches(
                     args: [
                         vec![i0, i1, i2, out],
                         sizes.to_vec(),
-                        vec![Arg::Float(p.scale.get())],
+                        vec![Arg::Float(p.scale.get()), window],
                         maps,
                     ]
                     .concat(),
@@ -493,7 +495,7 @@ pub fn launches(
                         args: [
                             vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
-                            vec![Arg::Float(p.scale.get())],
+                            vec![Arg::Float(p.scale.get()), window],
                             maps,
                         ]
                         .concat(),
@@ -507,7 +509,7 @@ pub fn launches(
                         args: [
                             vec![part_out, part_max, part_sum, out],
                             sizes.to_vec(),
-                            vec![int(p.batch, "batch")?],
+                            vec![int(p.batch, "batch")?, window],
                         ]
                         .concat(),
                     },
@@ -587,7 +589,7 @@ mod tests {
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
-            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![10]),
+            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![11]),
             (
                 "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
                 vec![14, 6],
@@ -715,7 +717,8 @@ mod tests {
         });
         GpuSpace.validate(&by_tma, &p, &h200).unwrap();
         let l = launches(&p, &by_tma, &ptrs).unwrap();
-        let [.., Arg::Float(_), Arg::TensorMap(k), Arg::TensorMap(v)] = l[0].args[..] else {
+        let [.., Arg::Float(_), Arg::Int(0), Arg::TensorMap(k), Arg::TensorMap(v)] = l[0].args[..]
+        else {
             panic!("{:?}", l[0].args)
         };
         assert_eq!((k.addr, v.addr, k.rank), (0x2000, 0x3000, 4));
@@ -724,7 +727,7 @@ mod tests {
         assert_eq!(k.boxes(), [64, 1, 128, 1]);
         assert_eq!(
             l[1].args.len(),
-            4 + 5 + 1,
+            4 + 5 + 2,
             "the combining kernel takes no maps"
         );
 

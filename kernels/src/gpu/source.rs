@@ -141,6 +141,8 @@ impl KernelBuild {
                     .chain(c.tma.then_some(("KT_TMA", 1)))
                     .chain(c.prefetch.then_some(("KT_PREFETCH", 1)))
                     .chain(split_registers.then_some(("KT_SPLIT_REGS", 1)))
+                    // The window's masks only where the problem has one (flash.hip).
+                    .chain(p.window.is_some().then_some(("KT_WINDOW", 1)))
                     .collect(),
                     entries: if c.split > 1 {
                         &["kt_flash", "kt_flash_reduce"]

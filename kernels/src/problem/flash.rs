@@ -4,6 +4,10 @@
 //! `[batch, q_len, q_heads, head_dim]`, K and V `[batch, kv_len, kv_heads, head_dim]`. With
 //! `causal` and `q_len < kv_len` the query block is aligned to the end of the keys (query `i` sees
 //! keys `0..=i + kv_len - q_len`), as a chunked prefill continuing a cached prefix needs.
+//!
+//! A sliding window (`window`, causal only) bounds how far back a query looks: the query at
+//! position `pos = i + kv_len - q_len` sees keys `pos + 1 - window ..= pos`, itself included,
+//! as FlashAttention's `window_size = (window - 1, 0)` and vLLM's `sliding_window` count it.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +26,10 @@ pub struct FlashProblem {
     pub causal: bool,
     pub scale: Scale,
     pub dtype: DType,
+    /// Keys a query looks back at, itself included; `None` for all it may see. Only a window
+    /// shorter than `kv_len` is kept: a longer one hides nothing, and the problem is the
+    /// full attention one, under its key.
+    pub window: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -35,6 +43,9 @@ struct FlashFields {
     causal: bool,
     scale: Scale,
     dtype: DType,
+    /// Absent in problems written before windows.
+    #[serde(default)]
+    window: Option<usize>,
 }
 
 impl TryFrom<FlashFields> for FlashProblem {
@@ -43,7 +54,8 @@ impl TryFrom<FlashFields> for FlashProblem {
         FlashProblem::new(
             f.batch, f.q_len, f.kv_len, f.q_heads, f.kv_heads, f.head_dim, f.causal, f.scale,
             f.dtype,
-        )
+        )?
+        .with_window(f.window)
     }
 }
 
@@ -100,11 +112,39 @@ impl FlashProblem {
             causal,
             scale,
             dtype,
+            window: None,
         })
     }
 
+    /// This problem with each query looking back at most `window` keys, itself included
+    /// (`None`: every key the mask leaves it). Causal problems only: a window bounds how far
+    /// back a decoder looks. A window of `kv_len` keys or more is dropped, as it hides none.
+    pub fn with_window(mut self, window: Option<usize>) -> Result<Self> {
+        if let Some(w) = window {
+            check_dim(Family::Flash, "window", w, 1 << 22)?;
+            if !self.causal {
+                return Err(invalid(
+                    "window",
+                    w,
+                    "a sliding window looks back from each query: it needs causal=true",
+                ));
+            }
+        }
+        self.window = window.filter(|&w| w < self.kv_len);
+        Ok(self)
+    }
+
+    /// The first key query `i` sees: its window's start (0 without one).
+    pub fn first_key(&self, i: usize) -> usize {
+        match self.window {
+            Some(w) => (i + self.kv_len - self.q_len + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
     /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
-    /// `kv_heads` (q_heads), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32).
+    /// `kv_heads` (q_heads), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32),
+    /// `window` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let q_len: usize = f.req("q_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -125,10 +165,11 @@ impl FlashProblem {
             f.opt("causal")?.unwrap_or(true),
             scale,
             f.opt("dtype")?.unwrap_or(DType::F32),
-        )?;
+        )?
+        .with_window(f.opt("window")?)?;
         f.finish(&[
             "batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "scale",
-            "dtype",
+            "dtype", "window",
         ])?;
         Ok(p)
     }
@@ -145,6 +186,9 @@ impl FlashProblem {
             self.causal,
             self.dtype
         );
+        if let Some(w) = self.window {
+            key.push_str(&format!(",window={w}"));
+        }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));
         }
@@ -161,9 +205,13 @@ impl FlashProblem {
         if !self.causal {
             return self.q_len as f64 * self.kv_len as f64;
         }
+        // Keys seen by the queries at positions 0..n: min(x, window) for x = 1..=n.
+        let upto = |n: f64| match self.window.map(|w| w as f64) {
+            Some(w) if n > w => w * (w + 1.0) / 2.0 + (n - w) * w,
+            _ => n * (n + 1.0) / 2.0,
+        };
         let offset = (self.kv_len - self.q_len) as f64;
-        let q = self.q_len as f64;
-        q * offset + q * (q + 1.0) / 2.0
+        upto(offset + self.q_len as f64) - upto(offset)
     }
 
     /// Two matrix products (QKᵀ and PV) over the visible pairs.
@@ -174,7 +222,9 @@ impl FlashProblem {
     pub fn min_bytes(&self) -> f64 {
         let e = self.dtype.size() as f64;
         let q = (self.batch * self.q_len * self.q_heads * self.head_dim) as f64;
-        let kv = (2 * self.batch * self.kv_len * self.kv_heads * self.head_dim) as f64;
+        // Keys before the first query's window are never read.
+        let keys = self.kv_len - self.first_key(0);
+        let kv = (2 * self.batch * keys * self.kv_heads * self.head_dim) as f64;
         (q + kv) * e + q * 4.0
     }
 

@@ -104,9 +104,12 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
             let q_len = p.q_len.min(c.br + 1);
             let kv_len = p.kv_len.min(c.bc + 3).max(q_len.min(p.kv_len));
             let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
+            // A window stays shorter than a key tile, so tiles hold keys it has passed.
+            let window = p.window.map(|w| w.min((c.bc / 2).max(1)));
             FlashProblem::new(
                 1, q_len, kv_len, q_heads, kv_heads, p.head_dim, p.causal, p.scale, p.dtype,
             )
+            .and_then(|f| f.with_window(window))
             .map(Problem::Flash)
         }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
