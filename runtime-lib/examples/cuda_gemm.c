@@ -189,6 +189,11 @@ int main(int argc, char **argv) {
                 argv[0]);
         return 2;
     }
+    if (kt_abi_version() != KERNTUNE_ABI_VERSION) {
+        fprintf(stderr, "libkerntune speaks C ABI %u, this program was built for %u: rebuild it\n",
+                kt_abi_version(), KERNTUNE_ABI_VERSION);
+        return 2;
+    }
     /* The library first: without the device, or built without CUDA, it says which. */
     KtGpuDispatcher *g = NULL;
     if (kt_gpu_open(argv[1], argv[2], &g) != KT_STATUS_OK) {

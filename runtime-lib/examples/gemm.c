@@ -14,6 +14,13 @@
 
 int main(int argc, char **argv) {
     const char *db = argc > 1 ? argv[1] : "kerntune.db";
+    /* A program built against another version of the header reads the library's structs
+     * wrongly: check before the first call. */
+    if (kt_abi_version() != KERNTUNE_ABI_VERSION) {
+        fprintf(stderr, "libkerntune speaks C ABI %u, this program was built for %u: rebuild it\n",
+                kt_abi_version(), KERNTUNE_ABI_VERSION);
+        return 2;
+    }
     enum { M = 3, N = 4, K = 5 };
     float a[M * K], b[N * K], c[M * N];
     for (int i = 0; i < M; i++)

@@ -38,8 +38,16 @@ class KtGpuStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("builds", "missing", "failed", "resident")]
 
 
+# The C ABI these types mirror (KERNTUNE_ABI_VERSION in include/kerntune.h).
+KERNTUNE_ABI_VERSION = 2
+
+
 def load(path):
     lib = ctypes.CDLL(path)
+    lib.kt_abi_version.restype = ctypes.c_uint32
+    lib.kt_abi_version.argtypes = []
+    if lib.kt_abi_version() != KERNTUNE_ABI_VERSION:
+        sys.exit(f"{path} speaks C ABI {lib.kt_abi_version()}, this script {KERNTUNE_ABI_VERSION}")
     lib.kt_last_error.restype = ctypes.c_char_p
     lib.kt_last_error.argtypes = []
     lib.kt_gpu_open.restype = ctypes.c_int

@@ -10,6 +10,14 @@
 #include <stdint.h>
 
 /*
+ The version of this C ABI: the header's, which a program compares with kt_abi_version()
+ (the library's) before its first call, since a struct that grew (2: `window` in the
+ attention problems) would otherwise be read past the end a program built against an
+ older header passes.
+ */
+#define KERNTUNE_ABI_VERSION 2
+
+/*
  Result of every call.
  */
 typedef enum KtStatus {
@@ -111,6 +119,12 @@ typedef struct KtFlashProblem {
    */
   float scale;
   enum KtDtype dtype;
+  /*
+   A sliding window (causal only): each query sees the `window` keys ending at its own
+   position, itself included (FlashAttention's `window_size = (window - 1, 0)`); 0 for
+   every key the mask leaves it.
+   */
+  size_t window;
 } KtFlashProblem;
 
 /*
@@ -131,6 +145,11 @@ typedef struct KtPagedProblem {
    */
   float scale;
   enum KtDtype dtype;
+  /*
+   A sliding window: each sequence's new token sees the last `window` tokens of its
+   context, itself included; 0 for the whole context.
+   */
+  size_t window;
 } KtPagedProblem;
 
 /*
@@ -192,6 +211,13 @@ typedef struct KtGpuStats {
  compiled code or that the device refused, and builds kept loaded since it opened.
  */
 typedef struct KtGpuStats KtGpuStats;
+
+/*
+ The library's C ABI version: a program built against this header checks that it equals
+ KERNTUNE_ABI_VERSION before any other call (a mismatch: rebuild against the library's own
+ header).
+ */
+uint32_t kt_abi_version(void);
 
 /*
  The message of the last failed call on this thread ("" if none). Valid until the next

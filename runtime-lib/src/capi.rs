@@ -16,6 +16,12 @@ use kerntune_kernels::{DType, Problem, Tensor};
 
 use crate::{Dispatcher, Match, Stats};
 
+/// The version of this C ABI: the header's, which a program compares with kt_abi_version()
+/// (the library's) before its first call, since a struct that grew (2: `window` in the
+/// attention problems) would otherwise be read past the end a program built against an
+/// older header passes.
+pub const KERNTUNE_ABI_VERSION: u32 = 2;
+
 /// Result of every call.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +79,10 @@ pub struct KtFlashProblem {
     /// Softmax scale; 0 means 1/sqrt(head_dim).
     pub scale: f32,
     pub dtype: KtDtype,
+    /// A sliding window (causal only): each query sees the `window` keys ending at its own
+    /// position, itself included (FlashAttention's `window_size = (window - 1, 0)`); 0 for
+    /// every key the mask leaves it.
+    pub window: usize,
 }
 
 /// A paged attention decode problem (vLLM cache layout).
@@ -89,6 +99,9 @@ pub struct KtPagedProblem {
     /// Softmax scale; 0 means 1/sqrt(head_dim).
     pub scale: f32,
     pub dtype: KtDtype,
+    /// A sliding window: each sequence's new token sees the last `window` tokens of its
+    /// context, itself included; 0 for the whole context.
+    pub window: usize,
 }
 
 thread_local! {
@@ -155,6 +168,7 @@ pub(crate) fn flash_problem(f: &KtFlashProblem) -> Result<FlashProblem, (KtStatu
         scale(f.scale, f.head_dim)?,
         dtype(f.dtype),
     )
+    .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map_err(|e| invalid(e.to_string()))
 }
 
@@ -169,6 +183,7 @@ pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatu
         scale(f.scale, f.head_dim)?,
         dtype(f.dtype),
     )
+    .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map_err(|e| invalid(e.to_string()))
 }
 
@@ -219,6 +234,14 @@ pub(crate) fn report(matched: *mut KtMatch, m: Match) {
         // SAFETY: a non-NULL `matched` points to writable memory (documented).
         unsafe { *matched = m };
     }
+}
+
+/// The library's C ABI version: a program built against this header checks that it equals
+/// KERNTUNE_ABI_VERSION before any other call (a mismatch: rebuild against the library's own
+/// header).
+#[no_mangle]
+pub extern "C" fn kt_abi_version() -> u32 {
+    KERNTUNE_ABI_VERSION
 }
 
 /// The message of the last failed call on this thread ("" if none). Valid until the next

@@ -4,7 +4,9 @@
 //! Dynamic dimensions are the ones a server's traffic varies call by call: GEMM tokens M,
 //! flash-attention sequences and query and key lengths, paged-attention sequences and context
 //! length. Every
-//! other field is static: it comes from the model and the tensor-parallel degree. The softmax
+//! other field is static: it comes from the model and the tensor-parallel degree, a sliding
+//! window among them (a windowed layer's calls find only winners tuned with that window, whose
+//! GPU builds hold its masks; a window no shorter than a call's keys is none). The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
@@ -42,6 +44,7 @@ pub enum StaticKey {
         head_dim: usize,
         causal: bool,
         dtype: DType,
+        window: Option<usize>,
     },
     Paged {
         q_heads: usize,
@@ -49,6 +52,7 @@ pub enum StaticKey {
         head_dim: usize,
         block_size: usize,
         dtype: DType,
+        window: Option<usize>,
     },
 }
 
@@ -74,6 +78,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 head_dim: f.head_dim,
                 causal: f.causal,
                 dtype: f.dtype,
+                window: f.window,
             },
             [f.batch, f.q_len, f.kv_len],
         ),
@@ -84,6 +89,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 head_dim: pg.head_dim,
                 block_size: pg.block_size,
                 dtype: pg.dtype,
+                window: pg.window,
             },
             [pg.num_seqs, pg.context_len, 1],
         ),

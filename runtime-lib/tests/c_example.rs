@@ -127,6 +127,43 @@ fn c_example_runs_a_gemm_and_reports_stats() {
     assert_eq!(rows, ["gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4"], "{text}");
 }
 
+/// The attention example in C: flash attention and paged attention through the C ABI, with
+/// and without a sliding window, against its own loops; a window without the causal mask is
+/// refused by name; the program checks the ABI version before its first call.
+#[test]
+fn c_attention_example_matches_its_loops_with_and_without_a_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = compile_example("attention.c", &["-lm"], dir.path());
+    let out = Command::new(&exe)
+        .arg(dir.path().join("none.db"))
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let calls = [
+        "flash window=0",
+        "flash window=6",
+        "paged window=0",
+        "paged window=20",
+    ];
+    assert_eq!(lines.len(), calls.len() + 1, "{stdout}");
+    for (line, call) in lines.iter().zip(calls) {
+        let difference: f64 = line
+            .strip_prefix(&format!("{call}: max difference "))
+            .unwrap_or_else(|| panic!("{line}"))
+            .parse()
+            .unwrap();
+        assert!(difference <= 1e-4, "{line}");
+    }
+    assert!(lines[4].contains("causal=true"), "{}", lines[4]);
+}
+
 /// The same GEMM from Python through ctypes, as a Python server would call the library.
 #[test]
 fn python_example_runs_the_same_gemm_through_ctypes() {

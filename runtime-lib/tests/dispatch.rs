@@ -246,6 +246,38 @@ fn the_softmax_scale_does_not_decide_selection() {
     });
 }
 
+/// A sliding window is part of what a call is: a windowed layer's calls find the winners
+/// tuned with that window (bucket or nearest), full attention's never do, and a window no
+/// shorter than a call's context is no window (the full-attention winners serve it).
+#[test]
+fn a_sliding_window_decides_selection() {
+    let device = Device::host();
+    let full = "paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=64";
+    let windowed = "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=64,window=1024";
+    let p: Problem = windowed.parse().unwrap();
+    let mut others = CpuSpace.candidates(&p, &device).into_iter();
+    let (a, b) = (others.next().unwrap(), others.next().unwrap());
+    assert_ne!(a, b);
+    let rows = [(windowed, a.to_json()), (full, b.to_json())];
+    both_paths(&rows, |path, _| {
+        let d = Dispatcher::open(path);
+        let sel = |s: &str| {
+            let s = d.select(&s.parse().unwrap());
+            (s.matched, s.config)
+        };
+        let call = |ctx: usize, window: &str| {
+            format!("paged:num_seqs=4,context_len={ctx},q_heads=8,kv_heads=1,head_dim=64{window}")
+        };
+        assert_eq!(sel(windowed), (Match::Exact, a));
+        assert_eq!(sel(&call(2000, ",window=1024")), (Match::Bucket, a));
+        assert_eq!(sel(&call(8192, ",window=1024")), (Match::Nearest, a));
+        assert_eq!(sel(&call(900, ",window=1024")), (Match::Bucket, b));
+        assert_eq!(sel(&call(4096, "")), (Match::Nearest, b));
+        // Another window is another layer: nothing tuned applies.
+        assert_eq!(sel(&call(4096, ",window=512")).0, Match::Default);
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();

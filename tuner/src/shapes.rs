@@ -144,8 +144,8 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
 
 /// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
 /// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, a hybrid's
-/// GEMMs, attention that is not plain softmax attention, attention longer than its sliding
-/// window. Each refusal names only flags under which the rest of the model is tuned, so
+/// GEMMs, attention that is not plain softmax attention, attention longer than its chunk
+/// (Llama 4's chunked attention). Each refusal names only flags under which the rest of the model is tuned, so
 /// following its advice never meets another refusal.
 fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     let u = &model.unsupported;
@@ -195,8 +195,8 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
         };
         return refuse(why, &[gemms_alone]);
     }
-    // Attention within a sliding window computes what full attention does as long as no
-    // length exceeds the window; beyond it the kernels would compute another function.
+    // Chunked attention computes what full attention does as long as no length exceeds a
+    // chunk; beyond it the kernels would compute another function.
     let lengths = b
         .kernels
         .iter()
@@ -207,10 +207,10 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
         })
         .copied()
         .max();
-    if let (Some((field, window)), Some(longest)) = (model.sliding_window, lengths) {
-        if longest > window {
+    if let (Some(chunk), Some(longest)) = (model.chunked_attention, lengths) {
+        if longest > chunk {
             return Err(usage(format!(
-                "{}: its attention looks back at most {field} = {window} tokens (on some or all of its layers), which kerntune's attention kernels do not bound, and {longest} tokens exceed it: pass --prefill-lens and --context-lens of at most {window}, where the bound changes nothing, or --kernels gemm",
+                "{}: its attention sees only the keys of its own chunk of attention_chunk_size = {chunk} tokens (on some or all of its layers), which kerntune's attention kernels do not compute, and {longest} tokens exceed it: pass --prefill-lens and --context-lens of at most {chunk}, where the chunks change nothing, or --kernels gemm",
                 model.name
             )));
         }
@@ -349,19 +349,35 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             )?);
         }
     }
+    // A sliding window's layers run the windowed problem (the full one where the window
+    // reaches every key); the model's other layers, where it has them, the full one.
+    let window = model.window.map(|w| w.size);
+    let full_layers = model.window.is_none_or(|w| w.full_layers);
+    let attention = |role: &str, problem: Problem, windowed: Problem| {
+        let full = (full_layers || windowed == problem).then(|| Derived {
+            problem,
+            origin: format!("{tag} {role}"),
+        });
+        let sliding = (windowed != problem).then(|| Derived {
+            problem: windowed,
+            origin: format!("{tag} sliding {role}"),
+        });
+        full.into_iter().chain(sliding)
+    };
     if b.kernels.contains(&Family::Flash) {
         for (&len, &kv_heads) in b
             .prefill_lens
             .iter()
             .flat_map(|l| kv_kinds.iter().map(move |k| (l, k)))
         {
-            out.push(Derived {
-                problem: Problem::Flash(
-                    FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
-                        .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?,
-                ),
-                origin: format!("{tag} prefill"),
-            });
+            let p = FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
+                .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?;
+            let windowed = p.with_window(window).map_err(TuneError::from)?;
+            out.extend(attention(
+                "prefill",
+                Problem::Flash(p),
+                Problem::Flash(windowed),
+            ));
         }
     }
     if b.kernels.contains(&Family::Paged) {
@@ -371,18 +387,8 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             .flat_map(|s| kv_kinds.iter().map(move |k| (s, k)))
         {
             for &ctx in &b.context_lens {
-                out.push(Derived {
-                    problem: Problem::Paged(
-                        PagedProblem::new(
-                            seqs,
-                            ctx,
-                            q_heads,
-                            kv_heads,
-                            d,
-                            b.block_size,
-                            scale,
-                            dtype,
-                        )
+                let p =
+                    PagedProblem::new(seqs, ctx, q_heads, kv_heads, d, b.block_size, scale, dtype)
                         .map_err(|e| {
                             blame(
                                 e,
@@ -392,10 +398,13 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                                     ("block_size", "--block-size"),
                                 ],
                             )
-                        })?,
-                    ),
-                    origin: format!("{tag} decode"),
-                });
+                        })?;
+                let windowed = p.with_window(window).map_err(TuneError::from)?;
+                out.extend(attention(
+                    "decode",
+                    Problem::Paged(p),
+                    Problem::Paged(windowed),
+                ));
             }
         }
     }

@@ -5,7 +5,8 @@
 //! attention, families with their own field names, Llama-Nemotron's per-layer blocks, the
 //! weight counts the default degree rests on), and clear refusals where the model's kernels
 //! are not the ones kerntune tunes (latent attention itself, hybrid layers not read, quantized
-//! weights, soft-capped, sink or ALiBi attention, lengths past a sliding window).
+//! weights, soft-capped, sink or ALiBi attention, lengths past a chunk of chunked attention);
+//! sliding windows derived for the layers that use them.
 
 mod common;
 
@@ -96,16 +97,21 @@ fn multimodal_configs_are_read_from_text_config_with_their_query_scale() {
             "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
             "num_hidden_layers": 62, "vocab_size": 262208, "query_pre_attn_scalar": 168,
             "sliding_window": 1024, "sliding_window_pattern": 6}}"#;
-    // Five layers in six look back 1024 tokens at most: longer attention is refused.
-    refused(
-        config,
-        &["--tp", "4"],
-        &[
-            "sliding_window = 1024",
-            "4096 tokens exceed it",
-            "--kernels gemm",
-        ],
-    );
+    // Five layers in six look back 1024 tokens at most: past that length, their windowed
+    // problems beside the sixth layer's full ones.
+    let rows = derive(config, &["--tp", "4"]);
+    let sliding = keys_of(&rows, "sliding prefill");
+    assert!(!sliding.is_empty());
+    for key in sliding.iter().chain(&keys_of(&rows, "sliding decode")) {
+        assert!(key.ends_with(",window=1024,scale=0.07715168"), "{key}");
+        assert!(
+            !key.contains("q_len=1024,") && !key.contains("context_len=1024,"),
+            "{key}"
+        );
+    }
+    assert!(keys_of(&rows, "tp4 prefill")
+        .iter()
+        .any(|key| key.contains("q_len=2048,") && !key.contains("window")));
     let within = [
         "--tp",
         "4",
@@ -474,17 +480,61 @@ fn kv_heads_are_replicated_beyond_their_count_and_must_split_evenly() {
 }
 
 #[test]
-fn a_sliding_window_bounds_the_attention_lengths_only_where_it_is_used() {
-    // Mistral 7B v0.1 looks back 4096 tokens: its preset's lengths are within the window.
+fn a_sliding_window_is_derived_for_the_layers_that_use_it() {
+    // Mistral 7B v0.1 looks back 4096 tokens on every layer: past that, only the windowed
+    // problem; within it, the full one (the window hides nothing).
     let dir = tempfile::tempdir().unwrap();
     let out = tune(
-        &["shapes", "--shapes", "mistral7b", "--context-lens", "8192"],
+        &[
+            "shapes",
+            "--shapes",
+            "mistral7b",
+            "--context-lens",
+            "4096,8192",
+            "--json",
+        ],
         dir.path(),
     );
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("sliding_window = 4096"));
-    let out = tune(&["shapes", "--shapes", "mistral7b"], dir.path());
     assert!(out.status.success());
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let decode: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .filter(|key| key.starts_with("paged:"))
+        .collect();
+    assert!(!decode.is_empty());
+    for key in decode {
+        match key.contains("context_len=8192,") {
+            true => assert!(key.ends_with(",window=4096"), "{key}"),
+            false => assert!(!key.contains("window"), "{key}"),
+        }
+    }
+    // gpt-oss: a window of 128 tokens every other layer (`layer_types`), full attention on
+    // the rest; Qwen2 with the window on its layers from `max_window_layers` on.
+    let alternate = vec![r#""sliding_attention", "full_attention""#; 16].join(", ");
+    let gpt_oss = format!(r#"{{{LLAMA8B}, "sliding_window": 128, "layer_types": [{alternate}]}}"#);
+    let qwen = format!(
+        r#"{{{LLAMA8B}, "sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 28}}"#
+    );
+    for config in [gpt_oss, qwen] {
+        let rows = derive(
+            &config,
+            &["--tp", "1", "--context-lens", "8192", "--batch-sizes", "1"],
+        );
+        let full = keys_of(&rows, "tp1 decode");
+        let sliding = keys_of(&rows, "sliding decode");
+        assert_eq!((full.len(), sliding.len()), (1, 1), "{config}: {rows:?}");
+        assert!(!full[0].contains("window"), "{}", full[0]);
+        assert!(sliding[0].contains(",window="), "{}", sliding[0]);
+    }
+    // Every layer of a Qwen2 within `max_window_layers` attends fully: no window.
+    let qwen_full = format!(
+        r#"{{{LLAMA8B}, "sliding_window": 4096, "use_sliding_window": true, "max_window_layers": 32}}"#
+    );
+    let rows = derive(&qwen_full, &["--tp", "1", "--context-lens", "8192"]);
+    assert!(rows.iter().all(|(_, key)| !key.contains("window")));
     // Qwen2.5 writes a window it leaves off.
     let qwen = format!(r#"{{{LLAMA8B}, "sliding_window": 32768, "use_sliding_window": false}}"#);
     let rows = derive(&qwen, &["--tp", "1", "--context-lens", "65536"]);

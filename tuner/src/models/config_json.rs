@@ -22,7 +22,7 @@ use super::lightning::lightning;
 use super::mamba::mamba;
 use super::mistral::{hf_fields, is_params_json};
 use super::short_conv::{is_lfm2, lfm2_mlp_width, short_conv};
-use super::{Experts, Latent, Mixer, Model, Unsupported};
+use super::{Experts, Latent, Mixer, Model, Unsupported, Window};
 use crate::error::{usage, Result, TuneError};
 
 /// The fields of one config object, with errors that name the file.
@@ -283,11 +283,16 @@ impl Model {
             }
             _ => None,
         };
-        // Qwen2 writes a window it does not use unless `use_sliding_window` says so. Llama
-        // 4's chunked attention bounds its layers' look-back alike.
-        let sliding_window = match f.map.get("use_sliding_window") {
+        // Qwen2 writes a window it does not use unless `use_sliding_window` says so.
+        let window = match f.map.get("use_sliding_window") {
             Some(Value::Bool(false)) => None,
-            _ => f.first_int(&["sliding_window", "attention_chunk_size"])?,
+            _ => f.int("sliding_window")?,
+        };
+        let window = match window {
+            Some(size) => {
+                windowed_layers(&f, &top, layers)?.map(|full_layers| Window { size, full_layers })
+            }
+            None => None,
         };
         // transformers 5 writes `dtype`; earlier versions `torch_dtype`.
         let dtype_field = ["dtype", "torch_dtype"]
@@ -360,11 +365,39 @@ impl Model {
                 && f.map.get("attn_output_gate") != Some(&Value::Bool(false)),
             gated_mlp,
             scale,
-            sliding_window,
+            window,
+            chunked_attention: f.int("attention_chunk_size")?,
             dtype,
             unsupported,
         })
     }
+}
+
+/// Which layers a config with a `sliding_window` runs it on: `Some(true)` where layers of full
+/// attention run beside windowed ones, `Some(false)` where every attention layer is windowed,
+/// `None` where none is. As transformers reads them: the layers' kinds (`layer_types`:
+/// Gemma 3, gpt-oss, and every config transformers 4.5x writes), Qwen2's layers from
+/// `max_window_layers` on, every `sliding_window_pattern`-th layer global (Gemma 3, Cohere
+/// 2), Gemma 2's alternation, else every layer (Mistral 7B v0.1, Phi-3, Starcoder 2).
+fn windowed_layers(f: &Fields<'_>, top: &Fields<'_>, layers: usize) -> Result<Option<bool>> {
+    if let Some(Value::Array(kinds)) = f.map.get("layer_types") {
+        let kinds: Vec<&str> = kinds.iter().filter_map(Value::as_str).collect();
+        let sliding = kinds.iter().filter(|&&k| k == "sliding_attention").count();
+        let full = kinds
+            .iter()
+            .any(|&k| k == "full_attention" || k == "attention");
+        return Ok((sliding > 0).then_some(full));
+    }
+    if f.map.get("use_sliding_window") == Some(&Value::Bool(true)) {
+        if let Some(full) = f.int("max_window_layers")? {
+            return Ok((full < layers).then_some(true));
+        }
+    }
+    if let Some(pattern) = f.int("sliding_window_pattern")? {
+        return Ok((pattern > 1).then_some(true));
+    }
+    let gemma2 = [f.str("model_type"), top.str("model_type")].contains(&Some("gemma2"));
+    Ok(Some(gemma2))
 }
 
 /// The mixture of experts, under Mixtral's (`num_local_experts`; Granite's shared experts'

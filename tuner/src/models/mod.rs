@@ -67,14 +67,28 @@ pub struct Model {
     /// Attention's softmax scale where the config sets one other than `1 / sqrt(head_dim)`
     /// (Gemma's `query_pre_attn_scalar`, Granite's `attention_multiplier`).
     pub scale: Option<f32>,
-    /// The most tokens back its attention looks, on some or all of its layers, where the
-    /// config bounds it, and the field that does (`sliding_window`: Mistral 7B v0.1, Gemma
-    /// 2 and 3, Phi-3; `attention_chunk_size`: Llama 4).
-    pub sliding_window: Option<(&'static str, usize)>,
+    /// Layers whose attention looks back a bounded distance (`sliding_window`: Mistral 7B
+    /// v0.1, Gemma 2 and 3, gpt-oss, Phi-3), where the config has them.
+    pub window: Option<Window>,
+    /// Llama 4's chunked attention (`attention_chunk_size`): each query sees the keys of its
+    /// own chunk only, which kerntune's kernels do not compute; lengths past a chunk are
+    /// refused.
+    pub chunked_attention: Option<usize>,
     pub dtype: DType,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
     pub unsupported: Unsupported,
+}
+
+/// Sliding-window attention: layers whose queries see only the `size` keys ending at their
+/// own position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub size: usize,
+    /// Layers of full attention run beside the windowed ones (Gemma 2 and 3, gpt-oss,
+    /// Qwen2's first `max_window_layers`); else every attention layer is windowed (Mistral 7B
+    /// v0.1, Phi-3).
+    pub full_layers: bool,
 }
 
 /// The mixture-of-experts layers of a model.
@@ -188,7 +202,8 @@ impl Model {
             attn_output_gate: false,
             gated_mlp: true,
             scale: None,
-            sliding_window: None,
+            window: None,
+            chunked_attention: None,
             dtype: DType::Bf16,
             unsupported: Unsupported::default(),
         };
@@ -201,7 +216,10 @@ impl Model {
                 m("llama8b", 4096, 14336, 32, 8, 32, 128256, None)
             }
             "mistral7b" => Model {
-                sliding_window: Some(("sliding_window", 4096)),
+                window: Some(Window {
+                    size: 4096,
+                    full_layers: false,
+                }),
                 ..m("mistral7b", 4096, 14336, 32, 8, 32, 32000, None)
             },
             "mixtral8x7b" => {

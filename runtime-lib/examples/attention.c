@@ -1,0 +1,125 @@
+/* A server's attention calls through kerntune's C ABI, for a model whose layers look back a
+ * bounded distance (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1): a prefill chunk by flash
+ * attention and a decode step by paged attention, each with and without a sliding window,
+ * checked against plain loops here.
+ *
+ *   cc runtime-lib/examples/attention.c -I runtime-lib/include -L target/release -lkerntune -lm \
+ *       -o attention
+ *   LD_LIBRARY_PATH=target/release ./attention kerntune.db
+ *
+ * Prints a line per call (the largest difference from the loops) and exits 0 when all are
+ * within 1e-4, 1 when one is not, 2 when the library's ABI is not this header's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kerntune.h"
+
+enum { D = 16, HQ = 4, HKV = 2, BS = 8 };
+
+/* Inputs with no pattern the kernels could lean on, in [-1, 1]. */
+static float value(unsigned i) {
+    i = i * 2654435761u + 12345u;
+    return (float)((i >> 8) % 2001) / 1000.0f - 1.0f;
+}
+
+/* Softmax attention of one query row over `n` keys and values at `keys[t]` (row offsets). */
+static void attend(const float *q, const float *k, const float *v, const size_t *keys, size_t n,
+                   double *out) {
+    double mx = -INFINITY, sum = 0.0, s[1024];
+    for (size_t t = 0; t < n; t++) {
+        double dot = 0.0;
+        for (int x = 0; x < D; x++) dot += (double)q[x] * k[keys[t] + x];
+        s[t] = dot / sqrt((double)D);
+        if (s[t] > mx) mx = s[t];
+    }
+    for (int x = 0; x < D; x++) out[x] = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        const double p = exp(s[t] - mx);
+        sum += p;
+        for (int x = 0; x < D; x++) out[x] += p * v[keys[t] + x];
+    }
+    for (int x = 0; x < D; x++) out[x] /= sum;
+}
+
+/* Flash attention of Q_LEN queries aligned to the end of KV_LEN keys, causal. */
+static int flash(KtDispatcher *d, size_t window) {
+    enum { Q_LEN = 9, KV_LEN = 40 };
+    static float q[Q_LEN * HQ * D], k[KV_LEN * HKV * D], v[KV_LEN * HKV * D], o[Q_LEN * HQ * D];
+    for (unsigned i = 0; i < Q_LEN * HQ * D; i++) q[i] = value(i);
+    for (unsigned i = 0; i < KV_LEN * HKV * D; i++) k[i] = value(7 * i + 1), v[i] = value(5 * i + 2);
+    KtFlashProblem p = {.batch = 1, .q_len = Q_LEN, .kv_len = KV_LEN, .q_heads = HQ,
+                        .kv_heads = HKV, .head_dim = D, .causal = true, .scale = 0.0f,
+                        .dtype = KT_DTYPE_F32, .window = window};
+    if (kt_flash_attention(d, &p, q, k, v, o, NULL) != KT_STATUS_OK) {
+        printf("flash window=%zu: %s\n", window, kt_last_error());
+        return 0;
+    }
+    double worst = 0.0, want[D];
+    size_t keys[KV_LEN];
+    for (size_t i = 0; i < Q_LEN; i++)
+        for (size_t h = 0; h < HQ; h++) {
+            const size_t pos = i + KV_LEN - Q_LEN, first = window && pos + 1 > window ? pos + 1 - window : 0;
+            for (size_t j = first; j <= pos; j++) keys[j - first] = (j * HKV + h / (HQ / HKV)) * D;
+            attend(&q[(i * HQ + h) * D], k, v, keys, pos + 1 - first, want);
+            for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(i * HQ + h) * D + x] - want[x]));
+        }
+    printf("flash window=%zu: max difference %.1e\n", window, worst);
+    return worst <= 1e-4;
+}
+
+/* One decode step of SEQS sequences of their own lengths on a paged cache. */
+static int paged(KtDispatcher *d, size_t window) {
+    enum { SEQS = 3, CTX = 50, MAX_BLOCKS = (CTX + BS - 1) / BS, BLOCKS = SEQS * MAX_BLOCKS };
+    static float q[SEQS * HQ * D], kc[BLOCKS * BS * HKV * D], vc[BLOCKS * BS * HKV * D], o[SEQS * HQ * D];
+    uint32_t tables[SEQS * MAX_BLOCKS], lens[SEQS] = {CTX, 1, 23};
+    for (unsigned i = 0; i < SEQS * HQ * D; i++) q[i] = value(3 * i);
+    for (unsigned i = 0; i < BLOCKS * BS * HKV * D; i++) kc[i] = value(11 * i + 4), vc[i] = value(13 * i + 9);
+    /* Blocks in reverse order, as a server's allocator may hand them out. */
+    for (unsigned b = 0; b < SEQS * MAX_BLOCKS; b++) tables[b] = BLOCKS - 1 - b;
+    KtPagedProblem p = {.num_seqs = SEQS, .context_len = CTX, .q_heads = HQ, .kv_heads = HKV,
+                        .head_dim = D, .block_size = BS, .scale = 0.0f, .dtype = KT_DTYPE_F32,
+                        .window = window};
+    if (kt_paged_attention(d, &p, q, kc, vc, BLOCKS, tables, MAX_BLOCKS, lens, o, NULL) !=
+        KT_STATUS_OK) {
+        printf("paged window=%zu: %s\n", window, kt_last_error());
+        return 0;
+    }
+    double worst = 0.0, want[D];
+    size_t keys[CTX];
+    for (size_t s = 0; s < SEQS; s++)
+        for (size_t h = 0; h < HQ; h++) {
+            const size_t ctx = lens[s], first = window && ctx > window ? ctx - window : 0;
+            for (size_t t = first; t < ctx; t++) {
+                const size_t row = (size_t)tables[s * MAX_BLOCKS + t / BS] * BS + t % BS;
+                keys[t - first] = (row * HKV + h / (HQ / HKV)) * D;
+            }
+            attend(&q[(s * HQ + h) * D], kc, vc, keys, ctx - first, want);
+            for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * D + x] - want[x]));
+        }
+    printf("paged window=%zu: max difference %.1e\n", window, worst);
+    return worst <= 1e-4;
+}
+
+int main(int argc, char **argv) {
+    /* A library built from another header would read these structs wrongly: check first. */
+    if (kt_abi_version() != KERNTUNE_ABI_VERSION) {
+        fprintf(stderr, "libkerntune speaks C ABI %u, this program was built for %u: rebuild it\n",
+                kt_abi_version(), KERNTUNE_ABI_VERSION);
+        return 2;
+    }
+    KtDispatcher *d = NULL;
+    if (kt_open(argc > 1 ? argv[1] : "kerntune.db", &d) != KT_STATUS_OK) {
+        fprintf(stderr, "kt_open: %s\n", kt_last_error());
+        return 1;
+    }
+    int ok = flash(d, 0) & flash(d, 6) & paged(d, 0) & paged(d, 20);
+    /* A window without the causal mask looks back from nothing: refused by name. */
+    KtFlashProblem bad = {.batch = 1, .q_len = 4, .kv_len = 4, .q_heads = 1, .kv_heads = 1,
+                          .head_dim = D, .causal = false, .dtype = KT_DTYPE_F32, .window = 2};
+    float x[4 * D] = {0}, out[4 * D];
+    ok &= kt_flash_attention(d, &bad, x, x, x, out, NULL) == KT_STATUS_INVALID_ARGUMENT;
+    printf("error: %s\n", kt_last_error());
+    kt_free(d);
+    return ok ? 0 : 1;
+}
