@@ -511,8 +511,9 @@ fn a_sliding_window_is_derived_for_the_layers_that_use_it() {
             false => assert!(!key.contains("window"), "{key}"),
         }
     }
-    // gpt-oss: a window of 128 tokens every other layer (`layer_types`), full attention on
-    // the rest; Qwen2 with the window on its layers from `max_window_layers` on.
+    // gpt-oss's schedule (its sinks aside): a window of 128 tokens every other layer
+    // (`layer_types`), full attention on the rest; Qwen2 with the window on its layers from
+    // `max_window_layers` on.
     let alternate = vec![r#""sliding_attention", "full_attention""#; 16].join(", ");
     let gpt_oss = format!(r#"{{{LLAMA8B}, "sliding_window": 128, "layer_types": [{alternate}]}}"#);
     let qwen = format!(
