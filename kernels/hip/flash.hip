@@ -15,7 +15,9 @@
 // position pos sees keys pos + 1 - window ..= pos: blocks start at the tile holding their
 // first row's first key (kt_first_tile), and rows mask the keys their window has passed.
 // Builds without KT_WINDOW hold none of that code: its registers made ptxas spill the
-// warp-specialized 128 by 128 wgmma tiles.
+// warp-specialized 128 by 128 wgmma tiles. With sinks (KT_SINKS builds), each head's sink
+// logit (`sinks`, q_heads floats; unread without) joins a row's sum where the row is
+// normalized (kt_sink_weight), and only there.
 //
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
@@ -82,7 +84,7 @@ KT_DEVICE int kt_reach(int window) { return KT_WINDOW ? window : 0x40000000; }
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale, int window) {
+         float scale, int window, const float* __restrict__ sinks) {
     KT_SHARED float ks[KT_BC][KT_D];
     KT_SHARED float vs[KT_BC][KT_D];
     const int tid = KT_TID;
@@ -152,7 +154,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         KT_SYNC();
     }
     if (live) {
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float total = sum + kt_sink_weight(sinks, h, mx);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
         for (int x = 0; x < KT_PER_LANE; ++x) out[qrow + lane + KT_LANES * x] = o[x] * inv;
     }
@@ -306,7 +309,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
          float* __restrict__ part_out, float* __restrict__ part_max,
          float* __restrict__ part_sum,
 #endif
-         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale, int window
+         int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale, int window,
+         const float* __restrict__ sinks
 #if KT_TMA
          ,
          const KT_GRID_CONSTANT kt_tmap k_map, const KT_GRID_CONSTANT kt_tmap v_map
@@ -836,7 +840,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 continue;
             }
 #endif
-            const float inv = sum[x] > 0.0f ? 1.0f / sum[x] : 0.0f;
+            const float total = sum[x] + kt_sink_weight(sinks, h, mx[x]);
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d) {
                 out[qrow(m, r) + 8 * d + 2 * t] = o[m][d][2 * r] * inv;
@@ -854,7 +859,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
                 const float* __restrict__ part_sum, float* __restrict__ out, int q_len,
-                int kv_len, int q_heads, int kv_heads, int causal, int batch, int window) {
+                int kv_len, int q_heads, int kv_heads, int causal, int batch, int window,
+                const float* __restrict__ sinks) {
     (void)kv_heads;
     const long rows = (long)batch * q_len * q_heads;
     const long e = (long)KT_BID_X * KT_THREADS + KT_TID;
@@ -877,6 +883,7 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
         num = fmaf(w, part_out[slot * KT_D + e % KT_D], num);
         den = fmaf(w, part_sum[slot], den);
     }
+    den += kt_sink_weight(sinks, (int)(rest % q_heads), m);
     out[e] = den > 0.0f ? num / den : 0.0f;
 }
 #endif
@@ -959,7 +966,7 @@ KT_DEVICE void kt_mfma_kv_stage(unsigned short (*ks)[KT_LDD], unsigned short (*v
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale, int window) {
+         float scale, int window, const float* __restrict__ sinks) {
     KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
     KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
     const int tid = KT_TID;
@@ -1074,7 +1081,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     }
     sum += KT_SHFL_XOR(sum, 32);
     if (live) {
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float total = sum + kt_sink_weight(sinks, h, mx);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         // Oᵀ tile d: accumulator e is dim 32d + 8·(e / 4) + 4·half + e % 4.
 #pragma unroll
         for (int d = 0; d < KT_OT; ++d)

@@ -8,7 +8,8 @@
 // and sum, then P·V, written unnormalised with the partition's max and sum. kt_paged_reduce:
 // grid (q_heads, num_seqs), combines the partitions by their log-sum-exp. `window` > 0 (a
 // sliding window): a sequence of ctx tokens attends to its last `window` only, and its
-// partitions count from the first of them.
+// partitions count from the first of them. With sinks (KT_SINKS builds), kt_paged_reduce adds
+// each head's sink to its sum (kt_sink_weight).
 //
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
@@ -268,7 +269,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
                 const float* __restrict__ part_sum, float* __restrict__ out, int q_heads,
-                int partitions) {
+                int partitions, const float* __restrict__ sinks) {
     const int h = KT_BID_X;
     const int seq = KT_BID_Y;
     const long base = ((long)seq * q_heads + h) * partitions;
@@ -277,6 +278,7 @@ kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     float total = 0.0f;
     for (int p = 0; p < partitions; ++p)
         if (part_sum[base + p] > 0.0f) total += part_sum[base + p] * exp2f(part_max[base + p] - mx);
+    total += kt_sink_weight(sinks, h, mx);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
     for (int x = KT_TID; x < KT_D; x += KT_THREADS) {
         float acc = 0.0f;

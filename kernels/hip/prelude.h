@@ -174,6 +174,16 @@ KT_DEVICE float kt_wave_sum(float v) {
     return v;
 }
 
+// Attention with sinks (KT_SINKS builds, gpt-oss): head h's learned logit joins its softmax as
+// a key whose value is zero, adding 2^(sink · log2 e − m) to a sum whose maximum is m (base 2,
+// as the kernels' scores are). Builds without sinks add nothing and never read `sinks`.
+#ifndef KT_SINKS
+#define KT_SINKS 0
+#endif
+KT_DEVICE float kt_sink_weight(const float* sinks, int h, float m) {
+    return KT_SINKS ? exp2f(sinks[h] * 1.4426950408889634f - m) : 0.0f;
+}
+
 // Matrix-core steps, per vendor (the GEMM's MFMA and mma variants), for 16-bit inputs.
 #if defined(KT_MFMA) && KT_DTYPE != 0
 // v_mfma_f32_32x32x8: four consecutive 16-bit values of an A row or a B column per lane, 16

@@ -44,6 +44,8 @@ pub struct ProblemData {
     pub block_tables: Vec<u32>,
     pub max_blocks_per_seq: usize,
     pub context_lens: Vec<u32>,
+    /// Attention with sinks: each query head's sink logit (empty otherwise).
+    pub sinks: Vec<f32>,
     pub out: Vec<f32>,
 }
 
@@ -66,6 +68,7 @@ impl ProblemData {
             block_tables: Vec::new(),
             max_blocks_per_seq: 0,
             context_lens: Vec::new(),
+            sinks: Vec::new(),
             out: Vec::new(),
         });
         data.problem = *problem;
@@ -110,6 +113,12 @@ impl ProblemData {
             }
         };
         data.inputs = inputs;
+        // Drawn last, so a problem's other values are the same with sinks as without. Scaled
+        // scores of unit inputs lie within about ±1 and a row sums up to thousands of their
+        // exponentials: sinks in [-2, 4) weigh from next to nothing to most of a short row.
+        data.sinks.clear();
+        data.sinks
+            .extend((0..problem.sinks_len()).map(|_| 1.0 + 3.0 * rng.unit()));
         data.out.clear();
         data.out.resize(out, 0.0);
         data
@@ -133,6 +142,7 @@ impl ProblemData {
             &self.block_tables,
             self.max_blocks_per_seq,
             &self.context_lens,
+            &self.sinks,
             &mut self.out,
         )
         .expect("random() makes every input of the family")
@@ -152,6 +162,7 @@ impl ProblemData {
             .sum::<usize>()
             + self.out.len() * 4
             + self.block_tables.len() * 4
+            + self.sinks.len() * 4
     }
 }
 
@@ -203,7 +214,9 @@ impl ProblemData {
         let i = &self.inputs;
         match &self.problem {
             Problem::Gemm(p) => reference::gemm_row(p, i[0].view(), i[1].view(), r),
-            Problem::Flash(p) => reference::flash_row(p, i[0].view(), i[1].view(), i[2].view(), r),
+            Problem::Flash(p) => {
+                reference::flash_row(p, i[0].view(), i[1].view(), i[2].view(), &self.sinks, r)
+            }
             Problem::Paged(p) => reference::paged_row(
                 p,
                 i[0].view(),
@@ -212,6 +225,7 @@ impl ProblemData {
                 &self.block_tables,
                 self.max_blocks_per_seq,
                 &self.context_lens,
+                &self.sinks,
                 r,
             ),
         }
@@ -253,6 +267,8 @@ mod tests {
             "flash:batch=2,q_len=5,kv_len=7,q_heads=4,kv_heads=2,head_dim=16,causal=true,dtype=bf16",
             "paged:num_seqs=3,context_len=37,q_heads=4,kv_heads=2,head_dim=64,block_size=16,dtype=f16",
             "paged:num_seqs=1,context_len=5,q_heads=2,kv_heads=1,head_dim=64,block_size=8,dtype=bf16",
+            "flash:q_len=3,q_heads=2,head_dim=8,sinks=true",
+            "paged:num_seqs=2,context_len=9,q_heads=4,kv_heads=1,head_dim=64,sinks=true",
         ];
         for before in specs {
             for spec in specs {
@@ -266,6 +282,7 @@ mod tests {
                 assert_eq!(got.block_tables, want.block_tables, "{what}");
                 assert_eq!(got.max_blocks_per_seq, want.max_blocks_per_seq, "{what}");
                 assert_eq!(got.context_lens, want.context_lens, "{what}");
+                assert_eq!(got.sinks, want.sinks, "{what}");
                 assert_eq!(got.out, want.out, "{what}");
             }
         }

@@ -20,6 +20,8 @@ pub struct FlashArgs<'a> {
     pub q: Tensor<'a>,
     pub k: Tensor<'a>,
     pub v: Tensor<'a>,
+    /// `[q_heads]` sink logits when the problem has sinks, else empty.
+    pub sinks: &'a [f32],
     pub out: &'a mut [f32],
 }
 
@@ -34,6 +36,8 @@ pub struct PagedArgs<'a> {
     pub max_blocks_per_seq: usize,
     /// Each sequence's context length, `1..=problem.context_len`.
     pub context_lens: &'a [u32],
+    /// `[q_heads]` sink logits when the problem has sinks, else empty.
+    pub sinks: &'a [f32],
     pub out: &'a mut [f32],
 }
 
@@ -47,14 +51,16 @@ pub enum Args<'a> {
 
 impl<'a> Args<'a> {
     /// The buffers of one call of `problem`: `inputs` in its family's order (A, B; Q, K, V;
-    /// query, key cache, value cache), the paged index (empty for the other families) and the
-    /// output. `None` when `inputs` are fewer than the family takes.
+    /// query, key cache, value cache), the paged index (empty for the other families), the
+    /// attention sinks (empty without) and the output. `None` when `inputs` are fewer than the
+    /// family takes.
     pub fn new(
         problem: &Problem,
         inputs: &[Tensor<'a>],
         block_tables: &'a [u32],
         max_blocks_per_seq: usize,
         context_lens: &'a [u32],
+        sinks: &'a [f32],
         out: &'a mut [f32],
     ) -> Option<Args<'a>> {
         Some(match problem {
@@ -64,7 +70,13 @@ impl<'a> Args<'a> {
             }
             Problem::Flash(_) => {
                 let [q, k, v, ..] = *inputs else { return None };
-                Args::Flash(FlashArgs { q, k, v, out })
+                Args::Flash(FlashArgs {
+                    q,
+                    k,
+                    v,
+                    sinks,
+                    out,
+                })
             }
             Problem::Paged(_) => {
                 let [query, key_cache, value_cache, ..] = *inputs else {
@@ -77,6 +89,7 @@ impl<'a> Args<'a> {
                     block_tables,
                     max_blocks_per_seq,
                     context_lens,
+                    sinks,
                     out,
                 })
             }

@@ -99,15 +99,21 @@ fn attend_rows(
     keys: impl Iterator<Item = usize> + Clone,
     k: Tensor<'_>,
     v: Tensor<'_>,
+    sink: Option<f64>,
 ) -> Vec<f64> {
     let d = q.len();
     let scores: Vec<f64> = keys
         .clone()
         .map(|off| scale * (0..d).map(|x| q[x] * k.get(off + x) as f64).sum::<f64>())
         .collect();
-    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let m = scores
+        .iter()
+        .copied()
+        .chain(sink)
+        .fold(f64::NEG_INFINITY, f64::max);
     let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-    let total: f64 = w.iter().sum();
+    // A sink is one more term of the softmax, with no value to add.
+    let total: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
     let mut out = vec![0.0; d];
     for (wi, off) in w.iter().zip(keys) {
         for (x, o) in out.iter_mut().enumerate() {
@@ -123,6 +129,7 @@ pub fn flash_row(
     q: Tensor<'_>,
     k: Tensor<'_>,
     v: Tensor<'_>,
+    sinks: &[f32],
     r: usize,
 ) -> Vec<f64> {
     let d = p.head_dim;
@@ -139,7 +146,8 @@ pub fn flash_row(
         p.kv_len
     };
     let keys = (p.first_key(i)..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
-    attend_rows(p.scale.get() as f64, &qrow, keys, k, v)
+    let sink = sinks.get(h).map(|&s| s as f64);
+    attend_rows(p.scale.get() as f64, &qrow, keys, k, v, sink)
 }
 
 /// Output vector `r` (flattened `[num_seqs, q_heads]` index) of paged decode.
@@ -152,6 +160,7 @@ pub fn paged_row(
     block_tables: &[u32],
     max_blocks: usize,
     context_lens: &[u32],
+    sinks: &[f32],
     r: usize,
 ) -> Vec<f64> {
     let d = p.head_dim;
@@ -163,7 +172,15 @@ pub fn paged_row(
         let block = block_tables[s * max_blocks + t / p.block_size] as usize;
         ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d
     });
-    attend_rows(p.scale.get() as f64, &qrow, keys, key_cache, value_cache)
+    let sink = sinks.get(h).map(|&s| s as f64);
+    attend_rows(
+        p.scale.get() as f64,
+        &qrow,
+        keys,
+        key_cache,
+        value_cache,
+        sink,
+    )
 }
 
 #[cfg(test)]

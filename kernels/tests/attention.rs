@@ -7,7 +7,8 @@ use kerntune_kernels::config::{FlashConfig, FlashSplit, PagedConfig};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
 use kerntune_kernels::{
-    Config, CpuSpace, DType, Device, Isa, PagedProblem, Problem, Space, TensorBuf,
+    Backend, Config, CpuBackend, CpuSpace, DType, Device, Isa, PagedProblem, Problem, Space,
+    TensorBuf,
 };
 use proptest::prelude::*;
 
@@ -98,21 +99,95 @@ fn every_flash_candidate_matches_reference_within_a_window() {
     eprintln!("verified {ran} windowed flash configs");
 }
 
-/// The reference of `spec` with `window` differs from the full one in most output values.
-fn assert_window_moves_most_values(spec: &str, window: usize) {
+/// Sinks (gpt-oss): every candidate against the reference on grouped heads (a task's rows
+/// span several heads, each with its own sink), one head per KV head, without the causal
+/// mask, one query, within a window, and every input type.
+#[test]
+fn every_flash_candidate_matches_reference_with_sinks() {
+    let device = Device::host();
+    let mut ran = 0;
+    for tail in [
+        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128",
+        "q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64",
+        "q_len=23,kv_len=23,q_heads=4,kv_heads=2,head_dim=80,causal=false",
+        "q_len=1,kv_len=29,q_heads=64,kv_heads=1,head_dim=64",
+        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9",
+    ] {
+        for dtype in DType::ALL {
+            let p = problem(&format!("flash:{tail},dtype={dtype},sinks=true"));
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            ran += check_all(&p, &configs);
+        }
+    }
+    eprintln!("verified {ran} flash configs with sinks");
+}
+
+/// The reference of `spec` with `extra` differs from the plain one in most output values.
+fn assert_moves_most_values(spec: &str, extra: &str) {
     let full = ProblemData::random(&problem(spec), 9).reference();
-    let windowed = ProblemData::random(&problem(&format!("{spec},window={window}")), 9).reference();
-    assert_eq!(full.len(), windowed.len());
+    let changed = ProblemData::random(&problem(&format!("{spec},{extra}")), 9).reference();
+    assert_eq!(full.len(), changed.len());
     let moved = full
         .iter()
-        .zip(&windowed)
+        .zip(&changed)
         .filter(|(a, b)| (*a - *b).abs() > 1e-3)
         .count();
     assert!(
         moved > full.len() / 2,
-        "{spec}: {moved} of {} values moved",
+        "{spec} with {extra}: {moved} of {} values moved",
         full.len()
     );
+}
+
+fn assert_window_moves_most_values(spec: &str, window: usize) {
+    assert_moves_most_values(spec, &format!("window={window}"));
+}
+
+/// Sinks change what is computed, in both families: a head's output is scaled by the share
+/// its keys keep beside the sink, the problem's key says `sinks=true`, and a call without
+/// the logits (or with too few) is refused by name rather than read past its buffer.
+#[test]
+fn sinks_weigh_the_reference_and_a_call_must_pass_them() {
+    let flash = "flash:q_len=20,kv_len=30,q_heads=4,kv_heads=2,head_dim=32";
+    let paged = "paged:num_seqs=3,context_len=40,q_heads=4,kv_heads=2,head_dim=32";
+    for spec in [flash, paged] {
+        assert_moves_most_values(spec, "sinks=true");
+        let p = problem(&format!("{spec},sinks=true"));
+        assert!(p.key().contains(",sinks=true"), "{}", p.key());
+        assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+        assert!(!problem(spec).key().contains("sinks"));
+        assert_eq!(p.sinks_len(), 4);
+
+        // Each row is the plain row times l / (l + e^sink), l its softmax sum.
+        let plain = ProblemData::random(&problem(spec), 9);
+        let sunk = ProblemData::random(&p, 9);
+        assert_eq!(plain.inputs, sunk.inputs);
+        let (want, got) = (plain.reference(), sunk.reference());
+        let d = 32;
+        for r in 0..plain.rows() {
+            let ratio = got[r * d] / want[r * d];
+            assert!(ratio > 0.0 && ratio < 1.0, "{p} row {r}: ratio {ratio}");
+            for x in 1..d {
+                let at = r * d + x;
+                assert!(
+                    (got[at] - want[at] * ratio).abs() <= 1e-9 * want[at].abs().max(1.0),
+                    "{p} row {r} value {x}"
+                );
+            }
+        }
+
+        let device = Device::host();
+        let config = CpuSpace.default_config(&p, &device);
+        let mut data = ProblemData::random(&p, 1);
+        let mut scratch = Scratch::new();
+        for len in [0, 3] {
+            data.sinks.truncate(len);
+            let buf = scratch.get(CpuBackend.scratch_len(&p, &config));
+            let err = CpuBackend.run(&p, &config, data.args(), buf).unwrap_err();
+            assert!(err.to_string().contains("sinks"), "{err}");
+        }
+    }
 }
 
 /// A flash window: what the reference computes changes, a window of `kv_len` keys or more is
@@ -580,6 +655,39 @@ fn every_paged_candidate_matches_reference_within_a_window() {
     eprintln!("verified {ran} windowed paged configs");
 }
 
+/// Sinks in decode: every candidate against the reference with one partition and with
+/// several (the sink joins once, in the combination), a context of one token, mixed
+/// lengths, grouped heads, a window, every block size and input type.
+#[test]
+fn every_paged_candidate_matches_reference_with_sinks() {
+    let device = Device::host();
+    let mut ran = 0;
+    let mut scratch = Scratch::new();
+    for (seqs, ctx, hq, hkv, d, bs, window, lens) in [
+        (3, 1, 4, 4, 64, 16, None, vec![1, 1, 1]),
+        (2, 1100, 8, 1, 128, 16, None, vec![1100, 333]),
+        (4, 300, 8, 2, 64, 8, Some(37), vec![300, 1, 40, 299]),
+        (2, 45, 6, 2, 80, 32, None, vec![45, 17]),
+    ] {
+        for dtype in DType::ALL {
+            let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
+            let p = problem(&format!(
+                "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype},sinks=true{window}"
+            ));
+            let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
+            let reference = data.reference();
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            for c in &configs {
+                let err = error_of(&mut data, c, &reference, &mut scratch);
+                assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
+            }
+            ran += configs.len();
+        }
+    }
+    eprintln!("verified {ran} paged configs with sinks");
+}
+
 /// NaN in every cache row of a token before its sequence's window.
 fn poison_before_windows(data: &mut ProblemData, p: &PagedProblem) {
     let (mb, bs, width) = (
@@ -627,6 +735,7 @@ proptest! {
         q in 1usize..40, extra in 0usize..30, kvh in 1usize..3, group in 1usize..5,
         d in 1usize..100, causal in prop::bool::ANY, dt in 0usize..3,
         pick in any::<prop::sample::Index>(), window in prop::option::of(1usize..70),
+        sinks in prop::bool::ANY,
     ) {
         let dtype = DType::ALL[dt];
         let window = match (causal, window) {
@@ -634,7 +743,7 @@ proptest! {
             _ => String::new(),
         };
         let p = problem(&format!(
-            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype}{window}",
+            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype},sinks={sinks}{window}",
             q + extra, kvh * group
         ));
         let device = Device::host();
@@ -646,11 +755,11 @@ proptest! {
     fn random_paged_shapes_match_reference(
         seqs in 1usize..5, ctx in 1usize..400, kvh in 1usize..3, group in 1usize..9,
         d in 1usize..100, bs in 0usize..3, dt in 0usize..3, pick in any::<prop::sample::Index>(),
-        window in prop::option::of(1usize..400),
+        window in prop::option::of(1usize..400), sinks in prop::bool::ANY,
     ) {
         let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
         let p = problem(&format!(
-            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={}{window}",
+            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={},sinks={sinks}{window}",
             kvh * group, [8, 16, 32][bs], DType::ALL[dt]
         ));
         let device = Device::host();

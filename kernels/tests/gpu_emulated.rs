@@ -213,6 +213,125 @@ fn flash_candidates_match_the_reference_within_a_window() {
     }
 }
 
+// Sinks (gpt-oss): grouped heads (each query head its own sink), more keys than queries, so
+// the H200's split runs combine rows whose keys span runs; decode over several partitions.
+const FLASH_BF16_SINKS: &str =
+    "flash:q_len=70,kv_len=130,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16,sinks=true";
+
+#[test]
+fn attention_candidates_match_the_reference_with_sinks() {
+    let paged = format!("{PAGED_BF16},sinks=true");
+    for model in ["h200", "mi250"] {
+        every_candidate(model, FLASH_BF16_SINKS, None);
+        every_candidate(model, &paged, Some(vec![1, 600, 333]));
+    }
+}
+
+/// Each kernel adds its head's sink where it normalizes a row: the rows, mma (whole and
+/// split, whose combining kernel adds it) and MFMA flash forms and the paged reduction, each
+/// wrong with the weight left out or taken from another head's sink.
+#[test]
+fn each_kernel_adds_its_heads_sink_where_it_normalizes() {
+    let flash: Problem = FLASH_BF16_SINKS.parse().unwrap();
+    let flash_source = include_str!("../hip/flash.hip");
+    let pick = |model: &str, keep: &dyn Fn(&GpuFlashConfig) -> bool| {
+        let (device, _) = emulator(model);
+        GpuSpace
+            .candidates(&flash, &device)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuFlash(f) if keep(f)))
+            .unwrap_or_else(|| panic!("{model}: no such flash candidate"))
+    };
+    let other_head = ("kt_sink_weight(sinks, h,", "kt_sink_weight(sinks, kvh,");
+    let rows_sum = (
+        "const float total = sum + kt_sink_weight(sinks, h, mx);",
+        "const float total = sum;",
+    );
+    let mma_sum = (
+        "const float total = sum[x] + kt_sink_weight(sinks, h, mx[x]);",
+        "const float total = sum[x];",
+    );
+    let reduce_sum = (
+        "den += kt_sink_weight(sinks, (int)(rest % q_heads), m);",
+        "",
+    );
+    let reduce_head = ("(int)(rest % q_heads), m)", "0, m)");
+    // Each form's model, config and the edits that must show.
+    type Case<'a> = (&'a str, Config, Vec<(&'a str, &'a str)>);
+    let cases: [Case; 4] = [
+        (
+            "h200",
+            pick("h200", &|f| f.variant == GpuFlashVariant::Rows),
+            vec![rows_sum, other_head],
+        ),
+        (
+            "h200",
+            pick("h200", &|f| {
+                f.variant == GpuFlashVariant::Mma && f.split == 1
+            }),
+            vec![mma_sum, other_head],
+        ),
+        (
+            "h200",
+            pick("h200", &|f| {
+                f.variant == GpuFlashVariant::Mma && f.split > 1
+            }),
+            vec![reduce_sum, reduce_head],
+        ),
+        (
+            "mi250",
+            pick("mi250", &|f| f.variant == GpuFlashVariant::Mfma),
+            vec![rows_sum, other_head],
+        ),
+    ];
+    for (model, config, mutations) in cases {
+        let (_, emu) = emulator(model);
+        let data = ProblemData::random(&flash, 4);
+        let reference = data.reference();
+        let error = |body: &str| {
+            emu.run_source(&data, &config, body)
+                .map(|out| relative_error(&out, &reference))
+        };
+        let ok = error(flash_source).unwrap();
+        assert!(ok <= flash.tolerance(), "{model} {config}: {ok:e}");
+        for (from, to) in mutations {
+            assert!(
+                flash_source.contains(from),
+                "flash.hip no longer has `{from}`"
+            );
+            caught(
+                &format!("{model} {config}: `{from}` as `{to}`"),
+                error(&flash_source.replace(from, to)),
+                flash.tolerance(),
+            );
+        }
+    }
+    let paged: Problem = format!("{PAGED_BF16},sinks=true").parse().unwrap();
+    let (device, emu) = emulator("h200");
+    let config = GpuSpace.default_config(&paged, &device);
+    let data = ProblemData::random(&paged, 4).with_context_lens(vec![1, 600, 333]);
+    let reference = data.reference();
+    let error = |body: &str| {
+        emu.run_source(&data, &config, body)
+            .map(|out| relative_error(&out, &reference))
+    };
+    let ok = error(include_str!("../hip/paged.hip")).unwrap();
+    assert!(ok <= paged.tolerance(), "{config}: {ok:e}");
+    for (from, to) in [
+        ("total += kt_sink_weight(sinks, h, mx);", ""),
+        (
+            "total += kt_sink_weight(sinks, h, mx);",
+            "total += kt_sink_weight(sinks, 0, mx);",
+        ),
+    ] {
+        caught(
+            &format!("paged {config}: `{from}` as `{to}`"),
+            error(&paged_with(from, to)),
+            paged.tolerance(),
+        );
+    }
+}
+
 #[test]
 fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
     for model in ["h200", "mi250", "rx7900xtx"] {

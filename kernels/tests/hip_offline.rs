@@ -51,7 +51,8 @@ fn target(hip: &HipCompiler, name: &str) -> String {
     hip.target_for(g).unwrap().0
 }
 
-/// Llama-3.1-70B TP8 shapes of each family, bf16, and an f32 GEMM with a Linear layout.
+/// Llama-3.1-70B TP8 shapes of each family, bf16, an f32 GEMM with a Linear layout, and
+/// gpt-oss-120b's TP8 attention (head size 64, sinks, a window of 128 on every other layer).
 fn problems() -> Vec<Problem> {
     [
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
@@ -60,6 +61,8 @@ fn problems() -> Vec<Problem> {
         "flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
         "flash:q_len=64,q_heads=4,kv_heads=4,head_dim=64,dtype=f16,causal=false",
         "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+        "flash:q_len=512,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16,window=128,sinks=true",
+        "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16,sinks=true",
     ]
     .iter()
     .map(|s| s.parse().unwrap())

@@ -555,6 +555,47 @@ fn windowed_flash_builds_compile_for_sm90a_without_spills() {
     }
 }
 
+/// Sink builds (KT_SINKS): gpt-oss-120b's attention at TP8 (8 query heads on one KV head of
+/// 64 dims, every other layer in a window of 128 tokens, sinks in all): every warpgroup-MMA
+/// tile of the windowed and of the full prefill, the heuristic of each, and every paged
+/// decode candidate compile for sm_90a without spills; the builds carry the define, the
+/// builds of problems without sinks do not.
+#[test]
+fn sink_builds_compile_for_sm90a_without_spills() {
+    let Some(nvrtc) = compiler("sink_builds_compile_for_sm90a_without_spills") else {
+        return;
+    };
+    let h200 = Device::lookup("h200").unwrap();
+    let prefill = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
+    let decode = "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
+    for spec in [
+        format!("{prefill},window=128"),
+        prefill.to_string(),
+        decode.to_string(),
+    ] {
+        let plain: Problem = spec.parse().unwrap();
+        let p: Problem = format!("{spec},sinks=true").parse().unwrap();
+        let mut configs = candidates_where("h200", &p, |c| match c {
+            Config::GpuFlash(f) => f.wgmma,
+            _ => true,
+        });
+        assert!(!configs.is_empty(), "{p}");
+        configs.push(GpuSpace.heuristic(&p, &h200));
+        let variant = if spec.starts_with("flash") {
+            "mma"
+        } else {
+            "kt_paged_reduce"
+        };
+        check_candidates(&nvrtc, "h200", &p, &configs, variant);
+        for c in &configs {
+            let key = KernelBuild::new(&p, c).unwrap().key();
+            assert!(key.contains("KT_SINKS=1"), "{key}");
+            let key = KernelBuild::new(&plain, c).unwrap().key();
+            assert!(!key.contains("KT_SINKS"), "{key}");
+        }
+    }
+}
+
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {

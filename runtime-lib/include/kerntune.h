@@ -12,10 +12,10 @@
 /*
  The version of this C ABI: the header's, which a program compares with kt_abi_version()
  (the library's) before its first call, since a struct that grew (2: `window` in the
- attention problems) would otherwise be read past the end a program built against an
- older header passes.
+ attention problems; 3: `sinks`) would otherwise be read past the end a program built
+ against an older header passes.
  */
-#define KERNTUNE_ABI_VERSION 2
+#define KERNTUNE_ABI_VERSION 3
 
 /*
  Result of every call.
@@ -125,6 +125,14 @@ typedef struct KtFlashProblem {
    every key the mask leaves it.
    */
   size_t window;
+  /*
+   Attention sinks (gpt-oss): `q_heads` floats, each query head's learned logit, which
+   joins its softmax as a key whose value is zero, in the units of the scaled scores;
+   host memory for kt_flash_attention(), device memory of the GPU for
+   kt_gpu_flash_attention(). NULL for none. Problems with and without sinks are tuned
+   apart, each finding its own winners.
+   */
+  const float *sinks;
 } KtFlashProblem;
 
 /*
@@ -150,6 +158,11 @@ typedef struct KtPagedProblem {
    context, itself included; 0 for the whole context.
    */
   size_t window;
+  /*
+   Attention sinks (gpt-oss): `q_heads` floats, as in KtFlashProblem (host memory for
+   kt_paged_attention(), device memory for kt_gpu_paged_attention()); NULL for none.
+   */
+  const float *sinks;
 } KtPagedProblem;
 
 /*

@@ -18,9 +18,9 @@ use crate::{Dispatcher, Match, Stats};
 
 /// The version of this C ABI: the header's, which a program compares with kt_abi_version()
 /// (the library's) before its first call, since a struct that grew (2: `window` in the
-/// attention problems) would otherwise be read past the end a program built against an
-/// older header passes.
-pub const KERNTUNE_ABI_VERSION: u32 = 2;
+/// attention problems; 3: `sinks`) would otherwise be read past the end a program built
+/// against an older header passes.
+pub const KERNTUNE_ABI_VERSION: u32 = 3;
 
 /// Result of every call.
 #[repr(C)]
@@ -83,6 +83,12 @@ pub struct KtFlashProblem {
     /// position, itself included (FlashAttention's `window_size = (window - 1, 0)`); 0 for
     /// every key the mask leaves it.
     pub window: usize,
+    /// Attention sinks (gpt-oss): `q_heads` floats, each query head's learned logit, which
+    /// joins its softmax as a key whose value is zero, in the units of the scaled scores;
+    /// host memory for kt_flash_attention(), device memory of the GPU for
+    /// kt_gpu_flash_attention(). NULL for none. Problems with and without sinks are tuned
+    /// apart, each finding its own winners.
+    pub sinks: *const f32,
 }
 
 /// A paged attention decode problem (vLLM cache layout).
@@ -102,6 +108,9 @@ pub struct KtPagedProblem {
     /// A sliding window: each sequence's new token sees the last `window` tokens of its
     /// context, itself included; 0 for the whole context.
     pub window: usize,
+    /// Attention sinks (gpt-oss): `q_heads` floats, as in KtFlashProblem (host memory for
+    /// kt_paged_attention(), device memory for kt_gpu_paged_attention()); NULL for none.
+    pub sinks: *const f32,
 }
 
 thread_local! {
@@ -169,6 +178,7 @@ pub(crate) fn flash_problem(f: &KtFlashProblem) -> Result<FlashProblem, (KtStatu
         dtype(f.dtype),
     )
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
+    .map(|p| p.with_sinks(!f.sinks.is_null()))
     .map_err(|e| invalid(e.to_string()))
 }
 
@@ -184,7 +194,20 @@ pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatu
         dtype(f.dtype),
     )
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
+    .map(|p| p.with_sinks(!f.sinks.is_null()))
     .map_err(|e| invalid(e.to_string()))
+}
+
+/// The sink logits a problem's `sinks` points to: `q_heads` of them, or none where NULL.
+///
+/// # Safety
+/// `sinks` is NULL or valid for `q_heads` floats.
+unsafe fn sinks<'a>(sinks: *const f32, q_heads: usize) -> &'a [f32] {
+    if sinks.is_null() {
+        return &[];
+    }
+    // SAFETY: caller contract.
+    unsafe { std::slice::from_raw_parts(sinks, q_heads) }
 }
 
 /// # Safety
@@ -382,6 +405,7 @@ pub unsafe extern "C" fn kt_flash_attention(
                 q: tensor("q", q, p.q_len_elems(), p.dtype)?,
                 k: tensor("k", k, p.kv_len_elems(), p.dtype)?,
                 v: tensor("v", v, p.kv_len_elems(), p.dtype)?,
+                sinks: sinks(f.sinks, p.q_heads),
                 out: out("o", o, p.q_len_elems())?,
             }
         };
@@ -432,6 +456,7 @@ pub unsafe extern "C" fn kt_paged_attention(
                 block_tables: std::slice::from_raw_parts(block_tables, p.num_seqs * max_blocks),
                 max_blocks_per_seq: max_blocks,
                 context_lens: std::slice::from_raw_parts(context_lens, p.num_seqs),
+                sinks: sinks(f.sinks, p.q_heads),
                 out: out("o", o, p.query_len())?,
             }
         };

@@ -284,6 +284,7 @@ pub unsafe extern "C" fn kt_gpu_flash_attention(
         let ptrs = DevicePtrs {
             inputs: [addr("q", q)?, addr("k", k)?, addr("v", v)?],
             out: addr("o", o.cast_const().cast())?,
+            sinks: f.sinks as u64,
             ..DevicePtrs::default()
         };
         let scratch = (scratch, scratch_bytes);
@@ -355,6 +356,7 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
             context_lens: addr("context_lens", context_lens.cast())?,
             max_blocks_per_seq: max_blocks,
             partials: [0; 3],
+            sinks: f.sinks as u64,
         };
         addr("scratch", scratch.cast_const())?;
         // SAFETY: caller contract.

@@ -6,7 +6,8 @@
 //! length. Every
 //! other field is static: it comes from the model and the tensor-parallel degree, a sliding
 //! window among them (a windowed layer's calls find only winners tuned with that window, whose
-//! GPU builds hold its masks; a window no shorter than a call's keys is none). The softmax
+//! GPU builds hold its masks; a window no shorter than a call's keys is none), and sinks
+//! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them). The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
@@ -45,6 +46,7 @@ pub enum StaticKey {
         causal: bool,
         dtype: DType,
         window: Option<usize>,
+        sinks: bool,
     },
     Paged {
         q_heads: usize,
@@ -53,6 +55,7 @@ pub enum StaticKey {
         block_size: usize,
         dtype: DType,
         window: Option<usize>,
+        sinks: bool,
     },
 }
 
@@ -79,6 +82,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 causal: f.causal,
                 dtype: f.dtype,
                 window: f.window,
+                sinks: f.sinks,
             },
             [f.batch, f.q_len, f.kv_len],
         ),
@@ -90,6 +94,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 block_size: pg.block_size,
                 dtype: pg.dtype,
                 window: pg.window,
+                sinks: pg.sinks,
             },
             [pg.num_seqs, pg.context_len, 1],
         ),

@@ -278,6 +278,44 @@ fn a_sliding_window_decides_selection() {
     });
 }
 
+/// Sinks are a static dimension: a gpt-oss call finds the winners tuned with sinks, a call
+/// without them the plain ones, and neither the other's; a call with sinks through the
+/// dispatcher matches the reference.
+#[test]
+fn sinks_decide_selection() {
+    let device = Device::host();
+    let plain = "flash:q_len=256,kv_len=256,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
+    let sunk = format!("{plain},sinks=true");
+    let p: Problem = sunk.parse().unwrap();
+    let mut others = CpuSpace.candidates(&p, &device).into_iter();
+    let (a, b) = (others.next().unwrap(), others.next().unwrap());
+    assert_ne!(a, b);
+    let rows = [(sunk.as_str(), a.to_json()), (plain, b.to_json())];
+    both_paths(&rows, |path, _| {
+        let d = Dispatcher::open(path);
+        let sel = |s: &str| {
+            let s = d.select(&s.parse().unwrap());
+            (s.matched, s.config)
+        };
+        assert_eq!(sel(&sunk), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        let longer = "flash:q_len=200,kv_len=1000,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
+        assert_eq!(sel(&format!("{longer},sinks=true")), (Match::Nearest, a));
+        assert_eq!(sel(longer), (Match::Nearest, b));
+        let other_heads = "flash:q_len=256,q_heads=16,kv_heads=2,head_dim=64,dtype=bf16";
+        assert_eq!(sel(&format!("{other_heads},sinks=true")).0, Match::Default);
+
+        let mut data = ProblemData::random(&p, 3);
+        let reference = data.reference();
+        let Args::Flash(args) = data.args() else {
+            unreachable!("a flash problem")
+        };
+        assert_eq!(d.flash_attention(&p, args).unwrap(), Match::Exact);
+        let err = relative_error(&data.out, &reference);
+        assert!(err <= p.tolerance(), "{err:e}");
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();

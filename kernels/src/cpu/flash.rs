@@ -7,6 +7,8 @@
 //! `exp2`. Causal tiles entirely above the diagonal are never visited; only tiles crossing it
 //! are masked. With a sliding window, likewise below it: a query tile's keys start at its
 //! first row's window, and tiles its later rows' windows have passed are masked for those.
+//! A head's sink joins the softmax only in the last division, `O / (l + 2^(sink − m))`: a
+//! key of value zero changes the sum and nothing else.
 //!
 //! Scores are computed transposed, `Sᵀ = K·Qᵀ`: K rows are contiguous in memory as the
 //! microkernel's A operand wants them, and `Qᵀ` is built once per query tile instead of a `Kᵀ`
@@ -70,12 +72,14 @@ pub fn scratch_len(p: &FlashProblem, c: &FlashConfig) -> usize {
     c.threads * Layout::new(p, c).per_worker()
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn run<T: TableElem>(
     p: &FlashProblem,
     c: &FlashConfig,
     q: &[T],
     k: &[T],
     v: &[T],
+    sinks: &[f32],
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -101,6 +105,7 @@ pub fn run<T: TableElem>(
             nr,
             lay: &lay,
             span: &span,
+            sinks,
         };
         for blk in span.blocks.clone() {
             // SAFETY: query blocks of distinct tasks write disjoint rows of `out`.
@@ -162,6 +167,12 @@ impl Span {
         ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * p.head_dim
     }
 
+    /// The weight `2^(sink − m)` row `r`'s sink adds to its softmax sum, `m` the row's maximum
+    /// (base 2, as the scores are); 0 without sinks.
+    pub(super) fn sink_weight(&self, sinks: &[f32], r: usize, m: f32) -> f32 {
+        super::sink_weight(sinks, self.h0 + r % self.rows_per_pos, m)
+    }
+
     /// Offset in K and V of key 0 of this task's KV head; keys are `kv_heads · d` apart.
     pub(super) fn kv_base(&self, p: &FlashProblem) -> usize {
         (self.batch * p.kv_len * p.kv_heads + self.kvh) * p.head_dim
@@ -198,6 +209,8 @@ struct Tile<'a> {
     nr: usize,
     lay: &'a Layout,
     span: &'a Span,
+    /// Each query head's sink logit, or empty.
+    sinks: &'a [f32],
 }
 
 impl Tile<'_> {
@@ -346,7 +359,7 @@ impl Tile<'_> {
 
         for r in 0..rows {
             let dst = span.q_at(p, i0, r);
-            let inv = 1.0 / sum[r];
+            let inv = 1.0 / (sum[r] + span.sink_weight(self.sinks, r, mx[r]));
             for x in 0..d {
                 // SAFETY: caller contract: this row of out belongs to this task.
                 unsafe { *out.add(dst + x) = ot[r * lay.dp + x] * inv };

@@ -74,18 +74,21 @@ pub fn scratch_len(p: &FlashProblem, c: &FlashConfig) -> usize {
 
 /// Runs a config validated against the detected host (bf16, an even head dimension, `amx`
 /// on a host whose level is `avx512-amx`).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     p: &FlashProblem,
     c: &FlashConfig,
     q: &[bf16],
     k: &[bf16],
     v: &[bf16],
+    sinks: &[f32],
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
     debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
     // Every AMX host has AVX-512.
-    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, out, scratch, passes(Level::best()));
+    let passes = passes(Level::best());
+    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, sinks, out, scratch, passes);
 }
 
 /// The passes between the tile products: packing the key tiles, the softmax, packing the value
@@ -175,6 +178,7 @@ fn run_on<T: Tiles + Default>(
     q: &[bf16],
     k: &[bf16],
     v: &[bf16],
+    sinks: &[f32],
     out: &mut [f32],
     scratch: &mut [f32],
     passes: Passes,
@@ -210,6 +214,7 @@ fn run_on<T: Tiles + Default>(
                     q,
                     k,
                     v,
+                    sinks,
                     out.get(),
                     blk,
                     buf,
@@ -587,6 +592,7 @@ unsafe fn query_tile<T: Tiles>(
     q: &[u16],
     k: &[u16],
     v: &[u16],
+    sinks: &[f32],
     out: *mut f32,
     blk: usize,
     buf: &mut [u32],
@@ -726,7 +732,7 @@ unsafe fn query_tile<T: Tiles>(
 
     for r in 0..rows {
         let dst = span.q_at(p, i0, r);
-        let inv = 1.0 / sum[r];
+        let inv = 1.0 / (sum[r] + span.sink_weight(sinks, r, mx[r]));
         for (x, &acc) in o[r * dp..r * dp + d].iter().enumerate() {
             // SAFETY: the caller's contract: this row of out belongs to this task.
             unsafe { *out.add(dst + x) = acc * inv };
@@ -747,20 +753,21 @@ mod tests {
     /// keys, causal with fewer queries than keys, key tiles shorter than query tiles (rows
     /// that start seeing keys mid-tile), tiles shorter than a block, both splits, one and two
     /// threads, every build of the passes the host runs; sliding windows of 1, 5 and 40 keys
-    /// (rows whose window has passed keys mid-tile, tiles some rows see nothing of).
+    /// (rows whose window has passed keys mid-tile, tiles some rows see nothing of); sinks,
+    /// on grouped heads and within a window.
     #[test]
     fn flash_matches_the_reference_on_the_tile_model() {
         let builds = Level::supported();
         let mut ran = 0;
         for spec in [
             "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true",
-            "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true",
+            "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true,sinks=true",
             "flash:batch=1,q_len=1,kv_len=29,q_heads=64,kv_heads=1,head_dim=64,causal=true",
             "flash:batch=1,q_len=23,kv_len=23,q_heads=8,kv_heads=8,head_dim=80,causal=false",
             "flash:batch=1,q_len=70,kv_len=9,q_heads=4,kv_heads=2,head_dim=64,causal=false",
             "flash:batch=1,q_len=9,kv_len=40,q_heads=2,kv_heads=1,head_dim=2,causal=true",
             "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true,window=5",
-            "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true,window=40",
+            "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true,window=40,sinks=true",
             "flash:batch=1,q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=64,causal=true,window=1",
         ] {
             let problem: Problem = format!("{spec},dtype=bf16").parse().unwrap();
@@ -795,6 +802,7 @@ mod tests {
                                 &q,
                                 &k,
                                 &v,
+                                &data.sinks,
                                 &mut data.out,
                                 &mut scratch,
                                 passes(level),

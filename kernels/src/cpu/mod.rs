@@ -124,26 +124,34 @@ impl Backend for CpuBackend {
                     _ => unreachable!("dtypes checked above"),
                 }
             }
-            (Problem::Flash(p), Config::Flash(c), Args::Flash(FlashArgs { q, k, v, out })) => {
+            (Problem::Flash(p), Config::Flash(c), Args::Flash(a)) => {
+                let FlashArgs {
+                    q,
+                    k,
+                    v,
+                    sinks,
+                    out,
+                } = a;
                 for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
                     check_dtype(name, t, p.dtype)?;
                 }
                 check_len("q", q.len(), p.q_len_elems())?;
                 check_len("k", k.len(), p.kv_len_elems())?;
                 check_len("v", v.len(), p.kv_len_elems())?;
+                check_len("sinks", sinks.len(), problem.sinks_len())?;
                 check_len("out", out.len(), p.q_len_elems())?;
                 match (q, k, v) {
                     (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => {
-                        flash::run(p, c, q, k, v, out, scratch)
+                        flash::run(p, c, q, k, v, sinks, out, scratch)
                     }
                     (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => {
-                        flash::run(p, c, q, k, v, out, scratch)
+                        flash::run(p, c, q, k, v, sinks, out, scratch)
                     }
                     (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) if c.amx => {
-                        flash_amx::run(p, c, q, k, v, out, scratch)
+                        flash_amx::run(p, c, q, k, v, sinks, out, scratch)
                     }
                     (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => {
-                        flash::run(p, c, q, k, v, out, scratch)
+                        flash::run(p, c, q, k, v, sinks, out, scratch)
                     }
                     _ => unreachable!("dtypes checked above"),
                 }
@@ -181,6 +189,7 @@ fn run_paged(
     check_len("query", a.query.len(), p.query_len())?;
     check_len("out", a.out.len(), p.query_len())?;
     check_len("context_lens", a.context_lens.len(), p.num_seqs)?;
+    check_len("sinks", a.sinks.len(), Problem::Paged(*p).sinks_len())?;
     let row = p.block_size * p.kv_heads * p.head_dim;
     if !a.key_cache.len().is_multiple_of(row) || a.key_cache.len() != a.value_cache.len() {
         return Err(KernelError::BadBuffer {
@@ -239,6 +248,7 @@ fn run_paged(
             a.block_tables,
             mb,
             a.context_lens,
+            a.sinks,
             a.out,
             scratch,
         ),
@@ -251,6 +261,7 @@ fn run_paged(
             a.block_tables,
             mb,
             a.context_lens,
+            a.sinks,
             a.out,
             scratch,
         ),
@@ -263,12 +274,22 @@ fn run_paged(
             a.block_tables,
             mb,
             a.context_lens,
+            a.sinks,
             a.out,
             scratch,
         ),
         _ => unreachable!("dtypes checked above"),
     }
     Ok(())
+}
+
+/// The weight `2^(sink − m)` that query head `head`'s sink adds to a softmax sum whose
+/// maximum is `m` (the kernels' scores are in base 2); 0 without sinks.
+pub(super) fn sink_weight(sinks: &[f32], head: usize, m: f32) -> f32 {
+    match sinks.get(head) {
+        Some(&s) => (s * std::f32::consts::LOG2_E - m).exp2(),
+        None => 0.0,
+    }
 }
 
 /// Microkernel shapes (mr, nr) of the AVX-512-BF16 GEMM variant.

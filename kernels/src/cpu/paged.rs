@@ -6,6 +6,7 @@
 //! through the block table once, keeps the scores in scratch, and leaves an unnormalised
 //! partial output with its row max and sum. A second pass combines the partitions of each
 //! head by log-sum-exp; with a single partition the first pass writes the output directly.
+//! A head's sink joins only that last division, as one more term of the sum.
 //!
 //! The heads of a `whole_rows` task take turns so that each token row, all KV heads side by
 //! side, is read by all of them while it is in L2: on AMX tiles inside the kernel (a scores
@@ -163,12 +164,13 @@ pub fn run<T: TableElem>(
     block_tables: &[u32],
     max_blocks: usize,
     context_lens: &[u32],
+    sinks: &[f32],
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
     let caches = (query, key_cache, value_cache);
     let tables = (block_tables, max_blocks, context_lens);
-    run_with(p, c, caches, tables, out, scratch, Engine::Hardware);
+    run_with(p, c, caches, tables, sinks, out, scratch, Engine::Hardware);
 }
 
 /// What the tasks of `amx` configs run on: the tiles, or in tests their software model (which
@@ -184,11 +186,13 @@ pub(super) enum Engine {
 }
 
 /// [`run`], with the tasks of `amx` configs on `engine`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_with<T: TableElem>(
     p: &PagedProblem,
     c: &PagedConfig,
     (query, key_cache, value_cache): (&[T], &[T], &[T]),
     (block_tables, max_blocks, context_lens): (&[u32], usize, &[u32]),
+    sinks: &[f32],
     out: &mut [f32],
     scratch: &mut [f32],
     engine: Engine,
@@ -237,7 +241,8 @@ pub(super) fn run_with<T: TableElem>(
                 let (m, l) = (stats[2 * r], stats[2 * r + 1]);
                 let head = h0 + j * lay.rows + r;
                 if lay.parts == 1 {
-                    let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+                    let total = l + super::sink_weight(sinks, head, m);
+                    let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
                     for x in 0..d {
                         // SAFETY: each (seq, head) output row is written by exactly one task.
                         unsafe {
@@ -489,7 +494,7 @@ pub(super) fn run_with<T: TableElem>(
         }
     });
     if lay.parts > 1 {
-        combine(p, &lay, &scratch[..lay.partials(p)], out, c.threads);
+        combine(p, &lay, &scratch[..lay.partials(p)], sinks, out, c.threads);
     }
 }
 
@@ -550,8 +555,15 @@ fn softmax(
     }
 }
 
-/// Log-sum-exp reduction of each head's partitions into the output.
-fn combine(p: &PagedProblem, lay: &Layout, partials: &[f32], out: &mut [f32], threads: usize) {
+/// Log-sum-exp reduction of each head's partitions (and its sink) into the output.
+fn combine(
+    p: &PagedProblem,
+    lay: &Layout,
+    partials: &[f32],
+    sinks: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) {
     let d = p.head_dim;
     let out_ptr = SharedMut(out.as_mut_ptr());
     for_each_task(threads, p.num_seqs * p.q_heads, |row, _| {
@@ -560,7 +572,7 @@ fn combine(p: &PagedProblem, lay: &Layout, partials: &[f32], out: &mut [f32], th
             .chunks_exact(d + 2)
             .map(|s| s[d])
             .fold(f32::NEG_INFINITY, f32::max);
-        let mut l = 0f32;
+        let mut l = super::sink_weight(sinks, row % p.q_heads, m);
         // SAFETY: each output row is written by exactly one task.
         let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(row * d), d) };
         o.fill(0.0);

@@ -692,7 +692,7 @@ mod tests {
                 vec![90, 40],
             ),
             (
-                "num_seqs=3,context_len=130,q_heads=8,kv_heads=2,head_dim=64,block_size=16,window=37",
+                "num_seqs=3,context_len=130,q_heads=8,kv_heads=2,head_dim=64,block_size=16,window=37,sinks=true",
                 vec![130, 20, 41],
             ),
             (
@@ -760,6 +760,7 @@ mod tests {
                                 &c,
                                 (&q[..], &k[..], &v[..]),
                                 (&tables.0, mb, &tables.1),
+                                &data.sinks,
                                 &mut data.out,
                                 &mut scratch,
                                 engine,

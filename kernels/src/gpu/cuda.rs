@@ -339,6 +339,8 @@ pub struct DeviceProblem {
     problem: Problem,
     inputs: Vec<DeviceBuf>,
     tables: Option<(CudaSlice<u32>, CudaSlice<u32>, usize)>,
+    /// Attention with sinks: each query head's sink logit.
+    sinks: Option<CudaSlice<f32>>,
     out: CudaSlice<f32>,
     /// Paged attention: partial outputs, maxima and sums of every partition.
     partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
@@ -415,6 +417,10 @@ impl DeviceProblem {
             problem: data.problem,
             inputs,
             tables,
+            sinks: match data.sinks.is_empty() {
+                true => None,
+                false => Some(gpu.stream.memcpy_stod(&data.sinks).map_err(err)?),
+            },
             out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
             partials,
             workspace: match &data.problem {
@@ -458,6 +464,9 @@ impl DeviceProblem {
             ptrs.block_tables = addr(tables.device_ptr(stream));
             ptrs.context_lens = addr(lens.device_ptr(stream));
             ptrs.max_blocks_per_seq = *max_blocks;
+        }
+        if let Some(sinks) = &self.sinks {
+            ptrs.sinks = addr(sinks.device_ptr(stream));
         }
         if let Some((o, m, s)) = &mut self.partials {
             ptrs.partials = [

@@ -162,6 +162,8 @@ pub struct DevicePtrs {
     /// `head_dim` floats per slot). Split-K GEMM: the partial products, in the first.
     /// [`partial_floats`] sizes them.
     pub partials: [u64; 3],
+    /// Attention with sinks: the `q_heads` f32 sink logits (0 without).
+    pub sinks: u64,
 }
 
 /// Paged attention's partition slots for `config` (0 for other families): the partial buffers
@@ -306,6 +308,18 @@ pub fn launches(
             ),
         });
     }
+    // The kernels of a problem with sinks read them: a null address would fault the device.
+    if problem.sinks_len() > 0 && (ptrs.sinks == 0 || !ptrs.sinks.is_multiple_of(4)) {
+        return Err(KernelError::BadBuffer {
+            name: "sinks",
+            reason: format!(
+                "device address {:#x}: the problem has sinks, so the call passes its {} f32 sink logits in device memory, 4-byte aligned",
+                ptrs.sinks,
+                problem.sinks_len()
+            ),
+        });
+    }
+    let sinks = Arg::Ptr(ptrs.sinks);
     // The partial results go to the caller's scratch, stored as the output is.
     let floats = partial_floats(problem, config);
     for (i, (&address, &n)) in ptrs.partials.iter().zip(&floats).enumerate() {
@@ -474,7 +488,7 @@ pub fn launches(
                     args: [
                         vec![i0, i1, i2, out],
                         sizes.to_vec(),
-                        vec![Arg::Float(p.scale.get()), window],
+                        vec![Arg::Float(p.scale.get()), window, sinks],
                         maps,
                     ]
                     .concat(),
@@ -495,7 +509,7 @@ pub fn launches(
                         args: [
                             vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
-                            vec![Arg::Float(p.scale.get()), window],
+                            vec![Arg::Float(p.scale.get()), window, sinks],
                             maps,
                         ]
                         .concat(),
@@ -509,7 +523,7 @@ pub fn launches(
                         args: [
                             vec![part_out, part_max, part_sum, out],
                             sizes.to_vec(),
-                            vec![int(p.batch, "batch")?, window],
+                            vec![int(p.batch, "batch")?, window, sinks],
                         ]
                         .concat(),
                     },
@@ -557,6 +571,7 @@ pub fn launches(
                         out,
                         int(p.q_heads, "q_heads")?,
                         int(parts, "partitions")?,
+                        sinks,
                     ],
                 },
             ]
@@ -586,13 +601,14 @@ mod tests {
             context_lens: 6,
             max_blocks_per_seq: 7,
             partials: [8, 12, 16],
+            sinks: 20,
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
-            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![11]),
+            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![12]),
             (
                 "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
-                vec![14, 6],
+                vec![14, 7],
             ),
         ] {
             let p: Problem = spec.parse().unwrap();
@@ -630,6 +646,21 @@ mod tests {
         for (p, window) in [(&p, 0), (&windowed, 300)] {
             let l = launches(p, &c, &ptrs).unwrap();
             assert_eq!(l[0].args.last(), Some(&Arg::Int(window)), "{p}");
+        }
+        // Sinks: the address follows the window in every flash kernel and ends the paged
+        // reduction's arguments; a problem with sinks refuses a launch without them.
+        for spec in [
+            "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,sinks=true",
+            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,sinks=true",
+        ] {
+            let sunk: Problem = spec.parse().unwrap();
+            let c = GpuSpace.default_config(&sunk, &device);
+            let l = launches(&sunk, &c, &ptrs).unwrap();
+            assert_eq!(l.last().unwrap().args.last(), Some(&Arg::Ptr(20)), "{spec}");
+            let e = launches(&sunk, &c, &DevicePtrs { sinks: 0, ..ptrs })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("sinks") && e.contains("8 f32"), "{e}");
         }
         let cpu = crate::CpuSpace.default_config(&p, &Device::host());
         assert!(launches(&p, &cpu, &ptrs).is_err());
@@ -980,6 +1011,7 @@ mod tests {
             context_lens: 0x600,
             max_blocks_per_seq: 63,
             partials: [0x1000, maxima, 0x3000],
+            sinks: 0,
         };
         launches(&paged, &config, &three(0x2000)).unwrap();
         let e = launches(&paged, &config, &three(0x2002)).unwrap_err();

@@ -358,6 +358,8 @@ pub struct HipProblem<'g> {
     problem: Problem,
     inputs: Vec<DeviceMem<'g>>,
     tables: Option<(DeviceMem<'g>, DeviceMem<'g>, usize)>,
+    /// Attention with sinks: each query head's sink logit.
+    sinks: Option<DeviceMem<'g>>,
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
     /// GEMM: split-K partial products, as many as any valid config needs.
     workspace: Option<DeviceMem<'g>>,
@@ -406,6 +408,10 @@ impl<'g> HipProblem<'g> {
             problem: data.problem,
             inputs,
             tables,
+            sinks: match data.sinks.is_empty() {
+                true => None,
+                false => Some(gpu.upload(&data.sinks)?),
+            },
             partials,
             workspace: match &data.problem {
                 Problem::Gemm(p) => Some(gpu.alloc(4 * split_k_workspace(p).max(1))?),
@@ -432,6 +438,9 @@ impl<'g> HipProblem<'g> {
             ptrs.block_tables = addr(tables);
             ptrs.context_lens = addr(lens);
             ptrs.max_blocks_per_seq = *max_blocks;
+        }
+        if let Some(sinks) = &self.sinks {
+            ptrs.sinks = addr(sinks);
         }
         if let Some((o, m, s)) = &self.partials {
             ptrs.partials = [addr(o), addr(m), addr(s)];

@@ -143,6 +143,7 @@ impl KernelBuild {
                     .chain(split_registers.then_some(("KT_SPLIT_REGS", 1)))
                     // The window's masks only where the problem has one (flash.hip).
                     .chain(p.window.is_some().then_some(("KT_WINDOW", 1)))
+                    .chain(p.sinks.then_some(("KT_SINKS", 1)))
                     .collect(),
                     entries: if c.split > 1 {
                         &["kt_flash", "kt_flash_reduce"]
@@ -169,7 +170,10 @@ impl KernelBuild {
                     ("KT_LANES", c.lanes),
                     ("KT_D", p.head_dim),
                     ("KT_BLOCK", p.block_size),
-                ],
+                ]
+                .into_iter()
+                .chain(p.sinks.then_some(("KT_SINKS", 1)))
+                .collect(),
                 entries: &["kt_paged", "kt_paged_reduce"],
                 threads: c.threads,
                 dynamic_lds,

@@ -8,6 +8,10 @@
 //! A sliding window (`window`, causal only) bounds how far back a query looks: the query at
 //! position `pos = i + kv_len - q_len` sees keys `pos + 1 - window ..= pos`, itself included,
 //! as FlashAttention's `window_size = (window - 1, 0)` and vLLM's `sliding_window` count it.
+//!
+//! With `sinks` (gpt-oss), each query head has a learned logit that joins every row's softmax
+//! as a key whose value is zero: rows are scaled by `Σ exp(s) / (Σ exp(s) + exp(sink))`. The
+//! logits are data of the call, `q_heads` f32 values, in the units of the scaled scores.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +34,8 @@ pub struct FlashProblem {
     /// shorter than `kv_len` is kept: a longer one hides nothing, and the problem is the
     /// full attention one, under its key.
     pub window: Option<usize>,
+    /// Each query head's softmax has a learned sink logit (the call passes them).
+    pub sinks: bool,
 }
 
 #[derive(Deserialize)]
@@ -46,6 +52,9 @@ struct FlashFields {
     /// Absent in problems written before windows.
     #[serde(default)]
     window: Option<usize>,
+    /// Absent in problems written before sinks.
+    #[serde(default)]
+    sinks: bool,
 }
 
 impl TryFrom<FlashFields> for FlashProblem {
@@ -56,6 +65,7 @@ impl TryFrom<FlashFields> for FlashProblem {
             f.dtype,
         )?
         .with_window(f.window)
+        .map(|p| p.with_sinks(f.sinks))
     }
 }
 
@@ -113,7 +123,14 @@ impl FlashProblem {
             scale,
             dtype,
             window: None,
+            sinks: false,
         })
+    }
+
+    /// This problem with (or without) a sink logit in each query head's softmax.
+    pub fn with_sinks(mut self, sinks: bool) -> Self {
+        self.sinks = sinks;
+        self
     }
 
     /// This problem with each query looking back at most `window` keys, itself included
@@ -144,7 +161,7 @@ impl FlashProblem {
 
     /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
     /// `kv_heads` (q_heads), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32),
-    /// `window` (none).
+    /// `window` (none), `sinks` (false).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let q_len: usize = f.req("q_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -166,10 +183,11 @@ impl FlashProblem {
             scale,
             f.opt("dtype")?.unwrap_or(DType::F32),
         )?
-        .with_window(f.opt("window")?)?;
+        .with_window(f.opt("window")?)?
+        .with_sinks(f.opt("sinks")?.unwrap_or(false));
         f.finish(&[
             "batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "scale",
-            "dtype", "window",
+            "dtype", "window", "sinks",
         ])?;
         Ok(p)
     }
@@ -188,6 +206,9 @@ impl FlashProblem {
         );
         if let Some(w) = self.window {
             key.push_str(&format!(",window={w}"));
+        }
+        if self.sinks {
+            key.push_str(",sinks=true");
         }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));

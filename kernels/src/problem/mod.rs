@@ -88,6 +88,15 @@ impl Problem {
         }
     }
 
+    /// Sink logits a call passes: one per query head of attention with sinks, else none.
+    pub fn sinks_len(&self) -> usize {
+        match self {
+            Problem::Flash(p) if p.sinks => p.q_heads,
+            Problem::Paged(p) if p.sinks => p.q_heads,
+            _ => 0,
+        }
+    }
+
     /// Relative tolerance of a kernel's output against the f64 reference (see
     /// [`crate::DType::tolerance`]). Attention on bf16 may round its probabilities to bf16
     /// for the `P·V` product, as PyTorch's CPU flash attention and the GPU flash-attention

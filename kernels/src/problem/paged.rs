@@ -12,6 +12,9 @@
 //! look back a bounded distance) limits each sequence to its last `window` tokens: the new
 //! token sees keys `ctx - window .. ctx` of a context of `ctx`, itself included, as
 //! FlashAttention's `window_size = (window - 1, 0)` and vLLM's `sliding_window` count it.
+//!
+//! With `sinks` (gpt-oss), each query head's softmax has a learned logit, a key whose value is
+//! zero; the call passes the `q_heads` f32 logits, in the units of the scaled scores.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +36,8 @@ pub struct PagedProblem {
     /// of the context. Only a window shorter than `context_len` is kept: a longer one bounds
     /// nothing, and the problem is the full attention one, under its key.
     pub window: Option<usize>,
+    /// Each query head's softmax has a learned sink logit (the call passes them).
+    pub sinks: bool,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +53,9 @@ struct PagedFields {
     /// Absent in problems written before windows.
     #[serde(default)]
     window: Option<usize>,
+    /// Absent in problems written before sinks.
+    #[serde(default)]
+    sinks: bool,
 }
 
 impl TryFrom<PagedFields> for PagedProblem {
@@ -64,6 +72,7 @@ impl TryFrom<PagedFields> for PagedProblem {
             f.dtype,
         )?
         .with_window(f.window)
+        .map(|p| p.with_sinks(f.sinks))
     }
 }
 
@@ -117,7 +126,14 @@ impl PagedProblem {
             scale,
             dtype,
             window: None,
+            sinks: false,
         })
+    }
+
+    /// This problem with (or without) a sink logit in each query head's softmax.
+    pub fn with_sinks(mut self, sinks: bool) -> Self {
+        self.sinks = sinks;
+        self
     }
 
     /// This problem looking back at most `window` tokens (`None`: all of them). A window of
@@ -147,7 +163,7 @@ impl PagedProblem {
 
     /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
     /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `window`
-    /// (none).
+    /// (none), `sinks` (false).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let context_len = f.req("context_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -168,7 +184,8 @@ impl PagedProblem {
             scale,
             f.opt("dtype")?.unwrap_or(DType::F32),
         )?
-        .with_window(f.opt("window")?)?;
+        .with_window(f.opt("window")?)?
+        .with_sinks(f.opt("sinks")?.unwrap_or(false));
         f.finish(&[
             "num_seqs",
             "context_len",
@@ -179,6 +196,7 @@ impl PagedProblem {
             "scale",
             "dtype",
             "window",
+            "sinks",
         ])?;
         Ok(p)
     }
@@ -196,6 +214,9 @@ impl PagedProblem {
         );
         if let Some(w) = self.window {
             key.push_str(&format!(",window={w}"));
+        }
+        if self.sinks {
+            key.push_str(",sinks=true");
         }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));

@@ -51,8 +51,17 @@ impl Guarded {
             TensorBuf::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
             TensorBuf::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
         };
+        Guarded::input_bytes(&bytes)
+    }
+
+    /// f32 inputs beside the tensors (attention sinks), between the same NaN guards.
+    pub fn floats_input(v: &[f32]) -> Guarded {
+        Guarded::input_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+    }
+
+    fn input_bytes(bytes: &[u8]) -> Guarded {
         let mut g = Guarded::with(bytes.len(), 0x7f);
-        g.data_mut().copy_from_slice(&bytes);
+        g.data_mut().copy_from_slice(bytes);
         g
     }
 

@@ -110,7 +110,7 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
                 1, q_len, kv_len, q_heads, kv_heads, p.head_dim, p.causal, p.scale, p.dtype,
             )
             .and_then(|f| f.with_window(window))
-            .map(Problem::Flash)
+            .map(|f| Problem::Flash(f.with_sinks(p.sinks)))
         }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
             let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
@@ -132,7 +132,7 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
                 p.dtype,
             )
             .and_then(|q| q.with_window(window))
-            .map(Problem::Paged)
+            .map(|q| Problem::Paged(q.with_sinks(p.sinks)))
         }
         _ => Ok(*problem),
     };
@@ -425,6 +425,7 @@ impl Emulator {
         let mut inputs: Vec<Guarded> = data.inputs.iter().map(Guarded::input).collect();
         let mut tables = Guarded::words(&data.block_tables);
         let mut lens = Guarded::words(&data.context_lens);
+        let mut sinks = Guarded::floats_input(&data.sinks);
         let mut out = Guarded::output(data.out.len());
         let mut partials = partial_floats(problem, config).map(Guarded::output);
         let mut ptrs = DevicePtrs {
@@ -432,6 +433,11 @@ impl Emulator {
             block_tables: tables.addr(),
             context_lens: lens.addr(),
             max_blocks_per_seq: data.max_blocks_per_seq,
+            sinks: if data.sinks.is_empty() {
+                0
+            } else {
+                sinks.addr()
+            },
             ..DevicePtrs::default()
         };
         for (slot, buf) in ptrs.inputs.iter_mut().zip(&mut inputs) {
