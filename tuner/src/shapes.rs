@@ -371,7 +371,8 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             .flat_map(|l| kv_kinds.iter().map(move |k| (l, k)))
         {
             let p = FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
-                .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?;
+                .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?
+                .with_sinks(model.sinks);
             let windowed = p.with_window(window).map_err(TuneError::from)?;
             out.extend(attention(
                 "prefill",
@@ -398,7 +399,8 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                                     ("block_size", "--block-size"),
                                 ],
                             )
-                        })?;
+                        })?
+                        .with_sinks(model.sinks);
                 let windowed = p.with_window(window).map_err(TuneError::from)?;
                 out.extend(attention(
                     "decode",

@@ -5,8 +5,8 @@
 //! attention, families with their own field names, Llama-Nemotron's per-layer blocks, the
 //! weight counts the default degree rests on), and clear refusals where the model's kernels
 //! are not the ones kerntune tunes (latent attention itself, hybrid layers not read, quantized
-//! weights, soft-capped, sink or ALiBi attention, lengths past a chunk of chunked attention);
-//! sliding windows derived for the layers that use them.
+//! weights, soft-capped or ALiBi attention, lengths past a chunk of chunked attention);
+//! sliding windows derived for the layers that use them, gpt-oss's sinks on all of them.
 
 mod common;
 
@@ -399,7 +399,7 @@ fn quantized_weights_are_refused_unless_the_flags_leave_their_gemms_out() {
 }
 
 #[test]
-fn soft_capped_or_sink_attention_is_refused_unless_only_gemms_are_asked_for() {
+fn soft_capped_attention_is_refused_unless_only_gemms_are_asked_for() {
     // Gemma 2 9B.
     let config = r#"{"hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
         "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42,
@@ -414,14 +414,102 @@ fn soft_capped_or_sink_attention_is_refused_unless_only_gemms_are_asked_for() {
         config,
         &["--tp", "2", "--kernels", "gemm", "--batch-sizes", "1"],
     );
-    // gpt-oss adds a learned sink to each head's softmax.
-    let sinks = format!(r#"{{{LLAMA8B}, "model_type": "gpt_oss"}}"#);
-    refused(&sinks, &["--tp", "1"], &["sinks", "--kernels gemm"]);
-    assert!(!derive(&sinks, &["--tp", "1", "--kernels", "gemm"]).is_empty());
     assert_eq!(
         keys_of(&rows, "qkv")[0],
         "gemm:m=1,n=4096,k=3584,dtype=bf16,b=nk"
     );
+}
+
+/// gpt-oss-20b's published config: 64 query heads of 64 dims (wider than its hidden size of
+/// 2880) on 8 KV heads, a window of 128 tokens every other layer, a sink per query head in
+/// every layer, 32 experts of which a token runs 4, MXFP4 experts.
+fn gpt_oss_20b(quantized: bool) -> String {
+    let layers = [r#""sliding_attention", "full_attention""#; 12].join(", ");
+    let quantization = match quantized {
+        true => {
+            r#", "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert":
+            ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}"#
+        }
+        false => "",
+    };
+    format!(
+        r#"{{"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+        "attention_bias": true, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+        "hidden_size": 2880, "initial_context_length": 4096, "intermediate_size": 2880,
+        "layer_types": [{layers}], "max_position_embeddings": 131072,
+        "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+        "num_key_value_heads": 8, "num_local_experts": 32, "rms_norm_eps": 1e-05,
+        "rope_scaling": {{"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+            "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false}},
+        "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 201088{quantization}}}"#
+    )
+}
+
+/// gpt-oss: every attention problem carries the sinks, the windowed layers' and the full
+/// ones'; its MXFP4 experts leave the GEMMs to `--dtype bf16` or to explicit problems, and
+/// `--kernels flash,paged` tunes its attention alone.
+#[test]
+fn gpt_oss_attention_has_sinks_in_every_layer() {
+    let lens = [
+        "--tp",
+        "2",
+        "--prefill-lens",
+        "1024",
+        "--context-lens",
+        "4096",
+        "--batch-sizes",
+        "8",
+    ];
+    let rows = derive(&gpt_oss_20b(false), &lens);
+    for role in [
+        "tp2 prefill",
+        "sliding prefill",
+        "tp2 decode",
+        "sliding decode",
+    ] {
+        assert_eq!(keys_of(&rows, role).len(), 1, "{role}: {rows:?}");
+    }
+    assert_eq!(
+        keys_of(&rows, "tp2 prefill")[0],
+        "flash:batch=1,q_len=1024,kv_len=1024,q_heads=32,kv_heads=4,head_dim=64,causal=true,dtype=bf16,sinks=true"
+    );
+    assert_eq!(
+        keys_of(&rows, "sliding decode")[0],
+        "paged:num_seqs=8,context_len=4096,q_heads=32,kv_heads=4,head_dim=64,block_size=16,dtype=bf16,window=128,sinks=true"
+    );
+    let attention: Vec<&String> = rows
+        .iter()
+        .map(|(_, key)| key)
+        .filter(|key| !key.starts_with("gemm:"))
+        .collect();
+    assert_eq!(attention.len(), 4);
+    assert!(attention.iter().all(|key| key.contains(",sinks=true")));
+    // Queries 64 heads of 64 wide, over a hidden size of 2880; 32 experts, 4 a token.
+    assert_eq!(
+        keys_of(&rows, "qkv")[0],
+        "gemm:m=8,n=2560,k=2880,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "o")[0],
+        "gemm:m=8,n=2880,k=2048,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "expert_gate_up")[0],
+        "gemm:m=1,n=2880,k=2880,dtype=bf16,b=nk"
+    );
+
+    let quantized = gpt_oss_20b(true);
+    refused(
+        &quantized,
+        &lens,
+        &["mxfp4", "--kernels flash,paged", "--dtype bf16"],
+    );
+    let mut alone = lens.to_vec();
+    alone.extend(["--kernels", "flash,paged"]);
+    let rows = derive(&quantized, &alone);
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert!(rows.iter().all(|(_, key)| key.contains(",sinks=true")));
 }
 
 #[test]

@@ -49,6 +49,9 @@ const AWKWARD: &[&str] = &[
     "paged:num_seqs=3,context_len=1,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
     "paged:num_seqs=5,context_len=1000,q_heads=8,kv_heads=8,head_dim=64,block_size=32,dtype=f16",
     "paged:num_seqs=3,context_len=707,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,window=300",
+    // gpt-oss's attention: sinks, a window of 128 in every other layer.
+    "flash:q_len=37,kv_len=300,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16,window=128,sinks=true",
+    "paged:num_seqs=3,context_len=707,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16,sinks=true",
 ];
 
 /// Llama-3.1-70B at tensor parallelism 8, bf16: decode and prefill GEMMs, prefill attention,

@@ -367,6 +367,9 @@ impl Model {
             scale,
             window,
             chunked_attention: f.int("attention_chunk_size")?,
+            // gpt-oss's attention layers all hold a sink per query head (transformers'
+            // GptOssAttention, vLLM's `sinks`).
+            sinks: model_type(&top, &f) == Some("gpt_oss"),
             dtype,
             unsupported,
         })
@@ -746,16 +749,10 @@ fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
     } else {
         (f.map.get("alibi") == Some(&Value::Bool(true))).then(|| "alibi = true".into())
     };
-    if let Some(why) = alibi {
-        return Some(format!(
+    alibi.map(|why| {
+        format!(
             "{}: its attention adds ALiBi position biases to the logits ({why}), which kerntune's attention kernels do not",
             f.path.display(),
-        ));
-    }
-    (model_type(top, f) == Some("gpt_oss")).then(|| {
-        format!(
-            "{}: its attention adds learned sinks to the softmax (model_type gpt_oss), which kerntune's attention kernels do not",
-            f.path.display()
         )
     })
 }

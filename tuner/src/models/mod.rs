@@ -74,6 +74,9 @@ pub struct Model {
     /// own chunk only, which kerntune's kernels do not compute; lengths past a chunk are
     /// refused.
     pub chunked_attention: Option<usize>,
+    /// Whether each query head's softmax has a learned sink logit (gpt-oss): its attention
+    /// problems are the ones with sinks.
+    pub sinks: bool,
     pub dtype: DType,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
@@ -171,7 +174,7 @@ pub struct Unsupported {
     /// mixer of a hybrid family read (other linear attention, convolutions), or experts under
     /// names not read; `--dtype` does not change that.
     pub layers: Option<String>,
-    /// The attention is not plain softmax attention (soft-capped logits, sinks).
+    /// The attention is not plain softmax attention (soft-capped logits, ALiBi).
     pub attention: Option<String>,
 }
 
@@ -204,6 +207,7 @@ impl Model {
             scale: None,
             window: None,
             chunked_attention: None,
+            sinks: false,
             dtype: DType::Bf16,
             unsupported: Unsupported::default(),
         };
