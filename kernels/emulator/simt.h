@@ -29,6 +29,7 @@ extern "C" {
 float fmaf(float, float, float);
 float fmaxf(float, float);
 float exp2f(float);
+float tanhf(float);
 float ldexpf(float, int);
 void* calloc(decltype(sizeof 0), decltype(sizeof 0));
 void* malloc(decltype(sizeof 0));

@@ -17,7 +17,8 @@
 // Builds without KT_WINDOW hold none of that code: its registers made ptxas spill the
 // warp-specialized 128 by 128 wgmma tiles. With sinks (KT_SINKS builds), each head's sink
 // logit (`sinks`, q_heads floats; unread without) joins a row's sum where the row is
-// normalized (kt_sink_weight), and only there.
+// normalized (kt_sink_weight), and only there. With a soft-cap `softcap` (KT_SOFTCAP builds;
+// 0 without), every score is capped (kt_softcap) before its mask.
 //
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
@@ -84,7 +85,7 @@ KT_DEVICE int kt_reach(int window) { return KT_WINDOW ? window : 0x40000000; }
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale, int window, const float* __restrict__ sinks) {
+         float scale, int window, const float* __restrict__ sinks, float softcap) {
     KT_SHARED float ks[KT_BC][KT_D];
     KT_SHARED float vs[KT_BC][KT_D];
     const int tid = KT_TID;
@@ -96,6 +97,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int i = qt * KT_BR + tid / KT_LANES;
     const bool live = i < q_len;
     const float log2e = 1.4426950408889634f;
+    // The cap in the scores' units (scale · log2(e) folded into q).
+    const float cap_unit = softcap * log2e;
 
     float qr[KT_PER_LANE], o[KT_PER_LANE];
     const long qrow = (((long)b * q_len + (live ? i : 0)) * q_heads + h) * KT_D;
@@ -132,7 +135,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 dot = fmaf(qr[x], ks[r][lane + KT_LANES * x], dot);
 #pragma unroll
             for (int m = KT_LANES / 2; m > 0; m /= 2) dot += KT_SHFL_XOR(dot, m);
-            s[r] = (live && j0 + r < seen && (!KT_WINDOW || j0 + r >= seen - reach)) ? dot : -KT_INF;
+            const bool visible = live && j0 + r < seen && (!KT_WINDOW || j0 + r >= seen - reach);
+            s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;
             tile_max = fmaxf(tile_max, s[r]);
         }
         if (tile_max > -KT_INF) {
@@ -310,7 +314,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
          float* __restrict__ part_sum,
 #endif
          int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale, int window,
-         const float* __restrict__ sinks
+         const float* __restrict__ sinks, float softcap
 #if KT_TMA
          ,
          const KT_GRID_CONSTANT kt_tmap k_map, const KT_GRID_CONSTANT kt_tmap v_map
@@ -512,6 +516,14 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // tiles holding keys some row's window has passed.
         // Row tile m's rows are slots 2m and 2m + 1.
         auto softmax = [&](float (&s)[KT_ST][4], int m, int j0, float (&corr)[2]) {
+            if (KT_SOFTCAP) {
+                // The cap in the unscaled scores' units.
+                const float cap_unit = softcap / scale;
+#pragma unroll
+                for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[n][e] = kt_softcap(s[n][e], cap_unit);
+            }
             if (j0 + KT_BC > open || (KT_WINDOW && j0 < passed)) {
 #pragma unroll
                 for (int n = 0; n < KT_ST; ++n)
@@ -966,7 +978,7 @@ KT_DEVICE void kt_mfma_kv_stage(unsigned short (*ks)[KT_LDD], unsigned short (*v
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale, int window, const float* __restrict__ sinks) {
+         float scale, int window, const float* __restrict__ sinks, float softcap) {
     KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
     KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
     const int tid = KT_TID;
@@ -1040,6 +1052,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #pragma unroll
             for (int st = 0; st < KT_QK; ++st)
                 s[n] = kt_mfma(kt_frag_at(&ks[32 * n + col][8 * st + 4 * half]), qf[st], s[n]);
+            if (KT_SOFTCAP)
+#pragma unroll
+                for (int e = 0; e < 16; ++e) s[n][e] = kt_softcap(s[n][e], softcap / scale);
             if (masked) {
 #pragma unroll
                 for (int e = 0; e < 16; ++e) {

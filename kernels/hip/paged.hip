@@ -9,7 +9,10 @@
 // grid (q_heads, num_seqs), combines the partitions by their log-sum-exp. `window` > 0 (a
 // sliding window): a sequence of ctx tokens attends to its last `window` only, and its
 // partitions count from the first of them. With sinks (KT_SINKS builds), kt_paged_reduce adds
-// each head's sink to its sum (kt_sink_weight).
+// each head's sink to its sum (kt_sink_weight). With a soft-cap `softcap` (KT_SOFTCAP builds;
+// 0 without), kt_paged caps each score as it becomes a weight, and their maximum (kt_softcap;
+// scores carry scale · log2(e), and so does the cap): capped as they were computed, the
+// grouped builds of head size 128 spilled.
 //
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
@@ -56,7 +59,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
          const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window) {
+         int max_blocks, int partitions, float scale, int window, float softcap) {
     KT_SHARED float qs[KT_D];
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
@@ -98,10 +101,13 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
         scores[t - t0] = dot;
         local_max = fmaxf(local_max, dot);
     }
-    const float mx = kt_block_max(local_max, red);
+    // Capped (a cap keeps the order of the scores, so it caps their maximum too) where the
+    // scores turn into weights.
+    const float cap_unit = softcap * log2e;
+    const float mx = kt_softcap(kt_block_max(local_max, red), cap_unit);
     float local_sum = 0.0f;
     for (int t = t0 + tid; t < t1; t += KT_THREADS) {
-        const float p = exp2f(scores[t - t0] - mx);
+        const float p = exp2f(kt_softcap(scores[t - t0], cap_unit) - mx);
         scores[t - t0] = p;
         local_sum += p;
     }
@@ -143,7 +149,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
          const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window) {
+         int max_blocks, int partitions, float scale, int window, float softcap) {
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
     KT_SHARED float sums[KT_WAVES][KT_D];
@@ -210,10 +216,13 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
             local_max = fmaxf(local_max, dot);
         }
     }
-    const float mx = kt_block_max(local_max, red);
+    // Capped (a cap keeps the order of the scores, so it caps their maximum too) where the
+    // scores turn into weights.
+    const float cap_unit = softcap * log2e;
+    const float mx = kt_softcap(kt_block_max(local_max, red), cap_unit);
     float local_sum = 0.0f;
     for (int t = t0 + tid; t < t1; t += KT_THREADS) {
-        const float p = exp2f(scores[t - t0] - mx);
+        const float p = exp2f(kt_softcap(scores[t - t0], cap_unit) - mx);
         scores[t - t0] = p;
         local_sum += p;
     }

@@ -75,6 +75,7 @@
 #define KT_LAUNCH_BOUNDS(threads)
 #define KT_INF INFINITY
 #define KT_BITS_F32(u) kt_host::bits_f32(u)
+#define KT_FAST_DIV(a, b) ((a) / (b))
 #else
 #define KT_GLOBAL extern "C" __global__
 #define KT_DEVICE __device__ __forceinline__
@@ -88,6 +89,9 @@
 // Positive infinity without <math.h>, which NVRTC does not provide.
 #define KT_INF __int_as_float(0x7f800000)
 #define KT_BITS_F32(u) __uint_as_float(u)
+// A quotient within 2 ulp by reciprocal and multiply (0 where b is past 2^126), without the
+// IEEE division's slow path and its registers.
+#define KT_FAST_DIV(a, b) __fdividef(a, b)
 #endif
 
 // Input element type: 0 = f32, 1 = f16, 2 = bf16. Half types travel as raw 16-bit words and
@@ -182,6 +186,20 @@ KT_DEVICE float kt_wave_sum(float v) {
 #endif
 KT_DEVICE float kt_sink_weight(const float* sinks, int h, float m) {
     return KT_SINKS ? exp2f(sinks[h] * 1.4426950408889634f - m) : 0.0f;
+}
+
+// Soft-capped scores (KT_SOFTCAP builds, Gemma 2): a score x held in units where the cap is
+// `unit` becomes unit · tanh(x / unit), before any mask (a masked score stays -inf). Builds
+// without a cap hold none of it. tanh(y) as 1 - 2 / (1 + e^2y): off by about an ulp of 1
+// (which the cap scales to a few millionths of a logit) and a handful of instructions, where
+// the library's tanhf made ptxas spill the warp-specialized 128 by 128 wgmma tiles.
+#ifndef KT_SOFTCAP
+#define KT_SOFTCAP 0
+#endif
+KT_DEVICE float kt_softcap(float x, float unit) {
+    if (!KT_SOFTCAP) return x;
+    const float e = exp2f(2.8853900817779268f * KT_FAST_DIV(x, unit));  // e^(2y), y = x / unit
+    return unit - KT_FAST_DIV(2.0f * unit, 1.0f + e);
 }
 
 // Matrix-core steps, per vendor (the GEMM's MFMA and mma variants), for 16-bit inputs.

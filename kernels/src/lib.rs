@@ -51,7 +51,9 @@ pub use device::{CpuInfo, Device, GpuModel, Isa};
 pub use dtype::{DType, Tensor, TensorBuf};
 pub use error::{KernelError, Result};
 pub use kernel::Backend;
-pub use problem::{BLayout, Family, FlashProblem, GemmProblem, PagedProblem, Problem, Scale};
+pub use problem::{
+    BLayout, Family, FlashProblem, GemmProblem, PagedProblem, Problem, Scale, SoftCap,
+};
 pub use space::{CpuSpace, GpuSpace, Space};
 
 /// Hash of the CPU kernel sources (and config definitions) this library was built from, part of

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem};
+use crate::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, SoftCap};
 
 /// Largest absolute difference relative to the reference's largest magnitude. Scale-free, and
 /// robust to single outputs near zero where a per-element relative error would explode.
@@ -100,11 +100,16 @@ fn attend_rows(
     k: Tensor<'_>,
     v: Tensor<'_>,
     sink: Option<f64>,
+    softcap: Option<SoftCap>,
 ) -> Vec<f64> {
     let d = q.len();
+    let cap = |s: f64| match softcap.map(|c| c.get() as f64) {
+        Some(c) => c * (s / c).tanh(),
+        None => s,
+    };
     let scores: Vec<f64> = keys
         .clone()
-        .map(|off| scale * (0..d).map(|x| q[x] * k.get(off + x) as f64).sum::<f64>())
+        .map(|off| cap(scale * (0..d).map(|x| q[x] * k.get(off + x) as f64).sum::<f64>()))
         .collect();
     let m = scores
         .iter()
@@ -147,7 +152,7 @@ pub fn flash_row(
     };
     let keys = (p.first_key(i)..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
     let sink = sinks.get(h).map(|&s| s as f64);
-    attend_rows(p.scale.get() as f64, &qrow, keys, k, v, sink)
+    attend_rows(p.scale.get() as f64, &qrow, keys, k, v, sink, p.softcap)
 }
 
 /// Output vector `r` (flattened `[num_seqs, q_heads]` index) of paged decode.
@@ -180,6 +185,7 @@ pub fn paged_row(
         key_cache,
         value_cache,
         sink,
+        p.softcap,
     )
 }
 

@@ -123,6 +123,85 @@ fn every_flash_candidate_matches_reference_with_sinks() {
     eprintln!("verified {ran} flash configs with sinks");
 }
 
+/// Soft-capped scores (Gemma 2's 50, and caps of 1 and 0.3, below most scores, where the
+/// tanh bends every one): every candidate against the reference, with and without the mask,
+/// grouped heads, a window and sinks beside, every input type.
+#[test]
+fn every_flash_candidate_matches_reference_with_a_softcap() {
+    let device = Device::host();
+    let mut ran = 0;
+    for tail in [
+        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,softcap=50",
+        "q_len=23,kv_len=23,q_heads=4,kv_heads=2,head_dim=80,causal=false,softcap=1",
+        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9,sinks=true,softcap=0.3",
+    ] {
+        for dtype in DType::ALL {
+            let p = problem(&format!("flash:{tail},dtype={dtype}"));
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            ran += check_all(&p, &configs);
+        }
+    }
+    eprintln!("verified {ran} soft-capped flash configs");
+}
+
+/// Soft-capped decode: one partition and several, a window, sinks, every block size and type.
+#[test]
+fn every_paged_candidate_matches_reference_with_a_softcap() {
+    let device = Device::host();
+    let mut ran = 0;
+    let mut scratch = Scratch::new();
+    for (tail, lens) in [
+        (
+            "num_seqs=2,context_len=1100,q_heads=8,kv_heads=1,head_dim=128,block_size=16,softcap=50",
+            vec![1100, 333],
+        ),
+        (
+            "num_seqs=4,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=8,window=37,sinks=true,softcap=0.3",
+            vec![300, 1, 40, 299],
+        ),
+        (
+            "num_seqs=2,context_len=45,q_heads=6,kv_heads=2,head_dim=80,block_size=32,softcap=1",
+            vec![45, 17],
+        ),
+    ] {
+        for dtype in DType::ALL {
+            let p = problem(&format!("paged:{tail},dtype={dtype}"));
+            let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
+            let reference = data.reference();
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            for c in &configs {
+                let err = error_of(&mut data, c, &reference, &mut scratch);
+                assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
+            }
+            ran += configs.len();
+        }
+    }
+    eprintln!("verified {ran} soft-capped paged configs");
+}
+
+/// A soft-cap changes what is computed where it is below the scores, its key spells it in
+/// the shortest form that reads back, and a cap that is not a positive number is refused.
+#[test]
+fn a_softcap_bends_the_reference_and_must_be_positive() {
+    for spec in [
+        "flash:q_len=20,kv_len=30,q_heads=4,kv_heads=2,head_dim=32",
+        "paged:num_seqs=3,context_len=40,q_heads=4,kv_heads=2,head_dim=32",
+    ] {
+        assert_moves_most_values(spec, "softcap=0.2");
+        let p = problem(&format!("{spec},softcap=50.0"));
+        assert!(p.key().ends_with(",softcap=50"), "{}", p.key());
+        assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+        for bad in ["0", "-3", "inf", "nan"] {
+            let err = format!("{spec},softcap={bad}")
+                .parse::<Problem>()
+                .unwrap_err();
+            assert!(err.to_string().contains("softcap"), "{err}");
+        }
+    }
+}
+
 /// The reference of `spec` with `extra` differs from the plain one in most output values.
 fn assert_moves_most_values(spec: &str, extra: &str) {
     let full = ProblemData::random(&problem(spec), 9).reference();
@@ -735,15 +814,16 @@ proptest! {
         q in 1usize..40, extra in 0usize..30, kvh in 1usize..3, group in 1usize..5,
         d in 1usize..100, causal in prop::bool::ANY, dt in 0usize..3,
         pick in any::<prop::sample::Index>(), window in prop::option::of(1usize..70),
-        sinks in prop::bool::ANY,
+        sinks in prop::bool::ANY, softcap in prop::option::of(0.2f32..60.0),
     ) {
         let dtype = DType::ALL[dt];
+        let softcap = softcap.map(|c| format!(",softcap={c}")).unwrap_or_default();
         let window = match (causal, window) {
             (true, Some(w)) => format!(",window={w}"),
             _ => String::new(),
         };
         let p = problem(&format!(
-            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype},sinks={sinks}{window}",
+            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype},sinks={sinks}{window}{softcap}",
             q + extra, kvh * group
         ));
         let device = Device::host();
@@ -756,10 +836,12 @@ proptest! {
         seqs in 1usize..5, ctx in 1usize..400, kvh in 1usize..3, group in 1usize..9,
         d in 1usize..100, bs in 0usize..3, dt in 0usize..3, pick in any::<prop::sample::Index>(),
         window in prop::option::of(1usize..400), sinks in prop::bool::ANY,
+        softcap in prop::option::of(0.2f32..60.0),
     ) {
         let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
+        let softcap = softcap.map(|c| format!(",softcap={c}")).unwrap_or_default();
         let p = problem(&format!(
-            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={},sinks={sinks}{window}",
+            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={},sinks={sinks}{window}{softcap}",
             kvh * group, [8, 16, 32][bs], DType::ALL[dt]
         ));
         let device = Device::host();

@@ -86,6 +86,10 @@ fn caught(what: &str, run: Result<f64, KernelError>, tol: f64) {
             err.is_nan() || err > tol,
             "{what} went unnoticed: error {err:e}"
         ),
+        // An edit that does not compile shows nothing about the kernel: the test's mistake.
+        Err(e) if e.to_string().contains("does not compile") => {
+            panic!("{what}: the edited source does not compile: {e}")
+        }
         // The emulator stopped the launch: a fault a device would turn into garbage or a hang.
         Err(KernelError::EmulatorFault { .. }) => {}
         Err(e) => panic!("{what}: {e}"),
@@ -324,6 +328,135 @@ fn each_kernel_adds_its_heads_sink_where_it_normalizes() {
             "total += kt_sink_weight(sinks, 0, mx);",
         ),
     ] {
+        caught(
+            &format!("paged {config}: `{from}` as `{to}`"),
+            error(&paged_with(from, to)),
+            paged.tolerance(),
+        );
+    }
+}
+
+// Soft-capped scores (Gemma 2): a cap below most scores, so every one bends.
+const FLASH_F16_SOFTCAP: &str =
+    "flash:q_len=70,kv_len=130,q_heads=4,kv_heads=2,head_dim=64,dtype=f16,softcap=0.5";
+
+#[test]
+fn attention_candidates_match_the_reference_with_a_softcap() {
+    let paged = format!("{PAGED_BF16},softcap=0.5");
+    for model in ["h200", "mi250"] {
+        every_candidate(model, FLASH_F16_SOFTCAP, None);
+        every_candidate(model, &paged, Some(vec![1, 600, 333]));
+    }
+}
+
+/// Each kernel caps its scores: the rows, mma (whole and split) and MFMA flash forms and both
+/// paged forms are wrong without the cap, or with it after the mask (a masked key's -inf
+/// capped to -C counts it).
+#[test]
+fn each_kernel_caps_its_scores_before_the_mask() {
+    let flash: Problem = FLASH_F16_SOFTCAP.parse().unwrap();
+    let flash_source = include_str!("../hip/flash.hip");
+    let pick = |model: &str, keep: &dyn Fn(&GpuFlashConfig) -> bool| {
+        let (device, _) = emulator(model);
+        GpuSpace
+            .candidates(&flash, &device)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuFlash(f) if keep(f)))
+            .unwrap_or_else(|| panic!("{model}: no such flash candidate"))
+    };
+    let rows_cap = (
+        "s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;",
+        "s[r] = visible ? dot : -KT_INF;",
+    );
+    let rows_after_mask = (
+        "s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;",
+        "s[r] = kt_softcap(visible ? dot : -KT_INF, cap_unit);",
+    );
+    let mma_cap = (
+        "s[n][e] = kt_softcap(s[n][e], cap_unit);",
+        "s[n][e] = s[n][e];",
+    );
+    let mfma_cap = (
+        "s[n][e] = kt_softcap(s[n][e], softcap / scale);",
+        "s[n][e] = s[n][e];",
+    );
+    // Each form's model, config and the edits that must show.
+    type Case<'a> = (&'a str, Config, Vec<(&'a str, &'a str)>);
+    let cases: [Case; 4] = [
+        (
+            "h200",
+            pick("h200", &|f| f.variant == GpuFlashVariant::Rows),
+            vec![rows_cap, rows_after_mask],
+        ),
+        (
+            "h200",
+            pick("h200", &|f| {
+                f.variant == GpuFlashVariant::Mma && f.split == 1
+            }),
+            vec![mma_cap],
+        ),
+        (
+            "h200",
+            pick("h200", &|f| {
+                f.variant == GpuFlashVariant::Mma && f.split > 1
+            }),
+            vec![mma_cap],
+        ),
+        (
+            "mi250",
+            pick("mi250", &|f| f.variant == GpuFlashVariant::Mfma),
+            vec![mfma_cap],
+        ),
+    ];
+    for (model, config, mutations) in cases {
+        let (_, emu) = emulator(model);
+        let data = ProblemData::random(&flash, 4);
+        let reference = data.reference();
+        let error = |body: &str| {
+            emu.run_source(&data, &config, body)
+                .map(|out| relative_error(&out, &reference))
+        };
+        let ok = error(flash_source).unwrap();
+        assert!(ok <= flash.tolerance(), "{model} {config}: {ok:e}");
+        for (from, to) in mutations {
+            assert!(
+                flash_source.contains(from),
+                "flash.hip no longer has `{from}`"
+            );
+            caught(
+                &format!("{model} {config}: `{from}` as `{to}`"),
+                error(&flash_source.replace(from, to)),
+                flash.tolerance(),
+            );
+        }
+    }
+    // Both paged forms: a thread a token (f32, head size 96) and groups of lanes (head size
+    // 128), under a cap of 0.1 that flattens the weights of hundreds of tokens.
+    for (spec, lanes, lens) in [
+        (PAGED_F32, 1, vec![77, 5]),
+        (PAGED_BF16_128, 16, vec![300, 17]),
+    ] {
+        let paged: Problem = format!("{spec},softcap=0.1").parse().unwrap();
+        let (device, emu) = emulator("h200");
+        let config = GpuSpace
+            .candidates(&paged, &device)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuPaged(g) if g.lanes == lanes))
+            .unwrap();
+        let data = ProblemData::random(&paged, 4).with_context_lens(lens);
+        let reference = data.reference();
+        let error = |body: &str| {
+            emu.run_source(&data, &config, body)
+                .map(|out| relative_error(&out, &reference))
+        };
+        let ok = error(include_str!("../hip/paged.hip")).unwrap();
+        assert!(ok <= paged.tolerance(), "{config}: {ok:e}");
+        // (Their maximum uncapped would only shift the exponents, which the partition's
+        // maximum takes back: wrong only where scores lie far past the cap.)
+        let (from, to) = (
+            "exp2f(kt_softcap(scores[t - t0], cap_unit) - mx)",
+            "exp2f(scores[t - t0] - mx)",
+        );
         caught(
             &format!("paged {config}: `{from}` as `{to}`"),
             error(&paged_with(from, to)),

@@ -596,6 +596,44 @@ fn sink_builds_compile_for_sm90a_without_spills() {
     }
 }
 
+/// Soft-capped builds (KT_SOFTCAP): Gemma 2 27B's attention at TP4 (8 query heads on 4 KV
+/// heads of 128 dims, a cap of 50, a window of 4096 tokens every other layer): every
+/// warpgroup-MMA tile of the windowed and the full prefill, the heuristic of each, and every
+/// paged decode candidate compile for sm_90a without spills, the builds carrying the define.
+#[test]
+fn softcap_builds_compile_for_sm90a_without_spills() {
+    let Some(nvrtc) = compiler("softcap_builds_compile_for_sm90a_without_spills") else {
+        return;
+    };
+    let h200 = Device::lookup("h200").unwrap();
+    let prefill = "flash:q_len=8192,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=50";
+    let decode =
+        "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=50";
+    for spec in [
+        format!("{prefill},window=4096"),
+        prefill.into(),
+        decode.into(),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        let mut configs = candidates_where("h200", &p, |c| match c {
+            Config::GpuFlash(f) => f.wgmma,
+            _ => true,
+        });
+        assert!(!configs.is_empty(), "{p}");
+        configs.push(GpuSpace.heuristic(&p, &h200));
+        let variant = if spec.starts_with("flash") {
+            "mma"
+        } else {
+            "kt_paged_reduce"
+        };
+        check_candidates(&nvrtc, "h200", &p, &configs, variant);
+        for c in &configs {
+            let key = KernelBuild::new(&p, c).unwrap().key();
+            assert!(key.contains("KT_SOFTCAP=1"), "{key}");
+        }
+    }
+}
+
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {

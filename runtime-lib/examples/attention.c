@@ -1,8 +1,8 @@
 /* A server's attention calls through kerntune's C ABI, for a model whose layers look back a
- * bounded distance (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1) and, as gpt-oss's do, add a
- * learned sink to each head's softmax: a prefill chunk by flash attention and a decode step by
- * paged attention, each with and without a sliding window and with sinks, checked against
- * plain loops here.
+ * bounded distance (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1), add a learned sink to each
+ * head's softmax (gpt-oss) or soft-cap the scores (Gemma 2): a prefill chunk by flash
+ * attention and a decode step by paged attention, each with and without a sliding window,
+ * with sinks and with a soft-cap, checked against plain loops here.
  *
  *   cc runtime-lib/examples/attention.c -I runtime-lib/include -L target/release -lkerntune -lm \
  *       -o attention
@@ -28,14 +28,16 @@ static float value(unsigned i) {
 static const float SINKS[HQ] = {0.5f, -1.0f, 2.5f, 1.0f};
 
 /* Softmax attention of one query row over `n` keys and values at `keys[t]` (row offsets),
- * with a sink logit `sink` in the softmax (-INFINITY for none): a key whose value is zero. */
+ * with a sink logit `sink` in the softmax (-INFINITY for none): a key whose value is zero;
+ * scores capped at `cap` (0 for none). */
 static void attend(const float *q, const float *k, const float *v, const size_t *keys, size_t n,
-                   double sink, double *out) {
+                   double sink, double cap, double *out) {
     double mx = sink, sum = 0.0, s[1024];
     for (size_t t = 0; t < n; t++) {
         double dot = 0.0;
         for (int x = 0; x < D; x++) dot += (double)q[x] * k[keys[t] + x];
         s[t] = dot / sqrt((double)D);
+        if (cap > 0.0) s[t] = cap * tanh(s[t] / cap);
         if (s[t] > mx) mx = s[t];
     }
     for (int x = 0; x < D; x++) out[x] = 0.0;
@@ -49,15 +51,16 @@ static void attend(const float *q, const float *k, const float *v, const size_t 
 }
 
 /* Flash attention of Q_LEN queries aligned to the end of KV_LEN keys, causal. */
-static int flash(KtDispatcher *d, size_t window, const float *sinks) {
+static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap) {
     enum { Q_LEN = 9, KV_LEN = 40 };
     static float q[Q_LEN * HQ * D], k[KV_LEN * HKV * D], v[KV_LEN * HKV * D], o[Q_LEN * HQ * D];
     for (unsigned i = 0; i < Q_LEN * HQ * D; i++) q[i] = value(i);
     for (unsigned i = 0; i < KV_LEN * HKV * D; i++) k[i] = value(7 * i + 1), v[i] = value(5 * i + 2);
     KtFlashProblem p = {.batch = 1, .q_len = Q_LEN, .kv_len = KV_LEN, .q_heads = HQ,
                         .kv_heads = HKV, .head_dim = D, .causal = true, .scale = 0.0f,
-                        .dtype = KT_DTYPE_F32, .window = window, .sinks = sinks};
-    const char *with = sinks ? " sinks" : "";
+                        .dtype = KT_DTYPE_F32, .window = window, .sinks = sinks,
+                        .softcap = cap};
+    const char *with = sinks ? " sinks" : cap > 0.0f ? " softcap" : "";
     if (kt_flash_attention(d, &p, q, k, v, o, NULL) != KT_STATUS_OK) {
         printf("flash window=%zu%s: %s\n", window, with, kt_last_error());
         return 0;
@@ -69,7 +72,7 @@ static int flash(KtDispatcher *d, size_t window, const float *sinks) {
             const size_t pos = i + KV_LEN - Q_LEN, first = window && pos + 1 > window ? pos + 1 - window : 0;
             for (size_t j = first; j <= pos; j++) keys[j - first] = (j * HKV + h / (HQ / HKV)) * D;
             attend(&q[(i * HQ + h) * D], k, v, keys, pos + 1 - first, sinks ? sinks[h] : -INFINITY,
-                   want);
+                   cap, want);
             for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(i * HQ + h) * D + x] - want[x]));
         }
     printf("flash window=%zu%s: max difference %.1e\n", window, with, worst);
@@ -77,7 +80,7 @@ static int flash(KtDispatcher *d, size_t window, const float *sinks) {
 }
 
 /* One decode step of SEQS sequences of their own lengths on a paged cache. */
-static int paged(KtDispatcher *d, size_t window, const float *sinks) {
+static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap) {
     enum { SEQS = 3, CTX = 50, MAX_BLOCKS = (CTX + BS - 1) / BS, BLOCKS = SEQS * MAX_BLOCKS };
     static float q[SEQS * HQ * D], kc[BLOCKS * BS * HKV * D], vc[BLOCKS * BS * HKV * D], o[SEQS * HQ * D];
     uint32_t tables[SEQS * MAX_BLOCKS], lens[SEQS] = {CTX, 1, 23};
@@ -87,8 +90,8 @@ static int paged(KtDispatcher *d, size_t window, const float *sinks) {
     for (unsigned b = 0; b < SEQS * MAX_BLOCKS; b++) tables[b] = BLOCKS - 1 - b;
     KtPagedProblem p = {.num_seqs = SEQS, .context_len = CTX, .q_heads = HQ, .kv_heads = HKV,
                         .head_dim = D, .block_size = BS, .scale = 0.0f, .dtype = KT_DTYPE_F32,
-                        .window = window, .sinks = sinks};
-    const char *with = sinks ? " sinks" : "";
+                        .window = window, .sinks = sinks, .softcap = cap};
+    const char *with = sinks ? " sinks" : cap > 0.0f ? " softcap" : "";
     if (kt_paged_attention(d, &p, q, kc, vc, BLOCKS, tables, MAX_BLOCKS, lens, o, NULL) !=
         KT_STATUS_OK) {
         printf("paged window=%zu%s: %s\n", window, with, kt_last_error());
@@ -104,7 +107,7 @@ static int paged(KtDispatcher *d, size_t window, const float *sinks) {
                 keys[t - first] = (row * HKV + h / (HQ / HKV)) * D;
             }
             attend(&q[(s * HQ + h) * D], kc, vc, keys, ctx - first, sinks ? sinks[h] : -INFINITY,
-                   want);
+                   cap, want);
             for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * D + x] - want[x]));
         }
     printf("paged window=%zu%s: max difference %.1e\n", window, with, worst);
@@ -123,8 +126,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kt_open: %s\n", kt_last_error());
         return 1;
     }
-    int ok = flash(d, 0, NULL) & flash(d, 6, NULL) & flash(d, 6, SINKS) & paged(d, 0, NULL) &
-             paged(d, 20, NULL) & paged(d, 0, SINKS);
+    /* A cap of 0.3, under most of these scores, so that it bends every one. */
+    int ok = flash(d, 0, NULL, 0) & flash(d, 6, NULL, 0) & flash(d, 6, SINKS, 0) &
+             flash(d, 0, NULL, 0.3f) & paged(d, 0, NULL, 0) & paged(d, 20, NULL, 0) &
+             paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f);
     /* A window without the causal mask looks back from nothing: refused by name. */
     KtFlashProblem bad = {.batch = 1, .q_len = 4, .kv_len = 4, .q_heads = 1, .kv_heads = 1,
                           .head_dim = D, .causal = false, .dtype = KT_DTYPE_F32, .window = 2};

@@ -12,8 +12,8 @@
 /*
  The version of this C ABI: the header's, which a program compares with kt_abi_version()
  (the library's) before its first call, since a struct that grew (2: `window` in the
- attention problems; 3: `sinks`) would otherwise be read past the end a program built
- against an older header passes.
+ attention problems; 3: `sinks` and `softcap`) would otherwise be read past the end a
+ program built against an older header passes.
  */
 #define KERNTUNE_ABI_VERSION 3
 
@@ -133,6 +133,11 @@ typedef struct KtFlashProblem {
    apart, each finding its own winners.
    */
   const float *sinks;
+  /*
+   A logit soft-cap (Gemma 2's `attn_logit_softcapping`): each scaled score `s` becomes
+   `softcap · tanh(s / softcap)` before the mask; 0 for none.
+   */
+  float softcap;
 } KtFlashProblem;
 
 /*
@@ -163,6 +168,10 @@ typedef struct KtPagedProblem {
    kt_paged_attention(), device memory for kt_gpu_paged_attention()); NULL for none.
    */
   const float *sinks;
+  /*
+   A logit soft-cap, as in KtFlashProblem; 0 for none.
+   */
+  float softcap;
 } KtPagedProblem;
 
 /*

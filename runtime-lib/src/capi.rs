@@ -18,8 +18,8 @@ use crate::{Dispatcher, Match, Stats};
 
 /// The version of this C ABI: the header's, which a program compares with kt_abi_version()
 /// (the library's) before its first call, since a struct that grew (2: `window` in the
-/// attention problems; 3: `sinks`) would otherwise be read past the end a program built
-/// against an older header passes.
+/// attention problems; 3: `sinks` and `softcap`) would otherwise be read past the end a
+/// program built against an older header passes.
 pub const KERNTUNE_ABI_VERSION: u32 = 3;
 
 /// Result of every call.
@@ -89,6 +89,9 @@ pub struct KtFlashProblem {
     /// kt_gpu_flash_attention(). NULL for none. Problems with and without sinks are tuned
     /// apart, each finding its own winners.
     pub sinks: *const f32,
+    /// A logit soft-cap (Gemma 2's `attn_logit_softcapping`): each scaled score `s` becomes
+    /// `softcap · tanh(s / softcap)` before the mask; 0 for none.
+    pub softcap: f32,
 }
 
 /// A paged attention decode problem (vLLM cache layout).
@@ -111,6 +114,8 @@ pub struct KtPagedProblem {
     /// Attention sinks (gpt-oss): `q_heads` floats, as in KtFlashProblem (host memory for
     /// kt_paged_attention(), device memory for kt_gpu_paged_attention()); NULL for none.
     pub sinks: *const f32,
+    /// A logit soft-cap, as in KtFlashProblem; 0 for none.
+    pub softcap: f32,
 }
 
 thread_local! {
@@ -179,6 +184,7 @@ pub(crate) fn flash_problem(f: &KtFlashProblem) -> Result<FlashProblem, (KtStatu
     )
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
+    .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
     .map_err(|e| invalid(e.to_string()))
 }
 
@@ -195,6 +201,7 @@ pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatu
     )
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
+    .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
     .map_err(|e| invalid(e.to_string()))
 }
 

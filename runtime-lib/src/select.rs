@@ -7,13 +7,14 @@
 //! other field is static: it comes from the model and the tensor-parallel degree, a sliding
 //! window among them (a windowed layer's calls find only winners tuned with that window, whose
 //! GPU builds hold its masks; a window no shorter than a call's keys is none), and sinks
-//! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them). The softmax
+//! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them), and whether
+//! scores are soft-capped (Gemma 2; the capped builds hold the tanh). The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
-//! winners.
+//! winners. So is the soft-cap's value, an argument of the capped builds likewise.
 
-use kerntune_kernels::problem::{BLayout, Scale};
+use kerntune_kernels::problem::{BLayout, Scale, SoftCap};
 use kerntune_kernels::{DType, Problem};
 
 /// How well a selection matched, for the server to log and count.
@@ -47,6 +48,7 @@ pub enum StaticKey {
         dtype: DType,
         window: Option<usize>,
         sinks: bool,
+        softcap: bool,
     },
     Paged {
         q_heads: usize,
@@ -56,6 +58,7 @@ pub enum StaticKey {
         dtype: DType,
         window: Option<usize>,
         sinks: bool,
+        softcap: bool,
     },
 }
 
@@ -83,6 +86,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 dtype: f.dtype,
                 window: f.window,
                 sinks: f.sinks,
+                softcap: f.softcap.is_some(),
             },
             [f.batch, f.q_len, f.kv_len],
         ),
@@ -95,20 +99,28 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 dtype: pg.dtype,
                 window: pg.window,
                 sinks: pg.sinks,
+                softcap: pg.softcap.is_some(),
             },
             [pg.num_seqs, pg.context_len, 1],
         ),
     }
 }
 
-/// The problem as selection sees it: its softmax scale, which selection ignores, set to the
-/// default, so that problems differing only in it are one key.
+/// The problem as selection sees it: its softmax scale and soft-cap value, which selection
+/// ignores, set to one value each, so that problems differing only in them are one key.
 pub fn selection_key(p: &Problem) -> Problem {
     let mut key = *p;
+    let one = SoftCap::new(1.0);
     match &mut key {
         Problem::Gemm(_) => {}
-        Problem::Flash(f) => f.scale = Scale::default_for(f.head_dim),
-        Problem::Paged(pg) => pg.scale = Scale::default_for(pg.head_dim),
+        Problem::Flash(f) => {
+            f.scale = Scale::default_for(f.head_dim);
+            f.softcap = f.softcap.and(one);
+        }
+        Problem::Paged(pg) => {
+            pg.scale = Scale::default_for(pg.head_dim);
+            pg.softcap = pg.softcap.and(one);
+        }
     }
     key
 }

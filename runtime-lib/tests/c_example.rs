@@ -128,10 +128,11 @@ fn c_example_runs_a_gemm_and_reports_stats() {
 }
 
 /// The attention example in C: flash attention and paged attention through the C ABI, with
-/// and without a sliding window and with sinks, against its own loops; a window without the
-/// causal mask is refused by name; the program checks the ABI version before its first call.
+/// and without a sliding window, with sinks and with a soft-cap, against its own loops; a window
+/// without the causal mask is refused by name; the program checks the ABI version before its
+/// first call.
 #[test]
-fn c_attention_example_matches_its_loops_with_windows_and_sinks() {
+fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_example("attention.c", &["-lm"], dir.path());
     let out = Command::new(&exe)
@@ -150,9 +151,11 @@ fn c_attention_example_matches_its_loops_with_windows_and_sinks() {
         "flash window=0",
         "flash window=6",
         "flash window=6 sinks",
+        "flash window=0 softcap",
         "paged window=0",
         "paged window=20",
         "paged window=0 sinks",
+        "paged window=20 softcap",
     ];
     assert_eq!(lines.len(), calls.len() + 1, "{stdout}");
     for (line, call) in lines.iter().zip(calls) {
@@ -163,7 +166,7 @@ fn c_attention_example_matches_its_loops_with_windows_and_sinks() {
             .unwrap();
         assert!(difference <= 1e-4, "{line}");
     }
-    assert!(lines[6].contains("causal=true"), "{}", lines[6]);
+    assert!(lines[8].contains("causal=true"), "{}", lines[8]);
 }
 
 /// The same GEMM from Python through ctypes, as a Python server would call the library.

@@ -316,6 +316,44 @@ fn sinks_decide_selection() {
     });
 }
 
+/// A soft-cap's presence is a static dimension, its value is not (an argument of the capped
+/// builds, as the scale is): a Gemma 2 call with any cap finds the capped winners, a call
+/// without one the plain ones; through the dispatcher it matches the reference.
+#[test]
+fn a_softcap_decides_selection_and_its_value_does_not() {
+    let device = Device::host();
+    let plain = "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16";
+    let capped = format!("{plain},softcap=50");
+    let p: Problem = capped.parse().unwrap();
+    let mut others = CpuSpace.candidates(&p, &device).into_iter();
+    let (a, b) = (others.next().unwrap(), others.next().unwrap());
+    assert_ne!(a, b);
+    let rows = [(capped.as_str(), a.to_json()), (plain, b.to_json())];
+    both_paths(&rows, |path, _| {
+        let d = Dispatcher::open(path);
+        let sel = |s: &str| {
+            let s = d.select(&s.parse().unwrap());
+            (s.matched, s.config)
+        };
+        assert_eq!(sel(&capped), (Match::Exact, a));
+        assert_eq!(sel(&format!("{plain},softcap=30")), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        let call: Problem =
+            "paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=0.5"
+                .parse()
+                .unwrap();
+        assert_eq!(d.select(&call).config, a);
+        let mut data = ProblemData::random(&call, 3);
+        let reference = data.reference();
+        let Args::Paged(args) = data.args() else {
+            unreachable!("a paged problem")
+        };
+        d.paged_attention(&call, args).unwrap();
+        let err = relative_error(&data.out, &reference);
+        assert!(err <= call.tolerance(), "{err:e}");
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();

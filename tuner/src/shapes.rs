@@ -372,7 +372,9 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         {
             let p = FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
                 .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?
-                .with_sinks(model.sinks);
+                .with_sinks(model.sinks)
+                .with_softcap(model.softcap)
+                .map_err(TuneError::from)?;
             let windowed = p.with_window(window).map_err(TuneError::from)?;
             out.extend(attention(
                 "prefill",
@@ -400,7 +402,9 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                                 ],
                             )
                         })?
-                        .with_sinks(model.sinks);
+                        .with_sinks(model.sinks)
+                        .with_softcap(model.softcap)
+                        .map_err(TuneError::from)?;
                 let windowed = p.with_window(window).map_err(TuneError::from)?;
                 out.extend(attention(
                     "decode",

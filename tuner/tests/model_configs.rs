@@ -5,8 +5,9 @@
 //! attention, families with their own field names, Llama-Nemotron's per-layer blocks, the
 //! weight counts the default degree rests on), and clear refusals where the model's kernels
 //! are not the ones kerntune tunes (latent attention itself, hybrid layers not read, quantized
-//! weights, soft-capped or ALiBi attention, lengths past a chunk of chunked attention);
-//! sliding windows derived for the layers that use them, gpt-oss's sinks on all of them.
+//! weights, ALiBi attention, lengths past a chunk of chunked attention); sliding windows
+//! derived for the layers that use them, gpt-oss's sinks and Gemma 2's soft-cap on all of
+//! them.
 
 mod common;
 
@@ -398,17 +399,47 @@ fn quantized_weights_are_refused_unless_the_flags_leave_their_gemms_out() {
     assert!(dense.iter().any(|(_, key)| key.starts_with("gemm:")));
 }
 
+/// Gemma 2 soft-caps its attention scores at 50: every attention problem carries the cap;
+/// Gemma 3's null is none, and a cap that is not positive is named.
 #[test]
-fn soft_capped_attention_is_refused_unless_only_gemms_are_asked_for() {
+fn gemma_2_attention_is_soft_capped() {
     // Gemma 2 9B.
     let config = r#"{"hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
         "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42,
         "vocab_size": 256000, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
         "torch_dtype": "bfloat16"}"#;
-    refused(
+    let attention = derive(
         config,
+        &[
+            "--tp",
+            "2",
+            "--kernels",
+            "flash,paged",
+            "--prefill-lens",
+            "512",
+            "--batch-sizes",
+            "4",
+            "--context-lens",
+            "2048",
+        ],
+    );
+    let mut keys: Vec<&str> = attention.iter().map(|(_, key)| key.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "flash:batch=1,q_len=512,kv_len=512,q_heads=8,kv_heads=4,head_dim=256,causal=true,dtype=bf16,softcap=50",
+            "paged:num_seqs=4,context_len=2048,q_heads=8,kv_heads=4,head_dim=256,block_size=16,dtype=bf16,softcap=50",
+        ]
+    );
+    let gemma3 = config.replace("50.0", "null");
+    assert!(derive(&gemma3, &["--tp", "2"])
+        .iter()
+        .all(|(_, key)| !key.contains("softcap")));
+    refused(
+        &config.replace("50.0", "-1"),
         &["--tp", "2"],
-        &["attn_logit_softcapping = 50", "--kernels gemm"],
+        &["attn_logit_softcapping", "must be positive"],
     );
     let rows = derive(
         config,

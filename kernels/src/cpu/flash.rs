@@ -313,6 +313,13 @@ impl Tile<'_> {
                 }
             }
 
+            // Soft-capped scores: C in the scores' units (scale · log2(e) folded into Q).
+            if let Some(cap) = p.softcap {
+                let unit = cap.get() * std::f32::consts::LOG2_E;
+                for j in 0..w {
+                    super::cap_scores(&mut st[j * rp..j * rp + rows], unit);
+                }
+            }
             // Mask what lies above the diagonal in a tile crossing it: key j0 + j is hidden
             // from the rows of positions below j0 + j − off, a prefix of each key's row.
             if p.causal && j0 + w > i0 + off + 1 {

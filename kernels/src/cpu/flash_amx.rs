@@ -681,6 +681,13 @@ unsafe fn query_tile<T: Tiles>(
                     );
                 }
             }
+            // Soft-capped scores, in their units here (unscaled): C / scale.
+            if let Some(cap) = p.softcap {
+                let unit = cap.get() / p.scale.get();
+                for r in 0..rows {
+                    super::cap_scores(&mut s[r * bcp..r * bcp + w], unit);
+                }
+            }
             (passes.softmax)(&mut Rows {
                 s,
                 pm,
@@ -754,7 +761,7 @@ mod tests {
     /// that start seeing keys mid-tile), tiles shorter than a block, both splits, one and two
     /// threads, every build of the passes the host runs; sliding windows of 1, 5 and 40 keys
     /// (rows whose window has passed keys mid-tile, tiles some rows see nothing of); sinks,
-    /// on grouped heads and within a window.
+    /// on grouped heads and within a window; a soft-cap.
     #[test]
     fn flash_matches_the_reference_on_the_tile_model() {
         let builds = Level::supported();
@@ -766,7 +773,7 @@ mod tests {
             "flash:batch=1,q_len=23,kv_len=23,q_heads=8,kv_heads=8,head_dim=80,causal=false",
             "flash:batch=1,q_len=70,kv_len=9,q_heads=4,kv_heads=2,head_dim=64,causal=false",
             "flash:batch=1,q_len=9,kv_len=40,q_heads=2,kv_heads=1,head_dim=2,causal=true",
-            "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true,window=5",
+            "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true,window=5,softcap=0.5",
             "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true,window=40,sinks=true",
             "flash:batch=1,q_len=70,kv_len=100,q_heads=4,kv_heads=2,head_dim=64,causal=true,window=1",
         ] {

@@ -210,6 +210,8 @@ pub(super) fn run_with<T: TableElem>(
     let workers = SharedMut(workers.as_mut_ptr());
     let out_ptr = SharedMut(out.as_mut_ptr());
     let qscale = p.scale.get() * std::f32::consts::LOG2_E;
+    // Scores carry scale · log2(e) (folded into the query rows): a soft-cap in those units.
+    let cap = p.softcap.map(|c| c.get() * std::f32::consts::LOG2_E);
     let tasks = p.num_seqs * lay.units * lay.parts;
     // bf16 key tiles multiply pairs where the host has AVX-512-BF16 and head_dim is even.
     #[cfg(target_arch = "x86_64")]
@@ -309,9 +311,8 @@ pub(super) fn run_with<T: TableElem>(
                         t,
                         std::slice::from_raw_parts_mut(s, lay.rows * lay.ld),
                         std::slice::from_raw_parts_mut(stats_at(j), 2 * lay.rows),
-                        lay.rows,
-                        lay.ld,
-                        n,
+                        (lay.rows, lay.ld, n),
+                        cap,
                     )
                 };
                 for j in 0..lay.heads {
@@ -411,6 +412,7 @@ pub(super) fn run_with<T: TableElem>(
                                 std::slice::from_raw_parts_mut(stats, 2 * lay.rows),
                                 std::slice::from_raw_parts_mut(acc, rd),
                                 (lay.rows, ld, len, d),
+                                cap,
                             )
                         });
                     }
@@ -471,7 +473,7 @@ pub(super) fn run_with<T: TableElem>(
         for head in buf.chunks_exact_mut(per_head) {
             let (acc, scores, stats) = split_head(head, sizes);
             acc.fill(0.0);
-            softmax(t, scores, stats, lay.rows, lay.ld, n);
+            softmax(t, scores, stats, (lay.rows, lay.ld, n), cap);
         }
         for i in 0..n {
             if i + ahead < n {
@@ -520,9 +522,13 @@ fn online_softmax(
     stats: &mut [f32],
     acc: &mut [f32],
     (rows, ld, n, d): (usize, usize, usize, usize),
+    cap: Option<f32>,
 ) {
     for r in 0..rows {
         let row = &mut scores[r * ld..r * ld + n];
+        if let Some(unit) = cap {
+            super::cap_scores(row, unit);
+        }
         let (m_old, l_old) = (stats[2 * r], stats[2 * r + 1]);
         let m = m_old.max((t.row_max)(row));
         let sum = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };
@@ -538,17 +544,19 @@ fn online_softmax(
 }
 
 /// Each query row's max score and the sum of `exp2(score - max)`, the scores replaced by
-/// those weights.
+/// those weights; soft-capped first where `cap` is the cap in the scores' units.
 fn softmax(
     t: &super::table::Table,
     scores: &mut [f32],
     stats: &mut [f32],
-    rows: usize,
-    ld: usize,
-    n: usize,
+    (rows, ld, n): (usize, usize, usize),
+    cap: Option<f32>,
 ) {
     for r in 0..rows {
         let row = &mut scores[r * ld..r * ld + n];
+        if let Some(unit) = cap {
+            super::cap_scores(row, unit);
+        }
         let m = (t.row_max)(row);
         stats[2 * r] = m;
         stats[2 * r + 1] = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };

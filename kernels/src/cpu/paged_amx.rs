@@ -696,7 +696,7 @@ mod tests {
                 vec![130, 20, 41],
             ),
             (
-                "num_seqs=2,context_len=100,q_heads=10,kv_heads=1,head_dim=32,block_size=8,window=70",
+                "num_seqs=2,context_len=100,q_heads=10,kv_heads=1,head_dim=32,block_size=8,window=70,softcap=0.5",
                 vec![100, 75],
             ),
         ] {

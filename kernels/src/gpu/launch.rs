@@ -320,6 +320,8 @@ pub fn launches(
         });
     }
     let sinks = Arg::Ptr(ptrs.sinks);
+    // The soft-cap, 0 without one (its builds read it).
+    let softcap = |cap: Option<crate::SoftCap>| Arg::Float(cap.map_or(0.0, |c| c.get()));
     // The partial results go to the caller's scratch, stored as the output is.
     let floats = partial_floats(problem, config);
     for (i, (&address, &n)) in ptrs.partials.iter().zip(&floats).enumerate() {
@@ -488,7 +490,7 @@ pub fn launches(
                     args: [
                         vec![i0, i1, i2, out],
                         sizes.to_vec(),
-                        vec![Arg::Float(p.scale.get()), window, sinks],
+                        vec![Arg::Float(p.scale.get()), window, sinks, softcap(p.softcap)],
                         maps,
                     ]
                     .concat(),
@@ -509,7 +511,7 @@ pub fn launches(
                         args: [
                             vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
-                            vec![Arg::Float(p.scale.get()), window, sinks],
+                            vec![Arg::Float(p.scale.get()), window, sinks, softcap(p.softcap)],
                             maps,
                         ]
                         .concat(),
@@ -556,6 +558,7 @@ pub fn launches(
                         int(parts, "partitions")?,
                         Arg::Float(p.scale.get()),
                         int(p.window.unwrap_or(0), "window")?,
+                        softcap(p.softcap),
                     ],
                 },
                 Launch {
@@ -605,10 +608,10 @@ mod tests {
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
-            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![12]),
+            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![13]),
             (
                 "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
-                vec![14, 7],
+                vec![15, 7],
             ),
         ] {
             let p: Problem = spec.parse().unwrap();
@@ -645,10 +648,23 @@ mod tests {
         );
         for (p, window) in [(&p, 0), (&windowed, 300)] {
             let l = launches(p, &c, &ptrs).unwrap();
-            assert_eq!(l[0].args.last(), Some(&Arg::Int(window)), "{p}");
+            let n = l[0].args.len();
+            assert_eq!(l[0].args[n - 2], Arg::Int(window), "{p}");
+            assert_eq!(l[0].args[n - 1], Arg::Float(0.0), "{p}");
         }
-        // Sinks: the address follows the window in every flash kernel and ends the paged
-        // reduction's arguments; a problem with sinks refuses a launch without them.
+        // A soft-cap: the last argument of the flash kernel and of the paged first kernel.
+        for spec in [
+            "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,softcap=30",
+            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,softcap=30",
+        ] {
+            let capped: Problem = spec.parse().unwrap();
+            let c = GpuSpace.default_config(&capped, &device);
+            let l = launches(&capped, &c, &ptrs).unwrap();
+            assert_eq!(l[0].args.last(), Some(&Arg::Float(30.0)), "{spec}");
+        }
+        // Sinks: the address follows the window in every flash kernel (the soft-cap after it)
+        // and ends the paged reduction's arguments; a problem with sinks refuses a launch
+        // without them.
         for spec in [
             "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,sinks=true",
             "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,sinks=true",
@@ -656,7 +672,9 @@ mod tests {
             let sunk: Problem = spec.parse().unwrap();
             let c = GpuSpace.default_config(&sunk, &device);
             let l = launches(&sunk, &c, &ptrs).unwrap();
-            assert_eq!(l.last().unwrap().args.last(), Some(&Arg::Ptr(20)), "{spec}");
+            let args = &l.last().unwrap().args;
+            let at = args.len() - if spec.starts_with("flash") { 2 } else { 1 };
+            assert_eq!(args[at], Arg::Ptr(20), "{spec}");
             let e = launches(&sunk, &c, &DevicePtrs { sinks: 0, ..ptrs })
                 .unwrap_err()
                 .to_string();
@@ -748,7 +766,9 @@ mod tests {
         });
         GpuSpace.validate(&by_tma, &p, &h200).unwrap();
         let l = launches(&p, &by_tma, &ptrs).unwrap();
-        let [.., Arg::Float(_), Arg::Int(0), Arg::TensorMap(k), Arg::TensorMap(v)] = l[0].args[..]
+        // (Scale, window, sinks, soft-cap, then the maps.)
+        let [.., Arg::Float(_), Arg::Int(0), Arg::Ptr(0), Arg::Float(_), Arg::TensorMap(k), Arg::TensorMap(v)] =
+            l[0].args[..]
         else {
             panic!("{:?}", l[0].args)
         };
@@ -758,7 +778,7 @@ mod tests {
         assert_eq!(k.boxes(), [64, 1, 128, 1]);
         assert_eq!(
             l[1].args.len(),
-            4 + 5 + 2,
+            4 + 5 + 3,
             "the combining kernel takes no maps"
         );
 

@@ -144,6 +144,7 @@ impl KernelBuild {
                     // The window's masks only where the problem has one (flash.hip).
                     .chain(p.window.is_some().then_some(("KT_WINDOW", 1)))
                     .chain(p.sinks.then_some(("KT_SINKS", 1)))
+                    .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
                     .collect(),
                     entries: if c.split > 1 {
                         &["kt_flash", "kt_flash_reduce"]
@@ -173,6 +174,7 @@ impl KernelBuild {
                 ]
                 .into_iter()
                 .chain(p.sinks.then_some(("KT_SINKS", 1)))
+                .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
                 .collect(),
                 entries: &["kt_paged", "kt_paged_reduce"],
                 threads: c.threads,

@@ -12,10 +12,13 @@
 //! With `sinks` (gpt-oss), each query head has a learned logit that joins every row's softmax
 //! as a key whose value is zero: rows are scaled by `Σ exp(s) / (Σ exp(s) + exp(sink))`. The
 //! logits are data of the call, `q_heads` f32 values, in the units of the scaled scores.
+//!
+//! With a soft-cap `softcap=C` (Gemma 2's `attn_logit_softcapping`), each scaled score `s`
+//! becomes `C · tanh(s / C)` before the mask and the softmax.
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_dim, spec::Fields, Family, Scale};
+use super::{check_dim, spec::Fields, Family, Scale, SoftCap};
 use crate::{DType, KernelError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -36,6 +39,8 @@ pub struct FlashProblem {
     pub window: Option<usize>,
     /// Each query head's softmax has a learned sink logit (the call passes them).
     pub sinks: bool,
+    /// Scores soft-capped at `C` (`None`: as they are).
+    pub softcap: Option<SoftCap>,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +60,9 @@ struct FlashFields {
     /// Absent in problems written before sinks.
     #[serde(default)]
     sinks: bool,
+    /// Absent in problems written before soft-caps.
+    #[serde(default)]
+    softcap: Option<SoftCap>,
 }
 
 impl TryFrom<FlashFields> for FlashProblem {
@@ -66,6 +74,7 @@ impl TryFrom<FlashFields> for FlashProblem {
         )?
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
+        .map(|p| p.with_cap(f.softcap))
     }
 }
 
@@ -124,7 +133,24 @@ impl FlashProblem {
             dtype,
             window: None,
             sinks: false,
+            softcap: None,
         })
+    }
+
+    /// This problem with its scores soft-capped at `softcap` (`None`: not capped).
+    pub fn with_softcap(self, softcap: Option<f32>) -> Result<Self> {
+        let cap = softcap
+            .map(|c| {
+                SoftCap::new(c).ok_or_else(|| invalid("softcap", c, "must be finite and positive"))
+            })
+            .transpose()?;
+        Ok(self.with_cap(cap))
+    }
+
+    /// [`Self::with_softcap`] of a cap already validated.
+    pub fn with_cap(mut self, softcap: Option<SoftCap>) -> Self {
+        self.softcap = softcap;
+        self
     }
 
     /// This problem with (or without) a sink logit in each query head's softmax.
@@ -161,7 +187,7 @@ impl FlashProblem {
 
     /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
     /// `kv_heads` (q_heads), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32),
-    /// `window` (none), `sinks` (false).
+    /// `window` (none), `sinks` (false), `softcap` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let q_len: usize = f.req("q_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -184,10 +210,11 @@ impl FlashProblem {
             f.opt("dtype")?.unwrap_or(DType::F32),
         )?
         .with_window(f.opt("window")?)?
-        .with_sinks(f.opt("sinks")?.unwrap_or(false));
+        .with_sinks(f.opt("sinks")?.unwrap_or(false))
+        .with_softcap(f.opt("softcap")?)?;
         f.finish(&[
             "batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "scale",
-            "dtype", "window", "sinks",
+            "dtype", "window", "sinks", "softcap",
         ])?;
         Ok(p)
     }
@@ -209,6 +236,9 @@ impl FlashProblem {
         }
         if self.sinks {
             key.push_str(",sinks=true");
+        }
+        if let Some(c) = self.softcap {
+            key.push_str(&format!(",softcap={}", c.get()));
         }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));

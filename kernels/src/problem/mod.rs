@@ -228,3 +228,109 @@ impl TryFrom<f32> for Scale {
         Scale::new(v).ok_or_else(|| format!("softmax scale {v} must be finite and positive"))
     }
 }
+
+/// A logit soft-cap `C` (Gemma 2's `attn_logit_softcapping`): each scaled score `s` becomes
+/// `C · tanh(s / C)` before the softmax. Stored by its bit pattern, as [`Scale`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "f32", try_from = "f32")]
+pub struct SoftCap(u32);
+
+impl SoftCap {
+    pub fn new(value: f32) -> Option<Self> {
+        (value.is_finite() && value > 0.0).then(|| SoftCap(value.to_bits()))
+    }
+    pub fn get(self) -> f32 {
+        f32::from_bits(self.0)
+    }
+    /// `x` capped, where `x` is a scaled score times `unit / C` (the kernels hold scores in
+    /// units of their own: `unit` is `C` in those units).
+    pub fn apply(unit: f32, x: f32) -> f32 {
+        unit * tanh(x / unit)
+    }
+}
+
+impl From<SoftCap> for f32 {
+    fn from(s: SoftCap) -> f32 {
+        s.get()
+    }
+}
+
+impl TryFrom<f32> for SoftCap {
+    type Error = String;
+    fn try_from(v: f32) -> std::result::Result<Self, String> {
+        SoftCap::new(v).ok_or_else(|| format!("soft-cap {v} must be finite and positive"))
+    }
+}
+
+/// `tanh(x)` within a few ulp, in branch-free scalar code that LLVM vectorises with the
+/// loop around it (the standard library's calls libm once per value, which cost more than
+/// the rest of a soft-capped attention kernel): an odd polynomial near 0, where the
+/// exponential form cancels, `(1 - e) / (1 + e)` with `e = exp(-2|x|)` beyond.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    let e = exp2_nonpositive(-2.0 * std::f32::consts::LOG2_E * a);
+    let far = (1.0 - e) / (1.0 + e);
+    let a2 = a * a;
+    // tanh's Taylor series to x^9: below 0.125 the next term is under 2^-30 of it.
+    let near = a
+        * (1.0
+            + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0)))));
+    let t = if a < 0.125 { near } else { far };
+    t.copysign(x)
+}
+
+/// `2^y` for `y <= 0` within 2e-8 (0 below 2^-126): the nearest whole power, times `2^f` for
+/// the rest `f` in [-1/2, 1/2] by its Taylor series to degree 7 (the last term left out is
+/// under 5e-9). The softmax's `exp2_approx` reduces to [0, 1) and is off by up to 6e-6 near
+/// 1, too much for tanh, whose `1 - e` magnifies it.
+#[inline(always)]
+fn exp2_nonpositive(y: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to a whole number.
+    let y = y.max(-126.0);
+    let n = (y + ROUND) - ROUND;
+    let g = (y - n) * std::f32::consts::LN_2;
+    let mut p = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p * g + c;
+    }
+    // 2^n for n in [-126, 0], by its exponent bits.
+    let scale = f32::from_bits(((n + 127.0 + ROUND).to_bits() - ROUND.to_bits()) << 23);
+    p * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tanh;
+
+    /// The kernels' tanh against f64's, from zero (the series) across the switch at 0.125 to
+    /// where it is 1 in f32, both signs: within 4e-7 of the value (a few ulp), and exactly odd.
+    #[test]
+    fn tanh_is_within_a_few_ulp() {
+        let mut worst = 0f64;
+        for i in 0..=200_000 {
+            let x = i as f32 * 1e-4;
+            for x in [x, -x] {
+                let want = (x as f64).tanh();
+                let err = (tanh(x) as f64 - want).abs() / want.abs().max(1e-30);
+                worst = worst.max(if want == 0.0 {
+                    tanh(x).abs() as f64
+                } else {
+                    err
+                });
+                assert_eq!(tanh(-x), -tanh(x));
+            }
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+        assert_eq!(tanh(f32::INFINITY), 1.0);
+        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
+    }
+}

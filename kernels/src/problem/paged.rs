@@ -15,10 +15,13 @@
 //!
 //! With `sinks` (gpt-oss), each query head's softmax has a learned logit, a key whose value is
 //! zero; the call passes the `q_heads` f32 logits, in the units of the scaled scores.
+//!
+//! With a soft-cap `softcap=C` (Gemma 2's `attn_logit_softcapping`), each scaled score `s`
+//! becomes `C · tanh(s / C)` before the mask and the softmax.
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_dim, spec::Fields, Family, Scale};
+use super::{check_dim, spec::Fields, Family, Scale, SoftCap};
 use crate::{DType, KernelError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,6 +41,8 @@ pub struct PagedProblem {
     pub window: Option<usize>,
     /// Each query head's softmax has a learned sink logit (the call passes them).
     pub sinks: bool,
+    /// Scores soft-capped at `C` (`None`: as they are).
+    pub softcap: Option<SoftCap>,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +61,9 @@ struct PagedFields {
     /// Absent in problems written before sinks.
     #[serde(default)]
     sinks: bool,
+    /// Absent in problems written before soft-caps.
+    #[serde(default)]
+    softcap: Option<SoftCap>,
 }
 
 impl TryFrom<PagedFields> for PagedProblem {
@@ -73,6 +81,7 @@ impl TryFrom<PagedFields> for PagedProblem {
         )?
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
+        .map(|p| p.with_cap(f.softcap))
     }
 }
 
@@ -127,7 +136,24 @@ impl PagedProblem {
             dtype,
             window: None,
             sinks: false,
+            softcap: None,
         })
+    }
+
+    /// This problem with its scores soft-capped at `softcap` (`None`: not capped).
+    pub fn with_softcap(self, softcap: Option<f32>) -> Result<Self> {
+        let cap = softcap
+            .map(|c| {
+                SoftCap::new(c).ok_or_else(|| invalid("softcap", c, "must be finite and positive"))
+            })
+            .transpose()?;
+        Ok(self.with_cap(cap))
+    }
+
+    /// [`Self::with_softcap`] of a cap already validated.
+    pub fn with_cap(mut self, softcap: Option<SoftCap>) -> Self {
+        self.softcap = softcap;
+        self
     }
 
     /// This problem with (or without) a sink logit in each query head's softmax.
@@ -163,7 +189,7 @@ impl PagedProblem {
 
     /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
     /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `window`
-    /// (none), `sinks` (false).
+    /// (none), `sinks` (false), `softcap` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let context_len = f.req("context_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -185,7 +211,8 @@ impl PagedProblem {
             f.opt("dtype")?.unwrap_or(DType::F32),
         )?
         .with_window(f.opt("window")?)?
-        .with_sinks(f.opt("sinks")?.unwrap_or(false));
+        .with_sinks(f.opt("sinks")?.unwrap_or(false))
+        .with_softcap(f.opt("softcap")?)?;
         f.finish(&[
             "num_seqs",
             "context_len",
@@ -197,6 +224,7 @@ impl PagedProblem {
             "dtype",
             "window",
             "sinks",
+            "softcap",
         ])?;
         Ok(p)
     }
@@ -217,6 +245,9 @@ impl PagedProblem {
         }
         if self.sinks {
             key.push_str(",sinks=true");
+        }
+        if let Some(c) = self.softcap {
+            key.push_str(&format!(",softcap={}", c.get()));
         }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));

@@ -283,6 +283,16 @@ impl Model {
             }
             _ => None,
         };
+        // Gemma 2 soft-caps its attention scores (Gemma 3 writes null).
+        let softcap = match f.float("attn_logit_softcapping")? {
+            Some(c) if c > 0.0 && (c as f32).is_finite() => Some(c as f32),
+            Some(c) => {
+                return Err(f.error(format!(
+                    "field `attn_logit_softcapping` must be positive (null for none), found {c}"
+                )))
+            }
+            None => None,
+        };
         // Qwen2 writes a window it does not use unless `use_sliding_window` says so.
         let window = match f.map.get("use_sliding_window") {
             Some(Value::Bool(false)) => None,
@@ -370,6 +380,7 @@ impl Model {
             // gpt-oss's attention layers all hold a sink per query head (transformers'
             // GptOssAttention, vLLM's `sinks`).
             sinks: model_type(&top, &f) == Some("gpt_oss"),
+            softcap,
             dtype,
             unsupported,
         })
@@ -727,17 +738,6 @@ fn encoder(top: &Fields<'_>, f: &Fields<'_>) -> Option<String> {
 
 /// Why the model's attention is not the softmax attention the kernels compute.
 fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
-    let capped = f
-        .map
-        .get("attn_logit_softcapping")
-        .and_then(Value::as_f64)
-        .filter(|&c| c > 0.0);
-    if let Some(cap) = capped {
-        return Some(format!(
-            "{}: its attention soft-caps the logits (attn_logit_softcapping = {cap}, as Gemma 2 does), which kerntune's attention kernels do not",
-            f.path.display()
-        ));
-    }
     // ALiBi: Bloom and MPT; Falcon's `alibi` switch; Baichuan 13B, which vLLM tells from the
     // 7B (rotary) by its hidden size.
     let family = model_type(top, f).unwrap_or_default();

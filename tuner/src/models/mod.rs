@@ -77,6 +77,8 @@ pub struct Model {
     /// Whether each query head's softmax has a learned sink logit (gpt-oss): its attention
     /// problems are the ones with sinks.
     pub sinks: bool,
+    /// Attention scores soft-capped at this value (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
     pub dtype: DType,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
@@ -174,7 +176,7 @@ pub struct Unsupported {
     /// mixer of a hybrid family read (other linear attention, convolutions), or experts under
     /// names not read; `--dtype` does not change that.
     pub layers: Option<String>,
-    /// The attention is not plain softmax attention (soft-capped logits, ALiBi).
+    /// The attention is not the softmax attention the kernels compute (ALiBi).
     pub attention: Option<String>,
 }
 
@@ -208,6 +210,7 @@ impl Model {
             window: None,
             chunked_attention: None,
             sinks: false,
+            softcap: None,
             dtype: DType::Bf16,
             unsupported: Unsupported::default(),
         };

@@ -110,7 +110,7 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
                 1, q_len, kv_len, q_heads, kv_heads, p.head_dim, p.causal, p.scale, p.dtype,
             )
             .and_then(|f| f.with_window(window))
-            .map(|f| Problem::Flash(f.with_sinks(p.sinks)))
+            .map(|f| Problem::Flash(f.with_sinks(p.sinks).with_cap(p.softcap)))
         }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
             let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
@@ -132,7 +132,7 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
                 p.dtype,
             )
             .and_then(|q| q.with_window(window))
-            .map(|q| Problem::Paged(q.with_sinks(p.sinks)))
+            .map(|q| Problem::Paged(q.with_sinks(p.sinks).with_cap(p.softcap)))
         }
         _ => Ok(*problem),
     };
