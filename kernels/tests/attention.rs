@@ -104,37 +104,22 @@ fn every_flash_candidate_matches_reference_within_a_window() {
 /// mask, one query, within a window, and every input type.
 #[test]
 fn every_flash_candidate_matches_reference_with_sinks() {
-    let device = Device::host();
-    let mut ran = 0;
-    for tail in [
-        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128",
-        "q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64",
-        "q_len=23,kv_len=23,q_heads=4,kv_heads=2,head_dim=80,causal=false",
-        "q_len=1,kv_len=29,q_heads=64,kv_heads=1,head_dim=64",
-        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9",
-    ] {
-        for dtype in DType::ALL {
-            let p = problem(&format!("flash:{tail},dtype={dtype},sinks=true"));
-            let configs = CpuSpace.candidates(&p, &device);
-            assert!(!configs.is_empty(), "{p}: no candidates");
-            ran += check_all(&p, &configs);
-        }
-    }
+    let ran = every_flash_candidate_in_each_type(&[
+        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,sinks=true",
+        "q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,sinks=true",
+        "q_len=23,kv_len=23,q_heads=4,kv_heads=2,head_dim=80,causal=false,sinks=true",
+        "q_len=1,kv_len=29,q_heads=64,kv_heads=1,head_dim=64,sinks=true",
+        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9,sinks=true",
+    ]);
     eprintln!("verified {ran} flash configs with sinks");
 }
 
-/// Soft-capped scores (Gemma 2's 50, and caps of 1 and 0.3, below most scores, where the
-/// tanh bends every one): every candidate against the reference, with and without the mask,
-/// grouped heads, a window and sinks beside, every input type.
-#[test]
-fn every_flash_candidate_matches_reference_with_a_softcap() {
+/// Every CPU candidate of `flash:{tail},dtype=...` in each input type against the reference;
+/// how many ran.
+fn every_flash_candidate_in_each_type(tails: &[&str]) -> usize {
     let device = Device::host();
     let mut ran = 0;
-    for tail in [
-        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,softcap=50",
-        "q_len=23,kv_len=23,q_heads=4,kv_heads=2,head_dim=80,causal=false,softcap=1",
-        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9,sinks=true,softcap=0.3",
-    ] {
+    for tail in tails {
         for dtype in DType::ALL {
             let p = problem(&format!("flash:{tail},dtype={dtype}"));
             let configs = CpuSpace.candidates(&p, &device);
@@ -142,29 +127,16 @@ fn every_flash_candidate_matches_reference_with_a_softcap() {
             ran += check_all(&p, &configs);
         }
     }
-    eprintln!("verified {ran} soft-capped flash configs");
+    ran
 }
 
-/// Soft-capped decode: one partition and several, a window, sinks, every block size and type.
-#[test]
-fn every_paged_candidate_matches_reference_with_a_softcap() {
+/// Every CPU candidate of `paged:{tail},dtype=...` in each input type, on sequences of
+/// `lens`, against the reference; how many ran.
+fn every_paged_candidate_in_each_type(cases: &[(&str, Vec<u32>)]) -> usize {
     let device = Device::host();
     let mut ran = 0;
     let mut scratch = Scratch::new();
-    for (tail, lens) in [
-        (
-            "num_seqs=2,context_len=1100,q_heads=8,kv_heads=1,head_dim=128,block_size=16,softcap=50",
-            vec![1100, 333],
-        ),
-        (
-            "num_seqs=4,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=8,window=37,sinks=true,softcap=0.3",
-            vec![300, 1, 40, 299],
-        ),
-        (
-            "num_seqs=2,context_len=45,q_heads=6,kv_heads=2,head_dim=80,block_size=32,softcap=1",
-            vec![45, 17],
-        ),
-    ] {
+    for (tail, lens) in cases {
         for dtype in DType::ALL {
             let p = problem(&format!("paged:{tail},dtype={dtype}"));
             let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
@@ -178,6 +150,39 @@ fn every_paged_candidate_matches_reference_with_a_softcap() {
             ran += configs.len();
         }
     }
+    ran
+}
+
+/// Soft-capped scores (Gemma 2's 50, and caps of 1 and 0.3, below most scores, where the
+/// tanh bends every one): every candidate against the reference, with and without the mask,
+/// grouped heads, a window and sinks beside, every input type.
+#[test]
+fn every_flash_candidate_matches_reference_with_a_softcap() {
+    let ran = every_flash_candidate_in_each_type(&[
+        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,softcap=50",
+        "q_len=23,kv_len=23,q_heads=4,kv_heads=2,head_dim=80,causal=false,softcap=1",
+        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9,sinks=true,softcap=0.3",
+    ]);
+    eprintln!("verified {ran} soft-capped flash configs");
+}
+
+/// Soft-capped decode: one partition and several, a window, sinks, every block size and type.
+#[test]
+fn every_paged_candidate_matches_reference_with_a_softcap() {
+    let ran = every_paged_candidate_in_each_type(&[
+        (
+            "num_seqs=2,context_len=1100,q_heads=8,kv_heads=1,head_dim=128,block_size=16,softcap=50",
+            vec![1100, 333],
+        ),
+        (
+            "num_seqs=4,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=8,window=37,sinks=true,softcap=0.3",
+            vec![300, 1, 40, 299],
+        ),
+        (
+            "num_seqs=2,context_len=45,q_heads=6,kv_heads=2,head_dim=80,block_size=32,softcap=1",
+            vec![45, 17],
+        ),
+    ]);
     eprintln!("verified {ran} soft-capped paged configs");
 }
 
@@ -739,31 +744,24 @@ fn every_paged_candidate_matches_reference_within_a_window() {
 /// lengths, grouped heads, a window, every block size and input type.
 #[test]
 fn every_paged_candidate_matches_reference_with_sinks() {
-    let device = Device::host();
-    let mut ran = 0;
-    let mut scratch = Scratch::new();
-    for (seqs, ctx, hq, hkv, d, bs, window, lens) in [
-        (3, 1, 4, 4, 64, 16, None, vec![1, 1, 1]),
-        (2, 1100, 8, 1, 128, 16, None, vec![1100, 333]),
-        (4, 300, 8, 2, 64, 8, Some(37), vec![300, 1, 40, 299]),
-        (2, 45, 6, 2, 80, 32, None, vec![45, 17]),
-    ] {
-        for dtype in DType::ALL {
-            let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
-            let p = problem(&format!(
-                "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype},sinks=true{window}"
-            ));
-            let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
-            let reference = data.reference();
-            let configs = CpuSpace.candidates(&p, &device);
-            assert!(!configs.is_empty(), "{p}: no candidates");
-            for c in &configs {
-                let err = error_of(&mut data, c, &reference, &mut scratch);
-                assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
-            }
-            ran += configs.len();
-        }
-    }
+    let ran = every_paged_candidate_in_each_type(&[
+        (
+            "num_seqs=3,context_len=1,q_heads=4,kv_heads=4,head_dim=64,block_size=16,sinks=true",
+            vec![1, 1, 1],
+        ),
+        (
+            "num_seqs=2,context_len=1100,q_heads=8,kv_heads=1,head_dim=128,block_size=16,sinks=true",
+            vec![1100, 333],
+        ),
+        (
+            "num_seqs=4,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=8,window=37,sinks=true",
+            vec![300, 1, 40, 299],
+        ),
+        (
+            "num_seqs=2,context_len=45,q_heads=6,kv_heads=2,head_dim=80,block_size=32,sinks=true",
+            vec![45, 17],
+        ),
+    ]);
     eprintln!("verified {ran} paged configs with sinks");
 }
 

@@ -231,21 +231,67 @@ fn attention_candidates_match_the_reference_with_sinks() {
     }
 }
 
+/// Runs `problem` on each flash form (the H200's rows, whole mma and split mma candidates,
+/// the MI250's MFMA one) with flash.hip as it is, then with each of that form's edits
+/// (`from` replaced by `to` throughout), each of which must show.
+fn every_flash_form_catches(problem: &Problem, edits: [Vec<(&str, &str)>; 4]) {
+    let source = include_str!("../hip/flash.hip");
+    // Each form's model, and which of its flash candidates is the form.
+    type Form<'a> = (&'a str, &'a dyn Fn(&GpuFlashConfig) -> bool);
+    let forms: [Form; 4] = [
+        ("h200", &|f| f.variant == GpuFlashVariant::Rows),
+        ("h200", &|f| {
+            f.variant == GpuFlashVariant::Mma && f.split == 1
+        }),
+        ("h200", &|f| {
+            f.variant == GpuFlashVariant::Mma && f.split > 1
+        }),
+        ("mi250", &|f| f.variant == GpuFlashVariant::Mfma),
+    ];
+    for ((model, form), edits) in forms.into_iter().zip(edits) {
+        let (device, emu) = emulator(model);
+        let config = GpuSpace
+            .candidates(problem, &device)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuFlash(f) if form(f)))
+            .unwrap_or_else(|| panic!("{model}: no such flash candidate"));
+        let data = ProblemData::random(problem, 4);
+        source_edits_show(&emu, &data, &config, source, &edits);
+    }
+}
+
+/// `config` on `data` matches the reference with `source` as it is, and each edit of it
+/// (`from` replaced by `to` throughout) shows.
+fn source_edits_show(
+    emu: &Emulator,
+    data: &ProblemData,
+    config: &Config,
+    source: &str,
+    edits: &[(&str, &str)],
+) {
+    let reference = data.reference();
+    let error = |body: &str| {
+        emu.run_source(data, config, body)
+            .map(|out| relative_error(&out, &reference))
+    };
+    let tol = data.problem.tolerance();
+    let ok = error(source).unwrap();
+    assert!(ok <= tol, "{} {config}: {ok:e}", data.problem);
+    for (from, to) in edits {
+        assert!(source.contains(from), "the source no longer has `{from}`");
+        caught(
+            &format!("{config}: `{from}` as `{to}`"),
+            error(&source.replace(from, to)),
+            tol,
+        );
+    }
+}
+
 /// Each kernel adds its head's sink where it normalizes a row: the rows, mma (whole and
 /// split, whose combining kernel adds it) and MFMA flash forms and the paged reduction, each
 /// wrong with the weight left out or taken from another head's sink.
 #[test]
 fn each_kernel_adds_its_heads_sink_where_it_normalizes() {
-    let flash: Problem = FLASH_BF16_SINKS.parse().unwrap();
-    let flash_source = include_str!("../hip/flash.hip");
-    let pick = |model: &str, keep: &dyn Fn(&GpuFlashConfig) -> bool| {
-        let (device, _) = emulator(model);
-        GpuSpace
-            .candidates(&flash, &device)
-            .into_iter()
-            .find(|c| matches!(c, Config::GpuFlash(f) if keep(f)))
-            .unwrap_or_else(|| panic!("{model}: no such flash candidate"))
-    };
     let other_head = ("kt_sink_weight(sinks, h,", "kt_sink_weight(sinks, kvh,");
     let rows_sum = (
         "const float total = sum + kt_sink_weight(sinks, h, mx);",
@@ -260,80 +306,28 @@ fn each_kernel_adds_its_heads_sink_where_it_normalizes() {
         "",
     );
     let reduce_head = ("(int)(rest % q_heads), m)", "0, m)");
-    // Each form's model, config and the edits that must show.
-    type Case<'a> = (&'a str, Config, Vec<(&'a str, &'a str)>);
-    let cases: [Case; 4] = [
-        (
-            "h200",
-            pick("h200", &|f| f.variant == GpuFlashVariant::Rows),
+    every_flash_form_catches(
+        &FLASH_BF16_SINKS.parse().unwrap(),
+        [
             vec![rows_sum, other_head],
-        ),
-        (
-            "h200",
-            pick("h200", &|f| {
-                f.variant == GpuFlashVariant::Mma && f.split == 1
-            }),
             vec![mma_sum, other_head],
-        ),
-        (
-            "h200",
-            pick("h200", &|f| {
-                f.variant == GpuFlashVariant::Mma && f.split > 1
-            }),
             vec![reduce_sum, reduce_head],
-        ),
-        (
-            "mi250",
-            pick("mi250", &|f| f.variant == GpuFlashVariant::Mfma),
             vec![rows_sum, other_head],
-        ),
-    ];
-    for (model, config, mutations) in cases {
-        let (_, emu) = emulator(model);
-        let data = ProblemData::random(&flash, 4);
-        let reference = data.reference();
-        let error = |body: &str| {
-            emu.run_source(&data, &config, body)
-                .map(|out| relative_error(&out, &reference))
-        };
-        let ok = error(flash_source).unwrap();
-        assert!(ok <= flash.tolerance(), "{model} {config}: {ok:e}");
-        for (from, to) in mutations {
-            assert!(
-                flash_source.contains(from),
-                "flash.hip no longer has `{from}`"
-            );
-            caught(
-                &format!("{model} {config}: `{from}` as `{to}`"),
-                error(&flash_source.replace(from, to)),
-                flash.tolerance(),
-            );
-        }
-    }
+        ],
+    );
     let paged: Problem = format!("{PAGED_BF16},sinks=true").parse().unwrap();
     let (device, emu) = emulator("h200");
     let config = GpuSpace.default_config(&paged, &device);
     let data = ProblemData::random(&paged, 4).with_context_lens(vec![1, 600, 333]);
-    let reference = data.reference();
-    let error = |body: &str| {
-        emu.run_source(&data, &config, body)
-            .map(|out| relative_error(&out, &reference))
-    };
-    let ok = error(include_str!("../hip/paged.hip")).unwrap();
-    assert!(ok <= paged.tolerance(), "{config}: {ok:e}");
-    for (from, to) in [
-        ("total += kt_sink_weight(sinks, h, mx);", ""),
-        (
-            "total += kt_sink_weight(sinks, h, mx);",
-            "total += kt_sink_weight(sinks, 0, mx);",
-        ),
-    ] {
-        caught(
-            &format!("paged {config}: `{from}` as `{to}`"),
-            error(&paged_with(from, to)),
-            paged.tolerance(),
-        );
-    }
+    let sum = "total += kt_sink_weight(sinks, h, mx);";
+    let edits = [(sum, ""), (sum, "total += kt_sink_weight(sinks, 0, mx);")];
+    source_edits_show(
+        &emu,
+        &data,
+        &config,
+        include_str!("../hip/paged.hip"),
+        &edits,
+    );
 }
 
 // Soft-capped scores (Gemma 2): a cap below most scores, so every one bends.
@@ -354,22 +348,10 @@ fn attention_candidates_match_the_reference_with_a_softcap() {
 /// capped to -C counts it).
 #[test]
 fn each_kernel_caps_its_scores_before_the_mask() {
-    let flash: Problem = FLASH_F16_SOFTCAP.parse().unwrap();
-    let flash_source = include_str!("../hip/flash.hip");
-    let pick = |model: &str, keep: &dyn Fn(&GpuFlashConfig) -> bool| {
-        let (device, _) = emulator(model);
-        GpuSpace
-            .candidates(&flash, &device)
-            .into_iter()
-            .find(|c| matches!(c, Config::GpuFlash(f) if keep(f)))
-            .unwrap_or_else(|| panic!("{model}: no such flash candidate"))
-    };
-    let rows_cap = (
-        "s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;",
-        "s[r] = visible ? dot : -KT_INF;",
-    );
+    let rows = "s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;";
+    let rows_cap = (rows, "s[r] = visible ? dot : -KT_INF;");
     let rows_after_mask = (
-        "s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;",
+        rows,
         "s[r] = kt_softcap(visible ? dot : -KT_INF, cap_unit);",
     );
     let mma_cap = (
@@ -380,58 +362,19 @@ fn each_kernel_caps_its_scores_before_the_mask() {
         "s[n][e] = kt_softcap(s[n][e], softcap / scale);",
         "s[n][e] = s[n][e];",
     );
-    // Each form's model, config and the edits that must show.
-    type Case<'a> = (&'a str, Config, Vec<(&'a str, &'a str)>);
-    let cases: [Case; 4] = [
-        (
-            "h200",
-            pick("h200", &|f| f.variant == GpuFlashVariant::Rows),
+    every_flash_form_catches(
+        &FLASH_F16_SOFTCAP.parse().unwrap(),
+        [
             vec![rows_cap, rows_after_mask],
-        ),
-        (
-            "h200",
-            pick("h200", &|f| {
-                f.variant == GpuFlashVariant::Mma && f.split == 1
-            }),
             vec![mma_cap],
-        ),
-        (
-            "h200",
-            pick("h200", &|f| {
-                f.variant == GpuFlashVariant::Mma && f.split > 1
-            }),
             vec![mma_cap],
-        ),
-        (
-            "mi250",
-            pick("mi250", &|f| f.variant == GpuFlashVariant::Mfma),
             vec![mfma_cap],
-        ),
-    ];
-    for (model, config, mutations) in cases {
-        let (_, emu) = emulator(model);
-        let data = ProblemData::random(&flash, 4);
-        let reference = data.reference();
-        let error = |body: &str| {
-            emu.run_source(&data, &config, body)
-                .map(|out| relative_error(&out, &reference))
-        };
-        let ok = error(flash_source).unwrap();
-        assert!(ok <= flash.tolerance(), "{model} {config}: {ok:e}");
-        for (from, to) in mutations {
-            assert!(
-                flash_source.contains(from),
-                "flash.hip no longer has `{from}`"
-            );
-            caught(
-                &format!("{model} {config}: `{from}` as `{to}`"),
-                error(&flash_source.replace(from, to)),
-                flash.tolerance(),
-            );
-        }
-    }
+        ],
+    );
     // Both paged forms: a thread a token (f32, head size 96) and groups of lanes (head size
-    // 128), under a cap of 0.1 that flattens the weights of hundreds of tokens.
+    // 128), under a cap of 0.1 that flattens the weights of hundreds of tokens. (Their
+    // maximum uncapped would only shift the exponents, which the partition's maximum takes
+    // back: wrong only where scores lie far past the cap.)
     for (spec, lanes, lens) in [
         (PAGED_F32, 1, vec![77, 5]),
         (PAGED_BF16_128, 16, vec![300, 17]),
@@ -444,23 +387,16 @@ fn each_kernel_caps_its_scores_before_the_mask() {
             .find(|c| matches!(c, Config::GpuPaged(g) if g.lanes == lanes))
             .unwrap();
         let data = ProblemData::random(&paged, 4).with_context_lens(lens);
-        let reference = data.reference();
-        let error = |body: &str| {
-            emu.run_source(&data, &config, body)
-                .map(|out| relative_error(&out, &reference))
-        };
-        let ok = error(include_str!("../hip/paged.hip")).unwrap();
-        assert!(ok <= paged.tolerance(), "{config}: {ok:e}");
-        // (Their maximum uncapped would only shift the exponents, which the partition's
-        // maximum takes back: wrong only where scores lie far past the cap.)
-        let (from, to) = (
+        let edits = [(
             "exp2f(kt_softcap(scores[t - t0], cap_unit) - mx)",
             "exp2f(scores[t - t0] - mx)",
-        );
-        caught(
-            &format!("paged {config}: `{from}` as `{to}`"),
-            error(&paged_with(from, to)),
-            paged.tolerance(),
+        )];
+        source_edits_show(
+            &emu,
+            &data,
+            &config,
+            include_str!("../hip/paged.hip"),
+            &edits,
         );
     }
 }

@@ -555,83 +555,74 @@ fn windowed_flash_builds_compile_for_sm90a_without_spills() {
     }
 }
 
+/// Every warpgroup-MMA tile and the heuristic of each flash spec, every candidate of each
+/// paged one, of `specs` with `extra` appended: compiled for sm_90a, no spills, each build
+/// carrying `define`, which the build of the spec without `extra` lacks.
+fn attention_builds_compile_without_spills(
+    nvrtc: &NvrtcCompiler,
+    specs: &[String],
+    extra: &str,
+    define: &str,
+) {
+    let h200 = Device::lookup("h200").unwrap();
+    for spec in specs {
+        let plain: Problem = spec.parse().unwrap();
+        let p: Problem = format!("{spec},{extra}").parse().unwrap();
+        let mut configs = candidates_where("h200", &p, |c| match c {
+            Config::GpuFlash(f) => f.wgmma,
+            _ => true,
+        });
+        assert!(!configs.is_empty(), "{p}");
+        configs.push(GpuSpace.heuristic(&p, &h200));
+        let variant = if spec.starts_with("flash") {
+            "mma"
+        } else {
+            "kt_paged_reduce"
+        };
+        check_candidates(nvrtc, "h200", &p, &configs, variant);
+        for c in &configs {
+            let key = KernelBuild::new(&p, c).unwrap().key();
+            assert!(key.contains(&format!("{define}=1")), "{key}");
+            let key = KernelBuild::new(&plain, c).unwrap().key();
+            assert!(!key.contains(define), "{key}");
+        }
+    }
+}
+
 /// Sink builds (KT_SINKS): gpt-oss-120b's attention at TP8 (8 query heads on one KV head of
-/// 64 dims, every other layer in a window of 128 tokens, sinks in all): every warpgroup-MMA
-/// tile of the windowed and of the full prefill, the heuristic of each, and every paged
-/// decode candidate compile for sm_90a without spills; the builds carry the define, the
-/// builds of problems without sinks do not.
+/// 64 dims, every other layer in a window of 128 tokens, sinks in all), the windowed and the
+/// full prefill and the decode.
 #[test]
 fn sink_builds_compile_for_sm90a_without_spills() {
     let Some(nvrtc) = compiler("sink_builds_compile_for_sm90a_without_spills") else {
         return;
     };
-    let h200 = Device::lookup("h200").unwrap();
     let prefill = "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
     let decode = "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
-    for spec in [
+    let specs = [
         format!("{prefill},window=128"),
-        prefill.to_string(),
-        decode.to_string(),
-    ] {
-        let plain: Problem = spec.parse().unwrap();
-        let p: Problem = format!("{spec},sinks=true").parse().unwrap();
-        let mut configs = candidates_where("h200", &p, |c| match c {
-            Config::GpuFlash(f) => f.wgmma,
-            _ => true,
-        });
-        assert!(!configs.is_empty(), "{p}");
-        configs.push(GpuSpace.heuristic(&p, &h200));
-        let variant = if spec.starts_with("flash") {
-            "mma"
-        } else {
-            "kt_paged_reduce"
-        };
-        check_candidates(&nvrtc, "h200", &p, &configs, variant);
-        for c in &configs {
-            let key = KernelBuild::new(&p, c).unwrap().key();
-            assert!(key.contains("KT_SINKS=1"), "{key}");
-            let key = KernelBuild::new(&plain, c).unwrap().key();
-            assert!(!key.contains("KT_SINKS"), "{key}");
-        }
-    }
+        prefill.into(),
+        decode.into(),
+    ];
+    attention_builds_compile_without_spills(&nvrtc, &specs, "sinks=true", "KT_SINKS");
 }
 
 /// Soft-capped builds (KT_SOFTCAP): Gemma 2 27B's attention at TP4 (8 query heads on 4 KV
-/// heads of 128 dims, a cap of 50, a window of 4096 tokens every other layer): every
-/// warpgroup-MMA tile of the windowed and the full prefill, the heuristic of each, and every
-/// paged decode candidate compile for sm_90a without spills, the builds carrying the define.
+/// heads of 128 dims, a cap of 50, a window of 4096 tokens every other layer), the windowed
+/// and the full prefill and the decode.
 #[test]
 fn softcap_builds_compile_for_sm90a_without_spills() {
     let Some(nvrtc) = compiler("softcap_builds_compile_for_sm90a_without_spills") else {
         return;
     };
-    let h200 = Device::lookup("h200").unwrap();
-    let prefill = "flash:q_len=8192,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=50";
-    let decode =
-        "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=50";
-    for spec in [
+    let prefill = "flash:q_len=8192,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16";
+    let decode = "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16";
+    let specs = [
         format!("{prefill},window=4096"),
         prefill.into(),
         decode.into(),
-    ] {
-        let p: Problem = spec.parse().unwrap();
-        let mut configs = candidates_where("h200", &p, |c| match c {
-            Config::GpuFlash(f) => f.wgmma,
-            _ => true,
-        });
-        assert!(!configs.is_empty(), "{p}");
-        configs.push(GpuSpace.heuristic(&p, &h200));
-        let variant = if spec.starts_with("flash") {
-            "mma"
-        } else {
-            "kt_paged_reduce"
-        };
-        check_candidates(&nvrtc, "h200", &p, &configs, variant);
-        for c in &configs {
-            let key = KernelBuild::new(&p, c).unwrap().key();
-            assert!(key.contains("KT_SOFTCAP=1"), "{key}");
-        }
-    }
+    ];
+    attention_builds_compile_without_spills(&nvrtc, &specs, "softcap=50", "KT_SOFTCAP");
 }
 
 #[test]

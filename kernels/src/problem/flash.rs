@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_dim, spec::Fields, Family, Scale, SoftCap};
+use super::{check_dim, check_softcap, spec::Fields, Family, Scale, SoftCap};
 use crate::{DType, KernelError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -139,12 +139,7 @@ impl FlashProblem {
 
     /// This problem with its scores soft-capped at `softcap` (`None`: not capped).
     pub fn with_softcap(self, softcap: Option<f32>) -> Result<Self> {
-        let cap = softcap
-            .map(|c| {
-                SoftCap::new(c).ok_or_else(|| invalid("softcap", c, "must be finite and positive"))
-            })
-            .transpose()?;
-        Ok(self.with_cap(cap))
+        Ok(self.with_cap(check_softcap(Family::Flash, softcap)?))
     }
 
     /// [`Self::with_softcap`] of a cap already validated.

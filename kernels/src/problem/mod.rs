@@ -181,6 +181,21 @@ impl FromStr for Problem {
 }
 
 /// Checks a dimension lies in `1..=max`.
+/// A soft-cap given as a number (a spec's `softcap`, a config's, a C caller's), checked:
+/// finite and positive, or an error naming the family's field.
+pub(crate) fn check_softcap(family: Family, value: Option<f32>) -> Result<Option<SoftCap>> {
+    value
+        .map(|c| {
+            SoftCap::new(c).ok_or_else(|| KernelError::InvalidProblem {
+                family,
+                field: "softcap",
+                value: c.to_string(),
+                reason: "must be finite and positive".into(),
+            })
+        })
+        .transpose()
+}
+
 pub(crate) fn check_dim(
     family: Family,
     field: &'static str,
