@@ -317,7 +317,7 @@ impl Tile<'_> {
             if let Some(cap) = p.softcap {
                 let unit = cap.get() * std::f32::consts::LOG2_E;
                 for j in 0..w {
-                    super::cap_scores(&mut st[j * rp..j * rp + rows], unit);
+                    (self.t.softcap)(&mut st[j * rp..j * rp + rows], unit);
                 }
             }
             // Mask what lies above the diagonal in a tile crossing it: key j0 + j is hidden

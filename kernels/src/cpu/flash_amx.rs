@@ -650,6 +650,8 @@ unsafe fn query_tile<T: Tiles>(
     let off = causal_offset(p);
     let kv_end = kv_end(p, i1);
     let qscale = p.scale.get() * std::f32::consts::LOG2_E;
+    // The host's best vector build of the cap (the portable one where it lacks AVX-512).
+    let softcap = super::table::table(c.isa).softcap;
     // SAFETY (whole block): the tiles' operands are the padded buffers above, every product
     // within their blocks; the caller's contract on T.
     unsafe {
@@ -685,7 +687,7 @@ unsafe fn query_tile<T: Tiles>(
             if let Some(cap) = p.softcap {
                 let unit = cap.get() / p.scale.get();
                 for r in 0..rows {
-                    super::cap_scores(&mut s[r * bcp..r * bcp + w], unit);
+                    softcap(&mut s[r * bcp..r * bcp + w], unit);
                 }
             }
             (passes.softmax)(&mut Rows {

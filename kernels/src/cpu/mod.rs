@@ -292,13 +292,6 @@ pub(super) fn sink_weight(sinks: &[f32], head: usize, m: f32) -> f32 {
     }
 }
 
-/// Soft-caps scores held in units where the cap is `unit` (see [`crate::SoftCap::apply`]).
-pub(super) fn cap_scores(scores: &mut [f32], unit: f32) {
-    for s in scores {
-        *s = crate::SoftCap::apply(unit, *s);
-    }
-}
-
 /// Microkernel shapes (mr, nr) of the AVX-512-BF16 GEMM variant.
 pub const DPBF16_SHAPES: &[(usize, usize)] = dpbf16::BF16_SHAPES;
 

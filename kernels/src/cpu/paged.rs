@@ -527,7 +527,7 @@ fn online_softmax(
     for r in 0..rows {
         let row = &mut scores[r * ld..r * ld + n];
         if let Some(unit) = cap {
-            super::cap_scores(row, unit);
+            (t.softcap)(row, unit);
         }
         let (m_old, l_old) = (stats[2 * r], stats[2 * r + 1]);
         let m = m_old.max((t.row_max)(row));
@@ -555,7 +555,7 @@ fn softmax(
     for r in 0..rows {
         let row = &mut scores[r * ld..r * ld + n];
         if let Some(unit) = cap {
-            super::cap_scores(row, unit);
+            (t.softcap)(row, unit);
         }
         let m = (t.row_max)(row);
         stats[2 * r] = m;

@@ -68,6 +68,8 @@ pub struct Table {
     ukr: fn(usize, usize, bool) -> Option<UkrFn>,
     pub row_max: fn(&[f32]) -> f32,
     pub exp2_sum: fn(&mut [f32], f32) -> f32,
+    /// Soft-caps scores held in units where the cap is the second argument.
+    pub softcap: fn(&mut [f32], f32),
     pub softmax_cols: SoftmaxColsFn,
     pub f32: ElemFns<f32>,
     pub bf16: ElemFns<bf16>,
@@ -197,6 +199,20 @@ macro_rules! isa_table {
                 leaf::exp2_sum(row, sub)
             }
 
+            // Built at this level's vector width: the tanh is most of a capped kernel's work
+            // beside its products, and at the baseline's four lanes, half its time.
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn softcap_tf(scores: &mut [f32], unit: f32) {
+                for s in scores {
+                    *s = crate::SoftCap::apply(unit, *s);
+                }
+            }
+
+            fn softcap(scores: &mut [f32], unit: f32) {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { softcap_tf(scores, unit) }
+            }
+
             $(#[target_feature(enable = $feature)])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn softmax_cols_tf(
@@ -241,6 +257,7 @@ macro_rules! isa_table {
                 ukr: pick,
                 row_max,
                 exp2_sum,
+                softcap,
                 softmax_cols,
                 f32: elem_fns::<f32>(),
                 bf16: elem_fns::<bf16>(),
