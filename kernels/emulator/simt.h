@@ -743,6 +743,15 @@ inline T load16(const void* p) {
     return v;
 }
 
+// An 8-byte vector load from global memory, which faults on the device when misaligned.
+template <class T>
+inline T load8(const void* p) {
+    if (((decltype(sizeof 0))p & 7) != 0) fail("an 8-byte load from an address not 8-byte aligned");
+    T v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+
 // Two floats stored as one 8-byte vector, which the device requires 8-byte aligned.
 inline void store8(float* p, float x, float y) {
     if (((decltype(sizeof 0))p & 7) != 0) fail("an 8-byte store to an address not 8-byte aligned");

@@ -1,7 +1,9 @@
 // kerntune paged attention, decode. query [num_seqs, q_heads, D]; key and value caches
 // [num_blocks, block_size, kv_heads, D] (the vLLM / TGI layout) in f32, f16 or bf16
-// (KT_DTYPE); block_tables [num_seqs, max_blocks] and context_lens [num_seqs] as u32; out
-// [num_seqs, q_heads, D] in f32.
+// (KT_DTYPE), or fp8 under a 16-bit query (KT_KV_FP8, kt_cache); block_tables [num_seqs,
+// max_blocks] and context_lens [num_seqs] as u32; out [num_seqs, q_heads, D] in f32. An fp8
+// cache's key factor comes folded into `scale`, its value factor is kt_paged_reduce's
+// `v_scale` (1 for other caches).
 //
 // Two kernels. kt_paged: grid (partitions, q_heads, num_seqs), KT_THREADS threads; a block
 // takes KT_PART tokens of one sequence for one query head: scores into LDS, block-wide max
@@ -18,7 +20,7 @@
 // for P·V consecutive threads on consecutive dims, each over every token.
 // KT_LANES 2 to 32: groups of KT_LANES lanes per token, for the scores and for P·V. A lane
 // holds KT_D / KT_LANES dims of the query and of its P·V accumulators, in 16-byte pieces
-// interleaved across the group (piece p of lane l at dims (p·LANES + l)·VEC), so each load of
+// (8-byte ones of an fp8 cache) interleaved across the group (piece p of lane l at dims (p·LANES + l)·VEC), so each load of
 // a group reads LANES·16 contiguous bytes of a row; a token's dot product meets by shuffles
 // inside its group, the groups' P·V sums by shuffles inside each wave and then through LDS.
 #include "prelude.h"
@@ -55,8 +57,8 @@ KT_DEVICE float kt_block_sum(float v, float* scratch) {
 #if KT_LANES == 1
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
-kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
-         const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
+kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,
+         const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
          int max_blocks, int partitions, float scale, int window, float softcap) {
@@ -97,7 +99,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
             (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
         float dot = 0.0f;
 #pragma unroll 8
-        for (int x = 0; x < KT_D; ++x) dot = fmaf(qs[x], kt_load(key_cache, row + x), dot);
+        for (int x = 0; x < KT_D; ++x) dot = fmaf(qs[x], kt_load_cache(key_cache, row + x), dot);
         scores[t - t0] = dot;
         local_max = fmaxf(local_max, dot);
     }
@@ -117,7 +119,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
         for (int t = t0; t < t1; ++t) {
             const long row =
                 (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
-            acc = fmaf(scores[t - t0], kt_load(value_cache, row + x), acc);
+            acc = fmaf(scores[t - t0], kt_load_cache(value_cache, row + x), acc);
         }
         part_out[slot * KT_D + x] = acc;
     }
@@ -145,8 +147,8 @@ KT_DEVICE float kt_lanes_sum(float v) {
 }
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
-kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
-         const kt_in* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
+kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,
+         const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
          int max_blocks, int partitions, float scale, int window, float softcap) {
@@ -199,14 +201,14 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     for (int base = t0; base < t1; base += KT_GROUPS) {
         const int t = min(base + group, t1 - 1);
         const long row = row_of(t);
-        kt_u32x4 kw[KT_PIECES];
+        kt_cache_piece kw[KT_PIECES];
 #pragma unroll
-        for (int p = 0; p < KT_PIECES; ++p) kw[p] = kt_load16(key_cache + row + dim(p));
+        for (int p = 0; p < KT_PIECES; ++p) kw[p] = kt_load_piece(key_cache + row + dim(p));
         float dot = 0.0f;
 #pragma unroll
         for (int p = 0; p < KT_PIECES; ++p) {
             float k[KT_VEC];
-            kt_widen16(kw[p], k);
+            kt_widen_piece(kw[p], k);
 #pragma unroll
             for (int e = 0; e < KT_VEC; ++e) dot = fmaf(q[p][e], k[e], dot);
         }
@@ -236,13 +238,13 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
     for (int t = t0 + group; t < t1; t += KT_GROUPS) {
         const long row = row_of(t);
         const float w = scores[t - t0];
-        kt_u32x4 vw[KT_PIECES];
+        kt_cache_piece vw[KT_PIECES];
 #pragma unroll
-        for (int p = 0; p < KT_PIECES; ++p) vw[p] = kt_load16(value_cache + row + dim(p));
+        for (int p = 0; p < KT_PIECES; ++p) vw[p] = kt_load_piece(value_cache + row + dim(p));
 #pragma unroll
         for (int p = 0; p < KT_PIECES; ++p) {
             float v[KT_VEC];
-            kt_widen16(vw[p], v);
+            kt_widen_piece(vw[p], v);
 #pragma unroll
             for (int e = 0; e < KT_VEC; ++e) acc[p][e] = fmaf(w, v[e], acc[p][e]);
         }
@@ -278,7 +280,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_in* __restrict__ key_cache,
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ part_max,
                 const float* __restrict__ part_sum, float* __restrict__ out, int q_heads,
-                int partitions, const float* __restrict__ sinks) {
+                int partitions, const float* __restrict__ sinks, float v_scale) {
     const int h = KT_BID_X;
     const int seq = KT_BID_Y;
     const long base = ((long)seq * q_heads + h) * partitions;
@@ -288,7 +290,7 @@ kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     for (int p = 0; p < partitions; ++p)
         if (part_sum[base + p] > 0.0f) total += part_sum[base + p] * exp2f(part_max[base + p] - mx);
     total += kt_sink_weight(sinks, h, mx);
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    const float inv = total > 0.0f ? v_scale / total : 0.0f;
     for (int x = KT_TID; x < KT_D; x += KT_THREADS) {
         float acc = 0.0f;
         for (int p = 0; p < partitions; ++p)

@@ -99,22 +99,24 @@
 #ifndef KT_DTYPE
 #error "KT_DTYPE (0 f32, 1 f16, 2 bf16) must be defined"
 #endif
-#if KT_DTYPE == 0
-typedef float kt_in;
-KT_DEVICE float kt_widen(kt_in x) { return x; }
-#elif KT_DTYPE == 1
-typedef unsigned short kt_in;
+// IEEE half bits as f32, whatever the input type (fp8 caches widen through it).
 #if defined(KT_HIP)
-KT_DEVICE float kt_widen(kt_in x) { return __half2float(__ushort_as_half(x)); }
+KT_DEVICE float kt_f16_f32(unsigned short x) { return __half2float(__ushort_as_half(x)); }
 #elif defined(KT_HOST)
-KT_DEVICE float kt_widen(kt_in x) { return kt_host::f16_f32(x); }
+KT_DEVICE float kt_f16_f32(unsigned short x) { return kt_host::f16_f32(x); }
 #else
-KT_DEVICE float kt_widen(kt_in x) {
+KT_DEVICE float kt_f16_f32(unsigned short x) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
     return f;
 }
 #endif
+#if KT_DTYPE == 0
+typedef float kt_in;
+KT_DEVICE float kt_widen(kt_in x) { return x; }
+#elif KT_DTYPE == 1
+typedef unsigned short kt_in;
+KT_DEVICE float kt_widen(kt_in x) { return kt_f16_f32(x); }
 #elif KT_DTYPE == 2
 typedef unsigned short kt_in;
 KT_DEVICE float kt_widen(kt_in x) { return KT_BITS_F32(((unsigned)x) << 16); }
@@ -165,6 +167,62 @@ KT_DEVICE void kt_widen16(const kt_u32x4& v, float (&x)[KT_VEC]) {
 #endif
     }
 }
+
+// What paged attention's KV caches hold: kt_in, or in KT_KV_FP8 builds one byte a value (1:
+// E4M3, either format; 2: E5M2) under a 16-bit query. A byte is read as the f16 whose bits are
+// its sign, exponent and mantissa moved into place (E5M2 is an f16's top byte; E4M3's four
+// exponent bits become the low four of f16's five): exact for every value, subnormals
+// included, and the factor from that f16 to the format's value (2^8, or 2^7 for the fnuz
+// bias) joins the cache's scale on the host. Pieces of a row are KT_VEC values, 8 bytes.
+#ifndef KT_KV_FP8
+#define KT_KV_FP8 0
+#endif
+#if KT_KV_FP8
+#if KT_DTYPE == 0
+#error "fp8 caches (KT_KV_FP8) go with an f16 or bf16 query"
+#endif
+typedef unsigned char kt_cache;
+// The f16 bits of two bytes held in the low bytes of a word's 16-bit halves.
+KT_DEVICE unsigned kt_fp8_half_bits(unsigned b) {
+    return KT_KV_FP8 == 2 ? b << 8 : ((b & 0x007f007fu) << 7) | ((b & 0x00800080u) << 8);
+}
+KT_DEVICE float kt_load_cache(const kt_cache* p, long i) {
+    return kt_f16_f32((unsigned short)kt_fp8_half_bits(p[i]));
+}
+#if defined(KT_HOST)
+struct __attribute__((aligned(8))) kt_cache_piece {
+    unsigned x, y;
+};
+KT_DEVICE kt_cache_piece kt_load_piece(const kt_cache* p) {
+    return kt_host::load8<kt_cache_piece>(p);
+}
+#else
+typedef uint2 kt_cache_piece;
+KT_DEVICE kt_cache_piece kt_load_piece(const kt_cache* p) {
+    return *reinterpret_cast<const kt_cache_piece*>(p);
+}
+#endif
+KT_DEVICE void kt_widen_piece(const kt_cache_piece& v, float (&x)[KT_VEC]) {
+    const unsigned w[2] = {v.x, v.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        // Little-endian: bytes 0 and 1 of the word, then 2 and 3, each pair spread into the
+        // low bytes of a word's halves.
+        const unsigned lo = kt_fp8_half_bits((w[i] & 0xffu) | ((w[i] & 0xff00u) << 8));
+        const unsigned hi = kt_fp8_half_bits(((w[i] >> 16) & 0xffu) | ((w[i] >> 8) & 0xff0000u));
+        x[4 * i] = kt_f16_f32((unsigned short)(lo & 0xffffu));
+        x[4 * i + 1] = kt_f16_f32((unsigned short)(lo >> 16));
+        x[4 * i + 2] = kt_f16_f32((unsigned short)(hi & 0xffffu));
+        x[4 * i + 3] = kt_f16_f32((unsigned short)(hi >> 16));
+    }
+}
+#else
+typedef kt_in kt_cache;
+KT_DEVICE float kt_load_cache(const kt_cache* p, long i) { return kt_load(p, i); }
+typedef kt_u32x4 kt_cache_piece;
+KT_DEVICE kt_cache_piece kt_load_piece(const kt_cache* p) { return kt_load16(p); }
+KT_DEVICE void kt_widen_piece(const kt_cache_piece& v, float (&x)[KT_VEC]) { kt_widen16(v, x); }
+#endif
 
 // Reductions across one wave/warp by butterfly shuffles.
 KT_DEVICE float kt_wave_max(float v) {

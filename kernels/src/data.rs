@@ -2,7 +2,7 @@
 //!
 //! The tuner, the tests and the benchmarks all verify kernels on data built here.
 
-use crate::kernel::Args;
+use crate::kernel::{Args, KvScales};
 use rayon::prelude::*;
 
 use crate::{reference, DType, Problem, Tensor, TensorBuf};
@@ -23,14 +23,20 @@ impl SplitMix {
     fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-    /// `len` values in `spare`'s buffer when it holds `dtype`, else in a new one.
-    fn tensor(&mut self, spare: Option<TensorBuf>, dtype: DType, len: usize) -> TensorBuf {
+    /// `len` values times `gain` in `spare`'s buffer when it holds `dtype`, else in a new one.
+    fn tensor(
+        &mut self,
+        spare: Option<TensorBuf>,
+        dtype: DType,
+        len: usize,
+        gain: f32,
+    ) -> TensorBuf {
         match spare {
             Some(mut t) if t.view().dtype() == dtype => {
-                t.refill(len, || self.unit());
+                t.refill(len, || self.unit() * gain);
                 t
             }
-            _ => TensorBuf::from_fn(dtype, len, || self.unit()),
+            _ => TensorBuf::from_fn(dtype, len, || self.unit() * gain),
         }
     }
 }
@@ -46,11 +52,24 @@ pub struct ProblemData {
     pub context_lens: Vec<u32>,
     /// Attention with sinks: each query head's sink logit (empty otherwise).
     pub sinks: Vec<f32>,
+    /// Paged attention on fp8 caches: their scales ([`ProblemData::FP8_SCALES`]; one
+    /// otherwise).
+    pub kv_scales: KvScales,
     pub out: Vec<f32>,
 }
 
 impl ProblemData {
-    /// Random inputs in [-1, 1) rounded to the problem's dtype. Paged attention gets a shuffled
+    /// The scales of random fp8 caches: the cached values are the unit-range keys and values
+    /// divided by them, about ±133 and ±95, which every fp8 format holds (fnuz up to 240) at
+    /// its full precision; neither is a power of two, so a kernel that drops or misplaces
+    /// one is off by more than rounding.
+    pub const FP8_SCALES: KvScales = KvScales {
+        k: 0.0075,
+        v: 0.0105,
+    };
+
+    /// Random inputs in [-1, 1) rounded to the problem's dtype (fp8 caches: divided by
+    /// [`Self::FP8_SCALES`], then rounded). Paged attention gets a shuffled
     /// block table (so the indirection is exercised) and every sequence at `context_len`.
     pub fn random(problem: &Problem, seed: u64) -> Self {
         Self::random_reusing(problem, seed, None)
@@ -69,6 +88,7 @@ impl ProblemData {
             max_blocks_per_seq: 0,
             context_lens: Vec::new(),
             sinks: Vec::new(),
+            kv_scales: KvScales::ONE,
             out: Vec::new(),
         });
         data.problem = *problem;
@@ -76,17 +96,22 @@ impl ProblemData {
         data.max_blocks_per_seq = 0;
         data.context_lens.clear();
         let mut spares = std::mem::take(&mut data.inputs).into_iter();
-        let mut tensor = |rng: &mut SplitMix, len| rng.tensor(spares.next(), dt, len);
+        let mut tensor =
+            |rng: &mut SplitMix, dtype, len, gain| rng.tensor(spares.next(), dtype, len, gain);
+        data.kv_scales = KvScales::ONE;
         let (inputs, out) = match problem {
             Problem::Gemm(p) => (
-                vec![tensor(&mut rng, p.a_len()), tensor(&mut rng, p.b_len())],
+                vec![
+                    tensor(&mut rng, dt, p.a_len(), 1.0),
+                    tensor(&mut rng, dt, p.b_len(), 1.0),
+                ],
                 p.c_len(),
             ),
             Problem::Flash(p) => (
                 vec![
-                    tensor(&mut rng, p.q_len_elems()),
-                    tensor(&mut rng, p.kv_len_elems()),
-                    tensor(&mut rng, p.kv_len_elems()),
+                    tensor(&mut rng, dt, p.q_len_elems(), 1.0),
+                    tensor(&mut rng, dt, p.kv_len_elems(), 1.0),
+                    tensor(&mut rng, dt, p.kv_len_elems(), 1.0),
                 ],
                 p.q_len_elems(),
             ),
@@ -102,11 +127,16 @@ impl ProblemData {
                 }
                 data.max_blocks_per_seq = mb;
                 data.context_lens.resize(p.num_seqs, p.context_len as u32);
+                if p.fp8().is_some() {
+                    data.kv_scales = Self::FP8_SCALES;
+                }
+                let KvScales { k, v } = data.kv_scales;
+                let cache = blocks * per_block;
                 (
                     vec![
-                        tensor(&mut rng, p.query_len()),
-                        tensor(&mut rng, blocks * per_block),
-                        tensor(&mut rng, blocks * per_block),
+                        tensor(&mut rng, dt, p.query_len(), 1.0),
+                        tensor(&mut rng, p.kv_dtype, cache, 1.0 / k),
+                        tensor(&mut rng, p.kv_dtype, cache, 1.0 / v),
                     ],
                     p.query_len(),
                 )
@@ -143,6 +173,7 @@ impl ProblemData {
             self.max_blocks_per_seq,
             &self.context_lens,
             &self.sinks,
+            self.kv_scales,
             &mut self.out,
         )
         .expect("random() makes every input of the family")
@@ -226,6 +257,7 @@ impl ProblemData {
                 self.max_blocks_per_seq,
                 &self.context_lens,
                 &self.sinks,
+                self.kv_scales,
                 r,
             ),
         }
@@ -251,6 +283,7 @@ mod tests {
                     crate::Tensor::F32(s) => s.as_ptr() as usize,
                     crate::Tensor::F16(s) => s.as_ptr() as usize,
                     crate::Tensor::Bf16(s) => s.as_ptr() as usize,
+                    crate::Tensor::Fp8(_, s) => s.as_ptr() as usize,
                 };
                 assert_eq!(at % 64, 0, "{spec} input {i} at {at:#x}");
             }

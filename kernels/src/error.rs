@@ -29,6 +29,10 @@ pub enum KernelError {
     /// A caller's buffer has the wrong length or element type.
     #[error("buffer `{name}`: {reason}")]
     BadBuffer { name: &'static str, reason: String },
+
+    /// A call's scalar argument (an fp8 cache's scale) out of its range.
+    #[error("argument `{name}`: {reason}")]
+    BadArgument { name: &'static str, reason: String },
     /// The scratch buffer is smaller than [`crate::Backend::scratch_len`] asked for.
     #[error("scratch buffer holds {got} f32 values but this config needs {needed}")]
     ScratchTooSmall { needed: usize, got: usize },

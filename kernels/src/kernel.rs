@@ -38,7 +38,59 @@ pub struct PagedArgs<'a> {
     pub context_lens: &'a [u32],
     /// `[q_heads]` sink logits when the problem has sinks, else empty.
     pub sinks: &'a [f32],
+    /// The fp8 caches' scales ([`KvScales::ONE`] for other caches).
+    pub kv_scales: KvScales,
     pub out: &'a mut [f32],
+}
+
+/// Per-tensor scales of fp8 KV caches, vLLM's `k_scale` and `v_scale`: a cached key's value is
+/// its fp8 value times `k`, a cached value's times `v`. Calibrated per layer and fixed while a
+/// model serves, so they are call arguments, not part of the problem (tuning is the same for
+/// any). Other caches hold their values as they are, and take [`KvScales::ONE`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvScales {
+    pub k: f32,
+    pub v: f32,
+}
+
+impl KvScales {
+    pub const ONE: KvScales = KvScales { k: 1.0, v: 1.0 };
+
+    /// Checks these scales against a problem's caches: finite and positive for fp8, exactly
+    /// one for the others (a scale there would be ignored, and a caller who passes one
+    /// expects it applied).
+    pub fn check(self, p: &crate::PagedProblem) -> Result<()> {
+        for (name, v) in [("k_scale", self.k), ("v_scale", self.v)] {
+            let reason = if p.fp8().is_some() {
+                (!(v.is_finite() && v > 0.0))
+                    .then(|| format!("is {v}; must be finite and positive"))
+            } else {
+                (v != 1.0).then(|| {
+                    format!(
+                        "is {v}; scales apply to fp8 caches, and these hold {}: pass 1",
+                        p.kv_dtype
+                    )
+                })
+            };
+            if let Some(reason) = reason {
+                return Err(KernelError::BadArgument { name, reason });
+            }
+        }
+        Ok(())
+    }
+
+    /// The factors the kernels apply to the cache values they read: the scales times the
+    /// cache format's [`crate::Fp8::half_factor`] (they read fp8 bytes as f16 bits).
+    pub fn for_kernels(self, p: &crate::PagedProblem) -> (f32, f32) {
+        let f = p.fp8().map_or(1.0, |f| f.half_factor());
+        (self.k * f, self.v * f)
+    }
+}
+
+impl Default for KvScales {
+    fn default() -> Self {
+        KvScales::ONE
+    }
 }
 
 /// The buffers of one call of any family.
@@ -52,8 +104,9 @@ pub enum Args<'a> {
 impl<'a> Args<'a> {
     /// The buffers of one call of `problem`: `inputs` in its family's order (A, B; Q, K, V;
     /// query, key cache, value cache), the paged index (empty for the other families), the
-    /// attention sinks (empty without) and the output. `None` when `inputs` are fewer than the
-    /// family takes.
+    /// attention sinks (empty without), the fp8 caches' scales and the output. `None` when
+    /// `inputs` are fewer than the family takes.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         problem: &Problem,
         inputs: &[Tensor<'a>],
@@ -61,6 +114,7 @@ impl<'a> Args<'a> {
         max_blocks_per_seq: usize,
         context_lens: &'a [u32],
         sinks: &'a [f32],
+        kv_scales: KvScales,
         out: &'a mut [f32],
     ) -> Option<Args<'a>> {
         Some(match problem {
@@ -90,6 +144,7 @@ impl<'a> Args<'a> {
                     max_blocks_per_seq,
                     context_lens,
                     sinks,
+                    kv_scales,
                     out,
                 })
             }

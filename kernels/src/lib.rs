@@ -48,7 +48,7 @@ pub use config::{
 };
 pub use cpu::CpuBackend;
 pub use device::{CpuInfo, Device, GpuModel, Isa};
-pub use dtype::{DType, Tensor, TensorBuf};
+pub use dtype::{DType, Fp8, Tensor, TensorBuf};
 pub use error::{KernelError, Result};
 pub use kernel::Backend;
 pub use problem::{

@@ -166,6 +166,7 @@ pub fn paged_row(
     max_blocks: usize,
     context_lens: &[u32],
     sinks: &[f32],
+    kv_scales: crate::kernel::KvScales,
     r: usize,
 ) -> Vec<f64> {
     let d = p.head_dim;
@@ -178,15 +179,18 @@ pub fn paged_row(
         ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d
     });
     let sink = sinks.get(h).map(|&s| s as f64);
-    attend_rows(
-        p.scale.get() as f64,
+    // Each cached key is its value times k_scale: the factor moves out of the dot product,
+    // and v_scale out of the weighted sum.
+    let out = attend_rows(
+        p.scale.get() as f64 * kv_scales.k as f64,
         &qrow,
         keys,
         key_cache,
         value_cache,
         sink,
         p.softcap,
-    )
+    );
+    out.into_iter().map(|o| o * kv_scales.v as f64).collect()
 }
 
 #[cfg(test)]

@@ -319,6 +319,9 @@ fn every_isa_runs_attention_correctly() {
     let g = problem(
         "paged:num_seqs=3,context_len=90,q_heads=4,kv_heads=2,head_dim=72,block_size=8,dtype=f16",
     );
+    let g_fp8 = problem(
+        "paged:num_seqs=3,context_len=90,q_heads=4,kv_heads=2,head_dim=72,block_size=8,dtype=bf16,kv_dtype=fp8_e4m3",
+    );
     for isa in Isa::supported_by(host.isa) {
         let lanes = isa.f32_lanes().max(8);
         let mut flash = Vec::new();
@@ -362,6 +365,7 @@ fn every_isa_runs_attention_correctly() {
             })
             .collect();
         check_all(&g, &paged);
+        check_all(&g_fp8, &paged);
     }
 }
 
@@ -491,7 +495,16 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         assert!(turns.iter().all(|&t| t < 300), "{turns:?}");
     }
     let mut ran = 0;
-    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+    // Every cache type: the three the queries come in, and each fp8 format (read as f16
+    // bits and widened, AVX-512 and AVX2 alike) under a 16-bit query.
+    for (dtype, kv) in [
+        ("f32", "f32"),
+        ("f16", "f16"),
+        ("bf16", "bf16"),
+        ("bf16", "fp8_e4m3"),
+        ("f16", "fp8_e4m3fnuz"),
+        ("bf16", "fp8_e5m2"),
+    ] {
         let mut problems = Vec::new();
         for (seqs, ctx, hq, hkv, d, bs) in [
             (2, 1, 3, 1, 128, 16),
@@ -504,12 +517,12 @@ fn paged_key_tiles_match_reference_or_are_refused() {
             (2, 17, 8, 1, 63, 16),
         ] {
             problems.push(problem(&format!(
-                "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype}"
+                "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype},kv_dtype={kv}"
             )));
         }
         if isas.is_empty() {
             eprintln!(
-                "paged key-tile kernels on {dtype} not run: {} ({}) lacks AVX2 (refusal checked)",
+                "paged key-tile kernels on {kv} not run: {} ({}) lacks AVX2 (refusal checked)",
                 host.model, host.isa
             );
             continue;
@@ -765,6 +778,169 @@ fn every_paged_candidate_matches_reference_with_sinks() {
     eprintln!("verified {ran} paged configs with sinks");
 }
 
+/// Fp8 caches (vLLM's `--kv-cache-dtype fp8`): every CPU candidate on each format under f16
+/// and bf16 queries, against the reference on the same bytes times the same scales: context
+/// 1, contexts no multiple of the block, several partitions, GQA 1, 8 and 64, head dims 80
+/// and 7 (no whole vector), a window with sinks and a soft-cap beside, sequences of mixed
+/// lengths.
+#[test]
+fn every_paged_candidate_matches_reference_on_fp8_caches() {
+    let device = Device::host();
+    let mut ran = 0;
+    let mut scratch = Scratch::new();
+    for (tail, lens) in [
+        ("num_seqs=3,context_len=1,q_heads=4,kv_heads=4,head_dim=64,block_size=16", vec![1; 3]),
+        (
+            "num_seqs=2,context_len=1100,q_heads=8,kv_heads=1,head_dim=128,block_size=16",
+            vec![1100, 333],
+        ),
+        (
+            "num_seqs=2,context_len=300,q_heads=64,kv_heads=1,head_dim=64,block_size=32",
+            vec![300, 17],
+        ),
+        (
+            "num_seqs=4,context_len=45,q_heads=6,kv_heads=2,head_dim=80,block_size=8,window=37,sinks=true,softcap=30",
+            vec![45, 1, 40, 44],
+        ),
+        (
+            "num_seqs=2,context_len=50,q_heads=4,kv_heads=2,head_dim=7,block_size=16",
+            vec![50, 3],
+        ),
+    ] {
+        for dtype in ["f16", "bf16"] {
+            for kv in ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"] {
+                let p = problem(&format!("paged:{tail},dtype={dtype},kv_dtype={kv}"));
+                let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
+                let reference = data.reference();
+                let configs = CpuSpace.candidates(&p, &device);
+                assert!(!configs.is_empty(), "{p}: no candidates");
+                for c in &configs {
+                    let err = error_of(&mut data, c, &reference, &mut scratch);
+                    assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
+                }
+                ran += configs.len();
+            }
+        }
+    }
+    eprintln!("verified {ran} paged configs on fp8 caches");
+}
+
+/// Each scale reaches the output: a kernel run with a key scale or a value scale other than
+/// the reference's is off by far more than rounding (the value scale by exactly its ratio),
+/// on each kernel the host has; scales that are not positive, and scales on caches that are
+/// not fp8, are refused by name.
+#[test]
+fn fp8_cache_scales_reach_the_output_and_are_checked() {
+    use kerntune_kernels::kernel::KvScales;
+    let device = Device::host();
+    let p = problem(
+        "paged:num_seqs=2,context_len=200,q_heads=8,kv_heads=2,head_dim=64,dtype=bf16,kv_dtype=fp8_e4m3",
+    );
+    let mut data = ProblemData::random(&p, 3);
+    let reference = data.reference();
+    let right = data.kv_scales;
+    assert_eq!(right, ProblemData::FP8_SCALES);
+    let mut scratch = Scratch::new();
+    let mut kernels = std::collections::BTreeSet::new();
+    for c in CpuSpace.candidates(&p, &device) {
+        let Config::Paged(pc) = c else { unreachable!() };
+        if !kernels.insert((pc.isa, pc.key_tiles, pc.partition > 0)) {
+            continue;
+        }
+        for (scales, least) in [
+            (
+                KvScales {
+                    k: 2.0 * right.k,
+                    ..right
+                },
+                0.05,
+            ),
+            (
+                KvScales {
+                    v: 2.0 * right.v,
+                    ..right
+                },
+                0.99,
+            ),
+        ] {
+            data.kv_scales = scales;
+            let err = error_of(&mut data, &c, &reference, &mut scratch);
+            assert!(err > least, "{c} with {scales:?}: {err:e}");
+        }
+        data.kv_scales = right;
+        let err = error_of(&mut data, &c, &reference, &mut scratch);
+        assert!(err <= p.tolerance(), "{c}: {err:e}");
+    }
+    let c = CpuSpace.heuristic(&p, &device);
+    for (bad, name) in [
+        (KvScales { k: 0.0, v: 1.0 }, "k_scale"),
+        (
+            KvScales {
+                k: 1.0,
+                v: f32::NAN,
+            },
+            "v_scale",
+        ),
+    ] {
+        data.kv_scales = bad;
+        let e = CpuBackend
+            .run(&p, &c, data.args(), scratch.get(1 << 20))
+            .unwrap_err();
+        assert!(e.to_string().contains(name), "{e}");
+    }
+    let plain =
+        problem("paged:num_seqs=2,context_len=20,q_heads=8,kv_heads=2,head_dim=64,dtype=bf16");
+    let mut data = ProblemData::random(&plain, 3);
+    assert_eq!(data.kv_scales, KvScales::ONE);
+    data.kv_scales = KvScales { k: 0.5, v: 1.0 };
+    let c = CpuSpace.heuristic(&plain, &device);
+    let e = CpuBackend
+        .run(&plain, &c, data.args(), scratch.get(1 << 20))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("k_scale") && e.to_string().contains("fp8"),
+        "{e}"
+    );
+}
+
+/// `kv_dtype` is keyed where it differs from the query's (a problem on caches of its own
+/// dtype is the plain one), reads back, and is refused with an f32 query or as any family's
+/// `dtype`.
+#[test]
+fn kv_dtype_is_keyed_and_fp8_only_holds_caches() {
+    let spec = "paged:num_seqs=2,context_len=20,q_heads=8,kv_heads=2,head_dim=64,dtype=bf16";
+    let p = problem(&format!("{spec},kv_dtype=fp8_e4m3fnuz"));
+    assert!(p.key().contains(",kv_dtype=fp8_e4m3fnuz"), "{}", p.key());
+    assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+    assert_eq!(problem(&format!("{spec},kv_dtype=bf16")), problem(spec));
+    assert!(!problem(spec).key().contains("kv_dtype"));
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<Problem>(&json).unwrap(), p);
+    for (bad, field) in [
+        (
+            "paged:num_seqs=2,context_len=20,q_heads=8,head_dim=64,dtype=f32,kv_dtype=fp8_e5m2",
+            "kv_dtype",
+        ),
+        (
+            "paged:num_seqs=2,context_len=20,q_heads=8,head_dim=64,dtype=bf16,kv_dtype=f16",
+            "kv_dtype",
+        ),
+        (
+            "paged:num_seqs=2,context_len=20,q_heads=8,head_dim=64,dtype=fp8_e4m3",
+            "dtype",
+        ),
+        ("gemm:m=1,n=8,k=8,dtype=fp8_e4m3", "dtype"),
+        ("flash:q_len=4,q_heads=2,head_dim=8,dtype=fp8_e5m2", "dtype"),
+        (
+            "paged:num_seqs=2,context_len=20,q_heads=8,head_dim=64,kv_dtype=fp8",
+            "kv_dtype",
+        ),
+    ] {
+        let e = bad.parse::<Problem>().unwrap_err().to_string();
+        assert!(e.contains(field), "{bad}: {e}");
+    }
+}
+
 /// NaN in every cache row of a token before its sequence's window.
 fn poison_before_windows(data: &mut ProblemData, p: &PagedProblem) {
     let (mb, bs, width) = (
@@ -781,6 +957,9 @@ fn poison_before_windows(data: &mut ProblemData, p: &PagedProblem) {
                     TensorBuf::F32(c) => c[rows].fill(f32::NAN),
                     TensorBuf::F16(c) => c[rows].fill(half::f16::NAN),
                     TensorBuf::Bf16(c) => c[rows].fill(half::bf16::NAN),
+                    // NaN in E5M2; E4M3's NaN byte, which the kernels read as 480 (they
+                    // take caches to hold values), or fnuz's largest value: a read shows.
+                    TensorBuf::Fp8(_, c) => c[rows].fill(0x7f),
                 }
             }
         }

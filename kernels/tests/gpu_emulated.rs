@@ -422,6 +422,50 @@ fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
     }
 }
 
+/// Fp8 caches: every H200 and MI250 candidate on each format, under bf16 and f16 queries,
+/// with a sequence of one token, a whole partition and a ragged one, head sizes 64 to 256
+/// (groups of 8 to 32 lanes, 8-byte pieces): each format's bytes are read as its own (a
+/// format read as another's is off by its factor or worse). Each kernel form (a thread a
+/// token, groups of lanes) catches the value factor left out of the reduction; the key
+/// factor is the launch's (its unit test).
+#[test]
+fn paged_candidates_match_the_reference_on_fp8_caches() {
+    for model in ["h200", "mi250"] {
+        for (spec, lens) in [
+            (format!("{PAGED_BF16},kv_dtype=fp8_e4m3"), vec![1, 600, 333]),
+            (
+                format!("{PAGED_BF16_128},kv_dtype=fp8_e4m3fnuz"),
+                vec![300, 17],
+            ),
+            (
+                PAGED_F16_256.replace("dtype=f16", "dtype=f16,kv_dtype=fp8_e5m2"),
+                vec![40],
+            ),
+        ] {
+            every_candidate(model, &spec, Some(lens));
+        }
+    }
+    let problem: Problem = format!("{PAGED_BF16_128},kv_dtype=fp8_e4m3")
+        .parse()
+        .unwrap();
+    let data = ProblemData::random(&problem, 4).with_context_lens(vec![300, 17]);
+    for (model, lanes) in [("h200", 1), ("h200", 16), ("mi250", 16)] {
+        let (_, emu) = emulator(model);
+        let config = Config::GpuPaged(GpuPagedConfig {
+            partition: 256,
+            threads: 256,
+            lanes,
+        });
+        source_edits_show(
+            &emu,
+            &data,
+            &config,
+            include_str!("../hip/paged.hip"),
+            &[("v_scale / total", "1.0f / total")],
+        );
+    }
+}
+
 /// The grouped paged attention (16 lanes a token, 256 threads) of `model` on sequences of 300
 /// and 17 tokens, with `body` as its source: its relative error.
 fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {

@@ -53,7 +53,8 @@ fn target(hip: &HipCompiler, name: &str) -> String {
 
 /// Llama-3.1-70B TP8 shapes of each family, bf16, an f32 GEMM with a Linear layout, and
 /// gpt-oss-120b's TP8 attention (head size 64, sinks, a window of 128 on every other layer) and
-/// Gemma 2 27B's at TP4 (soft-capped at 50, 4 KV heads of 128 dims).
+/// Gemma 2 27B's at TP4 (soft-capped at 50, 4 KV heads of 128 dims); Llama-70B's TP8 decode on
+/// an fp8 (fnuz, MI300X's) cache.
 fn problems() -> Vec<Problem> {
     [
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
@@ -66,6 +67,7 @@ fn problems() -> Vec<Problem> {
         "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16,sinks=true",
         "flash:q_len=512,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=50",
         "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=50",
+        "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3fnuz",
     ]
     .iter()
     .map(|s| s.parse().unwrap())

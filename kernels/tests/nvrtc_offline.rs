@@ -625,6 +625,36 @@ fn softcap_builds_compile_for_sm90a_without_spills() {
     attention_builds_compile_without_spills(&nvrtc, &specs, "softcap=50", "KT_SOFTCAP");
 }
 
+/// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an
+/// E4M3 cache for sm_90a, none spilling; the grouped candidates of an E5M2 cache under f16
+/// queries (head size 64, 4 KV heads) for sm_80 and sm_90, reading their cache rows in
+/// 8-byte pieces.
+#[test]
+fn fp8_cache_builds_compile_without_spills() {
+    let Some(nvrtc) = compiler("fp8_cache_builds_compile_without_spills") else {
+        return;
+    };
+    let decode = "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+    attention_builds_compile_without_spills(
+        &nvrtc,
+        &[decode.into()],
+        "kv_dtype=fp8_e4m3",
+        "KT_KV_FP8",
+    );
+    let p: Problem = "paged:num_seqs=8,context_len=2048,q_heads=32,kv_heads=4,head_dim=64,dtype=f16,kv_dtype=fp8_e5m2"
+        .parse()
+        .unwrap();
+    for name in ["a100", "h100"] {
+        let configs = candidates_where(
+            name,
+            &p,
+            |c| matches!(c, Config::GpuPaged(c) if c.lanes > 1),
+        );
+        assert_eq!(configs.len(), 24, "{name}: {configs:?}");
+        check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v2.");
+    }
+}
+
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {

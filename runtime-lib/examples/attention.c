@@ -2,7 +2,8 @@
  * bounded distance (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1), add a learned sink to each
  * head's softmax (gpt-oss) or soft-cap the scores (Gemma 2): a prefill chunk by flash
  * attention and a decode step by paged attention, each with and without a sliding window,
- * with sinks and with a soft-cap, checked against plain loops here.
+ * with sinks and with a soft-cap, and a decode step on an fp8 cache (vLLM's
+ * --kv-cache-dtype fp8) under bf16 queries, checked against plain loops here.
  *
  *   cc runtime-lib/examples/attention.c -I runtime-lib/include -L target/release -lkerntune -lm \
  *       -o attention
@@ -79,6 +80,67 @@ static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap) 
     return worst <= 1e-4;
 }
 
+/* An OCP E4M3 byte's value (no NaN byte is ever written here). */
+static double e4m3(unsigned char b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return b & 0x80 ? -v : v;
+}
+
+/* One decode step on fp8 caches: bf16 queries, E4M3 bytes each scaled per tensor. The loops
+ * read the same bytes and bf16 values, widened. */
+static int paged_fp8(KtDispatcher *d) {
+    enum { SEQS = 2, CTX = 37, MAX_BLOCKS = (CTX + BS - 1) / BS, BLOCKS = SEQS * MAX_BLOCKS };
+    enum { CACHE = BLOCKS * BS * HKV * D };
+    static uint16_t q[SEQS * HQ * D];
+    static unsigned char kc[CACHE], vc[CACHE];
+    static float qf[SEQS * HQ * D], kf[CACHE], vf[CACHE], o[SEQS * HQ * D];
+    const float k_scale = 0.25f, v_scale = 0.125f;
+    uint32_t tables[SEQS * MAX_BLOCKS], lens[SEQS] = {CTX, 9};
+    for (unsigned i = 0; i < SEQS * HQ * D; i++) {
+        /* bf16: the top half of an f32. */
+        union { float f; uint32_t u; } x = {.f = value(3 * i)};
+        q[i] = (uint16_t)(x.u >> 16);
+        x.u = (uint32_t)q[i] << 16;
+        qf[i] = x.f;
+    }
+    for (unsigned i = 0; i < CACHE; i++) {
+        /* Exponents up to 7: values within +-1.875 before the scales. */
+        kc[i] = (unsigned char)((11 * i + 4) * 2654435761u >> 24) & 0xbf;
+        vc[i] = (unsigned char)((13 * i + 9) * 2654435761u >> 24) & 0xbf;
+        kf[i] = (float)(e4m3(kc[i]) * k_scale);
+        vf[i] = (float)(e4m3(vc[i]) * v_scale);
+    }
+    for (unsigned b = 0; b < SEQS * MAX_BLOCKS; b++) tables[b] = BLOCKS - 1 - b;
+    KtPagedProblem p = {.num_seqs = SEQS, .context_len = CTX, .q_heads = HQ, .kv_heads = HKV,
+                        .head_dim = D, .block_size = BS, .dtype = KT_DTYPE_BF16,
+                        .kv_dtype = KT_KV_CACHE_DTYPE_FP8_E4M3, .k_scale = k_scale,
+                        .v_scale = v_scale};
+    if (kt_paged_attention(d, &p, q, kc, vc, BLOCKS, tables, MAX_BLOCKS, lens, o, NULL) !=
+        KT_STATUS_OK) {
+        printf("paged fp8: %s\n", kt_last_error());
+        return 0;
+    }
+    double worst = 0.0, want[D];
+    size_t keys[CTX];
+    for (size_t s = 0; s < SEQS; s++)
+        for (size_t h = 0; h < HQ; h++) {
+            for (size_t t = 0; t < lens[s]; t++) {
+                const size_t row = (size_t)tables[s * MAX_BLOCKS + t / BS] * BS + t % BS;
+                keys[t] = (row * HKV + h / (HQ / HKV)) * D;
+            }
+            attend(&qf[(s * HQ + h) * D], kf, vf, keys, lens[s], -INFINITY, 0.0, want);
+            for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * D + x] - want[x]));
+        }
+    printf("paged fp8_e4m3: max difference %.1e\n", worst);
+    /* A scale that is not positive is refused by name. */
+    p.v_scale = -1.0f;
+    const int refused = kt_paged_attention(d, &p, q, kc, vc, BLOCKS, tables, MAX_BLOCKS, lens, o,
+                                           NULL) == KT_STATUS_INVALID_ARGUMENT;
+    printf("error: %s\n", kt_last_error());
+    return worst <= 1e-4 && refused;
+}
+
 /* One decode step of SEQS sequences of their own lengths on a paged cache. */
 static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap) {
     enum { SEQS = 3, CTX = 50, MAX_BLOCKS = (CTX + BS - 1) / BS, BLOCKS = SEQS * MAX_BLOCKS };
@@ -129,7 +191,7 @@ int main(int argc, char **argv) {
     /* A cap of 0.3, under most of these scores, so that it bends every one. */
     int ok = flash(d, 0, NULL, 0) & flash(d, 6, NULL, 0) & flash(d, 6, SINKS, 0) &
              flash(d, 0, NULL, 0.3f) & paged(d, 0, NULL, 0) & paged(d, 20, NULL, 0) &
-             paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f);
+             paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f) & paged_fp8(d);
     /* A window without the causal mask looks back from nothing: refused by name. */
     KtFlashProblem bad = {.batch = 1, .q_len = 4, .kv_len = 4, .q_heads = 1, .kv_heads = 1,
                           .head_dim = D, .causal = false, .dtype = KT_DTYPE_F32, .window = 2};

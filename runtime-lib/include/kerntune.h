@@ -12,10 +12,11 @@
 /*
  The version of this C ABI: the header's, which a program compares with kt_abi_version()
  (the library's) before its first call, since a struct that grew (2: `window` in the
- attention problems; 3: `sinks` and `softcap`) would otherwise be read past the end a
- program built against an older header passes.
+ attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
+ and `v_scale` in the paged problem) would otherwise be read past the end a program built
+ against an older header passes.
  */
-#define KERNTUNE_ABI_VERSION 3
+#define KERNTUNE_ABI_VERSION 4
 
 /*
  Result of every call.
@@ -80,6 +81,28 @@ typedef enum KtMatch {
    */
   KT_MATCH_DEFAULT = 3,
 } KtMatch;
+
+/*
+ What a paged problem's KV caches hold (vLLM's `--kv-cache-dtype`).
+ */
+typedef enum KtKvCacheDtype {
+  /*
+   The query's dtype (vLLM's `auto`).
+   */
+  KT_KV_CACHE_DTYPE_AUTO = 0,
+  /*
+   OCP E4M3 (`float8_e4m3fn`; vLLM's `fp8` on NVIDIA GPUs).
+   */
+  KT_KV_CACHE_DTYPE_FP8_E4M3 = 1,
+  /*
+   E4M3 with no negative zero (`float8_e4m3fnuz`; vLLM's `fp8` on MI300X).
+   */
+  KT_KV_CACHE_DTYPE_FP8_E4M3_FNUZ = 2,
+  /*
+   OCP E5M2 (`float8_e5m2`).
+   */
+  KT_KV_CACHE_DTYPE_FP8_E5M2 = 3,
+} KtKvCacheDtype;
 
 /*
  A dispatcher. Create with kt_open(), release with kt_free(). Thread-safe: one handle may
@@ -172,6 +195,17 @@ typedef struct KtPagedProblem {
    A logit soft-cap, as in KtFlashProblem; 0 for none.
    */
   float softcap;
+  /*
+   What the caches hold: AUTO (the query's dtype), or one byte of fp8 per value under an
+   f16 or bf16 query.
+   */
+  enum KtKvCacheDtype kv_dtype;
+  /*
+   fp8 caches: each cached key is its fp8 value times `k_scale`, each value its times
+   `v_scale` (vLLM's per-layer scales). 0 means 1; other caches take 0 or 1.
+   */
+  float k_scale;
+  float v_scale;
 } KtPagedProblem;
 
 /*

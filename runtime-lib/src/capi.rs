@@ -10,17 +10,18 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use half::{bf16, f16};
-use kerntune_kernels::kernel::{FlashArgs, GemmArgs, PagedArgs};
+use kerntune_kernels::kernel::{FlashArgs, GemmArgs, KvScales, PagedArgs};
 use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
-use kerntune_kernels::{DType, Problem, Tensor};
+use kerntune_kernels::{DType, Fp8, Problem, Tensor};
 
 use crate::{Dispatcher, Match, Stats};
 
 /// The version of this C ABI: the header's, which a program compares with kt_abi_version()
 /// (the library's) before its first call, since a struct that grew (2: `window` in the
-/// attention problems; 3: `sinks` and `softcap`) would otherwise be read past the end a
-/// program built against an older header passes.
-pub const KERNTUNE_ABI_VERSION: u32 = 3;
+/// attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
+/// and `v_scale` in the paged problem) would otherwise be read past the end a program built
+/// against an older header passes.
+pub const KERNTUNE_ABI_VERSION: u32 = 4;
 
 /// Result of every call.
 #[repr(C)]
@@ -50,6 +51,20 @@ pub enum KtDtype {
     F32 = 0,
     F16 = 1,
     Bf16 = 2,
+}
+
+/// What a paged problem's KV caches hold (vLLM's `--kv-cache-dtype`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KtKvCacheDtype {
+    /// The query's dtype (vLLM's `auto`).
+    Auto = 0,
+    /// OCP E4M3 (`float8_e4m3fn`; vLLM's `fp8` on NVIDIA GPUs).
+    Fp8E4m3 = 1,
+    /// E4M3 with no negative zero (`float8_e4m3fnuz`; vLLM's `fp8` on MI300X).
+    Fp8E4m3Fnuz = 2,
+    /// OCP E5M2 (`float8_e5m2`).
+    Fp8E5m2 = 3,
 }
 
 /// How a call's config was found.
@@ -116,6 +131,13 @@ pub struct KtPagedProblem {
     pub sinks: *const f32,
     /// A logit soft-cap, as in KtFlashProblem; 0 for none.
     pub softcap: f32,
+    /// What the caches hold: AUTO (the query's dtype), or one byte of fp8 per value under an
+    /// f16 or bf16 query.
+    pub kv_dtype: KtKvCacheDtype,
+    /// fp8 caches: each cached key is its fp8 value times `k_scale`, each value its times
+    /// `v_scale` (vLLM's per-layer scales). 0 means 1; other caches take 0 or 1.
+    pub k_scale: f32,
+    pub v_scale: f32,
 }
 
 thread_local! {
@@ -199,10 +221,33 @@ pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatu
         scale(f.scale, f.head_dim)?,
         dtype(f.dtype),
     )
+    .and_then(|p| {
+        let kv = match f.kv_dtype {
+            KtKvCacheDtype::Auto => p.dtype,
+            KtKvCacheDtype::Fp8E4m3 => DType::Fp8(Fp8::E4m3),
+            KtKvCacheDtype::Fp8E4m3Fnuz => DType::Fp8(Fp8::E4m3Fnuz),
+            KtKvCacheDtype::Fp8E5m2 => DType::Fp8(Fp8::E5m2),
+        };
+        p.with_kv_dtype(kv)
+    })
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
     .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
     .map_err(|e| invalid(e.to_string()))
+}
+
+/// A paged problem's cache scales, 0 read as 1, checked against its caches.
+pub(crate) fn kv_scales(
+    f: &KtPagedProblem,
+    p: &PagedProblem,
+) -> Result<KvScales, (KtStatus, String)> {
+    let one = |v: f32| if v == 0.0 { 1.0 } else { v };
+    let s = KvScales {
+        k: one(f.k_scale),
+        v: one(f.v_scale),
+    };
+    s.check(p).map_err(|e| invalid(e.to_string()))?;
+    Ok(s)
 }
 
 /// The sink logits a problem's `sinks` points to: `q_heads` of them, or none where NULL.
@@ -234,6 +279,7 @@ unsafe fn tensor<'a>(
             DType::F32 => Tensor::F32(std::slice::from_raw_parts(ptr.cast::<f32>(), len)),
             DType::F16 => Tensor::F16(std::slice::from_raw_parts(ptr.cast::<f16>(), len)),
             DType::Bf16 => Tensor::Bf16(std::slice::from_raw_parts(ptr.cast::<bf16>(), len)),
+            DType::Fp8(f) => Tensor::Fp8(f, std::slice::from_raw_parts(ptr.cast::<u8>(), len)),
         }
     })
 }
@@ -453,17 +499,19 @@ pub unsafe extern "C" fn kt_paged_attention(
         if block_tables.is_null() || context_lens.is_null() {
             return Err(invalid("block_tables and context_lens must not be NULL"));
         }
+        let kv_scales = kv_scales(f, &p)?;
         let cache = num_blocks * p.block_size * p.kv_heads * p.head_dim;
         // SAFETY: caller contract on sizes.
         let args = unsafe {
             PagedArgs {
                 query: tensor("query", query, p.query_len(), p.dtype)?,
-                key_cache: tensor("key_cache", key_cache, cache, p.dtype)?,
-                value_cache: tensor("value_cache", value_cache, cache, p.dtype)?,
+                key_cache: tensor("key_cache", key_cache, cache, p.kv_dtype)?,
+                value_cache: tensor("value_cache", value_cache, cache, p.kv_dtype)?,
                 block_tables: std::slice::from_raw_parts(block_tables, p.num_seqs * max_blocks),
                 max_blocks_per_seq: max_blocks,
                 context_lens: std::slice::from_raw_parts(context_lens, p.num_seqs),
                 sinks: sinks(f.sinks, p.q_heads),
+                kv_scales,
                 out: out("o", o, p.query_len())?,
             }
         };

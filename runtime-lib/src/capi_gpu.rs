@@ -10,8 +10,9 @@ use kerntune_kernels::problem::{BLayout, GemmProblem};
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, paged_problem, path_arg,
-    report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem, KtStats, KtStatus,
+    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, kv_scales, paged_problem,
+    path_arg, report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem, KtStats,
+    KtStatus,
 };
 use crate::{GpuDispatcher, GpuStats, RuntimeError};
 
@@ -344,7 +345,9 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
         let d = gpu(d)?;
         // SAFETY: caller contract.
         let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
-        let p = Problem::Paged(paged_problem(f)?);
+        let paged = paged_problem(f)?;
+        let kv_scales = kv_scales(f, &paged)?;
+        let p = Problem::Paged(paged);
         let ptrs = DevicePtrs {
             inputs: [
                 addr("query", query)?,
@@ -357,6 +360,7 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
             max_blocks_per_seq: max_blocks,
             partials: [0; 3],
             sinks: f.sinks as u64,
+            kv_scales,
         };
         addr("scratch", scratch.cast_const())?;
         // SAFETY: caller contract.

@@ -8,7 +8,8 @@
 //! window among them (a windowed layer's calls find only winners tuned with that window, whose
 //! GPU builds hold its masks; a window no shorter than a call's keys is none), and sinks
 //! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them), and whether
-//! scores are soft-capped (Gemma 2; the capped builds hold the tanh). The softmax
+//! scores are soft-capped (Gemma 2; the capped builds hold the tanh), and what a paged
+//! cache holds (an fp8 cache's calls find winners built for its format). The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
@@ -56,6 +57,7 @@ pub enum StaticKey {
         head_dim: usize,
         block_size: usize,
         dtype: DType,
+        kv_dtype: DType,
         window: Option<usize>,
         sinks: bool,
         softcap: bool,
@@ -97,6 +99,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 head_dim: pg.head_dim,
                 block_size: pg.block_size,
                 dtype: pg.dtype,
+                kv_dtype: pg.kv_dtype,
                 window: pg.window,
                 sinks: pg.sinks,
                 softcap: pg.softcap.is_some(),

@@ -128,9 +128,10 @@ fn c_example_runs_a_gemm_and_reports_stats() {
 }
 
 /// The attention example in C: flash attention and paged attention through the C ABI, with
-/// and without a sliding window, with sinks and with a soft-cap, against its own loops; a window
-/// without the causal mask is refused by name; the program checks the ABI version before its
-/// first call.
+/// and without a sliding window, with sinks and with a soft-cap, and paged attention on an fp8
+/// cache under bf16 queries, against its own loops; an fp8 scale that is not positive and a
+/// window without the causal mask are refused by name; the program checks the ABI version
+/// before its first call.
 #[test]
 fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
     let dir = tempfile::tempdir().unwrap();
@@ -156,8 +157,9 @@ fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
         "paged window=20",
         "paged window=0 sinks",
         "paged window=20 softcap",
+        "paged fp8_e4m3",
     ];
-    assert_eq!(lines.len(), calls.len() + 1, "{stdout}");
+    assert_eq!(lines.len(), calls.len() + 2, "{stdout}");
     for (line, call) in lines.iter().zip(calls) {
         let difference: f64 = line
             .strip_prefix(&format!("{call}: max difference "))
@@ -166,7 +168,8 @@ fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
             .unwrap();
         assert!(difference <= 1e-4, "{line}");
     }
-    assert!(lines[8].contains("causal=true"), "{}", lines[8]);
+    assert!(lines[9].contains("v_scale"), "{}", lines[9]);
+    assert!(lines[10].contains("causal=true"), "{}", lines[10]);
 }
 
 /// The same GEMM from Python through ctypes, as a Python server would call the library.

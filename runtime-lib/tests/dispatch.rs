@@ -354,6 +354,51 @@ fn a_softcap_decides_selection_and_its_value_does_not() {
     });
 }
 
+/// What a paged cache holds is a static dimension: a call on an fp8 cache finds the winners
+/// tuned for its format, a call on a bf16 cache the plain ones, another fp8 format neither;
+/// through the dispatcher, with the cache's scales, it matches the reference, and a call
+/// whose scales are not positive is refused by name.
+#[test]
+fn an_fp8_cache_decides_selection_and_its_scales_reach_the_output() {
+    let device = Device::host();
+    let plain = "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+    let fp8 = format!("{plain},kv_dtype=fp8_e4m3");
+    let p: Problem = fp8.parse().unwrap();
+    let mut others = CpuSpace.candidates(&p, &device).into_iter();
+    let (a, b) = (others.next().unwrap(), others.next().unwrap());
+    assert_ne!(a, b);
+    let rows = [(fp8.as_str(), a.to_json()), (plain, b.to_json())];
+    both_paths(&rows, |path, _| {
+        let d = Dispatcher::open(path);
+        let sel = |s: &str| {
+            let s = d.select(&s.parse().unwrap());
+            (s.matched, s.config)
+        };
+        assert_eq!(sel(&fp8), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        assert_eq!(sel(&format!("{plain},kv_dtype=fp8_e5m2")).0, Match::Default);
+        let call: Problem =
+            "paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3"
+                .parse()
+                .unwrap();
+        assert_eq!(d.select(&call).config, a);
+        let mut data = ProblemData::random(&call, 3);
+        let reference = data.reference();
+        let Args::Paged(args) = data.args() else {
+            unreachable!("a paged problem")
+        };
+        d.paged_attention(&call, args).unwrap();
+        let err = relative_error(&data.out, &reference);
+        assert!(err <= call.tolerance(), "{err:e}");
+        data.kv_scales.v = -1.0;
+        let Args::Paged(args) = data.args() else {
+            unreachable!("a paged problem")
+        };
+        let e = d.paged_attention(&call, args).unwrap_err();
+        assert!(e.to_string().contains("v_scale"), "{e}");
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use kerntune_kernels::{DType, Family};
+use kerntune_kernels::{DType, Device, Family, Fp8};
 
 use kerntune_tuner::search::Strategy;
 use kerntune_tuner::shapes::Buckets;
@@ -140,6 +140,11 @@ pub struct ShapeArgs {
     /// Kernel families to derive.
     #[arg(long, value_delimiter = ',')]
     pub kernels: Option<Vec<String>>,
+    /// What paged attention's KV cache holds, as vLLM's --kv-cache-dtype names it: auto (the
+    /// model's dtype), fp8 (the device's E4M3: fnuz on MI300X, OCP elsewhere), fp8_e4m3,
+    /// fp8_e4m3fnuz or fp8_e5m2.
+    #[arg(long, value_name = "DTYPE")]
+    pub kv_cache_dtype: Option<String>,
 }
 
 impl ShapeArgs {
@@ -155,13 +160,15 @@ impl ShapeArgs {
             ("--expert-parallel", self.expert_parallel),
             ("--dtype", self.dtype.is_some()),
             ("--kernels", self.kernels.is_some()),
+            ("--kv-cache-dtype", self.kv_cache_dtype.is_some()),
         ]
         .into_iter()
         .filter_map(|(flag, given)| given.then_some(flag))
         .collect()
     }
 
-    pub fn buckets(&self) -> Result<Buckets, String> {
+    /// The buckets of these flags for `device` (which `--kv-cache-dtype fp8` depends on).
+    pub fn buckets(&self, device: &Device) -> Result<Buckets, String> {
         let mut b = Buckets::default();
         let nonzero = |name: &str, v: &Vec<usize>| {
             if v.is_empty() || v.contains(&0) {
@@ -186,7 +193,33 @@ impl ShapeArgs {
             None => {}
         }
         if let Some(d) = &self.dtype {
-            b.dtype = Some(d.parse::<DType>()?);
+            let d = d.parse::<DType>()?;
+            if d.fp8().is_some() {
+                return Err(format!(
+                    "--dtype {d}: fp8 holds a KV cache, not a model's inputs; pass \
+                     --kv-cache-dtype {d} (and --dtype f16 or bf16, or the model's own)"
+                ));
+            }
+            b.dtype = Some(d);
+        }
+        if let Some(kv) = &self.kv_cache_dtype {
+            b.kv_cache = match kv.to_ascii_lowercase().as_str() {
+                "auto" => None,
+                // vLLM's `fp8`: the E4M3 of the device's hardware.
+                "fp8" => Some(DType::Fp8(match device {
+                    Device::Gpu(g) if g.arch == "gfx942" => Fp8::E4m3Fnuz,
+                    _ => Fp8::E4m3,
+                })),
+                name => match name.parse::<DType>() {
+                    Ok(d @ DType::Fp8(_)) => Some(d),
+                    _ => {
+                        return Err(format!(
+                            "--kv-cache-dtype {kv}: expected auto, fp8, fp8_e4m3, fp8_e4m3fnuz \
+                             or fp8_e5m2"
+                        ))
+                    }
+                },
+            };
         }
         if let Some(k) = &self.kernels {
             b.kernels = k

@@ -119,7 +119,7 @@ fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError
             if flags.len() == 1 { "it" } else { "them" }
         )));
     }
-    let buckets = shapes.buckets().map_err(usage)?;
+    let buckets = shapes.buckets(device).map_err(usage)?;
     let memory = match device {
         Device::Cpu(_) => kerntune_tuner::host_memory_bytes(),
         Device::Gpu(g) => g.memory_bytes as f64,

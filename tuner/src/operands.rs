@@ -136,6 +136,7 @@ impl Operands {
             bytemuck::cast_slice(bytes(self.lens)),
             // A few floats, read only: every copy shares the verification copy's.
             &first.sinks,
+            first.kv_scales,
             bytemuck::cast_slice_mut(&mut out[..self.out.1]),
         )
         .expect("a copy holds every input of the problem it was filled with")

@@ -35,6 +35,8 @@ pub struct Buckets {
     pub context_lens: Vec<usize>,
     pub kernels: Vec<Family>,
     pub dtype: Option<DType>,
+    /// What paged attention's caches hold (`None`: the model's dtype).
+    pub kv_cache: Option<DType>,
     pub block_size: usize,
     /// Experts spread whole over the shards (vLLM's expert parallelism) instead of each
     /// expert's FFN split over them.
@@ -49,6 +51,7 @@ impl Default for Buckets {
             context_lens: vec![1024, 4096],
             kernels: Family::ALL.to_vec(),
             dtype: None,
+            kv_cache: None,
             block_size: 16,
             expert_parallel: false,
         }
@@ -402,6 +405,8 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                                 ],
                             )
                         })?
+                        .with_kv_dtype(b.kv_cache.unwrap_or(dtype))
+                        .map_err(|e| blame(e, &[("kv_dtype", "--kv-cache-dtype")]))?
                         .with_sinks(model.sinks)
                         .with_softcap(model.softcap)
                         .map_err(TuneError::from)?;

@@ -75,6 +75,34 @@ fn bad_inputs_exit_2_and_write_nothing() {
             &["--shapes", "llama70b", "--context-lens", "5000000"],
             "--context-lens: invalid paged problem: context_len = 5000000",
         ),
+        (
+            &["--shapes", "llama70b", "--kv-cache-dtype", "fp4"],
+            "--kv-cache-dtype fp4: expected auto, fp8",
+        ),
+        (
+            &["--shapes", "llama70b", "--dtype", "fp8_e4m3"],
+            "pass --kv-cache-dtype fp8_e4m3",
+        ),
+        (
+            &[
+                "--shapes",
+                "llama70b",
+                "--dtype",
+                "f32",
+                "--kv-cache-dtype",
+                "fp8",
+            ],
+            "--kv-cache-dtype: invalid paged problem: kv_dtype = fp8_e4m3",
+        ),
+        (
+            &[
+                "--shapes",
+                "paged:context_len=8,q_heads=2,head_dim=8",
+                "--kv-cache-dtype",
+                "fp8",
+            ],
+            "--kv-cache-dtype shapes a model's problems",
+        ),
         (&["--shapes", "llama70b", "--budget", "soon"], "soon"),
         (
             &["--shapes", "llama70b", "--max-configs", "0"],
@@ -275,6 +303,57 @@ fn llama70b_tp8_shapes_are_the_published_ones() {
     assert!(keys.contains(&"paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,block_size=16,dtype=bf16"));
     let unique: std::collections::HashSet<_> = keys.iter().collect();
     assert_eq!(unique.len(), keys.len(), "problems are de-duplicated");
+}
+
+/// `--kv-cache-dtype` puts every decode problem of a model on that cache, and vLLM's `fp8`
+/// is the device's E4M3: fnuz on MI300X, OCP elsewhere; prefill and GEMMs are unchanged.
+#[test]
+fn a_kv_cache_dtype_moves_decode_onto_fp8() {
+    let dir = tempfile::tempdir().unwrap();
+    let paged = "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,block_size=16,dtype=bf16";
+    for (device, kv, want) in [
+        ("mi300x", "fp8", "fp8_e4m3fnuz"),
+        ("h200", "fp8", "fp8_e4m3"),
+        ("cpu", "fp8", "fp8_e4m3"),
+        ("mi250", "fp8_e5m2", "fp8_e5m2"),
+    ] {
+        let rows = shapes_with_env(
+            &[
+                "--shapes",
+                "llama70b",
+                "--tp",
+                "8",
+                "--device",
+                device,
+                "--kv-cache-dtype",
+                kv,
+            ],
+            &[],
+            dir.path(),
+        );
+        let keys: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        let fp8 = format!("{paged},kv_dtype={want}");
+        assert!(keys.contains(&fp8.as_str()), "{device} {kv}: {keys:?}");
+        assert!(!keys.contains(&paged), "{device} {kv}");
+        assert!(keys
+            .iter()
+            .all(|k| k.starts_with("paged:") == k.contains("kv_dtype=")));
+        let auto = shapes_with_env(
+            &[
+                "--shapes",
+                "llama70b",
+                "--tp",
+                "8",
+                "--device",
+                device,
+                "--kv-cache-dtype",
+                "auto",
+            ],
+            &[],
+            dir.path(),
+        );
+        assert!(auto.iter().any(|r| r.0 == paged), "{device} auto");
+    }
 }
 
 #[test]

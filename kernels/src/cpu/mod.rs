@@ -42,7 +42,7 @@ use half::{bf16, f16};
 use crate::config::GemmVariant;
 use crate::kernel::{check_dtype, check_len, Args, Backend, FlashArgs, GemmArgs, PagedArgs};
 use crate::space::{CpuSpace, Space};
-use crate::{Config, Device, KernelError, Problem, Result, Tensor};
+use crate::{Config, Device, Fp8, KernelError, Problem, Result, Tensor};
 
 /// Runs kernels on the host CPU.
 #[derive(Debug, Clone, Copy, Default)]
@@ -179,13 +179,10 @@ fn run_paged(
     a: PagedArgs<'_>,
     scratch: &mut [f32],
 ) -> Result<()> {
-    for (name, t) in [
-        ("query", &a.query),
-        ("key_cache", &a.key_cache),
-        ("value_cache", &a.value_cache),
-    ] {
-        check_dtype(name, t, p.dtype)?;
-    }
+    check_dtype("query", &a.query, p.dtype)?;
+    check_dtype("key_cache", &a.key_cache, p.kv_dtype)?;
+    check_dtype("value_cache", &a.value_cache, p.kv_dtype)?;
+    a.kv_scales.check(p)?;
     check_len("query", a.query.len(), p.query_len())?;
     check_len("out", a.out.len(), p.query_len())?;
     check_len("context_lens", a.context_lens.len(), p.num_seqs)?;
@@ -238,46 +235,35 @@ fn run_paged(
         }
     }
     let mb = a.max_blocks_per_seq;
+    let tables = (a.block_tables, mb, a.context_lens);
+    let extra = (a.sinks, a.kv_scales.for_kernels(p));
+    // Each combination of query and cache types the problem validation admits.
+    macro_rules! run {
+        ($q:expr, $k:expr, $v:expr) => {
+            paged::run(
+                p, c, $q, $k, $v, tables.0, tables.1, tables.2, extra, a.out, scratch,
+            )
+        };
+    }
+    use simd::{E4m3Bits, E5m2Bits};
+    fn e4m3(s: &[u8]) -> &[E4m3Bits] {
+        bytemuck::cast_slice(s)
+    }
+    fn e5m2(s: &[u8]) -> &[E5m2Bits] {
+        bytemuck::cast_slice(s)
+    }
     match (a.query, a.key_cache, a.value_cache) {
-        (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => paged::run(
-            p,
-            c,
-            q,
-            k,
-            v,
-            a.block_tables,
-            mb,
-            a.context_lens,
-            a.sinks,
-            a.out,
-            scratch,
-        ),
-        (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => paged::run(
-            p,
-            c,
-            q,
-            k,
-            v,
-            a.block_tables,
-            mb,
-            a.context_lens,
-            a.sinks,
-            a.out,
-            scratch,
-        ),
-        (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => paged::run(
-            p,
-            c,
-            q,
-            k,
-            v,
-            a.block_tables,
-            mb,
-            a.context_lens,
-            a.sinks,
-            a.out,
-            scratch,
-        ),
+        (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => run!(q, k, v),
+        (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => run!(q, k, v),
+        (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => run!(q, k, v),
+        (Tensor::F16(q), Tensor::Fp8(Fp8::E5m2, k), Tensor::Fp8(_, v)) => {
+            run!(q, e5m2(k), e5m2(v))
+        }
+        (Tensor::F16(q), Tensor::Fp8(_, k), Tensor::Fp8(_, v)) => run!(q, e4m3(k), e4m3(v)),
+        (Tensor::Bf16(q), Tensor::Fp8(Fp8::E5m2, k), Tensor::Fp8(_, v)) => {
+            run!(q, e5m2(k), e5m2(v))
+        }
+        (Tensor::Bf16(q), Tensor::Fp8(_, k), Tensor::Fp8(_, v)) => run!(q, e4m3(k), e4m3(v)),
         _ => unreachable!("dtypes checked above"),
     }
     Ok(())

@@ -16,7 +16,7 @@
 
 use super::leaf::prefetch;
 use super::parallel::{for_each_task, SharedMut};
-use super::table::{table, TableElem};
+use super::table::{table, CacheElem, TableElem};
 use crate::config::PagedConfig;
 use crate::problem::PagedProblem;
 #[cfg(target_arch = "x86_64")]
@@ -55,7 +55,7 @@ pub(crate) fn turn_tokens(p: &PagedProblem) -> usize {
     if p.kv_heads * p.head_dim <= NARROW_ROW {
         return LONG_TURN;
     }
-    (TURN_BYTES / (p.head_dim * p.dtype.size())).clamp(16, 256) / 16 * 16
+    (TURN_BYTES / (p.head_dim * p.kv_dtype.size())).clamp(16, 256) / 16 * 16
 }
 
 /// Context tokens one task covers: a partition's, or all a sequence attends to (`partition`
@@ -101,7 +101,7 @@ impl Layout {
         let tile = {
             use super::paged_elems::{Bf16Bits, F16Bits, F32Words, Widened};
             use super::paged_tiles::q_words;
-            match (c.key_tiles, p.dtype) {
+            match (c.key_tiles, p.kv_dtype) {
                 _ if c.amx => super::paged_amx::scratch_words(p.head_dim, rows, part_len),
                 (false, _) => 0,
                 (true, _) if c.isa < crate::Isa::Avx512 => {
@@ -109,7 +109,8 @@ impl Layout {
                 }
                 // The widened layout is the larger: either bf16 path fits.
                 (true, DType::Bf16) => q_words::<Widened<Bf16Bits>>(p.head_dim, rows),
-                (true, DType::F16) => q_words::<Widened<F16Bits>>(p.head_dim, rows),
+                // Fp8 keys are staged as f32, as f16 keys are.
+                (true, DType::F16 | DType::Fp8(_)) => q_words::<Widened<F16Bits>>(p.head_dim, rows),
                 (true, DType::F32) => q_words::<F32Words>(p.head_dim, rows),
             }
         };
@@ -154,23 +155,34 @@ pub fn scratch_len(p: &PagedProblem, c: &PagedConfig) -> usize {
     lay.partials(p) + c.threads * lay.per_worker(p.head_dim)
 }
 
+/// One call on queries of `Q` and caches of `C` (the same type, or fp8 bytes); `kv` are the
+/// factors ([`crate::kernel::KvScales::for_kernels`]) on the keys' and values' cached values.
 #[allow(clippy::too_many_arguments)]
-pub fn run<T: TableElem>(
+pub fn run<Q: TableElem, C: CacheElem>(
     p: &PagedProblem,
     c: &PagedConfig,
-    query: &[T],
-    key_cache: &[T],
-    value_cache: &[T],
+    query: &[Q],
+    key_cache: &[C],
+    value_cache: &[C],
     block_tables: &[u32],
     max_blocks: usize,
     context_lens: &[u32],
-    sinks: &[f32],
+    (sinks, kv): (&[f32], (f32, f32)),
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
     let caches = (query, key_cache, value_cache);
     let tables = (block_tables, max_blocks, context_lens);
-    run_with(p, c, caches, tables, sinks, out, scratch, Engine::Hardware);
+    run_with(
+        p,
+        c,
+        caches,
+        tables,
+        (sinks, kv),
+        out,
+        scratch,
+        Engine::Hardware,
+    );
 }
 
 /// What the tasks of `amx` configs run on: the tiles, or in tests their software model (which
@@ -187,12 +199,12 @@ pub(super) enum Engine {
 
 /// [`run`], with the tasks of `amx` configs on `engine`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run_with<T: TableElem>(
+pub(super) fn run_with<Q: TableElem, C: CacheElem>(
     p: &PagedProblem,
     c: &PagedConfig,
-    (query, key_cache, value_cache): (&[T], &[T], &[T]),
+    (query, key_cache, value_cache): (&[Q], &[C], &[C]),
     (block_tables, max_blocks, context_lens): (&[u32], usize, &[u32]),
-    sinks: &[f32],
+    (sinks, (k_factor, v_factor)): (&[f32], (f32, f32)),
     out: &mut [f32],
     scratch: &mut [f32],
     engine: Engine,
@@ -201,7 +213,8 @@ pub(super) fn run_with<T: TableElem>(
     #[cfg(not(target_arch = "x86_64"))]
     let _ = engine;
     let t = table(c.isa);
-    let fns = T::fns(t);
+    let (widen, dot, axpy) = (Q::fns(t).widen, C::dot(t), C::axpy(t));
+    let (qsize, csize) = (std::mem::size_of::<Q>(), std::mem::size_of::<C>());
     let lay = Layout::new(p, c);
     let d = p.head_dim;
     let (partials, workers) = scratch.split_at_mut(lay.partials(p));
@@ -209,7 +222,8 @@ pub(super) fn run_with<T: TableElem>(
     let partials = SharedMut(partials.as_mut_ptr());
     let workers = SharedMut(workers.as_mut_ptr());
     let out_ptr = SharedMut(out.as_mut_ptr());
-    let qscale = p.scale.get() * std::f32::consts::LOG2_E;
+    // An fp8 cache's key factor moves out of each dot product, into the query's scale.
+    let qscale = p.scale.get() * std::f32::consts::LOG2_E * k_factor;
     // Scores carry scale · log2(e) (folded into the query rows): a soft-cap in those units.
     let cap = p.softcap.map(|c| c.get() * std::f32::consts::LOG2_E);
     let tasks = p.num_seqs * lay.units * lay.parts;
@@ -244,7 +258,8 @@ pub(super) fn run_with<T: TableElem>(
                 let head = h0 + j * lay.rows + r;
                 if lay.parts == 1 {
                     let total = l + super::sink_weight(sinks, head, m);
-                    let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+                    // The value factor joins the division: every term of a row carries it.
+                    let inv = if total > 0.0 { v_factor / total } else { 0.0 };
                     for x in 0..d {
                         // SAFETY: each (seq, head) output row is written by exactly one task.
                         unsafe {
@@ -266,21 +281,20 @@ pub(super) fn run_with<T: TableElem>(
         };
         if c.amx {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: validation admits `amx` for bf16 caches (T) with head_dim a multiple of
-            // 32 on hosts with usable AMX tiles (every one has AVX-512); block indices were
-            // checked against the cache size by the caller, so every block a token lies in is
-            // wholly inside the cache; head `j`'s buffers are the `j`-th `per_head` words of
+            // SAFETY: validation admits `amx` for bf16 queries and caches (Q and C) with
+            // head_dim a multiple of 32 on hosts with usable AMX tiles (every one has
+            // AVX-512); block indices were checked against the cache size by the caller, so
+            // every block a token lies in is wholly inside the cache; head `j`'s buffers are the `j`-th `per_head` words of
             // this worker's, each part reached through one pointer at a time.
             unsafe {
                 use super::paged_tiles::{Rows, Task};
-                let size = std::mem::size_of::<T>();
                 let base = workers.get().add(worker * per_worker);
-                let rows = |cache: &[T]| Rows {
+                let rows = |cache: &[C]| Rows {
                     base: cache.as_ptr().add(kvh * d).cast::<u8>(),
                     table: block_tables.as_ptr().add(seq * max_blocks),
                     first: t0,
                     shift,
-                    stride: p.kv_heads * d * size,
+                    stride: p.kv_heads * d * csize,
                 };
                 // Head j's buffers: accumulators (the query rows' place in the other
                 // kernels), scores, max and sum per row, the tile kernel's scratch.
@@ -302,8 +316,8 @@ pub(super) fn run_with<T: TableElem>(
                         acc: base,
                         q_ready: false,
                     },
-                    q: lay.rows * d * size,
-                    cache: d * size,
+                    q: lay.rows * d * qsize,
+                    cache: d * csize,
                     buf: per_head,
                 };
                 let normalise = |j: usize, s: *mut f32| {
@@ -340,33 +354,44 @@ pub(super) fn run_with<T: TableElem>(
         if c.key_tiles {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: validation admits `key_tiles` at ISA avx2-fma and above on hosts that
-            // run it (T is the cache type, read as raw bytes; the AVX-512 kernels at avx512 and
-            // above, bf16 pairs only where the host has AVX-512-BF16 and head_dim is even);
+            // run it (Q and C are the query and cache types, read as raw bytes; the AVX-512
+            // kernels at avx512 and above, bf16 pairs only where the host has AVX-512-BF16 and
+            // head_dim is even);
             // block indices were checked against the cache size by the caller, so every block
             // a token lies in is wholly inside the cache; head `j`'s buffers are the `j`-th
             // `per_head` words of this worker's, each reached through one pointer at a time.
             unsafe {
                 use super::paged_tiles::{Rows, Task};
-                let size = std::mem::size_of::<T>();
                 let base = workers.get().add(worker * per_worker);
-                let rows = |cache: &[T], j: usize, first: usize| Rows {
+                let rows = |cache: &[C], j: usize, first: usize| Rows {
                     base: cache.as_ptr().add((kvh + j) * d).cast::<u8>(),
                     table: block_tables.as_ptr().add(seq * max_blocks),
                     first,
                     shift,
-                    stride: p.kv_heads * d * size,
+                    stride: p.kv_heads * d * csize,
                 };
+                use super::paged_tiles as t512;
                 use super::paged_tiles_avx2 as avx2;
-                let run = match p.dtype {
-                    _ if c.isa < crate::Isa::Avx512 => match p.dtype {
-                        DType::Bf16 => avx2::task::<avx2::Bf16>,
-                        DType::F16 => avx2::task::<avx2::F16>,
-                        DType::F32 => avx2::task::<avx2::F32>,
+                use crate::Fp8::E5m2;
+                // Fp8 caches go with 16-bit queries (validated): bf16 where not f16.
+                let run = match (p.dtype, p.kv_dtype) {
+                    _ if c.isa < crate::Isa::Avx512 => match (p.dtype, p.kv_dtype) {
+                        (_, DType::Bf16) => avx2::task::<avx2::Bf16>,
+                        (_, DType::F16) => avx2::task::<avx2::F16>,
+                        (_, DType::F32) => avx2::task::<avx2::F32>,
+                        (DType::F16, DType::Fp8(E5m2)) => avx2::task::<avx2::Fp8<avx2::F16, true>>,
+                        (DType::F16, DType::Fp8(_)) => avx2::task::<avx2::Fp8<avx2::F16, false>>,
+                        (_, DType::Fp8(E5m2)) => avx2::task::<avx2::Fp8<avx2::Bf16, true>>,
+                        (_, DType::Fp8(_)) => avx2::task::<avx2::Fp8<avx2::Bf16, false>>,
                     },
-                    DType::Bf16 if pairs => super::paged_tiles::task_bf16,
-                    DType::Bf16 => super::paged_tiles::task_bf16_widened,
-                    DType::F16 => super::paged_tiles::task_f16,
-                    DType::F32 => super::paged_tiles::task_f32,
+                    (_, DType::Bf16) if pairs => t512::task_bf16,
+                    (_, DType::Bf16) => t512::task_bf16_widened,
+                    (_, DType::F16) => t512::task_f16,
+                    (_, DType::F32) => t512::task_f32,
+                    (DType::F16, DType::Fp8(E5m2)) => t512::task_f16_e5m2,
+                    (DType::F16, DType::Fp8(_)) => t512::task_f16_e4m3,
+                    (_, DType::Fp8(E5m2)) => t512::task_bf16_e5m2,
+                    (_, DType::Fp8(_)) => t512::task_bf16_e4m3,
                 };
                 let (rd, ld) = (lay.rows * d, lay.ld);
                 // Head j: accumulators, scores, each row's max and sum, the kernel's scratch.
@@ -435,7 +460,7 @@ pub(super) fn run_with<T: TableElem>(
             for r in 0..lay.rows {
                 // SAFETY: the query row lies inside `query`; qbuf holds rows·d values.
                 unsafe {
-                    (fns.widen)(
+                    widen(
                         query
                             .as_ptr()
                             .add((seq * p.q_heads + h0 + j * lay.rows + r) * d),
@@ -452,7 +477,7 @@ pub(super) fn run_with<T: TableElem>(
         // one head, since a token takes that many times longer: 8 sequences × 4096 tokens,
         // 32 query heads on 8 KV heads, two threads, cold, f32 18.7–19.4 ms against 19.3 at
         // 32 tokens, bf16 13.8–14.2 against 14.0–15.5.
-        let row_bytes = lay.heads * d * std::mem::size_of::<T>();
+        let row_bytes = lay.heads * d * csize;
         let ahead = (PREFETCH / lay.heads).max(2);
         for i in 0..n {
             if i + ahead < n {
@@ -465,7 +490,7 @@ pub(super) fn run_with<T: TableElem>(
                 for r in 0..lay.rows {
                     // SAFETY: block indices were checked against the cache size by the
                     // caller, and a row holds every KV head.
-                    scores[r * lay.ld + i] = unsafe { (fns.dot)(qbuf.as_ptr().add(r * d), kp, d) };
+                    scores[r * lay.ld + i] = unsafe { dot(qbuf.as_ptr().add(r * d), kp, d) };
                 }
             }
         }
@@ -486,7 +511,7 @@ pub(super) fn run_with<T: TableElem>(
                 for r in 0..lay.rows {
                     let w = scores[r * lay.ld + i];
                     // SAFETY: acc rows hold d values; vp reads d values of the cache.
-                    unsafe { (fns.axpy)(acc.as_mut_ptr().add(r * d), w, vp, d) };
+                    unsafe { axpy(acc.as_mut_ptr().add(r * d), w, vp, d) };
                 }
             }
         }
@@ -496,7 +521,8 @@ pub(super) fn run_with<T: TableElem>(
         }
     });
     if lay.parts > 1 {
-        combine(p, &lay, &scratch[..lay.partials(p)], sinks, out, c.threads);
+        let partials = &scratch[..lay.partials(p)];
+        combine(p, &lay, partials, (sinks, v_factor), out, c.threads);
     }
 }
 
@@ -563,12 +589,13 @@ fn softmax(
     }
 }
 
-/// Log-sum-exp reduction of each head's partitions (and its sink) into the output.
+/// Log-sum-exp reduction of each head's partitions (and its sink) into the output, times
+/// the cached values' factor `v_factor`.
 fn combine(
     p: &PagedProblem,
     lay: &Layout,
     partials: &[f32],
-    sinks: &[f32],
+    (sinks, v_factor): (&[f32], f32),
     out: &mut [f32],
     threads: usize,
 ) {
@@ -594,7 +621,7 @@ fn combine(
                 *ov += sv * w;
             }
         }
-        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        let inv = if l > 0.0 { v_factor / l } else { 0.0 };
         for ov in o.iter_mut() {
             *ov *= inv;
         }

@@ -760,7 +760,7 @@ mod tests {
                                 &c,
                                 (&q[..], &k[..], &v[..]),
                                 (&tables.0, mb, &tables.1),
-                                &data.sinks,
+                                (&data.sinks, (1.0, 1.0)),
                                 &mut data.out,
                                 &mut scratch,
                                 engine,

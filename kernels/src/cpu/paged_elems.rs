@@ -1,7 +1,8 @@
 //! How each cache element type is read and multiplied by the paged-attention tiles
 //! ([`super::paged_tiles`]): f32 values, bf16 pairs for `vdpbf16ps`, and 16-bit formats
 //! widened to f32 (f16, and bf16 where the CPU lacks AVX-512-BF16 or the head dimension is
-//! odd). Every type works in 32-bit words: one value, or a pair of bf16 values.
+//! odd), and fp8 bytes read as f16 bits and widened the same way. Every type works in 32-bit
+//! words: one value, or a pair of bf16 values.
 
 use std::arch::x86_64::*;
 
@@ -15,6 +16,8 @@ pub trait TileElem {
     const PER_WORD: usize;
     /// Bytes of one cached value.
     const VALUE_BYTES: usize;
+    /// Bytes of one query value: a cached value's, but for fp8 caches (16-bit queries).
+    const QUERY_BYTES: usize = Self::VALUE_BYTES;
     /// Tokens per `P·V` step.
     const STEP: usize = Self::PER_WORD;
     /// Word `i` of a query row.
@@ -248,6 +251,90 @@ impl<H: Half> TileElem for Widened<H> {
             [
                 _mm512_castps_si512(H::widen(lo)),
                 _mm512_castps_si512(H::widen(hi)),
+            ]
+        }
+    }
+    fn lanes() -> [u32; 32] {
+        std::array::from_fn(|x| x as u32)
+    }
+}
+
+/// Fp8 caches under 16-bit queries of format `Q`: each byte read as the f16 of its
+/// [`crate::Fp8::half_bits`] (E5M2's where `E5M2`, else E4M3's) and widened to f32, then
+/// multiplied with FMAs as f32 caches are: key rows through the staging tile, value rows in
+/// registers. The factor between those f16 values and the format's is the caller's, folded
+/// into the cache's scale.
+pub struct Fp8Widened<Q, const E5M2: bool>(std::marker::PhantomData<Q>);
+
+impl<Q: Half, const E5M2: bool> Fp8Widened<Q, E5M2> {
+    /// Sixteen bytes as f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX2.
+    #[inline(always)]
+    unsafe fn widen(b: __m128i) -> __m512 {
+        // SAFETY: the caller's contract on the CPU.
+        unsafe {
+            let w = _mm256_cvtepu8_epi16(b);
+            _mm512_cvtph_ps(super::simd::fp8_half_bits_256::<E5M2>(w))
+        }
+    }
+}
+
+impl<Q: Half, const E5M2: bool> TileElem for Fp8Widened<Q, E5M2> {
+    const PER_WORD: usize = 1;
+    const VALUE_BYTES: usize = 1;
+    const QUERY_BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn query_word(row: *const u8, i: usize) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe { Widened::<Q>::query_word(row, i) }
+    }
+    #[inline(always)]
+    unsafe fn stage_keys(
+        rows: &mut [*const u8; TILE],
+        live: usize,
+        d: usize,
+        staging: *mut f32,
+        ahead: &[*const u8],
+    ) -> bool {
+        // SAFETY: the caller's contract; masked loads read only each row's `d` bytes.
+        unsafe {
+            for (t, row) in rows.iter_mut().enumerate().take(live) {
+                let dst = staging.add(t * d);
+                for x in (0..d).step_by(16) {
+                    let b = _mm_maskz_loadu_epi8(lanes16(d - x), row.add(x).cast());
+                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), Self::widen(b));
+                }
+                if let Some(next) = ahead.get(t) {
+                    prefetch::<_, true>(*next, d);
+                }
+                *row = dst.cast();
+            }
+            for row in rows.iter_mut().skip(live) {
+                *row = staging.cast();
+            }
+        }
+        true
+    }
+    #[inline(always)]
+    unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { F32Words::madd(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn pack_weights(_: *mut f32, _: usize, _: usize, _: usize) {}
+    #[inline(always)]
+    unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2] {
+        let row = v[0].wrapping_add(at);
+        // SAFETY: masked loads read only the `xl` bytes the caller vouches for.
+        unsafe {
+            let lo = _mm_maskz_loadu_epi8(lanes16(xl), row.cast());
+            let hi =
+                _mm_maskz_loadu_epi8(lanes16(xl.saturating_sub(16)), row.wrapping_add(16).cast());
+            [
+                _mm512_castps_si512(Self::widen(lo)),
+                _mm512_castps_si512(Self::widen(hi)),
             ]
         }
     }

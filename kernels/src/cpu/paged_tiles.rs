@@ -18,7 +18,9 @@
 use std::arch::x86_64::*;
 
 use super::leaf::prefetch;
-use super::paged_elems::{lanes16, Bf16Bits, Bf16Pairs, F16Bits, F32Words, TileElem, Widened};
+use super::paged_elems::{
+    lanes16, Bf16Bits, Bf16Pairs, F16Bits, F32Words, Fp8Widened, TileElem, Widened,
+};
 
 /// Tokens ahead whose key rows are prefetched into L2: four tiles, four blocks of 16. Value
 /// rows are prefetched a chunk ([`V_CHUNK`]) ahead. Both are requested a line at a time as
@@ -181,7 +183,7 @@ unsafe fn scores<E: TileElem>(
                 for lane in 0..16 {
                     let (r, w) = (lane / u, w0 + lane % u);
                     let word = if r < g_rows && w < words {
-                        E::query_word(q.add((16 * g + r) * d * E::VALUE_BYTES), w)
+                        E::query_word(q.add((16 * g + r) * d * E::QUERY_BYTES), w)
                     } else {
                         0
                     };
@@ -475,4 +477,44 @@ entry!(
     task_bf16,
     Bf16Pairs,
     "avx512f,avx512bw,avx512bf16"
+);
+
+entry!(
+    /// One paged-attention task on E4M3 caches (either format) under f16 queries.
+    ///
+    /// # Safety
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
+    task_f16_e4m3,
+    Fp8Widened<F16Bits, false>,
+    "avx512f,avx512bw,avx512vl,avx2,f16c"
+);
+
+entry!(
+    /// One paged-attention task on E5M2 caches under f16 queries.
+    ///
+    /// # Safety
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
+    task_f16_e5m2,
+    Fp8Widened<F16Bits, true>,
+    "avx512f,avx512bw,avx512vl,avx2,f16c"
+);
+
+entry!(
+    /// One paged-attention task on E4M3 caches (either format) under bf16 queries.
+    ///
+    /// # Safety
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
+    task_bf16_e4m3,
+    Fp8Widened<Bf16Bits, false>,
+    "avx512f,avx512bw,avx512vl,avx2,f16c"
+);
+
+entry!(
+    /// One paged-attention task on E5M2 caches under bf16 queries.
+    ///
+    /// # Safety
+    /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
+    task_bf16_e5m2,
+    Fp8Widened<Bf16Bits, true>,
+    "avx512f,avx512bw,avx512vl,avx2,f16c"
 );

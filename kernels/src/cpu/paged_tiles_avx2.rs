@@ -29,6 +29,8 @@ const V_CHUNK: usize = 64;
 pub trait Elem8 {
     /// Bytes of one value.
     const BYTES: usize;
+    /// The query's element type: the cache's, or a 16-bit one over an fp8 cache.
+    type Query: Elem8;
     /// Value `i` at `row`.
     ///
     /// # Safety
@@ -50,6 +52,7 @@ pub struct Bf16;
 
 impl Elem8 for F32 {
     const BYTES: usize = 4;
+    type Query = Self;
     #[inline(always)]
     unsafe fn scalar(row: *const u8, i: usize) -> f32 {
         // SAFETY: the caller's contract.
@@ -64,6 +67,7 @@ impl Elem8 for F32 {
 
 impl Elem8 for F16 {
     const BYTES: usize = 2;
+    type Query = Self;
     #[inline(always)]
     unsafe fn scalar(row: *const u8, i: usize) -> f32 {
         // SAFETY: the caller's contract.
@@ -78,6 +82,7 @@ impl Elem8 for F16 {
 
 impl Elem8 for Bf16 {
     const BYTES: usize = 2;
+    type Query = Self;
     #[inline(always)]
     unsafe fn scalar(row: *const u8, i: usize) -> f32 {
         // SAFETY: the caller's contract.
@@ -90,6 +95,29 @@ impl Elem8 for Bf16 {
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
                 _mm_loadu_si128(p.cast()),
             )))
+        }
+    }
+}
+
+/// Fp8 caches (bytes read as f16 bits, E5M2's where `E5M2`, else E4M3's) under queries of
+/// `Q`.
+pub struct Fp8<Q, const E5M2: bool>(std::marker::PhantomData<Q>);
+
+impl<Q: Elem8, const E5M2: bool> Elem8 for Fp8<Q, E5M2> {
+    const BYTES: usize = 1;
+    type Query = Q;
+    #[inline(always)]
+    unsafe fn scalar(row: *const u8, i: usize) -> f32 {
+        use super::simd::Elem;
+        // SAFETY: the caller's contract.
+        super::simd::Fp8Bits::<E5M2>(unsafe { row.add(i).read() }).to_f32()
+    }
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller's contract (F16C with AVX2).
+        unsafe {
+            let w = _mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast()));
+            _mm256_cvtph_ps(super::simd::fp8_half_bits_128::<E5M2>(w))
         }
     }
 }
@@ -184,7 +212,7 @@ unsafe fn scores<E: Elem8>(
                 for lane in 0..8 {
                     let (r, w) = (lane / u, w0 + lane % u);
                     let v = if r < g_rows && w < d {
-                        E::scalar(q.add((8 * g + r) * d * E::BYTES), w)
+                        E::Query::scalar(q.add((8 * g + r) * d * E::Query::BYTES), w)
                     } else {
                         0.0
                     };

@@ -24,6 +24,12 @@ pub trait Simd: Copy + 'static {
     /// # Safety
     /// `p` must be valid for `LANES` reads of 16-bit values.
     unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// Fp8 bytes as the f16 values of their [`crate::Fp8::half_bits`] (E5M2's, or the E4M3
+    /// formats' where `E5M2` is false).
+    ///
+    /// # Safety
+    /// `p` must be valid for `LANES` reads of bytes.
+    unsafe fn load_fp8<const E5M2: bool>(p: *const u8) -> Self::V;
     /// # Safety
     /// `p` must be valid for `LANES` writes.
     unsafe fn store(p: *mut f32, v: Self::V);
@@ -79,6 +85,42 @@ impl Elem for f16 {
     }
 }
 
+/// A byte of an fp8 KV cache, read as the f16 of its [`crate::Fp8::half_bits`]: E5M2 where
+/// `E5M2`, else either E4M3 format (their values differ from those f16 values by a factor
+/// the kernels fold into the cache's scale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Fp8Bits<const E5M2: bool>(pub u8);
+
+pub type E4m3Bits = Fp8Bits<false>;
+pub type E5m2Bits = Fp8Bits<true>;
+
+// SAFETY: a transparent u8: every bit pattern is valid, zero included.
+unsafe impl<const E5M2: bool> bytemuck::Zeroable for Fp8Bits<E5M2> {}
+// SAFETY: as above; no padding, Copy, 'static.
+unsafe impl<const E5M2: bool> bytemuck::Pod for Fp8Bits<E5M2> {}
+
+impl<const E5M2: bool> Fp8Bits<E5M2> {
+    /// The format whose [`crate::Fp8::half_bits`] these bytes are read by.
+    const FORMAT: crate::Fp8 = if E5M2 {
+        crate::Fp8::E5m2
+    } else {
+        crate::Fp8::E4m3
+    };
+}
+
+impl<const E5M2: bool> Elem for Fp8Bits<E5M2> {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: a transparent u8; forwarded caller contract.
+        unsafe { S::load_fp8::<E5M2>(p.cast()) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::from_bits(Self::FORMAT.half_bits(self.0)).to_f32()
+    }
+}
+
 /// Plain Rust over 8 lanes; the compiler vectorises it for whatever the baseline target has.
 #[derive(Debug, Clone, Copy)]
 pub struct Portable;
@@ -113,6 +155,12 @@ impl Simd for Portable {
         raw.map(|b| f16::from_bits(b).to_f32())
     }
     #[inline(always)]
+    unsafe fn load_fp8<const E5M2: bool>(p: *const u8) -> Self::V {
+        // SAFETY: caller guarantees 8 readable bytes.
+        let raw = unsafe { p.cast::<[u8; 8]>().read_unaligned() };
+        raw.map(|b| Fp8Bits::<E5M2>(b).to_f32())
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
         // SAFETY: caller guarantees 8 writable values.
         unsafe { p.cast::<[f32; 8]>().write_unaligned(v) }
@@ -140,7 +188,7 @@ impl Simd for Portable {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use x86::{Avx2, Avx512};
+pub use x86::{fp8_half_bits_128, fp8_half_bits_256, Avx2, Avx512};
 
 #[cfg(target_arch = "aarch64")]
 pub use arm::Neon;
@@ -189,6 +237,13 @@ mod arm {
             unsafe { vld1q_f32(wide.as_ptr()) }
         }
         #[inline(always)]
+        unsafe fn load_fp8<const E5M2: bool>(p: *const u8) -> float32x4_t {
+            use super::Elem;
+            let raw = unsafe { p.cast::<[u8; 4]>().read_unaligned() };
+            let wide = raw.map(|b| super::Fp8Bits::<E5M2>(b).to_f32());
+            unsafe { vld1q_f32(wide.as_ptr()) }
+        }
+        #[inline(always)]
         unsafe fn store(p: *mut f32, v: float32x4_t) {
             unsafe { vst1q_f32(p, v) }
         }
@@ -222,6 +277,43 @@ mod x86 {
 
     use super::Simd;
 
+    /// [`crate::Fp8::half_bits`] of eight bytes held in 16-bit lanes.
+    ///
+    /// # Safety
+    /// The CPU has SSE2.
+    #[inline(always)]
+    pub unsafe fn fp8_half_bits_128<const E5M2: bool>(w: __m128i) -> __m128i {
+        unsafe {
+            let top = _mm_slli_epi16::<8>(w);
+            if E5M2 {
+                top
+            } else {
+                // As in `fp8_half_bits_256`.
+                let spread = _mm_srai_epi16::<1>(top);
+                _mm_and_si128(spread, _mm_set1_epi16(0xbfffu16 as i16))
+            }
+        }
+    }
+
+    /// [`crate::Fp8::half_bits`] of sixteen bytes held in 16-bit lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[inline(always)]
+    pub unsafe fn fp8_half_bits_256<const E5M2: bool>(w: __m256i) -> __m256i {
+        unsafe {
+            let top = _mm256_slli_epi16::<8>(w);
+            if E5M2 {
+                top
+            } else {
+                // The byte at the top, shifted down one with its sign copied: the sign stays
+                // at bit 15 and its copy at bit 14 (f16's top exponent bit) is cleared.
+                let spread = _mm256_srai_epi16::<1>(top);
+                _mm256_and_si256(spread, _mm256_set1_epi16(0xbfffu16 as i16))
+            }
+        }
+    }
+
     /// AVX2 + FMA + F16C, 8 lanes.
     #[derive(Debug, Clone, Copy)]
     pub struct Avx2;
@@ -254,6 +346,13 @@ mod x86 {
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> __m256 {
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline(always)]
+        unsafe fn load_fp8<const E5M2: bool>(p: *const u8) -> __m256 {
+            unsafe {
+                let w = _mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast()));
+                _mm256_cvtph_ps(fp8_half_bits_128::<E5M2>(w))
+            }
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m256) {
@@ -321,6 +420,13 @@ mod x86 {
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
         }
         #[inline(always)]
+        unsafe fn load_fp8<const E5M2: bool>(p: *const u8) -> __m512 {
+            unsafe {
+                let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
+                _mm512_cvtph_ps(fp8_half_bits_256::<E5M2>(w))
+            }
+        }
+        #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m512) {
             unsafe { _mm512_storeu_ps(p, v) }
         }
@@ -343,6 +449,62 @@ mod x86 {
         #[inline(always)]
         fn hsum(v: __m512) -> f32 {
             unsafe { _mm512_reduce_add_ps(v) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte of each fp8 reading, loaded a vector at a time at each level the host
+    /// runs, is the scalar reading of it, which `Fp8::half_bits`' own test ties to the formats'
+    /// values.
+    #[test]
+    fn fp8_vector_loads_read_every_byte_as_the_scalar_path() {
+        fn check<S: Simd, const E5M2: bool>(name: &str) {
+            let bytes: Vec<u8> = (0..=255).collect();
+            let mut out = vec![0f32; 256];
+            for (i, chunk) in bytes.chunks_exact(S::LANES).enumerate() {
+                // SAFETY: each chunk holds LANES bytes; out holds LANES floats from there.
+                unsafe {
+                    S::store(
+                        out.as_mut_ptr().add(i * S::LANES),
+                        S::load_fp8::<E5M2>(chunk.as_ptr()),
+                    )
+                };
+            }
+            for (b, got) in out.iter().enumerate() {
+                let want = Fp8Bits::<E5M2>(b as u8).to_f32();
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{name} E5M2={E5M2} byte {b:#04x}: {got} against {want}"
+                );
+            }
+        }
+        check::<Portable, false>("portable");
+        check::<Portable, true>("portable");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let host = crate::CpuInfo::detect();
+            if host.isa >= crate::Isa::Avx2Fma {
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn avx2() {
+                    check::<Avx2, false>("avx2");
+                    check::<Avx2, true>("avx2");
+                }
+                // SAFETY: the host has AVX2, FMA and F16C.
+                unsafe { avx2() };
+            }
+            if host.isa >= crate::Isa::Avx512 {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+                unsafe fn avx512() {
+                    check::<Avx512, false>("avx512");
+                    check::<Avx512, true>("avx512");
+                }
+                // SAFETY: the host has AVX-512F/BW/VL/DQ.
+                unsafe { avx512() };
+            }
         }
     }
 }

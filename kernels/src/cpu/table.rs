@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 
 use super::leaf;
-use super::simd::{Elem, Portable, Simd};
+use super::simd::{E4m3Bits, E5m2Bits, Elem, Portable, Simd};
 use crate::device::Isa;
 
 /// A register-blocked microkernel, see [`leaf::ukr`].
@@ -59,6 +59,14 @@ pub struct ElemFns<T: 'static> {
     pub widen: WidenFn<T>,
 }
 
+/// The leaf kernels of a KV-cache element type that queries are not stored in (fp8): the
+/// paged-attention kernel's products with cached rows.
+#[derive(Debug)]
+pub struct CacheFns<T: 'static> {
+    pub dot: DotFn<T>,
+    pub axpy: AxpyFn<T>,
+}
+
 /// Everything one ISA level offers.
 #[derive(Debug)]
 pub struct Table {
@@ -74,6 +82,8 @@ pub struct Table {
     pub f32: ElemFns<f32>,
     pub bf16: ElemFns<bf16>,
     pub f16: ElemFns<f16>,
+    pub e4m3: CacheFns<E4m3Bits>,
+    pub e5m2: CacheFns<E5m2Bits>,
 }
 
 impl Table {
@@ -107,6 +117,36 @@ impl TableElem for bf16 {
 impl TableElem for f16 {
     fn fns(t: &Table) -> &ElemFns<f16> {
         &t.f16
+    }
+}
+
+/// Picks the products with cached rows of a KV-cache element type out of a table.
+pub trait CacheElem: Elem {
+    fn dot(t: &Table) -> DotFn<Self>;
+    fn axpy(t: &Table) -> AxpyFn<Self>;
+}
+impl<T: TableElem> CacheElem for T {
+    fn dot(t: &Table) -> DotFn<T> {
+        T::fns(t).dot
+    }
+    fn axpy(t: &Table) -> AxpyFn<T> {
+        T::fns(t).axpy
+    }
+}
+impl CacheElem for E4m3Bits {
+    fn dot(t: &Table) -> DotFn<Self> {
+        t.e4m3.dot
+    }
+    fn axpy(t: &Table) -> AxpyFn<Self> {
+        t.e4m3.axpy
+    }
+}
+impl CacheElem for E5m2Bits {
+    fn dot(t: &Table) -> DotFn<Self> {
+        t.e5m2.dot
+    }
+    fn axpy(t: &Table) -> AxpyFn<Self> {
+        t.e5m2.axpy
     }
 }
 
@@ -262,6 +302,8 @@ macro_rules! isa_table {
                 f32: elem_fns::<f32>(),
                 bf16: elem_fns::<bf16>(),
                 f16: elem_fns::<f16>(),
+                e4m3: CacheFns { dot: dot::<E4m3Bits>, axpy: axpy::<E4m3Bits> },
+                e5m2: CacheFns { dot: dot::<E5m2Bits>, axpy: axpy::<E5m2Bits> },
             };
         }
     };

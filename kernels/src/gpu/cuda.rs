@@ -21,6 +21,7 @@ use super::launch::{
 use super::KernelBuild;
 use crate::data::ProblemData;
 use crate::device::GpuModel;
+use crate::kernel::KvScales;
 use crate::{BLayout, Config, KernelError, Problem, TensorBuf};
 
 fn unavailable(reason: impl Into<String>) -> KernelError {
@@ -326,11 +327,12 @@ impl LoadedKernel {
     }
 }
 
-/// Inputs on the device, f32 or raw 16-bit words.
+/// Inputs on the device: f32, raw 16-bit words, or fp8 bytes.
 #[derive(Debug)]
 enum DeviceBuf {
     F32(CudaSlice<f32>),
     Half(CudaSlice<u16>),
+    Bytes(CudaSlice<u8>),
 }
 
 /// One problem's data on the device, a buffer to flush L2 with, and the output.
@@ -341,6 +343,8 @@ pub struct DeviceProblem {
     tables: Option<(CudaSlice<u32>, CudaSlice<u32>, usize)>,
     /// Attention with sinks: each query head's sink logit.
     sinks: Option<CudaSlice<f32>>,
+    /// Paged attention on fp8 caches: their scales.
+    kv_scales: KvScales,
     out: CudaSlice<f32>,
     /// Paged attention: partial outputs, maxima and sums of every partition.
     partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
@@ -361,6 +365,7 @@ fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
             let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
             DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)
         }
+        TensorBuf::Fp8(_, v) => DeviceBuf::Bytes(gpu.stream.memcpy_stod(&v[..]).map_err(err)?),
     })
 }
 
@@ -421,6 +426,7 @@ impl DeviceProblem {
                 true => None,
                 false => Some(gpu.stream.memcpy_stod(&data.sinks).map_err(err)?),
             },
+            kv_scales: data.kv_scales,
             out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
             partials,
             workspace: match &data.problem {
@@ -452,12 +458,14 @@ impl DeviceProblem {
         };
         let mut ptrs = DevicePtrs {
             out: addr(self.out.device_ptr_mut(stream)),
+            kv_scales: self.kv_scales,
             ..DevicePtrs::default()
         };
         for (slot, input) in ptrs.inputs.iter_mut().zip(&self.inputs) {
             *slot = match input {
                 DeviceBuf::F32(s) => addr(s.device_ptr(stream)),
                 DeviceBuf::Half(s) => addr(s.device_ptr(stream)),
+                DeviceBuf::Bytes(s) => addr(s.device_ptr(stream)),
             };
         }
         if let Some((tables, lens, max_blocks)) = &self.tables {

@@ -6,6 +6,7 @@
 use std::ffi::c_void;
 
 use crate::config::{GpuFlashVariant, GpuGemmVariant};
+use crate::kernel::KvScales;
 use crate::problem::{FlashProblem, GemmProblem};
 use crate::space::{
     flash_split_floats, GPU_MAX_FLASH_SPLIT, GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES,
@@ -147,8 +148,8 @@ pub struct Launch {
     pub args: Vec<Arg>,
 }
 
-/// Device addresses of one call's operands.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Device addresses of one call's operands, and its fp8 caches' scales.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DevicePtrs {
     /// GEMM: A, B. Flash: Q, K, V. Paged: query, key cache, value cache.
     pub inputs: [u64; 3],
@@ -164,6 +165,8 @@ pub struct DevicePtrs {
     pub partials: [u64; 3],
     /// Attention with sinks: the `q_heads` f32 sink logits (0 without).
     pub sinks: u64,
+    /// Paged attention on fp8 caches: their scales (kernel arguments, not buffers).
+    pub kv_scales: KvScales,
 }
 
 /// Paged attention's partition slots for `config` (0 for other families): the partial buffers
@@ -535,6 +538,8 @@ pub fn launches(
         (Problem::Paged(p), Config::GpuPaged(c)) => {
             // Partitions count from each sequence's first attended token (a window's start).
             let parts = p.span().div_ceil(c.partition.max(1));
+            ptrs.kv_scales.check(p)?;
+            let (k_factor, v_factor) = ptrs.kv_scales.for_kernels(p);
             let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
             vec![
                 Launch {
@@ -556,7 +561,7 @@ pub fn launches(
                         int(p.kv_heads, "kv_heads")?,
                         int(ptrs.max_blocks_per_seq, "max_blocks_per_seq")?,
                         int(parts, "partitions")?,
-                        Arg::Float(p.scale.get()),
+                        Arg::Float(p.scale.get() * k_factor),
                         int(p.window.unwrap_or(0), "window")?,
                         softcap(p.softcap),
                     ],
@@ -575,6 +580,7 @@ pub fn launches(
                         int(p.q_heads, "q_heads")?,
                         int(parts, "partitions")?,
                         sinks,
+                        Arg::Float(v_factor),
                     ],
                 },
             ]
@@ -605,13 +611,14 @@ mod tests {
             max_blocks_per_seq: 7,
             partials: [8, 12, 16],
             sinks: 20,
+            kv_scales: KvScales::ONE,
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
             ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![13]),
             (
                 "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
-                vec![15, 7],
+                vec![15, 8],
             ),
         ] {
             let p: Problem = spec.parse().unwrap();
@@ -663,8 +670,8 @@ mod tests {
             assert_eq!(l[0].args.last(), Some(&Arg::Float(30.0)), "{spec}");
         }
         // Sinks: the address follows the window in every flash kernel (the soft-cap after it)
-        // and ends the paged reduction's arguments; a problem with sinks refuses a launch
-        // without them.
+        // and in the paged reduction (the value factor after it); a problem with sinks
+        // refuses a launch without them.
         for spec in [
             "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,sinks=true",
             "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,sinks=true",
@@ -673,13 +680,70 @@ mod tests {
             let c = GpuSpace.default_config(&sunk, &device);
             let l = launches(&sunk, &c, &ptrs).unwrap();
             let args = &l.last().unwrap().args;
-            let at = args.len() - if spec.starts_with("flash") { 2 } else { 1 };
-            assert_eq!(args[at], Arg::Ptr(20), "{spec}");
+            assert_eq!(args[args.len() - 2], Arg::Ptr(20), "{spec}");
             let e = launches(&sunk, &c, &DevicePtrs { sinks: 0, ..ptrs })
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("sinks") && e.contains("8 f32"), "{e}");
         }
+        // Fp8 caches: the key factor (scale times the format's factor from the f16 its
+        // bytes are read as) joins the softmax scale, the value factor ends the reduction's
+        // arguments; other caches take factors of one and refuse other scales.
+        let scales = KvScales { k: 0.5, v: 0.25 };
+        for (kv, factor) in [
+            ("fp8_e4m3", 256.0),
+            ("fp8_e4m3fnuz", 128.0),
+            ("fp8_e5m2", 1.0),
+        ] {
+            let spec = format!(
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,\
+                 dtype=bf16,kv_dtype={kv}"
+            );
+            let fp8: Problem = spec.parse().unwrap();
+            let c = GpuSpace.default_config(&fp8, &device);
+            let l = launches(
+                &fp8,
+                &c,
+                &DevicePtrs {
+                    kv_scales: scales,
+                    ..ptrs
+                },
+            )
+            .unwrap();
+            let Problem::Paged(pp) = fp8 else { panic!() };
+            let first = &l[0].args;
+            assert_eq!(
+                first[first.len() - 3],
+                Arg::Float(pp.scale.get() * 0.5 * factor),
+                "{spec}"
+            );
+            assert_eq!(l[1].args.last(), Some(&Arg::Float(0.25 * factor)), "{spec}");
+            let bad = KvScales { k: 0.0, v: 1.0 };
+            let e = launches(
+                &fp8,
+                &c,
+                &DevicePtrs {
+                    kv_scales: bad,
+                    ..ptrs
+                },
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("k_scale"), "{e}");
+        }
+        assert_eq!(
+            launches(&p, &c, &ptrs).unwrap()[1].args.last(),
+            Some(&Arg::Float(1.0))
+        );
+        let e = launches(
+            &p,
+            &c,
+            &DevicePtrs {
+                kv_scales: scales,
+                ..ptrs
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("fp8"), "{e}");
         let cpu = crate::CpuSpace.default_config(&p, &Device::host());
         assert!(launches(&p, &cpu, &ptrs).is_err());
     }
@@ -1032,6 +1096,7 @@ mod tests {
             max_blocks_per_seq: 63,
             partials: [0x1000, maxima, 0x3000],
             sinks: 0,
+            kv_scales: KvScales::ONE,
         };
         launches(&paged, &config, &three(0x2000)).unwrap();
         let e = launches(&paged, &config, &three(0x2002)).unwrap_err();

@@ -258,6 +258,7 @@ fn call(p: &GemmProblem, ptrs: &DevicePtrs) -> Result<Call, KernelError> {
             DType::F32 => F32,
             DType::F16 => F16,
             DType::Bf16 => BF16,
+            DType::Fp8(f) => return Err(unavailable(format!("a GEMM on {f:?} inputs"))),
         },
     })
 }

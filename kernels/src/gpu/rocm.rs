@@ -19,6 +19,7 @@ use super::rocblas::{Rocblas, RocblasHandle};
 use super::KernelBuild;
 use crate::config::RocblasConfig;
 use crate::data::ProblemData;
+use crate::kernel::KvScales;
 use crate::problem::GemmProblem;
 use crate::{Config, KernelError, Problem, TensorBuf};
 
@@ -360,6 +361,8 @@ pub struct HipProblem<'g> {
     tables: Option<(DeviceMem<'g>, DeviceMem<'g>, usize)>,
     /// Attention with sinks: each query head's sink logit.
     sinks: Option<DeviceMem<'g>>,
+    /// Paged attention on fp8 caches: their scales.
+    kv_scales: KvScales,
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
     /// GEMM: split-K partial products, as many as any valid config needs.
     workspace: Option<DeviceMem<'g>>,
@@ -383,6 +386,7 @@ impl<'g> HipProblem<'g> {
                 TensorBuf::Bf16(v) => {
                     gpu.upload(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
                 }
+                TensorBuf::Fp8(_, v) => gpu.upload(&v[..]),
             })
             .collect::<Result<_, _>>()?;
         let (tables, partials) = match &data.problem {
@@ -412,6 +416,7 @@ impl<'g> HipProblem<'g> {
                 true => None,
                 false => Some(gpu.upload(&data.sinks)?),
             },
+            kv_scales: data.kv_scales,
             partials,
             workspace: match &data.problem {
                 Problem::Gemm(p) => Some(gpu.alloc(4 * split_k_workspace(p).max(1))?),
@@ -432,6 +437,7 @@ impl<'g> HipProblem<'g> {
         let mut ptrs = DevicePtrs {
             inputs,
             out: addr(&self.out),
+            kv_scales: self.kv_scales,
             ..DevicePtrs::default()
         };
         if let Some((tables, lens, max_blocks)) = &self.tables {

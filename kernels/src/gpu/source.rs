@@ -56,6 +56,16 @@ fn dtype_code(d: DType) -> usize {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::Bf16 => 2,
+        // Never a problem's dtype (validated): the prelude refuses the code.
+        DType::Fp8(_) => 3,
+    }
+}
+
+/// The prelude's `KT_KV_FP8`: the E4M3 formats read alike (their factor is the host's).
+fn kv_fp8_code(f: crate::Fp8) -> usize {
+    match f {
+        crate::Fp8::E4m3 | crate::Fp8::E4m3Fnuz => 1,
+        crate::Fp8::E5m2 => 2,
     }
 }
 
@@ -175,6 +185,7 @@ impl KernelBuild {
                 .into_iter()
                 .chain(p.sinks.then_some(("KT_SINKS", 1)))
                 .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
+                .chain(p.fp8().map(|f| ("KT_KV_FP8", kv_fp8_code(f))))
                 .collect(),
                 entries: &["kt_paged", "kt_paged_reduce"],
                 threads: c.threads,

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_dim, check_softcap, spec::Fields, Family, Scale, SoftCap};
+use super::{check_compute_dtype, check_dim, check_softcap, spec::Fields, Family, Scale, SoftCap};
 use crate::{DType, KernelError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -107,6 +107,7 @@ impl FlashProblem {
         check_dim(f, "q_heads", q_heads, 1024)?;
         check_dim(f, "kv_heads", kv_heads, 1024)?;
         check_dim(f, "head_dim", head_dim, 512)?;
+        check_compute_dtype(f, dtype)?;
         if !q_heads.is_multiple_of(kv_heads) {
             return Err(invalid(
                 "kv_heads",

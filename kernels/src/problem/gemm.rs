@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_dim, spec::Fields, Family};
+use super::{check_compute_dtype, check_dim, spec::Fields, Family};
 use crate::{DType, KernelError, Result};
 
 /// How B is stored.
@@ -74,6 +74,7 @@ impl GemmProblem {
         check_dim(Family::Gemm, "m", m, MAX_DIM)?;
         check_dim(Family::Gemm, "n", n, MAX_DIM)?;
         check_dim(Family::Gemm, "k", k, MAX_DIM)?;
+        check_compute_dtype(Family::Gemm, dtype)?;
         Ok(GemmProblem {
             m,
             n,

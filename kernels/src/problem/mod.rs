@@ -180,7 +180,21 @@ impl FromStr for Problem {
     }
 }
 
-/// Checks a dimension lies in `1..=max`.
+/// Checks a problem's `dtype` is one kernels compute in: fp8 is a KV-cache type only.
+pub(crate) fn check_compute_dtype(family: Family, dtype: crate::DType) -> Result<()> {
+    if dtype.fp8().is_some() {
+        return Err(KernelError::InvalidProblem {
+            family,
+            field: "dtype",
+            value: dtype.to_string(),
+            reason: "must be f32, f16 or bf16 (fp8 is a KV cache type: `kv_dtype` of a paged \
+                     problem)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// A soft-cap given as a number (a spec's `softcap`, a config's, a C caller's), checked:
 /// finite and positive, or an error naming the family's field.
 pub(crate) fn check_softcap(family: Family, value: Option<f32>) -> Result<Option<SoftCap>> {
@@ -196,6 +210,7 @@ pub(crate) fn check_softcap(family: Family, value: Option<f32>) -> Result<Option
         .transpose()
 }
 
+/// Checks a dimension lies in `1..=max`.
 pub(crate) fn check_dim(
     family: Family,
     field: &'static str,

@@ -18,10 +18,15 @@
 //!
 //! With a soft-cap `softcap=C` (Gemma 2's `attn_logit_softcapping`), each scaled score `s`
 //! becomes `C · tanh(s / C)` before the mask and the softmax.
+//!
+//! The caches hold `kv_dtype` values: the query's `dtype`, or with an f16 or bf16 query one of
+//! the fp8 formats (vLLM's `--kv-cache-dtype fp8`, half the bytes a decode step reads). An
+//! fp8 cache's values are scaled by per-tensor factors the call passes
+//! ([`crate::kernel::KvScales`], vLLM's `k_scale` and `v_scale`).
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_dim, check_softcap, spec::Fields, Family, Scale, SoftCap};
+use super::{check_compute_dtype, check_dim, check_softcap, spec::Fields, Family, Scale, SoftCap};
 use crate::{DType, KernelError, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -35,6 +40,8 @@ pub struct PagedProblem {
     pub block_size: usize,
     pub scale: Scale,
     pub dtype: DType,
+    /// What the caches hold: `dtype`, or an fp8 format.
+    pub kv_dtype: DType,
     /// Tokens a sequence's new token looks back at, itself included; `None` for every token
     /// of the context. Only a window shorter than `context_len` is kept: a longer one bounds
     /// nothing, and the problem is the full attention one, under its key.
@@ -55,6 +62,9 @@ struct PagedFields {
     block_size: usize,
     scale: Scale,
     dtype: DType,
+    /// Absent in problems written before fp8 caches.
+    #[serde(default)]
+    kv_dtype: Option<DType>,
     /// Absent in problems written before windows.
     #[serde(default)]
     window: Option<usize>,
@@ -79,6 +89,7 @@ impl TryFrom<PagedFields> for PagedProblem {
             f.scale,
             f.dtype,
         )?
+        .with_kv_dtype(f.kv_dtype.unwrap_or(f.dtype))?
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
         .map(|p| p.with_cap(f.softcap))
@@ -115,6 +126,7 @@ impl PagedProblem {
         check_dim(f, "q_heads", q_heads, 1024)?;
         check_dim(f, "kv_heads", kv_heads, 1024)?;
         check_dim(f, "head_dim", head_dim, 512)?;
+        check_compute_dtype(f, dtype)?;
         if !q_heads.is_multiple_of(kv_heads) {
             return Err(invalid(
                 "kv_heads",
@@ -134,6 +146,7 @@ impl PagedProblem {
             block_size,
             scale,
             dtype,
+            kv_dtype: dtype,
             window: None,
             sinks: false,
             softcap: None,
@@ -149,6 +162,32 @@ impl PagedProblem {
     pub fn with_cap(mut self, softcap: Option<SoftCap>) -> Self {
         self.softcap = softcap;
         self
+    }
+
+    /// This problem on caches of `kv_dtype`: its `dtype`, or an fp8 format with an f16 or
+    /// bf16 query (vLLM's fp8 caches serve 16-bit models).
+    pub fn with_kv_dtype(mut self, kv_dtype: DType) -> Result<Self> {
+        if kv_dtype != self.dtype {
+            let fp8_on_16_bits = kv_dtype.fp8().is_some() && self.dtype != DType::F32;
+            if !fp8_on_16_bits {
+                return Err(invalid(
+                    "kv_dtype",
+                    kv_dtype,
+                    &format!(
+                        "must be the query's dtype ({}) or, with an f16 or bf16 query, \
+                         fp8_e4m3, fp8_e4m3fnuz or fp8_e5m2",
+                        self.dtype
+                    ),
+                ));
+            }
+        }
+        self.kv_dtype = kv_dtype;
+        Ok(self)
+    }
+
+    /// The fp8 format of the caches, if they hold fp8.
+    pub fn fp8(&self) -> Option<crate::Fp8> {
+        self.kv_dtype.fp8()
     }
 
     /// This problem with (or without) a sink logit in each query head's softmax.
@@ -183,8 +222,8 @@ impl PagedProblem {
     }
 
     /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
-    /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `window`
-    /// (none), `sinks` (false), `softcap` (none).
+    /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `kv_dtype`
+    /// (dtype), `window` (none), `sinks` (false), `softcap` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let context_len = f.req("context_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -204,10 +243,12 @@ impl PagedProblem {
             f.opt("block_size")?.unwrap_or(16),
             scale,
             f.opt("dtype")?.unwrap_or(DType::F32),
-        )?
-        .with_window(f.opt("window")?)?
-        .with_sinks(f.opt("sinks")?.unwrap_or(false))
-        .with_softcap(f.opt("softcap")?)?;
+        )?;
+        let p = p
+            .with_kv_dtype(f.opt("kv_dtype")?.unwrap_or(p.dtype))?
+            .with_window(f.opt("window")?)?
+            .with_sinks(f.opt("sinks")?.unwrap_or(false))
+            .with_softcap(f.opt("softcap")?)?;
         f.finish(&[
             "num_seqs",
             "context_len",
@@ -217,6 +258,7 @@ impl PagedProblem {
             "block_size",
             "scale",
             "dtype",
+            "kv_dtype",
             "window",
             "sinks",
             "softcap",
@@ -235,6 +277,9 @@ impl PagedProblem {
             self.block_size,
             self.dtype
         );
+        if self.kv_dtype != self.dtype {
+            key.push_str(&format!(",kv_dtype={}", self.kv_dtype));
+        }
         if let Some(w) = self.window {
             key.push_str(&format!(",window={w}"));
         }
@@ -265,10 +310,9 @@ impl PagedProblem {
 
     /// Decode is bound by reading every sequence's K and V once, within its window.
     pub fn min_bytes(&self) -> f64 {
-        let e = self.dtype.size() as f64;
         let kv = 2.0 * (self.num_seqs * self.span() * self.kv_heads * self.head_dim) as f64;
         let q = (self.num_seqs * self.q_heads * self.head_dim) as f64;
-        (kv + q) * e + q * 4.0
+        kv * self.kv_dtype.size() as f64 + q * self.dtype.size() as f64 + q * 4.0
     }
 
     pub fn query_len(&self) -> usize {

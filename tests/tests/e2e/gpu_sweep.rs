@@ -470,6 +470,7 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
         max_blocks_per_seq: 5,
         partials: [0; 3],
         sinks: 0,
+        ..DevicePtrs::default()
     };
     for (d, w) in problems.iter().zip(&plan.problems) {
         let p = &d.problem;

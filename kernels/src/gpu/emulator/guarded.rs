@@ -50,6 +50,7 @@ impl Guarded {
             TensorBuf::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorBuf::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
             TensorBuf::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+            TensorBuf::Fp8(_, v) => v.to_vec(),
         };
         Guarded::input_bytes(&bytes)
     }

@@ -433,6 +433,7 @@ impl Emulator {
             block_tables: tables.addr(),
             context_lens: lens.addr(),
             max_blocks_per_seq: data.max_blocks_per_seq,
+            kv_scales: data.kv_scales,
             sinks: if data.sinks.is_empty() {
                 0
             } else {

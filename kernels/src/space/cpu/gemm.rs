@@ -450,7 +450,7 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
                     bf16_pairs(c, p, host)?;
                     check_shape(f, "direct bf16", BF16_SHAPES, c)?;
                 }
-                DType::F16 => {
+                DType::F16 | DType::Fp8(_) => {
                     return Err(invalid(
                         f,
                         "the direct variant takes f32, or bf16 on hosts with AVX-512-BF16, \

@@ -13,13 +13,15 @@ use super::{amx_refusal, check_common, invalid, isa_levels, thread_counts};
 const MAX_TURN: usize = 256;
 
 /// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
-/// rows are A tiles of 32 values a row.
+/// rows are A tiles of 32 values a row, of bf16 (AMX has no fp8 products on the hosts that
+/// have it).
 fn paged_on_tiles(p: &PagedProblem) -> bool {
-    p.dtype == DType::Bf16 && p.head_dim.is_multiple_of(32)
+    p.dtype == DType::Bf16 && p.kv_dtype == DType::Bf16 && p.head_dim.is_multiple_of(32)
 }
 
 /// Why paged attention's `key_tiles` kernels cannot run at an ISA level, if they cannot.
-/// Every cache type runs at avx2-fma (widened to f32) and avx512: there bf16 multiplies pairs
+/// Every cache type runs at avx2-fma (widened to f32; fp8 read as f16 bits) and avx512: there
+/// bf16 multiplies pairs
 /// where the host has AVX-512-BF16 and the head dimension is even, and is widened elsewhere
 /// (decided as it runs, so a stored config stays valid on every AVX-512 host).
 fn key_tiles_refusal(isa: Isa) -> Option<String> {
@@ -123,7 +125,7 @@ pub(super) fn validate(
                     "amx paged attention needs bf16 caches and a head_dim that is a \
                      multiple of 32 (key rows are tiles of 32 values), not {} with \
                      head_dim = {}",
-                    p.dtype, p.head_dim
+                    p.kv_dtype, p.head_dim
                 ),
             ));
         }
