@@ -133,24 +133,30 @@ fn every_flash_candidate_in_each_type(tails: &[&str]) -> usize {
 /// Every CPU candidate of `paged:{tail},dtype=...` in each input type, on sequences of
 /// `lens`, against the reference; how many ran.
 fn every_paged_candidate_in_each_type(cases: &[(&str, Vec<u32>)]) -> usize {
-    let device = Device::host();
     let mut ran = 0;
-    let mut scratch = Scratch::new();
     for (tail, lens) in cases {
         for dtype in DType::ALL {
             let p = problem(&format!("paged:{tail},dtype={dtype}"));
-            let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
-            let reference = data.reference();
-            let configs = CpuSpace.candidates(&p, &device);
-            assert!(!configs.is_empty(), "{p}: no candidates");
-            for c in &configs {
-                let err = error_of(&mut data, c, &reference, &mut scratch);
-                assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
-            }
-            ran += configs.len();
+            ran += every_paged_candidate_on(&p, lens, |_| {});
         }
     }
     ran
+}
+
+/// Every CPU candidate of `p` on sequences of `lens` against the reference, the data
+/// `spoiled` after the reference is taken (cache rows no kernel may read); how many ran.
+fn every_paged_candidate_on(p: &Problem, lens: &[u32], spoil: impl Fn(&mut ProblemData)) -> usize {
+    let mut data = ProblemData::random(p, 5).with_context_lens(lens.to_vec());
+    let reference = data.reference();
+    spoil(&mut data);
+    let configs = CpuSpace.candidates(p, &Device::host());
+    assert!(!configs.is_empty(), "{p}: no candidates");
+    let mut scratch = Scratch::new();
+    for c in &configs {
+        let err = error_of(&mut data, c, &reference, &mut scratch);
+        assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
+    }
+    configs.len()
 }
 
 /// Soft-capped scores (Gemma 2's 50, and caps of 1 and 0.3, below most scores, where the
@@ -720,9 +726,7 @@ fn paged_mixed_context_lengths() {
 /// may hold anything: no kernel may read them into a result, even with a weight of zero.
 #[test]
 fn every_paged_candidate_matches_reference_within_a_window() {
-    let device = Device::host();
     let mut ran = 0;
-    let mut scratch = Scratch::new();
     for (seqs, ctx, hq, hkv, d, bs, window, lens) in [
         (3, 300, 8, 2, 64, 16, 37, vec![1, 300, 40]),
         (2, 1100, 8, 8, 128, 16, 600, vec![1100, 601]),
@@ -737,16 +741,7 @@ fn every_paged_candidate_matches_reference_within_a_window() {
                 unreachable!("a paged spec")
             };
             assert_eq!(paged.window, Some(window), "{p}");
-            let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
-            let reference = data.reference();
-            poison_before_windows(&mut data, &paged);
-            let configs = CpuSpace.candidates(&p, &device);
-            assert!(!configs.is_empty(), "{p}: no candidates");
-            for c in &configs {
-                let err = error_of(&mut data, c, &reference, &mut scratch);
-                assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
-            }
-            ran += configs.len();
+            ran += every_paged_candidate_on(&p, &lens, |d| poison_before_windows(d, &paged));
         }
     }
     eprintln!("verified {ran} windowed paged configs");
@@ -785,9 +780,7 @@ fn every_paged_candidate_matches_reference_with_sinks() {
 /// lengths.
 #[test]
 fn every_paged_candidate_matches_reference_on_fp8_caches() {
-    let device = Device::host();
     let mut ran = 0;
-    let mut scratch = Scratch::new();
     for (tail, lens) in [
         ("num_seqs=3,context_len=1,q_heads=4,kv_heads=4,head_dim=64,block_size=16", vec![1; 3]),
         (
@@ -810,15 +803,7 @@ fn every_paged_candidate_matches_reference_on_fp8_caches() {
         for dtype in ["f16", "bf16"] {
             for kv in ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"] {
                 let p = problem(&format!("paged:{tail},dtype={dtype},kv_dtype={kv}"));
-                let mut data = ProblemData::random(&p, 5).with_context_lens(lens.clone());
-                let reference = data.reference();
-                let configs = CpuSpace.candidates(&p, &device);
-                assert!(!configs.is_empty(), "{p}: no candidates");
-                for c in &configs {
-                    let err = error_of(&mut data, c, &reference, &mut scratch);
-                    assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
-                }
-                ran += configs.len();
+                ran += every_paged_candidate_on(&p, &lens, |_| {});
             }
         }
     }
@@ -1013,13 +998,21 @@ proptest! {
         seqs in 1usize..5, ctx in 1usize..400, kvh in 1usize..3, group in 1usize..9,
         d in 1usize..100, bs in 0usize..3, dt in 0usize..3, pick in any::<prop::sample::Index>(),
         window in prop::option::of(1usize..400), sinks in prop::bool::ANY,
-        softcap in prop::option::of(0.2f32..60.0),
+        softcap in prop::option::of(0.2f32..60.0), kv in 0usize..4,
     ) {
         let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
         let softcap = softcap.map(|c| format!(",softcap={c}")).unwrap_or_default();
+        let dtype = DType::ALL[dt];
+        // The query's own type, or (under a 16-bit query) an fp8 cache.
+        let kv = match kv {
+            1..=3 if dtype != DType::F32 => {
+                format!(",kv_dtype={}", ["fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"][kv - 1])
+            }
+            _ => String::new(),
+        };
         let p = problem(&format!(
-            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={},sinks={sinks}{window}{softcap}",
-            kvh * group, [8, 16, 32][bs], DType::ALL[dt]
+            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={dtype},sinks={sinks}{window}{softcap}{kv}",
+            kvh * group, [8, 16, 32][bs]
         ));
         let device = Device::host();
         let candidates = CpuSpace.candidates(&p, &device);

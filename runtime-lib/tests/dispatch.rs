@@ -89,6 +89,24 @@ fn both_paths(rows: &[(&str, String)], check: impl Fn(&Path, bool)) {
     }
 }
 
+/// Two distinct CPU candidates of `first`: `a` stored as its winner, `b` as `second`'s; `check`
+/// runs on a dispatcher over each way of writing that database, with `a`, `b` and a selector
+/// that answers a spec's match and config.
+fn two_winners(first: &str, second: &str, check: impl Fn(&Dispatcher, Config, Config)) {
+    let p: Problem = first.parse().unwrap();
+    let mut others = CpuSpace.candidates(&p, &Device::host()).into_iter();
+    let (a, b) = (others.next().unwrap(), others.next().unwrap());
+    assert_ne!(a, b);
+    let rows = [(first, a.to_json()), (second, b.to_json())];
+    both_paths(&rows, |path, _| check(&Dispatcher::open(path), a, b));
+}
+
+/// What `d` selects for `spec`: how it matched, and the config.
+fn sel(d: &Dispatcher, spec: &str) -> (Match, Config) {
+    let s = d.select(&spec.parse().unwrap());
+    (s.matched, s.config)
+}
+
 /// A valid, recognisable GEMM config: the portable 4×8 kernel with `tiles` in its blocks.
 fn marked(tiles: usize) -> Config {
     Config::Gemm(GemmConfig {
@@ -251,20 +269,10 @@ fn the_softmax_scale_does_not_decide_selection() {
 /// shorter than a call's context is no window (the full-attention winners serve it).
 #[test]
 fn a_sliding_window_decides_selection() {
-    let device = Device::host();
     let full = "paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=64";
     let windowed = "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=64,window=1024";
-    let p: Problem = windowed.parse().unwrap();
-    let mut others = CpuSpace.candidates(&p, &device).into_iter();
-    let (a, b) = (others.next().unwrap(), others.next().unwrap());
-    assert_ne!(a, b);
-    let rows = [(windowed, a.to_json()), (full, b.to_json())];
-    both_paths(&rows, |path, _| {
-        let d = Dispatcher::open(path);
-        let sel = |s: &str| {
-            let s = d.select(&s.parse().unwrap());
-            (s.matched, s.config)
-        };
+    two_winners(windowed, full, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
         let call = |ctx: usize, window: &str| {
             format!("paged:num_seqs=4,context_len={ctx},q_heads=8,kv_heads=1,head_dim=64{window}")
         };
@@ -283,20 +291,10 @@ fn a_sliding_window_decides_selection() {
 /// dispatcher matches the reference.
 #[test]
 fn sinks_decide_selection() {
-    let device = Device::host();
     let plain = "flash:q_len=256,kv_len=256,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
     let sunk = format!("{plain},sinks=true");
-    let p: Problem = sunk.parse().unwrap();
-    let mut others = CpuSpace.candidates(&p, &device).into_iter();
-    let (a, b) = (others.next().unwrap(), others.next().unwrap());
-    assert_ne!(a, b);
-    let rows = [(sunk.as_str(), a.to_json()), (plain, b.to_json())];
-    both_paths(&rows, |path, _| {
-        let d = Dispatcher::open(path);
-        let sel = |s: &str| {
-            let s = d.select(&s.parse().unwrap());
-            (s.matched, s.config)
-        };
+    two_winners(&sunk, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
         assert_eq!(sel(&sunk), (Match::Exact, a));
         assert_eq!(sel(plain), (Match::Exact, b));
         let longer = "flash:q_len=200,kv_len=1000,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
@@ -305,6 +303,7 @@ fn sinks_decide_selection() {
         let other_heads = "flash:q_len=256,q_heads=16,kv_heads=2,head_dim=64,dtype=bf16";
         assert_eq!(sel(&format!("{other_heads},sinks=true")).0, Match::Default);
 
+        let p: Problem = sunk.parse().unwrap();
         let mut data = ProblemData::random(&p, 3);
         let reference = data.reference();
         let Args::Flash(args) = data.args() else {
@@ -321,37 +320,31 @@ fn sinks_decide_selection() {
 /// without one the plain ones; through the dispatcher it matches the reference.
 #[test]
 fn a_softcap_decides_selection_and_its_value_does_not() {
-    let device = Device::host();
     let plain = "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16";
     let capped = format!("{plain},softcap=50");
-    let p: Problem = capped.parse().unwrap();
-    let mut others = CpuSpace.candidates(&p, &device).into_iter();
-    let (a, b) = (others.next().unwrap(), others.next().unwrap());
-    assert_ne!(a, b);
-    let rows = [(capped.as_str(), a.to_json()), (plain, b.to_json())];
-    both_paths(&rows, |path, _| {
-        let d = Dispatcher::open(path);
-        let sel = |s: &str| {
-            let s = d.select(&s.parse().unwrap());
-            (s.matched, s.config)
-        };
+    two_winners(&capped, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
         assert_eq!(sel(&capped), (Match::Exact, a));
         assert_eq!(sel(&format!("{plain},softcap=30")), (Match::Exact, a));
         assert_eq!(sel(plain), (Match::Exact, b));
-        let call: Problem =
-            "paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=0.5"
-                .parse()
-                .unwrap();
-        assert_eq!(d.select(&call).config, a);
-        let mut data = ProblemData::random(&call, 3);
-        let reference = data.reference();
-        let Args::Paged(args) = data.args() else {
-            unreachable!("a paged problem")
-        };
-        d.paged_attention(&call, args).unwrap();
-        let err = relative_error(&data.out, &reference);
-        assert!(err <= call.tolerance(), "{err:e}");
+        let call = "paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=0.5";
+        assert_eq!(sel(call).1, a);
+        paged_call_matches_reference(d, call);
     });
+}
+
+/// A paged call of `spec` through `d` matches the reference; returns its data.
+fn paged_call_matches_reference(d: &Dispatcher, spec: &str) -> ProblemData {
+    let call: Problem = spec.parse().unwrap();
+    let mut data = ProblemData::random(&call, 3);
+    let reference = data.reference();
+    let Args::Paged(args) = data.args() else {
+        unreachable!("a paged problem")
+    };
+    d.paged_attention(&call, args).unwrap();
+    let err = relative_error(&data.out, &reference);
+    assert!(err <= call.tolerance(), "{err:e}");
+    data
 }
 
 /// What a paged cache holds is a static dimension: a call on an fp8 cache finds the winners
@@ -360,41 +353,21 @@ fn a_softcap_decides_selection_and_its_value_does_not() {
 /// whose scales are not positive is refused by name.
 #[test]
 fn an_fp8_cache_decides_selection_and_its_scales_reach_the_output() {
-    let device = Device::host();
     let plain = "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
     let fp8 = format!("{plain},kv_dtype=fp8_e4m3");
-    let p: Problem = fp8.parse().unwrap();
-    let mut others = CpuSpace.candidates(&p, &device).into_iter();
-    let (a, b) = (others.next().unwrap(), others.next().unwrap());
-    assert_ne!(a, b);
-    let rows = [(fp8.as_str(), a.to_json()), (plain, b.to_json())];
-    both_paths(&rows, |path, _| {
-        let d = Dispatcher::open(path);
-        let sel = |s: &str| {
-            let s = d.select(&s.parse().unwrap());
-            (s.matched, s.config)
-        };
+    two_winners(&fp8, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
         assert_eq!(sel(&fp8), (Match::Exact, a));
         assert_eq!(sel(plain), (Match::Exact, b));
         assert_eq!(sel(&format!("{plain},kv_dtype=fp8_e5m2")).0, Match::Default);
-        let call: Problem =
-            "paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3"
-                .parse()
-                .unwrap();
-        assert_eq!(d.select(&call).config, a);
-        let mut data = ProblemData::random(&call, 3);
-        let reference = data.reference();
-        let Args::Paged(args) = data.args() else {
-            unreachable!("a paged problem")
-        };
-        d.paged_attention(&call, args).unwrap();
-        let err = relative_error(&data.out, &reference);
-        assert!(err <= call.tolerance(), "{err:e}");
+        let call = "paged:num_seqs=3,context_len=3000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3";
+        assert_eq!(sel(call).1, a);
+        let mut data = paged_call_matches_reference(d, call);
         data.kv_scales.v = -1.0;
         let Args::Paged(args) = data.args() else {
             unreachable!("a paged problem")
         };
-        let e = d.paged_attention(&call, args).unwrap_err();
+        let e = d.paged_attention(&call.parse().unwrap(), args).unwrap_err();
         assert!(e.to_string().contains("v_scale"), "{e}");
     });
 }

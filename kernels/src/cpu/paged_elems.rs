@@ -190,18 +190,62 @@ impl Half for Bf16Bits {
     }
 }
 
-/// 16-bit caches widened to f32 as they are read, then multiplied with FMAs as f32 caches
-/// are: key rows through a staging tile, value rows in registers.
-pub struct Widened<H>(std::marker::PhantomData<H>);
+/// A cache format narrower than f32 that the tiles widen as they read it, under queries of a
+/// 16-bit format.
+pub trait Narrow {
+    /// Bytes of one cached value.
+    const BYTES: usize;
+    /// The queries' format.
+    type Query: Half;
+    /// `n` values from `p` (all 16 when `n >= 16`) as f32, the rest 0.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F/BW/VL and AVX2; `p` is readable for `min(n, 16)` values.
+    unsafe fn load(p: *const u8, n: usize) -> __m512;
+}
 
-impl<H: Half> TileElem for Widened<H> {
+impl<H: Half> Narrow for H {
+    const BYTES: usize = 2;
+    type Query = H;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, n: usize) -> __m512 {
+        // SAFETY: the masked load reads only the `n` values the caller vouches for.
+        unsafe { H::widen(_mm256_maskz_loadu_epi16(lanes16(n), p.cast())) }
+    }
+}
+
+/// Fp8 caches under queries of `Q`: each byte read as the f16 of its
+/// [`crate::Fp8::half_bits`] (E5M2's where `E5M2`, else E4M3's), then widened. The factor
+/// between those f16 values and the format's is the caller's, folded into the cache's scale.
+pub struct Fp8Bytes<Q, const E5M2: bool>(std::marker::PhantomData<Q>);
+
+impl<Q: Half, const E5M2: bool> Narrow for Fp8Bytes<Q, E5M2> {
+    const BYTES: usize = 1;
+    type Query = Q;
+    #[inline(always)]
+    unsafe fn load(p: *const u8, n: usize) -> __m512 {
+        // SAFETY: the masked load reads only the `n` bytes the caller vouches for; the
+        // caller's contract on the CPU.
+        unsafe {
+            let w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(lanes16(n), p.cast()));
+            _mm512_cvtph_ps(super::simd::fp8_half_bits_256::<E5M2>(w))
+        }
+    }
+}
+
+/// Caches narrower than f32 (16-bit, or fp8 bytes) widened as they are read, then multiplied
+/// with FMAs as f32 caches are: key rows through a staging tile, value rows in registers.
+pub struct Widened<N>(std::marker::PhantomData<N>);
+
+impl<N: Narrow> TileElem for Widened<N> {
     const PER_WORD: usize = 1;
-    const VALUE_BYTES: usize = 2;
+    const VALUE_BYTES: usize = N::BYTES;
+    const QUERY_BYTES: usize = 2;
     #[inline(always)]
     unsafe fn query_word(row: *const u8, i: usize) -> u32 {
         // SAFETY: the caller's contract.
         let bits = unsafe { row.add(2 * i).cast::<u16>().read_unaligned() };
-        H::to_f32(bits).to_bits()
+        N::Query::to_f32(bits).to_bits()
     }
     #[inline(always)]
     unsafe fn stage_keys(
@@ -211,16 +255,16 @@ impl<H: Half> TileElem for Widened<H> {
         staging: *mut f32,
         ahead: &[*const u8],
     ) -> bool {
-        // SAFETY: the caller's contract; masked loads read only each row's `d` values.
+        // SAFETY: the caller's contract; the loads read only each row's `d` values.
         unsafe {
             for (t, row) in rows.iter_mut().enumerate().take(live) {
                 let dst = staging.add(t * d);
                 for x in (0..d).step_by(16) {
-                    let h = _mm256_maskz_loadu_epi16(lanes16(d - x), row.add(2 * x).cast());
-                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), H::widen(h));
+                    let v = N::load(row.add(N::BYTES * x), d - x);
+                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), v);
                 }
                 if let Some(next) = ahead.get(t) {
-                    prefetch::<_, true>(*next, 2 * d);
+                    prefetch::<_, true>(*next, N::BYTES * d);
                 }
                 *row = dst.cast();
             }
@@ -241,101 +285,11 @@ impl<H: Half> TileElem for Widened<H> {
     #[inline(always)]
     unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2] {
         let row = v[0].wrapping_add(at);
-        // SAFETY: masked loads read only the `xl` values the caller vouches for.
+        // SAFETY: the loads read only the `xl` values the caller vouches for.
         unsafe {
-            let lo = _mm256_maskz_loadu_epi16(lanes16(xl), row.cast());
-            let hi = _mm256_maskz_loadu_epi16(
-                lanes16(xl.saturating_sub(16)),
-                row.wrapping_add(32).cast(),
-            );
-            [
-                _mm512_castps_si512(H::widen(lo)),
-                _mm512_castps_si512(H::widen(hi)),
-            ]
-        }
-    }
-    fn lanes() -> [u32; 32] {
-        std::array::from_fn(|x| x as u32)
-    }
-}
-
-/// Fp8 caches under 16-bit queries of format `Q`: each byte read as the f16 of its
-/// [`crate::Fp8::half_bits`] (E5M2's where `E5M2`, else E4M3's) and widened to f32, then
-/// multiplied with FMAs as f32 caches are: key rows through the staging tile, value rows in
-/// registers. The factor between those f16 values and the format's is the caller's, folded
-/// into the cache's scale.
-pub struct Fp8Widened<Q, const E5M2: bool>(std::marker::PhantomData<Q>);
-
-impl<Q: Half, const E5M2: bool> Fp8Widened<Q, E5M2> {
-    /// Sixteen bytes as f32.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F and AVX2.
-    #[inline(always)]
-    unsafe fn widen(b: __m128i) -> __m512 {
-        // SAFETY: the caller's contract on the CPU.
-        unsafe {
-            let w = _mm256_cvtepu8_epi16(b);
-            _mm512_cvtph_ps(super::simd::fp8_half_bits_256::<E5M2>(w))
-        }
-    }
-}
-
-impl<Q: Half, const E5M2: bool> TileElem for Fp8Widened<Q, E5M2> {
-    const PER_WORD: usize = 1;
-    const VALUE_BYTES: usize = 1;
-    const QUERY_BYTES: usize = 2;
-    #[inline(always)]
-    unsafe fn query_word(row: *const u8, i: usize) -> u32 {
-        // SAFETY: the caller's contract.
-        unsafe { Widened::<Q>::query_word(row, i) }
-    }
-    #[inline(always)]
-    unsafe fn stage_keys(
-        rows: &mut [*const u8; TILE],
-        live: usize,
-        d: usize,
-        staging: *mut f32,
-        ahead: &[*const u8],
-    ) -> bool {
-        // SAFETY: the caller's contract; masked loads read only each row's `d` bytes.
-        unsafe {
-            for (t, row) in rows.iter_mut().enumerate().take(live) {
-                let dst = staging.add(t * d);
-                for x in (0..d).step_by(16) {
-                    let b = _mm_maskz_loadu_epi8(lanes16(d - x), row.add(x).cast());
-                    _mm512_mask_storeu_ps(dst.add(x), lanes16(d - x), Self::widen(b));
-                }
-                if let Some(next) = ahead.get(t) {
-                    prefetch::<_, true>(*next, d);
-                }
-                *row = dst.cast();
-            }
-            for row in rows.iter_mut().skip(live) {
-                *row = staging.cast();
-            }
-        }
-        true
-    }
-    #[inline(always)]
-    unsafe fn madd(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
-        // SAFETY: the caller's contract.
-        unsafe { F32Words::madd(acc, a, b) }
-    }
-    #[inline(always)]
-    unsafe fn pack_weights(_: *mut f32, _: usize, _: usize, _: usize) {}
-    #[inline(always)]
-    unsafe fn values(v: &[*const u8], at: usize, xl: usize) -> [__m512i; 2] {
-        let row = v[0].wrapping_add(at);
-        // SAFETY: masked loads read only the `xl` bytes the caller vouches for.
-        unsafe {
-            let lo = _mm_maskz_loadu_epi8(lanes16(xl), row.cast());
-            let hi =
-                _mm_maskz_loadu_epi8(lanes16(xl.saturating_sub(16)), row.wrapping_add(16).cast());
-            [
-                _mm512_castps_si512(Self::widen(lo)),
-                _mm512_castps_si512(Self::widen(hi)),
-            ]
+            let lo = N::load(row, xl);
+            let hi = N::load(row.wrapping_add(16 * N::BYTES), xl.saturating_sub(16));
+            [_mm512_castps_si512(lo), _mm512_castps_si512(hi)]
         }
     }
     fn lanes() -> [u32; 32] {

@@ -19,7 +19,7 @@ use std::arch::x86_64::*;
 
 use super::leaf::prefetch;
 use super::paged_elems::{
-    lanes16, Bf16Bits, Bf16Pairs, F16Bits, F32Words, Fp8Widened, TileElem, Widened,
+    lanes16, Bf16Bits, Bf16Pairs, F16Bits, F32Words, Fp8Bytes, TileElem, Widened,
 };
 
 /// Tokens ahead whose key rows are prefetched into L2: four tiles, four blocks of 16. Value
@@ -485,7 +485,7 @@ entry!(
     /// # Safety
     /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
     task_f16_e4m3,
-    Fp8Widened<F16Bits, false>,
+    Widened<Fp8Bytes<F16Bits, false>>,
     "avx512f,avx512bw,avx512vl,avx2,f16c"
 );
 
@@ -495,7 +495,7 @@ entry!(
     /// # Safety
     /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
     task_f16_e5m2,
-    Fp8Widened<F16Bits, true>,
+    Widened<Fp8Bytes<F16Bits, true>>,
     "avx512f,avx512bw,avx512vl,avx2,f16c"
 );
 
@@ -505,7 +505,7 @@ entry!(
     /// # Safety
     /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
     task_bf16_e4m3,
-    Fp8Widened<Bf16Bits, false>,
+    Widened<Fp8Bytes<Bf16Bits, false>>,
     "avx512f,avx512bw,avx512vl,avx2,f16c"
 );
 
@@ -515,6 +515,6 @@ entry!(
     /// # Safety
     /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.
     task_bf16_e5m2,
-    Fp8Widened<Bf16Bits, true>,
+    Widened<Fp8Bytes<Bf16Bits, true>>,
     "avx512f,avx512bw,avx512vl,avx2,f16c"
 );
