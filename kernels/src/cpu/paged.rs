@@ -214,7 +214,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
     let _ = engine;
     let t = table(c.isa);
     let (widen, dot, axpy) = (Q::fns(t).widen, C::dot(t), C::axpy(t));
-    let (qsize, csize) = (std::mem::size_of::<Q>(), std::mem::size_of::<C>());
+    let csize = std::mem::size_of::<C>();
     let lay = Layout::new(p, c);
     let d = p.head_dim;
     let (partials, workers) = scratch.split_at_mut(lay.partials(p));
@@ -316,7 +316,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                         acc: base,
                         q_ready: false,
                     },
-                    q: lay.rows * d * qsize,
+                    q: lay.rows * d * std::mem::size_of::<Q>(),
                     cache: d * csize,
                     buf: per_head,
                 };
