@@ -92,3 +92,74 @@ async fn wrong_and_panicking_candidates_are_recorded_and_never_win() {
     assert_ne!(winners[0].config, wrong_config().to_json());
     assert_ne!(winners[0].config, panicking_config().to_json());
 }
+
+/// A decode problem on an fp8 cache, end to end beside the same shape on a bf16 cache: both
+/// tuned on the CPU (every candidate verified on the fp8 bytes and their scales), stored
+/// under keys of their own, exported and imported into a colleague's database, where the
+/// runtime selects each one's own winner and serves an fp8 call that matches the reference.
+#[tokio::test]
+async fn an_fp8_cache_problem_is_tuned_shared_and_served_apart() {
+    use kerntune::{Dispatcher, Match};
+    use kerntune_kernels::data::ProblemData;
+    use kerntune_kernels::kernel::Args;
+    use kerntune_kernels::reference::relative_error;
+    use kerntune_tuner::shapes::Derived;
+    use kerntune_tuner::share::{self, format::Format};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let export = dir.path().join("winners.jsonl");
+    let device = Device::host();
+    let plain = "paged:num_seqs=3,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=bf16";
+    let problems: Vec<Derived> = [plain.to_string(), format!("{plain},kv_dtype=fp8_e4m3")]
+        .iter()
+        .map(|s| Derived {
+            problem: s.parse().unwrap(),
+            origin: "test".into(),
+        })
+        .collect();
+    let db = Db::open(&a).await.unwrap();
+    let out = tune::run(
+        &job(&db, &device),
+        &mut cpu(&CpuBackend, &CpuSpace),
+        &problems,
+    )
+    .await
+    .unwrap();
+    assert!(out.iter().all(|o| o.status == "tuned"), "{out:#?}");
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    assert_eq!(winners.len(), 2);
+    assert!(winners
+        .iter()
+        .any(|w| w.problem.ends_with(",kv_dtype=fp8_e4m3")));
+    db.close().await;
+    share::export(&a, None, false, Format::Jsonl, &export)
+        .await
+        .unwrap();
+    let report = share::import(&b, &export, kerntune_db::Prefer::Best, true)
+        .await
+        .unwrap();
+    assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+
+    let d = Dispatcher::open(&b);
+    for (p, w) in problems.iter().map(|p| {
+        let key = p.problem.key();
+        (
+            p.problem,
+            winners.iter().find(|w| w.problem == key).unwrap(),
+        )
+    }) {
+        let sel = d.select(&p);
+        assert_eq!(sel.matched, Match::Exact, "{p}");
+        assert_eq!(sel.config, Config::from_json(&w.config).unwrap(), "{p}");
+    }
+    let p = problems[1].problem;
+    let mut data = ProblemData::random(&p, 7);
+    let reference = data.reference();
+    let Args::Paged(args) = data.args() else {
+        unreachable!("a paged problem")
+    };
+    assert_eq!(d.paged_attention(&p, args).unwrap(), Match::Exact);
+    let err = relative_error(&data.out, &reference);
+    assert!(err <= p.tolerance(), "{err:e}");
+}
