@@ -1,9 +1,13 @@
 // kerntune paged attention, decode. query [num_seqs, q_heads, D]; key and value caches
 // [num_blocks, block_size, kv_heads, D] (the vLLM / TGI layout) in f32, f16 or bf16
 // (KT_DTYPE), or fp8 under a 16-bit query (KT_KV_FP8, kt_cache); block_tables [num_seqs,
-// max_blocks] and context_lens [num_seqs] as u32; out [num_seqs, q_heads, D] in f32. An fp8
+// max_blocks] and context_lens [num_seqs] as u32; out [num_seqs, q_heads, DV] in f32. An fp8
 // cache's key factor comes folded into `scale`, its value factor is kt_paged_reduce's
 // `v_scale` (1 for other caches).
+//
+// KT_DV (defined below KT_D for multi-head latent attention's decode): one latent cache, each
+// token's value the first KT_DV values of its key row; the host passes the key cache as
+// `value_cache`, and part_out and out hold KT_DV values a row.
 //
 // Two kernels. kt_paged: grid (partitions, q_heads, num_seqs), KT_THREADS threads; a block
 // takes KT_PART tokens of one sequence for one query head: scores into LDS, block-wide max
@@ -30,6 +34,12 @@
 #endif
 #ifndef KT_LANES
 #define KT_LANES 1
+#endif
+#ifndef KT_DV
+#define KT_DV KT_D
+#endif
+#if KT_DV > KT_D
+#error "KT_DV, the values a row holds, must not exceed KT_D"
 #endif
 
 #define KT_WAVES (KT_THREADS / KT_WAVE)
@@ -85,7 +95,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
             part_max[slot] = -KT_INF;
             part_sum[slot] = 0.0f;
         }
-        for (int x = tid; x < KT_D; x += KT_THREADS) part_out[slot * KT_D + x] = 0.0f;
+        for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot * KT_DV + x] = 0.0f;
         return;
     }
     const float log2e = 1.4426950408889634f;
@@ -114,14 +124,14 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
         local_sum += p;
     }
     const float sum = kt_block_sum(local_sum, red);
-    for (int x = tid; x < KT_D; x += KT_THREADS) {
+    for (int x = tid; x < KT_DV; x += KT_THREADS) {
         float acc = 0.0f;
         for (int t = t0; t < t1; ++t) {
             const long row =
                 (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
             acc = fmaf(scores[t - t0], kt_load_cache(value_cache, row + x), acc);
         }
-        part_out[slot * KT_D + x] = acc;
+        part_out[slot * KT_DV + x] = acc;
     }
     if (tid == 0) {
         part_max[slot] = mx;
@@ -135,8 +145,14 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
 // Dims a lane owns, and its 16-byte pieces of a row.
 #define KT_PER (KT_D / KT_LANES)
 #define KT_PIECES (KT_PER / KT_VEC)
+// The pieces of a value row's first KT_DV values a lane owns (all of its key pieces but on a
+// latent cache).
+#define KT_VPIECES (KT_DV / KT_LANES / KT_VEC)
 #if KT_LANES > KT_WAVE || KT_PIECES < 1 || KT_PIECES * KT_VEC * KT_LANES != KT_D
 #error "KT_LANES must divide the wave, and KT_D must be whole 16-byte pieces for every lane"
+#endif
+#if KT_VPIECES < 1 || KT_VPIECES * KT_VEC * KT_LANES != KT_DV
+#error "KT_DV must be whole 16-byte pieces for every lane"
 #endif
 
 // Sum over the lanes of one token group, every lane receiving it.
@@ -154,7 +170,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
          int max_blocks, int partitions, float scale, int window, float softcap) {
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
-    KT_SHARED float sums[KT_WAVES][KT_D];
+    KT_SHARED float sums[KT_WAVES][KT_DV];
     const int tid = KT_TID;
     const int part = KT_BID_X;
     const int h = KT_BID_Y;
@@ -175,7 +191,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
             part_max[slot] = -KT_INF;
             part_sum[slot] = 0.0f;
         }
-        for (int x = tid; x < KT_D; x += KT_THREADS) part_out[slot * KT_D + x] = 0.0f;
+        for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot * KT_DV + x] = 0.0f;
         return;
     }
     const int lane = tid % KT_LANES;
@@ -230,19 +246,19 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     }
     // Its barriers also make every probability visible to every group.
     const float sum = kt_block_sum(local_sum, red);
-    float acc[KT_PIECES][KT_VEC];
+    float acc[KT_VPIECES][KT_VEC];
 #pragma unroll
-    for (int p = 0; p < KT_PIECES; ++p)
+    for (int p = 0; p < KT_VPIECES; ++p)
 #pragma unroll
         for (int e = 0; e < KT_VEC; ++e) acc[p][e] = 0.0f;
     for (int t = t0 + group; t < t1; t += KT_GROUPS) {
         const long row = row_of(t);
         const float w = scores[t - t0];
-        kt_cache_piece vw[KT_PIECES];
+        kt_cache_piece vw[KT_VPIECES];
 #pragma unroll
-        for (int p = 0; p < KT_PIECES; ++p) vw[p] = kt_load_piece(value_cache + row + dim(p));
+        for (int p = 0; p < KT_VPIECES; ++p) vw[p] = kt_load_piece(value_cache + row + dim(p));
 #pragma unroll
-        for (int p = 0; p < KT_PIECES; ++p) {
+        for (int p = 0; p < KT_VPIECES; ++p) {
             float v[KT_VEC];
             kt_widen_piece(vw[p], v);
 #pragma unroll
@@ -252,7 +268,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     // The groups of a wave sum by shuffles (lanes LANES apart hold the same dims), then the
     // waves through LDS.
 #pragma unroll
-    for (int p = 0; p < KT_PIECES; ++p)
+    for (int p = 0; p < KT_VPIECES; ++p)
 #pragma unroll
         for (int e = 0; e < KT_VEC; ++e)
 #pragma unroll
@@ -260,14 +276,14 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     const int wave = tid / KT_WAVE;
     if (tid % KT_WAVE < KT_LANES)
 #pragma unroll
-        for (int p = 0; p < KT_PIECES; ++p)
+        for (int p = 0; p < KT_VPIECES; ++p)
 #pragma unroll
             for (int e = 0; e < KT_VEC; ++e) sums[wave][dim(p) + e] = acc[p][e];
     KT_SYNC();
-    for (int x = tid; x < KT_D; x += KT_THREADS) {
+    for (int x = tid; x < KT_DV; x += KT_THREADS) {
         float total = 0.0f;
         for (int w = 0; w < KT_WAVES; ++w) total += sums[w][x];
-        part_out[slot * KT_D + x] = total;
+        part_out[slot * KT_DV + x] = total;
     }
     if (tid == 0) {
         part_max[slot] = mx;
@@ -291,11 +307,11 @@ kt_paged_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
         if (part_sum[base + p] > 0.0f) total += part_sum[base + p] * exp2f(part_max[base + p] - mx);
     total += kt_sink_weight(sinks, h, mx);
     const float inv = total > 0.0f ? v_scale / total : 0.0f;
-    for (int x = KT_TID; x < KT_D; x += KT_THREADS) {
+    for (int x = KT_TID; x < KT_DV; x += KT_THREADS) {
         float acc = 0.0f;
         for (int p = 0; p < partitions; ++p)
             if (part_sum[base + p] > 0.0f)
-                acc += part_out[(base + p) * KT_D + x] * exp2f(part_max[base + p] - mx);
-        out[((long)seq * q_heads + h) * KT_D + x] = acc * inv;
+                acc += part_out[(base + p) * KT_DV + x] * exp2f(part_max[base + p] - mx);
+        out[((long)seq * q_heads + h) * KT_DV + x] = acc * inv;
     }
 }

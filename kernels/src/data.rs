@@ -129,16 +129,21 @@ impl ProblemData {
                 data.context_lens.resize(p.num_seqs, p.context_len as u32);
                 if p.fp8().is_some() {
                     data.kv_scales = Self::FP8_SCALES;
+                    // A latent cache's values are its keys: one scale.
+                    if p.is_latent() {
+                        data.kv_scales.v = data.kv_scales.k;
+                    }
                 }
                 let KvScales { k, v } = data.kv_scales;
                 let cache = blocks * per_block;
+                let values = blocks * p.block_size * p.kv_heads * p.cached_v_dim();
                 (
                     vec![
                         tensor(&mut rng, dt, p.query_len(), 1.0),
                         tensor(&mut rng, p.kv_dtype, cache, 1.0 / k),
-                        tensor(&mut rng, p.kv_dtype, cache, 1.0 / v),
+                        tensor(&mut rng, p.kv_dtype, values, 1.0 / v),
                     ],
-                    p.query_len(),
+                    p.out_len(),
                 )
             }
         };
@@ -207,7 +212,7 @@ impl ProblemData {
         match &self.problem {
             Problem::Gemm(p) => p.n,
             Problem::Flash(p) => p.head_dim,
-            Problem::Paged(p) => p.head_dim,
+            Problem::Paged(p) => p.v_head_dim,
         }
     }
 

@@ -30,6 +30,8 @@ pub struct FlashArgs<'a> {
 pub struct PagedArgs<'a> {
     pub query: Tensor<'a>,
     pub key_cache: Tensor<'a>,
+    /// Empty for a latent problem ([`crate::PagedProblem::is_latent`]): its values are read
+    /// from the key cache.
     pub value_cache: Tensor<'a>,
     /// `[num_seqs, max_blocks_per_seq]` block indices into the caches.
     pub block_tables: &'a [u32],
@@ -75,6 +77,15 @@ impl KvScales {
             if let Some(reason) = reason {
                 return Err(KernelError::BadArgument { name, reason });
             }
+        }
+        if p.is_latent() && self.k != self.v {
+            return Err(KernelError::BadArgument {
+                name: "v_scale",
+                reason: format!(
+                    "is {}, k_scale is {}; a latent cache's values are its keys' bytes, under one scale: pass k_scale twice",
+                    self.v, self.k
+                ),
+            });
         }
         Ok(())
     }
@@ -189,6 +200,27 @@ impl Scratch {
         }
         &mut self.buf[..len]
     }
+}
+
+/// A paged call's value cache: of the problem's `kv_dtype`, or empty for a latent problem
+/// (its values are the key rows'; a buffer passed there would be ignored, and a caller who
+/// passes one expects it read).
+pub(crate) fn check_value_cache(p: &crate::PagedProblem, v: &Tensor<'_>) -> Result<()> {
+    if !p.is_latent() {
+        return check_dtype("value_cache", v, p.kv_dtype);
+    }
+    if !v.is_empty() {
+        return Err(KernelError::BadBuffer {
+            name: "value_cache",
+            reason: format!(
+                "holds {} values; with v_head_dim = {} below head_dim = {} the problem reads one latent cache, its values the first v_head_dim of each key row: pass an empty value cache",
+                v.len(),
+                p.v_head_dim,
+                p.head_dim
+            ),
+        });
+    }
+    Ok(())
 }
 
 pub(crate) fn check_len(name: &'static str, got: usize, want: usize) -> Result<()> {

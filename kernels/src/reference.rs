@@ -93,12 +93,16 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     sums.iter().sum::<f64>() + tail
 }
 
+/// One query row's attention over the rows of `k` at `keys`; its output is the first `dv`
+/// values of the rows of `v` at the same offsets.
+#[allow(clippy::too_many_arguments)]
 fn attend_rows(
     scale: f64,
     q: &[f64],
     keys: impl Iterator<Item = usize> + Clone,
     k: Tensor<'_>,
     v: Tensor<'_>,
+    dv: usize,
     sink: Option<f64>,
     softcap: Option<SoftCap>,
 ) -> Vec<f64> {
@@ -119,7 +123,7 @@ fn attend_rows(
     let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
     // A sink is one more term of the softmax, with no value to add.
     let total: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
-    let mut out = vec![0.0; d];
+    let mut out = vec![0.0; dv];
     for (wi, off) in w.iter().zip(keys) {
         for (x, o) in out.iter_mut().enumerate() {
             *o += wi / total * v.get(off + x) as f64;
@@ -152,7 +156,7 @@ pub fn flash_row(
     };
     let keys = (p.first_key(i)..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
     let sink = sinks.get(h).map(|&s| s as f64);
-    attend_rows(p.scale.get() as f64, &qrow, keys, k, v, sink, p.softcap)
+    attend_rows(p.scale.get() as f64, &qrow, keys, k, v, d, sink, p.softcap)
 }
 
 /// Output vector `r` (flattened `[num_seqs, q_heads]` index) of paged decode.
@@ -179,6 +183,12 @@ pub fn paged_row(
         ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d
     });
     let sink = sinks.get(h).map(|&s| s as f64);
+    // A latent cache's values are the first v_head_dim of its key rows.
+    let values = if p.is_latent() {
+        key_cache
+    } else {
+        value_cache
+    };
     // Each cached key is its value times k_scale: the factor moves out of the dot product,
     // and v_scale out of the weighted sum.
     let out = attend_rows(
@@ -186,7 +196,8 @@ pub fn paged_row(
         &qrow,
         keys,
         key_cache,
-        value_cache,
+        values,
+        p.v_head_dim,
         sink,
         p.softcap,
     );

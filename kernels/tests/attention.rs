@@ -888,6 +888,89 @@ fn fp8_cache_scales_reach_the_output_and_are_checked() {
     );
 }
 
+/// Multi-head latent attention's decode: one cache whose rows are keys and whose values are
+/// each row's first `v_head_dim` values. DeepSeek-V3's shape at TP8 (16 query heads on one
+/// latent of 576, values of 512) in every input type and on fp8, and awkward ones: values of
+/// 48 and 5 of rows of 80 and 7, two latent heads, context 1, a window with sinks and a cap.
+#[test]
+fn every_paged_candidate_matches_reference_on_a_latent_cache() {
+    let mut ran = 0;
+    let deepseek = "num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,scale=0.1352";
+    let cases = [
+        (deepseek, vec![300, 17]),
+        (
+            "num_seqs=4,context_len=45,q_heads=6,kv_heads=2,head_dim=80,v_head_dim=48,block_size=8,window=37,sinks=true,softcap=30",
+            vec![45, 1, 40, 44],
+        ),
+        (
+            "num_seqs=3,context_len=50,q_heads=4,kv_heads=1,head_dim=7,v_head_dim=5,block_size=16",
+            vec![1, 50, 33],
+        ),
+    ];
+    ran += every_paged_candidate_in_each_type(&cases);
+    for kv in ["fp8_e4m3", "fp8_e5m2"] {
+        let p = problem(&format!("paged:{deepseek},dtype=bf16,kv_dtype={kv}"));
+        ran += every_paged_candidate_on(&p, &[300, 17], |_| {});
+    }
+    eprintln!("verified {ran} paged configs on latent caches");
+}
+
+/// A latent problem is keyed by its `v_head_dim` and reads back; values wider than the keys,
+/// a value cache passed beside the latent one, and two fp8 scales for its one cache are
+/// refused by name, and its output holds `v_head_dim` values a row.
+#[test]
+fn a_latent_problem_is_keyed_and_its_calls_checked() {
+    use kerntune_kernels::kernel::KvScales;
+    let spec = "paged:num_seqs=2,context_len=20,q_heads=16,kv_heads=1,head_dim=576,dtype=bf16";
+    let p = problem(&format!("{spec},v_head_dim=512"));
+    let Problem::Paged(pp) = p else {
+        unreachable!()
+    };
+    assert!(pp.is_latent());
+    assert!(p.key().contains(",v_head_dim=512"), "{}", p.key());
+    assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<Problem>(&json).unwrap(), p);
+    assert_eq!(problem(&format!("{spec},v_head_dim=576")), problem(spec));
+    assert!(!problem(spec).key().contains("v_head_dim"));
+    for (bad, field) in [
+        (format!("{spec},v_head_dim=577"), "v_head_dim"),
+        (format!("{spec},v_head_dim=0"), "v_head_dim"),
+        (
+            "paged:num_seqs=2,context_len=20,q_heads=16,kv_heads=1,head_dim=1025".into(),
+            "head_dim",
+        ),
+    ] {
+        let e = bad.parse::<Problem>().unwrap_err().to_string();
+        assert!(e.contains(field), "{bad}: {e}");
+    }
+    let device = Device::host();
+    let c = CpuSpace.heuristic(&p, &device);
+    let mut data = ProblemData::random(&p, 7);
+    assert_eq!(data.out.len(), 2 * 16 * 512);
+    assert!(data.inputs[2].is_empty());
+    let mut scratch = Scratch::new();
+    let reference = data.reference();
+    assert!(error_of(&mut data, &c, &reference, &mut scratch) <= p.tolerance());
+    // A value cache beside the latent one would be ignored: refused.
+    data.inputs[2] = data.inputs[1].clone();
+    let e = CpuBackend
+        .run(&p, &c, data.args(), scratch.get(1 << 22))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("value_cache") && e.contains("empty"), "{e}");
+    let fp8 = problem(&format!("{spec},v_head_dim=512,kv_dtype=fp8_e4m3"));
+    let mut data = ProblemData::random(&fp8, 7);
+    assert_eq!(data.kv_scales.k, data.kv_scales.v);
+    data.kv_scales = KvScales { k: 0.5, v: 0.25 };
+    let c = CpuSpace.heuristic(&fp8, &device);
+    let e = CpuBackend
+        .run(&fp8, &c, data.args(), scratch.get(1 << 22))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("v_scale") && e.contains("k_scale twice"), "{e}");
+}
+
 /// `kv_dtype` is keyed where it differs from the query's (a problem on caches of its own
 /// dtype is the plain one), reads back, and is refused with an f32 query or as any family's
 /// `dtype`.

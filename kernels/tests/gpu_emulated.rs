@@ -449,21 +449,74 @@ fn paged_candidates_match_the_reference_on_fp8_caches() {
         .parse()
         .unwrap();
     let data = ProblemData::random(&problem, 4).with_context_lens(vec![300, 17]);
-    for (model, lanes) in [("h200", 1), ("h200", 16), ("mi250", 16)] {
+    paged_edits_show(
+        &data,
+        &[("h200", 1), ("h200", 16), ("mi250", 16)],
+        256,
+        &[("v_scale / total", "1.0f / total")],
+    );
+}
+
+/// [`source_edits_show`] for paged.hip on `data`, with `threads` threads and partitions of as
+/// many tokens, on each `(model, lanes)`.
+fn paged_edits_show(
+    data: &ProblemData,
+    kernels: &[(&str, usize)],
+    threads: usize,
+    edits: &[(&str, &str)],
+) {
+    for &(model, lanes) in kernels {
         let (_, emu) = emulator(model);
         let config = Config::GpuPaged(GpuPagedConfig {
-            partition: 256,
-            threads: 256,
+            partition: threads,
+            threads,
             lanes,
         });
-        source_edits_show(
-            &emu,
-            &data,
-            &config,
-            include_str!("../hip/paged.hip"),
-            &[("v_scale / total", "1.0f / total")],
-        );
+        source_edits_show(&emu, data, &config, include_str!("../hip/paged.hip"), edits);
     }
+}
+
+/// Latent caches (multi-head latent attention's decode): DeepSeek-V3's TP8 shape (16 query
+/// heads on one row of 576, values of 512; a thread a token, since no lane count divides the
+/// row into pieces of at most 16 dims) in bf16 and on an E4M3 cache, and rows of 128 with
+/// values of 64 (groups of 8 lanes, whose value pieces are half their key pieces), each on
+/// an H200's and an MI250's waves. The value cache is empty between guards, so a kernel
+/// reading it is poisoned; an output or partial row laid out at the key row's width is
+/// caught.
+#[test]
+fn paged_candidates_match_the_reference_on_latent_caches() {
+    let deepseek = "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352";
+    let small = "paged:num_seqs=3,context_len=300,q_heads=4,kv_heads=2,head_dim=128,v_head_dim=64,block_size=16";
+    for model in ["h200", "mi250"] {
+        for (spec, lens) in [
+            (deepseek.to_string(), vec![600, 17]),
+            (format!("{deepseek},kv_dtype=fp8_e4m3"), vec![1, 333]),
+            (format!("{small},dtype=f16"), vec![300, 1, 77]),
+            (
+                format!("{small},dtype=bf16,kv_dtype=fp8_e5m2"),
+                vec![300, 1, 77],
+            ),
+        ] {
+            every_candidate(model, &spec, Some(lens));
+        }
+    }
+    let problem: Problem = format!("{small},dtype=bf16").parse().unwrap();
+    let data = ProblemData::random(&problem, 4).with_context_lens(vec![300, 17, 200]);
+    paged_edits_show(
+        &data,
+        &[("h200", 1), ("h200", 8), ("mi250", 8)],
+        128,
+        &[
+            (
+                "out[((long)seq * q_heads + h) * KT_DV + x]",
+                "out[((long)seq * q_heads + h) * KT_D + x]",
+            ),
+            (
+                "part_out[(base + p) * KT_DV + x]",
+                "part_out[(base + p) * KT_D + x]",
+            ),
+        ],
+    );
 }
 
 /// The grouped paged attention (16 lanes a token, 256 threads) of `model` on sequences of 300
@@ -509,8 +562,8 @@ fn the_grouped_paged_checks_catch_each_mistake() {
             // The waves' sums read before every wave wrote them.
             (
                 "a missing barrier",
-                "    KT_SYNC();\n    for (int x = tid; x < KT_D; x += KT_THREADS) {\n        float total",
-                "    for (int x = tid; x < KT_D; x += KT_THREADS) {\n        float total",
+                "    KT_SYNC();\n    for (int x = tid; x < KT_DV; x += KT_THREADS) {\n        float total",
+                "    for (int x = tid; x < KT_DV; x += KT_THREADS) {\n        float total",
             ),
         ] {
             caught(

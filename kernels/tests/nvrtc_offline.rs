@@ -655,6 +655,31 @@ fn fp8_cache_builds_compile_without_spills() {
     }
 }
 
+/// Latent-cache builds (KT_DV): every paged candidate of DeepSeek-V3's TP8 decode (16 query
+/// heads on one latent row of 576 values, values of 512) on a bf16 and an E4M3 cache, for
+/// sm_80 and sm_90a, none spilling, each keyed by its value width.
+#[test]
+fn latent_cache_builds_compile_without_spills() {
+    let Some(nvrtc) = compiler("latent_cache_builds_compile_without_spills") else {
+        return;
+    };
+    let decode = "paged:num_seqs=64,context_len=8192,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,scale=0.1352";
+    for spec in [decode.to_string(), format!("{decode},kv_dtype=fp8_e4m3")] {
+        let p: Problem = spec.parse().unwrap();
+        for name in ["a100", "h200"] {
+            let device = Device::lookup(name).unwrap();
+            let mut configs = candidates_where(name, &p, |_| true);
+            assert!(!configs.is_empty(), "{name} {p}");
+            configs.push(GpuSpace.heuristic(&p, &device));
+            check_candidates(&nvrtc, name, &p, &configs, "kt_paged_reduce");
+            for c in &configs {
+                let key = KernelBuild::new(&p, c).unwrap().key();
+                assert!(key.contains("KT_DV=512"), "{key}");
+            }
+        }
+    }
+}
+
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {

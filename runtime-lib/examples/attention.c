@@ -2,8 +2,10 @@
  * bounded distance (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1), add a learned sink to each
  * head's softmax (gpt-oss) or soft-cap the scores (Gemma 2): a prefill chunk by flash
  * attention and a decode step by paged attention, each with and without a sliding window,
- * with sinks and with a soft-cap, and a decode step on an fp8 cache (vLLM's
- * --kv-cache-dtype fp8) under bf16 queries, checked against plain loops here.
+ * with sinks and with a soft-cap, a decode step on an fp8 cache (vLLM's
+ * --kv-cache-dtype fp8) under bf16 queries, and one on a latent cache (DeepSeek's multi-head
+ * latent attention: one cache, each value the first v_head_dim of its key row), checked
+ * against plain loops here.
  *
  *   cc runtime-lib/examples/attention.c -I runtime-lib/include -L target/release -lkerntune -lm \
  *       -o attention
@@ -141,6 +143,43 @@ static int paged_fp8(KtDispatcher *d) {
     return worst <= 1e-4 && refused;
 }
 
+/* One decode step on a latent cache: HQ query heads on one cached row of D values per token,
+ * whose first DV are its value; no value cache is passed, and the output rows hold DV. */
+static int paged_latent(KtDispatcher *d) {
+    enum { DV = 12, SEQS = 2, CTX = 29, MAX_BLOCKS = (CTX + BS - 1) / BS };
+    enum { BLOCKS = SEQS * MAX_BLOCKS, CACHE = BLOCKS * BS * D };
+    static float q[SEQS * HQ * D], kc[CACHE], o[SEQS * HQ * DV];
+    uint32_t tables[SEQS * MAX_BLOCKS], lens[SEQS] = {CTX, 10};
+    for (unsigned i = 0; i < SEQS * HQ * D; i++) q[i] = value(3 * i + 1);
+    for (unsigned i = 0; i < CACHE; i++) kc[i] = value(17 * i + 5);
+    for (unsigned b = 0; b < SEQS * MAX_BLOCKS; b++) tables[b] = BLOCKS - 1 - b;
+    KtPagedProblem p = {.num_seqs = SEQS, .context_len = CTX, .q_heads = HQ, .kv_heads = 1,
+                        .head_dim = D, .block_size = BS, .dtype = KT_DTYPE_F32,
+                        .v_head_dim = DV};
+    if (kt_paged_attention(d, &p, q, kc, NULL, BLOCKS, tables, MAX_BLOCKS, lens, o, NULL) !=
+        KT_STATUS_OK) {
+        printf("paged latent: %s\n", kt_last_error());
+        return 0;
+    }
+    double worst = 0.0, want[D];
+    size_t keys[CTX];
+    for (size_t s = 0; s < SEQS; s++)
+        for (size_t h = 0; h < HQ; h++) {
+            for (size_t t = 0; t < lens[s]; t++)
+                keys[t] = ((size_t)tables[s * MAX_BLOCKS + t / BS] * BS + t % BS) * D;
+            /* The loops take all D values of each row; the first DV are the output. */
+            attend(&q[(s * HQ + h) * D], kc, kc, keys, lens[s], -INFINITY, 0.0, want);
+            for (int x = 0; x < DV; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * DV + x] - want[x]));
+        }
+    printf("paged latent v_head_dim=%d: max difference %.1e\n", DV, worst);
+    /* A value cache beside the latent one would go unread: refused by name. */
+    static float other[CACHE];
+    const int refused = kt_paged_attention(d, &p, q, kc, other, BLOCKS, tables, MAX_BLOCKS, lens,
+                                           o, NULL) == KT_STATUS_INVALID_ARGUMENT;
+    printf("error: %s\n", kt_last_error());
+    return worst <= 1e-4 && refused;
+}
+
 /* One decode step of SEQS sequences of their own lengths on a paged cache. */
 static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap) {
     enum { SEQS = 3, CTX = 50, MAX_BLOCKS = (CTX + BS - 1) / BS, BLOCKS = SEQS * MAX_BLOCKS };
@@ -191,7 +230,7 @@ int main(int argc, char **argv) {
     /* A cap of 0.3, under most of these scores, so that it bends every one. */
     int ok = flash(d, 0, NULL, 0) & flash(d, 6, NULL, 0) & flash(d, 6, SINKS, 0) &
              flash(d, 0, NULL, 0.3f) & paged(d, 0, NULL, 0) & paged(d, 20, NULL, 0) &
-             paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f) & paged_fp8(d);
+             paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f) & paged_fp8(d) & paged_latent(d);
     /* A window without the causal mask looks back from nothing: refused by name. */
     KtFlashProblem bad = {.batch = 1, .q_len = 4, .kv_len = 4, .q_heads = 1, .kv_heads = 1,
                           .head_dim = D, .causal = false, .dtype = KT_DTYPE_F32, .window = 2};

@@ -13,10 +13,10 @@
  The version of this C ABI: the header's, which a program compares with kt_abi_version()
  (the library's) before its first call, since a struct that grew (2: `window` in the
  attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
- and `v_scale` in the paged problem) would otherwise be read past the end a program built
- against an older header passes.
+ and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem)
+ would otherwise be read past the end a program built against an older header passes.
  */
-#define KERNTUNE_ABI_VERSION 4
+#define KERNTUNE_ABI_VERSION 5
 
 /*
  Result of every call.
@@ -206,6 +206,14 @@ typedef struct KtPagedProblem {
    */
   float k_scale;
   float v_scale;
+  /*
+   Values per output row; 0 means `head_dim`. Below `head_dim`, multi-head latent
+   attention's decode (DeepSeek-V2 and V3, Kimi K2): one latent cache whose rows are the
+   keys and whose values are each row's first `v_head_dim`; the value cache is then NULL
+   (or the key cache again), the output `[num_seqs, q_heads, v_head_dim]`, and an fp8
+   cache's `v_scale` must equal its `k_scale` (or be 0).
+   */
+  size_t v_head_dim;
 } KtPagedProblem;
 
 /*
@@ -343,8 +351,9 @@ enum KtStatus kt_flash_attention(const struct KtDispatcher *d,
                                  KtMatch *matched);
 
 /*
- Paged attention decode: query and output `[num_seqs, q_heads, head_dim]`, caches
- `[num_blocks, block_size, kv_heads, head_dim]`, `block_tables` `[num_seqs, max_blocks]`,
+ Paged attention decode: query `[num_seqs, q_heads, head_dim]`, output `[num_seqs, q_heads,
+ v_head_dim]`, caches `[num_blocks, block_size, kv_heads, head_dim]` (a latent problem's
+ `value_cache` NULL or the key cache), `block_tables` `[num_seqs, max_blocks]`,
  `context_lens` `[num_seqs]`.
 
  # Safety

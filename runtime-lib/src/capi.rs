@@ -19,9 +19,9 @@ use crate::{Dispatcher, Match, Stats};
 /// The version of this C ABI: the header's, which a program compares with kt_abi_version()
 /// (the library's) before its first call, since a struct that grew (2: `window` in the
 /// attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
-/// and `v_scale` in the paged problem) would otherwise be read past the end a program built
-/// against an older header passes.
-pub const KERNTUNE_ABI_VERSION: u32 = 4;
+/// and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem)
+/// would otherwise be read past the end a program built against an older header passes.
+pub const KERNTUNE_ABI_VERSION: u32 = 5;
 
 /// Result of every call.
 #[repr(C)]
@@ -138,6 +138,12 @@ pub struct KtPagedProblem {
     /// `v_scale` (vLLM's per-layer scales). 0 means 1; other caches take 0 or 1.
     pub k_scale: f32,
     pub v_scale: f32,
+    /// Values per output row; 0 means `head_dim`. Below `head_dim`, multi-head latent
+    /// attention's decode (DeepSeek-V2 and V3, Kimi K2): one latent cache whose rows are the
+    /// keys and whose values are each row's first `v_head_dim`; the value cache is then NULL
+    /// (or the key cache again), the output `[num_seqs, q_heads, v_head_dim]`, and an fp8
+    /// cache's `v_scale` must equal its `k_scale` (or be 0).
+    pub v_head_dim: usize,
 }
 
 thread_local! {
@@ -230,6 +236,10 @@ pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatu
         };
         p.with_kv_dtype(kv)
     })
+    .and_then(|p| match f.v_head_dim {
+        0 => Ok(p),
+        v => p.with_v_head_dim(v),
+    })
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
     .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
@@ -242,12 +252,36 @@ pub(crate) fn kv_scales(
     p: &PagedProblem,
 ) -> Result<KvScales, (KtStatus, String)> {
     let one = |v: f32| if v == 0.0 { 1.0 } else { v };
-    let s = KvScales {
-        k: one(f.k_scale),
-        v: one(f.v_scale),
+    let k = one(f.k_scale);
+    // A latent cache has one scale: a `v_scale` left 0 takes `k_scale`.
+    let v = if p.is_latent() && f.v_scale == 0.0 {
+        k
+    } else {
+        one(f.v_scale)
     };
+    let s = KvScales { k, v };
     s.check(p).map_err(|e| invalid(e.to_string()))?;
     Ok(s)
+}
+
+/// The value cache a paged call reads: `value_cache`, or for a latent problem (values read
+/// from the key rows) the key cache's address, standing for an empty one, where the caller
+/// passed NULL or the key cache; another buffer there would be ignored, so it is refused.
+pub(crate) fn latent_values(
+    p: &PagedProblem,
+    key_cache: *const c_void,
+    value_cache: *const c_void,
+) -> Result<*const c_void, (KtStatus, String)> {
+    if !p.is_latent() {
+        return Ok(value_cache);
+    }
+    if !value_cache.is_null() && value_cache != key_cache {
+        return Err(invalid(format!(
+            "value_cache: with v_head_dim = {} below head_dim = {} the problem reads one latent cache, its values the first v_head_dim of each key row; pass NULL (or the key cache) as value_cache",
+            p.v_head_dim, p.head_dim
+        )));
+    }
+    Ok(key_cache)
 }
 
 /// The sink logits a problem's `sinks` points to: `q_heads` of them, or none where NULL.
@@ -470,8 +504,9 @@ pub unsafe extern "C" fn kt_flash_attention(
     })
 }
 
-/// Paged attention decode: query and output `[num_seqs, q_heads, head_dim]`, caches
-/// `[num_blocks, block_size, kv_heads, head_dim]`, `block_tables` `[num_seqs, max_blocks]`,
+/// Paged attention decode: query `[num_seqs, q_heads, head_dim]`, output `[num_seqs, q_heads,
+/// v_head_dim]`, caches `[num_blocks, block_size, kv_heads, head_dim]` (a latent problem's
+/// `value_cache` NULL or the key cache), `block_tables` `[num_seqs, max_blocks]`,
 /// `context_lens` `[num_seqs]`.
 ///
 /// # Safety
@@ -501,18 +536,25 @@ pub unsafe extern "C" fn kt_paged_attention(
         }
         let kv_scales = kv_scales(f, &p)?;
         let cache = num_blocks * p.block_size * p.kv_heads * p.head_dim;
+        let value_cache = latent_values(&p, key_cache, value_cache)?;
         // SAFETY: caller contract on sizes.
         let args = unsafe {
             PagedArgs {
                 query: tensor("query", query, p.query_len(), p.dtype)?,
                 key_cache: tensor("key_cache", key_cache, cache, p.kv_dtype)?,
-                value_cache: tensor("value_cache", value_cache, cache, p.kv_dtype)?,
+                // A latent problem's is empty (its values are the key rows').
+                value_cache: tensor(
+                    "value_cache",
+                    value_cache,
+                    num_blocks * p.block_size * p.kv_heads * p.cached_v_dim(),
+                    p.kv_dtype,
+                )?,
                 block_tables: std::slice::from_raw_parts(block_tables, p.num_seqs * max_blocks),
                 max_blocks_per_seq: max_blocks,
                 context_lens: std::slice::from_raw_parts(context_lens, p.num_seqs),
                 sinks: sinks(f.sinks, p.q_heads),
                 kv_scales,
-                out: out("o", o, p.query_len())?,
+                out: out("o", o, p.out_len())?,
             }
         };
         let how = d

@@ -10,9 +10,9 @@ use kerntune_kernels::problem::{BLayout, GemmProblem};
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, kv_scales, paged_problem,
-    path_arg, report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem, KtStats,
-    KtStatus,
+    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, kv_scales, latent_values,
+    paged_problem, path_arg, report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem,
+    KtStats, KtStatus,
 };
 use crate::{GpuDispatcher, GpuStats, RuntimeError};
 
@@ -347,6 +347,7 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
         let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
         let paged = paged_problem(f)?;
         let kv_scales = kv_scales(f, &paged)?;
+        let value_cache = latent_values(&paged, key_cache, value_cache)?;
         let p = Problem::Paged(paged);
         let ptrs = DevicePtrs {
             inputs: [

@@ -9,7 +9,8 @@
 //! GPU builds hold its masks; a window no shorter than a call's keys is none), and sinks
 //! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them), and whether
 //! scores are soft-capped (Gemma 2; the capped builds hold the tanh), and what a paged
-//! cache holds (an fp8 cache's calls find winners built for its format). The softmax
+//! cache holds (an fp8 cache's calls find winners built for its format) and how wide its
+//! values are (a latent cache's calls find winners of their value width). The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
@@ -55,6 +56,7 @@ pub enum StaticKey {
         q_heads: usize,
         kv_heads: usize,
         head_dim: usize,
+        v_head_dim: usize,
         block_size: usize,
         dtype: DType,
         kv_dtype: DType,
@@ -97,6 +99,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 q_heads: pg.q_heads,
                 kv_heads: pg.kv_heads,
                 head_dim: pg.head_dim,
+                v_head_dim: pg.v_head_dim,
                 block_size: pg.block_size,
                 dtype: pg.dtype,
                 kv_dtype: pg.kv_dtype,

@@ -128,9 +128,10 @@ fn c_example_runs_a_gemm_and_reports_stats() {
 }
 
 /// The attention example in C: flash attention and paged attention through the C ABI, with
-/// and without a sliding window, with sinks and with a soft-cap, and paged attention on an fp8
-/// cache under bf16 queries, against its own loops; an fp8 scale that is not positive and a
-/// window without the causal mask are refused by name; the program checks the ABI version
+/// and without a sliding window, with sinks and with a soft-cap, paged attention on an fp8
+/// cache under bf16 queries and on a latent cache, against its own loops; an fp8 scale that is
+/// not positive, a value cache beside a latent one and a window without the causal mask are
+/// refused by name; the program checks the ABI version
 /// before its first call.
 #[test]
 fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
@@ -148,28 +149,39 @@ fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lines: Vec<&str> = stdout.lines().collect();
-    let calls = [
-        "flash window=0",
-        "flash window=6",
-        "flash window=6 sinks",
-        "flash window=0 softcap",
-        "paged window=0",
-        "paged window=20",
-        "paged window=0 sinks",
-        "paged window=20 softcap",
-        "paged fp8_e4m3",
+    // Each call's line, or (an error's line) what the refusal names.
+    let expected = [
+        Ok("flash window=0"),
+        Ok("flash window=6"),
+        Ok("flash window=6 sinks"),
+        Ok("flash window=0 softcap"),
+        Ok("paged window=0"),
+        Ok("paged window=20"),
+        Ok("paged window=0 sinks"),
+        Ok("paged window=20 softcap"),
+        Ok("paged fp8_e4m3"),
+        Err("v_scale"),
+        Ok("paged latent v_head_dim=12"),
+        Err("value_cache"),
+        Err("causal=true"),
     ];
-    assert_eq!(lines.len(), calls.len() + 2, "{stdout}");
-    for (line, call) in lines.iter().zip(calls) {
-        let difference: f64 = line
-            .strip_prefix(&format!("{call}: max difference "))
-            .unwrap_or_else(|| panic!("{line}"))
-            .parse()
-            .unwrap();
-        assert!(difference <= 1e-4, "{line}");
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, want) in lines.iter().zip(expected) {
+        match want {
+            Ok(call) => {
+                let difference: f64 = line
+                    .strip_prefix(&format!("{call}: max difference "))
+                    .unwrap_or_else(|| panic!("{line}"))
+                    .parse()
+                    .unwrap();
+                assert!(difference <= 1e-4, "{line}");
+            }
+            Err(named) => assert!(
+                line.starts_with("error: ") && line.contains(named),
+                "{line}"
+            ),
+        }
     }
-    assert!(lines[9].contains("v_scale"), "{}", lines[9]);
-    assert!(lines[10].contains("causal=true"), "{}", lines[10]);
 }
 
 /// The same GEMM from Python through ctypes, as a Python server would call the library.

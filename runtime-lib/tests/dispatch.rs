@@ -372,6 +372,24 @@ fn an_fp8_cache_decides_selection_and_its_scales_reach_the_output() {
     });
 }
 
+/// A latent cache's value width is a static dimension: a DeepSeek decode call finds the
+/// winners tuned on its latent cache, a call on the same rows as keys and values the plain
+/// ones; through the dispatcher a bucketed latent call matches the reference.
+#[test]
+fn a_latent_cache_decides_selection() {
+    let plain = "paged:num_seqs=8,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,dtype=bf16";
+    let latent = format!("{plain},v_head_dim=512,scale=0.1352");
+    two_winners(&latent, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
+        assert_eq!(sel(&latent), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        assert_eq!(sel(&format!("{plain},v_head_dim=256")).0, Match::Default);
+        let call = "paged:num_seqs=3,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,scale=0.1352";
+        assert_eq!(sel(call), (Match::Bucket, a));
+        paged_call_matches_reference(d, call);
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();

@@ -208,6 +208,8 @@ mod tests {
             "gemm:m=3,n=5,k=11,dtype=f16",
             "flash:batch=1,q_len=5,kv_len=7,q_heads=2,kv_heads=1,head_dim=16,causal=true,dtype=bf16",
             "paged:num_seqs=3,context_len=37,q_heads=4,kv_heads=2,head_dim=64,block_size=16,dtype=f16",
+            // A latent cache: no value cache, an empty operand.
+            "paged:num_seqs=2,context_len=37,q_heads=4,kv_heads=1,head_dim=72,v_head_dim=64,dtype=bf16",
         ] {
             let drawn = operands.draw(&problem(spec), 3).inputs.clone();
             assert_eq!(drawn, ProblemData::random(&problem(spec), 3).inputs);

@@ -147,7 +147,8 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
 
 /// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
 /// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, a hybrid's
-/// GEMMs, attention that is not plain softmax attention, attention longer than its chunk
+/// GEMMs, attention that is not plain softmax attention, latent attention's prefill,
+/// attention longer than its chunk
 /// (Llama 4's chunked attention). Each refusal names only flags under which the rest of the model is tuned, so
 /// following its advice never meets another refusal.
 fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
@@ -160,13 +161,19 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     let gemms = b.kernels.contains(&Family::Gemm);
     let attention = b.kernels.iter().any(|f| *f != Family::Gemm);
     let quantized = u.gemm.is_some() && b.dtype.is_none();
+    // The attention kernels the model's attention runs on: its decode alone where its prefill
+    // is no kernel's (latent attention).
+    let (attention_kernels, attention_what) = match u.prefill {
+        Some(_) => ("paged", "decode attention"),
+        None => ("flash,paged", "attention"),
+    };
     let attention_alone = u
         .attention
         .is_none()
-        .then_some("pass --kernels flash,paged to tune its attention alone");
+        .then(|| format!("pass --kernels {attention_kernels} to tune its {attention_what} alone"));
     let explicit = "tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)";
-    let refuse = |why: &str, fixes: &[Option<&str>]| {
-        let fixes: Vec<&str> = fixes.iter().flatten().copied().collect();
+    let refuse = |why: &str, fixes: &[Option<String>]| {
+        let fixes: Vec<&str> = fixes.iter().flatten().map(String::as_str).collect();
         let fixes = match fixes.is_empty() {
             true => explicit.to_string(),
             false => fixes.join(", or "),
@@ -176,17 +183,19 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     if let (Some(why), true) = (&u.layers, gemms) {
         return refuse(
             why,
-            &[attention_alone.map(|_| {
-                "pass --kernels flash,paged to tune its attention layers alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)"
+            &[attention_alone.as_ref().map(|_| {
+                format!("pass --kernels {attention_kernels} to tune its {attention_what} alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)")
             })],
         );
     }
+    let prefill_asked = u.prefill.is_some() && b.kernels.contains(&Family::Flash);
     if let (Some(why), true, true) = (&u.gemm, gemms, quantized) {
-        let unquantized = match attention && u.attention.is_some() {
-            true => "pass --kernels gemm --dtype bf16 to tune its GEMM shapes alone, with unquantized weights",
-            false => "pass --dtype bf16 to tune its GEMM shapes with unquantized weights",
+        let unquantized = match (attention && u.attention.is_some(), prefill_asked) {
+            (true, _) => "pass --kernels gemm --dtype bf16 to tune its GEMM shapes alone, with unquantized weights",
+            (false, true) => "pass --kernels gemm,paged --dtype bf16 to tune its GEMM shapes, with unquantized weights, and its decode attention",
+            (false, false) => "pass --dtype bf16 to tune its GEMM shapes with unquantized weights",
         };
-        return refuse(why, &[attention_alone, Some(unquantized)]);
+        return refuse(why, &[attention_alone, Some(unquantized.into())]);
     }
     if let (Some(why), true) = (&u.attention, attention) {
         let gemms_alone = match (u.layers.is_some(), quantized) {
@@ -196,7 +205,24 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
             ),
             (false, false) => Some("pass --kernels gemm to tune its GEMMs alone"),
         };
-        return refuse(why, &[gemms_alone]);
+        return refuse(why, &[gemms_alone.map(String::from)]);
+    }
+    // Latent attention: decode is paged attention on the latent cache, prefill no kernel's.
+    if let (Some(why), true) = (&u.prefill, prefill_asked) {
+        let with_gemms = match (u.layers.is_some(), quantized) {
+            (true, _) => None,
+            (false, true) => Some(
+                "pass --kernels gemm,paged --dtype bf16 to tune its GEMM shapes, with unquantized weights, and its decode attention",
+            ),
+            (false, false) => Some("pass --kernels gemm,paged to tune its GEMMs and its decode attention"),
+        };
+        return refuse(
+            why,
+            &[
+                with_gemms.map(String::from),
+                Some("pass --kernels paged to tune its decode attention alone".into()),
+            ],
+        );
     }
     // Chunked attention computes what full attention does as long as no length exceeds a
     // chunk; beyond it the kernels would compute another function.
@@ -386,30 +412,46 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             ));
         }
     }
+    // Latent attention decodes as vLLM's MLA backends run it: every query head of the shard
+    // (its query absorbed into the latent) against the one cached latent row per token,
+    // whose first kv_lora_rank values are the value; the output is projected up after.
+    let (paged_d, paged_v, paged_kinds) = match &model.latent {
+        Some(l) => (l.row(), l.kv_lora_rank, vec![1]),
+        None => (d, d, kv_kinds),
+    };
     if b.kernels.contains(&Family::Paged) {
         for (&seqs, &kv_heads) in b
             .batch_sizes
             .iter()
-            .flat_map(|s| kv_kinds.iter().map(move |k| (s, k)))
+            .flat_map(|s| paged_kinds.iter().map(move |k| (s, k)))
         {
             for &ctx in &b.context_lens {
-                let p =
-                    PagedProblem::new(seqs, ctx, q_heads, kv_heads, d, b.block_size, scale, dtype)
-                        .map_err(|e| {
-                            blame(
-                                e,
-                                &[
-                                    ("num_seqs", "--batch-sizes"),
-                                    ("context_len", "--context-lens"),
-                                    ("block_size", "--block-size"),
-                                ],
-                            )
-                        })?
-                        .with_kv_dtype(b.kv_cache.unwrap_or(dtype))
-                        .map_err(|e| blame(e, &[("kv_dtype", "--kv-cache-dtype")]))?
-                        .with_sinks(model.sinks)
-                        .with_softcap(model.softcap)
-                        .map_err(TuneError::from)?;
+                let p = PagedProblem::new(
+                    seqs,
+                    ctx,
+                    q_heads,
+                    kv_heads,
+                    paged_d,
+                    b.block_size,
+                    scale,
+                    dtype,
+                )
+                .and_then(|p| p.with_v_head_dim(paged_v))
+                .map_err(|e| {
+                    blame(
+                        e,
+                        &[
+                            ("num_seqs", "--batch-sizes"),
+                            ("context_len", "--context-lens"),
+                            ("block_size", "--block-size"),
+                        ],
+                    )
+                })?
+                .with_kv_dtype(b.kv_cache.unwrap_or(dtype))
+                .map_err(|e| blame(e, &[("kv_dtype", "--kv-cache-dtype")]))?
+                .with_sinks(model.sinks)
+                .with_softcap(model.softcap)
+                .map_err(TuneError::from)?;
                 let windowed = p.with_window(window).map_err(TuneError::from)?;
                 out.extend(attention(
                     "decode",

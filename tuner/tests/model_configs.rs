@@ -286,7 +286,8 @@ fn latent_attention_runs_its_own_projections() {
     assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(1, 512, 7168));
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 4608, 7168));
     assert_eq!(keys_of(&rows, "lm_head"), [gemm(1, 16160, 7168)]);
-    // Its attention is not the kernels': refused, with the flag that tunes the rest.
+    // Its prefill (query and key heads of 192, value heads of 128) is no kernel's: refused,
+    // with the flags that tune the rest.
     refused(
         &v3,
         &one_of_each,
@@ -294,8 +295,52 @@ fn latent_attention_runs_its_own_projections() {
             "multi-head latent attention",
             "kv_lora_rank = 512",
             "576 values",
-            "--kernels gemm",
+            "--kernels gemm,paged",
+            "--kernels paged",
         ],
+    );
+    // Its decode is paged attention on the latent cache: the shard's 16 query heads on one
+    // row of 576 values a token, whose first 512 are the value, at 1 / sqrt(192).
+    let decode = derive(
+        &v3,
+        &[
+            &one_of_each[..],
+            &["--kernels", "gemm,paged", "--context-lens", "4096"],
+        ]
+        .concat(),
+    );
+    let latent = "paged:num_seqs=1,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,block_size=16,dtype=bf16,v_head_dim=512";
+    assert_eq!(
+        keys_of(&decode, "decode"),
+        [format!("{latent},scale={}", 1.0 / 192f32.sqrt())]
+    );
+    assert_eq!(decode.len(), rows.len() + 1);
+    // Under YaRN rope scaling vLLM scales the scores by mscale² too (DeepSeek-V3's factor
+    // 40 and mscale_all_dim 1: 0.1 · ln 40 + 1 = 1.369); fp8 caches take its format.
+    let yarn = format!(
+        r#"{{{DEEPSEEK_V3}, "rope_scaling": {{"type": "yarn", "factor": 40, "mscale": 1.0,
+        "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}}}}"#
+    );
+    let scaled = derive(
+        &yarn,
+        &[
+            "--tp",
+            "8",
+            "--batch-sizes",
+            "1",
+            "--context-lens",
+            "4096",
+            "--kernels",
+            "paged",
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+        ],
+    );
+    let mscale = 0.1 * 40f64.ln() + 1.0;
+    let scale = (mscale * mscale / 192f64.sqrt()) as f32;
+    assert_eq!(
+        keys_of(&scaled, "decode"),
+        [format!("{latent},kv_dtype=fp8_e4m3,scale={scale}")]
     );
     // Published with FP8 weights: both refusals' advice at once, so following it succeeds.
     let fp8 = format!(
@@ -304,13 +349,28 @@ fn latent_attention_runs_its_own_projections() {
     refused(
         &fp8,
         &one_of_each,
-        &["\"fp8\"", "--kernels gemm --dtype bf16"],
+        &[
+            "\"fp8\"",
+            "--kernels gemm,paged --dtype bf16",
+            "--kernels paged",
+        ],
     );
     let unquantized = derive(
         &fp8,
-        &[&one_of_each[..], &["--kernels", "gemm", "--dtype", "bf16"]].concat(),
+        &[
+            &one_of_each[..],
+            &[
+                "--kernels",
+                "gemm,paged",
+                "--dtype",
+                "bf16",
+                "--context-lens",
+                "4096",
+            ],
+        ]
+        .concat(),
     );
-    assert_eq!(unquantized, rows);
+    assert_eq!(unquantized, decode);
 
     // DeepSeek-V3.2's indexer: its own query projection from the queries' latent and a key
     // and head-weight projection, whole on every shard.
@@ -318,6 +378,12 @@ fn latent_attention_runs_its_own_projections() {
         r#"{{{DEEPSEEK_V3}, "index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}}"#
     );
     let rows = derive(&v32, &[&one_of_each[..], &["--kernels", "gemm"]].concat());
+    // Its sparse attention (each query over the 2048 keys its indexer picks) is no kernel's.
+    refused(
+        &v32,
+        &[&one_of_each[..], &["--kernels", "paged"]].concat(),
+        &["sparse", "index_topk = 2048", "--kernels gemm"],
+    );
     assert_eq!(keys_of(&rows, "indexer_q")[0], gemm(1, 8192, 1536));
     assert_eq!(keys_of(&rows, "indexer_k")[0], gemm(1, 192, 7168));
 
@@ -1573,11 +1639,28 @@ fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
         "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}}}"#,
         kda.join(", ")
     );
-    // Latent attention itself is not a kernel kerntune has.
+    // Latent attention's prefill is not a kernel kerntune has; its decode is.
     refused(
         &config,
         &["--tp", "4"],
-        &["latent attention", "--kernels gemm"],
+        &["latent attention", "--kernels gemm,paged"],
+    );
+    let decode = derive(
+        &config,
+        &[
+            "--tp",
+            "4",
+            "--batch-sizes",
+            "8",
+            "--context-lens",
+            "1024",
+            "--kernels",
+            "paged",
+        ],
+    );
+    assert_eq!(
+        keys_of(&decode, "decode"),
+        ["paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=576,block_size=16,dtype=bf16,v_head_dim=512,scale=0.07216878"]
     );
     let rows = derive(
         &config,

@@ -181,14 +181,15 @@ fn run_paged(
 ) -> Result<()> {
     check_dtype("query", &a.query, p.dtype)?;
     check_dtype("key_cache", &a.key_cache, p.kv_dtype)?;
-    check_dtype("value_cache", &a.value_cache, p.kv_dtype)?;
+    crate::kernel::check_value_cache(p, &a.value_cache)?;
     a.kv_scales.check(p)?;
     check_len("query", a.query.len(), p.query_len())?;
-    check_len("out", a.out.len(), p.query_len())?;
+    check_len("out", a.out.len(), p.out_len())?;
     check_len("context_lens", a.context_lens.len(), p.num_seqs)?;
     check_len("sinks", a.sinks.len(), Problem::Paged(*p).sinks_len())?;
     let row = p.block_size * p.kv_heads * p.head_dim;
-    if !a.key_cache.len().is_multiple_of(row) || a.key_cache.len() != a.value_cache.len() {
+    let values = a.key_cache.len() / p.head_dim * p.cached_v_dim();
+    if !a.key_cache.len().is_multiple_of(row) || a.value_cache.len() != values {
         return Err(KernelError::BadBuffer {
             name: "key_cache",
             reason: format!(
@@ -252,7 +253,13 @@ fn run_paged(
     fn e5m2(s: &[u8]) -> &[E5m2Bits] {
         bytemuck::cast_slice(s)
     }
-    match (a.query, a.key_cache, a.value_cache) {
+    // A latent cache's values are read from its key rows.
+    let value_cache = if p.is_latent() {
+        a.key_cache
+    } else {
+        a.value_cache
+    };
+    match (a.query, a.key_cache, value_cache) {
         (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => run!(q, k, v),
         (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => run!(q, k, v),
         (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => run!(q, k, v),

@@ -145,7 +145,7 @@ impl Layout {
         if self.parts == 1 {
             0
         } else {
-            p.num_seqs * p.q_heads * self.parts * (p.head_dim + 2)
+            p.num_seqs * p.q_heads * self.parts * (p.v_head_dim + 2)
         }
     }
 }
@@ -216,7 +216,9 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
     let (widen, dot, axpy) = (Q::fns(t).widen, C::dot(t), C::axpy(t));
     let csize = std::mem::size_of::<C>();
     let lay = Layout::new(p, c);
-    let d = p.head_dim;
+    // Output rows take the first `dv` of each value row (all of it but on a latent cache);
+    // the accumulators keep the query rows' stride `d`.
+    let (d, dv) = (p.head_dim, p.v_head_dim);
     let (partials, workers) = scratch.split_at_mut(lay.partials(p));
     let (per_head, per_worker) = (lay.per_head(d), lay.per_worker(d));
     let partials = SharedMut(partials.as_mut_ptr());
@@ -260,21 +262,21 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                     let total = l + super::sink_weight(sinks, head, m);
                     // The value factor joins the division: every term of a row carries it.
                     let inv = if total > 0.0 { v_factor / total } else { 0.0 };
-                    for x in 0..d {
+                    for x in 0..dv {
                         // SAFETY: each (seq, head) output row is written by exactly one task.
                         unsafe {
-                            *out_ptr.get().add((seq * p.q_heads + head) * d + x) =
+                            *out_ptr.get().add((seq * p.q_heads + head) * dv + x) =
                                 acc[r * d + x] * inv
                         };
                     }
                 } else {
-                    let base = ((seq * p.q_heads + head) * lay.parts + part) * (d + 2);
+                    let base = ((seq * p.q_heads + head) * lay.parts + part) * (dv + 2);
                     // SAFETY: each (seq, head, part) partial slot is written by exactly one task.
                     unsafe {
                         let dst = partials.get().add(base);
-                        std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * d), dst, d);
-                        *dst.add(d) = m;
-                        *dst.add(d + 1) = l;
+                        std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * d), dst, dv);
+                        *dst.add(dv) = m;
+                        *dst.add(dv + 1) = l;
                     }
                 }
             }
@@ -306,6 +308,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                         q: query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u8>(),
                         rows: lay.rows,
                         d,
+                        dv: d,
                         n,
                         key: rows(key_cache),
                         value: rows(value_cache),
@@ -420,6 +423,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                                 .cast::<u8>(),
                             rows: lay.rows,
                             d,
+                            dv,
                             n: len,
                             key: rows(key_cache, j, t0 + c0),
                             value: rows(value_cache, j, t0 + c0),
@@ -510,8 +514,8 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                 let vp = value_cache[at + j * d..].as_ptr();
                 for r in 0..lay.rows {
                     let w = scores[r * lay.ld + i];
-                    // SAFETY: acc rows hold d values; vp reads d values of the cache.
-                    unsafe { axpy(acc.as_mut_ptr().add(r * d), w, vp, d) };
+                    // SAFETY: acc rows hold d values; vp reads dv <= d values of the cache.
+                    unsafe { axpy(acc.as_mut_ptr().add(r * d), w, vp, dv) };
                 }
             }
         }
@@ -599,7 +603,7 @@ fn combine(
     out: &mut [f32],
     threads: usize,
 ) {
-    let d = p.head_dim;
+    let d = p.v_head_dim;
     let out_ptr = SharedMut(out.as_mut_ptr());
     for_each_task(threads, p.num_seqs * p.q_heads, |row, _| {
         let slots = &partials[row * lay.parts * (d + 2)..(row + 1) * lay.parts * (d + 2)];

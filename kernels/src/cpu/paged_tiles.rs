@@ -111,13 +111,15 @@ impl Rows {
 /// One task's buffers, as every tile kernel's entry point takes them: `q` holds `rows` query
 /// rows of `d` values; the `n` tokens' keys and values are read through `key` and `value`;
 /// `scores` holds `rows` rows `ld >= n` apart, to receive the scores times `scale`; `scratch`
-/// is the kernel's own (its size is the kernel's to say); `P·V` is added to `acc` (`rows × d`,
-/// zeroed by the caller).
+/// is the kernel's own (its size is the kernel's to say); `P·V`, over the first `dv <= d`
+/// values of each value row, is added to `acc` (`rows` rows `d` apart, zeroed by the caller).
+/// `dv` is below `d` on a latent cache only (the AMX kernel takes `dv = d`).
 #[derive(Clone, Copy)]
 pub struct Task {
     pub q: *const u8,
     pub rows: usize,
     pub d: usize,
+    pub dv: usize,
     pub n: usize,
     pub key: Rows,
     pub value: Rows,
@@ -299,18 +301,19 @@ unsafe fn score_tile<E: TileElem, const U: usize>(
     }
 }
 
-/// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows and `n` tokens, the
-/// weights already packed by [`TileElem::pack_weights`].
+/// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows, `x < dv` and `n` tokens,
+/// the weights already packed by [`TileElem::pack_weights`].
 ///
 /// # Safety
-/// As [`scores`]; `value.at(i)` points at `d` readable values for `i < n`; `p` holds `rows`
-/// rows of packed weights at `ld` words apart; `acc` holds `rows × d`.
+/// As [`scores`]; `value.at(i)` points at `dv` readable values for `i < n`; `p` holds `rows`
+/// rows of packed weights at `ld` words apart; `acc` holds `rows × d`, `dv <= d`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn accumulate<E: TileElem>(
     p: *const u32,
     ld: usize,
     rows: usize,
-    d: usize,
+    (d, dv): (usize, usize),
     n: usize,
     value: Rows,
     acc: *mut f32,
@@ -356,8 +359,8 @@ unsafe fn accumulate<E: TileElem>(
                 let (pr, ar) = (p.add(r0 * ld + c0 / E::STEP), acc.add(r0 * d));
                 // The first row group requests the next chunk's rows.
                 let next = if r0 == 0 { &next[..next_live] } else { &[] };
-                for x0 in (0..d).step_by(32) {
-                    let xl = 32.min(d - x0);
+                for x0 in (0..dv).step_by(32) {
+                    let xl = 32.min(dv - x0);
                     let at = x0 * E::VALUE_BYTES;
                     let perm = (&to_lanes, &from_lanes);
                     let vs = (vrows, next);
@@ -425,13 +428,13 @@ macro_rules! entry {
         $(#[$doc])*
         #[target_feature(enable = $features)]
         pub unsafe fn $name(t: Task, softmax: impl FnOnce(*mut f32)) {
-            let Task { q, rows, d, n, key, value, scale, scores: s, ld, scratch, acc, q_ready } = t;
+            let Task { q, rows, d, dv, n, key, value, scale, scores: s, ld, scratch, acc, q_ready } = t;
             // SAFETY: the caller's contract.
             unsafe {
                 scores::<$elem>(q, rows, d, n, key, scale, s, ld, scratch, q_ready);
                 softmax(s);
                 <$elem>::pack_weights(s, rows, ld, n);
-                accumulate::<$elem>(s.cast(), ld, rows, d, n, value, acc);
+                accumulate::<$elem>(s.cast(), ld, rows, (d, dv), n, value, acc);
             }
         }
     };

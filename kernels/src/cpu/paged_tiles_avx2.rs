@@ -300,17 +300,17 @@ unsafe fn score_tile<const U: usize>(
     }
 }
 
-/// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows and `n` tokens.
+/// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows, `x < dv` and `n` tokens.
 ///
 /// # Safety
-/// As [`scores`]; `value.at(i)` points at `d` readable values for `i < n`; `p` holds `rows`
-/// rows of `n` weights at `ld` apart; `acc` holds `rows × d`.
+/// As [`scores`]; `value.at(i)` points at `dv` readable values for `i < n`; `p` holds `rows`
+/// rows of `n` weights at `ld` apart; `acc` holds `rows × d`, `dv <= d`.
 #[inline(always)]
 unsafe fn accumulate<E: Elem8>(
     p: *const f32,
     ld: usize,
     rows: usize,
-    d: usize,
+    (d, dv): (usize, usize),
     n: usize,
     value: Rows,
     acc: *mut f32,
@@ -334,9 +334,9 @@ unsafe fn accumulate<E: Elem8>(
                 let nr = ROWS.min(rows - r0);
                 let (pr, ar) = (p.add(r0 * ld + c0), acc.add(r0 * d));
                 let next = if r0 == 0 { &next[..next_live] } else { &[] };
-                for x0 in (0..d).step_by(8) {
+                for x0 in (0..dv).step_by(8) {
                     let vs = (&vrows[..live], next);
-                    by_rows!(nr, pv_rows::<E>(pr, ld, vs, x0, d, ar.add(x0)));
+                    by_rows!(nr, pv_rows::<E>(pr, ld, vs, x0, (d, dv), ar.add(x0)));
                 }
                 r0 += nr;
             }
@@ -344,18 +344,19 @@ unsafe fn accumulate<E: Elem8>(
     }
 }
 
-/// `R` rows' sums over the 8 head-dim values from `x0` (fewer at the end of `d`) for the
-/// chunk's tokens; the same bytes of the `next` rows are prefetched where a line starts.
+/// `R` rows' sums over the 8 head-dim values from `x0` (fewer at the end of `dv`) for the
+/// chunk's tokens, rows `d` apart in `acc`; the same bytes of the `next` rows are prefetched
+/// where a line starts.
 #[inline(always)]
 unsafe fn pv_rows<E: Elem8, const R: usize>(
     p: *const f32,
     ld: usize,
     (vrows, next): (&[*const u8], &[*const u8]),
     x0: usize,
-    d: usize,
+    (d, dv): (usize, usize),
     acc: *mut f32,
 ) {
-    let xl = d - x0;
+    let xl = dv - x0;
     let at = x0 * E::BYTES;
     // SAFETY: `accumulate`'s contract, narrowed to R rows and 8 values.
     unsafe {
@@ -403,6 +404,7 @@ pub unsafe fn task<E: Elem8>(t: Task, softmax: impl FnOnce(*mut f32)) {
         q,
         rows,
         d,
+        dv,
         n,
         key,
         value,
@@ -417,6 +419,6 @@ pub unsafe fn task<E: Elem8>(t: Task, softmax: impl FnOnce(*mut f32)) {
     unsafe {
         scores::<E>(q, rows, d, n, key, scale, s, ld, scratch.cast(), q_ready);
         softmax(s);
-        accumulate::<E>(s, ld, rows, d, n, value, acc);
+        accumulate::<E>(s, ld, rows, (d, dv), n, value, acc);
     }
 }

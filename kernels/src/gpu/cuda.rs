@@ -355,6 +355,13 @@ pub struct DeviceProblem {
 
 fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
     let err = |e| driver("copying inputs to the device", e);
+    // A latent problem's value cache is empty and never read: a word stands in for it, as
+    // the driver takes no allocation of nothing.
+    if t.is_empty() {
+        return Ok(DeviceBuf::Bytes(
+            gpu.stream.alloc_zeros::<u8>(16).map_err(err)?,
+        ));
+    }
     Ok(match t {
         TensorBuf::F32(v) => DeviceBuf::F32(gpu.stream.memcpy_stod(&v[..]).map_err(err)?),
         TensorBuf::F16(v) => {
@@ -395,7 +402,7 @@ impl DeviceProblem {
                     )),
                     Some((
                         gpu.stream
-                            .alloc_zeros::<f32>(slots * p.head_dim)
+                            .alloc_zeros::<f32>(slots * p.v_head_dim)
                             .map_err(err)?,
                         gpu.stream.alloc_zeros::<f32>(slots).map_err(err)?,
                         gpu.stream.alloc_zeros::<f32>(slots).map_err(err)?,

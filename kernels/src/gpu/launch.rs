@@ -151,7 +151,8 @@ pub struct Launch {
 /// Device addresses of one call's operands, and its fp8 caches' scales.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DevicePtrs {
-    /// GEMM: A, B. Flash: Q, K, V. Paged: query, key cache, value cache.
+    /// GEMM: A, B. Flash: Q, K, V. Paged: query, key cache, value cache (unread by a latent
+    /// problem, whose values are the key rows': 0 will do).
     pub inputs: [u64; 3],
     /// The f32 output, laid out as the CPU kernels lay theirs.
     pub out: u64,
@@ -160,7 +161,7 @@ pub struct DevicePtrs {
     pub context_lens: u64,
     pub max_blocks_per_seq: usize,
     /// Paged: partial outputs, maxima and sums, of [`partial_slots`] slots (outputs
-    /// `head_dim` floats per slot). Split-K GEMM: the partial products, in the first.
+    /// `v_head_dim` floats per slot). Split-K GEMM: the partial products, in the first.
     /// [`partial_floats`] sizes them.
     pub partials: [u64; 3],
     /// Attention with sinks: the `q_heads` f32 sink logits (0 without).
@@ -187,7 +188,7 @@ pub fn partial_floats(problem: &Problem, config: &Config) -> [usize; 3] {
     match (problem, config) {
         (Problem::Paged(p), Config::GpuPaged(_)) => {
             let slots = partial_slots(problem, config);
-            [slots * p.head_dim, slots, slots]
+            [slots * p.v_head_dim, slots, slots]
         }
         (Problem::Gemm(p), Config::GpuGemm(c)) if c.split_k > 1 => [c.split_k * p.m * p.n, 0, 0],
         (Problem::Flash(p), Config::GpuFlash(c)) => flash_split_floats(p, c.split),
@@ -541,6 +542,8 @@ pub fn launches(
             ptrs.kv_scales.check(p)?;
             let (k_factor, v_factor) = ptrs.kv_scales.for_kernels(p);
             let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
+            // A latent cache's values are its key rows (KT_DV of each).
+            let values = if p.is_latent() { i1 } else { i2 };
             vec![
                 Launch {
                     entry: 0,
@@ -551,7 +554,7 @@ pub fn launches(
                     args: vec![
                         i0,
                         i1,
-                        i2,
+                        values,
                         Arg::Ptr(ptrs.block_tables),
                         Arg::Ptr(ptrs.context_lens),
                         part_out,
@@ -634,6 +637,25 @@ mod tests {
             // The output is an argument of the last kernel.
             assert!(l.last().unwrap().args.contains(&Arg::Ptr(4)), "{spec}");
         }
+        // A latent cache: the key cache is the values' too, partial rows are v_head_dim wide.
+        let latent: Problem =
+            "paged:num_seqs=3,context_len=1000,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512"
+                .parse()
+                .unwrap();
+        let c = GpuSpace.default_config(&latent, &device);
+        let l = launches(&latent, &c, &ptrs).unwrap();
+        assert_eq!(
+            &l[0].args[..3],
+            &[Arg::Ptr(0x100), Arg::Ptr(0x200), Arg::Ptr(0x200)]
+        );
+        let slots = partial_slots(&latent, &c);
+        assert_eq!(partial_floats(&latent, &c), [slots * 512, slots, slots]);
+        let build = KernelBuild::new(&latent, &c).unwrap();
+        assert!(
+            build.defines.contains(&("KT_DV", 512)),
+            "{:?}",
+            build.defines
+        );
         let p: Problem = "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128"
             .parse()
             .unwrap();

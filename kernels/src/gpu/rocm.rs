@@ -381,6 +381,8 @@ impl<'g> HipProblem<'g> {
             .inputs
             .iter()
             .map(|t| match t {
+                // A latent problem's value cache is empty and never read: a word stands in.
+                _ if t.is_empty() => gpu.alloc(16),
                 TensorBuf::F32(v) => gpu.upload(v),
                 TensorBuf::F16(v) => gpu.upload(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
                 TensorBuf::Bf16(v) => {
@@ -399,7 +401,7 @@ impl<'g> HipProblem<'g> {
                         data.max_blocks_per_seq,
                     )),
                     Some((
-                        gpu.alloc(4 * slots * p.head_dim)?,
+                        gpu.alloc(4 * slots * p.v_head_dim)?,
                         gpu.alloc(4 * slots)?,
                         gpu.alloc(4 * slots)?,
                     )),

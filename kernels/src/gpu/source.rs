@@ -183,6 +183,7 @@ impl KernelBuild {
                     ("KT_BLOCK", p.block_size),
                 ]
                 .into_iter()
+                .chain(p.is_latent().then_some(("KT_DV", p.v_head_dim)))
                 .chain(p.sinks.then_some(("KT_SINKS", 1)))
                 .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
                 .chain(p.fp8().map(|f| ("KT_KV_FP8", kv_fp8_code(f))))

@@ -23,6 +23,12 @@
 //! the fp8 formats (vLLM's `--kv-cache-dtype fp8`, half the bytes a decode step reads). An
 //! fp8 cache's values are scaled by per-tensor factors the call passes
 //! ([`crate::kernel::KvScales`], vLLM's `k_scale` and `v_scale`).
+//!
+//! With `v_head_dim` below `head_dim`, the problem is multi-head latent attention's decode
+//! (DeepSeek-V2 and V3, Kimi K2; FlashMLA's `head_dim_v`): there is one cache, each token's
+//! row the latent its keys and values are projected from (`kv_lora_rank` values, then the
+//! rotary part), a key is the whole row and its value the row's first `v_head_dim` values.
+//! The output is `[num_seqs, q_heads, v_head_dim]`, and calls pass no value cache.
 
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +43,9 @@ pub struct PagedProblem {
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Values per output row: `head_dim`, or fewer for a latent cache whose values are the
+    /// first `v_head_dim` of each key row.
+    pub v_head_dim: usize,
     pub block_size: usize,
     pub scale: Scale,
     pub dtype: DType,
@@ -59,6 +68,9 @@ struct PagedFields {
     q_heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Absent in problems written before latent caches.
+    #[serde(default)]
+    v_head_dim: Option<usize>,
     block_size: usize,
     scale: Scale,
     dtype: DType,
@@ -89,12 +101,17 @@ impl TryFrom<PagedFields> for PagedProblem {
             f.scale,
             f.dtype,
         )?
+        .with_v_head_dim(f.v_head_dim.unwrap_or(f.head_dim))?
         .with_kv_dtype(f.kv_dtype.unwrap_or(f.dtype))?
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
         .map(|p| p.with_cap(f.softcap))
     }
 }
+
+/// The largest head: a latent cache row of 1024 values, past DeepSeek's 576 (512 latent, 64
+/// rotary); attention heads themselves stop at 256.
+pub const MAX_HEAD_DIM: usize = 1024;
 
 /// Block sizes vLLM and TGI allocate caches with.
 pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
@@ -125,7 +142,7 @@ impl PagedProblem {
         check_dim(f, "context_len", context_len, 1 << 22)?;
         check_dim(f, "q_heads", q_heads, 1024)?;
         check_dim(f, "kv_heads", kv_heads, 1024)?;
-        check_dim(f, "head_dim", head_dim, 512)?;
+        check_dim(f, "head_dim", head_dim, MAX_HEAD_DIM)?;
         check_compute_dtype(f, dtype)?;
         if !q_heads.is_multiple_of(kv_heads) {
             return Err(invalid(
@@ -143,6 +160,7 @@ impl PagedProblem {
             q_heads,
             kv_heads,
             head_dim,
+            v_head_dim: head_dim,
             block_size,
             scale,
             dtype,
@@ -151,6 +169,30 @@ impl PagedProblem {
             sinks: false,
             softcap: None,
         })
+    }
+
+    /// This problem on a latent cache whose values are the first `v_head_dim` of each key row
+    /// (`head_dim`: separate key and value caches, as other attention has).
+    pub fn with_v_head_dim(mut self, v_head_dim: usize) -> Result<Self> {
+        check_dim(Family::Paged, "v_head_dim", v_head_dim, MAX_HEAD_DIM)?;
+        if v_head_dim > self.head_dim {
+            return Err(invalid(
+                "v_head_dim",
+                v_head_dim,
+                &format!(
+                    "must be at most head_dim = {}: a latent cache's values are the first \
+                     v_head_dim values of its key rows",
+                    self.head_dim
+                ),
+            ));
+        }
+        self.v_head_dim = v_head_dim;
+        Ok(self)
+    }
+
+    /// Whether the problem reads one latent cache, its values a prefix of its keys.
+    pub fn is_latent(&self) -> bool {
+        self.v_head_dim < self.head_dim
     }
 
     /// This problem with its scores soft-capped at `softcap` (`None`: not capped).
@@ -222,7 +264,7 @@ impl PagedProblem {
     }
 
     /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
-    /// (q_heads), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `kv_dtype`
+    /// (q_heads), `v_head_dim` (head_dim), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `kv_dtype`
     /// (dtype), `window` (none), `sinks` (false), `softcap` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let context_len = f.req("context_len")?;
@@ -245,6 +287,7 @@ impl PagedProblem {
             f.opt("dtype")?.unwrap_or(DType::F32),
         )?;
         let p = p
+            .with_v_head_dim(f.opt("v_head_dim")?.unwrap_or(head_dim))?
             .with_kv_dtype(f.opt("kv_dtype")?.unwrap_or(p.dtype))?
             .with_window(f.opt("window")?)?
             .with_sinks(f.opt("sinks")?.unwrap_or(false))
@@ -255,6 +298,7 @@ impl PagedProblem {
             "q_heads",
             "kv_heads",
             "head_dim",
+            "v_head_dim",
             "block_size",
             "scale",
             "dtype",
@@ -277,6 +321,9 @@ impl PagedProblem {
             self.block_size,
             self.dtype
         );
+        if self.is_latent() {
+            key.push_str(&format!(",v_head_dim={}", self.v_head_dim));
+        }
         if self.kv_dtype != self.dtype {
             key.push_str(&format!(",kv_dtype={}", self.kv_dtype));
         }
@@ -305,17 +352,36 @@ impl PagedProblem {
     }
 
     pub fn flops(&self) -> f64 {
-        4.0 * (self.num_seqs * self.q_heads * self.head_dim) as f64 * self.span() as f64
+        let dims = self.head_dim + self.v_head_dim;
+        2.0 * (self.num_seqs * self.q_heads * dims) as f64 * self.span() as f64
     }
 
-    /// Decode is bound by reading every sequence's K and V once, within its window.
+    /// Decode is bound by reading every sequence's K and V once, within its window (a
+    /// latent cache's one row per token).
     pub fn min_bytes(&self) -> f64 {
-        let kv = 2.0 * (self.num_seqs * self.span() * self.kv_heads * self.head_dim) as f64;
+        let rows = (self.num_seqs * self.span() * self.kv_heads) as f64;
+        let kv = rows * (self.head_dim + self.cached_v_dim()) as f64;
         let q = (self.num_seqs * self.q_heads * self.head_dim) as f64;
-        kv * self.kv_dtype.size() as f64 + q * self.dtype.size() as f64 + q * 4.0
+        let out = (self.num_seqs * self.q_heads * self.v_head_dim) as f64;
+        kv * self.kv_dtype.size() as f64 + q * self.dtype.size() as f64 + out * 4.0
+    }
+
+    /// Values per token and KV head the value cache holds: `head_dim`, none for a latent
+    /// cache (its values are read from the key cache).
+    pub fn cached_v_dim(&self) -> usize {
+        if self.is_latent() {
+            0
+        } else {
+            self.head_dim
+        }
     }
 
     pub fn query_len(&self) -> usize {
         self.num_seqs * self.q_heads * self.head_dim
+    }
+
+    /// Values of the output: `[num_seqs, q_heads, v_head_dim]`.
+    pub fn out_len(&self) -> usize {
+        self.num_seqs * self.q_heads * self.v_head_dim
     }
 }

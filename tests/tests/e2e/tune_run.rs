@@ -99,6 +99,23 @@ async fn wrong_and_panicking_candidates_are_recorded_and_never_win() {
 /// runtime selects each one's own winner and serves an fp8 call that matches the reference.
 #[tokio::test]
 async fn an_fp8_cache_problem_is_tuned_shared_and_served_apart() {
+    let plain = "paged:num_seqs=3,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=bf16";
+    tuned_shared_and_served_apart(plain, &format!("{plain},kv_dtype=fp8_e4m3")).await;
+}
+
+/// A latent-cache decode problem (DeepSeek's 576-value rows, 512-value values) and the same
+/// rows as plain keys and values go the same way: two winners, exported and imported, each
+/// served its own, the latent call matching the reference through the dispatcher.
+#[tokio::test]
+async fn a_latent_cache_problem_is_tuned_shared_and_served_apart() {
+    let plain = "paged:num_seqs=2,context_len=200,q_heads=16,kv_heads=1,head_dim=576,dtype=bf16";
+    tuned_shared_and_served_apart(plain, &format!("{plain},v_head_dim=512,scale=0.1352")).await;
+}
+
+/// Tunes `plain` and `other` into one database on the CPU, exports its winners and imports
+/// them into another, and checks each problem is served its own winner there, and that a
+/// call of `other` through the dispatcher matches the reference.
+async fn tuned_shared_and_served_apart(plain: &str, other: &str) {
     use kerntune::{Dispatcher, Match};
     use kerntune_kernels::data::ProblemData;
     use kerntune_kernels::kernel::Args;
@@ -110,8 +127,7 @@ async fn an_fp8_cache_problem_is_tuned_shared_and_served_apart() {
     let (a, b) = (dir.path().join("a.db"), dir.path().join("b.db"));
     let export = dir.path().join("winners.jsonl");
     let device = Device::host();
-    let plain = "paged:num_seqs=3,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=bf16";
-    let problems: Vec<Derived> = [plain.to_string(), format!("{plain},kv_dtype=fp8_e4m3")]
+    let problems: Vec<Derived> = [plain, other]
         .iter()
         .map(|s| Derived {
             problem: s.parse().unwrap(),
@@ -129,9 +145,8 @@ async fn an_fp8_cache_problem_is_tuned_shared_and_served_apart() {
     assert!(out.iter().all(|o| o.status == "tuned"), "{out:#?}");
     let winners = db.winners(Some(&device.identity())).await.unwrap();
     assert_eq!(winners.len(), 2);
-    assert!(winners
-        .iter()
-        .any(|w| w.problem.ends_with(",kv_dtype=fp8_e4m3")));
+    let other_key = problems[1].problem.key();
+    assert!(winners.iter().any(|w| w.problem == other_key));
     db.close().await;
     share::export(&a, None, false, Format::Jsonl, &export)
         .await

@@ -59,6 +59,11 @@ const AWKWARD: &[&str] = &[
     // Fp8 caches (vLLM's --kv-cache-dtype fp8): E4M3 under bf16 queries, E5M2 under f16.
     "paged:num_seqs=3,context_len=707,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3",
     "paged:num_seqs=5,context_len=1000,q_heads=8,kv_heads=8,head_dim=64,block_size=32,dtype=f16,kv_dtype=fp8_e5m2",
+    // Latent caches (DeepSeek's multi-head latent attention): rows of 576 whose first 512 are
+    // the values, bf16 and E4M3; rows of 128 with values of 64 (the grouped kernel).
+    "paged:num_seqs=3,context_len=707,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16",
+    "paged:num_seqs=3,context_len=707,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,kv_dtype=fp8_e4m3",
+    "paged:num_seqs=3,context_len=300,q_heads=4,kv_heads=2,head_dim=128,v_head_dim=64,dtype=f16",
 ];
 
 /// Llama-3.1-70B at tensor parallelism 8, bf16: decode and prefill GEMMs, prefill attention,
@@ -598,8 +603,24 @@ fn run() -> anyhow::Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::Variants;
+    use super::{Variants, AWKWARD, LLAMA70B_TP8};
     use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
+
+    /// The problems a device run checks are problems, and the GPU spaces offer each of them
+    /// candidates on the H200 and the MI250 (a typo here would only show on a device).
+    #[test]
+    fn every_checked_problem_parses_and_has_candidates() {
+        for spec in AWKWARD.iter().chain(LLAMA70B_TP8) {
+            let p: Problem = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
+            for name in ["h200", "mi250"] {
+                let device = Device::lookup(name).unwrap();
+                assert!(
+                    !GpuSpace.candidates(&p, &device).is_empty(),
+                    "{name}: no candidates for {spec}"
+                );
+            }
+        }
+    }
 
     /// The script's GEMM processes between them run every candidate once: the plain ones,
     /// the wgmma ones outside clusters, and the clusters.

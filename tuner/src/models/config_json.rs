@@ -283,6 +283,10 @@ impl Model {
             }
             _ => None,
         };
+        let scale = match latent {
+            Some(_) if scale.is_none() => Some(latent_scale(&f, head_dim)?),
+            _ => scale,
+        };
         // Gemma 2 soft-caps its attention scores (Gemma 3 writes null).
         let softcap = match f.float("attn_logit_softcapping")? {
             Some(c) if c > 0.0 && (c as f32).is_finite() => Some(c as f32),
@@ -346,8 +350,9 @@ impl Model {
                     })
                 }),
             attention: latent
-                .map(|l| latent_refusal(&f, &l))
+                .and_then(|l| sparse_refusal(&f, &l))
                 .or_else(|| attention_refusal(&f, &top)),
+            prefill: latent.map(|l| latent_prefill_refusal(&f, &l)),
         };
         let name = top
             .str("_name_or_path")
@@ -593,16 +598,56 @@ fn latent(f: &Fields<'_>, hidden: usize, q_heads: usize) -> Result<Option<Latent
     }))
 }
 
-/// Why latent attention is not the attention kerntune's kernels compute.
-fn latent_refusal(f: &Fields<'_>, l: &Latent) -> String {
+/// Why latent attention's prefill is not what kerntune's flash kernels compute (its decode,
+/// over the cached latent, is paged attention on a latent cache).
+fn latent_prefill_refusal(f: &Fields<'_>, l: &Latent) -> String {
     format!(
-        "{}: its attention is multi-head latent attention (kv_lora_rank = {}, as DeepSeek-V2 and V3): decode attends over one cached latent of {} values per token, and prefill over query and key heads of {} values with value heads of {}, neither of which kerntune's attention kernels compute",
+        "{}: its attention is multi-head latent attention (kv_lora_rank = {}, as DeepSeek-V2 and V3): decode attends over one cached latent row of {} values per token, which kerntune tunes, but prefill attends with query and key heads of {} values and value heads of {}, which kerntune's flash attention kernels do not compute",
         f.path.display(),
         l.kv_lora_rank,
-        l.kv_lora_rank + l.qk_rope_head_dim,
+        l.row(),
         l.qk_nope_head_dim + l.qk_rope_head_dim,
         l.v_head_dim
     )
+}
+
+/// Why DeepSeek-V3.2's sparse attention is not what kerntune's kernels compute: each query
+/// attends to the keys its indexer picks, not to its whole context.
+fn sparse_refusal(f: &Fields<'_>, l: &Latent) -> Option<String> {
+    l.indexer?;
+    Some(format!(
+        "{}: its attention is sparse (index_topk = {}): each query attends only to the keys its indexer picks, which kerntune's attention kernels do not compute",
+        f.path.display(),
+        f.int("index_topk").ok().flatten().unwrap_or(0)
+    ))
+}
+
+/// Latent attention's softmax scale, as vLLM's DeepSeek attention sets it: 1 / sqrt of the
+/// query and key head size, times `mscale²` where `rope_scaling` is set (YaRN's attention
+/// factor, `0.1 · mscale_all_dim · ln(factor) + 1` for a factor above 1, which vLLM applies
+/// to the scores rather than to the rotary embedding).
+fn latent_scale(f: &Fields<'_>, head_dim: usize) -> Result<f32> {
+    let base = 1.0 / (head_dim as f64).sqrt();
+    let Some(Value::Object(rope)) = f.map.get("rope_scaling") else {
+        return Ok(base as f32);
+    };
+    let number = |key: &str| -> Result<f64> {
+        match rope.get(key) {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(0.0),
+            Some(v) => v.as_f64().ok_or_else(|| {
+                f.error(format!(
+                    "field `rope_scaling.{key}` must be a number, found {v}"
+                ))
+            }),
+        }
+    };
+    let (factor, all_dim) = (number("factor")?, number("mscale_all_dim")?);
+    let mscale = if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * all_dim * factor.ln() + 1.0
+    };
+    Ok((base * mscale * mscale) as f32)
 }
 
 /// Why the MLP is not derived where fields describe experts under names [`experts`] does not

@@ -147,6 +147,12 @@ pub struct Latent {
 }
 
 impl Latent {
+    /// Values of the cached latent row each token's decode attends over: the latent, then the
+    /// rotary part of its key.
+    pub fn row(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
     /// Weights of one layer's attention, in elements.
     fn weights(&self, hidden: usize, heads: usize) -> usize {
         let qk = self.qk_nope_head_dim + self.qk_rope_head_dim;
@@ -176,8 +182,12 @@ pub struct Unsupported {
     /// mixer of a hybrid family read (other linear attention, convolutions), or experts under
     /// names not read; `--dtype` does not change that.
     pub layers: Option<String>,
-    /// The attention is not the softmax attention the kernels compute (ALiBi).
+    /// The attention is not the softmax attention the kernels compute (ALiBi, a sparse
+    /// indexer's top-k keys).
     pub attention: Option<String>,
+    /// Prefill attention alone is not the kernels' (latent attention's query and key heads
+    /// wider than its value heads); its decode is.
+    pub prefill: Option<String>,
 }
 
 /// Presets from the models' published `config.json` files.

@@ -14,9 +14,13 @@ const MAX_TURN: usize = 256;
 
 /// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
 /// rows are A tiles of 32 values a row, of bf16 (AMX has no fp8 products on the hosts that
-/// have it).
+/// have it), and the value rows whole key rows (a latent cache's shorter values are the
+/// other kernels').
 fn paged_on_tiles(p: &PagedProblem) -> bool {
-    p.dtype == DType::Bf16 && p.kv_dtype == DType::Bf16 && p.head_dim.is_multiple_of(32)
+    p.dtype == DType::Bf16
+        && p.kv_dtype == DType::Bf16
+        && p.head_dim.is_multiple_of(32)
+        && !p.is_latent()
 }
 
 /// Why paged attention's `key_tiles` kernels cannot run at an ISA level, if they cannot.
@@ -122,10 +126,10 @@ pub(super) fn validate(
             return Err(invalid(
                 f,
                 format!(
-                    "amx paged attention needs bf16 caches and a head_dim that is a \
-                     multiple of 32 (key rows are tiles of 32 values), not {} with \
-                     head_dim = {}",
-                    p.kv_dtype, p.head_dim
+                    "amx paged attention needs bf16 caches, a head_dim that is a \
+                     multiple of 32 (key rows are tiles of 32 values) and values as wide \
+                     as the keys, not {} with head_dim = {} and v_head_dim = {}",
+                    p.kv_dtype, p.head_dim, p.v_head_dim
                 ),
             ));
         }

@@ -87,8 +87,12 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         // each wave's P·V sums (groups of lanes).
         (Config::GpuPaged(c), Problem::Paged(p)) => {
             let waves = c.threads / g.wave_size as usize;
-            let rows = if c.lanes > 1 { waves } else { 1 };
-            4 * (c.partition + waves + rows * p.head_dim)
+            let rows = if c.lanes > 1 {
+                waves * p.v_head_dim
+            } else {
+                p.head_dim
+            };
+            4 * (c.partition + waves + rows)
         }
         _ => 0,
     }

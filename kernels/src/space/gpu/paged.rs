@@ -31,13 +31,14 @@ pub(super) fn validate(
         if !c.lanes.is_power_of_two()
             || c.lanes > 32
             || !p.head_dim.is_multiple_of(c.lanes * vec)
+            || !p.v_head_dim.is_multiple_of(c.lanes * vec)
             || p.head_dim / c.lanes > PAGED_MAX_DIMS_PER_LANE
         {
             return Err(invalid(
                 f,
                 format!(
-                    "lanes = {}: a power of two up to 32 whose lanes each take whole 16-byte pieces ({vec} values) of head_dim {}, at most {PAGED_MAX_DIMS_PER_LANE} dims a lane",
-                    c.lanes, p.head_dim
+                    "lanes = {}: a power of two up to 32 whose lanes each take whole 16-byte pieces ({vec} values) of head_dim {} and of v_head_dim {}, at most {PAGED_MAX_DIMS_PER_LANE} dims a lane",
+                    c.lanes, p.head_dim, p.v_head_dim
                 ),
             ));
         }
