@@ -20,6 +20,14 @@
 // scores carry scale · log2(e), and so does the cap): capped as they were computed, the
 // grouped builds of head size 128 spilled.
 //
+// KT_HEADS > 1 (with KT_LANES 1): a block takes KT_HEADS query heads of one KV head (grid
+// (partitions, q_heads / KT_HEADS, num_seqs)), so each key and value row it reads serves all of
+// them, where one head a block reads a row once per head (a grouped-query or latent decode's
+// whole group: 8 heads on one KV head at Llama-3.1-70B's TP8, 16 on DeepSeek's latent row).
+// The scores: a thread per token, each key value it loads multiplied by every head's query
+// (from LDS, the same address across the block); each wave then turns heads' rows of scores
+// into weights; P·V: consecutive threads on consecutive value dims, each summing every head's.
+//
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
 // KT_LANES 2 to 32: groups of KT_LANES lanes per token, for the scores and for P·V. A lane
@@ -37,6 +45,12 @@
 #endif
 #ifndef KT_DV
 #define KT_DV KT_D
+#endif
+#ifndef KT_HEADS
+#define KT_HEADS 1
+#endif
+#if KT_HEADS > 1 && KT_LANES != 1
+#error "KT_HEADS > 1 takes a thread a token (KT_LANES 1)"
 #endif
 #if KT_DV > KT_D
 #error "KT_DV, the values a row holds, must not exceed KT_D"
@@ -64,7 +78,105 @@ KT_DEVICE float kt_block_sum(float v, float* scratch) {
     return r;
 }
 
-#if KT_LANES == 1
+#if KT_HEADS > 1
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,
+         const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
+         const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
+         float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
+         int max_blocks, int partitions, float scale, int window, float softcap) {
+    KT_SHARED float qs[KT_HEADS][KT_D];
+    KT_SHARED float scores[KT_HEADS][KT_PART];
+    const int tid = KT_TID;
+    const int part = KT_BID_X;
+    const int h0 = KT_BID_Y * KT_HEADS;
+    const int seq = KT_BID_Z;
+    // The block's heads share their KV head: KT_HEADS divides the group (validated).
+    const int kvh = h0 / (q_heads / kv_heads);
+    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
+    const int skip = first / KT_BLOCK;
+    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
+    const int t0 = first % KT_BLOCK + part * KT_PART;
+    const int t1 = min(ctx, t0 + KT_PART);
+    // Head g's partial slot: the block's first head's, then `partitions` apart.
+    const long slot0 = ((long)seq * q_heads + h0) * partitions + part;
+    auto slot = [&](int g) { return slot0 + (long)g * partitions; };
+    if (t0 >= t1) {
+        // An empty partition contributes nothing to the reduction.
+        for (int g = 0; g < KT_HEADS; ++g) {
+            if (tid == 0) {
+                part_max[slot(g)] = -KT_INF;
+                part_sum[slot(g)] = 0.0f;
+            }
+            for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot(g) * KT_DV + x] = 0.0f;
+        }
+        return;
+    }
+    const float log2e = 1.4426950408889634f;
+    for (int i = tid; i < KT_HEADS * KT_D; i += KT_THREADS)
+        qs[i / KT_D][i % KT_D] =
+            kt_load(query, ((long)seq * q_heads + h0) * KT_D + i) * scale * log2e;
+    KT_SYNC();
+    const unsigned* table = block_tables + (long)seq * max_blocks + skip;
+    auto row_of = [&](int t) {
+        return (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
+    };
+    for (int t = t0 + tid; t < t1; t += KT_THREADS) {
+        const long row = row_of(t);
+        float dot[KT_HEADS];
+#pragma unroll
+        for (int g = 0; g < KT_HEADS; ++g) dot[g] = 0.0f;
+        // Two keys' values in flight: with four, ptxas spilled a word or two on sm_90 (16
+        // heads; 8 on an fp8 cache) at 48 registers of its 255.
+#pragma unroll 2
+        for (int x = 0; x < KT_D; ++x) {
+            const float k = kt_load_cache(key_cache, row + x);
+#pragma unroll
+            for (int g = 0; g < KT_HEADS; ++g) dot[g] = fmaf(qs[g][x], k, dot[g]);
+        }
+#pragma unroll
+        for (int g = 0; g < KT_HEADS; ++g) scores[g][t - t0] = dot[g];
+    }
+    KT_SYNC();
+    // Wave w takes heads w, w + WAVES, ...: a row's maximum (capped, as the one-head kernel
+    // caps it), its weights and their sum.
+    const int wave = tid / KT_WAVE;
+    const int lane = tid % KT_WAVE;
+    const int n = t1 - t0;
+    const float cap_unit = softcap * log2e;
+    for (int g = wave; g < KT_HEADS; g += KT_WAVES) {
+        float mx = -KT_INF;
+        for (int i = lane; i < n; i += KT_WAVE) mx = fmaxf(mx, scores[g][i]);
+        mx = kt_softcap(kt_wave_max(mx), cap_unit);
+        float sum = 0.0f;
+        for (int i = lane; i < n; i += KT_WAVE) {
+            const float p = exp2f(kt_softcap(scores[g][i], cap_unit) - mx);
+            scores[g][i] = p;
+            sum += p;
+        }
+        sum = kt_wave_sum(sum);
+        if (lane == 0) {
+            part_max[slot(g)] = mx;
+            part_sum[slot(g)] = sum;
+        }
+    }
+    KT_SYNC();
+    for (int x = tid; x < KT_DV; x += KT_THREADS) {
+        float acc[KT_HEADS];
+#pragma unroll
+        for (int g = 0; g < KT_HEADS; ++g) acc[g] = 0.0f;
+        for (int t = t0; t < t1; ++t) {
+            const float v = kt_load_cache(value_cache, row_of(t) + x);
+#pragma unroll
+            for (int g = 0; g < KT_HEADS; ++g) acc[g] = fmaf(scores[g][t - t0], v, acc[g]);
+        }
+#pragma unroll
+        for (int g = 0; g < KT_HEADS; ++g) part_out[slot(g) * KT_DV + x] = acc[g];
+    }
+}
+
+#elif KT_LANES == 1
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,

@@ -47,6 +47,9 @@ fn paged_problems() -> Vec<Problem> {
         (5, 300, 64, 1, 64, 32),
         (1, 1100, 8, 8, 128, 16),
         (4, 45, 6, 2, 80, 16),
+        (2, 70, 8, 2, 64, 1),
+        (3, 300, 8, 1, 128, 64),
+        (2, 600, 16, 2, 64, 128),
     ] {
         for dtype in DType::ALL {
             out.push(problem(&format!(
@@ -399,7 +402,8 @@ fn paged_key_tiles_match_reference_or_are_refused() {
     let configs = |bs: usize| -> Vec<Config> {
         let mut out = Vec::new();
         for &isa in &isas {
-            for partition in [0, bs, 2 * bs, 64] {
+            // Partitions are whole blocks.
+            for partition in [0, bs, 2 * bs, 64].into_iter().filter(|p| p % bs == 0) {
                 for (group_heads, whole_rows, turn) in [
                     (false, false, 0),
                     (true, false, 0),
@@ -521,6 +525,8 @@ fn paged_key_tiles_match_reference_or_are_refused() {
             (2, 70, 2, 2, 256, 16),
             (1, 333, 8, 1, 128, 32),
             (2, 17, 8, 1, 63, 16),
+            (2, 40, 8, 1, 64, 1),
+            (2, 300, 8, 2, 64, 128),
         ] {
             problems.push(problem(&format!(
                 "paged:num_seqs={seqs},context_len={ctx},q_heads={hq},kv_heads={hkv},head_dim={d},block_size={bs},dtype={dtype},kv_dtype={kv}"
@@ -905,6 +911,15 @@ fn every_paged_candidate_matches_reference_on_a_latent_cache() {
         (
             "num_seqs=3,context_len=50,q_heads=4,kv_heads=1,head_dim=7,v_head_dim=5,block_size=16",
             vec![1, 50, 33],
+        ),
+        // FlashMLA's blocks of 64 and AITER's of one token.
+        (
+            "num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,scale=0.1352",
+            vec![300, 65],
+        ),
+        (
+            "num_seqs=2,context_len=40,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=1,scale=0.1352",
+            vec![40, 3],
         ),
     ];
     ran += every_paged_candidate_in_each_type(&cases);

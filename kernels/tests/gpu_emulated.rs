@@ -410,8 +410,14 @@ fn paged_candidates_match_the_reference_on_32_and_64_wide_waves() {
     // A sliding window of 300 tokens: sequences inside it, and past it by 33 tokens (the
     // window starting inside a block) and by 300 (two partitions of 256 from its start).
     let windowed = format!("{PAGED_BF16},window=300");
+    // Blocks of 128 tokens (CUTLASS MLA's) and of one (AITER's): partitions of whole blocks,
+    // a table entry a token.
+    let big = PAGED_BF16.replace("block_size=16", "block_size=128");
+    let one = PAGED_BF16.replace("block_size=16", "block_size=1");
     for model in ["h200", "mi250"] {
         every_candidate(model, &windowed, Some(vec![1, 600, 333]));
+        every_candidate(model, &big, Some(vec![1, 600, 129]));
+        every_candidate(model, &one, Some(vec![1, 600, 129]));
     }
     // Head sizes 128 and 256 take groups of 16 and 32 lanes (one 16-byte piece a lane).
     let grouped = |c: &Config| matches!(c, Config::GpuPaged(p) if p.lanes > 1);
@@ -451,26 +457,27 @@ fn paged_candidates_match_the_reference_on_fp8_caches() {
     let data = ProblemData::random(&problem, 4).with_context_lens(vec![300, 17]);
     paged_edits_show(
         &data,
-        &[("h200", 1), ("h200", 16), ("mi250", 16)],
+        &[("h200", 1, 1), ("h200", 16, 1), ("mi250", 16, 1)],
         256,
         &[("v_scale / total", "1.0f / total")],
     );
 }
 
 /// [`source_edits_show`] for paged.hip on `data`, with `threads` threads and partitions of as
-/// many tokens, on each `(model, lanes)`.
+/// many tokens, on each `(model, lanes, heads)`.
 fn paged_edits_show(
     data: &ProblemData,
-    kernels: &[(&str, usize)],
+    kernels: &[(&str, usize, usize)],
     threads: usize,
     edits: &[(&str, &str)],
 ) {
-    for &(model, lanes) in kernels {
+    for &(model, lanes, heads) in kernels {
         let (_, emu) = emulator(model);
         let config = Config::GpuPaged(GpuPagedConfig {
             partition: threads,
             threads,
             lanes,
+            heads,
         });
         source_edits_show(&emu, data, &config, include_str!("../hip/paged.hip"), edits);
     }
@@ -490,6 +497,15 @@ fn paged_candidates_match_the_reference_on_latent_caches() {
     for model in ["h200", "mi250"] {
         for (spec, lens) in [
             (deepseek.to_string(), vec![600, 17]),
+            // FlashMLA's blocks of 64 and AITER's of one token.
+            (
+                deepseek.replace("block_size=16", "block_size=64"),
+                vec![600, 65],
+            ),
+            (
+                deepseek.replace("block_size=16", "block_size=1"),
+                vec![33, 600],
+            ),
             (format!("{deepseek},kv_dtype=fp8_e4m3"), vec![1, 333]),
             (format!("{small},dtype=f16"), vec![300, 1, 77]),
             (
@@ -504,7 +520,12 @@ fn paged_candidates_match_the_reference_on_latent_caches() {
     let data = ProblemData::random(&problem, 4).with_context_lens(vec![300, 17, 200]);
     paged_edits_show(
         &data,
-        &[("h200", 1), ("h200", 8), ("mi250", 8)],
+        &[
+            ("h200", 1, 1),
+            ("h200", 8, 1),
+            ("mi250", 8, 1),
+            ("h200", 1, 2),
+        ],
         128,
         &[
             (
@@ -514,6 +535,49 @@ fn paged_candidates_match_the_reference_on_latent_caches() {
             (
                 "part_out[(base + p) * KT_DV + x]",
                 "part_out[(base + p) * KT_D + x]",
+            ),
+        ],
+    );
+}
+
+/// Blocks of several query heads (a thread a token, each row read once for all of them): every
+/// such candidate of Llama-3.1-70B's TP8 decode shape (8 heads on one KV head) and of
+/// DeepSeek's latent one (16 on one row of 576) with a window, sinks, a cap and an fp8 cache
+/// beside, on an H200's and an MI250's waves; a block whose heads all write the first head's
+/// slot, or all take its query, is caught.
+#[test]
+fn paged_blocks_of_several_heads_match_the_reference() {
+    let several = |c: &Config| matches!(c, Config::GpuPaged(p) if p.heads > 1);
+    for model in ["h200", "mi250"] {
+        for (spec, lens) in [
+            (
+                "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,window=300,sinks=true",
+                vec![600, 1, 333],
+            ),
+            (
+                "paged:num_seqs=2,context_len=300,q_heads=16,kv_heads=2,head_dim=64,dtype=f16,softcap=1,kv_dtype=fp8_e4m3",
+                vec![300, 17],
+            ),
+            (
+                "paged:num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,scale=0.1352",
+                vec![300, 17],
+            ),
+        ] {
+            let ran = candidates_where(model, spec, Some(lens), several);
+            assert!(ran >= 9, "{model} {spec}: {ran}");
+        }
+    }
+    let problem: Problem = PAGED_BF16.parse().unwrap();
+    let data = ProblemData::random(&problem, 4).with_context_lens(vec![1, 600, 333]);
+    paged_edits_show(
+        &data,
+        &[("h200", 1, 4), ("mi250", 1, 2)],
+        128,
+        &[
+            ("return slot0 + (long)g * partitions;", "return slot0;"),
+            (
+                "((long)seq * q_heads + h0) * KT_D + i) * scale",
+                "((long)seq * q_heads + h0) * KT_D + i % KT_D) * scale",
             ),
         ],
     );
@@ -529,6 +593,7 @@ fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {
         partition: 256,
         threads: 256,
         lanes: 16,
+        heads: 1,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))

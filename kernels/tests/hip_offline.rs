@@ -455,6 +455,33 @@ fn every_grouped_paged_candidate_compiles_for_mi250_and_mi300x_without_spills() 
     );
 }
 
+/// Blocks of several query heads: every such candidate of Llama-3.1-70B's TP8 decode (8 heads
+/// on one KV head: 2, 4 and 8 a block) and of DeepSeek-V3's latent decode (16 on one row of
+/// 576, values of 512, on an fp8 cache: the candidates whose rows of scores fit the LDS).
+#[test]
+fn every_paged_candidate_of_several_heads_compiles_without_spills() {
+    let Some(hip) = compiler("every_paged_candidate_of_several_heads_compiles_without_spills")
+    else {
+        return;
+    };
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[
+            (
+                "mi250",
+                "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                27,
+            ),
+            (
+                "mi300x",
+                "paged:num_seqs=8,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,kv_dtype=fp8_e4m3fnuz,scale=0.1352",
+                33,
+            ),
+        ],
+        |c| matches!(c, Config::GpuPaged(c) if c.heads > 1),
+    );
+}
+
 /// The machine of an AMDGPU code object: `EF_AMDGPU_MACH`, the low byte of the ELF header's
 /// `e_flags` (byte 48 of a 64-bit header).
 fn machine(object: &[u8]) -> u32 {

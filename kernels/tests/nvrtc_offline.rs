@@ -184,7 +184,7 @@ fn check_candidates(
             Config::GpuGemm(g) => {
                 matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
             }
-            Config::GpuPaged(g) => g.lanes > 1,
+            Config::GpuPaged(g) => g.lanes > 1 || g.heads > 1,
             // Warps of 32 rows: the plain 32-key tiles, which the space leads with.
             Config::GpuFlash(f) => {
                 f.wgmma || (f.lanes == 1 && f.bc == 32 && !f.paired && f.split == 1)
@@ -652,6 +652,36 @@ fn fp8_cache_builds_compile_without_spills() {
         );
         assert_eq!(configs.len(), 24, "{name}: {configs:?}");
         check_candidates(&nvrtc, name, &p, &configs, "ld.global.nc.v2.");
+    }
+}
+
+/// Blocks of several query heads (KT_HEADS): every such candidate of Llama-3.1-70B's TP8
+/// decode (8 heads on one KV head) for sm_80 and sm_90a, none spilling, each keyed by its
+/// heads. (The latent test below compiles DeepSeek's, 16 heads on one row of 576.)
+#[test]
+fn several_heads_builds_compile_without_spills() {
+    let Some(nvrtc) = compiler("several_heads_builds_compile_without_spills") else {
+        return;
+    };
+    let p: Problem =
+        "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16"
+            .parse()
+            .unwrap();
+    for name in ["a100", "h200"] {
+        let configs = candidates_where(
+            name,
+            &p,
+            |c| matches!(c, Config::GpuPaged(c) if c.heads > 1),
+        );
+        assert_eq!(configs.len(), 27, "{name}: {configs:?}");
+        check_candidates(&nvrtc, name, &p, &configs, "kt_paged_reduce");
+        for c in &configs {
+            let Config::GpuPaged(g) = c else {
+                unreachable!()
+            };
+            let key = KernelBuild::new(&p, c).unwrap().key();
+            assert!(key.contains(&format!("KT_HEADS={}", g.heads)), "{key}");
+        }
     }
 }
 

@@ -64,8 +64,8 @@ fn bad_inputs_exit_2_and_write_nothing() {
             "--dtype, --kernels shape a model's problems",
         ),
         (
-            &["--shapes", "llama70b", "--block-size", "64"],
-            "--block-size: invalid paged problem: block_size = 64: must be 8, 16 or 32",
+            &["--shapes", "llama70b", "--block-size", "48"],
+            "--block-size: invalid paged problem: block_size = 48: must be 1, 8, 16, 32, 64 or 128",
         ),
         (
             &["--shapes", "llama70b", "--prefill-lens", "100000000"],

@@ -279,6 +279,11 @@ pub struct GpuPagedConfig {
     /// group's loads are contiguous, its dot products summed by shuffles.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub lanes: usize,
+    /// Query heads of one KV head a block takes, reading each cached row once for all of them
+    /// (1, one head a block, in configs stored before the others existed; more with a thread
+    /// a token only).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub heads: usize,
 }
 
 /// A rocBLAS GEMM solution (`rocblas_gemm_ex` with `rocblas_gemm_algo_solution_index`).
@@ -386,6 +391,9 @@ impl fmt::Display for GpuPagedConfig {
         )?;
         if self.lanes != 1 {
             write!(f, " lanes={}", self.lanes)?;
+        }
+        if self.heads != 1 {
+            write!(f, " heads={}", self.heads)?;
         }
         Ok(())
     }

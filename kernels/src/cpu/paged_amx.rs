@@ -699,6 +699,19 @@ mod tests {
                 "num_seqs=2,context_len=100,q_heads=10,kv_heads=1,head_dim=32,block_size=8,window=70,softcap=0.5",
                 vec![100, 75],
             ),
+            // Blocks of one token (every tile gathered) and of 64 and 128 (whole tiles).
+            (
+                "num_seqs=2,context_len=50,q_heads=8,kv_heads=1,head_dim=64,block_size=1",
+                vec![50, 17],
+            ),
+            (
+                "num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=64",
+                vec![300, 100],
+            ),
+            (
+                "num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=128,block_size=128",
+                vec![300, 129],
+            ),
         ] {
             let problem: Problem = format!("paged:{spec},dtype=bf16").parse().unwrap();
             let Problem::Paged(p) = &problem else {
@@ -776,12 +789,23 @@ mod tests {
                 }
             }
         }
-        // The partitions each block size divides (16 three, 8 four, 32 two) times the head
-        // splits: two on one KV head, three with grouped query heads, four with one query
-        // head per KV head.
+        // The partitions each block size divides (16 three, 8 four, 32 two, 1 four, 64 two,
+        // 128 one) times the head splits: two on one KV head, three with grouped query heads,
+        // four with one query head per KV head.
         assert_eq!(
             ran,
-            (3 * 2 + 4 * 3 + 2 * 2 + 3 * 2 + 3 * 2 + 3 * 3 + 3 * 4 + 3 * 3 + 4 * 2)
+            (3 * 2
+                + 4 * 3
+                + 2 * 2
+                + 3 * 2
+                + 3 * 2
+                + 3 * 3
+                + 3 * 4
+                + 3 * 3
+                + 4 * 2
+                + 4 * 2
+                + 2 * 3
+                + 2)
                 * 2
                 * engines.len()
         );

@@ -547,7 +547,7 @@ pub fn launches(
             vec![
                 Launch {
                     entry: 0,
-                    grid: grid(parts, p.q_heads, p.num_seqs)?,
+                    grid: grid(parts, p.q_heads / c.heads, p.num_seqs)?,
                     cluster: 1,
                     block,
                     shared_bytes: 0,

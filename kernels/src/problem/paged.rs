@@ -113,8 +113,10 @@ impl TryFrom<PagedFields> for PagedProblem {
 /// rotary); attention heads themselves stop at 256.
 pub const MAX_HEAD_DIM: usize = 1024;
 
-/// Block sizes vLLM and TGI allocate caches with.
-pub const BLOCK_SIZES: [usize; 3] = [8, 16, 32];
+/// Block sizes vLLM and TGI allocate caches with (vLLM's `--block-size` choices: 16 by
+/// default; 64 and 128 for FlashMLA's and CUTLASS MLA's latent caches, 1 for ROCm AITER's).
+/// Powers of two, which the CPU kernels' block arithmetic takes as shifts.
+pub const BLOCK_SIZES: [usize; 6] = [1, 8, 16, 32, 64, 128];
 
 fn invalid(field: &'static str, value: impl ToString, reason: &str) -> KernelError {
     KernelError::InvalidProblem {
@@ -152,7 +154,11 @@ impl PagedProblem {
             ));
         }
         if !BLOCK_SIZES.contains(&block_size) {
-            return Err(invalid("block_size", block_size, "must be 8, 16 or 32"));
+            return Err(invalid(
+                "block_size",
+                block_size,
+                "must be 1, 8, 16, 32, 64 or 128",
+            ));
         }
         Ok(PagedProblem {
             num_seqs,

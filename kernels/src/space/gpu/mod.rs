@@ -87,6 +87,10 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         // each wave's P·V sums (groups of lanes).
         (Config::GpuPaged(c), Problem::Paged(p)) => {
             let waves = c.threads / g.wave_size as usize;
+            if c.heads > 1 {
+                // Each head's query and scores.
+                return 4 * c.heads * (p.head_dim + c.partition);
+            }
             let rows = if c.lanes > 1 {
                 waves * p.v_head_dim
             } else {
