@@ -1,6 +1,6 @@
 // kerntune flash attention, forward (prefill). Q [batch, q_len, q_heads, D], K and V
 // [batch, kv_len, kv_heads, D] in f32, f16 or bf16 (KT_DTYPE); out [batch, q_len, q_heads, D]
-// in f32. GQA/MQA: query head h reads kv head h / (q_heads / kv_heads). Causal with
+// in f32 (V and out of KT_DV where value heads are narrower, below). GQA/MQA: query head h reads kv head h / (q_heads / kv_heads). Causal with
 // q_len < kv_len aligns the queries to the end of the keys, as in chunked prefill.
 //
 // Grid (q_heads · batch, ceil(q_len / BR)), one block per KT_BR query rows of one head (half
@@ -53,6 +53,14 @@
 #ifndef KT_BR
 #error "KT_BR, KT_BC, KT_LANES, KT_D and KT_VARIANT must be defined"
 #endif
+// Value heads narrower than the keys (KT_DV, latent attention's prefill: keys of 192, values
+// of 128): V is [batch, kv_len, kv_heads, KT_DV] and out [batch, q_len, q_heads, KT_DV].
+#ifndef KT_DV
+#define KT_DV KT_D
+#endif
+#if KT_DV % KT_LANES != 0
+#error "KT_LANES must divide KT_DV"
+#endif
 #if KT_D % KT_LANES != 0
 #error "KT_LANES must divide KT_D"
 #endif
@@ -81,13 +89,14 @@ KT_DEVICE int kt_reach(int window) { return KT_WINDOW ? window : 0x40000000; }
 
 #define KT_THREADS (KT_BR * KT_LANES)
 #define KT_PER_LANE (KT_D / KT_LANES)
+#define KT_PER_LANE_V (KT_DV / KT_LANES)
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
          float scale, int window, const float* __restrict__ sinks, float softcap) {
     KT_SHARED float ks[KT_BC][KT_D];
-    KT_SHARED float vs[KT_BC][KT_D];
+    KT_SHARED float vs[KT_BC][KT_DV];
     const int tid = KT_TID;
     const int lane = tid % KT_LANES;
     const int h = KT_BID_X % q_heads;
@@ -100,13 +109,13 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     // The cap in the scores' units (scale · log2(e) folded into q).
     const float cap_unit = softcap * log2e;
 
-    float qr[KT_PER_LANE], o[KT_PER_LANE];
-    const long qrow = (((long)b * q_len + (live ? i : 0)) * q_heads + h) * KT_D;
+    float qr[KT_PER_LANE], o[KT_PER_LANE_V];
+    const long row = ((long)b * q_len + (live ? i : 0)) * q_heads + h;
 #pragma unroll
-    for (int x = 0; x < KT_PER_LANE; ++x) {
-        qr[x] = live ? kt_load(q, qrow + lane + KT_LANES * x) * scale * log2e : 0.0f;
-        o[x] = 0.0f;
-    }
+    for (int x = 0; x < KT_PER_LANE; ++x)
+        qr[x] = live ? kt_load(q, row * KT_D + lane + KT_LANES * x) * scale * log2e : 0.0f;
+#pragma unroll
+    for (int x = 0; x < KT_PER_LANE_V; ++x) o[x] = 0.0f;
     float mx = -KT_INF, sum = 0.0f;
     // Keys row i may see: all, or up to its position aligned to the end of the keys, and
     // with a window from `reach` keys before that end.
@@ -120,9 +129,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int e = tid; e < KT_BC * KT_D; e += KT_THREADS) {
             const int r = e / KT_D, x = e % KT_D;
             const int j = j0 + r;
-            const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
-            ks[r][x] = j < kv_len ? kt_load(k, at) : 0.0f;
-            vs[r][x] = j < kv_len ? kt_load(v, at) : 0.0f;
+            const long at = ((long)b * kv_len + j) * kv_heads + kvh;
+            ks[r][x] = j < kv_len ? kt_load(k, at * KT_D + x) : 0.0f;
+            if (x < KT_DV) vs[r][x] = j < kv_len ? kt_load(v, at * KT_DV + x) : 0.0f;
         }
         KT_SYNC();
         float s[KT_BC];
@@ -144,13 +153,13 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             const float correction = exp2f(mx - m_new);
             sum *= correction;
 #pragma unroll
-            for (int x = 0; x < KT_PER_LANE; ++x) o[x] *= correction;
+            for (int x = 0; x < KT_PER_LANE_V; ++x) o[x] *= correction;
 #pragma unroll
             for (int r = 0; r < KT_BC; ++r) {
                 const float p = exp2f(s[r] - m_new);
                 sum += p;
 #pragma unroll
-                for (int x = 0; x < KT_PER_LANE; ++x)
+                for (int x = 0; x < KT_PER_LANE_V; ++x)
                     o[x] = fmaf(p, vs[r][lane + KT_LANES * x], o[x]);
             }
             mx = m_new;
@@ -161,7 +170,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         const float total = sum + kt_sink_weight(sinks, h, mx);
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
-        for (int x = 0; x < KT_PER_LANE; ++x) out[qrow + lane + KT_LANES * x] = o[x] * inv;
+        for (int x = 0; x < KT_PER_LANE_V; ++x) out[row * KT_DV + lane + KT_LANES * x] = o[x] * inv;
     }
 }
 
@@ -173,8 +182,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #if KT_DTYPE == 0
 #error "the mma variant takes f16 or bf16 inputs"
 #endif
-#if KT_D % 16 != 0 || KT_BR % 16 != 0 || KT_BC % 16 != 0
-#error "the mma variant needs KT_D, KT_BR and KT_BC multiples of 16"
+#if KT_D % 16 != 0 || KT_DV % 16 != 0 || KT_BR % 16 != 0 || KT_BC % 16 != 0
+#error "the mma variant needs KT_D, KT_DV, KT_BR and KT_BC multiples of 16"
 #endif
 #ifndef KT_PAIRED
 #define KT_PAIRED 0
@@ -260,7 +269,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #endif
 #define KT_QK (KT_D / 16)   // k steps of Q·Kᵀ
 #define KT_ST (KT_BC / 8)   // 8-key tiles of S
-#define KT_OT (KT_D / 8)    // 8-dim tiles of O
+#define KT_OT (KT_DV / 8)   // 8-dim tiles of O
 #if KT_WG
 // KT_WG (NVIDIA sm_90): the two products by warpgroup MMA instead, wgmma.mma_async with A
 // from registers (Q's fragments, then P's: the same m16k16 fragments as mma.sync's, a warp's
@@ -276,6 +285,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #if (KT_D != 64 && KT_D != 128) || (KT_BC != 64 && KT_BC != 128) || KT_BR % 64 != 0
 #error "the wgmma flash takes KT_D and KT_BC of 64 or 128 and whole warpgroups (KT_BR % 64 == 0)"
 #endif
+#if KT_DV != KT_D
+#error "the wgmma flash takes value heads as wide as the keys (KT_DV == KT_D)"
+#endif
 #define KT_TILE (KT_BC * KT_D)
 #define KT_ALIGN 1024
 #if !defined(KT_DYN_LDS) || \
@@ -283,7 +295,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #error "KT_DYN_LDS must be the bytes of the K and V tiles, their alignment and mbarriers, as the launch passes them"
 #endif
 #else
-// K and V tiles [BC][D + 8] each, then with KT_Q_SHARED the Q tile [BR][D + 8], in dynamic
+// K and V tiles [BC][D + 8] each (V's first DV dims used), then with KT_Q_SHARED the Q tile
+// [BR][D + 8], in dynamic
 // shared memory of KT_DYN_LDS bytes (the launch passes the same). 8 halves of padding put
 // the 8 rows of one ldmatrix on distinct banks and keep every row 16-byte aligned for
 // cp.async.
@@ -301,7 +314,7 @@ KT_DEVICE int kt_run(int kv_len) {
 }
 
 // Split, `part_out` holds the runs' unnormalized output rows, slot
-// ((b · SPLIT + c) · q_len + i) · q_heads + h (the block's rows) of KT_D floats each, and
+// ((b · SPLIT + c) · q_len + i) · q_heads + h (the block's rows) of KT_DV floats each, and
 // `part_max` / `part_sum` the rows' maxima (of the scaled scores, base 2) and sums in the
 // same slots; kt_flash_reduce combines them. A row whose keys all lie in the first run is
 // written to `out` by that run's block and left alone by kt_flash_reduce: in a causal mask
@@ -369,19 +382,20 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // And from the tile holding the first key its first row sees (its window's start).
         const int key_begin = max(run_begin, kt_first_tile(qt * KT_BR, shift, window));
         if (KT_SPLIT > 1 && key_begin >= block_seen) return;
-        // Key or value rows j0 .. j0 + BC of this KV head into `dst`, 16 bytes a copy; rows past
-        // the keys zero-filled. Consecutive threads take consecutive pieces of a row.
+        // Key or value rows j0 .. j0 + BC (of `dims` values: KT_D, or KT_DV for values) of this
+        // KV head into `dst`, 16 bytes a copy; rows past the keys zero-filled. Consecutive
+        // threads take consecutive pieces of a row.
 #if KT_WG
-        auto load = [&](unsigned short* dst, const kt_in* src, int j0) {
+        auto load = [&](unsigned short* dst, const kt_in* src, int j0, int dims) {
 #else
-        auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0) {
+        auto load = [&](unsigned short (*dst)[KT_LDD], const kt_in* src, int j0, int dims) {
 #endif
             // The tile's shared address and this KV head's first key, once: each piece is
             // then an offset from both (kt_cp_async16_at).
             const unsigned to = kt_smem(dst);
-            const kt_in* const head = src + ((long)b * kv_len * kv_heads + kvh) * KT_D;
-            for (int e = KT_TID % KT_COPIERS; e < KT_BC * (KT_D / 8); e += KT_COPIERS) {
-                const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
+            const kt_in* const head = src + ((long)b * kv_len * kv_heads + kvh) * dims;
+            for (int e = KT_TID % KT_COPIERS; e < KT_BC * (dims / 8); e += KT_COPIERS) {
+                const int r = e / (dims / 8), x = 8 * (e % (dims / 8));
                 const int j = j0 + r;
                 const bool in = j < kv_len;
 #if KT_WG
@@ -390,7 +404,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #else
                 const unsigned at = to + 2 * (r * KT_LDD + x);
 #endif
-                kt_cp_async16_at(at, head + (long)(in ? j : 0) * kv_heads * KT_D + x, in ? 16 : 0);
+                kt_cp_async16_at(at, head + (long)(in ? j : 0) * kv_heads * dims + x, in ? 16 : 0);
             }
         };
 #if KT_SPEC
@@ -437,8 +451,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             for (int j0 = key_begin, it = 0; j0 < block_seen; j0 += KT_BC, ++it) {
                 const int st = it % KT_STAGES;
                 kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
-                load(stages + 2 * st * KT_TILE, k, j0);
-                load(stages + (2 * st + 1) * KT_TILE, v, j0);
+                load(stages + 2 * st * KT_TILE, k, j0, KT_D);
+                load(stages + (2 * st + 1) * KT_TILE, v, j0, KT_DV);
                 kt_cp_async_mbar_arrive(&full[st]);
             }
             kt_cp_async_wait_all();
@@ -461,6 +475,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             const int i = row(m, r);
             return (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
         };
+        // And in out, whose rows hold KT_DV.
+        auto orow = [&](int m, int r) { return qrow(m, r) / KT_D * KT_DV; };
 #pragma unroll
         for (int x = 0; x < 2 * KT_MR; ++x) {
             const int i = row(x / 2, x % 2);
@@ -698,9 +714,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             }
             kt_cp_async_commit();
 #endif
-            load(ks, k, key_begin);
+            load(ks, k, key_begin, KT_D);
             kt_cp_async_commit();
-            load(vs, v, key_begin);
+            load(vs, v, key_begin, KT_DV);
             kt_cp_async_commit();
         }
 #if !KT_WG
@@ -768,7 +784,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             }
 #endif
             KT_SYNC();  // every warp is done with this K tile: load the next over it
-            if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC);
+            if (j0 + KT_BC < block_seen) load(ks, k, j0 + KT_BC, KT_D);
             kt_cp_async_commit();
 #if KT_WG
             float corr[2];
@@ -821,7 +837,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             }
 #endif
             KT_SYNC();  // every warp is done with this V tile: load the next over it
-            if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC);
+            if (j0 + KT_BC < block_seen) load(vs, v, j0 + KT_BC, KT_DV);
             kt_cp_async_commit();
         }
 #endif
@@ -846,8 +862,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 }
 #pragma unroll
                 for (int d = 0; d < KT_OT; ++d) {
-                    part_out[slot * KT_D + 8 * d + 2 * t] = o[m][d][2 * r];
-                    part_out[slot * KT_D + 8 * d + 2 * t + 1] = o[m][d][2 * r + 1];
+                    part_out[slot * KT_DV + 8 * d + 2 * t] = o[m][d][2 * r];
+                    part_out[slot * KT_DV + 8 * d + 2 * t + 1] = o[m][d][2 * r + 1];
                 }
                 continue;
             }
@@ -856,8 +872,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
             for (int d = 0; d < KT_OT; ++d) {
-                out[qrow(m, r) + 8 * d + 2 * t] = o[m][d][2 * r] * inv;
-                out[qrow(m, r) + 8 * d + 2 * t + 1] = o[m][d][2 * r + 1] * inv;
+                out[orow(m, r) + 8 * d + 2 * t] = o[m][d][2 * r] * inv;
+                out[orow(m, r) + 8 * d + 2 * t + 1] = o[m][d][2 * r + 1] * inv;
             }
         }
     }  // pass
@@ -876,9 +892,9 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     (void)kv_heads;
     const long rows = (long)batch * q_len * q_heads;
     const long e = (long)KT_BID_X * KT_THREADS + KT_TID;
-    if (e >= rows * KT_D) return;
+    if (e >= rows * KT_DV) return;
     // Row (b · q_len + i) · q_heads + h; its slot of run c is (b · SPLIT + c) · per + rest.
-    const long row = e / KT_D, per = (long)q_len * q_heads;
+    const long row = e / KT_DV, per = (long)q_len * q_heads;
     const long b = row / per, rest = row % per;
     const int i = (int)(rest / q_heads);
     const int seen = causal ? min(kv_len, i + kv_len - q_len + 1) : kv_len;
@@ -892,7 +908,7 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
     for (int c = first; c < runs; ++c) {
         const long slot = (b * KT_SPLIT + c) * per + rest;
         const float w = exp2f(part_max[slot] - m);
-        num = fmaf(w, part_out[slot * KT_D + e % KT_D], num);
+        num = fmaf(w, part_out[slot * KT_DV + e % KT_DV], num);
         den = fmaf(w, part_sum[slot], den);
     }
     den += kt_sink_weight(sinks, (int)(rest % q_heads), m);
@@ -908,14 +924,14 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
 #if KT_DTYPE == 0
 #error "the MFMA variant takes f16 or bf16 inputs"
 #endif
-#if KT_D % 32 != 0 || KT_BR % 32 != 0 || KT_BC % 32 != 0
-#error "the MFMA variant needs KT_D, KT_BR and KT_BC multiples of 32"
+#if KT_D % 32 != 0 || KT_DV % 32 != 0 || KT_BR % 32 != 0 || KT_BC % 32 != 0
+#error "the MFMA variant needs KT_D, KT_DV, KT_BR and KT_BC multiples of 32"
 #endif
 
 #define KT_THREADS (2 * KT_BR)
 #define KT_QK (KT_D / 8)    // k steps of K·Qᵀ
 #define KT_ST (KT_BC / 32)  // 32-key tiles of Sᵀ
-#define KT_OT (KT_D / 32)   // 32-dim tiles of Oᵀ
+#define KT_OT (KT_DV / 32)  // 32-dim tiles of Oᵀ
 // 4 halves of padding keep 8-byte fragment reads aligned and spread the 32 rows over banks.
 #define KT_LDD (KT_D + 4)
 #define KT_LDC (KT_BC + 4)
@@ -927,7 +943,7 @@ kt_flash_reduce(const float* __restrict__ part_out, const float* __restrict__ pa
 #endif
 
 // Piece e (8 dims of a key, consecutive pieces along the key's row) of key tile j0's K and
-// V; zeros past the keys.
+// V (none past V's KT_DV dims); zeros past the keys.
 KT_DEVICE void kt_mfma_kv_fetch_one(kt_u32x4& kp, kt_u32x4& vp, const kt_in* k, const kt_in* v,
                                     int b, int kv_len, int kv_heads, int kvh, int j0, int e) {
     const int j = j0 + e / (KT_D / 8), x = (e % (KT_D / 8)) * 8;
@@ -935,9 +951,9 @@ KT_DEVICE void kt_mfma_kv_fetch_one(kt_u32x4& kp, kt_u32x4& vp, const kt_in* k, 
     z.x = z.y = z.z = z.w = 0u;
     kp = vp = z;
     if (j < kv_len) {
-        const long at = (((long)b * kv_len + j) * kv_heads + kvh) * KT_D + x;
-        kp = kt_load16(k + at);
-        vp = kt_load16(v + at);
+        const long at = ((long)b * kv_len + j) * kv_heads + kvh;
+        kp = kt_load16(k + at * KT_D + x);
+        if (x < KT_DV) vp = kt_load16(v + at * KT_DV + x);
     }
 }
 
@@ -949,6 +965,7 @@ KT_DEVICE void kt_mfma_kv_stage_one(unsigned short (*ks)[KT_LDD], unsigned short
     const unsigned kw[4] = {kp.x, kp.y, kp.z, kp.w};
     __builtin_memcpy(&ks[r][x], kw, 8);
     __builtin_memcpy(&ks[r][x + 4], kw + 2, 8);
+    if (x >= KT_DV) return;
     const unsigned vw[4] = {vp.x, vp.y, vp.z, vp.w};
 #pragma unroll
     for (int d = 0; d < 8; ++d) vt[x + d][r] = (unsigned short)(vw[d / 2] >> (16 * (d % 2)));
@@ -980,7 +997,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
          float scale, int window, const float* __restrict__ sinks, float softcap) {
     KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
-    KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_D][KT_LDC];
+    KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_DV][KT_LDC];
     const int tid = KT_TID;
     const int lane = tid % 64;
     const int half = lane / 32, col = lane % 32;
@@ -1103,7 +1120,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int d = 0; d < KT_OT; ++d)
 #pragma unroll
             for (int e = 0; e < 16; ++e)
-                out[qrow + 32 * d + 8 * (e / 4) + 4 * half + e % 4] = o[d][e] * inv;
+                out[qrow / KT_D * KT_DV + 32 * d + 8 * (e / 4) + 4 * half + e % 4] = o[d][e] * inv;
     }
 }
 

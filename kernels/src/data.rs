@@ -111,9 +111,9 @@ impl ProblemData {
                 vec![
                     tensor(&mut rng, dt, p.q_len_elems(), 1.0),
                     tensor(&mut rng, dt, p.kv_len_elems(), 1.0),
-                    tensor(&mut rng, dt, p.kv_len_elems(), 1.0),
+                    tensor(&mut rng, dt, p.v_len_elems(), 1.0),
                 ],
-                p.q_len_elems(),
+                p.out_len(),
             ),
             Problem::Paged(p) => {
                 let mb = p.max_blocks_per_seq();
@@ -211,7 +211,7 @@ impl ProblemData {
     pub fn row_len(&self) -> usize {
         match &self.problem {
             Problem::Gemm(p) => p.n,
-            Problem::Flash(p) => p.head_dim,
+            Problem::Flash(p) => p.v_head_dim,
             Problem::Paged(p) => p.v_head_dim,
         }
     }

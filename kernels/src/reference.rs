@@ -94,12 +94,13 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// One query row's attention over the rows of `k` at `keys`; its output is the first `dv`
-/// values of the rows of `v` at the same offsets.
+/// values of the rows of `v` at the offsets `values` gives each key's.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows(
     scale: f64,
     q: &[f64],
     keys: impl Iterator<Item = usize> + Clone,
+    values: impl Fn(usize) -> usize,
     k: Tensor<'_>,
     v: Tensor<'_>,
     dv: usize,
@@ -125,6 +126,7 @@ fn attend_rows(
     let total: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
     let mut out = vec![0.0; dv];
     for (wi, off) in w.iter().zip(keys) {
+        let off = values(off);
         for (x, o) in out.iter_mut().enumerate() {
             *o += wi / total * v.get(off + x) as f64;
         }
@@ -155,8 +157,21 @@ pub fn flash_row(
         p.kv_len
     };
     let keys = (p.first_key(i)..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
+    // Key offsets count rows of head_dim; V's rows hold v_head_dim.
+    let dv = p.v_head_dim;
+    let values = |off: usize| off / d * dv;
     let sink = sinks.get(h).map(|&s| s as f64);
-    attend_rows(p.scale.get() as f64, &qrow, keys, k, v, d, sink, p.softcap)
+    attend_rows(
+        p.scale.get() as f64,
+        &qrow,
+        keys,
+        values,
+        k,
+        v,
+        dv,
+        sink,
+        p.softcap,
+    )
 }
 
 /// Output vector `r` (flattened `[num_seqs, q_heads]` index) of paged decode.
@@ -195,6 +210,7 @@ pub fn paged_row(
         p.scale.get() as f64 * kv_scales.k as f64,
         &qrow,
         keys,
+        |off| off,
         key_cache,
         values,
         p.v_head_dim,

@@ -117,6 +117,71 @@ fn every_flash_candidate_matches_reference_with_sinks() {
     eprintln!("verified {ran} flash configs with sinks");
 }
 
+/// Value heads narrower than the keys (latent attention's prefill: DeepSeek's keys of 192 and
+/// values of 128 at its scale): every candidate against the reference on DeepSeek's heads,
+/// chunked (fewer queries than keys) and one query, and on awkward widths (7 and 5, 80 and
+/// 47) with grouped heads, no mask, a window, sinks and a cap, every input type.
+#[test]
+fn every_flash_candidate_matches_reference_with_narrow_values() {
+    let ran = every_flash_candidate_in_each_type(&[
+        "q_len=45,kv_len=45,q_heads=4,kv_heads=4,head_dim=192,v_head_dim=128,scale=0.1352",
+        "q_len=17,kv_len=70,q_heads=2,kv_heads=2,head_dim=192,v_head_dim=128,scale=0.1352",
+        "q_len=1,kv_len=29,q_heads=4,kv_heads=4,head_dim=192,v_head_dim=128",
+        "q_len=23,kv_len=31,q_heads=6,kv_heads=2,head_dim=7,v_head_dim=5,causal=false",
+        "q_len=33,kv_len=60,q_heads=4,kv_heads=2,head_dim=80,v_head_dim=47,window=9,sinks=true,softcap=30",
+    ]);
+    eprintln!("verified {ran} flash configs with narrow value heads");
+}
+
+/// A problem with narrow value heads is keyed by its `v_head_dim` and reads back (as wide as
+/// the keys, it is the plain problem); wider values are refused by name; its V and output
+/// hold `v_head_dim` values a row, and a call passing V at the keys' width is refused.
+#[test]
+fn a_narrow_value_problem_is_keyed_and_its_calls_checked() {
+    let spec = "flash:q_len=20,kv_len=30,q_heads=4,kv_heads=2,head_dim=192,dtype=bf16";
+    let p = problem(&format!("{spec},v_head_dim=128"));
+    assert!(p.key().contains(",v_head_dim=128"), "{}", p.key());
+    assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<Problem>(&json).unwrap(), p);
+    // Problems stored before the field read as the plain ones.
+    let plain = serde_json::to_string(&problem(spec)).unwrap();
+    let old = plain.replace(",\"v_head_dim\":192", "");
+    assert_ne!(old, plain);
+    assert_eq!(
+        serde_json::from_str::<Problem>(&old).unwrap(),
+        problem(spec)
+    );
+    assert_eq!(problem(&format!("{spec},v_head_dim=192")), problem(spec));
+    assert!(!problem(spec).key().contains("v_head_dim"));
+    for bad in [
+        format!("{spec},v_head_dim=193"),
+        format!("{spec},v_head_dim=0"),
+    ] {
+        let e = bad.parse::<Problem>().unwrap_err().to_string();
+        assert!(e.contains("v_head_dim"), "{bad}: {e}");
+    }
+    let mut data = ProblemData::random(&p, 7);
+    assert_eq!(data.out.len(), 20 * 4 * 128);
+    assert_eq!(data.inputs[2].len(), 30 * 2 * 128);
+    let e = runs_then_refuses_keys_as_values(&p, &mut data);
+    assert!(e.contains("`v`"), "{e}");
+}
+
+/// The heuristic config of `p` on `data` against the reference; then the error of a call
+/// passing the keys (input 1) where the values go (input 2).
+fn runs_then_refuses_keys_as_values(p: &Problem, data: &mut ProblemData) -> String {
+    let c = CpuSpace.heuristic(p, &Device::host());
+    let mut scratch = Scratch::new();
+    let reference = data.reference();
+    assert!(error_of(data, &c, &reference, &mut scratch) <= p.tolerance());
+    data.inputs[2] = data.inputs[1].clone();
+    CpuBackend
+        .run(p, &c, data.args(), scratch.get(1 << 22))
+        .unwrap_err()
+        .to_string()
+}
+
 /// Every CPU candidate of `flash:{tail},dtype=...` in each input type against the reference;
 /// how many ran.
 fn every_flash_candidate_in_each_type(tails: &[&str]) -> usize {
@@ -959,21 +1024,14 @@ fn a_latent_problem_is_keyed_and_its_calls_checked() {
         let e = bad.parse::<Problem>().unwrap_err().to_string();
         assert!(e.contains(field), "{bad}: {e}");
     }
-    let device = Device::host();
-    let c = CpuSpace.heuristic(&p, &device);
     let mut data = ProblemData::random(&p, 7);
     assert_eq!(data.out.len(), 2 * 16 * 512);
     assert!(data.inputs[2].is_empty());
-    let mut scratch = Scratch::new();
-    let reference = data.reference();
-    assert!(error_of(&mut data, &c, &reference, &mut scratch) <= p.tolerance());
     // A value cache beside the latent one would be ignored: refused.
-    data.inputs[2] = data.inputs[1].clone();
-    let e = CpuBackend
-        .run(&p, &c, data.args(), scratch.get(1 << 22))
-        .unwrap_err()
-        .to_string();
+    let e = runs_then_refuses_keys_as_values(&p, &mut data);
     assert!(e.contains("value_cache") && e.contains("empty"), "{e}");
+    let device = Device::host();
+    let mut scratch = Scratch::new();
     let fp8 = problem(&format!("{spec},v_head_dim=512,kv_dtype=fp8_e4m3"));
     let mut data = ProblemData::random(&fp8, 7);
     assert_eq!(data.kv_scales.k, data.kv_scales.v);
@@ -1075,15 +1133,18 @@ proptest! {
         d in 1usize..100, causal in prop::bool::ANY, dt in 0usize..3,
         pick in any::<prop::sample::Index>(), window in prop::option::of(1usize..70),
         sinks in prop::bool::ANY, softcap in prop::option::of(0.2f32..60.0),
+        narrow in prop::option::of(0.0f64..1.0),
     ) {
         let dtype = DType::ALL[dt];
         let softcap = softcap.map(|c| format!(",softcap={c}")).unwrap_or_default();
+        // Value heads of 1..=d values.
+        let dv = narrow.map(|f| 1 + (f * d as f64) as usize % d).unwrap_or(d);
         let window = match (causal, window) {
             (true, Some(w)) => format!(",window={w}"),
             _ => String::new(),
         };
         let p = problem(&format!(
-            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},causal={causal},dtype={dtype},sinks={sinks}{window}{softcap}",
+            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},v_head_dim={dv},causal={causal},dtype={dtype},sinks={sinks}{window}{softcap}",
             q + extra, kvh * group
         ));
         let device = Device::host();

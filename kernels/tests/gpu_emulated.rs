@@ -217,6 +217,60 @@ fn flash_candidates_match_the_reference_within_a_window() {
     }
 }
 
+// Value heads narrower than the keys (latent attention's prefill): DeepSeek's 192 and 128 at
+// its scale, over more keys than queries (split runs); 128 and 64 in f16 with a window and
+// sinks; 40 and 24, whole 8s but not 16s (the rows variant's alone, on NVIDIA).
+const FLASH_DEEPSEEK: &str = "flash:q_len=70,kv_len=130,q_heads=2,kv_heads=2,head_dim=192,v_head_dim=128,dtype=bf16,scale=0.1352";
+const FLASH_NARROW: &str =
+    "flash:q_len=70,kv_len=130,q_heads=4,kv_heads=2,head_dim=128,v_head_dim=64,dtype=bf16";
+
+#[test]
+fn flash_candidates_match_the_reference_with_narrow_values() {
+    for model in ["h200", "mi250"] {
+        for spec in [
+            FLASH_DEEPSEEK.to_string(),
+            FLASH_NARROW.replace("bf16", "f16") + ",window=45,sinks=true",
+            "flash:q_len=33,kv_len=33,q_heads=4,kv_heads=1,head_dim=40,v_head_dim=24,dtype=f16"
+                .to_string(),
+        ] {
+            every_candidate(model, &spec, None);
+        }
+    }
+    // Each form reads V and writes its output (and combines split partial) rows at
+    // v_head_dim. A problem small enough that rows taken at head_dim stay within the
+    // emulator's guard bytes (further out, a write would corrupt the test's own memory).
+    let v_at_d = ("kt_load(v, at * KT_DV + x)", "kt_load(v, at * KT_D + x)");
+    let rows_out = ("out[row * KT_DV + lane", "out[row * KT_D + lane");
+    let mma_v = (
+        "load(vs, v, key_begin, KT_DV)",
+        "load(vs, v, key_begin, KT_D)",
+    );
+    let mma_out = (
+        "out[orow(m, r) + 8 * d + 2 * t]",
+        "out[qrow(m, r) + 8 * d + 2 * t]",
+    );
+    let reduce_part = (
+        "part_out[slot * KT_DV + e % KT_DV]",
+        "part_out[slot * KT_DV + e % KT_D]",
+    );
+    let mfma_v = (
+        "kt_load16(v + at * KT_DV + x)",
+        "kt_load16(v + at * KT_D + x)",
+    );
+    let mfma_out = ("out[qrow / KT_D * KT_DV + 32 * d", "out[qrow + 32 * d");
+    let small =
+        "flash:q_len=20,kv_len=70,q_heads=2,kv_heads=1,head_dim=128,v_head_dim=64,dtype=bf16";
+    every_flash_form_catches(
+        &small.parse().unwrap(),
+        [
+            vec![v_at_d, rows_out],
+            vec![mma_v, mma_out],
+            vec![reduce_part],
+            vec![mfma_v, mfma_out],
+        ],
+    );
+}
+
 // Sinks (gpt-oss): grouped heads (each query head its own sink), more keys than queries, so
 // the H200's split runs combine rows whose keys span runs; decode over several partitions.
 const FLASH_BF16_SINKS: &str =
@@ -1348,8 +1402,8 @@ fn the_mfma_flash_loads_and_prefetch_checks_catch_each_mistake() {
     // A K or V address off a 16-byte boundary faults the emulator as it would the device.
     faults(
         error(&source.replacen(
-            "* KT_D + x;\n        kp = kt_load16(k + at);",
-            "* KT_D + x + 1;\n        kp = kt_load16(k + at);",
+            "kp = kt_load16(k + at * KT_D + x);",
+            "kp = kt_load16(k + at * KT_D + x + 1);",
             1,
         )),
         "16-byte load from an address not 16-byte aligned",
@@ -1559,8 +1613,8 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
                 ),
                 (
                     "every run reading from the first key",
-                    "load(ks, k, key_begin);",
-                    "load(ks, k, 0);",
+                    "load(ks, k, key_begin, KT_D);",
+                    "load(ks, k, 0, KT_D);",
                 ),
                 (
                     "rows of several runs taken for rows of one",

@@ -710,6 +710,44 @@ fn latent_cache_builds_compile_without_spills() {
     }
 }
 
+/// Narrow-value builds (KT_DV): every flash candidate of DeepSeek-V3's TP8 prefill (16 heads,
+/// keys of 192, values of 128), with the heuristic and the default, compiled for sm_80 and
+/// sm_90a, each keyed by its value width; no warpgroup-MMA tile among them (its tiles take
+/// values as wide as the keys), and the heuristic an mma.sync tile.
+#[test]
+fn narrow_value_builds_compile() {
+    let Some(nvrtc) = compiler("narrow_value_builds_compile") else {
+        return;
+    };
+    let p: Problem = "flash:q_len=4096,q_heads=16,kv_heads=16,head_dim=192,v_head_dim=128,dtype=bf16,scale=0.1352"
+        .parse()
+        .unwrap();
+    for name in ["a100", "h200"] {
+        let device = Device::lookup(name).unwrap();
+        let mut configs = candidates_where(name, &p, |_| true);
+        assert!(
+            !configs
+                .iter()
+                .any(|c| matches!(c, Config::GpuFlash(f) if f.wgmma)),
+            "{name}"
+        );
+        let mma: Vec<Config> = configs
+            .iter()
+            .copied()
+            .filter(|c| matches!(c, Config::GpuFlash(f) if f.variant == GpuFlashVariant::Mma))
+            .collect();
+        assert!(!mma.is_empty(), "{name}");
+        check_mma_candidates(&nvrtc, name, &p, &mma);
+        configs.retain(|c| !mma.contains(c));
+        configs.push(GpuSpace.default_config(&p, &device));
+        check_candidates(&nvrtc, name, &p, &configs, "kt_flash");
+        for c in configs.iter().chain(&mma) {
+            let key = KernelBuild::new(&p, c).unwrap().key();
+            assert!(key.contains("KT_DV=128"), "{key}");
+        }
+    }
+}
+
 #[test]
 fn every_flash_mma_candidate_compiles_for_sm80_and_sm90() {
     let Some(nvrtc) = compiler("every_flash_mma_candidate_compiles_for_sm80_and_sm90") else {

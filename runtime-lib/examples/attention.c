@@ -4,8 +4,9 @@
  * attention and a decode step by paged attention, each with and without a sliding window,
  * with sinks and with a soft-cap, a decode step on an fp8 cache (vLLM's
  * --kv-cache-dtype fp8) under bf16 queries, and one on a latent cache (DeepSeek's multi-head
- * latent attention: one cache, each value the first v_head_dim of its key row), checked
- * against plain loops here.
+ * latent attention: one cache, each value the first v_head_dim of its key row), and a prefill
+ * chunk with value heads narrower than the keys (that attention's prefill), checked against
+ * plain loops here.
  *
  *   cc runtime-lib/examples/attention.c -I runtime-lib/include -L target/release -lkerntune -lm \
  *       -o attention
@@ -80,6 +81,43 @@ static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap) 
         }
     printf("flash window=%zu%s: max difference %.1e\n", window, with, worst);
     return worst <= 1e-4;
+}
+
+/* A prefill chunk whose value heads hold DV of the keys' D values (latent attention's prefill:
+ * keys of 192, values of 128); V and the output rows hold DV. */
+static int flash_narrow(KtDispatcher *d) {
+    enum { DV = 8, Q_LEN = 9, KV_LEN = 40 };
+    static float q[Q_LEN * HQ * D], k[KV_LEN * HKV * D], v[KV_LEN * HKV * DV], o[Q_LEN * HQ * DV];
+    /* V widened to rows of D for the loops, zero past DV. */
+    static float vd[KV_LEN * HKV * D];
+    for (unsigned i = 0; i < Q_LEN * HQ * D; i++) q[i] = value(i + 3);
+    for (unsigned i = 0; i < KV_LEN * HKV * D; i++) k[i] = value(7 * i + 1);
+    for (unsigned i = 0; i < KV_LEN * HKV * DV; i++) {
+        v[i] = value(5 * i + 2);
+        vd[i / DV * D + i % DV] = v[i];
+    }
+    KtFlashProblem p = {.batch = 1, .q_len = Q_LEN, .kv_len = KV_LEN, .q_heads = HQ,
+                        .kv_heads = HKV, .head_dim = D, .causal = true, .dtype = KT_DTYPE_F32,
+                        .v_head_dim = DV};
+    if (kt_flash_attention(d, &p, q, k, v, o, NULL) != KT_STATUS_OK) {
+        printf("flash v_head_dim=%d: %s\n", DV, kt_last_error());
+        return 0;
+    }
+    double worst = 0.0, want[D];
+    size_t keys[KV_LEN];
+    for (size_t i = 0; i < Q_LEN; i++)
+        for (size_t h = 0; h < HQ; h++) {
+            const size_t pos = i + KV_LEN - Q_LEN;
+            for (size_t j = 0; j <= pos; j++) keys[j] = (j * HKV + h / (HQ / HKV)) * D;
+            attend(&q[(i * HQ + h) * D], k, vd, keys, pos + 1, -INFINITY, 0.0, want);
+            for (int x = 0; x < DV; x++) worst = fmax(worst, fabs(o[(i * HQ + h) * DV + x] - want[x]));
+        }
+    printf("flash v_head_dim=%d: max difference %.1e\n", DV, worst);
+    /* Values wider than the keys are no model's: refused by name. */
+    p.v_head_dim = D + 1;
+    const int refused = kt_flash_attention(d, &p, q, k, v, o, NULL) == KT_STATUS_INVALID_ARGUMENT;
+    printf("error: %s\n", kt_last_error());
+    return worst <= 1e-4 && refused;
 }
 
 /* An OCP E4M3 byte's value (no NaN byte is ever written here). */
@@ -229,7 +267,7 @@ int main(int argc, char **argv) {
     }
     /* A cap of 0.3, under most of these scores, so that it bends every one. */
     int ok = flash(d, 0, NULL, 0) & flash(d, 6, NULL, 0) & flash(d, 6, SINKS, 0) &
-             flash(d, 0, NULL, 0.3f) & paged(d, 0, NULL, 0) & paged(d, 20, NULL, 0) &
+             flash(d, 0, NULL, 0.3f) & flash_narrow(d) & paged(d, 0, NULL, 0) & paged(d, 20, NULL, 0) &
              paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f) & paged_fp8(d) & paged_latent(d);
     /* A window without the causal mask looks back from nothing: refused by name. */
     KtFlashProblem bad = {.batch = 1, .q_len = 4, .kv_len = 4, .q_heads = 1, .kv_heads = 1,

@@ -13,10 +13,11 @@
  The version of this C ABI: the header's, which a program compares with kt_abi_version()
  (the library's) before its first call, since a struct that grew (2: `window` in the
  attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
- and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem)
- would otherwise be read past the end a program built against an older header passes.
+ and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem;
+ 6: narrow value heads, `v_head_dim` in the flash problem) would otherwise be read past
+ the end a program built against an older header passes.
  */
-#define KERNTUNE_ABI_VERSION 5
+#define KERNTUNE_ABI_VERSION 6
 
 /*
  Result of every call.
@@ -161,6 +162,13 @@ typedef struct KtFlashProblem {
    `softcap · tanh(s / softcap)` before the mask; 0 for none.
    */
   float softcap;
+  /*
+   Values per value head and output row; 0 means `head_dim`. Below `head_dim`, value heads
+   narrower than the keys, as multi-head latent attention's prefill has (DeepSeek-V2 and
+   V3, Kimi K2: keys of 192, values of 128): V `[batch, kv_len, kv_heads, v_head_dim]`,
+   the output `[batch, q_len, q_heads, v_head_dim]`.
+   */
+  size_t v_head_dim;
 } KtFlashProblem;
 
 /*
@@ -336,8 +344,9 @@ enum KtStatus kt_gemm(const struct KtDispatcher *d,
                       KtMatch *matched);
 
 /*
- Flash attention prefill: Q, O `[batch, q_len, q_heads, head_dim]`, K, V
- `[batch, kv_len, kv_heads, head_dim]`.
+ Flash attention prefill: Q `[batch, q_len, q_heads, head_dim]`, K `[batch, kv_len,
+ kv_heads, head_dim]`, V `[batch, kv_len, kv_heads, v_head_dim]`, O `[batch, q_len,
+ q_heads, v_head_dim]`.
 
  # Safety
  `problem` points to a problem; buffers hold the sizes it implies.

@@ -19,9 +19,10 @@ use crate::{Dispatcher, Match, Stats};
 /// The version of this C ABI: the header's, which a program compares with kt_abi_version()
 /// (the library's) before its first call, since a struct that grew (2: `window` in the
 /// attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
-/// and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem)
-/// would otherwise be read past the end a program built against an older header passes.
-pub const KERNTUNE_ABI_VERSION: u32 = 5;
+/// and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem;
+/// 6: narrow value heads, `v_head_dim` in the flash problem) would otherwise be read past
+/// the end a program built against an older header passes.
+pub const KERNTUNE_ABI_VERSION: u32 = 6;
 
 /// Result of every call.
 #[repr(C)]
@@ -107,6 +108,11 @@ pub struct KtFlashProblem {
     /// A logit soft-cap (Gemma 2's `attn_logit_softcapping`): each scaled score `s` becomes
     /// `softcap · tanh(s / softcap)` before the mask; 0 for none.
     pub softcap: f32,
+    /// Values per value head and output row; 0 means `head_dim`. Below `head_dim`, value heads
+    /// narrower than the keys, as multi-head latent attention's prefill has (DeepSeek-V2 and
+    /// V3, Kimi K2: keys of 192, values of 128): V `[batch, kv_len, kv_heads, v_head_dim]`,
+    /// the output `[batch, q_len, q_heads, v_head_dim]`.
+    pub v_head_dim: usize,
 }
 
 /// A paged attention decode problem (vLLM cache layout).
@@ -210,6 +216,10 @@ pub(crate) fn flash_problem(f: &KtFlashProblem) -> Result<FlashProblem, (KtStatu
         scale(f.scale, f.head_dim)?,
         dtype(f.dtype),
     )
+    .and_then(|p| match f.v_head_dim {
+        0 => Ok(p),
+        v => p.with_v_head_dim(v),
+    })
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
     .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
@@ -466,8 +476,9 @@ pub unsafe extern "C" fn kt_gemm(
     })
 }
 
-/// Flash attention prefill: Q, O `[batch, q_len, q_heads, head_dim]`, K, V
-/// `[batch, kv_len, kv_heads, head_dim]`.
+/// Flash attention prefill: Q `[batch, q_len, q_heads, head_dim]`, K `[batch, kv_len,
+/// kv_heads, head_dim]`, V `[batch, kv_len, kv_heads, v_head_dim]`, O `[batch, q_len,
+/// q_heads, v_head_dim]`.
 ///
 /// # Safety
 /// `problem` points to a problem; buffers hold the sizes it implies.
@@ -491,9 +502,9 @@ pub unsafe extern "C" fn kt_flash_attention(
             FlashArgs {
                 q: tensor("q", q, p.q_len_elems(), p.dtype)?,
                 k: tensor("k", k, p.kv_len_elems(), p.dtype)?,
-                v: tensor("v", v, p.kv_len_elems(), p.dtype)?,
+                v: tensor("v", v, p.v_len_elems(), p.dtype)?,
                 sinks: sinks(f.sinks, p.q_heads),
-                out: out("o", o, p.q_len_elems())?,
+                out: out("o", o, p.out_len())?,
             }
         };
         let how = d

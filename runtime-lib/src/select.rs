@@ -10,7 +10,8 @@
 //! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them), and whether
 //! scores are soft-capped (Gemma 2; the capped builds hold the tanh), and what a paged
 //! cache holds (an fp8 cache's calls find winners built for its format) and how wide its
-//! values are (a latent cache's calls find winners of their value width). The softmax
+//! values are (a latent cache's calls, and latent attention's prefill with value heads
+//! narrower than its keys, find winners of their value width). The softmax
 //! scale is neither: every kernel takes it as an argument and runs at the same speed whatever
 //! it is, so selection ignores it, and a server whose scale differs from the tuned one in its
 //! last bit (`96 ** -0.5` rounded from f64 against `1 / sqrt(96)` in f32) still finds its
@@ -46,6 +47,7 @@ pub enum StaticKey {
         q_heads: usize,
         kv_heads: usize,
         head_dim: usize,
+        v_head_dim: usize,
         causal: bool,
         dtype: DType,
         window: Option<usize>,
@@ -86,6 +88,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 q_heads: f.q_heads,
                 kv_heads: f.kv_heads,
                 head_dim: f.head_dim,
+                v_head_dim: f.v_head_dim,
                 causal: f.causal,
                 dtype: f.dtype,
                 window: f.window,

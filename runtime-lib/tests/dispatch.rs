@@ -390,6 +390,33 @@ fn a_latent_cache_decides_selection() {
     });
 }
 
+/// How wide flash attention's value heads are is a static dimension: latent attention's
+/// prefill (keys of 192, values of 128) finds its own winners, the plain problem of the same
+/// keys its own, another value width neither; a call of another length takes the narrow
+/// problem's bucket and matches the reference through the dispatcher.
+#[test]
+fn narrow_value_heads_decide_selection() {
+    let plain = "flash:q_len=512,kv_len=512,q_heads=16,kv_heads=16,head_dim=192,dtype=bf16";
+    let narrow = format!("{plain},v_head_dim=128");
+    two_winners(&narrow, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
+        assert_eq!(sel(&narrow), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        assert_eq!(sel(&format!("{plain},v_head_dim=64")).0, Match::Default);
+        let spec = "flash:q_len=300,kv_len=300,q_heads=16,kv_heads=16,head_dim=192,v_head_dim=128,dtype=bf16";
+        assert_eq!(sel(spec), (Match::Bucket, a));
+        let call: Problem = spec.parse().unwrap();
+        let mut data = ProblemData::random(&call, 3);
+        let reference = data.reference();
+        let Args::Flash(args) = data.args() else {
+            unreachable!("a flash problem")
+        };
+        d.flash_attention(&call, args).unwrap();
+        let err = relative_error(&data.out, &reference);
+        assert!(err <= call.tolerance(), "{err:e}");
+    });
+}
+
 #[test]
 fn hostile_and_stale_rows_are_skipped_and_counted() {
     let good = marked(2).to_json();

@@ -147,8 +147,7 @@ pub fn check_tp(model: &Model, tp: usize, expert_parallel: bool) -> Result<()> {
 
 /// Refuses what the model asks of kernels that do not compute it, unless the flags leave it
 /// out: a config's unknown input type without `--dtype`, quantized weights' GEMMs, a hybrid's
-/// GEMMs, attention that is not plain softmax attention, latent attention's prefill,
-/// attention longer than its chunk
+/// GEMMs, attention that is not plain softmax attention, attention longer than its chunk
 /// (Llama 4's chunked attention). Each refusal names only flags under which the rest of the model is tuned, so
 /// following its advice never meets another refusal.
 fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
@@ -161,16 +160,10 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
     let gemms = b.kernels.contains(&Family::Gemm);
     let attention = b.kernels.iter().any(|f| *f != Family::Gemm);
     let quantized = u.gemm.is_some() && b.dtype.is_none();
-    // The attention kernels the model's attention runs on: its decode alone where its prefill
-    // is no kernel's (latent attention).
-    let (attention_kernels, attention_what) = match u.prefill {
-        Some(_) => ("paged", "decode attention"),
-        None => ("flash,paged", "attention"),
-    };
     let attention_alone = u
         .attention
         .is_none()
-        .then(|| format!("pass --kernels {attention_kernels} to tune its {attention_what} alone"));
+        .then(|| "pass --kernels flash,paged to tune its attention alone".to_string());
     let explicit = "tune its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)";
     let refuse = |why: &str, fixes: &[Option<String>]| {
         let fixes: Vec<&str> = fixes.iter().flatten().map(String::as_str).collect();
@@ -184,16 +177,14 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
         return refuse(
             why,
             &[attention_alone.as_ref().map(|_| {
-                format!("pass --kernels {attention_kernels} to tune its {attention_what} alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)")
+                "pass --kernels flash,paged to tune its attention layers alone, and its GEMMs as explicit problems (--shapes gemm:m=...,n=...,k=...)".to_string()
             })],
         );
     }
-    let prefill_asked = u.prefill.is_some() && b.kernels.contains(&Family::Flash);
     if let (Some(why), true, true) = (&u.gemm, gemms, quantized) {
-        let unquantized = match (attention && u.attention.is_some(), prefill_asked) {
-            (true, _) => "pass --kernels gemm --dtype bf16 to tune its GEMM shapes alone, with unquantized weights",
-            (false, true) => "pass --kernels gemm,paged --dtype bf16 to tune its GEMM shapes, with unquantized weights, and its decode attention",
-            (false, false) => "pass --dtype bf16 to tune its GEMM shapes with unquantized weights",
+        let unquantized = match attention && u.attention.is_some() {
+            true => "pass --kernels gemm --dtype bf16 to tune its GEMM shapes alone, with unquantized weights",
+            false => "pass --dtype bf16 to tune its GEMM shapes with unquantized weights",
         };
         return refuse(why, &[attention_alone, Some(unquantized.into())]);
     }
@@ -206,23 +197,6 @@ fn check_supported(model: &Model, b: &Buckets) -> Result<()> {
             (false, false) => Some("pass --kernels gemm to tune its GEMMs alone"),
         };
         return refuse(why, &[gemms_alone.map(String::from)]);
-    }
-    // Latent attention: decode is paged attention on the latent cache, prefill no kernel's.
-    if let (Some(why), true) = (&u.prefill, prefill_asked) {
-        let with_gemms = match (u.layers.is_some(), quantized) {
-            (true, _) => None,
-            (false, true) => Some(
-                "pass --kernels gemm,paged --dtype bf16 to tune its GEMM shapes, with unquantized weights, and its decode attention",
-            ),
-            (false, false) => Some("pass --kernels gemm,paged to tune its GEMMs and its decode attention"),
-        };
-        return refuse(
-            why,
-            &[
-                with_gemms.map(String::from),
-                Some("pass --kernels paged to tune its decode attention alone".into()),
-            ],
-        );
     }
     // Chunked attention computes what full attention does as long as no length exceeds a
     // chunk; beyond it the kernels would compute another function.
@@ -393,13 +367,21 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         });
         full.into_iter().chain(sliding)
     };
+    // Latent attention's prefill runs as vLLM's MLA backends run it: keys and values projected
+    // up from the latent for every query head (keys of qk_nope + qk_rope values, the queries'
+    // width; values of v_head_dim).
+    let (flash_v, flash_kinds) = match &model.latent {
+        Some(l) => (l.v_head_dim, vec![q_heads]),
+        None => (d, kv_kinds.clone()),
+    };
     if b.kernels.contains(&Family::Flash) {
         for (&len, &kv_heads) in b
             .prefill_lens
             .iter()
-            .flat_map(|l| kv_kinds.iter().map(move |k| (l, k)))
+            .flat_map(|l| flash_kinds.iter().map(move |k| (l, k)))
         {
             let p = FlashProblem::new(1, len, len, q_heads, kv_heads, d, true, scale, dtype)
+                .and_then(|p| p.with_v_head_dim(flash_v))
                 .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?
                 .with_sinks(model.sinks)
                 .with_softcap(model.softcap)

@@ -286,21 +286,21 @@ fn latent_attention_runs_its_own_projections() {
     assert_eq!(keys_of(&rows, "expert_gate_up")[0], gemm(1, 512, 7168));
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(1, 4608, 7168));
     assert_eq!(keys_of(&rows, "lm_head"), [gemm(1, 16160, 7168)]);
-    // Its prefill (query and key heads of 192, value heads of 128) is no kernel's: refused,
-    // with the flags that tune the rest.
-    refused(
+    // Its prefill is flash attention on the keys and values projected up from the latent:
+    // the shard's 16 query heads, each on its own keys of 192 values (128 projected, 64
+    // rotary) and values of 128, at 1 / sqrt(192) (the keys' default, left out of its key);
+    // its decode is paged attention on the
+    // latent cache, the 16 query heads on one row of 576 values a token, whose first 512 are
+    // the value, at the same scale.
+    let all = derive(
         &v3,
-        &one_of_each,
-        &[
-            "multi-head latent attention",
-            "kv_lora_rank = 512",
-            "576 values",
-            "--kernels gemm,paged",
-            "--kernels paged",
-        ],
+        &[&one_of_each[..], &["--context-lens", "4096"]].concat(),
     );
-    // Its decode is paged attention on the latent cache: the shard's 16 query heads on one
-    // row of 576 values a token, whose first 512 are the value, at 1 / sqrt(192).
+    let scale = 1.0 / 192f32.sqrt();
+    assert_eq!(
+        keys_of(&all, "prefill"),
+        ["flash:batch=1,q_len=2048,kv_len=2048,q_heads=16,kv_heads=16,head_dim=192,causal=true,dtype=bf16,v_head_dim=128"]
+    );
     let decode = derive(
         &v3,
         &[
@@ -312,9 +312,10 @@ fn latent_attention_runs_its_own_projections() {
     let latent = "paged:num_seqs=1,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,block_size=16,dtype=bf16,v_head_dim=512";
     assert_eq!(
         keys_of(&decode, "decode"),
-        [format!("{latent},scale={}", 1.0 / 192f32.sqrt())]
+        [format!("{latent},scale={scale}")]
     );
     assert_eq!(decode.len(), rows.len() + 1);
+    assert_eq!(all.len(), rows.len() + 2);
     // Under YaRN rope scaling vLLM scales the scores by mscale² too (DeepSeek-V3's factor
     // 40 and mscale_all_dim 1: 0.1 · ln 40 + 1 = 1.369); fp8 caches take its format.
     let yarn = format!(
@@ -342,18 +343,14 @@ fn latent_attention_runs_its_own_projections() {
         keys_of(&scaled, "decode"),
         [format!("{latent},kv_dtype=fp8_e4m3,scale={scale}")]
     );
-    // Published with FP8 weights: both refusals' advice at once, so following it succeeds.
+    // Published with FP8 weights: the GEMMs are refused, with advice that succeeds.
     let fp8 = format!(
         r#"{{{DEEPSEEK_V3}, "quantization_config": {{"quant_method": "fp8", "fmt": "e4m3"}}}}"#
     );
     refused(
         &fp8,
         &one_of_each,
-        &[
-            "\"fp8\"",
-            "--kernels gemm,paged --dtype bf16",
-            "--kernels paged",
-        ],
+        &["\"fp8\"", "--kernels flash,paged", "--dtype bf16"],
     );
     let unquantized = derive(
         &fp8,
@@ -1639,12 +1636,8 @@ fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
         "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}}}"#,
         kda.join(", ")
     );
-    // Latent attention's prefill is not a kernel kerntune has; its decode is.
-    refused(
-        &config,
-        &["--tp", "4"],
-        &["latent attention", "--kernels gemm,paged"],
-    );
+    // Latent attention's prefill (keys of 192, values of 128, every head its own) and its
+    // decode (on the latent cache).
     let decode = derive(
         &config,
         &[
@@ -1654,13 +1647,19 @@ fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
             "8",
             "--context-lens",
             "1024",
+            "--prefill-lens",
+            "512",
             "--kernels",
-            "paged",
+            "flash,paged",
         ],
     );
     assert_eq!(
         keys_of(&decode, "decode"),
         ["paged:num_seqs=8,context_len=1024,q_heads=8,kv_heads=1,head_dim=576,block_size=16,dtype=bf16,v_head_dim=512,scale=0.07216878"]
+    );
+    assert_eq!(
+        keys_of(&decode, "prefill"),
+        ["flash:batch=1,q_len=512,kv_len=512,q_heads=8,kv_heads=8,head_dim=192,causal=true,dtype=bf16,v_head_dim=128"]
     );
     let rows = derive(
         &config,

@@ -161,10 +161,19 @@ impl Span {
         }
     }
 
-    /// Offset in Q and the output of row `r` of the tile whose first position is `i0`.
+    /// Offset in Q of row `r` of the tile whose first position is `i0`.
     pub(super) fn q_at(&self, p: &FlashProblem, i0: usize, r: usize) -> usize {
+        self.row(p, i0, r) * p.head_dim
+    }
+
+    /// Offset in the output (rows of `v_head_dim`) of row `r` of the tile starting at `i0`.
+    pub(super) fn out_at(&self, p: &FlashProblem, i0: usize, r: usize) -> usize {
+        self.row(p, i0, r) * p.v_head_dim
+    }
+
+    fn row(&self, p: &FlashProblem, i0: usize, r: usize) -> usize {
         let (pos, g) = (i0 + r / self.rows_per_pos, r % self.rows_per_pos);
-        ((self.batch * p.q_len + pos) * p.q_heads + self.h0 + g) * p.head_dim
+        (self.batch * p.q_len + pos) * p.q_heads + self.h0 + g
     }
 
     /// The weight `2^(sink − m)` row `r`'s sink adds to its softmax sum, `m` the row's maximum
@@ -173,9 +182,19 @@ impl Span {
         super::sink_weight(sinks, self.h0 + r % self.rows_per_pos, m)
     }
 
-    /// Offset in K and V of key 0 of this task's KV head; keys are `kv_heads · d` apart.
+    /// Offset in K of key 0 of this task's KV head; keys are `kv_heads · head_dim` apart.
     pub(super) fn kv_base(&self, p: &FlashProblem) -> usize {
-        (self.batch * p.kv_len * p.kv_heads + self.kvh) * p.head_dim
+        self.kv_row(p) * p.head_dim
+    }
+
+    /// Offset in V of value 0 of this task's KV head; values are `kv_heads · v_head_dim`
+    /// apart.
+    pub(super) fn v_base(&self, p: &FlashProblem) -> usize {
+        self.kv_row(p) * p.v_head_dim
+    }
+
+    fn kv_row(&self, p: &FlashProblem) -> usize {
+        self.batch * p.kv_len * p.kv_heads + self.kvh
     }
 }
 
@@ -228,7 +247,7 @@ impl Tile<'_> {
         buf: &mut [f32],
     ) {
         let (p, c, lay) = (self.p, self.c, self.lay);
-        let d = p.head_dim;
+        let (d, dv) = (p.head_dim, p.v_head_dim);
         let fns = T::fns(self.t);
         let i0 = blk * c.br;
         let i1 = (i0 + c.br).min(p.q_len);
@@ -272,8 +291,8 @@ impl Tile<'_> {
 
         let off = causal_offset(p);
         let kv_end = kv_end(p, i1);
-        let kv_stride = p.kv_heads * d;
-        let kv_base = span.kv_base(p);
+        let (kv_stride, v_stride) = (p.kv_heads * d, p.kv_heads * dv);
+        let (kv_base, v_base) = (span.kv_base(p), span.v_base(p));
         // The last position's window start: keys below it are hidden from some rows.
         let last_first = p.first_key(i1 - 1);
         for j0 in (p.first_key(i0)..kv_end).step_by(c.bc) {
@@ -282,12 +301,18 @@ impl Tile<'_> {
             // the live columns (K rows past `w` are never read).
             for j in 0..w {
                 let at = kv_base + (j0 + j) * kv_stride;
-                // SAFETY: K and V rows of d values; destination rows hold dp values.
+                let v_at = v_base + (j0 + j) * v_stride;
+                // SAFETY: K rows of d values, V rows of dv <= d; destination rows hold dp.
                 unsafe {
                     (fns.widen)(k.as_ptr().add(at), kt.as_mut_ptr().add(j * lay.dp), d, 1.0);
-                    (fns.widen)(v.as_ptr().add(at), vt.as_mut_ptr().add(j * lay.dp), d, 1.0);
+                    (fns.widen)(
+                        v.as_ptr().add(v_at),
+                        vt.as_mut_ptr().add(j * lay.dp),
+                        dv,
+                        1.0,
+                    );
                 }
-                vt[j * lay.dp + d..(j + 1) * lay.dp].fill(0.0);
+                vt[j * lay.dp + dv..(j + 1) * lay.dp].fill(0.0);
             }
 
             // Sᵀ = K·Qᵀ, [w][rows_pad].
@@ -338,11 +363,11 @@ impl Tile<'_> {
                     st[j * rp + from..j * rp + rows].fill(f32::NEG_INFINITY);
                 }
             }
-            (self.t.softmax_cols)(st, w, rows, rp, mx, sum, tmp, ot, lay.dp, d);
+            (self.t.softmax_cols)(st, w, rows, rp, mx, sum, tmp, ot, lay.dp, dv);
 
             // O += P·V, P[r][j] = Sᵀ[j][r].
             for ir in (0..rows).step_by(self.mr) {
-                for jr in (0..d).step_by(self.nr) {
+                for jr in (0..dv).step_by(self.nr) {
                     // SAFETY: P is read at rows < rows and keys < w of Sᵀ; V columns are
                     // padded to dp; O sized rows_pad×dp.
                     unsafe {
@@ -356,7 +381,7 @@ impl Tile<'_> {
                             ot.as_mut_ptr().add(ir * lay.dp + jr),
                             lay.dp,
                             self.mr.min(rows - ir),
-                            self.nr.min(d - jr),
+                            self.nr.min(dv - jr),
                             true,
                         )
                     };
@@ -365,9 +390,9 @@ impl Tile<'_> {
         }
 
         for r in 0..rows {
-            let dst = span.q_at(p, i0, r);
+            let dst = span.out_at(p, i0, r);
             let inv = 1.0 / (sum[r] + span.sink_weight(self.sinks, r, mx[r]));
-            for x in 0..d {
+            for x in 0..dv {
                 // SAFETY: caller contract: this row of out belongs to this task.
                 unsafe { *out.add(dst + x) = ot[r * lay.dp + x] * inv };
             }

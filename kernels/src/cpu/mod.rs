@@ -137,9 +137,9 @@ impl Backend for CpuBackend {
                 }
                 check_len("q", q.len(), p.q_len_elems())?;
                 check_len("k", k.len(), p.kv_len_elems())?;
-                check_len("v", v.len(), p.kv_len_elems())?;
+                check_len("v", v.len(), p.v_len_elems())?;
                 check_len("sinks", sinks.len(), problem.sinks_len())?;
-                check_len("out", out.len(), p.q_len_elems())?;
+                check_len("out", out.len(), p.out_len())?;
                 match (q, k, v) {
                     (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => {
                         flash::run(p, c, q, k, v, sinks, out, scratch)

@@ -504,7 +504,7 @@ pub fn launches(
                 // batch)), their partial results into the workspace, then combined into the
                 // output (rows of one run written there by the first kernel).
                 let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
-                let elements = p.batch * p.q_len * p.q_heads * p.head_dim;
+                let elements = p.out_len();
                 vec![
                     Launch {
                         entry: 0,
@@ -836,6 +836,29 @@ mod tests {
         assert_eq!(
             partial_floats(&p, &split),
             [4 * 2048 * 8 * 128, 4 * 2048 * 8, 4 * 2048 * 8]
+        );
+        // Narrow value heads: the reduction runs over output rows of v_head_dim, the
+        // partial rows as wide, the build told the width.
+        let narrow: Problem =
+            "flash:q_len=2048,q_heads=8,kv_heads=8,head_dim=192,v_head_dim=128,dtype=bf16"
+                .parse()
+                .unwrap();
+        let split_narrow = GpuSpace
+            .candidates(&narrow, &h200)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuFlash(f) if f.split == 4 && f.br == 64))
+            .unwrap();
+        let l = launches(&narrow, &split_narrow, &ptrs).unwrap();
+        assert_eq!(l[1].grid[0] as usize * 128, 2048 * 8 * 128);
+        assert_eq!(
+            partial_floats(&narrow, &split_narrow),
+            [4 * 2048 * 8 * 128, 4 * 2048 * 8, 4 * 2048 * 8]
+        );
+        let build = KernelBuild::new(&narrow, &split_narrow).unwrap();
+        assert!(
+            build.defines.contains(&("KT_DV", 128)),
+            "{:?}",
+            build.defines
         );
         let Problem::Flash(f) = p else { unreachable!() };
         // Eight runs would need 68 MB: the workspace holds four.

@@ -155,6 +155,7 @@ impl KernelBuild {
                     .chain(p.window.is_some().then_some(("KT_WINDOW", 1)))
                     .chain(p.sinks.then_some(("KT_SINKS", 1)))
                     .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
+                    .chain(p.narrow_values().then_some(("KT_DV", p.v_head_dim)))
                     .collect(),
                     entries: if c.split > 1 {
                         &["kt_flash", "kt_flash_reduce"]

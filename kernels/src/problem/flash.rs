@@ -15,6 +15,12 @@
 //!
 //! With a soft-cap `softcap=C` (Gemma 2's `attn_logit_softcapping`), each scaled score `s`
 //! becomes `C · tanh(s / C)` before the mask and the softmax.
+//!
+//! With `v_head_dim` below `head_dim`, value heads are narrower than query and key heads: V is
+//! `[batch, kv_len, kv_heads, v_head_dim]` and O `[batch, q_len, q_heads, v_head_dim]`. That is
+//! multi-head latent attention's prefill (DeepSeek-V2 and V3, Kimi K2): its keys decompressed
+//! from the latent are 192 wide (128 projected, 64 rotary) and its values 128, FlashAttention
+//! 3's `head_dim_v`.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +36,9 @@ pub struct FlashProblem {
     pub q_heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Values per value and output row: `head_dim`, or fewer where value heads are narrower
+    /// than key heads (latent attention's prefill).
+    pub v_head_dim: usize,
     pub causal: bool,
     pub scale: Scale,
     pub dtype: DType,
@@ -51,6 +60,9 @@ struct FlashFields {
     q_heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Absent in problems written before narrower value heads.
+    #[serde(default)]
+    v_head_dim: Option<usize>,
     causal: bool,
     scale: Scale,
     dtype: DType,
@@ -72,6 +84,7 @@ impl TryFrom<FlashFields> for FlashProblem {
             f.batch, f.q_len, f.kv_len, f.q_heads, f.kv_heads, f.head_dim, f.causal, f.scale,
             f.dtype,
         )?
+        .with_v_head_dim(f.v_head_dim.unwrap_or(f.head_dim))?
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
         .map(|p| p.with_cap(f.softcap))
@@ -129,6 +142,7 @@ impl FlashProblem {
             q_heads,
             kv_heads,
             head_dim,
+            v_head_dim: head_dim,
             causal,
             scale,
             dtype,
@@ -136,6 +150,30 @@ impl FlashProblem {
             sinks: false,
             softcap: None,
         })
+    }
+
+    /// This problem with value (and output) heads of `v_head_dim` values (`head_dim`: as wide
+    /// as the keys, as most attention has).
+    pub fn with_v_head_dim(mut self, v_head_dim: usize) -> Result<Self> {
+        check_dim(Family::Flash, "v_head_dim", v_head_dim, 512)?;
+        if v_head_dim > self.head_dim {
+            return Err(invalid(
+                "v_head_dim",
+                v_head_dim,
+                &format!(
+                    "must be at most head_dim = {}: narrower value heads are latent attention's \
+                     (keys of 192, values of 128); wider ones are no model's",
+                    self.head_dim
+                ),
+            ));
+        }
+        self.v_head_dim = v_head_dim;
+        Ok(self)
+    }
+
+    /// Whether value heads are narrower than key heads.
+    pub fn narrow_values(&self) -> bool {
+        self.v_head_dim < self.head_dim
     }
 
     /// This problem with its scores soft-capped at `softcap` (`None`: not capped).
@@ -182,7 +220,7 @@ impl FlashProblem {
     }
 
     /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
-    /// `kv_heads` (q_heads), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32),
+    /// `kv_heads` (q_heads), `v_head_dim` (head_dim), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32),
     /// `window` (none), `sinks` (false), `softcap` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let q_len: usize = f.req("q_len")?;
@@ -205,12 +243,24 @@ impl FlashProblem {
             scale,
             f.opt("dtype")?.unwrap_or(DType::F32),
         )?
+        .with_v_head_dim(f.opt("v_head_dim")?.unwrap_or(head_dim))?
         .with_window(f.opt("window")?)?
         .with_sinks(f.opt("sinks")?.unwrap_or(false))
         .with_softcap(f.opt("softcap")?)?;
         f.finish(&[
-            "batch", "q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "scale",
-            "dtype", "window", "sinks", "softcap",
+            "batch",
+            "q_len",
+            "kv_len",
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+            "v_head_dim",
+            "causal",
+            "scale",
+            "dtype",
+            "window",
+            "sinks",
+            "softcap",
         ])?;
         Ok(p)
     }
@@ -227,6 +277,9 @@ impl FlashProblem {
             self.causal,
             self.dtype
         );
+        if self.narrow_values() {
+            key.push_str(&format!(",v_head_dim={}", self.v_head_dim));
+        }
         if let Some(w) = self.window {
             key.push_str(&format!(",window={w}"));
         }
@@ -263,7 +316,8 @@ impl FlashProblem {
 
     /// Two matrix products (QKᵀ and PV) over the visible pairs.
     pub fn flops(&self) -> f64 {
-        4.0 * self.batch as f64 * self.q_heads as f64 * self.head_dim as f64 * self.visible_pairs()
+        let dims = (self.head_dim + self.v_head_dim) as f64;
+        2.0 * self.batch as f64 * self.q_heads as f64 * dims * self.visible_pairs()
     }
 
     pub fn min_bytes(&self) -> f64 {
@@ -271,8 +325,8 @@ impl FlashProblem {
         let q = (self.batch * self.q_len * self.q_heads * self.head_dim) as f64;
         // Keys before the first query's window are never read.
         let keys = self.kv_len - self.first_key(0);
-        let kv = (2 * self.batch * keys * self.kv_heads * self.head_dim) as f64;
-        (q + kv) * e + q * 4.0
+        let kv = (self.batch * keys * self.kv_heads * (self.head_dim + self.v_head_dim)) as f64;
+        (q + kv) * e + self.out_len() as f64 * 4.0
     }
 
     pub fn q_len_elems(&self) -> usize {
@@ -280,5 +334,13 @@ impl FlashProblem {
     }
     pub fn kv_len_elems(&self) -> usize {
         self.batch * self.kv_len * self.kv_heads * self.head_dim
+    }
+    /// Values of V: `[batch, kv_len, kv_heads, v_head_dim]`.
+    pub fn v_len_elems(&self) -> usize {
+        self.batch * self.kv_len * self.kv_heads * self.v_head_dim
+    }
+    /// Values of the output: `[batch, q_len, q_heads, v_head_dim]`.
+    pub fn out_len(&self) -> usize {
+        self.batch * self.q_len * self.q_heads * self.v_head_dim
     }
 }

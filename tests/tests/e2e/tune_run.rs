@@ -112,9 +112,17 @@ async fn a_latent_cache_problem_is_tuned_shared_and_served_apart() {
     tuned_shared_and_served_apart(plain, &format!("{plain},v_head_dim=512,scale=0.1352")).await;
 }
 
+/// Latent attention's prefill (DeepSeek's keys of 192, values of 128) and the plain problem
+/// of its keys likewise.
+#[tokio::test]
+async fn a_narrow_value_prefill_is_tuned_shared_and_served_apart() {
+    let plain = "flash:q_len=40,kv_len=40,q_heads=2,kv_heads=2,head_dim=192,dtype=bf16";
+    tuned_shared_and_served_apart(plain, &format!("{plain},v_head_dim=128")).await;
+}
+
 /// Tunes `plain` and `other` into one database on the CPU, exports its winners and imports
 /// them into another, and checks each problem is served its own winner there, and that a
-/// call of `other` through the dispatcher matches the reference.
+/// call of `other` (attention) through the dispatcher matches the reference.
 async fn tuned_shared_and_served_apart(plain: &str, other: &str) {
     use kerntune::{Dispatcher, Match};
     use kerntune_kernels::data::ProblemData;
@@ -171,10 +179,12 @@ async fn tuned_shared_and_served_apart(plain: &str, other: &str) {
     let p = problems[1].problem;
     let mut data = ProblemData::random(&p, 7);
     let reference = data.reference();
-    let Args::Paged(args) = data.args() else {
-        unreachable!("a paged problem")
+    let how = match data.args() {
+        Args::Paged(args) => d.paged_attention(&p, args).unwrap(),
+        Args::Flash(args) => d.flash_attention(&p, args).unwrap(),
+        Args::Gemm(_) => unreachable!("an attention problem"),
     };
-    assert_eq!(d.paged_attention(&p, args).unwrap(), Match::Exact);
+    assert_eq!(how, Match::Exact);
     let err = relative_error(&data.out, &reference);
     assert!(err <= p.tolerance(), "{err:e}");
 }

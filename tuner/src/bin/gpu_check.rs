@@ -64,6 +64,8 @@ const AWKWARD: &[&str] = &[
     "paged:num_seqs=3,context_len=707,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16",
     "paged:num_seqs=3,context_len=707,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,kv_dtype=fp8_e4m3",
     "paged:num_seqs=3,context_len=300,q_heads=4,kv_heads=2,head_dim=128,v_head_dim=64,dtype=f16",
+    // Its prefill: keys of 192, values of 128, chunked after a cached prefix.
+    "flash:q_len=65,kv_len=300,q_heads=4,kv_heads=4,head_dim=192,v_head_dim=128,dtype=bf16,scale=0.1352",
 ];
 
 /// Llama-3.1-70B at tensor parallelism 8, bf16: decode and prefill GEMMs, prefill attention,

@@ -352,7 +352,6 @@ impl Model {
             attention: latent
                 .and_then(|l| sparse_refusal(&f, &l))
                 .or_else(|| attention_refusal(&f, &top)),
-            prefill: latent.map(|l| latent_prefill_refusal(&f, &l)),
         };
         let name = top
             .str("_name_or_path")
@@ -596,19 +595,6 @@ fn latent(f: &Fields<'_>, hidden: usize, q_heads: usize) -> Result<Option<Latent
         v_head_dim,
         indexer,
     }))
-}
-
-/// Why latent attention's prefill is not what kerntune's flash kernels compute (its decode,
-/// over the cached latent, is paged attention on a latent cache).
-fn latent_prefill_refusal(f: &Fields<'_>, l: &Latent) -> String {
-    format!(
-        "{}: its attention is multi-head latent attention (kv_lora_rank = {}, as DeepSeek-V2 and V3): decode attends over one cached latent row of {} values per token, which kerntune tunes, but prefill attends with query and key heads of {} values and value heads of {}, which kerntune's flash attention kernels do not compute",
-        f.path.display(),
-        l.kv_lora_rank,
-        l.row(),
-        l.qk_nope_head_dim + l.qk_rope_head_dim,
-        l.v_head_dim
-    )
 }
 
 /// Why DeepSeek-V3.2's sparse attention is not what kerntune's kernels compute: each query

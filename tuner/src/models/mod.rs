@@ -185,9 +185,6 @@ pub struct Unsupported {
     /// The attention is not the softmax attention the kernels compute (ALiBi, a sparse
     /// indexer's top-k keys).
     pub attention: Option<String>,
-    /// Prefill attention alone is not the kernels' (latent attention's query and key heads
-    /// wider than its value heads); its decode is.
-    pub prefill: Option<String>,
 }
 
 /// Presets from the models' published `config.json` files.

@@ -75,8 +75,8 @@ enum Compile {
     Fails(String),
 }
 
-/// A problem of the same build as `problem` under `config` (dtype, B layout, head size, block
-/// size, GQA group are the build's or the kernel's indexing), small enough to emulate: each
+/// A problem of the same build as `problem` under `config` (dtype, B layout, head sizes, block
+/// size, cache type, GQA group are the build's or the kernel's indexing), small enough to emulate: each
 /// size cut to one tile and a ragged one beyond it (two partitions for paged attention), two
 /// KV heads at most, one batch, two sequences. `problem` when it is already that small.
 pub fn reduced(problem: &Problem, config: &Config) -> Problem {
@@ -109,6 +109,7 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
             FlashProblem::new(
                 1, q_len, kv_len, q_heads, kv_heads, p.head_dim, p.causal, p.scale, p.dtype,
             )
+            .and_then(|f| f.with_v_head_dim(p.v_head_dim))
             .and_then(|f| f.with_window(window))
             .map(|f| Problem::Flash(f.with_sinks(p.sinks).with_cap(p.softcap)))
         }
@@ -131,6 +132,8 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
                 p.scale,
                 p.dtype,
             )
+            .and_then(|q| q.with_v_head_dim(p.v_head_dim))
+            .and_then(|q| q.with_kv_dtype(p.kv_dtype))
             .and_then(|q| q.with_window(window))
             .map(|q| Problem::Paged(q.with_sinks(p.sinks).with_cap(p.softcap)))
         }
@@ -510,10 +513,13 @@ impl Emulator {
 #[cfg(test)]
 mod tests {
     use super::reduced;
+    use crate::gpu::KernelBuild;
     use crate::{Device, GpuSpace, Problem, Space};
 
     /// The plan emulates each candidate on its reduced problem: every candidate must be valid
-    /// there, or the plan would prune it as failing on the emulator.
+    /// there, or the plan would prune it as failing on the emulator, and the same build (an
+    /// fp8 or latent cache, narrow values, a window, sinks or a cap kept), or the plan would
+    /// judge another kernel.
     #[test]
     fn every_candidate_is_valid_on_its_reduced_problem() {
         for model in ["h200", "a100", "mi250", "mi300x", "rx7900xtx"] {
@@ -526,6 +532,9 @@ mod tests {
                 "gemm:m=512,n=1000,k=4104,dtype=f16,b=kn",
                 "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
                 "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                "flash:q_len=2048,q_heads=16,head_dim=192,v_head_dim=128,dtype=bf16,window=300,sinks=true",
+                "paged:num_seqs=32,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,kv_dtype=fp8_e4m3,block_size=64",
+                "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=f16,kv_dtype=fp8_e5m2,softcap=30",
             ] {
                 let p: Problem = spec.parse().unwrap();
                 for c in GpuSpace.candidates(&p, &device) {
@@ -533,6 +542,9 @@ mod tests {
                     if let Err(e) = GpuSpace.validate(&c, &small, &device) {
                         panic!("{model} {spec} {c}: not valid on {small}: {e}");
                     }
+                    // The same kernel: the reduced problem's build is the original's.
+                    let build = |p: &Problem| KernelBuild::new(p, &c).unwrap().defines;
+                    assert_eq!(build(&small), build(&p), "{model} {spec} {c}: {small}");
                 }
             }
         }

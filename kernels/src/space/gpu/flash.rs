@@ -21,7 +21,7 @@ pub fn flash_split_floats(p: &FlashProblem, split: usize) -> [usize; 3] {
         return [0; 3];
     }
     let slots = split * p.batch * p.q_len * p.q_heads;
-    [slots * p.head_dim, slots, slots]
+    [slots * p.v_head_dim, slots, slots]
 }
 
 /// Dims of q and of the output row one lane of the rows variant holds in registers. Past
@@ -31,10 +31,15 @@ pub fn flash_split_floats(p: &FlashProblem, split: usize) -> [usize; 3] {
 const FLASH_MAX_DIMS_PER_LANE: usize = 64;
 
 /// Whether `lanes` leave each lane of the rows variant more than
-/// [`FLASH_MAX_DIMS_PER_LANE`] of `head_dim`, where more lanes would divide it (an odd head
-/// size has no other choice).
-fn too_few_lanes(head_dim: usize, lanes: usize) -> bool {
-    head_dim / lanes > FLASH_MAX_DIMS_PER_LANE && lanes < 32 && head_dim.is_multiple_of(2 * lanes)
+/// [`FLASH_MAX_DIMS_PER_LANE`] of `p.head_dim`, where more lanes would divide it and the
+/// value heads (an odd head size has no other choice).
+fn too_few_lanes(p: &FlashProblem, lanes: usize) -> bool {
+    p.head_dim / lanes > FLASH_MAX_DIMS_PER_LANE && lanes < 32 && divides(p, 2 * lanes)
+}
+
+/// Whether `lanes` divide both the key and the value heads.
+fn divides(p: &FlashProblem, lanes: usize) -> bool {
+    p.head_dim.is_multiple_of(lanes) && p.v_head_dim.is_multiple_of(lanes)
 }
 
 pub(super) fn validate(
@@ -157,12 +162,12 @@ pub(super) fn validate(
                 format!("the {variant} variant takes f16 or bf16 inputs"),
             ));
         }
-        if !p.head_dim.is_multiple_of(tile) {
+        if !p.head_dim.is_multiple_of(tile) || !p.v_head_dim.is_multiple_of(tile) {
             return Err(invalid(
                 f,
                 format!(
-                    "the {variant} variant needs head_dim {} a multiple of {tile}",
-                    p.head_dim
+                    "the {variant} variant needs head_dim {} and v_head_dim {} multiples of {tile}",
+                    p.head_dim, p.v_head_dim
                 ),
             ));
         }
@@ -214,21 +219,22 @@ pub(super) fn validate(
         }
         return check_threads(f, c.threads(), g);
     }
-    // Lanes of a row exchange partial dot products by shuffles inside one wave.
-    if !c.lanes.is_power_of_two() || c.lanes > 32 || !p.head_dim.is_multiple_of(c.lanes) {
+    // Lanes of a row exchange partial dot products by shuffles inside one wave, and share
+    // its output row.
+    if !c.lanes.is_power_of_two() || c.lanes > 32 || !divides(p, c.lanes) {
         return Err(invalid(
             f,
             format!(
-                "lanes = {} must be a power of two up to 32 dividing head_dim {}",
-                c.lanes, p.head_dim
+                "lanes = {} must be a power of two up to 32 dividing head_dim {} and v_head_dim {}",
+                c.lanes, p.head_dim, p.v_head_dim
             ),
         ));
     }
-    if too_few_lanes(p.head_dim, c.lanes) {
+    if too_few_lanes(p, c.lanes) {
         // The fewest lanes the rule accepts.
         let enough = (1..=5)
             .map(|e| c.lanes << e)
-            .find(|&l| p.head_dim.is_multiple_of(l) && !too_few_lanes(p.head_dim, l))
+            .find(|&l| divides(p, l) && !too_few_lanes(p, l))
             .unwrap_or(32);
         return Err(invalid(
             f,
@@ -263,6 +269,16 @@ fn validate_wgmma(c: &GpuFlashConfig, p: &FlashProblem, g: &GpuModel) -> Result<
             format!(
                 "wgmma: head_dim {} and bc = {} must be 64 or 128, br = {} a multiple of 64 (whole warpgroups)",
                 p.head_dim, c.bc, c.br
+            ),
+        ));
+    }
+    // V's tiles share K's swizzled layout, and O the instruction's N of the keys' width.
+    if p.narrow_values() {
+        return Err(invalid(
+            f,
+            format!(
+                "wgmma: value heads of v_head_dim {} narrower than head_dim {}: take wgmma = false (mma.sync)",
+                p.v_head_dim, p.head_dim
             ),
         ));
     }
@@ -400,7 +416,7 @@ pub(super) fn default(p: &FlashProblem) -> GpuFlashConfig {
     // Head sizes are multiples of 8 in practice; odd ones get fewer lanes.
     let lanes = [8, 4, 2, 1]
         .into_iter()
-        .find(|l| p.head_dim.is_multiple_of(*l))
+        .find(|&l| divides(p, l))
         .unwrap_or(1);
     GpuFlashConfig::new(
         GpuFlashVariant::Rows,
@@ -430,11 +446,12 @@ pub(super) fn heuristic(p: &FlashProblem, gpu: Option<&GpuModel>) -> GpuFlashCon
             return measured;
         }
     }
+    let whole = |tile: usize| p.head_dim.is_multiple_of(tile) && p.v_head_dim.is_multiple_of(tile);
     let variant = match gpu {
         Some(g) if p.dtype != DType::F32 => {
-            if has_mma(g) && p.head_dim.is_multiple_of(16) {
+            if has_mma(g) && whole(16) {
                 Some(GpuFlashVariant::Mma)
-            } else if has_mfma(g) && p.head_dim.is_multiple_of(32) {
+            } else if has_mfma(g) && whole(32) {
                 Some(GpuFlashVariant::Mfma)
             } else {
                 None
@@ -779,6 +796,51 @@ mod tests {
             let p = problem(head_dim);
             validate(&default(&p), &p, h200())
                 .unwrap_or_else(|e| panic!("head_dim {head_dim}: {e}"));
+            // And for value heads of every narrower width.
+            for v in [1, head_dim / 2, head_dim.saturating_sub(1)] {
+                let Ok(p) = p.with_v_head_dim(v) else {
+                    continue;
+                };
+                validate(&default(&p), &p, h200())
+                    .unwrap_or_else(|e| panic!("head_dim {head_dim}, v_head_dim {v}: {e}"));
+            }
         }
+    }
+
+    /// Narrow value heads: the warpgroup-MMA tiles (V in K's swizzled layout) are refused
+    /// naming v_head_dim; the matrix-core tiles need it whole in their multiple; rows whose
+    /// lanes do not divide it are refused naming it; the heuristic is an mma.sync tile on
+    /// NVIDIA, MFMA on CDNA where the width allows, the default where it does not.
+    #[test]
+    fn narrow_value_heads_take_whole_tiles_and_no_wgmma() {
+        let deepseek =
+            "flash:q_len=4096,q_heads=16,kv_heads=16,head_dim=128,v_head_dim=64,dtype=bf16";
+        let (g, p) = on("h200", deepseek);
+        let all = candidates(&p, g);
+        let valid: Vec<_> = all.iter().filter(|c| validate(c, &p, g).is_ok()).collect();
+        assert!(valid.iter().all(|c| !c.wgmma));
+        assert!(valid.iter().any(|c| c.variant == GpuFlashVariant::Mma));
+        let wg = all.iter().find(|c| c.wgmma).unwrap();
+        let e = validate(wg, &p, g).unwrap_err().to_string();
+        assert!(
+            e.contains("v_head_dim 64") && e.contains("wgmma = false"),
+            "{e}"
+        );
+        let h = heuristic(&p, Some(g));
+        assert!(h.variant == GpuFlashVariant::Mma && !h.wgmma, "{h}");
+        validate(&h, &p, g).unwrap();
+        let odd = deepseek.replace("v_head_dim=64", "v_head_dim=24");
+        let (g, p) = on("h200", &odd);
+        let mma = GpuFlashConfig::new(GpuFlashVariant::Mma, 64, 64, 2);
+        let e = validate(&mma, &p, g).unwrap_err().to_string();
+        assert!(e.contains("v_head_dim 24 multiples of 16"), "{e}");
+        let rows = GpuFlashConfig::new(GpuFlashVariant::Rows, 32, 16, 16);
+        let e = validate(&rows, &p, g).unwrap_err().to_string();
+        assert!(e.contains("dividing head_dim 128 and v_head_dim 24"), "{e}");
+        assert_eq!(heuristic(&p, Some(g)), default(&p));
+        let (g, p) = on("mi250", deepseek);
+        let h = heuristic(&p, Some(g));
+        assert_eq!(h.variant, GpuFlashVariant::Mfma, "{h}");
+        validate(&h, &p, g).unwrap();
     }
 }

@@ -78,10 +78,10 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             GpuGemmVariant::Skinny => 0,
         },
         (Config::GpuFlash(c), Problem::Flash(p)) => match c.variant {
-            GpuFlashVariant::Rows => 4 * 2 * c.bc * p.head_dim,
+            GpuFlashVariant::Rows => 4 * c.bc * (p.head_dim + p.v_head_dim),
             GpuFlashVariant::Mma => dynamic_lds_bytes(config, problem),
-            // 16-bit K [bc][d + 4] and Vᵀ [d][bc + 4].
-            GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.head_dim * (c.bc + 4)),
+            // 16-bit K [bc][d + 4] and Vᵀ [dv][bc + 4].
+            GpuFlashVariant::Mfma => 2 * (c.bc * (p.head_dim + 4) + p.v_head_dim * (c.bc + 4)),
         },
         // Scores and the waves' maxima and sums; then the query (a thread per token) or
         // each wave's P·V sums (groups of lanes).
