@@ -732,9 +732,10 @@ unsafe fn query_tile<T: Tiles>(
                 dp,
                 &mut vv[..wp / 2 * dp],
             );
-            // O += P·V, [live rows][dp].
+            // O += P·V, [live rows][dp], over the blocks of columns holding values (narrow
+            // value heads leave the rest zero).
             for r0 in (0..live_rows).step_by(BLOCK) {
-                for x in (0..dp).step_by(BLOCK) {
+                for x in (0..dv.next_multiple_of(BLOCK)).step_by(BLOCK) {
                     product(
                         tiles,
                         wp / BLOCK,
