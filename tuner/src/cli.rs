@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use kerntune_kernels::{DType, Device, Family, Fp8};
 
 use kerntune_tuner::search::Strategy;
-use kerntune_tuner::shapes::Buckets;
+use kerntune_tuner::shapes::{mla_block_size, Buckets};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -126,7 +126,8 @@ pub struct ShapeArgs {
     /// Context lengths of paged attention decode.
     #[arg(long, value_delimiter = ',')]
     pub context_lens: Option<Vec<usize>>,
-    /// Tokens per block of the paged KV cache (default 16, vLLM's).
+    /// Tokens per block of the paged KV cache (default 16, vLLM's; a latent attention cache
+    /// on sm_90 64, FlashMLA's, as vLLM allocates it there).
     #[arg(long)]
     pub block_size: Option<usize>,
     /// Mixtures of experts: each shard holds whole experts (vLLM's --enable-expert-parallel)
@@ -189,9 +190,13 @@ impl ShapeArgs {
         b.expert_parallel = self.expert_parallel;
         match self.block_size {
             Some(0) => return Err("--block-size needs a positive number of tokens".into()),
-            Some(size) => b.block_size = size,
-            None => {}
+            Some(size) => {
+                b.block_size = size;
+                b.latent_block_size = size;
+            }
+            None => b.latent_block_size = mla_block_size(device),
         }
+        b.mla_block_size = mla_block_size(device);
         if let Some(d) = &self.dtype {
             let d = d.parse::<DType>()?;
             if d.fp8().is_some() {

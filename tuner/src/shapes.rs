@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
-use kerntune_kernels::{DType, Family, KernelError, Problem};
+use kerntune_kernels::{DType, Device, Family, KernelError, Problem};
 
 use crate::error::{usage, Result, TuneError};
 use crate::models::{is_hub_address, Latent, Model, PRESETS};
@@ -38,6 +38,12 @@ pub struct Buckets {
     /// What paged attention's caches hold (`None`: the model's dtype).
     pub kv_cache: Option<DType>,
     pub block_size: usize,
+    /// Tokens per block of a latent (multi-head latent attention) cache: `block_size` where
+    /// `--block-size` is given, else what vLLM's MLA backend on the device allocates
+    /// ([`mla_block_size`]).
+    pub latent_block_size: usize,
+    /// What vLLM's MLA backend on the device allocates a latent cache in ([`mla_block_size`]).
+    pub mla_block_size: usize,
     /// Experts spread whole over the shards (vLLM's expert parallelism) instead of each
     /// expert's FFN split over them.
     pub expert_parallel: bool,
@@ -53,8 +59,22 @@ impl Default for Buckets {
             dtype: None,
             kv_cache: None,
             block_size: 16,
+            latent_block_size: 16,
+            mla_block_size: 16,
             expert_parallel: false,
         }
+    }
+}
+
+/// Tokens per block vLLM allocates a latent cache in on `device` when `--block-size` is not
+/// given: on sm_90 its default MLA backend is FlashMLA, whose kernels take blocks of 64
+/// tokens, and vLLM raises the block size to 64 for it; elsewhere (A100, AMD without AITER,
+/// the CPU) its default of 16. Tuned at 16, a FlashMLA-style server's decode calls would find
+/// no winner of their block size.
+pub fn mla_block_size(device: &Device) -> usize {
+    match device {
+        Device::Gpu(g) if g.arch.starts_with("sm_90") => 64,
+        _ => 16,
     }
 }
 
@@ -397,9 +417,9 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
     // Latent attention decodes as vLLM's MLA backends run it: every query head of the shard
     // (its query absorbed into the latent) against the one cached latent row per token,
     // whose first kv_lora_rank values are the value; the output is projected up after.
-    let (paged_d, paged_v, paged_kinds) = match &model.latent {
-        Some(l) => (l.row(), l.kv_lora_rank, vec![1]),
-        None => (d, d, kv_kinds),
+    let (paged_d, paged_v, paged_kinds, block_size) = match &model.latent {
+        Some(l) => (l.row(), l.kv_lora_rank, vec![1], b.latent_block_size),
+        None => (d, d, kv_kinds, b.block_size),
     };
     if b.kernels.contains(&Family::Paged) {
         for (&seqs, &kv_heads) in b
@@ -409,14 +429,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         {
             for &ctx in &b.context_lens {
                 let p = PagedProblem::new(
-                    seqs,
-                    ctx,
-                    q_heads,
-                    kv_heads,
-                    paged_d,
-                    b.block_size,
-                    scale,
-                    dtype,
+                    seqs, ctx, q_heads, kv_heads, paged_d, block_size, scale, dtype,
                 )
                 .and_then(|p| p.with_v_head_dim(paged_v))
                 .map_err(|e| {
@@ -540,13 +553,26 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
             PRESETS.join(", ")
         )));
     };
-    let (tps, notes) = match tp {
+    let (tps, mut notes) = match tp {
         Some(list) => (list.to_vec(), Vec::new()),
         None => {
             let (tp, note) = default_tp(&model, memory, b.expert_parallel);
             (vec![tp], note.into_iter().collect())
         }
     };
+    let latent_decode = model.latent.is_some() && b.kernels.contains(&Family::Paged);
+    let (chosen, vllm) = (b.latent_block_size, b.mla_block_size);
+    if latent_decode && vllm != 16 && chosen == vllm {
+        notes.push(format!(
+            "{}'s latent cache in blocks of {chosen} tokens, as vLLM's MLA backend on this device (FlashMLA) allocates it; pass --block-size to choose",
+            model.name
+        ));
+    } else if latent_decode && !chosen.is_multiple_of(vllm) {
+        notes.push(format!(
+            "{}'s latent cache in blocks of {chosen} tokens (--block-size), which vLLM's MLA backend on this device (FlashMLA) raises to {vllm}: a vLLM server's decode calls will not find these winners",
+            model.name
+        ));
+    }
     let mut problems = Vec::new();
     for tp in tps {
         problems.extend(derive(&model, tp, b)?);

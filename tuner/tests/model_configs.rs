@@ -1689,6 +1689,75 @@ fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(256, 4608, 2304));
 }
 
+/// A latent cache's decode is derived in the blocks vLLM's MLA backend allocates on the
+/// device: 64 tokens on an H200 (FlashMLA), said in a note, unless `--block-size` chooses
+/// (a size vLLM would raise is noted as one its calls will not find); 16 on an A100 and for
+/// other attention.
+#[test]
+fn latent_decode_blocks_follow_vllms_mla_backend_on_the_device() {
+    let v3 = format!("{{{DEEPSEEK_V3}}}");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), &v3).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "shapes",
+            "--shapes",
+            "config.json",
+            "--json",
+            "--tp",
+            "8",
+            "--kernels",
+            "paged",
+            "--batch-sizes",
+            "8",
+            "--context-lens",
+            "4096",
+        ];
+        args.extend_from_slice(extra);
+        let out = tune(&args, dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let key = rows[0]["key"].as_str().unwrap().to_string();
+        (key, stderr)
+    };
+    let (key, note) = run(&["--device", "h200"]);
+    assert!(key.contains(",block_size=64,"), "{key}");
+    assert!(
+        note.contains("blocks of 64 tokens") && note.contains("FlashMLA"),
+        "{note}"
+    );
+    let (key, note) = run(&["--device", "h200", "--block-size", "16"]);
+    assert!(key.contains(",block_size=16,"), "{key}");
+    assert!(
+        note.contains("raises to 64") && note.contains("will not find"),
+        "{note}"
+    );
+    let (key, note) = run(&["--device", "h200", "--block-size", "128"]);
+    assert!(key.contains(",block_size=128,"), "{key}");
+    assert!(!note.contains("note:"), "{note}");
+    let (key, note) = run(&["--device", "a100"]);
+    assert!(key.contains(",block_size=16,"), "{key}");
+    assert!(!note.contains("note:"), "{note}");
+    let rows = derive(
+        &format!("{{{LLAMA8B}}}"),
+        &[
+            "--device",
+            "h200",
+            "--tp",
+            "1",
+            "--kernels",
+            "paged",
+            "--batch-sizes",
+            "8",
+        ],
+    );
+    assert!(
+        rows.iter().all(|(_, k)| k.contains(",block_size=16,")),
+        "{rows:?}"
+    );
+}
+
 #[test]
 fn a_list_of_one_mlp_width_is_that_width() {
     let args = ["--tp", "2", "--batch-sizes", "1", "--prefill-lens", "512"];
