@@ -469,14 +469,15 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         // each); `seen` keys of each are visible.
         int seen[2 * KT_MR];
         auto row = [&](int m, int r) { return row0 + 16 * m + g + 8 * r; };
-        // Row slot 2m + r's first element in q and out, computed where used: held through the
-        // key loop, its registers made the split TMA builds spill.
-        auto qrow = [&](int m, int r) {
+        // Row slot 2m + r's (batch, position, head) row, and its first element in q and in out
+        // (whose rows hold KT_DV), computed where used: held through the key loop, its
+        // registers made the split TMA builds spill.
+        auto slot = [&](int m, int r) {
             const int i = row(m, r);
-            return (((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h) * KT_D;
+            return ((long)b * q_len + (i < q_len ? i : 0)) * q_heads + h;
         };
-        // And in out, whose rows hold KT_DV.
-        auto orow = [&](int m, int r) { return qrow(m, r) / KT_D * KT_DV; };
+        auto qrow = [&](int m, int r) { return slot(m, r) * KT_D; };
+        auto orow = [&](int m, int r) { return slot(m, r) * KT_DV; };
 #pragma unroll
         for (int x = 0; x < 2 * KT_MR; ++x) {
             const int i = row(x / 2, x % 2);
@@ -1010,7 +1011,10 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const float qscale = scale * 1.4426950408889634f;
     const int shift = kv_len - q_len;
     const int seen = live ? (causal ? min(kv_len, i + shift + 1) : kv_len) : 0;
-    const long qrow = (((long)b * q_len + (live ? i : 0)) * q_heads + h) * KT_D;
+    // This lane's (batch, position, head) row: its query at row · KT_D, its output at
+    // row · KT_DV.
+    const long row = ((long)b * q_len + (live ? i : 0)) * q_heads + h;
+    const long qrow = row * KT_D;
 
     // Qᵀ's B fragments: step s is dims 8s + 4·half .. + 3 of this lane's query.
     kt_frag qf[KT_QK];
@@ -1120,7 +1124,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
         for (int d = 0; d < KT_OT; ++d)
 #pragma unroll
             for (int e = 0; e < 16; ++e)
-                out[qrow / KT_D * KT_DV + 32 * d + 8 * (e / 4) + 4 * half + e % 4] = o[d][e] * inv;
+                out[row * KT_DV + 32 * d + 8 * (e / 4) + 4 * half + e % 4] = o[d][e] * inv;
     }
 }
 

@@ -257,7 +257,7 @@ fn flash_candidates_match_the_reference_with_narrow_values() {
         "kt_load16(v + at * KT_DV + x)",
         "kt_load16(v + at * KT_D + x)",
     );
-    let mfma_out = ("out[qrow / KT_D * KT_DV + 32 * d", "out[qrow + 32 * d");
+    let mfma_out = ("out[row * KT_DV + 32 * d", "out[row * KT_D + 32 * d");
     let small =
         "flash:q_len=20,kv_len=70,q_heads=2,kv_heads=1,head_dim=128,v_head_dim=64,dtype=bf16";
     every_flash_form_catches(
