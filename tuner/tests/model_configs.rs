@@ -1689,6 +1689,50 @@ fn kimi_linear_derives_its_kda_layers_and_latent_attention_projections() {
     assert_eq!(keys_of(&rows, "gate_up")[0], gemm(256, 4608, 2304));
 }
 
+/// DeepSeek-V3's attention tuned end to end on the CPU from its config.json: its prefill (keys
+/// of 192, values of 128) and its decode on the latent cache, each verified and given a
+/// winner in the database.
+#[test]
+fn deepseek_attention_is_tuned_from_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), format!("{{{DEEPSEEK_V3}}}")).unwrap();
+    let args = [
+        "--device",
+        "cpu",
+        "--shapes",
+        "config.json",
+        "--tp",
+        "8",
+        "--kernels",
+        "flash,paged",
+        "--batch-sizes",
+        "2",
+        "--prefill-lens",
+        "33",
+        "--context-lens",
+        "70",
+        "--db",
+        "k.db",
+    ];
+    let out = tune(&args, dir.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 tuned"), "{stdout}");
+    assert!(
+        stdout.contains("head_dim=192") && stdout.contains("v_head_dim=128"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("head_dim=576") && stdout.contains("v_head_dim=512"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 without a winner"), "{stdout}");
+}
+
 /// A latent cache's decode is derived in the blocks vLLM's MLA backend allocates on the
 /// device: 64 tokens on an H200 (FlashMLA), said in a note, unless `--block-size` chooses
 /// (a size vLLM would raise is noted as one its calls will not find); 16 on an A100 and for

@@ -220,8 +220,8 @@ impl FlashProblem {
     }
 
     /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
-    /// `kv_heads` (q_heads), `v_head_dim` (head_dim), `causal` (true), `scale` (1/sqrt(head_dim)), `dtype` (f32),
-    /// `window` (none), `sinks` (false), `softcap` (none).
+    /// `kv_heads` (q_heads), `v_head_dim` (head_dim), `causal` (true), `scale`
+    /// (1/sqrt(head_dim)), `dtype` (f32), `window` (none), `sinks` (false), `softcap` (none).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let q_len: usize = f.req("q_len")?;
         let q_heads: usize = f.req("q_heads")?;
