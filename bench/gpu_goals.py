@@ -30,9 +30,18 @@ def form(config):
     stages and counts are left out."""
     words = config.split()
     variant = words[1] if len(words) > 1 and "=" not in words[1] else "rows"
+    # Paged attention's (`gpu partition=512 threads=128 heads=16 mma` -> `paged heads mma`):
+    # a thread a token, groups of lanes, several heads a block, tensor cores.
+    paged = len(words) > 1 and words[1].startswith("partition=")
+    if paged:
+        variant = "paged"
     flags = []
     for w in words[2:]:
-        if w.startswith("swizzle="):
+        if paged and w.startswith(("lanes=", "heads=")):
+            flags.append(w.split("=")[0])
+        elif paged and w == "mma":
+            flags.append(w)
+        elif w.startswith("swizzle="):
             flags.append("swizzled")
         elif variant == "mma" and w == "lanes=1":
             # The flash mma tiles' one thread a row: warps of 32 query rows.

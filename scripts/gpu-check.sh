@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # kerntune's GPU check on a machine with an NVIDIA GPU, in under 5 minutes: the GPU kernels
 # compiled by NVRTC for the device and verified there against the CPU reference (every
-# family, awkward sizes), a few Llama-3.1-70B TP8 problems per family tuned, tuned vs
-# default vs cuBLAS / PyTorch SDPA printed as ratios and judged against the goals
-# (bench/gpu_goals.py); then `tune --device h200` itself on one problem per family, its
+# family, awkward sizes), a few Llama-3.1-70B TP8 problems per family and DeepSeek-V3's
+# TP8 latent decode tuned, tuned vs default vs cuBLAS / PyTorch SDPA printed as ratios and
+# judged against the goals (bench/gpu_goals.py); then `tune --device h200` itself on one problem per family, its
 # results stored in a database and shown, and the runtime library serving them on the device.
 #
 #   scripts/gpu-check.sh            build (when cargo is here) and run

@@ -28,6 +28,18 @@
 // (from LDS, the same address across the block); each wave then turns heads' rows of scores
 // into weights; P·V: consecutive threads on consecutive value dims, each summing every head's.
 //
+// KT_PAGED_MMA (NVIDIA's tensor cores, 16-bit query): a block takes KT_HEADS query
+// heads of one KV head as the rows of one 16-row mma.sync tile (rows past KT_HEADS zero). A
+// latent decode's 16 heads multiply 1,088 values a token each, which a thread a token runs
+// on CUDA cores at a fraction of the memory's speed; on tensor cores the same block is bound
+// by its reads, as FlashMLA's is. The partition passes in tiles of KT_TC = 16 · warps tokens,
+// each copied by cp.async into shared memory while the tile before it is multiplied (key
+// rows, and value rows but on a latent cache, whose values are the key rows' first KT_DV):
+// warp w scores tokens 16w .. 16w + 15 of a tile for all 16 rows (Q·Kᵀ, Q from shared
+// memory), the scores meet in shared memory, where each head's online softmax turns them
+// into 16-bit weights, and warp w sums P·V into value columns [w, w + 1) · KT_DV / warps.
+// An fp8 cache's tiles land as bytes and are widened in shared memory into the query's type.
+//
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
 // KT_LANES 2 to 32: groups of KT_LANES lanes per token, for the scores and for P·V. A lane
@@ -49,8 +61,11 @@
 #ifndef KT_HEADS
 #define KT_HEADS 1
 #endif
-#if KT_HEADS > 1 && KT_LANES != 1
-#error "KT_HEADS > 1 takes a thread a token (KT_LANES 1)"
+#ifndef KT_PAGED_MMA
+#define KT_PAGED_MMA 0
+#endif
+#if (KT_HEADS > 1 || KT_PAGED_MMA) && KT_LANES != 1
+#error "KT_HEADS > 1 and KT_PAGED_MMA take a thread a token (KT_LANES 1)"
 #endif
 #if KT_DV > KT_D
 #error "KT_DV, the values a row holds, must not exceed KT_D"
@@ -78,7 +93,308 @@ KT_DEVICE float kt_block_sum(float v, float* scratch) {
     return r;
 }
 
-#if KT_HEADS > 1
+#if KT_PAGED_MMA
+
+#if !defined(KT_MMA) || KT_DTYPE == 0 || KT_HEADS > 16
+#error "KT_PAGED_MMA takes mma.sync, a 16-bit query, and at most 16 heads"
+#endif
+#define KT_TC (16 * KT_WAVES)
+// Rows of 8 halves of padding: the 8 rows of one ldmatrix on distinct banks, every row
+// 16-byte aligned for cp.async.
+#define KT_LDK (KT_D + 8)
+#define KT_LDP (KT_TC + 8)
+#if KT_DV < KT_D
+// A latent cache: the values are the key rows' first KT_DV, read from the key tile.
+#define KT_V_ROWS 0
+#define KT_LDV KT_LDK
+#else
+#define KT_V_ROWS 1
+#define KT_LDV (KT_DV + 8)
+#endif
+// A stage: the tile's key rows [KT_TC][KT_LDK], then its value rows [KT_TC][KT_LDV].
+#define KT_STAGE (KT_TC * (KT_LDK + KT_V_ROWS * KT_LDV))
+#if KT_KV_FP8
+// An fp8 cache's tiles land as they lie, two stages of KT_RAW bytes (key rows [KT_TC][KT_D],
+// then value rows [KT_TC][KT_DV]), and are widened into one stage of 16-bit rows for the
+// products: the tensor cores take both operands in the query's type.
+#define KT_RAW (KT_TC * (KT_D + KT_V_ROWS * KT_DV))
+#define KT_TILE_BYTES (2 * KT_RAW + 2 * KT_STAGE)
+// Values a 16-byte copy holds, and the strides of the rows it lands in.
+#define KT_PIECE 16
+#define KT_KROW KT_D
+#define KT_VROW KT_DV
+#else
+#define KT_TILE_BYTES (2 * 2 * KT_STAGE)
+#define KT_PIECE 8
+#define KT_KROW KT_LDK
+#define KT_VROW KT_LDV
+#endif
+// The value columns each warp sums.
+#define KT_WCOLS (KT_DV / KT_WAVES)
+#if KT_D % 16 != 0 || KT_WCOLS % 16 != 0 || KT_WCOLS * KT_WAVES != KT_DV
+#error "KT_PAGED_MMA needs KT_D a multiple of 16 and KT_DV of 16 columns a warp"
+#endif
+// The stages, the query tile [16][KT_LDK] and the weights [16][KT_LDP] as 16-bit values, then
+// the scores [16][KT_TC] and each row's maximum, sum and correction as f32.
+#if !defined(KT_DYN_LDS) || \
+    KT_TILE_BYTES + 2 * (16 * KT_LDK + 16 * KT_LDP) + 4 * (16 * KT_TC + 3 * 16) != KT_DYN_LDS
+#error "KT_DYN_LDS must be the bytes of the stages, query, weights, scores and row statistics"
+#endif
+
+#if KT_KV_FP8
+// Sixteen cached bytes as sixteen 16-bit values in the query's type, in order: the f16 an fp8
+// byte's bits make (kt_fp8_half_bits, the format's factor on the host) is exact in bf16 too.
+KT_DEVICE void kt_widen_fp8_16(const unsigned char* src, unsigned short* dst) {
+    const unsigned* const in = reinterpret_cast<const unsigned*>(src);
+    unsigned* const out = reinterpret_cast<unsigned*>(dst);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        // Bytes 0 and 1 of the word, then 2 and 3, each pair spread into a word's halves.
+        unsigned lo = kt_fp8_half_bits((in[i] & 0xffu) | ((in[i] & 0xff00u) << 8));
+        unsigned hi = kt_fp8_half_bits(((in[i] >> 16) & 0xffu) | ((in[i] >> 8) & 0xff0000u));
+#if KT_DTYPE == 2
+        lo = kt_pack2(kt_f16_f32((unsigned short)(lo & 0xffffu)), kt_f16_f32((unsigned short)(lo >> 16)));
+        hi = kt_pack2(kt_f16_f32((unsigned short)(hi & 0xffffu)), kt_f16_f32((unsigned short)(hi >> 16)));
+#endif
+        out[2 * i] = lo;
+        out[2 * i + 1] = hi;
+    }
+}
+#endif
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS_ONE(KT_THREADS)
+kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,
+         const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
+         const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
+         float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
+         int max_blocks, int partitions, float scale, int window, float softcap) {
+    // Dynamic shared memory: DeepSeek's two stages of 64 rows of 576 pass the 48 KiB a block
+    // declares statically.
+    KT_DYNAMIC_SHARED(smem);
+#if KT_KV_FP8
+    unsigned char* const raws = smem;
+    unsigned short* const tiles = reinterpret_cast<unsigned short*>(smem + 2 * KT_RAW);
+    unsigned short* const qs = tiles + KT_STAGE;
+#else
+    unsigned short* const tiles = reinterpret_cast<unsigned short*>(smem);
+    unsigned short* const qs = tiles + 2 * KT_STAGE;
+#endif
+    unsigned short* const ps = qs + 16 * KT_LDK;
+    float* const ss = reinterpret_cast<float*>(ps + 16 * KT_LDP);
+    float* const row_max = ss + 16 * KT_TC;
+    float* const row_sum = row_max + 16;
+    float* const row_corr = row_sum + 16;
+    const int tid = KT_TID;
+    const int part = KT_BID_X;
+    const int h0 = KT_BID_Y * KT_HEADS;
+    const int seq = KT_BID_Z;
+    // The block's heads share their KV head: KT_HEADS divides the group (validated).
+    const int kvh = h0 / (q_heads / kv_heads);
+    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
+    const int skip = first / KT_BLOCK;
+    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
+    const int t0 = first % KT_BLOCK + part * KT_PART;
+    const int t1 = min(ctx, t0 + KT_PART);
+    // Head g's partial slot: the block's first head's, then `partitions` apart.
+    const long slot0 = ((long)seq * q_heads + h0) * partitions + part;
+    auto slot = [&](int g) { return slot0 + (long)g * partitions; };
+    if (t0 >= t1) {
+        // An empty partition contributes nothing to the reduction.
+        for (int g = 0; g < KT_HEADS; ++g) {
+            if (tid == 0) {
+                part_max[slot(g)] = -KT_INF;
+                part_sum[slot(g)] = 0.0f;
+            }
+            for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot(g) * KT_DV + x] = 0.0f;
+        }
+        return;
+    }
+    const unsigned* table = block_tables + (long)seq * max_blocks + skip;
+    auto row_of = [&](int t) {
+        return (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
+    };
+    // The query rows (zero past KT_HEADS) go with the first tile's commit group.
+    for (int e = tid; e < 16 * (KT_D / 8); e += KT_THREADS) {
+        const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
+        const bool in = r < KT_HEADS;
+        kt_cp_async16(qs + r * KT_LDK + x, query + ((long)seq * q_heads + h0 + (in ? r : 0)) * KT_D + x,
+                      in ? 16 : 0);
+    }
+    // Tokens j0 .. j0 + KT_TC - 1 into stage `st`; those past the partition zero-filled (a
+    // weight of 0 times a zero row, never times whatever the memory held).
+#if KT_KV_FP8
+    auto stage_of = [&](int st) { return raws + st * KT_RAW; };
+#else
+    auto stage_of = [&](int st) { return tiles + st * KT_STAGE; };
+#endif
+    auto load = [&](int st, int j0) {
+        const auto ks = stage_of(st);
+        for (int e = tid; e < KT_TC * (KT_D / KT_PIECE); e += KT_THREADS) {
+            const int r = e / (KT_D / KT_PIECE), x = KT_PIECE * (e % (KT_D / KT_PIECE));
+            const bool in = j0 + r < t1;
+            kt_cp_async16(ks + r * KT_KROW + x, key_cache + row_of(in ? j0 + r : t0) + x,
+                          in ? 16 : 0);
+        }
+#if KT_V_ROWS
+        const auto vs = ks + KT_TC * KT_KROW;
+        for (int e = tid; e < KT_TC * (KT_DV / KT_PIECE); e += KT_THREADS) {
+            const int r = e / (KT_DV / KT_PIECE), x = KT_PIECE * (e % (KT_DV / KT_PIECE));
+            const bool in = j0 + r < t1;
+            kt_cp_async16(vs + r * KT_VROW + x, value_cache + row_of(in ? j0 + r : t0) + x,
+                          in ? 16 : 0);
+        }
+#endif
+    };
+#if KT_KV_FP8
+    // Stage `st`'s bytes widened into the 16-bit rows.
+    auto widen = [&](int st) {
+        const unsigned char* const ks = stage_of(st);
+        for (int e = tid; e < KT_TC * (KT_D / 16); e += KT_THREADS) {
+            const int r = e / (KT_D / 16), x = 16 * (e % (KT_D / 16));
+            kt_widen_fp8_16(ks + r * KT_D + x, tiles + r * KT_LDK + x);
+        }
+#if KT_V_ROWS
+        for (int e = tid; e < KT_TC * (KT_DV / 16); e += KT_THREADS) {
+            const int r = e / (KT_DV / 16), x = 16 * (e % (KT_DV / 16));
+            kt_widen_fp8_16(ks + KT_TC * KT_D + r * KT_DV + x, tiles + KT_TC * KT_LDK + r * KT_LDV + x);
+        }
+#endif
+    };
+#endif
+    load(0, t0);
+    kt_cp_async_commit();
+    // Rows past KT_HEADS keep weights of 0 and a correction of 1.
+    for (int i = tid; i < 16 * KT_LDP; i += KT_THREADS) ps[i] = 0;
+    if (tid < 16) {
+        row_max[tid] = -KT_INF;
+        row_sum[tid] = 0.0f;
+        row_corr[tid] = 1.0f;
+    }
+    const int wave = tid / KT_WAVE;
+    const int lane = tid % KT_WAVE;
+    const int g = lane / 4, tq = lane % 4;
+    // This lane's ldmatrix row addresses, each fragment's a constant past them
+    // (kt_ldmatrix_x4_at). Q and P (A fragments): lanes 8q .. 8q + 7 address rows 8·(q % 2) +
+    // (0 .. 7), columns 8·(q / 2). K (B fragments of the warp's two 8-token tiles): tokens
+    // 16w + 8·(q / 2) + (0 .. 7), dims 8·(q % 2). V (B fragments by a transposing ldmatrix):
+    // tokens 8·(q % 2) + (0 .. 7), the warp's columns + 8·(q / 2).
+    const unsigned q_at = kt_smem(qs + (8 * ((lane / 8) % 2) + lane % 8) * KT_LDK + 8 * (lane / 16));
+    const unsigned p_at = kt_smem(ps + (8 * ((lane / 8) % 2) + lane % 8) * KT_LDP + 8 * (lane / 16));
+    const unsigned k_at =
+        kt_smem(tiles + (16 * wave + 8 * (lane / 16) + lane % 8) * KT_LDK + 8 * ((lane / 8) % 2));
+    const unsigned v_at = kt_smem(tiles + KT_V_ROWS * KT_TC * KT_LDK +
+                                  (8 * ((lane / 8) % 2) + lane % 8) * KT_LDV + KT_WCOLS * wave +
+                                  8 * (lane / 16));
+    const float log2e = 1.4426950408889634f;
+    const float unit = scale * log2e;
+    const float cap_unit = softcap * log2e;
+    // Output tile j: accumulator e is head g + 8·(e / 2), value column KT_WCOLS·w + 8j + 2tq +
+    // e % 2.
+    float o[KT_WCOLS / 8][4];
+#pragma unroll
+    for (int j = 0; j < KT_WCOLS / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
+    int st = 0;
+    for (int j0 = t0; j0 < t1; j0 += KT_TC, st ^= 1) {
+        // The next tile into the other stage, which every warp left at the last barrier.
+        if (j0 + KT_TC < t1) load(st ^ 1, j0 + KT_TC);
+        kt_cp_async_commit();
+        kt_cp_async_wait<1>();  // this tile (and the query, with the first)
+        KT_SYNC();
+#if KT_KV_FP8
+        widen(st);
+        KT_SYNC();
+        // One stage of 16-bit rows.
+        const unsigned stage = 0;
+#else
+        const unsigned stage = 2 * st * KT_STAGE;
+#endif
+        // Score tile n: accumulator e is head g + 8·(e / 2), token 16w + 8n + 2tq + e % 2.
+        float s[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+#pragma unroll 4
+        for (int kk = 0; kk < KT_D / 16; ++kk) {
+            unsigned qa[4], r[4];
+            kt_ldmatrix_x4_at(qa, q_at + 2 * 16 * kk);
+            kt_ldmatrix_x4_at(r, k_at + stage + 2 * 16 * kk);
+            const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+            kt_mma(s[0], qa, b0);
+            kt_mma(s[1], qa, b1);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                ss[(g + 8 * (e / 2)) * KT_TC + 16 * wave + 8 * n + 2 * tq + e % 2] = s[n][e] * unit;
+        KT_SYNC();
+        // Wave w takes heads w, w + WAVES, ...: the tile's maximum (capped, as the other forms
+        // cap it), the weights as 16-bit pairs, and the running maximum, sum and correction.
+        const int n = min(KT_TC, t1 - j0);
+        for (int r = wave; r < KT_HEADS; r += KT_WAVES) {
+            float mx = -KT_INF;
+            for (int i = lane; i < n; i += KT_WAVE) mx = fmaxf(mx, ss[r * KT_TC + i]);
+            const float old = row_max[r];
+            const float m = fmaxf(old, kt_softcap(kt_wave_max(mx), cap_unit));
+            float sum = 0.0f;
+            for (int i = 2 * lane; i < KT_TC; i += 2 * KT_WAVE) {
+                const float p0 = i < n ? exp2f(kt_softcap(ss[r * KT_TC + i], cap_unit) - m) : 0.0f;
+                const float p1 =
+                    i + 1 < n ? exp2f(kt_softcap(ss[r * KT_TC + i + 1], cap_unit) - m) : 0.0f;
+                *reinterpret_cast<unsigned*>(ps + r * KT_LDP + i) = kt_pack2(p0, p1);
+                sum += p0 + p1;
+            }
+            sum = kt_wave_sum(sum);
+            if (lane == 0) {
+                const float corr = exp2f(old - m);
+                row_corr[r] = corr;
+                row_sum[r] = row_sum[r] * corr + sum;
+                row_max[r] = m;
+            }
+        }
+        KT_SYNC();
+        const float corr_lo = row_corr[g], corr_hi = row_corr[g + 8];
+#pragma unroll
+        for (int j = 0; j < KT_WCOLS / 8; ++j) {
+            o[j][0] *= corr_lo;
+            o[j][1] *= corr_lo;
+            o[j][2] *= corr_hi;
+            o[j][3] *= corr_hi;
+        }
+        // P's A fragment of tokens 16c .. 16c + 15, then V's B fragments of the warp's column
+        // tiles 2dd and 2dd + 1 by one transposing ldmatrix.
+#pragma unroll
+        for (int c = 0; c < KT_TC / 16; ++c) {
+            unsigned pa[4];
+            kt_ldmatrix_x4_at(pa, p_at + 2 * 16 * c);
+#pragma unroll
+            for (int dd = 0; dd < KT_WCOLS / 16; ++dd) {
+                unsigned r[4];
+                kt_ldmatrix_x4_trans_at(r, v_at + stage + 2 * (16 * c * KT_LDV + 16 * dd));
+                const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                kt_mma(o[2 * dd], pa, b0);
+                kt_mma(o[2 * dd + 1], pa, b1);
+            }
+        }
+        KT_SYNC();  // every warp is done with this stage, the scores and the weights
+    }
+    kt_cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < KT_WCOLS / 8; ++j) {
+        const int x = KT_WCOLS * wave + 8 * j + 2 * tq;
+        if (g < KT_HEADS) kt_store8(part_out + slot(g) * KT_DV + x, o[j][0], o[j][1]);
+        if (g + 8 < KT_HEADS) kt_store8(part_out + slot(g + 8) * KT_DV + x, o[j][2], o[j][3]);
+    }
+    if (tid < KT_HEADS) {
+        part_max[slot(tid)] = row_max[tid];
+        part_sum[slot(tid)] = row_sum[tid];
+    }
+}
+
+#elif KT_HEADS > 1
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,

@@ -73,6 +73,7 @@
 #define KT_BID_Y kt_host::bid(1)
 #define KT_BID_Z kt_host::bid(2)
 #define KT_LAUNCH_BOUNDS(threads)
+#define KT_LAUNCH_BOUNDS_ONE(threads)
 #define KT_INF INFINITY
 #define KT_BITS_F32(u) kt_host::bits_f32(u)
 #define KT_FAST_DIV(a, b) ((a) / (b))
@@ -86,6 +87,15 @@
 #define KT_BID_Y ((int)blockIdx.y)
 #define KT_BID_Z ((int)blockIdx.z)
 #define KT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// A kernel whose shared memory, not its registers, limits the blocks an SM holds: told one
+// block a multiprocessor is enough, ptxas gives its threads the registers they need, where
+// aiming at more blocks it held the tensor-core paged attention to 48 or 64 and spilled.
+// (HIP's second bound means waves per EU, not blocks: there it is the plain bound.)
+#if defined(KT_CUDA)
+#define KT_LAUNCH_BOUNDS_ONE(threads) __launch_bounds__(threads, 1)
+#else
+#define KT_LAUNCH_BOUNDS_ONE(threads) __launch_bounds__(threads)
+#endif
 // Positive infinity without <math.h>, which NVRTC does not provide.
 #define KT_INF __int_as_float(0x7f800000)
 #define KT_BITS_F32(u) __uint_as_float(u)

@@ -28,9 +28,16 @@ fn emulator(model: &str) -> (Device, Emulator) {
 }
 
 /// Runs every candidate of the space for `spec` (with sequences of `context_lens`, for paged
-/// attention) and asserts each matches the reference; returns how many ran.
+/// attention) and asserts each matches the reference; returns how many ran. The tensor-core
+/// paged forms, a build for each partition and each of forty-odd of them a problem, have a
+/// test of their own ([`paged_tensor_core_candidates_match_the_reference`]).
 fn every_candidate(model: &str, spec: &str, context_lens: Option<Vec<u32>>) -> usize {
-    candidates_where(model, spec, context_lens, |_| true)
+    candidates_where(model, spec, context_lens, |c| !tensor_cores(c))
+}
+
+/// A paged config on tensor cores.
+fn tensor_cores(c: &Config) -> bool {
+    matches!(c, Config::GpuPaged(p) if p.mma)
 }
 
 /// As [`every_candidate`], for the candidates of one GEMM variant only: shapes that add a
@@ -532,6 +539,7 @@ fn paged_edits_show(
             threads,
             lanes,
             heads,
+            mma: false,
         });
         source_edits_show(&emu, data, &config, include_str!("../hip/paged.hip"), edits);
     }
@@ -601,7 +609,7 @@ fn paged_candidates_match_the_reference_on_latent_caches() {
 /// slot, or all take its query, is caught.
 #[test]
 fn paged_blocks_of_several_heads_match_the_reference() {
-    let several = |c: &Config| matches!(c, Config::GpuPaged(p) if p.heads > 1);
+    let several = |c: &Config| matches!(c, Config::GpuPaged(p) if p.heads > 1 && !p.mma);
     for model in ["h200", "mi250"] {
         for (spec, lens) in [
             (
@@ -637,6 +645,132 @@ fn paged_blocks_of_several_heads_match_the_reference() {
     );
 }
 
+/// Tensor cores (`mma`): every such H200 candidate of DeepSeek-V3's TP8 latent decode (16
+/// heads on one row of 576, values its first 512, blocks of 16; FlashMLA's blocks of 64 and
+/// blocks of one token with partitions of 256), of Llama-3.1-70B's TP8 decode (8 heads on one
+/// KV head of 128, values their own rows) with a window, sinks and a cap, and of 4 heads on
+/// a KV head of 64 in f16 (rows of the tile past the block's heads): sequences of one token,
+/// of a partition and a tile plus one.
+#[test]
+fn paged_tensor_core_candidates_match_the_reference() {
+    for (spec, lens) in [
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352",
+            vec![600, 65],
+        ),
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16,scale=0.1352",
+            vec![1, 517],
+        ),
+        (
+            "paged:num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=1,dtype=bf16,scale=0.1352",
+            vec![300, 129],
+        ),
+        (
+            "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,window=300,sinks=true,softcap=30",
+            vec![600, 1, 333],
+        ),
+        (
+            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=f16",
+            vec![300, 17],
+        ),
+        // Fp8 caches, widened in shared memory: DeepSeek's latent rows in E4M3 under bf16
+        // queries, Llama's own value rows in E5M2 under f16 ones (and in the fnuz E4M3).
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352,kv_dtype=fp8_e4m3",
+            vec![600, 65],
+        ),
+        (
+            "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=f16,kv_dtype=fp8_e5m2",
+            vec![600, 1, 333],
+        ),
+        (
+            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3fnuz",
+            vec![300, 77],
+        ),
+    ] {
+        // Other block sizes and cache types change where a token's row lies and how its
+        // values widen, not the kernel's structure: partitions of 256 for them.
+        let all = !spec.contains("kv_dtype")
+            && (spec.contains("block_size=16") || !spec.contains("head_dim=576"));
+        let ran = candidates_where("h200", spec, Some(lens), |c| {
+            matches!(c, Config::GpuPaged(p) if p.mma && (all || p.partition == 256))
+        });
+        assert!(ran >= 6, "{spec}: {ran}");
+    }
+    // Each mistake shows on DeepSeek's latent rows and on Llama's own value rows (and on an
+    // fp8 cache): the next tile copied over the one being read, a tile read before its copy
+    // lands, P·V on the other stage, the running correction left out, weights for the zero
+    // rows past a partition's end, a head's output in its neighbour's slot; on the fp8
+    // cache, the widened tile read without a barrier after its widening, and the other
+    // stage's bytes widened.
+    let (_, emu) = emulator("h200");
+    for (spec, lens, heads) in [
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352",
+            vec![600, 65],
+            16,
+        ),
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            vec![600, 77],
+            8,
+        ),
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3",
+            vec![600, 77],
+            8,
+        ),
+    ] {
+        let problem: Problem = spec.parse().unwrap();
+        let data = ProblemData::random(&problem, 4).with_context_lens(lens);
+        let config = Config::GpuPaged(GpuPagedConfig {
+            partition: 512,
+            threads: 128,
+            lanes: 1,
+            heads,
+            mma: true,
+        });
+        let mut edits = vec![
+                (
+                    "if (j0 + KT_TC < t1) load(st ^ 1, j0 + KT_TC);",
+                    "if (j0 + KT_TC < t1) load(st, j0 + KT_TC);",
+                ),
+                (
+                    "kt_cp_async_wait<1>();  // this tile (and the query",
+                    "kt_cp_async_wait<2>();  // this tile (and the query",
+                ),
+                (
+                    "const float corr_lo = row_corr[g], corr_hi = row_corr[g + 8];",
+                    "const float corr_lo = 1.0f, corr_hi = 1.0f;",
+                ),
+                (
+                    "i < n ? exp2f(kt_softcap(ss[r * KT_TC + i], cap_unit) - m) : 0.0f",
+                    "exp2f(kt_softcap(ss[r * KT_TC + i], cap_unit) - m)",
+                ),
+        ];
+        // P·V on the other stage; an fp8 cache's one widened tile read without a barrier
+        // after its widening, or widened from the other stage's bytes.
+        if !spec.contains("fp8") {
+            edits.push((
+                "v_at + stage + 2 * (16 * c * KT_LDV",
+                "v_at + 2 * (16 * c * KT_LDV",
+            ));
+        } else {
+            edits.push(("        widen(st);\n        KT_SYNC();", "        widen(st);"));
+            edits.push(("        widen(st);", "        widen(st ^ 1);"));
+        }
+        // Heads 8 .. 15 of the tile are the block's only with 16.
+        if heads == 16 {
+            edits.push((
+                "part_out + slot(g + 8) * KT_DV + x",
+                "part_out + slot(g) * KT_DV + x",
+            ));
+        }
+        source_edits_show(&emu, &data, &config, include_str!("../hip/paged.hip"), &edits);
+    }
+}
+
 /// The grouped paged attention (16 lanes a token, 256 threads) of `model` on sequences of 300
 /// and 17 tokens, with `body` as its source: its relative error.
 fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {
@@ -648,6 +782,7 @@ fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {
         threads: 256,
         lanes: 16,
         heads: 1,
+        mma: false,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))

@@ -160,6 +160,13 @@ fn check_candidates(
                 "wgmma.wait_group.sync.aligned",
             ],
             Config::GpuGemm(g) if g.variant == GpuGemmVariant::Skinny => &["shfl.sync.bfly"],
+            // Tensor cores fed by a pipeline of asynchronous copies.
+            Config::GpuPaged(g) if g.mma => &[
+                "mma.sync.aligned.m16n8k16",
+                "ldmatrix.sync.aligned.m8n8.x4.trans",
+                "cp.async.cg.shared.global",
+                "cp.async.wait_group 1",
+            ],
             Config::GpuPaged(g) if g.lanes > 1 => &["shfl.sync.bfly"],
             Config::GpuGemm(g) if g.stages > 1 => &[
                 "cp.async.cg.shared.global",
@@ -671,7 +678,7 @@ fn several_heads_builds_compile_without_spills() {
         let configs = candidates_where(
             name,
             &p,
-            |c| matches!(c, Config::GpuPaged(c) if c.heads > 1),
+            |c| matches!(c, Config::GpuPaged(c) if c.heads > 1 && !c.mma),
         );
         assert_eq!(configs.len(), 27, "{name}: {configs:?}");
         check_candidates(&nvrtc, name, &p, &configs, "kt_paged_reduce");
@@ -707,6 +714,46 @@ fn latent_cache_builds_compile_without_spills() {
                 assert!(key.contains("KT_DV=512"), "{key}");
             }
         }
+    }
+}
+
+/// Tensor-core builds (KT_PAGED_MMA): every such candidate of DeepSeek-V3's TP8 latent
+/// decode (16 heads on rows of 576, values their first 512) and of Llama-3.1-70B's TP8
+/// decode (8 heads on a KV head of 128), on bf16 and E4M3 caches, for sm_80 and sm_90a:
+/// mma.sync fed by ldmatrix from a pipeline of cp.async copies, shared memory as the space
+/// computes it, none spilling. DeepSeek's blocks take the warps their two stages of rows of
+/// 584 leave room for: 2 or 4 on an H200 (4: 171 KiB of its 227; 170 KiB on E4M3, two
+/// stages of bytes and one widened), 2 on an A100 (164 KiB).
+#[test]
+fn tensor_core_paged_builds_compile_without_spills() {
+    let Some(nvrtc) = compiler("tensor_core_paged_builds_compile_without_spills") else {
+        return;
+    };
+    let deepseek = "paged:num_seqs=64,context_len=8192,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,scale=0.1352";
+    let llama = "paged:num_seqs=64,context_len=8192,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+    let e4m3 = ",kv_dtype=fp8_e4m3";
+    for (spec, name, threads) in [
+        (deepseek, "a100", &[64][..]),
+        (deepseek, "h200", &[64, 128]),
+        (llama, "a100", &[64, 128, 256]),
+        (llama, "h200", &[64, 128, 256]),
+        (&format!("{deepseek}{e4m3}"), "a100", &[64]),
+        (&format!("{deepseek}{e4m3}"), "h200", &[64, 128]),
+        (&format!("{llama}{e4m3}"), "h200", &[64, 128, 256]),
+    ] {
+        let p: Problem = spec.parse().unwrap();
+        let configs = candidates_where(name, &p, |c| matches!(c, Config::GpuPaged(c) if c.mma));
+        let mut seen: Vec<usize> = configs
+            .iter()
+            .map(|c| match c {
+                Config::GpuPaged(c) => c.threads,
+                _ => unreachable!(),
+            })
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen, threads, "{name} {p}");
+        check_candidates(&nvrtc, name, &p, &configs, "kt_paged_reduce");
     }
 }
 

@@ -1,5 +1,5 @@
 //! `bench/gpu_goals.py`, which judges a device run of `scripts/gpu-check.sh`: on a run folder
-//! written here (two GEMM processes' rows, a flash row, SDPA's timings) it merges the rows,
+//! written here (two GEMM processes' rows, flash and paged rows, SDPA's timings) it merges the rows,
 //! names each kernel form's fastest config, and prints each goal's ratio and verdict, with
 //! its exit status saying whether any was missed.
 
@@ -20,6 +20,7 @@ fn goals(folder: &Path) -> (i32, String) {
 const PREFILL: &str = "gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk";
 const FLASH: &str =
     "flash:batch=1,q_len=2048,kv_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16";
+const LATENT: &str = "paged:num_seqs=32,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16,scale=0.1352";
 
 /// A row as gpu-check writes it; `timed` fastest first, so its first config is the best. A
 /// config written `CONFIG|REGISTERS|SPILLED` is timed with its resources, as gpu-check writes
@@ -101,6 +102,20 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     std::fs::write(d.join("gpu-check-gemm-wgmma.json"), format!("[{wgmma}]")).unwrap();
     std::fs::write(d.join("gpu-check-gemm.json"), format!("[{mma}]")).unwrap();
     std::fs::write(d.join("gpu-check-flash.json"), format!("[{flash}]")).unwrap();
+    // Paged attention's forms: a thread a token, groups of lanes, several heads a block on
+    // CUDA cores, and on tensor cores.
+    let paged = row(
+        LATENT,
+        900.0,
+        None,
+        &[
+            ("gpu partition=512 threads=128 heads=16 mma|184|0", 90.0),
+            ("gpu partition=256 threads=128 lanes=16", 450.0),
+            ("gpu partition=128 threads=128 heads=16", 300.0),
+            ("gpu partition=512 threads=128", 900.0),
+        ],
+    );
+    std::fs::write(d.join("gpu-check-paged.json"), format!("[{paged}]")).unwrap();
     // The flash tiles by warpgroup MMA in a process of their own: the best over both again.
     let flash_wgmma = row(
         FLASH,
@@ -162,6 +177,16 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     );
     assert!(
         out.find("400.0 us").unwrap() < out.find("965.0 us").unwrap(),
+        "{out}"
+    );
+    let tensor = line("paged heads mma  ");
+    assert!(tensor.contains("90.0 us"), "{tensor}");
+    assert!(tensor.contains("184 regs  0 spilled"), "{tensor}");
+    assert!(line("paged heads  ").contains("300.0 us"), "{out}");
+    assert!(line("paged lanes  ").contains("450.0 us"), "{out}");
+    assert!(line("paged  ").contains("900.0 us"), "{out}");
+    assert!(
+        line(&format!("{LATENT}: tuned vs default")).contains("10.00x"),
         "{out}"
     );
     // The goals: 295 / 400 = 0.74 of cuBLAS, 40 / 48 = 0.83 of SDPA's default (0.73 of its

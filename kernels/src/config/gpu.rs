@@ -284,6 +284,20 @@ pub struct GpuPagedConfig {
     /// a token only).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub heads: usize,
+    /// NVIDIA's tensor cores (`mma.sync`, 16-bit query and cache): the block's `heads` are the
+    /// rows of one 16-row tile, its tokens pass in tiles of 16 a warp copied into shared
+    /// memory one ahead, both products on the tensor cores (FlashMLA's way: a latent decode
+    /// multiplies 1,088 values a token and head, more than CUDA cores keep up with at the
+    /// memory's speed). Absent (false) in stored configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mma: bool,
+}
+
+impl GpuPagedConfig {
+    /// Tokens of a partition a tensor-core block copies and multiplies at a time: 16 a warp.
+    pub fn mma_tile(&self, wave: usize) -> usize {
+        16 * (self.threads / wave.max(1))
+    }
 }
 
 /// A rocBLAS GEMM solution (`rocblas_gemm_ex` with `rocblas_gemm_algo_solution_index`).
@@ -394,6 +408,9 @@ impl fmt::Display for GpuPagedConfig {
         }
         if self.heads != 1 {
             write!(f, " heads={}", self.heads)?;
+        }
+        if self.mma {
+            f.write_str(" mma")?;
         }
         Ok(())
     }

@@ -224,7 +224,7 @@ pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
             c.stages > 1 || matches!(c.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
         }
         Config::GpuFlash(c) => matches!(c.variant, GpuFlashVariant::Mma | GpuFlashVariant::Mfma),
-        Config::GpuPaged(c) => c.lanes > 1,
+        Config::GpuPaged(c) => c.lanes > 1 || c.mma,
         _ => false,
     };
     if pieces {
@@ -544,13 +544,14 @@ pub fn launches(
             let [part_out, part_max, part_sum] = ptrs.partials.map(Arg::Ptr);
             // A latent cache's values are its key rows (KT_DV of each).
             let values = if p.is_latent() { i1 } else { i2 };
+            let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             vec![
                 Launch {
                     entry: 0,
                     grid: grid(parts, p.q_heads / c.heads, p.num_seqs)?,
                     cluster: 1,
                     block,
-                    shared_bytes: 0,
+                    shared_bytes,
                     args: vec![
                         i0,
                         i1,

@@ -1,14 +1,14 @@
 //! `gpu-check`: on a machine with an NVIDIA GPU, compile the GPU kernels with NVRTC for the
 //! device, verify every family on the device against the CPU reference (awkward sizes
-//! first), tune a few Llama-3.1-70B TP8 problems per family, and print tuned vs default vs
-//! cuBLAS as ratios. `scripts/gpu-check.sh` builds and runs it; the flash-attention peer
+//! first), tune a few Llama-3.1-70B TP8 problems per family and DeepSeek-V3's TP8 latent
+//! decode, and print tuned vs default vs cuBLAS as ratios. `scripts/gpu-check.sh` builds and runs it; the flash-attention peer
 //! (PyTorch SDPA) is timed by `bench/sdpa_peer.py` in the same script.
 //!
 //! Usage: `gpu-check [--family gemm|flash|paged]... [--only-variant V | --skip-variant V]...
 //! [--problem SPEC]... [--max-candidates N] [--reps N] [--json FILE] [--trace]`
 //!
 //! `--problem` times the problems given (every candidate of each, up to `--max-candidates`)
-//! instead of the Llama-3.1-70B set, and skips the awkward sizes; `--config` (a config as
+//! instead of the Llama-3.1-70B and DeepSeek-V3 set, and skips the awkward sizes; `--config` (a config as
 //! JSON, as `tune bench` takes it) times exactly the configs given, for profiling one under
 //! a profiler such as Nsight Compute.
 //!
@@ -79,6 +79,12 @@ const LLAMA70B_TP8: &[&str] = &[
     "gemm:m=2048,n=7168,k=8192,dtype=bf16",
     "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
     "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+];
+
+/// DeepSeek-V3 at tensor parallelism 8, bf16: its latent decode (16 heads on one row of 576,
+/// values its first 512) in the blocks of 64 vLLM allocates on sm_90.
+const DEEPSEEK_V3_TP8: &[&str] = &[
+    "paged:num_seqs=32,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16,scale=0.1352",
 ];
 
 #[derive(Debug, Serialize)]
@@ -489,6 +495,7 @@ fn run() -> anyhow::Result<bool> {
     let timed: Vec<&str> = if problems.is_empty() {
         LLAMA70B_TP8
             .iter()
+            .chain(DEEPSEEK_V3_TP8)
             .copied()
             .filter(|s| wanted(&s))
             .collect()
@@ -535,7 +542,7 @@ fn run() -> anyhow::Result<bool> {
     }
 
     let title = if problems.is_empty() {
-        "Llama-3.1-70B TP8, bf16"
+        "Llama-3.1-70B and DeepSeek-V3 TP8, bf16"
     } else {
         "the problems given"
     };
@@ -605,14 +612,14 @@ fn run() -> anyhow::Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Variants, AWKWARD, LLAMA70B_TP8};
+    use super::{Variants, AWKWARD, DEEPSEEK_V3_TP8, LLAMA70B_TP8};
     use kerntune_kernels::{Config, Device, GpuSpace, Problem, Space};
 
     /// The problems a device run checks are problems, and the GPU spaces offer each of them
     /// candidates on the H200 and the MI250 (a typo here would only show on a device).
     #[test]
     fn every_checked_problem_parses_and_has_candidates() {
-        for spec in AWKWARD.iter().chain(LLAMA70B_TP8) {
+        for spec in AWKWARD.iter().chain(LLAMA70B_TP8).chain(DEEPSEEK_V3_TP8) {
             let p: Problem = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
             for name in ["h200", "mi250"] {
                 let device = Device::lookup(name).unwrap();

@@ -87,6 +87,9 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         // each wave's P·V sums (groups of lanes).
         (Config::GpuPaged(c), Problem::Paged(p)) => {
             let waves = c.threads / g.wave_size as usize;
+            if c.mma {
+                return dynamic_lds_bytes(config, problem);
+            }
             if c.heads > 1 {
                 // Each head's query and scores.
                 return 4 * c.heads * (p.head_dim + c.partition);
@@ -114,10 +117,30 @@ pub const SWIZZLE_ALIGN: usize = 1024;
 /// bytes; swizzled tiles [`SWIZZLE_ALIGN`] more for their alignment; warp-specialized ones
 /// two 8-byte mbarriers a stage after them), the mma flash
 /// attention's 16-bit K and V tiles (`[bc][d + 8]` each; with `wgmma`, swizzled rows of 64
-/// dims without padding, [`SWIZZLE_ALIGN`] more). 0 for builds whose shared memory is all
-/// static.
+/// dims without padding, [`SWIZZLE_ALIGN`] more), the tensor-core paged attention's two
+/// stages of key (and value) rows (on an fp8 cache, two of its bytes and one widened), its
+/// query, weights, scores and row statistics. 0 for
+/// builds whose shared memory is all static.
 pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
     match (config, problem) {
+        (Config::GpuPaged(c), Problem::Paged(p)) if c.mma => {
+            // NVIDIA's 32-wide warps: mma is theirs alone (validation).
+            let tile = c.mma_tile(32);
+            let key_row = p.head_dim + 8;
+            // A latent cache's values are read from the key rows.
+            let value_row = if p.is_latent() { 0 } else { p.v_head_dim + 8 };
+            let weights_row = tile + 8;
+            let stage = tile * (key_row + value_row);
+            // An fp8 cache's two stages of bytes as they lie, widened into one of 16-bit rows.
+            let tiles = match p.fp8() {
+                Some(_) => {
+                    let values = if p.is_latent() { 0 } else { p.v_head_dim };
+                    2 * tile * (p.head_dim + values) + 2 * stage
+                }
+                None => 2 * 2 * stage,
+            };
+            tiles + 2 * (16 * key_row + 16 * weights_row) + 4 * (16 * tile + 3 * 16)
+        }
         (Config::GpuFlash(c), Problem::Flash(p)) if c.variant == GpuFlashVariant::Mma => {
             if c.wgmma {
                 // Two stages and their full and empty mbarriers where specialized, and the

@@ -1,13 +1,14 @@
 //! Paged attention's GPU space: a thread per cached token, or groups of lanes per token
 //! reading its rows in 16-byte pieces; a block's query heads (one, or several of one KV head
-//! sharing each row it reads); partitions of long contexts and threads per block.
+//! sharing each row it reads), on CUDA cores or NVIDIA's tensor cores; partitions of long
+//! contexts and threads per block.
 
 use crate::config::GpuPagedConfig;
 use crate::device::GpuModel;
 use crate::problem::PagedProblem;
 use crate::{Family, KernelError};
 
-use super::{check_threads, invalid, vec_of};
+use super::{check_threads, has_mma, invalid, vec_of};
 
 /// Dims of the query and of the P·V sums a lane of grouped paged attention holds.
 const PAGED_MAX_DIMS_PER_LANE: usize = 16;
@@ -70,13 +71,87 @@ pub(super) fn validate(
             ),
         ));
     }
-    check_threads(f, c.threads, g)
+    check_threads(f, c.threads, g)?;
+    if c.mma {
+        validate_mma(c, p, g)?;
+    }
+    Ok(())
 }
 
-/// Groups of lanes per token first (16-byte loads of whole rows), then a thread per token,
-/// then blocks of several query heads (shorter partitions: their scores are a row per head).
+/// The tensor-core form: NVIDIA's `mma.sync` on 16-bit values (an fp8 cache's widened into
+/// the query's type in shared memory), whole 16-dim steps of the key rows, each warp's value
+/// columns whole pairs of 8-column tiles, and partitions of whole token tiles.
+fn validate_mma(c: &GpuPagedConfig, p: &PagedProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let f = Family::Paged;
+    if !has_mma(g) {
+        return Err(invalid(
+            f,
+            format!(
+                "mma: tensor cores by mma.sync are NVIDIA's (sm_80 and later), not {}'s ({}); drop `mma`",
+                g.name, g.arch
+            ),
+        ));
+    }
+    if p.dtype.size() != 2 {
+        return Err(invalid(
+            f,
+            format!(
+                "mma takes a 16-bit query (f16 or bf16), not {}; drop `mma`",
+                p.dtype
+            ),
+        ));
+    }
+    if c.lanes != 1 {
+        return Err(invalid(f, format!("mma takes lanes = 1 (not {})", c.lanes)));
+    }
+    let warps = c.threads / g.wave_size as usize;
+    if !p.head_dim.is_multiple_of(16) || !p.v_head_dim.is_multiple_of(16 * warps) {
+        return Err(invalid(
+            f,
+            format!(
+                "mma with {warps} warps: head_dim {} must be a multiple of 16 and v_head_dim {} of 16 a warp ({})",
+                p.head_dim,
+                p.v_head_dim,
+                16 * warps
+            ),
+        ));
+    }
+    let tile = c.mma_tile(g.wave_size as usize);
+    if !c.partition.is_multiple_of(tile) {
+        return Err(invalid(
+            f,
+            format!(
+                "mma with {warps} warps multiplies tiles of {tile} tokens: partition = {} must be a multiple of {tile}",
+                c.partition
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Tensor cores first where they apply (NVIDIA, 16-bit caches: each row read once for a
+/// KV head's group, both products at a small part of the CUDA cores' time), then groups of
+/// lanes per token (16-byte loads of whole rows), a thread per token, and blocks of several
+/// query heads on CUDA cores (shorter partitions: their scores are a row per head).
 pub(super) fn candidates() -> Vec<GpuPagedConfig> {
     let mut out = Vec::new();
+    // Tensor cores: a KV head's whole group of heads a block where it is up to 16 (4 for
+    // Llama-3.1-8B, 8 for Llama-3.1-70B at TP8, 16 for a latent decode at DeepSeek's TP8),
+    // short partitions for few long sequences (each block a tile or a few), long ones for
+    // many.
+    for heads in [16, 8, 4] {
+        for partition in [64, 128, 256, 512, 1024] {
+            for threads in [64, 128, 256] {
+                out.push(GpuPagedConfig {
+                    partition,
+                    threads,
+                    lanes: 1,
+                    heads,
+                    mma: true,
+                });
+            }
+        }
+    }
     for lanes in [16, 8, 4, 32, 1] {
         for partition in [256, 512, 1024] {
             for threads in [64, 128, 256, 512] {
@@ -85,6 +160,7 @@ pub(super) fn candidates() -> Vec<GpuPagedConfig> {
                     threads,
                     lanes,
                     heads: 1,
+                    mma: false,
                 });
             }
         }
@@ -97,6 +173,7 @@ pub(super) fn candidates() -> Vec<GpuPagedConfig> {
                     threads,
                     lanes: 1,
                     heads,
+                    mma: false,
                 });
             }
         }
@@ -113,6 +190,7 @@ pub(super) fn default(p: &PagedProblem) -> GpuPagedConfig {
         threads: 128,
         lanes: 1,
         heads: 1,
+        mma: false,
     }
 }
 
@@ -176,8 +254,103 @@ mod tests {
         // offered.
         let offered = candidates()
             .into_iter()
-            .filter(|c| c.heads > 1 && validate(c, &p, g).is_ok())
+            .filter(|c| c.heads > 1 && !c.mma && validate(c, &p, g).is_ok())
             .count();
         assert_eq!(offered, 3 * 3 * 3);
+    }
+
+    /// Tensor-core blocks: stored without `mma`, a config is on CUDA cores; with it, the
+    /// field reads back, the build and launch take its shared memory (two stages of 64 of
+    /// DeepSeek's rows of 584 halves, the query, weights, scores and row statistics; on an
+    /// fp8 cache two stages of bytes and one widened), and what the tensor cores cannot take
+    /// is refused by name: an AMD device, f32, lanes, key rows of no 16-dim steps, value
+    /// columns a warp short of 16, partitions of no whole tiles, and stages past the block's
+    /// shared memory.
+    #[test]
+    fn tensor_core_blocks_are_stored_sized_launched_and_checked() {
+        use crate::gpu::KernelBuild;
+        use crate::space::{dynamic_lds_bytes, GpuSpace};
+        use crate::Space;
+        let deepseek = "paged:num_seqs=3,context_len=1000,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16";
+        let (g, p) = on("h200", deepseek);
+        let old: GpuPagedConfig =
+            serde_json::from_str(r#"{"partition":256,"threads":128,"heads":16}"#).unwrap();
+        assert!(!old.mma);
+        let c = GpuPagedConfig { mma: true, ..old };
+        validate(&c, &p, g).unwrap();
+        assert_eq!(c.to_string(), "gpu partition=256 threads=128 heads=16 mma");
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<GpuPagedConfig>(&json).unwrap(), c);
+        let (problem, config) = (Problem::Paged(p), Config::GpuPaged(c));
+        let bytes = 2 * (2 * 64 * 584 + 16 * 584 + 16 * 72) + 4 * (16 * 64 + 3 * 16);
+        assert_eq!(bytes, 174_784);
+        assert_eq!(dynamic_lds_bytes(&config, &problem), bytes);
+        let build = KernelBuild::new(&problem, &config).unwrap();
+        for define in [
+            "KT_PAGED_MMA=1",
+            "KT_HEADS=16",
+            "KT_DV=512",
+            &format!("KT_DYN_LDS={bytes}"),
+        ] {
+            assert!(build.key().contains(define), "{}", build.key());
+        }
+        let l = launches(&problem, &config, &DevicePtrs::default()).unwrap();
+        assert_eq!((l[0].grid, l[0].shared_bytes), ([4, 1, 3], bytes as u32));
+        assert_eq!(l[1].shared_bytes, 0);
+        let fp8: Problem = format!("{deepseek},kv_dtype=fp8_e4m3").parse().unwrap();
+        assert_eq!(
+            dynamic_lds_bytes(&config, &fp8),
+            2 * 64 * 576 + 2 * 64 * 584 + 2 * (16 * 584 + 16 * 72) + 4 * (16 * 64 + 3 * 16)
+        );
+        assert!(GpuSpace.validate(&config, &fp8, &Device::Gpu(g)).is_ok());
+
+        let (mi250, _) = on("mi250", deepseek);
+        let e = validate(&GpuPagedConfig { threads: 256, ..c }, &p, mi250).unwrap_err();
+        assert!(e.to_string().contains("NVIDIA's"), "{e}");
+        let (_, f32_problem) = on(
+            "h200",
+            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
+        );
+        let llama = GpuPagedConfig { heads: 8, ..c };
+        let e = validate(&llama, &f32_problem, g).unwrap_err();
+        assert!(e.to_string().contains("16-bit query"), "{e}");
+        for (bad, spec, named) in [
+            (
+                GpuPagedConfig { heads: 1, lanes: 16, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                "mma takes lanes = 1",
+            ),
+            (
+                GpuPagedConfig { heads: 8, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=72,dtype=bf16",
+                "head_dim 72 must be a multiple of 16",
+            ),
+            (
+                GpuPagedConfig { heads: 8, threads: 256, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16,block_size=32",
+                "v_head_dim 64 of 16 a warp (128)",
+            ),
+            (
+                GpuPagedConfig { partition: 96, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=32,dtype=bf16",
+                "partition = 96 must be a multiple of 64",
+            ),
+        ] {
+            let (_, p) = on("h200", spec);
+            let e = validate(&bad, &p, g).unwrap_err().to_string();
+            assert!(e.contains(named), "{bad}: {e}");
+        }
+        // Eight warps' stages of DeepSeek's rows, 316 KiB, are more than an H200's block has.
+        let e = GpuSpace
+            .validate(
+                &Config::GpuPaged(GpuPagedConfig { threads: 256, ..c }),
+                &problem,
+                &Device::Gpu(g),
+            )
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("bytes of shared memory per block"),
+            "{e}"
+        );
     }
 }
