@@ -89,7 +89,7 @@ python3 bench/gpu_goals.py "$out" 2>&1 | tee -a "$out/gpu-check.txt" || true
 
 # The tuner's own device path: plan, compile, verify, time and store, as users run it.
 if [ -x .gpu/tune ]; then
-    model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' | grep -o 'h200\|h100\|a100' || echo h200)
+    model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z' | grep -o 'b200\|h200\|h100\|a100' || echo h200)
     step 60 .gpu/tune --device "$model" --db "$out/tuned.db" --strategy exhaustive \
         --max-configs 8 --budget 5s --total-budget 40s \
         --shapes gemm:m=16,n=1280,k=8192,dtype=bf16 \

@@ -1,11 +1,11 @@
-//! The same GPU sources compiled offline with NVRTC for sm_80 (A100) and sm_90 (H100, H200),
-//! resources read from ptxas's report, and pruning.
+//! The same GPU sources compiled offline with NVRTC for sm_80 (A100), sm_90 (H100, H200) and
+//! sm_100 (B200), resources read from ptxas's report, and pruning.
 //!
 //! Needs NVRTC 13 (`pip install nvidia-cuda-nvrtc`, or a CUDA 13 toolkit). Without it each test
 //! says it did not run and why; with `KERNTUNE_REQUIRE_NVRTC=1` (set by `.ci/run`, which
 //! installs the wheel) a missing NVRTC fails the test instead.
 
-use kerntune_kernels::config::GpuGemmVariant;
+use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
 use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
 use kerntune_kernels::gpu::{judge, KernelBuild, Verdict};
 use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, Problem, Space};
@@ -243,11 +243,11 @@ fn problems() -> Vec<Problem> {
 }
 
 #[test]
-fn defaults_compile_for_sm80_and_sm90_without_spills() {
-    let Some(nvrtc) = compiler("defaults_compile_for_sm80_and_sm90_without_spills") else {
+fn defaults_compile_for_sm80_sm90_and_sm100_without_spills() {
+    let Some(nvrtc) = compiler("defaults_compile_for_sm80_sm90_and_sm100_without_spills") else {
         return;
     };
-    for name in ["a100", "h100", "h200"] {
+    for name in ["a100", "h100", "h200", "b200"] {
         let device = Device::lookup(name).unwrap();
         let Device::Gpu(g) = device else {
             unreachable!()
@@ -755,6 +755,59 @@ fn tensor_core_paged_builds_compile_without_spills() {
         assert_eq!(seen, threads, "{name} {p}");
         check_candidates(&nvrtc, name, &p, &configs, "kt_paged_reduce");
     }
+}
+
+/// The B200 (sm_100) has no warpgroup MMA (Hopper's alone; Blackwell's own tensor-core
+/// instructions, tcgen05, are not what kerntune emits): its GEMM and flash candidates are
+/// mma.sync and CUDA-core forms, and every problem's heuristic, and every tensor-core
+/// candidate of DeepSeek-V3's TP8 latent decode, compile for sm_100 without spills.
+#[test]
+fn b200_builds_take_mma_sync_and_compile_for_sm100() {
+    let Some(nvrtc) = compiler("b200_builds_take_mma_sync_and_compile_for_sm100") else {
+        return;
+    };
+    let b200 = Device::lookup("b200").unwrap();
+    for p in problems() {
+        let all = GpuSpace.candidates(&p, &b200);
+        assert!(!all.is_empty(), "{p}");
+        assert!(
+            all.iter().all(|c| match c {
+                Config::GpuGemm(g) => g.variant != GpuGemmVariant::Wgmma,
+                Config::GpuFlash(f) => !f.wgmma,
+                _ => true,
+            }),
+            "{p}"
+        );
+        let heuristic = GpuSpace.heuristic(&p, &b200);
+        check_candidates(&nvrtc, "b200", &p, &[heuristic], ".target sm_100");
+    }
+    let wgmma: Problem = "gemm:m=2048,n=1280,k=8192,dtype=bf16".parse().unwrap();
+    let wg = GpuGemmConfig {
+        variant: GpuGemmVariant::Wgmma,
+        ..match GpuSpace.heuristic(&wgmma, &Device::lookup("h200").unwrap()) {
+            Config::GpuGemm(g) => g,
+            other => panic!("{other}"),
+        }
+    };
+    let e = GpuSpace
+        .validate(&Config::GpuGemm(wg), &wgmma, &b200)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sm_100"), "{e}");
+    let deepseek: Problem = "paged:num_seqs=64,context_len=8192,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16,scale=0.1352".parse().unwrap();
+    let configs = candidates_where(
+        "b200",
+        &deepseek,
+        |c| matches!(c, Config::GpuPaged(c) if c.mma),
+    );
+    assert!(configs.len() >= 16, "{configs:?}");
+    check_candidates(
+        &nvrtc,
+        "b200",
+        &deepseek,
+        &configs,
+        "mma.sync.aligned.m16n8k16",
+    );
 }
 
 /// Narrow-value builds (KT_DV): every flash candidate of DeepSeek-V3's TP8 prefill (16 heads,

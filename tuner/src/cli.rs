@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use kerntune_kernels::{DType, Device, Family, Fp8};
 
 use kerntune_tuner::search::Strategy;
-use kerntune_tuner::shapes::{mla_block_size, Buckets};
+use kerntune_tuner::shapes::{mla_backend, Buckets};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -127,7 +127,8 @@ pub struct ShapeArgs {
     #[arg(long, value_delimiter = ',')]
     pub context_lens: Option<Vec<usize>>,
     /// Tokens per block of the paged KV cache (default 16, vLLM's; a latent attention cache
-    /// on sm_90 64, FlashMLA's, as vLLM allocates it there).
+    /// on sm_90 and sm_100 64, as vLLM's MLA backends there, FlashMLA and FlashInfer's, take
+    /// it).
     #[arg(long)]
     pub block_size: Option<usize>,
     /// Mixtures of experts: each shard holds whole experts (vLLM's --enable-expert-parallel)
@@ -194,9 +195,9 @@ impl ShapeArgs {
                 b.block_size = size;
                 b.latent_block_size = size;
             }
-            None => b.latent_block_size = mla_block_size(device),
+            None => b.latent_block_size = mla_backend(device).block_size,
         }
-        b.mla_block_size = mla_block_size(device);
+        b.mla = mla_backend(device);
         if let Some(d) = &self.dtype {
             let d = d.parse::<DType>()?;
             if d.fp8().is_some() {

@@ -40,10 +40,11 @@ pub struct Buckets {
     pub block_size: usize,
     /// Tokens per block of a latent (multi-head latent attention) cache: `block_size` where
     /// `--block-size` is given, else what vLLM's MLA backend on the device allocates
-    /// ([`mla_block_size`]).
+    /// ([`mla_backend`]).
     pub latent_block_size: usize,
-    /// What vLLM's MLA backend on the device allocates a latent cache in ([`mla_block_size`]).
-    pub mla_block_size: usize,
+    /// vLLM's MLA backend on the device and the blocks it allocates a latent cache in
+    /// ([`mla_backend`]).
+    pub mla: MlaBackend,
     /// Experts spread whole over the shards (vLLM's expert parallelism) instead of each
     /// expert's FFN split over them.
     pub expert_parallel: bool,
@@ -60,21 +61,45 @@ impl Default for Buckets {
             kv_cache: None,
             block_size: 16,
             latent_block_size: 16,
-            mla_block_size: 16,
+            mla: MlaBackend::PLAIN,
             expert_parallel: false,
         }
     }
 }
 
-/// Tokens per block vLLM allocates a latent cache in on `device` when `--block-size` is not
-/// given: on sm_90 its default MLA backend is FlashMLA, whose kernels take blocks of 64
-/// tokens, and vLLM raises the block size to 64 for it; elsewhere (A100, AMD without AITER,
-/// the CPU) its default of 16. Tuned at 16, a FlashMLA-style server's decode calls would find
-/// no winner of their block size.
-pub fn mla_block_size(device: &Device) -> usize {
+/// vLLM's default backend for multi-head latent attention's decode on a device, and the
+/// tokens a block it allocates a latent cache in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaBackend {
+    pub name: &'static str,
+    pub block_size: usize,
+}
+
+impl MlaBackend {
+    /// Where vLLM's MLA backend keeps its default blocks of 16 (Triton MLA).
+    pub const PLAIN: MlaBackend = MlaBackend {
+        name: "Triton MLA",
+        block_size: 16,
+    };
+}
+
+/// What vLLM's MLA backend on `device` allocates a latent cache in when `--block-size` is not
+/// given: on sm_90 (H100, H200) its default is FlashMLA, whose kernels take blocks of 64
+/// tokens; on sm_100 (B200) FlashInfer's MLA (vLLM's default there since early 2026, after
+/// CUTLASS MLA's blocks of 128), which takes 32 or 64 and is given 64; vLLM raises the block
+/// size to the backend's. Elsewhere (A100, AMD without AITER, the CPU) its default of 16.
+/// Tuned at 16, such a server's decode calls would find no winner of their block size.
+pub fn mla_backend(device: &Device) -> MlaBackend {
     match device {
-        Device::Gpu(g) if g.arch.starts_with("sm_90") => 64,
-        _ => 16,
+        Device::Gpu(g) if g.arch == "sm_90" => MlaBackend {
+            name: "FlashMLA",
+            block_size: 64,
+        },
+        Device::Gpu(g) if g.arch == "sm_100" => MlaBackend {
+            name: "FlashInfer MLA",
+            block_size: 64,
+        },
+        _ => MlaBackend::PLAIN,
     }
 }
 
@@ -561,15 +586,15 @@ pub fn expand(spec: &str, tp: Option<&[usize]>, memory: f64, b: &Buckets) -> Res
         }
     };
     let latent_decode = model.latent.is_some() && b.kernels.contains(&Family::Paged);
-    let (chosen, vllm) = (b.latent_block_size, b.mla_block_size);
+    let (chosen, vllm, backend) = (b.latent_block_size, b.mla.block_size, b.mla.name);
     if latent_decode && vllm != 16 && chosen == vllm {
         notes.push(format!(
-            "{}'s latent cache in blocks of {chosen} tokens, as vLLM's MLA backend on this device (FlashMLA) allocates it; pass --block-size to choose",
+            "{}'s latent cache in blocks of {chosen} tokens, as vLLM's MLA backend on this device ({backend}) allocates it; pass --block-size to choose",
             model.name
         ));
     } else if latent_decode && !chosen.is_multiple_of(vllm) {
         notes.push(format!(
-            "{}'s latent cache in blocks of {chosen} tokens (--block-size), which vLLM's MLA backend on this device (FlashMLA) raises to {vllm}: a vLLM server's decode calls will not find these winners",
+            "{}'s latent cache in blocks of {chosen} tokens (--block-size), which vLLM's MLA backend on this device ({backend}) raises to {vllm}: a vLLM server's decode calls will not find these winners",
             model.name
         ));
     }

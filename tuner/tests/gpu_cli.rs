@@ -196,6 +196,7 @@ fn tune_on_an_absent_gpu_says_why_and_writes_nothing() {
         ("mi250", "no gfx90a device was found"),
         ("MI300X", "no gfx942 device was found"),
         ("h200", "no sm_90 device could be used"),
+        ("b200", "no sm_100 device could be used"),
     ] {
         let mut args = vec!["--device", device];
         args.extend(SHAPES);
@@ -205,7 +206,7 @@ fn tune_on_an_absent_gpu_says_why_and_writes_nothing() {
         assert!(text(&out).contains("Nothing was written"), "{}", text(&out));
         // A build without the vendor's feature says how to get it; one with it names what the
         // host lacks (CI runs this test both ways).
-        let nvidia = device == "h200";
+        let nvidia = matches!(device, "h200" | "b200");
         let built = [cfg!(feature = "rocm"), cfg!(feature = "cuda")];
         let expect = match (nvidia, built[usize::from(nvidia)]) {
             (true, false) => "--features cuda",

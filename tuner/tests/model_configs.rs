@@ -1734,9 +1734,9 @@ fn deepseek_attention_is_tuned_from_its_config() {
 }
 
 /// A latent cache's decode is derived in the blocks vLLM's MLA backend allocates on the
-/// device: 64 tokens on an H200 (FlashMLA), said in a note, unless `--block-size` chooses
-/// (a size vLLM would raise is noted as one its calls will not find); 16 on an A100 and for
-/// other attention.
+/// device: 64 tokens on an H200 (FlashMLA) and a B200 (FlashInfer's MLA), said in a note,
+/// unless `--block-size` chooses (a size vLLM would raise is noted as one its calls will not
+/// find); 16 on an A100 and for other attention.
 #[test]
 fn latent_decode_blocks_follow_vllms_mla_backend_on_the_device() {
     let v3 = format!("{{{DEEPSEEK_V3}}}");
@@ -1783,6 +1783,10 @@ fn latent_decode_blocks_follow_vllms_mla_backend_on_the_device() {
     let (key, note) = run(&["--device", "a100"]);
     assert!(key.contains(",block_size=16,"), "{key}");
     assert!(!note.contains("note:"), "{note}");
+    // A B200's default MLA backend, FlashInfer's, takes blocks of 64 too.
+    let (key, note) = run(&["--device", "b200"]);
+    assert!(key.contains(",block_size=64,"), "{key}");
+    assert!(note.contains("(FlashInfer MLA)"), "{note}");
     let rows = derive(
         &format!("{{{LLAMA8B}}}"),
         &[

@@ -14,6 +14,12 @@
 //!   SM, 65,536 registers per SM, 64 warps per SM).
 //! - H100 SXM, H200 SXM: NVIDIA H100 / H200 datasheets and the Hopper tuning guide (228 KiB shared
 //!   memory per SM, 227 KiB per block).
+//! - B200 (HGX B200, sm_100): NVIDIA's HGX B200 specifications per GPU (180 GB HBM3e, 7.7 TB/s,
+//!   2.25 PFLOP/s dense FP16/BF16 tensor, 75 TFLOP/s FP32; 148 SMs of 128 FP32 cores), the
+//!   Blackwell tuning guide and the CUDA programming guide's limits for compute capability
+//!   10.0 (as Hopper's: 228 KiB shared memory per SM, 227 KiB per block, 65,536 registers and
+//!   64 warps per SM). Its own tensor-core instructions (tcgen05) are not used: kerntune's
+//!   NVIDIA kernels run `mma.sync` there, and Hopper's `wgmma` does not exist on it.
 
 use serde::Serialize;
 
@@ -31,7 +37,7 @@ pub struct GpuModel {
     #[serde(skip)]
     pub aliases: &'static [&'static str],
     pub vendor: Vendor,
-    /// Compiler target: `gfx90a`, `gfx942`, `gfx1100`, `sm_80`, `sm_90`.
+    /// Compiler target: `gfx90a`, `gfx942`, `gfx1100`, `sm_80`, `sm_90`, `sm_100`.
     pub arch: &'static str,
     /// Compute units (AMD) or streaming multiprocessors (NVIDIA).
     pub compute_units: u32,
@@ -87,8 +93,10 @@ const fn cdna(
     }
 }
 
+/// An NVIDIA data-centre model (Ampere, Hopper, Blackwell): 32-wide warps, 65,536 registers
+/// and 64 warps per SM, a block's shared memory 1 KiB short of the SM's.
 #[allow(clippy::too_many_arguments)]
-const fn hopper_or_ampere(
+const fn nvidia(
     name: &'static str,
     aliases: &'static [&'static str],
     arch: &'static str,
@@ -121,7 +129,7 @@ const fn hopper_or_ampere(
 
 /// Every GPU model kerntune knows. The first model of an architecture is what its arch name
 /// (`gfx90a`, `gfx942`, `sm_90`) resolves to.
-pub static GPU_CATALOG: [GpuModel; 9] = [
+pub static GPU_CATALOG: [GpuModel; 10] = [
     cdna(
         "mi250",
         &["mi250", "gfx90a"],
@@ -181,7 +189,7 @@ pub static GPU_CATALOG: [GpuModel; 9] = [
         peak_f16_tflops: 123.0,
         peak_f32_tflops: 61.0,
     },
-    hopper_or_ampere(
+    nvidia(
         "a100",
         &["a100", "a100-sxm", "sm_80"],
         "sm_80",
@@ -192,7 +200,7 @@ pub static GPU_CATALOG: [GpuModel; 9] = [
         312.0,
         19.5,
     ),
-    hopper_or_ampere(
+    nvidia(
         "h100",
         &["h100", "h100-sxm", "sm_90"],
         "sm_90",
@@ -203,7 +211,7 @@ pub static GPU_CATALOG: [GpuModel; 9] = [
         989.0,
         67.0,
     ),
-    hopper_or_ampere(
+    nvidia(
         "h200",
         &["h200", "h200-sxm"],
         "sm_90",
@@ -213,6 +221,17 @@ pub static GPU_CATALOG: [GpuModel; 9] = [
         4800.0,
         989.0,
         67.0,
+    ),
+    nvidia(
+        "b200",
+        &["b200", "b200-sxm", "hgx-b200", "sm_100"],
+        "sm_100",
+        148,
+        228,
+        180,
+        7700.0,
+        2250.0,
+        75.0,
     ),
 ];
 
