@@ -709,7 +709,12 @@ fn amx_paged_matches_reference_or_is_refused() {
         (format!("paged:{spec},dtype=f16"), "bf16 caches"),
         (
             "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=80,block_size=16,dtype=bf16".to_string(),
-            "multiple of 32",
+            "head_dim and v_head_dim that are multiples of 32",
+        ),
+        // A latent cache's values in whole tiles of 32 too.
+        (
+            "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=2,head_dim=64,v_head_dim=48,block_size=16,dtype=bf16".to_string(),
+            "v_head_dim = 48",
         ),
     ] {
         let p = problem(&other);

@@ -308,7 +308,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                         q: query.as_ptr().add((seq * p.q_heads + h0) * d).cast::<u8>(),
                         rows: lay.rows,
                         d,
-                        dv: d,
+                        dv,
                         n,
                         key: rows(key_cache),
                         value: rows(value_cache),

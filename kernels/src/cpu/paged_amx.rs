@@ -11,7 +11,8 @@
 //!   `P·V`, zero past the task's tokens (GPU kernels and PyTorch's CPU flash attention round
 //!   them the same way);
 //! - `O += P·V`: the value rows of 16 tokens are a B tile loaded straight from the cache
-//!   like the keys, 32 head-dim values a row. `tdpbf16ps` multiplies pairs, so each weight
+//!   like the keys, 32 head-dim values a row (on a latent cache, the key rows' first
+//!   `v_head_dim` values: the value blocks only). `tdpbf16ps` multiplies pairs, so each weight
 //!   is paired with a zero: one A tile holds the tokens' weights in the even halves of their
 //!   pairs, another in the odd halves, and the two products give the even and the odd
 //!   columns. That doubles this product's multiplies against interleaving the values in key
@@ -168,6 +169,7 @@ pub(super) unsafe fn task_on<T: Tiles, const AVX512: bool>(
     let Task {
         rows,
         d,
+        dv,
         n,
         value,
         ld,
@@ -237,7 +239,7 @@ pub(super) unsafe fn task_on<T: Tiles, const AVX512: bool>(
                     let acc = t.acc.add(g * ROWS * d);
                     let tokens = (c0, n, &sources[..count]);
                     let lead = (j == 0 && g == 0).then_some((&value, span));
-                    values(tiles, weights, tokens, lead, d, acc);
+                    values(tiles, weights, tokens, lead, (d, dv), acc);
                 }
             }
         }
@@ -248,7 +250,7 @@ pub(super) unsafe fn task_on<T: Tiles, const AVX512: bool>(
         for j in 0..heads {
             let acc = task_of(j).acc;
             for r in 0..rows {
-                for x0 in (0..d).step_by(32) {
+                for x0 in (0..dv).step_by(32) {
                     let at = acc.add(r * d + x0);
                     let held: [f32; 32] = std::ptr::read(at.cast());
                     for i in 0..16 {
@@ -390,7 +392,8 @@ unsafe fn scores<T: Tiles, const AVX512: bool>(
 }
 
 /// `acc += P·V` for one group of up to 16 query rows (`acc` at its first row, `d` apart)
-/// over the tokens of a chunk, whose value tiles are `sources`, 64 columns a pass: the even
+/// over the tokens of a chunk, whose value tiles are `sources` (rows of `d`, of which the
+/// first `dv` are the value: all but on a latent cache), 64 columns a pass: the even
 /// and odd columns of two 32-column blocks in the four accumulators, loaded once and stored
 /// once per pass. `weights` are the group's (even, odd, words a row). With `lead` (the
 /// value rows of head 0 and how many heads' rows to request), the rows [`AHEAD`] tokens on
@@ -405,13 +408,13 @@ unsafe fn values<T: Tiles>(
     (p_even, p_odd, np): (*const u32, *const u32, usize),
     (c0, n, sources): (usize, usize, &[(*const u8, usize)]),
     lead: Option<(&Rows, usize)>,
-    d: usize,
+    (d, dv): (usize, usize),
     acc: *mut f32,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        for x0 in (0..d).step_by(2 * 32) {
-            let blocks = (d - x0).min(64) / 32;
+        for x0 in (0..dv).step_by(2 * 32) {
+            let blocks = (dv - x0).min(64) / 32;
             // Accumulator (h, j): the even (h = 0) or odd columns of block j.
             let corner = |h: usize, j: usize| acc.add(x0 + 32 * j + 16 * h);
             for h in 0..2 {
@@ -651,7 +654,8 @@ mod tests {
     /// (the rows' prefetch as one run) and 2 on blocks of 8 (row by row), grouped or one
     /// query head per KV head; one and two threads; the portable passes and, where the
     /// host has them, the AVX-512 ones; sliding windows starting inside a block and inside
-    /// a 16-token tile, one shorter than a partition and one longer. The cache rows past each
+    /// a 16-token tile, one shorter than a partition and one longer; latent caches (values the
+    /// key rows' first `v_head_dim`, no value cache). The cache rows past each
     /// sequence's context are NaN, as stale or never-written rows of a block may be, and so
     /// are those before its window, as rows a server has since given to another sequence
     /// may be: no weight of zero may meet them.
@@ -712,6 +716,17 @@ mod tests {
                 "num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=128,block_size=128",
                 vec![300, 129],
             ),
+            // Latent caches, the values each key row's first v_head_dim: DeepSeek-V3's rows of
+            // 576 and values of 512 (8 passes of 64 value columns), and two latent heads of
+            // 128 with values of 96 (a last pass of one 32-column block).
+            (
+                "num_seqs=2,context_len=100,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16",
+                vec![100, 33],
+            ),
+            (
+                "num_seqs=2,context_len=70,q_heads=4,kv_heads=2,head_dim=128,v_head_dim=96,block_size=8",
+                vec![70, 17],
+            ),
         ] {
             let problem: Problem = format!("paged:{spec},dtype=bf16").parse().unwrap();
             let Problem::Paged(p) = &problem else {
@@ -729,11 +744,14 @@ mod tests {
                 let outside = (0..p.first_token(len)).chain(len..len.next_multiple_of(bs));
                 for t in outside {
                     let row = data.block_tables[s * mb + t / bs] as usize * bs + t % bs;
+                    // A latent problem's value cache is empty: its values are the keys'.
                     for cache in &mut data.inputs[1..] {
                         let TensorBuf::Bf16(c) = cache else {
                             unreachable!("bf16 problems have bf16 caches")
                         };
-                        c[row * width..(row + 1) * width].fill(half::bf16::NAN);
+                        if !c.is_empty() {
+                            c[row * width..(row + 1) * width].fill(half::bf16::NAN);
+                        }
                     }
                 }
             }
@@ -741,6 +759,7 @@ mod tests {
             else {
                 unreachable!("bf16 problems have bf16 inputs")
             };
+            let v = if p.is_latent() { k } else { v };
             let (q, k, v) = (q.to_vec(), k.to_vec(), v.to_vec());
             let tables = (data.block_tables.clone(), data.context_lens.clone());
             for partition in [0, 24, 48, 64] {
@@ -805,7 +824,9 @@ mod tests {
                 + 4 * 2
                 + 4 * 2
                 + 2 * 3
-                + 2)
+                + 2
+                + 3 * 2
+                + 4 * 3)
                 * 2
                 * engines.len()
         );

@@ -14,13 +14,13 @@ const MAX_TURN: usize = 256;
 
 /// Whether paged attention on AMX tiles can take a problem (on a host with them): the key
 /// rows are A tiles of 32 values a row, of bf16 (AMX has no fp8 products on the hosts that
-/// have it), and the value rows whole key rows (a latent cache's shorter values are the
-/// other kernels').
+/// have it), and the value rows B tiles of 32 values a row (a latent cache's values, the key
+/// rows' first `v_head_dim`, in whole tiles too).
 fn paged_on_tiles(p: &PagedProblem) -> bool {
     p.dtype == DType::Bf16
         && p.kv_dtype == DType::Bf16
         && p.head_dim.is_multiple_of(32)
-        && !p.is_latent()
+        && p.v_head_dim.is_multiple_of(32)
 }
 
 /// Why paged attention's `key_tiles` kernels cannot run at an ISA level, if they cannot.
@@ -126,9 +126,9 @@ pub(super) fn validate(
             return Err(invalid(
                 f,
                 format!(
-                    "amx paged attention needs bf16 caches, a head_dim that is a \
-                     multiple of 32 (key rows are tiles of 32 values) and values as wide \
-                     as the keys, not {} with head_dim = {} and v_head_dim = {}",
+                    "amx paged attention needs bf16 caches and a head_dim and v_head_dim \
+                     that are multiples of 32 (key and value rows are tiles of 32 values), \
+                     not {} with head_dim = {} and v_head_dim = {}",
                     p.kv_dtype, p.head_dim, p.v_head_dim
                 ),
             ));
@@ -201,7 +201,11 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
     // AMX tiles where the head dimension allows: two threads of a Xeon with AMX, bf16, 32 sequences
     // × 4096 tokens, d = 128, 8 query heads on 1 KV head 2.5 ms against 4.6 for the key tiles, 64
     // on 8 38.9 against 69.1, 8 on 8 35.1 against 43.5.
-    let amx = host.isa == Isa::Avx512Amx && paged_on_tiles(p);
+    // Latent caches on tiles are offered to tuning but not guessed: they are checked on the
+    // tiles' software model only (session 50's host had no AMX), unmeasured against the key
+    // tiles, which take DeepSeek-V3's TP8 decode (8 × 4096 tokens, 16 heads on rows of 576)
+    // in 8.6 and 8.8 ms on two AVX-512 cores (a third run 11.0), cold.
+    let amx = host.isa == Isa::Avx512Amx && paged_on_tiles(p) && !p.is_latent();
     // On tiles (AMX or key tiles), every KV head of a row in one task where a row holds several.
     // Two threads, cold (`tune bench`), 8 sequences × 4096 tokens, 32 query heads on 8 KV heads:
     // AMX 7.9–8.3 ms against 9.1–9.6 a KV head a task (one thread 15.4–15.6 against 18.2–18.7); 32
