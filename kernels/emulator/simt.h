@@ -703,6 +703,19 @@ inline float shfl_xor(float v, int mask) {
     return r;
 }
 
+// Lane `src`'s value (of the caller's wave), as __shfl / __shfl_sync read it.
+inline float shfl(float v, int src) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("a shuffle in a wave the block does not fill");
+    if (src < 0 || src >= KT_HOST_WAVE) fail("a shuffle from a lane outside the wave");
+    b.xf[me] = v;
+    wait(kShuffle);
+    const float r = b.xf[base + src];
+    wait(kShuffle);
+    return r;
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A·B over a 32-thread warp, with the
 // fragments of the PTX ISA ("Matrix Fragments for mma.m16n8k16"). Lane = 4·group + t.
 // A (16×16, row-major): register r of lane (g, t) holds row g + 8·(r % 2), columns
@@ -1288,11 +1301,15 @@ inline frag4 pack4(float a, float b, float c, float d) {
     return f;
 }
 
-// v_mfma_f32_32x32x8{f16,bf16_1k}: acc += A·B over a 64-lane wave, in the layout of AMD's
-// CDNA ISA guides: lane l passes A row l % 32 and B column l % 32, each at k = 4·(l / 32) to
-// 4·(l / 32) + 3; accumulator element e of lane l is row 8·(e / 4) + 4·(l / 32) + e % 4,
-// column l % 32.
-inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) {
+typedef float f32x4 __attribute__((vector_size(16)));
+
+// v_mfma_f32_NxNx(256 / N){f16,bf16_1k}, N = 32 or 16: acc += A·B over a 64-lane wave, in the
+// layout of AMD's CDNA ISA guides (CK's tables say the same): lane l passes A row l % N and B
+// column l % N, each at k = 4·(l / N) to 4·(l / N) + 3; accumulator element e of lane l is
+// column l % N, row 4·(l / N) + (256 / N)·(e / 4) + e % 4 (32×32: 8·(e / 4) + 4·(l / 32) +
+// e % 4; 16×16: 4·(l / 16) + e).
+template <int N, typename Acc>
+inline Acc mfma(frag4 a, frag4 bv, Acc acc) {
     Block& b = block();
     const int me = b.current;
     const int base = wave_base("an MFMA in a wave the block does not fill");
@@ -1300,14 +1317,14 @@ inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) {
     __builtin_memcpy(b.xb[me], &bv, sizeof bv);
     wait(kMfma);
     const int lane = me - base;
-    f32x16 out;
-    for (int e = 0; e < 16; ++e) {
-        const int row = 8 * (e / 4) + 4 * (lane / 32) + e % 4, col = lane % 32;
+    Acc out;
+    for (int e = 0; e < N * N / 64; ++e) {
+        const int row = 4 * (lane / N) + (256 / N) * (e / 4) + e % 4, col = lane % N;
         float sum = acc[e];
-        for (int k = 0; k < 8; ++k) {
+        for (int k = 0; k < 256 / N; ++k) {
             unsigned short x[4], y[4];
-            __builtin_memcpy(x, b.xa[base + 32 * (k / 4) + row], sizeof x);
-            __builtin_memcpy(y, b.xb[base + 32 * (k / 4) + col], sizeof y);
+            __builtin_memcpy(x, b.xa[base + N * (k / 4) + row], sizeof x);
+            __builtin_memcpy(y, b.xb[base + N * (k / 4) + col], sizeof y);
             sum = fmaf(half_f32(x[k % 4]), half_f32(y[k % 4]), sum);
         }
         out[e] = sum;
@@ -1315,6 +1332,8 @@ inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) {
     wait(kMfma);
     return out;
 }
+inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) { return mfma<32>(a, bv, acc); }
+inline f32x4 mfma_16x16x16(frag4 a, frag4 bv, f32x4 acc) { return mfma<16>(a, bv, acc); }
 
 }  // namespace kt_host
 

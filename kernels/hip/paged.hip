@@ -40,6 +40,15 @@
 // into 16-bit weights, and warp w sums P·V into value columns [w, w + 1) · KT_DV / warps.
 // An fp8 cache's tiles land as bytes and are widened in shared memory into the query's type.
 //
+// KT_PAGED_MFMA (CDNA2/CDNA3's matrix cores, 16-bit query): the same block of KT_HEADS heads
+// on v_mfma_f32_16x16x16, the heads the columns of Sᵀ = K·Qᵀ (and the rows of O = P·V), so a
+// lane's four scores of a head are already P's A fragment. MI250's and MI300X's LDS (64 KiB)
+// holds no 576-wide tiles in stages, and a CDNA load is asynchronous until its register is
+// read: each wave takes tiles of 16 tokens (w, w + waves, ...) straight from memory into
+// registers, key rows as A fragments (16-byte loads of a token's dims), value rows as B
+// fragments (four tokens' 16-byte pieces regrouped a column a fragment), with its own
+// online softmax; the waves' outputs meet in LDS at the end. Only the query sits in LDS.
+//
 // KT_LANES 1: a thread per token for the scores (its key row read element by element), and
 // for P·V consecutive threads on consecutive dims, each over every token.
 // KT_LANES 2 to 32: groups of KT_LANES lanes per token, for the scores and for P·V. A lane
@@ -64,8 +73,11 @@
 #ifndef KT_PAGED_MMA
 #define KT_PAGED_MMA 0
 #endif
-#if (KT_HEADS > 1 || KT_PAGED_MMA) && KT_LANES != 1
-#error "KT_HEADS > 1 and KT_PAGED_MMA take a thread a token (KT_LANES 1)"
+#ifndef KT_PAGED_MFMA
+#define KT_PAGED_MFMA 0
+#endif
+#if (KT_HEADS > 1 || KT_PAGED_MMA || KT_PAGED_MFMA) && KT_LANES != 1
+#error "KT_HEADS > 1, KT_PAGED_MMA and KT_PAGED_MFMA take a thread a token (KT_LANES 1)"
 #endif
 #if KT_DV > KT_D
 #error "KT_DV, the values a row holds, must not exceed KT_D"
@@ -391,6 +403,249 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     if (tid < KT_HEADS) {
         part_max[slot(tid)] = row_max[tid];
         part_sum[slot(tid)] = row_sum[tid];
+    }
+}
+
+#elif KT_PAGED_MFMA
+
+#if !defined(KT_MFMA) || KT_DTYPE == 0 || KT_WAVE != 64 || KT_HEADS > 16
+#error "KT_PAGED_MFMA takes CDNA's MFMA (64-wide waves), a 16-bit query, and at most 16 heads"
+#endif
+#if KT_D % 32 != 0 || KT_DV % 128 != 0
+#error "KT_PAGED_MFMA reads key rows 32 dims a step and value rows 128 columns a step"
+#endif
+// Query rows of 8 halves of padding (16-byte aligned, their reads spread over banks).
+#define KT_LDQ (KT_D + 8)
+// The pool: the query rows, 16-bit, while tiles pass; then the waves' sums of one 128-column
+// chunk of the heads' outputs, f32.
+#define KT_QHALVES (KT_HEADS * KT_LDQ)
+#define KT_CHALVES (2 * KT_HEADS * 128)
+#define KT_POOL (KT_QHALVES > KT_CHALVES ? KT_QHALVES : KT_CHALVES)
+
+// Eight consecutive values of a cached row in the query's type as two fragments (values 0-3,
+// 4-7); an fp8 cache's widened, exactly (3 mantissa bits at most).
+KT_DEVICE void kt_row8(const kt_cache* p, kt_frag& lo, kt_frag& hi) {
+#if KT_KV_FP8
+    float x[8];
+    kt_widen_piece(kt_load_piece(p), x);
+    lo = kt_pack4(x[0], x[1], x[2], x[3]);
+    hi = kt_pack4(x[4], x[5], x[6], x[7]);
+#else
+    const kt_u32x4 v = kt_load16(p);
+    lo = kt_frag_of(v.x, v.y);
+    hi = kt_frag_of(v.z, v.w);
+#endif
+}
+
+// Columns x .. x + 7 of four tokens' value rows (`rows`, element offsets) as eight B
+// fragments: fragment j holds column x + j of tokens 0 .. 3, k's order in an MFMA step.
+KT_DEVICE void kt_cols8(const kt_cache* v, const long (&rows)[4], int x, kt_frag (&f)[8]) {
+#if KT_KV_FP8
+    float w[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) kt_widen_piece(kt_load_piece(v + rows[i] + x), w[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = kt_pack4(w[0][j], w[1][j], w[2][j], w[3][j]);
+#else
+    unsigned w[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const kt_u32x4 r = kt_load16(v + rows[i] + x);
+        w[i][0] = r.x;
+        w[i][1] = r.y;
+        w[i][2] = r.z;
+        w[i][3] = r.w;
+    }
+    // Word q holds columns 2q (low half) and 2q + 1 (high half).
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        f[2 * q] = kt_frag_of((w[0][q] & 0xffffu) | (w[1][q] << 16),
+                              (w[2][q] & 0xffffu) | (w[3][q] << 16));
+        f[2 * q + 1] = kt_frag_of((w[0][q] >> 16) | (w[1][q] & 0xffff0000u),
+                                  (w[2][q] >> 16) | (w[3][q] & 0xffff0000u));
+    }
+#endif
+}
+
+// Two waves a SIMD at least: each holds its loads in flight while the other multiplies.
+KT_GLOBAL void KT_LAUNCH_BOUNDS_WAVES(KT_THREADS, 2)
+kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache,
+         const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
+         const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
+         float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
+         int max_blocks, int partitions, float scale, int window, float softcap) {
+    KT_SHARED __attribute__((aligned(16))) unsigned short pool[KT_POOL];
+    KT_SHARED float wave_max[KT_WAVES][16];
+    KT_SHARED float wave_sum[KT_WAVES][16];
+    unsigned short* const qs = pool;
+    float* const sums = reinterpret_cast<float*>(pool);
+    const int tid = KT_TID;
+    const int part = KT_BID_X;
+    const int h0 = KT_BID_Y * KT_HEADS;
+    const int seq = KT_BID_Z;
+    // The block's heads share their KV head: KT_HEADS divides the group (validated).
+    const int kvh = h0 / (q_heads / kv_heads);
+    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
+    const int skip = first / KT_BLOCK;
+    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
+    const int t0 = first % KT_BLOCK + part * KT_PART;
+    const int t1 = min(ctx, t0 + KT_PART);
+    // Head g's partial slot: the block's first head's, then `partitions` apart.
+    const long slot0 = ((long)seq * q_heads + h0) * partitions + part;
+    auto slot = [&](int g) { return slot0 + (long)g * partitions; };
+    if (t0 >= t1) {
+        // An empty partition contributes nothing to the reduction.
+        for (int g = 0; g < KT_HEADS; ++g) {
+            if (tid == 0) {
+                part_max[slot(g)] = -KT_INF;
+                part_sum[slot(g)] = 0.0f;
+            }
+            for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot(g) * KT_DV + x] = 0.0f;
+        }
+        return;
+    }
+    for (int e = tid; e < KT_HEADS * (KT_D / 8); e += KT_THREADS) {
+        const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
+        *reinterpret_cast<kt_u32x4*>(qs + r * KT_LDQ + x) =
+            kt_load16(query + ((long)seq * q_heads + h0 + r) * KT_D + x);
+    }
+    KT_SYNC();
+    const unsigned* table = block_tables + (long)seq * max_blocks + skip;
+    auto row_of = [&](int t) {
+        return (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
+    };
+    const int wave = tid / KT_WAVE;
+    const int lane = tid % KT_WAVE;
+    // Lane l is column col = l % 16 of each product (a head of Sᵀ = K·Qᵀ, a value column of
+    // O = P·V) and passes k values 4·quad .. 4·quad + 3 of each step.
+    const int col = lane % 16, quad = lane / 16;
+    // Columns past KT_HEADS read head 0's query: their weights make output rows no one
+    // stores.
+    const unsigned short* const q_at = qs + (col < KT_HEADS ? col : 0) * KT_LDQ + 8 * quad;
+    const float log2e = 1.4426950408889634f;
+    const float unit = scale * log2e;
+    const float cap_unit = softcap * log2e;
+    // Output tile (c, j): element e is head 4·quad + e, value column 128c + 8·col + j.
+    kt_f32x4 o[KT_DV / 128][8];
+#pragma unroll
+    for (int c = 0; c < KT_DV / 128; ++c)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[c][j] = kt_f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    // Head col's running maximum, and the sum of this lane's weights of it.
+    float run_max = -KT_INF, run_sum = 0.0f;
+    // Wave w takes tiles w, w + WAVES, ... of 16 tokens.
+    for (int j0 = t0 + 16 * wave; j0 < t1; j0 += 16 * KT_WAVES) {
+        // Sᵀ: lane l passes token j0 + col's key dims 32m + 8·quad .. + 7 as two k steps, the
+        // query's same dims beside them (a step's dims need only match between the two).
+        const long krow = row_of(j0 + col < t1 ? j0 + col : t0);
+        kt_f32x4 s = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+        for (int m = 0; m < KT_D / 32; ++m) {
+            kt_frag k_lo, k_hi;
+            kt_row8(key_cache + krow + 32 * m + 8 * quad, k_lo, k_hi);
+            const kt_u32x4 q = *reinterpret_cast<const kt_u32x4*>(q_at + 32 * m);
+            s = kt_mfma16(k_lo, kt_frag_of(q.x, q.y), s);
+            s = kt_mfma16(k_hi, kt_frag_of(q.z, q.w), s);
+        }
+        // Element e: token j0 + 4·quad + e of head col; its maximum across the four quads.
+        float x[4];
+        float mx = -KT_INF;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            x[e] = j0 + 4 * quad + e < t1 ? kt_softcap(s[e] * unit, cap_unit) : -KT_INF;
+            mx = fmaxf(mx, x[e]);
+        }
+        mx = fmaxf(mx, KT_SHFL_XOR(mx, 16));
+        mx = fmaxf(mx, KT_SHFL_XOR(mx, 32));
+        // Finite: the tile's first token is in the partition.
+        const float m = fmaxf(run_max, mx);
+        const float corr = exp2f(run_max - m);
+        float p[4];
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            p[e] = exp2f(x[e] - m);
+            sum += p[e];
+        }
+        run_sum = run_sum * corr + sum;
+        run_max = m;
+        // Output rows are heads 4·quad + e, whose corrections lanes 4·quad + e hold.
+        float oc[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) oc[e] = KT_SHFL(corr, 4 * quad + e);
+#pragma unroll
+        for (int c = 0; c < KT_DV / 128; ++c)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[c][j][e] *= oc[e];
+        // O += P·V: this lane's weights are P's row col at k = tokens 4·quad + e, as the A
+        // fragment wants them; V's B fragments hold tokens j0 + 4·quad + i of columns
+        // 128c + 8·col + j.
+        const kt_frag pa = kt_pack4(p[0], p[1], p[2], p[3]);
+        long vrows[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int t = j0 + 4 * quad + i;
+            vrows[i] = row_of(t < t1 ? t : t0);
+        }
+#pragma unroll
+        for (int c = 0; c < KT_DV / 128; ++c) {
+            kt_frag vb[8];
+            kt_cols8(value_cache, vrows, 128 * c + 8 * col, vb);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) o[c][j] = kt_mfma16(pa, vb[j], o[c][j]);
+        }
+    }
+    // Head col's sum over the quads; each wave's maxima and sums to the block.
+    run_sum += KT_SHFL_XOR(run_sum, 16);
+    run_sum += KT_SHFL_XOR(run_sum, 32);
+    if (lane < KT_HEADS) {
+        wave_max[wave][lane] = run_max;
+        wave_sum[wave][lane] = run_sum;
+    }
+    KT_SYNC();  // and every wave is done with the query: the pool takes the sums
+    // This lane's rows scaled to their head's maximum over the waves (a wave without a tile
+    // has -inf, a factor of 0; wave 0 always has one).
+    float f[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int h = 4 * quad + e;
+        float mb = -KT_INF;
+        if (h < KT_HEADS)
+            for (int w = 0; w < KT_WAVES; ++w) mb = fmaxf(mb, wave_max[w][h]);
+        f[e] = h < KT_HEADS ? exp2f(wave_max[wave][h] - mb) : 0.0f;
+    }
+    // The waves add their chunks of 128 columns in turn, then the block writes each out.
+#pragma unroll
+    for (int c = 0; c < KT_DV / 128; ++c) {
+        for (int w = 0; w < KT_WAVES; ++w) {
+            if (wave == w) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = 4 * quad + e;
+                    if (h >= KT_HEADS) continue;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        float* const at = sums + h * 128 + 8 * col + j;
+                        const float v = o[c][j][e] * f[e];
+                        *at = w == 0 ? v : *at + v;
+                    }
+                }
+            }
+            KT_SYNC();
+        }
+        for (int i = tid; i < KT_HEADS * 128; i += KT_THREADS)
+            part_out[slot(i / 128) * KT_DV + 128 * c + i % 128] = sums[i];
+        KT_SYNC();
+    }
+    if (tid < KT_HEADS) {
+        float mb = -KT_INF;
+        for (int w = 0; w < KT_WAVES; ++w) mb = fmaxf(mb, wave_max[w][tid]);
+        float total = 0.0f;
+        for (int w = 0; w < KT_WAVES; ++w) total += wave_sum[w][tid] * exp2f(wave_max[w][tid] - mb);
+        part_max[slot(tid)] = mb;
+        part_sum[slot(tid)] = total;
     }
 }
 

@@ -20,7 +20,9 @@
 #define KT_WAVE 64
 #endif
 #define KT_SHFL_XOR(v, m) __shfl_xor((v), (m))
-// v_mfma_f32_32x32x8 exists on CDNA2 and CDNA3 only; the host pass of hipcc sees no target.
+#define KT_SHFL(v, src) __shfl((v), (src))
+// v_mfma_f32_32x32x8 and _16x16x16 (bf16_1k for bf16) exist on CDNA2 and CDNA3 only; the
+// host pass of hipcc sees no target.
 #if !defined(__HIP_DEVICE_COMPILE__) || defined(__gfx90a__) || defined(__gfx940__) || \
     defined(__gfx941__) || defined(__gfx942__)
 #define KT_MFMA 1
@@ -30,6 +32,7 @@
 #define KT_CUDA 1
 #define KT_WAVE 32
 #define KT_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#define KT_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src))
 #define KT_MMA 1
 // Hopper's warpgroup MMA: the arch-specific target sm_90a only (a build asks for it).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -41,6 +44,7 @@
 #endif
 #define KT_WAVE KT_HOST_WAVE
 #define KT_SHFL_XOR(v, m) kt_host::shfl_xor((v), (m))
+#define KT_SHFL(v, src) kt_host::shfl((v), (src))
 #if KT_HOST_MFMA
 #define KT_MFMA 1
 #endif
@@ -74,6 +78,7 @@
 #define KT_BID_Z kt_host::bid(2)
 #define KT_LAUNCH_BOUNDS(threads)
 #define KT_LAUNCH_BOUNDS_ONE(threads)
+#define KT_LAUNCH_BOUNDS_WAVES(threads, waves)
 #define KT_INF INFINITY
 #define KT_BITS_F32(u) kt_host::bits_f32(u)
 #define KT_FAST_DIV(a, b) ((a) / (b))
@@ -95,6 +100,16 @@
 #define KT_LAUNCH_BOUNDS_ONE(threads) __launch_bounds__(threads, 1)
 #else
 #define KT_LAUNCH_BOUNDS_ONE(threads) __launch_bounds__(threads)
+#endif
+// A kernel whose waves should share a SIMD `waves` at a time (on AMD, at most 512 / waves
+// registers a lane): one whose loads go straight to registers hides their latency behind
+// other waves, where the compiler, left alone, hoisted loads into 430-odd registers and one
+// wave a SIMD. NVIDIA's bound is the plain one.
+#if defined(KT_HIP)
+#define KT_LAUNCH_BOUNDS_WAVES(threads, waves) \
+    __launch_bounds__(threads) __attribute__((amdgpu_waves_per_eu(waves)))
+#else
+#define KT_LAUNCH_BOUNDS_WAVES(threads, waves) __launch_bounds__(threads)
 #endif
 // Positive infinity without <math.h>, which NVRTC does not provide.
 #define KT_INF __int_as_float(0x7f800000)
@@ -274,14 +289,22 @@ KT_DEVICE float kt_softcap(float x, float unit) {
 #if defined(KT_MFMA) && KT_DTYPE != 0
 // v_mfma_f32_32x32x8: four consecutive 16-bit values of an A row or a B column per lane, 16
 // f32 accumulators per lane.
+// v_mfma_f32_16x16x16: the same fragments, lane l's A row and B column l % 16 at k =
+// 4·(l / 16) to 4·(l / 16) + 3; accumulator element e of lane l is row 4·(l / 16) + e, column
+// l % 16.
 #if defined(KT_HOST)
 typedef kt_host::f32x16 kt_f32x16;
+typedef kt_host::f32x4 kt_f32x4;
 typedef kt_host::frag4 kt_frag;
 KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
     return kt_host::mfma_32x32x8(x, y, acc);
 }
+KT_DEVICE kt_f32x4 kt_mfma16(kt_frag x, kt_frag y, kt_f32x4 acc) {
+    return kt_host::mfma_16x16x16(x, y, acc);
+}
 #else
 typedef float kt_f32x16 __attribute__((ext_vector_type(16)));
+typedef float kt_f32x4 __attribute__((ext_vector_type(4)));
 #if KT_DTYPE == 1
 typedef _Float16 kt_frag __attribute__((ext_vector_type(4)));
 #else
@@ -294,7 +317,23 @@ KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
     return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(x, y, acc, 0, 0, 0);
 #endif
 }
+KT_DEVICE kt_f32x4 kt_mfma16(kt_frag x, kt_frag y, kt_f32x4 acc) {
+#if KT_DTYPE == 1
+    return __builtin_amdgcn_mfma_f32_16x16x16f16(x, y, acc, 0, 0, 0);
+#else
+    return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(x, y, acc, 0, 0, 0);
 #endif
+}
+#endif
+
+// Two words of 16-bit values (the first holding elements 0 and 1, low half first) as one
+// fragment.
+KT_DEVICE kt_frag kt_frag_of(unsigned lo, unsigned hi) {
+    const unsigned w[2] = {lo, hi};
+    kt_frag f;
+    __builtin_memcpy(&f, w, sizeof f);
+    return f;
+}
 
 // Four consecutive 16-bit values as one fragment.
 KT_DEVICE kt_frag kt_frag_at(const unsigned short* p) {

@@ -35,9 +35,9 @@ fn every_candidate(model: &str, spec: &str, context_lens: Option<Vec<u32>>) -> u
     candidates_where(model, spec, context_lens, |c| !tensor_cores(c))
 }
 
-/// A paged config on tensor cores.
+/// A paged config on tensor cores (NVIDIA's or AMD's).
 fn tensor_cores(c: &Config) -> bool {
-    matches!(c, Config::GpuPaged(p) if p.mma)
+    matches!(c, Config::GpuPaged(p) if p.mma || p.mfma)
 }
 
 /// As [`every_candidate`], for the candidates of one GEMM variant only: shapes that add a
@@ -540,6 +540,7 @@ fn paged_edits_show(
             lanes,
             heads,
             mma: false,
+            mfma: false,
         });
         source_edits_show(&emu, data, &config, include_str!("../hip/paged.hip"), edits);
     }
@@ -730,6 +731,7 @@ fn paged_tensor_core_candidates_match_the_reference() {
             lanes: 1,
             heads,
             mma: true,
+            mfma: false,
         });
         let mut edits = vec![
                 (
@@ -771,6 +773,138 @@ fn paged_tensor_core_candidates_match_the_reference() {
     }
 }
 
+/// AMD's matrix cores (`mfma`): every such candidate on an MI300X of DeepSeek-V3's TP8 latent
+/// decode (16 heads on one row of 576, values its first 512; blocks of 16, and of one token
+/// at partitions of 256), of Llama-3.1-70B's TP8 decode with a window, sinks and a cap, and
+/// of 4 heads on a KV head of 128 in f16 (columns past the block's heads), on an MI250 too;
+/// fp8 caches widened in registers: sequences of one token, of a partition, of a tile plus
+/// one and ragged ones.
+#[test]
+fn paged_matrix_core_candidates_match_the_reference() {
+    for (model, spec, lens) in [
+        (
+            "mi300x",
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352",
+            vec![600, 17],
+        ),
+        (
+            "mi300x",
+            "paged:num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=1,dtype=bf16,scale=0.1352",
+            vec![300, 129],
+        ),
+        (
+            "mi300x",
+            "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,window=300,sinks=true,softcap=30",
+            vec![600, 1, 333],
+        ),
+        (
+            "mi250",
+            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=128,dtype=f16",
+            vec![300, 17],
+        ),
+        // Fp8 caches, widened in registers: DeepSeek's latent rows in MI300X's E4M3 (fnuz)
+        // under bf16 queries, Llama's own value rows in E5M2 under f16 ones.
+        (
+            "mi300x",
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352,kv_dtype=fp8_e4m3fnuz",
+            vec![600, 65],
+        ),
+        (
+            "mi250",
+            "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=f16,kv_dtype=fp8_e5m2",
+            vec![600, 1, 333],
+        ),
+    ] {
+        // Other block sizes and cache types change where a token's row lies and how its
+        // values widen, not the kernel's structure: partitions of 256 for them.
+        let all = !spec.contains("kv_dtype") && !spec.contains("block_size=1,");
+        let ran = candidates_where(model, spec, Some(lens), |c| {
+            matches!(c, Config::GpuPaged(p) if p.mfma && (all || p.partition == 256))
+        });
+        assert!(ran >= 6, "{model} {spec}: {ran}");
+    }
+    // Each mistake shows on DeepSeek's latent rows, on Llama's own value rows and on an fp8
+    // cache: a head's correction taken from its own lane's column instead of its row's, a
+    // tile's maximum or a head's sum missing the other half of the wave, the tokens past a
+    // partition's end scored, the query's dims out of step with the key's, two tokens' value
+    // columns swapped (16-bit: regrouped words; fp8: widened pieces), and in the waves'
+    // meeting a wave's factor dropped, its sum stored over the others', the barrier between
+    // two waves' turns removed.
+    let (_, emu) = emulator("mi300x");
+    for (spec, lens) in [
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16,scale=0.1352",
+            vec![600, 65],
+        ),
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+            vec![600, 77],
+        ),
+        (
+            "paged:num_seqs=2,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3fnuz",
+            vec![600, 77],
+        ),
+    ] {
+        let problem: Problem = spec.parse().unwrap();
+        let data = ProblemData::random(&problem, 4).with_context_lens(lens);
+        let Problem::Paged(paged) = &problem else {
+            unreachable!("{spec} is paged")
+        };
+        let heads = paged.group();
+        let config = Config::GpuPaged(GpuPagedConfig {
+            partition: 512,
+            threads: 128,
+            lanes: 1,
+            heads,
+            mma: false,
+            mfma: true,
+        });
+        let mut edits = vec![
+            (
+                "oc[e] = KT_SHFL(corr, 4 * quad + e);",
+                "oc[e] = corr;",
+            ),
+            (
+                "mx = fmaxf(mx, KT_SHFL_XOR(mx, 32));",
+                "mx = fmaxf(mx, 0.0f * KT_SHFL_XOR(mx, 32));",
+            ),
+            (
+                "run_sum += KT_SHFL_XOR(run_sum, 32);",
+                "run_sum += 0.0f * KT_SHFL_XOR(run_sum, 32);",
+            ),
+            (
+                "x[e] = j0 + 4 * quad + e < t1 ? kt_softcap",
+                "x[e] = true ? kt_softcap",
+            ),
+            (
+                "s = kt_mfma16(k_hi, kt_frag_of(q.z, q.w), s);",
+                "s = kt_mfma16(k_hi, kt_frag_of(q.x, q.y), s);",
+            ),
+            (
+                "f[e] = h < KT_HEADS ? exp2f(wave_max[wave][h] - mb) : 0.0f;",
+                "f[e] = h < KT_HEADS ? 1.0f : 0.0f;",
+            ),
+            ("*at = w == 0 ? v : *at + v;", "*at = v;"),
+            (
+                "            KT_SYNC();\n        }\n        for (int i = tid;",
+                "        }\n        for (int i = tid;",
+            ),
+        ];
+        if spec.contains("fp8") {
+            edits.push((
+                "f[j] = kt_pack4(w[0][j], w[1][j], w[2][j], w[3][j]);",
+                "f[j] = kt_pack4(w[1][j], w[0][j], w[2][j], w[3][j]);",
+            ));
+        } else {
+            edits.push((
+                "f[2 * q] = kt_frag_of((w[0][q] & 0xffffu) | (w[1][q] << 16),",
+                "f[2 * q] = kt_frag_of((w[1][q] & 0xffffu) | (w[0][q] << 16),",
+            ));
+        }
+        source_edits_show(&emu, &data, &config, include_str!("../hip/paged.hip"), &edits);
+    }
+}
+
 /// The grouped paged attention (16 lanes a token, 256 threads) of `model` on sequences of 300
 /// and 17 tokens, with `body` as its source: its relative error.
 fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {
@@ -783,6 +917,7 @@ fn grouped_paged_error(model: &str, body: &str) -> Result<f64, KernelError> {
         lanes: 16,
         heads: 1,
         mma: false,
+        mfma: false,
     });
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))

@@ -480,7 +480,33 @@ fn every_paged_candidate_of_several_heads_compiles_without_spills() {
                 33,
             ),
         ],
-        |c| matches!(c, Config::GpuPaged(c) if c.heads > 1),
+        |c| matches!(c, Config::GpuPaged(c) if c.heads > 1 && !c.mfma),
+    );
+}
+
+/// Matrix cores (`mfma`): every candidate of DeepSeek-V3's TP8 latent decode on an MI300X
+/// (16 heads on one row of 576, values of 512: 128 accumulators a lane) and of
+/// Llama-3.1-70B's TP8 decode on an fp8 cache on an MI250 (widened in registers).
+#[test]
+fn every_matrix_core_paged_candidate_compiles_without_spills() {
+    let Some(hip) = compiler("every_matrix_core_paged_candidate_compiles_without_spills") else {
+        return;
+    };
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[
+            (
+                "mi300x",
+                "paged:num_seqs=32,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16,scale=0.1352",
+                45,
+            ),
+            (
+                "mi250",
+                "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3fnuz",
+                30,
+            ),
+        ],
+        |c| matches!(c, Config::GpuPaged(c) if c.mfma),
     );
 }
 

@@ -291,6 +291,13 @@ pub struct GpuPagedConfig {
     /// memory's speed). Absent (false) in stored configs, which predate it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mma: bool,
+    /// AMD's matrix cores (`v_mfma_f32_16x16x16`, CDNA2 and CDNA3, 16-bit query): the
+    /// block's `heads` are the columns of one 16-column tile; each wave multiplies tiles of
+    /// 16 tokens loaded straight into registers (no LDS stages: CDNA's 64 KiB hold none of a
+    /// latent decode's rows), keeping its own softmax, and the waves' outputs meet in LDS at
+    /// the end. Absent (false) in stored configs, which predate it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mfma: bool,
 }
 
 impl GpuPagedConfig {
@@ -411,6 +418,9 @@ impl fmt::Display for GpuPagedConfig {
         }
         if self.mma {
             f.write_str(" mma")?;
+        }
+        if self.mfma {
+            f.write_str(" mfma")?;
         }
         Ok(())
     }

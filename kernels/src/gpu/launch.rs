@@ -224,7 +224,7 @@ pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
             c.stages > 1 || matches!(c.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
         }
         Config::GpuFlash(c) => matches!(c.variant, GpuFlashVariant::Mma | GpuFlashVariant::Mfma),
-        Config::GpuPaged(c) => c.lanes > 1 || c.mma,
+        Config::GpuPaged(c) => c.lanes > 1 || c.mma || c.mfma,
         _ => false,
     };
     if pieces {

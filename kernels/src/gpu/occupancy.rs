@@ -75,14 +75,17 @@ pub fn amd(r: &KernelResources, threads: u32, g: &GpuModel) -> Occupancy {
     let wave = g.wave_size.max(1);
     let simds = g.simds_per_cu.max(1);
     let waves_per_group = threads.div_ceil(wave).max(1);
-    // Each SIMD hosts its share of a workgroup's waves.
+    // Each SIMD hosts its share of a workgroup's waves; a workgroup of fewer waves than
+    // SIMDs leaves the others to further workgroups (one-wave workgroups fill all four).
     let per_simd = waves_per_group.div_ceil(simds);
+    let side_by_side = simds / waves_per_group.min(simds);
+    let groups_by = |waves_per_simd: u32| waves_per_simd / per_simd * side_by_side;
     let by_vgpr = (g.registers / round_up(r.vgpr.max(r.agpr), 8)).min(g.max_waves);
     let by_sgpr = (SGPRS_PER_SIMD / round_up(r.sgpr, 16)).min(g.max_waves);
     let limits = [
-        ("vgpr", by_vgpr / per_simd),
-        ("sgpr", by_sgpr / per_simd),
-        ("waves", g.max_waves / per_simd),
+        ("vgpr", groups_by(by_vgpr)),
+        ("sgpr", groups_by(by_sgpr)),
+        ("waves", groups_by(g.max_waves)),
         ("lds", g.lds_per_cu.checked_div(r.lds).unwrap_or(u32::MAX)),
     ];
     let (limited_by, groups) = limits
@@ -93,5 +96,57 @@ pub fn amd(r: &KernelResources, threads: u32, g: &GpuModel) -> Occupancy {
         waves_per_simd: f64::from(groups * waves_per_group) / f64::from(simds),
         workgroups_per_cu: groups,
         limited_by,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    fn model(name: &str) -> &'static GpuModel {
+        let Device::Gpu(g) = Device::lookup(name).unwrap() else {
+            unreachable!("{name} is a GPU")
+        };
+        g
+    }
+
+    fn kernel(vgpr: u32, lds: u32) -> KernelResources {
+        KernelResources {
+            name: "k".into(),
+            vgpr,
+            agpr: 0,
+            sgpr: 32,
+            lds,
+            scratch: 0,
+            vgpr_spill: 0,
+            sgpr_spill: 0,
+            wave_size: 64,
+            max_threads: 256,
+        }
+    }
+
+    /// A CDNA SIMD holds 512 / registers waves: two of 243 registers. Workgroups of one,
+    /// two or four waves all reach two waves a SIMD (eight, four or two workgroups a CU),
+    /// eight-wave ones one workgroup of two a SIMD; LDS bounds the workgroups a CU holds
+    /// (three of 18.9 KiB in 64 KiB).
+    #[test]
+    fn amd_workgroups_of_few_waves_fill_every_simd() {
+        let mi300x = model("mi300x");
+        for (threads, groups) in [(64, 8), (128, 4), (256, 2), (512, 1)] {
+            let o = amd(&kernel(243, 1024), threads, mi300x);
+            assert_eq!(o.workgroups_per_cu, groups, "{threads} threads: {o:?}");
+            assert_eq!(o.waves_per_simd, 2.0, "{threads} threads: {o:?}");
+            assert_eq!(o.limited_by, "vgpr");
+        }
+        let o = amd(&kernel(243, 19_328), 64, mi300x);
+        assert_eq!((o.workgroups_per_cu, o.limited_by), (3, "lds"), "{o:?}");
+        assert_eq!(o.waves_per_simd, 0.75);
+        // Three-wave workgroups: a SIMD gets at most one wave of each, so two of them.
+        let o = amd(&kernel(243, 1024), 192, mi300x);
+        assert_eq!((o.workgroups_per_cu, o.waves_per_simd), (2, 1.5), "{o:?}");
+        // Few registers: the wave slots limit (8 a SIMD on CDNA).
+        let o = amd(&kernel(32, 0), 64, mi300x);
+        assert_eq!((o.workgroups_per_cu, o.waves_per_simd), (32, 8.0), "{o:?}");
     }
 }

@@ -185,8 +185,9 @@ impl KernelBuild {
                 ]
                 .into_iter()
                 .chain(p.is_latent().then_some(("KT_DV", p.v_head_dim)))
-                .chain((c.heads > 1 || c.mma).then_some(("KT_HEADS", c.heads)))
+                .chain((c.heads > 1 || c.mma || c.mfma).then_some(("KT_HEADS", c.heads)))
                 .chain(c.mma.then_some(("KT_PAGED_MMA", 1)))
+                .chain(c.mfma.then_some(("KT_PAGED_MFMA", 1)))
                 .chain(p.sinks.then_some(("KT_SINKS", 1)))
                 .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
                 .chain(p.fp8().map(|f| ("KT_KV_FP8", kv_fp8_code(f))))

@@ -11,8 +11,9 @@ mod flash;
 mod gemm;
 mod paged;
 
-use crate::config::{GpuFlashVariant, GpuGemmVariant};
+use crate::config::{GpuFlashVariant, GpuGemmVariant, GpuPagedConfig};
 use crate::device::{GpuModel, Vendor};
+use crate::problem::PagedProblem;
 use crate::{BLayout, Config, DType, Device, Family, KernelError, Problem, Space};
 
 pub use flash::{flash_split_floats, GPU_MAX_FLASH_SPLIT, GPU_MAX_HEAD_DIM};
@@ -90,6 +91,9 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
             if c.mma {
                 return dynamic_lds_bytes(config, problem);
             }
+            if c.mfma {
+                return paged_mfma_lds_bytes(c, p, waves);
+            }
             if c.heads > 1 {
                 // Each head's query and scores.
                 return 4 * c.heads * (p.head_dim + c.partition);
@@ -103,6 +107,14 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         }
         _ => 0,
     }
+}
+
+/// The matrix-core paged attention's static LDS: one pool holding the query rows (16-bit,
+/// padded by 8 halves) and later a 128-column chunk of the heads' outputs (f32), whichever is
+/// larger, then each wave's maxima and sums of 16 heads.
+fn paged_mfma_lds_bytes(c: &GpuPagedConfig, p: &PagedProblem, waves: usize) -> usize {
+    let pool = (2 * c.heads * (p.head_dim + 8)).max(4 * c.heads * 128);
+    pool + 2 * 4 * waves * 16
 }
 
 /// Alignment of a swizzled wgmma GEMM's tiles in shared memory: the hardware swizzles by

@@ -1,14 +1,14 @@
 //! Paged attention's GPU space: a thread per cached token, or groups of lanes per token
 //! reading its rows in 16-byte pieces; a block's query heads (one, or several of one KV head
-//! sharing each row it reads), on CUDA cores or NVIDIA's tensor cores; partitions of long
-//! contexts and threads per block.
+//! sharing each row it reads), on CUDA cores, NVIDIA's tensor cores or AMD's matrix cores;
+//! partitions of long contexts and threads per block.
 
 use crate::config::GpuPagedConfig;
 use crate::device::GpuModel;
 use crate::problem::PagedProblem;
 use crate::{Family, KernelError};
 
-use super::{check_threads, has_mma, invalid, vec_of};
+use super::{check_threads, has_mfma, has_mma, invalid, vec_of};
 
 /// Dims of the query and of the P·V sums a lane of grouped paged attention holds.
 const PAGED_MAX_DIMS_PER_LANE: usize = 16;
@@ -75,19 +75,28 @@ pub(super) fn validate(
     if c.mma {
         validate_mma(c, p, g)?;
     }
+    if c.mfma {
+        validate_mfma(c, p, g)?;
+    }
     Ok(())
 }
 
-/// The tensor-core form: NVIDIA's `mma.sync` on 16-bit values (an fp8 cache's widened into
-/// the query's type in shared memory), whole 16-dim steps of the key rows, each warp's value
-/// columns whole pairs of 8-column tiles, and partitions of whole token tiles.
-fn validate_mma(c: &GpuPagedConfig, p: &PagedProblem, g: &GpuModel) -> Result<(), KernelError> {
+/// What both vendors' matrix-core forms need: the device's instructions (`whose`: whose they
+/// are, for the error), a 16-bit query for their operands, and a thread a token.
+fn matrix_core_inputs(
+    form: &str,
+    whose: &str,
+    present: bool,
+    c: &GpuPagedConfig,
+    p: &PagedProblem,
+    g: &GpuModel,
+) -> Result<(), KernelError> {
     let f = Family::Paged;
-    if !has_mma(g) {
+    if !present {
         return Err(invalid(
             f,
             format!(
-                "mma: tensor cores by mma.sync are NVIDIA's (sm_80 and later), not {}'s ({}); drop `mma`",
+                "{form}: {whose}, not {}'s ({}); drop `{form}`",
                 g.name, g.arch
             ),
         ));
@@ -96,14 +105,64 @@ fn validate_mma(c: &GpuPagedConfig, p: &PagedProblem, g: &GpuModel) -> Result<()
         return Err(invalid(
             f,
             format!(
-                "mma takes a 16-bit query (f16 or bf16), not {}; drop `mma`",
+                "{form} takes a 16-bit query (f16 or bf16), not {}; drop `{form}`",
                 p.dtype
             ),
         ));
     }
     if c.lanes != 1 {
-        return Err(invalid(f, format!("mma takes lanes = 1 (not {})", c.lanes)));
+        return Err(invalid(
+            f,
+            format!("{form} takes lanes = 1 (not {})", c.lanes),
+        ));
     }
+    Ok(())
+}
+
+/// The matrix-core form on AMD: `v_mfma_f32_16x16x16` (CDNA2 and CDNA3) on 16-bit values (an
+/// fp8 cache's widened in registers), key rows read 32 dims a step and value rows 128 columns
+/// a step (each lane a 16-byte piece of a row).
+fn validate_mfma(c: &GpuPagedConfig, p: &PagedProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let f = Family::Paged;
+    if c.mma {
+        return Err(invalid(
+            f,
+            "mma and mfma are NVIDIA's and AMD's matrix cores: choose one",
+        ));
+    }
+    matrix_core_inputs(
+        "mfma",
+        "matrix cores by v_mfma_f32_16x16x16 are CDNA2's and CDNA3's (gfx90a, gfx942)",
+        has_mfma(g),
+        c,
+        p,
+        g,
+    )?;
+    if !p.head_dim.is_multiple_of(32) || !p.v_head_dim.is_multiple_of(128) {
+        return Err(invalid(
+            f,
+            format!(
+                "mfma reads key rows 32 dims a step and value rows 128 columns a step: head_dim {} must be a multiple of 32 and v_head_dim {} of 128",
+                p.head_dim, p.v_head_dim
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The tensor-core form: NVIDIA's `mma.sync` on 16-bit values (an fp8 cache's widened into
+/// the query's type in shared memory), whole 16-dim steps of the key rows, each warp's value
+/// columns whole pairs of 8-column tiles, and partitions of whole token tiles.
+fn validate_mma(c: &GpuPagedConfig, p: &PagedProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let f = Family::Paged;
+    matrix_core_inputs(
+        "mma",
+        "tensor cores by mma.sync are NVIDIA's (sm_80 and later)",
+        has_mma(g),
+        c,
+        p,
+        g,
+    )?;
     let warps = c.threads / g.wave_size as usize;
     if !p.head_dim.is_multiple_of(16) || !p.v_head_dim.is_multiple_of(16 * warps) {
         return Err(invalid(
@@ -129,8 +188,9 @@ fn validate_mma(c: &GpuPagedConfig, p: &PagedProblem, g: &GpuModel) -> Result<()
     Ok(())
 }
 
-/// Tensor cores first where they apply (NVIDIA, 16-bit caches: each row read once for a
-/// KV head's group, both products at a small part of the CUDA cores' time), then groups of
+/// Tensor cores first where they apply (NVIDIA's or AMD's, 16-bit queries: each row read
+/// once for a KV head's group, both products at a small part of the vector units' time),
+/// then groups of
 /// lanes per token (16-byte loads of whole rows), a thread per token, and blocks of several
 /// query heads on CUDA cores (shorter partitions: their scores are a row per head).
 pub(super) fn candidates() -> Vec<GpuPagedConfig> {
@@ -148,6 +208,23 @@ pub(super) fn candidates() -> Vec<GpuPagedConfig> {
                     lanes: 1,
                     heads,
                     mma: true,
+                    mfma: false,
+                });
+            }
+        }
+    }
+    // AMD's matrix cores: the same groups; each wave takes its own tiles of 16 tokens, so a
+    // partition of 64 is a tile a wave at 256 threads.
+    for heads in [16, 8, 4] {
+        for partition in [64, 128, 256, 512, 1024] {
+            for threads in [64, 128, 256] {
+                out.push(GpuPagedConfig {
+                    partition,
+                    threads,
+                    lanes: 1,
+                    heads,
+                    mma: false,
+                    mfma: true,
                 });
             }
         }
@@ -161,6 +238,7 @@ pub(super) fn candidates() -> Vec<GpuPagedConfig> {
                     lanes,
                     heads: 1,
                     mma: false,
+                    mfma: false,
                 });
             }
         }
@@ -174,6 +252,7 @@ pub(super) fn candidates() -> Vec<GpuPagedConfig> {
                     lanes: 1,
                     heads,
                     mma: false,
+                    mfma: false,
                 });
             }
         }
@@ -191,6 +270,7 @@ pub(super) fn default(p: &PagedProblem) -> GpuPagedConfig {
         lanes: 1,
         heads: 1,
         mma: false,
+        mfma: false,
     }
 }
 
@@ -352,5 +432,115 @@ mod tests {
             e.to_string().contains("bytes of shared memory per block"),
             "{e}"
         );
+    }
+
+    /// Matrix-core blocks on AMD: stored without `mfma`, a config is on the vector units;
+    /// with it, the field reads back, the build takes its macros and static LDS (DeepSeek's
+    /// 16 query rows of 584 halves, or a chunk of 16 heads' 128 outputs where the rows are
+    /// shorter, and each wave's maxima and sums), the launch its grid and 16-byte inputs, and
+    /// what the matrix cores cannot take is refused by name: an NVIDIA device or an RDNA one,
+    /// `mma` beside it, f32, lanes, key rows of no 32-dim steps, values of no 128 columns.
+    #[test]
+    fn matrix_core_blocks_are_stored_sized_launched_and_checked() {
+        use crate::gpu::launch::input_alignment;
+        use crate::gpu::KernelBuild;
+        use crate::space::{dynamic_lds_bytes, lds_bytes};
+        let deepseek = "paged:num_seqs=3,context_len=1000,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16";
+        let (g, p) = on("mi300x", deepseek);
+        let old: GpuPagedConfig =
+            serde_json::from_str(r#"{"partition":256,"threads":256,"heads":16}"#).unwrap();
+        assert!(!old.mfma);
+        let c = GpuPagedConfig { mfma: true, ..old };
+        validate(&c, &p, g).unwrap();
+        assert_eq!(c.to_string(), "gpu partition=256 threads=256 heads=16 mfma");
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            json.contains(r#""mfma":true"#) && !json.contains(r#""mma""#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<GpuPagedConfig>(&json).unwrap(), c);
+        let (problem, config) = (Problem::Paged(p), Config::GpuPaged(c));
+        // Four waves: 16 rows of 584 halves, then 4 waves' 16 maxima and 16 sums.
+        assert_eq!(
+            lds_bytes(&config, &problem, g),
+            2 * 16 * 584 + 2 * 4 * 4 * 16
+        );
+        assert_eq!(dynamic_lds_bytes(&config, &problem), 0);
+        let (_, llama) = on(
+            "mi250",
+            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,dtype=f16",
+        );
+        let llama_config = GpuPagedConfig {
+            heads: 8,
+            threads: 64,
+            ..c
+        };
+        // Rows of 136 halves are less than a chunk of 8 heads' 128 floats.
+        assert_eq!(
+            lds_bytes(&Config::GpuPaged(llama_config), &Problem::Paged(llama), g),
+            4 * 8 * 128 + 2 * 4 * 16
+        );
+        let build = KernelBuild::new(&problem, &config).unwrap();
+        for define in ["KT_PAGED_MFMA=1", "KT_HEADS=16", "KT_DV=512"] {
+            assert!(build.key().contains(define), "{}", build.key());
+        }
+        assert!(!build.key().contains("KT_PAGED_MMA"), "{}", build.key());
+        assert_eq!(build.dynamic_lds, 0);
+        let l = launches(&problem, &config, &DevicePtrs::default()).unwrap();
+        assert_eq!((l[0].grid, l[0].shared_bytes), ([4, 1, 3], 0));
+        assert_eq!(input_alignment(&problem, &config), 16);
+
+        for model in ["h200", "rx7900xtx"] {
+            let (other, _) = on(model, deepseek);
+            let e = validate(&GpuPagedConfig { threads: 128, ..c }, &p, other)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("CDNA2's and CDNA3's"), "{model}: {e}");
+        }
+        let (h200, _) = on("h200", deepseek);
+        let both = GpuPagedConfig {
+            mma: true,
+            threads: 128,
+            ..c
+        };
+        let e = validate(&both, &p, h200).unwrap_err().to_string();
+        assert!(e.contains("choose one"), "{e}");
+        for (bad, spec, named) in [
+            (
+                GpuPagedConfig { heads: 8, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
+                "16-bit query",
+            ),
+            (
+                GpuPagedConfig {
+                    heads: 1,
+                    lanes: 16,
+                    ..c
+                },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                "mfma takes lanes = 1",
+            ),
+            (
+                GpuPagedConfig { heads: 8, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=80,dtype=bf16",
+                "head_dim 80 must be a multiple of 32",
+            ),
+            (
+                GpuPagedConfig { heads: 8, ..c },
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16",
+                "v_head_dim 64 of 128",
+            ),
+        ] {
+            let (_, p) = on("mi300x", spec);
+            let e = validate(&bad, &p, g).unwrap_err().to_string();
+            assert!(e.contains(named), "{bad}: {e}");
+        }
+        // Every matrix-core candidate of DeepSeek's decode is valid on an MI300X: 3 head
+        // counts by 5 partitions by 3 block sizes.
+        let offered = candidates()
+            .into_iter()
+            .filter(|c| c.mfma && validate(c, &p, g).is_ok())
+            .count();
+        assert_eq!(offered, 45);
     }
 }
