@@ -105,6 +105,48 @@ KT_DEVICE float kt_block_sum(float v, float* scratch) {
     return r;
 }
 
+// A block's place in the grid (partitions, q_heads / heads, num_seqs): its sequence, its heads
+// h0 .. h0 + heads - 1 (`heads` divides a KV head's group, validated) and their KV head, and
+// its partition's tokens [t0, t1), counted from the cache block holding the first token the
+// sequence attends to (its window's start, `first`), whose block-table entry is `skip` in:
+// partitions starting at `first` itself made ptxas spill three registers of the f32 builds of
+// head size 96. Head g's partial slot is slot0 + g · partitions (kt_slot).
+struct kt_part {
+    int seq, h0, kvh, skip, t0, t1, partitions;
+    long slot0;
+};
+KT_DEVICE kt_part kt_part_of(const unsigned* context_lens, int heads, int q_heads, int kv_heads,
+                             int partitions, int window) {
+    kt_part b;
+    b.seq = KT_BID_Z;
+    b.h0 = KT_BID_Y * heads;
+    b.kvh = b.h0 / (q_heads / kv_heads);
+    const int len = (int)context_lens[b.seq];
+    const int first = window > 0 && len > window ? len - window : 0;
+    b.skip = first / KT_BLOCK;
+    b.t0 = first % KT_BLOCK + KT_BID_X * KT_PART;
+    b.t1 = min(len - b.skip * KT_BLOCK, b.t0 + KT_PART);
+    b.partitions = partitions;
+    b.slot0 = ((long)b.seq * q_heads + b.h0) * partitions + KT_BID_X;
+    return b;
+}
+KT_DEVICE long kt_slot(const kt_part& b, int g) { return b.slot0 + (long)g * b.partitions; }
+
+// Whether the block's partition holds no token; then its heads' slots say it contributes
+// nothing to the reduction.
+KT_DEVICE bool kt_empty(const kt_part& b, int heads, float* part_out, float* part_max,
+                        float* part_sum) {
+    if (b.t0 < b.t1) return false;
+    for (int g = 0; g < heads; ++g) {
+        if (KT_TID == 0) {
+            part_max[kt_slot(b, g)] = -KT_INF;
+            part_sum[kt_slot(b, g)] = 0.0f;
+        }
+        for (int x = KT_TID; x < KT_DV; x += KT_THREADS) part_out[kt_slot(b, g) * KT_DV + x] = 0.0f;
+    }
+    return true;
+}
+
 #if KT_PAGED_MMA
 
 #if !defined(KT_MMA) || KT_DTYPE == 0 || KT_HEADS > 16
@@ -197,30 +239,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     float* const row_sum = row_max + 16;
     float* const row_corr = row_sum + 16;
     const int tid = KT_TID;
-    const int part = KT_BID_X;
-    const int h0 = KT_BID_Y * KT_HEADS;
-    const int seq = KT_BID_Z;
-    // The block's heads share their KV head: KT_HEADS divides the group (validated).
-    const int kvh = h0 / (q_heads / kv_heads);
-    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
-    const int skip = first / KT_BLOCK;
-    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
-    const int t0 = first % KT_BLOCK + part * KT_PART;
-    const int t1 = min(ctx, t0 + KT_PART);
-    // Head g's partial slot: the block's first head's, then `partitions` apart.
-    const long slot0 = ((long)seq * q_heads + h0) * partitions + part;
-    auto slot = [&](int g) { return slot0 + (long)g * partitions; };
-    if (t0 >= t1) {
-        // An empty partition contributes nothing to the reduction.
-        for (int g = 0; g < KT_HEADS; ++g) {
-            if (tid == 0) {
-                part_max[slot(g)] = -KT_INF;
-                part_sum[slot(g)] = 0.0f;
-            }
-            for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot(g) * KT_DV + x] = 0.0f;
-        }
-        return;
-    }
+    const kt_part b = kt_part_of(context_lens, KT_HEADS, q_heads, kv_heads, partitions, window);
+    if (kt_empty(b, KT_HEADS, part_out, part_max, part_sum)) return;
+    const int seq = b.seq, h0 = b.h0, kvh = b.kvh, skip = b.skip, t0 = b.t0, t1 = b.t1;
+    auto slot = [&](int g) { return kt_slot(b, g); };
     const unsigned* table = block_tables + (long)seq * max_blocks + skip;
     auto row_of = [&](int t) {
         return (((long)table[t / KT_BLOCK] * KT_BLOCK + t % KT_BLOCK) * kv_heads + kvh) * KT_D;
@@ -480,30 +502,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     unsigned short* const qs = pool;
     float* const sums = reinterpret_cast<float*>(pool);
     const int tid = KT_TID;
-    const int part = KT_BID_X;
-    const int h0 = KT_BID_Y * KT_HEADS;
-    const int seq = KT_BID_Z;
-    // The block's heads share their KV head: KT_HEADS divides the group (validated).
-    const int kvh = h0 / (q_heads / kv_heads);
-    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
-    const int skip = first / KT_BLOCK;
-    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
-    const int t0 = first % KT_BLOCK + part * KT_PART;
-    const int t1 = min(ctx, t0 + KT_PART);
-    // Head g's partial slot: the block's first head's, then `partitions` apart.
-    const long slot0 = ((long)seq * q_heads + h0) * partitions + part;
-    auto slot = [&](int g) { return slot0 + (long)g * partitions; };
-    if (t0 >= t1) {
-        // An empty partition contributes nothing to the reduction.
-        for (int g = 0; g < KT_HEADS; ++g) {
-            if (tid == 0) {
-                part_max[slot(g)] = -KT_INF;
-                part_sum[slot(g)] = 0.0f;
-            }
-            for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot(g) * KT_DV + x] = 0.0f;
-        }
-        return;
-    }
+    const kt_part b = kt_part_of(context_lens, KT_HEADS, q_heads, kv_heads, partitions, window);
+    if (kt_empty(b, KT_HEADS, part_out, part_max, part_sum)) return;
+    const int seq = b.seq, h0 = b.h0, kvh = b.kvh, skip = b.skip, t0 = b.t0, t1 = b.t1;
+    auto slot = [&](int g) { return kt_slot(b, g); };
     for (int e = tid; e < KT_HEADS * (KT_D / 8); e += KT_THREADS) {
         const int r = e / (KT_D / 8), x = 8 * (e % (KT_D / 8));
         *reinterpret_cast<kt_u32x4*>(qs + r * KT_LDQ + x) =
@@ -660,30 +662,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     KT_SHARED float qs[KT_HEADS][KT_D];
     KT_SHARED float scores[KT_HEADS][KT_PART];
     const int tid = KT_TID;
-    const int part = KT_BID_X;
-    const int h0 = KT_BID_Y * KT_HEADS;
-    const int seq = KT_BID_Z;
-    // The block's heads share their KV head: KT_HEADS divides the group (validated).
-    const int kvh = h0 / (q_heads / kv_heads);
-    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
-    const int skip = first / KT_BLOCK;
-    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
-    const int t0 = first % KT_BLOCK + part * KT_PART;
-    const int t1 = min(ctx, t0 + KT_PART);
-    // Head g's partial slot: the block's first head's, then `partitions` apart.
-    const long slot0 = ((long)seq * q_heads + h0) * partitions + part;
-    auto slot = [&](int g) { return slot0 + (long)g * partitions; };
-    if (t0 >= t1) {
-        // An empty partition contributes nothing to the reduction.
-        for (int g = 0; g < KT_HEADS; ++g) {
-            if (tid == 0) {
-                part_max[slot(g)] = -KT_INF;
-                part_sum[slot(g)] = 0.0f;
-            }
-            for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot(g) * KT_DV + x] = 0.0f;
-        }
-        return;
-    }
+    const kt_part b = kt_part_of(context_lens, KT_HEADS, q_heads, kv_heads, partitions, window);
+    if (kt_empty(b, KT_HEADS, part_out, part_max, part_sum)) return;
+    const int seq = b.seq, h0 = b.h0, kvh = b.kvh, skip = b.skip, t0 = b.t0, t1 = b.t1;
+    auto slot = [&](int g) { return kt_slot(b, g); };
     const float log2e = 1.4426950408889634f;
     for (int i = tid; i < KT_HEADS * KT_D; i += KT_THREADS)
         qs[i / KT_D][i % KT_D] =
@@ -759,28 +741,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
     const int tid = KT_TID;
-    const int part = KT_BID_X;
-    const int h = KT_BID_Y;
-    const int seq = KT_BID_Z;
-    const int kvh = h / (q_heads / kv_heads);
-    // Tokens counted from the block holding the first the sequence attends to (its window's
-    // start, `first`), the block table from that block: partitions starting at `first` itself
-    // made ptxas spill three registers of the f32 builds of head size 96.
-    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
-    const int skip = first / KT_BLOCK;
-    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
-    const int t0 = first % KT_BLOCK + part * KT_PART;
-    const int t1 = min(ctx, t0 + KT_PART);
-    const long slot = ((long)seq * q_heads + h) * partitions + part;
-    if (t0 >= t1) {
-        // An empty partition contributes nothing to the reduction.
-        if (tid == 0) {
-            part_max[slot] = -KT_INF;
-            part_sum[slot] = 0.0f;
-        }
-        for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot * KT_DV + x] = 0.0f;
-        return;
-    }
+    const kt_part b = kt_part_of(context_lens, 1, q_heads, kv_heads, partitions, window);
+    if (kt_empty(b, 1, part_out, part_max, part_sum)) return;
+    const int seq = b.seq, h = b.h0, kvh = b.kvh, skip = b.skip, t0 = b.t0, t1 = b.t1;
+    const long slot = b.slot0;
     const float log2e = 1.4426950408889634f;
     for (int x = tid; x < KT_D; x += KT_THREADS)
         qs[x] = kt_load(query, ((long)seq * q_heads + h) * KT_D + x) * scale * log2e;
@@ -855,28 +819,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     KT_SHARED float red[KT_WAVES];
     KT_SHARED float sums[KT_WAVES][KT_DV];
     const int tid = KT_TID;
-    const int part = KT_BID_X;
-    const int h = KT_BID_Y;
-    const int seq = KT_BID_Z;
-    const int kvh = h / (q_heads / kv_heads);
-    // Tokens counted from the block holding the first the sequence attends to (its window's
-    // start, `first`), the block table from that block: partitions starting at `first` itself
-    // made ptxas spill three registers of the f32 builds of head size 96.
-    const int first = window > 0 && (int)context_lens[seq] > window ? (int)context_lens[seq] - window : 0;
-    const int skip = first / KT_BLOCK;
-    const int ctx = (int)context_lens[seq] - skip * KT_BLOCK;
-    const int t0 = first % KT_BLOCK + part * KT_PART;
-    const int t1 = min(ctx, t0 + KT_PART);
-    const long slot = ((long)seq * q_heads + h) * partitions + part;
-    if (t0 >= t1) {
-        // An empty partition contributes nothing to the reduction.
-        if (tid == 0) {
-            part_max[slot] = -KT_INF;
-            part_sum[slot] = 0.0f;
-        }
-        for (int x = tid; x < KT_DV; x += KT_THREADS) part_out[slot * KT_DV + x] = 0.0f;
-        return;
-    }
+    const kt_part b = kt_part_of(context_lens, 1, q_heads, kv_heads, partitions, window);
+    if (kt_empty(b, 1, part_out, part_max, part_sum)) return;
+    const int seq = b.seq, h = b.h0, kvh = b.kvh, skip = b.skip, t0 = b.t0, t1 = b.t1;
+    const long slot = b.slot0;
     const int lane = tid % KT_LANES;
     const int group = tid / KT_LANES;
     // The dims of piece p of this lane start at (p·LANES + lane)·VEC.

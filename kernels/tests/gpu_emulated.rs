@@ -637,7 +637,10 @@ fn paged_blocks_of_several_heads_match_the_reference() {
         &[("h200", 1, 4), ("mi250", 1, 2)],
         128,
         &[
-            ("return slot0 + (long)g * partitions;", "return slot0;"),
+            (
+                "return b.slot0 + (long)g * b.partitions;",
+                "return b.slot0;",
+            ),
             (
                 "((long)seq * q_heads + h0) * KT_D + i) * scale",
                 "((long)seq * q_heads + h0) * KT_D + i % KT_D) * scale",
