@@ -28,9 +28,10 @@ fn emulator(model: &str) -> (Device, Emulator) {
 }
 
 /// Runs every candidate of the space for `spec` (with sequences of `context_lens`, for paged
-/// attention) and asserts each matches the reference; returns how many ran. The tensor-core
-/// paged forms, a build for each partition and each of forty-odd of them a problem, have a
-/// test of their own ([`paged_tensor_core_candidates_match_the_reference`]).
+/// attention) and asserts each matches the reference; returns how many ran. The paged forms
+/// on matrix cores, a build for each partition and each of forty-odd of them a problem, have
+/// tests of their own ([`paged_tensor_core_candidates_match_the_reference`] for NVIDIA's,
+/// [`paged_matrix_core_candidates_match_the_reference`] for AMD's).
 fn every_candidate(model: &str, spec: &str, context_lens: Option<Vec<u32>>) -> usize {
     candidates_where(model, spec, context_lens, |c| !tensor_cores(c))
 }
