@@ -133,6 +133,9 @@ impl fmt::Display for Config {
                 if c.turn != 0 {
                     write!(f, " turn={}", c.turn)?;
                 }
+                if c.widen {
+                    f.write_str(" widen")?;
+                }
                 Ok(())
             }
             Config::GpuGemm(c) => c.fmt(f),
@@ -371,4 +374,12 @@ pub struct PagedConfig {
     /// Absent in results stored before it existed, and left out when 0: 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub turn: usize,
+    /// bf16 caches on AVX-512 key tiles widened to f32 and multiplied by f32 FMAs (the weights
+    /// kept in f32) rather than in pairs by `vdpbf16ps` (the weights rounded to bf16) on hosts
+    /// with AVX-512-BF16; hosts without it, and the avx2-fma kernels, always widen. Which is
+    /// faster is the host's: `vdpbf16ps` issues at the full FMA rate on Zen 4 and at under
+    /// half of it on the Intel cores measured here, where widening pays for its conversions.
+    /// Absent in results stored before it existed, and left out when false: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub widen: bool,
 }

@@ -434,6 +434,7 @@ fn every_isa_runs_attention_correctly() {
                         amx: false,
                         whole_rows,
                         turn: 0,
+                        widen: false,
                     })
                 })
             })
@@ -485,6 +486,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
                         amx: false,
                         whole_rows,
                         turn,
+                        widen: false,
                     }));
                 }
             }
@@ -500,6 +502,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         amx: false,
         whole_rows: false,
         turn: 0,
+        widen: false,
     });
     let p = "paged:num_seqs=1,context_len=20,q_heads=8,kv_heads=1,head_dim=64,dtype=bf16";
     let err = CpuSpace
@@ -520,6 +523,7 @@ fn paged_key_tiles_match_reference_or_are_refused() {
             amx: false,
             whole_rows: true,
             turn: 64,
+            widen: false,
         };
         CpuSpace
             .validate(&Config::Paged(whole), &two, &device)
@@ -609,6 +613,24 @@ fn paged_key_tiles_match_reference_or_are_refused() {
                 unreachable!()
             };
             ran += check_all(p, &configs(pp.block_size));
+            // bf16 caches on AVX-512 key tiles also widened where the host has pairs.
+            if kv == "bf16" {
+                let widened: Vec<Config> = configs(pp.block_size)
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Config::Paged(c) if c.isa >= Isa::Avx512 => {
+                            Some(Config::Paged(PagedConfig { widen: true, ..c }))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                for c in &widened {
+                    CpuSpace
+                        .validate(c, p, &device)
+                        .unwrap_or_else(|e| panic!("{c} on {p}: {e}"));
+                }
+                ran += check_all(p, &widened);
+            }
             assert!(CpuSpace
                 .candidates(p, &device)
                 .iter()
@@ -623,6 +645,112 @@ fn paged_key_tiles_match_reference_or_are_refused() {
         }
     }
     eprintln!("verified {ran} key-tile configs");
+}
+
+/// A bf16 cache on AVX-512 key tiles is multiplied in pairs by `vdpbf16ps` or widened to
+/// f32: both are tuned where the host has pairs, and the untuned guess widens on Intel
+/// cores (pairs issue at under half the FMA rate there) and multiplies pairs on Zen 4.
+/// `widen` is refused, by name, where there is no choice to make; it keeps stored configs'
+/// text and names itself.
+#[test]
+fn paged_bf16_caches_widen_on_intel_and_pair_on_zen4() {
+    let described = |model: &str| {
+        let mut info = kerntune_kernels::CpuInfo::detect().clone();
+        info.model = model.into();
+        info.isa = Isa::Avx512;
+        info.avx512_bf16 = true;
+        info.threads = 2;
+        Device::Cpu(info)
+    };
+    let intel = described("Intel(R) Xeon(R) Processor");
+    let zen4 = described("AMD EPYC 9R14 96-Core Processor");
+    let latent = problem(
+        "paged:num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16",
+    );
+    let grouped = problem(
+        "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=128,block_size=16,dtype=bf16",
+    );
+    let f16 = problem(
+        "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=128,block_size=16,dtype=f16",
+    );
+    let guess = |p: &Problem, host: &Device| match CpuSpace.heuristic(p, host) {
+        Config::Paged(c) => c,
+        other => panic!("{p}: {other}"),
+    };
+    for p in [&latent, &grouped] {
+        let (on_intel, on_zen4) = (guess(p, &intel), guess(p, &zen4));
+        assert!(on_intel.key_tiles && on_intel.widen, "{p}: {on_intel:?}");
+        assert!(on_zen4.key_tiles && !on_zen4.widen, "{p}: {on_zen4:?}");
+        for host in [&intel, &zen4] {
+            let key_tiles = |widen: bool| {
+                CpuSpace
+                    .candidates(p, host)
+                    .into_iter()
+                    .filter(|c| {
+                        matches!(c, Config::Paged(c) if c.key_tiles && c.isa >= Isa::Avx512 && c.widen == widen)
+                    })
+                    .map(|c| match c {
+                        Config::Paged(c) => PagedConfig { widen: false, ..c },
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (pairs, widened) = (key_tiles(false), key_tiles(true));
+            assert!(!pairs.is_empty(), "{p} on {host}");
+            assert_eq!(
+                pairs, widened,
+                "{p} on {host}: each key-tile config both ways"
+            );
+        }
+    }
+    let on_f16 = guess(&f16, &intel);
+    assert!(on_f16.key_tiles && !on_f16.widen, "{on_f16:?}");
+    assert!(CpuSpace
+        .candidates(&f16, &intel)
+        .iter()
+        .all(|c| matches!(c, Config::Paged(c) if !c.widen)));
+    // Refused where there is nothing to choose.
+    let widened = guess(&grouped, &intel);
+    for (c, p, why) in [
+        (widened, &f16, "a f16 cache has no pairs"),
+        (
+            PagedConfig {
+                key_tiles: false,
+                ..widened
+            },
+            &grouped,
+            "key_tiles = false",
+        ),
+        (
+            PagedConfig {
+                isa: Isa::Avx2Fma,
+                ..widened
+            },
+            &grouped,
+            "isa avx2-fma",
+        ),
+    ] {
+        let err = CpuSpace
+            .validate(&Config::Paged(c), p, &intel)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(why) && err.contains("widen"),
+            "{c:?} on {p}: {err}"
+        );
+    }
+    // Stored configs from before the field keep their text; widening names itself.
+    let stored = Config::Paged(PagedConfig {
+        widen: false,
+        ..widened
+    });
+    let text = serde_json::to_string(&stored).unwrap();
+    assert!(!text.contains("widen"), "{text}");
+    let config = Config::Paged(widened);
+    let text = serde_json::to_string(&config).unwrap();
+    assert!(text.contains(r#""widen":true"#), "{text}");
+    assert_eq!(serde_json::from_str::<Config>(&text).unwrap(), config);
+    assert!(config.to_string().ends_with(" widen"), "{config}");
 }
 
 /// Paged attention on AMX tiles: offered for bf16 with a head dimension that is a multiple

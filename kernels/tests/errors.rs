@@ -168,6 +168,7 @@ fn hostile_configs_are_rejected_before_running() {
         amx: false,
         whole_rows: false,
         turn: 0,
+        widen: false,
     });
     assert!(matches!(
         CpuSpace.validate(&paged, &p, &device),

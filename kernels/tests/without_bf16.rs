@@ -62,6 +62,7 @@ fn bf16_without_avx512_bf16_widens_or_refuses() {
                     amx: false,
                     whole_rows: false,
                     turn: 0,
+                    widen: false,
                 })
             })
             .collect();

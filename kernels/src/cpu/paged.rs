@@ -229,9 +229,10 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
     // Scores carry scale · log2(e) (folded into the query rows): a soft-cap in those units.
     let cap = p.softcap.map(|c| c.get() * std::f32::consts::LOG2_E);
     let tasks = p.num_seqs * lay.units * lay.parts;
-    // bf16 key tiles multiply pairs where the host has AVX-512-BF16 and head_dim is even.
+    // bf16 key tiles multiply pairs where the host has AVX-512-BF16, head_dim is even and the
+    // config does not widen.
     #[cfg(target_arch = "x86_64")]
-    let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16;
+    let pairs = d.is_multiple_of(2) && crate::CpuInfo::detect().avx512_bf16 && !c.widen;
     for_each_task(c.threads, tasks, |task, worker| {
         let part = task % lay.parts;
         let unit = task / lay.parts % lay.units;

@@ -783,6 +783,7 @@ mod tests {
                             amx: true,
                             whole_rows,
                             turn: 0,
+                            widen: false,
                         };
                         for &engine in &engines {
                             let mut scratch = vec![0f32; scratch_len(p, &c)];

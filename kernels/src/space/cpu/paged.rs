@@ -32,6 +32,32 @@ fn key_tiles_refusal(isa: Isa) -> Option<String> {
     (isa < Isa::Avx2Fma).then(|| format!("key_tiles = true needs isa avx2-fma or above, not {isa}"))
 }
 
+/// Why `widen` cannot go with a config, if it cannot: it chooses how the AVX-512 key tiles
+/// multiply a bf16 cache, the only kernels and cache that have a choice.
+fn widen_refusal(c: &PagedConfig, p: &PagedProblem) -> Option<String> {
+    if !c.key_tiles || c.isa < Isa::Avx512 {
+        Some(format!(
+            "widen = true chooses how the AVX-512 key tiles multiply a bf16 cache (this \
+             config has isa {} and key_tiles = {}): set key_tiles with isa avx512 or above, \
+             or widen = false",
+            c.isa, c.key_tiles
+        ))
+    } else if p.kv_dtype != DType::Bf16 {
+        Some(format!(
+            "widen = true chooses how a bf16 cache is multiplied; a {} cache has no pairs to \
+             multiply: set widen = false",
+            p.kv_dtype
+        ))
+    } else {
+        None
+    }
+}
+
+/// Whether both ways of multiplying a bf16 cache run on this host, so tuning measures both.
+fn widen_is_a_choice(c: &PagedConfig, p: &PagedProblem, host: &CpuInfo) -> bool {
+    host.avx512_bf16 && p.head_dim.is_multiple_of(2) && widen_refusal(c, p).is_none()
+}
+
 pub(super) fn candidates(p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
     // The turns offered besides the rule's. Where the best turn lies was not one rule's
     // reach: on one AMX Xeon's AVX-512 kernels, 8 KV heads at d = 128 ran best in turns
@@ -74,11 +100,12 @@ pub(super) fn candidates(p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
                                 amx,
                                 whole_rows,
                                 turn: 0,
+                                widen: false,
                             };
                             if validate(&c, p, host).is_err() {
                                 continue;
                             }
-                            out.push(c);
+                            let mut these = vec![c];
                             // Turns other than the kernel's rule, where heads take turns.
                             if key_tiles && whole_rows {
                                 let rule = crate::cpu::paged_turn_tokens(p);
@@ -86,9 +113,15 @@ pub(super) fn candidates(p: &PagedProblem, host: &CpuInfo) -> Vec<PagedConfig> {
                                 let part_len = crate::cpu::paged_part_len(p, partition);
                                 let differs = |&t: &usize| t != rule && t < part_len;
                                 for turn in TURNS.into_iter().filter(differs) {
-                                    out.push(PagedConfig { turn, ..c });
+                                    these.push(PagedConfig { turn, ..c });
                                 }
                             }
+                            if widen_is_a_choice(&c, p, host) {
+                                let widened =
+                                    these.iter().map(|&c| PagedConfig { widen: true, ..c });
+                                these.extend(widened.collect::<Vec<_>>());
+                            }
+                            out.extend(these);
                         }
                     }
                 }
@@ -156,6 +189,11 @@ pub(super) fn validate(
             ));
         }
     }
+    if c.widen {
+        if let Some(why) = widen_refusal(c, p) {
+            return Err(invalid(f, why));
+        }
+    }
     if c.whole_rows && !c.group_heads && p.group() > 1 {
         return Err(invalid(
             f,
@@ -193,6 +231,7 @@ pub(super) fn default(host: &CpuInfo) -> PagedConfig {
         amx: false,
         whole_rows: false,
         turn: 0,
+        widen: false,
     }
 }
 
@@ -220,6 +259,12 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
     // pace, f32 66.1–68.6 against 60.1–69.5 (median 66.9 against 64.1), so it keeps a KV head a
     // task. NEON, vectorised like the avx512 kernel, takes whole rows (not measured).
     let key_tiles = !amx && key_tiles_refusal(host.isa).is_none();
+    // bf16 caches widened on Intel cores, whose `vdpbf16ps` issues at under half the FMA
+    // rate: DeepSeek-V3's TP8 latent decode (8 × 4096 tokens, 16 heads on rows of 576) on two
+    // cores of a model-207 Xeon 7.09–7.22 ms widened against 8.51–8.64 in pairs, cold, taken
+    // in turns; the product loop there measured 2.2 clocks a `vdpbf16ps` against 0.5 an FMA.
+    // Zen 4 multiplies pairs at the full rate and keeps them.
+    let widen = key_tiles && host.isa >= Isa::Avx512 && p.kv_dtype == DType::Bf16 && host.intel();
     let whole_rows = p.kv_heads > 1 && host.isa != Isa::Portable;
     // Split long contexts so every thread has work even with few sequences.
     let units = p.num_seqs * if whole_rows { 1 } else { p.kv_heads };
@@ -237,5 +282,6 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
         amx,
         whole_rows,
         turn: 0,
+        widen,
     }
 }
