@@ -350,7 +350,7 @@ pub struct PagedConfig {
     /// Scores in tiles of 16 keys with the query rows sharing each vector's lanes, and `P·V`
     /// with register-held sums (AVX2+FMA, 8 lanes, every type widened to f32; AVX-512, f16
     /// widened, bf16 through `vdpbf16ps` on AVX-512-BF16 hosts with the `P·V` weights rounded
-    /// to bf16, widened on others).
+    /// to bf16, widened on others and with `widen`).
     /// Absent in results stored before it existed: false.
     #[serde(default)]
     pub key_tiles: bool,

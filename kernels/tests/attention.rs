@@ -712,7 +712,7 @@ fn paged_bf16_caches_widen_on_intel_and_pair_on_zen4() {
     // Refused where there is nothing to choose.
     let widened = guess(&grouped, &intel);
     for (c, p, why) in [
-        (widened, &f16, "a f16 cache has no pairs"),
+        (widened, &f16, "this cache is f16"),
         (
             PagedConfig {
                 key_tiles: false,

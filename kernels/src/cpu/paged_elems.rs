@@ -1,8 +1,8 @@
 //! How each cache element type is read and multiplied by the paged-attention tiles
 //! ([`super::paged_tiles`]): f32 values, bf16 pairs for `vdpbf16ps`, and 16-bit formats
-//! widened to f32 (f16, and bf16 where the CPU lacks AVX-512-BF16 or the head dimension is
-//! odd), and fp8 bytes read as f16 bits and widened the same way. Every type works in 32-bit
-//! words: one value, or a pair of bf16 values.
+//! widened to f32 (f16, and bf16 where the CPU lacks AVX-512-BF16, the head dimension is
+//! odd or the config says `widen`), and fp8 bytes read as f16 bits and widened the same way.
+//! Every type works in 32-bit words: one value, or a pair of bf16 values.
 
 use std::arch::x86_64::*;
 
@@ -175,8 +175,8 @@ impl Half for F16Bits {
     }
 }
 
-/// bfloat16 where the CPU lacks AVX-512-BF16 (or the head dimension is odd): the top half of
-/// an f32, widened by a shift.
+/// bfloat16 where the CPU lacks AVX-512-BF16 (or the head dimension is odd, or the config
+/// widens): the top half of an f32, widened by a shift.
 pub struct Bf16Bits;
 
 impl Half for Bf16Bits {

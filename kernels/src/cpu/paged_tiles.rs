@@ -463,7 +463,7 @@ entry!(
 
 entry!(
     /// One paged-attention task on bf16 caches widened to f32 (hosts without AVX-512-BF16,
-    /// or an odd head dimension).
+    /// an odd head dimension, or a config that widens).
     ///
     /// # Safety
     /// As [`scores`] and [`accumulate`]; the CPU has AVX-512F/BW/VL.

@@ -44,8 +44,8 @@ fn widen_refusal(c: &PagedConfig, p: &PagedProblem) -> Option<String> {
         ))
     } else if p.kv_dtype != DType::Bf16 {
         Some(format!(
-            "widen = true chooses how a bf16 cache is multiplied; a {} cache has no pairs to \
-             multiply: set widen = false",
+            "widen = true chooses how a bf16 cache is multiplied, and this cache is {}: set \
+             widen = false",
             p.kv_dtype
         ))
     } else {
