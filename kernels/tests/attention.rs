@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{check_all, described_amx_host, error_of};
+use common::{check_all, described_amx_host, described_avx512_host, error_of};
 use kerntune_kernels::config::{FlashConfig, FlashSplit, PagedConfig};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::Scratch;
@@ -654,16 +654,8 @@ fn paged_key_tiles_match_reference_or_are_refused() {
 /// text and names itself.
 #[test]
 fn paged_bf16_caches_widen_on_intel_and_pair_on_zen4() {
-    let described = |model: &str| {
-        let mut info = kerntune_kernels::CpuInfo::detect().clone();
-        info.model = model.into();
-        info.isa = Isa::Avx512;
-        info.avx512_bf16 = true;
-        info.threads = 2;
-        Device::Cpu(info)
-    };
-    let intel = described("Intel(R) Xeon(R) Processor");
-    let zen4 = described("AMD EPYC 9R14 96-Core Processor");
+    let intel = described_avx512_host("Intel(R) Xeon(R) Processor");
+    let zen4 = described_avx512_host("AMD EPYC 9R14 96-Core Processor");
     let latent = problem(
         "paged:num_seqs=2,context_len=300,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=16,dtype=bf16",
     );

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{check_all, described_amx_host};
+use common::{check_all, described_amx_host, described_avx512_host};
 use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, Split};
 use kerntune_kernels::cpu::microkernel_shapes;
 use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
@@ -732,16 +732,8 @@ fn the_heuristic_prefetch_follows_the_row_length_on_amx_hosts() {
 /// verified with the rest of the space).
 #[test]
 fn the_bf16_prompt_heuristic_follows_the_core() {
-    let described = |model: &str| {
-        let mut info = kerntune_kernels::CpuInfo::detect().clone();
-        info.model = model.into();
-        info.isa = Isa::Avx512;
-        info.avx512_bf16 = true;
-        info.threads = 2;
-        Device::Cpu(info)
-    };
-    let xeon = described("Intel(R) Xeon(R) Processor");
-    let zen4 = described("AMD EPYC 9R14 96-Core Processor");
+    let xeon = described_avx512_host("Intel(R) Xeon(R) Processor");
+    let zen4 = described_avx512_host("AMD EPYC 9R14 96-Core Processor");
     let variant = |spec: &str, host: &Device| match CpuSpace.heuristic(&problem(spec), host) {
         Config::Gemm(g) => g.variant,
         other => panic!("{spec}: {other}"),

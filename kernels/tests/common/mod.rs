@@ -51,3 +51,15 @@ pub fn described_amx_host() -> Device {
     info.l2_bytes = 2 << 20;
     Device::Cpu(info)
 }
+
+/// A 2-thread AVX-512 host with AVX-512-BF16 and no AMX named `model`: the untuned choices
+/// between pairs and widening follow the core its name tells (Intel or Zen 4).
+#[allow(dead_code)] // Not every test binary describes one.
+pub fn described_avx512_host(model: &str) -> Device {
+    let mut info = kerntune_kernels::CpuInfo::detect().clone();
+    info.model = model.into();
+    info.isa = Isa::Avx512;
+    info.avx512_bf16 = true;
+    info.threads = 2;
+    Device::Cpu(info)
+}
