@@ -532,10 +532,20 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // against the one before, alternating: qkv 227-232 against 349-376, down 604-645 against
     // 837-859 (PyTorch's oneDNN, warm, in the same session: 282 and 818). At M = 128 the
     // pair kernels led (gate_up 111-113 against 134-136 widened); M = 512 was within this
-    // host's noise.
+    // host's noise. Decode of 3 to 16 tokens on such cores widens too: the widening stream
+    // kernel against the pair kernels (stream, direct from 9 rows), the same host kind,
+    // cold, two threads, in turn (session 52, ms): gate_up at M = 3 5.41-5.59 against
+    // 7.68-8.01, M = 4 4.70-5.01 against 5.70-6.50, M = 8 6.87-7.73 against 10.43-10.48,
+    // M = 16 10.74-11.21 against 11.91-11.95; qkv at M = 4 0.82-0.84 against 1.12-1.14,
+    // M = 8 1.60-1.64 against 1.86-1.87; down and o at M = 8 3.67-3.75 and 1.34-1.45
+    // against 4.91-5.15 and 1.55-1.72. At one and two tokens, bound by the weights' reads,
+    // the pairs read them faster (gate_up 4.14-4.58 against 4.91-4.93 ms at M = 1, 4.44-4.55
+    // against 5.48-5.55 at M = 2).
     let pairs = p.dtype == DType::Bf16
         && host.avx512_bf16
-        && !(host.intel() && host.isa != Isa::Avx512Amx && p.m >= 1024);
+        && !(host.intel()
+            && host.isa != Isa::Avx512Amx
+            && (p.m >= 1024 || (3..=16).contains(&p.m)));
     // bf16 pairs at 9 to 16 rows: the direct kernel's 8×16 tile (below). Two Zen 4
     // threads, Llama-70B TP8 qkv / o / gate_up / down: M = 16 1.18 / 1.29 / 6.37 / 3.80 ms
     // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
