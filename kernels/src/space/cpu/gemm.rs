@@ -532,7 +532,12 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // against the one before, alternating: qkv 227-232 against 349-376, down 604-645 against
     // 837-859 (PyTorch's oneDNN, warm, in the same session: 282 and 818). At M = 128 the
     // pair kernels led (gate_up 111-113 against 134-136 widened); M = 512 was within this
-    // host's noise. Decode of 3 to 16 tokens on such cores widens too: the widening stream
+    // host's noise then, and from 512 rows up on session 52's (the same kind), in turn, the
+    // widened packed kernel against the direct pair kernel, ms: qkv 48.3-48.5 against
+    // 63.9-64.0, o 37.8-38.9 against 57.3-63.4, down 134.8-149.7 against 182.5-186.2,
+    // gate_up 277-294 against 355-357; qkv at M = 256 29.2-36.7 against 32.4-36.0
+    // (undecided), at M = 128 20.2-24.1 against 16.0-18.6 and M = 32 13.4-13.5 against
+    // 4.1 (pairs ahead: the packed kernel copies every weight). Decode of 3 to 16 tokens on such cores widens too: the widening stream
     // kernel against the pair kernels (stream, direct from 9 rows), the same host kind,
     // cold, two threads, in turn (session 52, ms): gate_up at M = 3 5.41-5.59 against
     // 7.68-8.01, M = 4 4.70-5.01 against 5.70-6.50, M = 8 6.87-7.73 against 10.43-10.48,
@@ -543,9 +548,7 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // against 5.48-5.55 at M = 2).
     let pairs = p.dtype == DType::Bf16
         && host.avx512_bf16
-        && !(host.intel()
-            && host.isa != Isa::Avx512Amx
-            && (p.m >= 1024 || (3..=16).contains(&p.m)));
+        && !(host.intel() && host.isa != Isa::Avx512Amx && (p.m >= 512 || (3..=16).contains(&p.m)));
     // bf16 pairs at 9 to 16 rows: the direct kernel's 8×16 tile (below). Two Zen 4
     // threads, Llama-70B TP8 qkv / o / gate_up / down: M = 16 1.18 / 1.29 / 6.37 / 3.80 ms
     // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
