@@ -537,9 +537,10 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // 63.9-64.0, o 37.8-38.9 against 57.3-63.4, down 134.8-149.7 against 182.5-186.2,
     // gate_up 277-294 against 355-357; qkv at M = 256 29.2-36.7 against 32.4-36.0
     // (undecided), at M = 128 20.2-24.1 against 16.0-18.6 and M = 32 13.4-13.5 against
-    // 4.1 (pairs ahead: the packed kernel copies every weight). Decode of 3 to 16 tokens on such cores widens too: the widening stream
-    // kernel against the pair kernels (stream, direct from 9 rows), the same host kind,
-    // cold, two threads, in turn (session 52, ms): gate_up at M = 3 5.41-5.59 against
+    // 4.1 (pairs ahead: the packed kernel copies every weight).
+    // Decode of 3 to 16 tokens on such cores widens too: the widening stream kernel against
+    // the pair kernels (stream, direct from 9 rows), the same host kind, cold, two threads,
+    // in turn (session 52, ms): gate_up at M = 3 5.41-5.59 against
     // 7.68-8.01, M = 4 4.70-5.01 against 5.70-6.50, M = 8 6.87-7.73 against 10.43-10.48,
     // M = 16 10.74-11.21 against 11.91-11.95; qkv at M = 4 0.82-0.84 against 1.12-1.14,
     // M = 8 1.60-1.64 against 1.86-1.87; down and o at M = 8 3.67-3.75 and 1.34-1.45
