@@ -259,12 +259,6 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
     // pace, f32 66.1–68.6 against 60.1–69.5 (median 66.9 against 64.1), so it keeps a KV head a
     // task. NEON, vectorised like the avx512 kernel, takes whole rows (not measured).
     let key_tiles = !amx && key_tiles_refusal(host.isa).is_none();
-    // bf16 caches widened on Intel cores, whose `vdpbf16ps` issues at under half the FMA
-    // rate: DeepSeek-V3's TP8 latent decode (8 × 4096 tokens, 16 heads on rows of 576) on two
-    // cores of a model-207 Xeon 7.09–7.22 ms widened against 8.51–8.64 in pairs, cold, taken
-    // in turns; the product loop there measured 2.2 clocks a `vdpbf16ps` against 0.5 an FMA.
-    // Zen 4 multiplies pairs at the full rate and keeps them.
-    let widen = key_tiles && host.isa >= Isa::Avx512 && p.kv_dtype == DType::Bf16 && host.intel();
     let whole_rows = p.kv_heads > 1 && host.isa != Isa::Portable;
     // Split long contexts so every thread has work even with few sequences.
     let units = p.num_seqs * if whole_rows { 1 } else { p.kv_heads };
@@ -273,7 +267,7 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
     } else {
         512usize.max(p.block_size)
     };
-    PagedConfig {
+    let c = PagedConfig {
         isa: host.isa,
         partition,
         group_heads: p.group() > 1,
@@ -282,6 +276,15 @@ pub(super) fn heuristic(p: &PagedProblem, host: &CpuInfo) -> PagedConfig {
         amx,
         whole_rows,
         turn: 0,
-        widen,
+        widen: false,
+    };
+    // bf16 caches widened on Intel cores, whose `vdpbf16ps` issues at under half the FMA
+    // rate: DeepSeek-V3's TP8 latent decode (8 × 4096 tokens, 16 heads on rows of 576) on two
+    // cores of a model-207 Xeon 7.09–7.22 ms widened against 8.51–8.64 in pairs, cold, taken
+    // in turns; the product loop there measured 2.2 clocks a `vdpbf16ps` against 0.5 an FMA.
+    // Zen 4 multiplies pairs at the full rate and keeps them.
+    PagedConfig {
+        widen: host.intel() && widen_refusal(&c, p).is_none(),
+        ..c
     }
 }
