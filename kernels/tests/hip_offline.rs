@@ -128,6 +128,54 @@ fn defaults_compile_without_spills_and_within_lds(hip: &HipCompiler) {
     }
 }
 
+/// The machine code of a code object: its `.text` section.
+fn text_of(code_object: &[u8]) -> Vec<u8> {
+    use object::{Object, ObjectSection};
+    let file = object::File::parse(code_object).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    text.data().unwrap().to_vec()
+}
+
+/// Compiles reading the HIP headers precompiled make the same code as compiles parsing them:
+/// the heuristic of a problem of each family (Llama-3.1-70B TP8's, the decode on an fp8
+/// cache), for MI250 and MI300X, with each clang, has the same machine code and the same
+/// resources both ways (the object's compilation-unit id, a hash of its input, differs).
+#[test]
+fn precompiled_headers_change_nothing_but_the_time() {
+    for hip in each_clang("precompiled_headers_change_nothing_but_the_time") {
+        let parsing = HipCompiler::with_clang(&hip.clang)
+            .unwrap()
+            .without_precompiled_headers();
+        for name in ["mi250", "mi300x"] {
+            let device = Device::lookup(name).unwrap();
+            let target = &target(&hip, name);
+            let pch = hip.precompiled(target);
+            assert!(
+                pch.as_ref().is_some_and(|p| p.exists()),
+                "{} made no precompiled headers for {target}",
+                hip.version
+            );
+            assert_eq!(parsing.precompiled(target), None);
+            for spec in [
+                "gemm:m=512,n=8192,k=1024,dtype=bf16,b=kn",
+                "flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
+                "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3fnuz",
+            ] {
+                let p: Problem = spec.parse().unwrap();
+                let config = GpuSpace.heuristic(&p, &device);
+                let build = KernelBuild::new(&p, &config).unwrap();
+                let what = format!("{p} {config} for {target} ({})", hip.version);
+                let fast = hip.compile(&build, target).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let slow = parsing
+                    .compile(&build, target)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(text_of(&fast), text_of(&slow), "{what}");
+                assert_eq!(metadata::read(&fast), metadata::read(&slow), "{what}");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_sample_of_candidates_compiles_and_is_judged() {
     let Some(hip) = compiler("a_sample_of_candidates_compiles_and_is_judged") else {
