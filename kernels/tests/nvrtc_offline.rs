@@ -6,7 +6,10 @@
 //! installs the wheel) a missing NVRTC fails the test instead.
 
 use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
-use kerntune_kernels::gpu::nvrtc::NvrtcCompiler;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kerntune_kernels::gpu::nvrtc::{NvrtcCompiler, NvrtcOutput};
 use kerntune_kernels::gpu::{judge, KernelBuild, Verdict};
 use kerntune_kernels::{Config, Device, GpuFlashConfig, GpuFlashVariant, GpuSpace, Problem, Space};
 
@@ -21,6 +24,25 @@ fn compiler(test: &str) -> Option<NvrtcCompiler> {
             None
         }
     }
+}
+
+/// A build compiled for a target: each once in this process.
+type Compiled = Arc<OnceLock<Result<NvrtcOutput, String>>>;
+
+/// `build` compiled for `arch` by `nvrtc`, once in this process: the tests share builds (the
+/// latent cache's tensor-core candidates are the tensor-core test's, a GEMM tile for decode
+/// and for a prefill one build), and one compile took a third of a second on the 2-core CI.
+fn compiled(nvrtc: &NvrtcCompiler, build: &KernelBuild, arch: &str) -> Compiled {
+    static COMPILED: OnceLock<Mutex<HashMap<(KernelBuild, String), Compiled>>> = OnceLock::new();
+    let slot = COMPILED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry((build.clone(), arch.to_string()))
+        .or_default()
+        .clone();
+    slot.get_or_init(|| nvrtc.compile(build, arch, build.threads as u32));
+    slot
 }
 
 /// Compiles every config of `configs` for `name`'s target in parallel and checks each: PTX
@@ -57,13 +79,14 @@ fn check_candidates(
         .par_iter()
         .map(|c| {
             let build = KernelBuild::new(p, c).unwrap();
-            (*c, nvrtc.compile(&build, g.arch, build.threads as u32))
+            (*c, compiled(nvrtc, &build, g.arch))
         })
         .collect();
     for (c, out) in results {
+        let out = out.get().unwrap().as_ref();
         let out = out.unwrap_or_else(|e| panic!("{name} {c}: {e}"));
         assert!(out.cubin.starts_with(b"\x7fELF"), "{name} {c}: no CUBIN");
-        let (ptx, kernels) = (String::from_utf8(out.ptx).unwrap(), out.kernels);
+        let (ptx, kernels) = (std::str::from_utf8(&out.ptx).unwrap(), &out.kernels);
         assert!(ptx.contains(instruction), "{name} {c}: no {instruction}");
         // ptxas keeps every wgmma asynchronous: a non-wgmma access to a product's registers
         // while it may run (or a path it cannot rule that out on) makes it wait for each.
