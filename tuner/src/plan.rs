@@ -105,16 +105,18 @@ pub struct Emulated {
     pub failed: usize,
 }
 
-/// The compiler of a vendor.
+/// The compiler of a vendor (one a plan; HIP's is the larger by its caches).
 enum Toolchain {
-    Hip(HipCompiler),
+    Hip(Box<HipCompiler>),
     Nvrtc(NvrtcCompiler),
 }
 
 impl Toolchain {
     fn find(g: &GpuModel) -> Result<Toolchain> {
         match g.vendor {
-            Vendor::Amd => HipCompiler::find_for(g).map(Toolchain::Hip).map_err(|e| {
+            Vendor::Amd => HipCompiler::find_for(g)
+                .map(|h| Toolchain::Hip(Box::new(h)))
+                .map_err(|e| {
                 usage(format!(
                     "{e}. The offline plan compiles every candidate with the HIP compiler; on Debian 12: apt-get install hipcc libamdhip64-dev"
                 ))

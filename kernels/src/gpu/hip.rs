@@ -58,6 +58,10 @@ fn stand_in(target: &str) -> Option<&'static str> {
 /// The headers the prelude (`kernels/hip/prelude.h`) includes under HIP: what is precompiled.
 const HEADERS: &str = "#include <hip/hip_runtime.h>\n#include <hip/hip_fp16.h>\n";
 
+/// A tiny kernel: whether a clang compiles for a target, and whether it reads the headers it
+/// precompiled for it.
+const PROBE: &str = "#include <hip/hip_runtime.h>\nextern \"C\" __global__ void kt_probe(float* x) { x[threadIdx.x] = 1.0f; }";
+
 /// The ISA-version library of `target`, as the driver looks it up.
 fn isa_library(target: &str) -> String {
     format!("oclc_isa_version_{}.bc", target.trim_start_matches("gfx"))
@@ -202,8 +206,7 @@ impl HipCompiler {
         if let Some(&known) = self.lock().get(arch) {
             return known;
         }
-        let probe = "#include <hip/hip_runtime.h>\nextern \"C\" __global__ void kt_probe(float* x) { x[threadIdx.x] = 1.0f; }";
-        let ok = self.run(probe, arch, &[]).is_ok();
+        let ok = self.run(PROBE, arch, &[]).is_ok();
         self.lock().insert(arch.to_string(), ok);
         ok
     }
@@ -299,11 +302,7 @@ impl HipCompiler {
             .map(|(name, value)| format!("-D{name}={value}"))
             .collect();
         if let Some(pch) = self.precompiled(target) {
-            // The headers' include guards then skip the prelude's includes.
-            for arg in ["-Xclang", "-include-pch", "-Xclang"] {
-                extra.push(arg.into());
-            }
-            extra.push(pch.display().to_string());
+            extra.extend(include_pch(&pch));
         }
         self.run(&build.source(), target, &extra)
     }
@@ -354,7 +353,9 @@ impl HipCompiler {
             .stdin(std::process::Stdio::null())
             .output()
             .ok()?;
-        (out.status.success() && pch.exists()).then_some(dir)
+        // A clang that writes headers it then refuses to read would fail every compile.
+        let usable = out.status.success() && self.run(PROBE, target, &include_pch(&pch)).is_ok();
+        usable.then_some(dir)
     }
 
     /// clang compiling HIP for `target`'s device alone, at the optimisation of every compile,
@@ -400,6 +401,15 @@ impl HipCompiler {
             format!("compiler exited with {}", out.status)
         }))
     }
+}
+
+/// clang's options to read the headers precompiled in `pch` first: their include guards then
+/// skip the prelude's includes.
+fn include_pch(pch: &Path) -> Vec<String> {
+    let pch = pch.display().to_string();
+    ["-Xclang", "-include-pch", "-Xclang", &pch]
+        .map(String::from)
+        .to_vec()
 }
 
 fn version_of(clang: &Path) -> Option<String> {
