@@ -726,7 +726,7 @@ fn the_heuristic_prefetch_follows_the_row_length_on_amx_hosts() {
 }
 
 /// The untuned path for bf16 prompts follows the core, not only the ISA level: on an Intel
-/// core that lacks AMX tiles (a guest that hides them) prompts of 512 rows and more and
+/// core that lacks AMX tiles (a guest that hides them) prompts of 256 rows and more and
 /// decode of 3 to 16 tokens widen to f32, because `vdpbf16ps` runs there at half the FMA
 /// rate; on Zen 4, where it runs at the full rate, for one or two tokens (bound by the
 /// weights' reads) and for short prompts, the pair kernels keep them (the widening kernels
@@ -744,9 +744,13 @@ fn the_bf16_prompt_heuristic_follows_the_core() {
     assert_eq!(variant(long, &xeon), GemmVariant::Packed);
     assert_eq!(variant(long, &zen4), GemmVariant::Direct);
     assert_eq!(variant(short, &xeon), GemmVariant::Direct);
-    let from_512 = "gemm:m=512,n=1280,k=8192,dtype=bf16,b=nk";
-    assert_eq!(variant(from_512, &xeon), GemmVariant::Packed);
-    assert_eq!(variant(from_512, &zen4), GemmVariant::Direct);
+    for m in [256, 512] {
+        let prompt = format!("gemm:m={m},n=1280,k=8192,dtype=bf16,b=nk");
+        assert_eq!(variant(&prompt, &xeon), GemmVariant::Packed, "{prompt}");
+        assert_eq!(variant(&prompt, &zen4), GemmVariant::Direct, "{prompt}");
+    }
+    let below = "gemm:m=255,n=1280,k=8192,dtype=bf16,b=nk";
+    assert_eq!(variant(below, &xeon), GemmVariant::Direct);
     for m in [1, 2, 3, 8, 9, 16, 17] {
         let decode = format!("gemm:m={m},n=7168,k=8192,dtype=bf16,b=nk");
         let (on_xeon, on_zen4) = (variant(&decode, &xeon), variant(&decode, &zen4));

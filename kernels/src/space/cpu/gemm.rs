@@ -535,9 +535,13 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // host's noise then, and from 512 rows up on session 52's (the same kind), in turn, the
     // widened packed kernel against the direct pair kernel, ms: qkv 48.3-48.5 against
     // 63.9-64.0, o 37.8-38.9 against 57.3-63.4, down 134.8-149.7 against 182.5-186.2,
-    // gate_up 277-294 against 355-357; qkv at M = 256 29.2-36.7 against 32.4-36.0
-    // (undecided), at M = 128 20.2-24.1 against 16.0-18.6 and M = 32 13.4-13.5 against
-    // 4.1 (pairs ahead: the packed kernel copies every weight).
+    // gate_up 277-294 against 355-357. From 256 rows (session 53, three rounds in turn):
+    // qkv 29.1-29.5 against 32.1-32.2, o 22.5 against 27.6-28.0, down 80.5-81.9 against
+    // 90.1-92.5, gate_up 160.6-166.2 against 176.6-176.8; at M = 192 even (qkv 24.8 against
+    // 24.2-24.4, o 19.4-19.5 against 21.6-21.8, down 67.8-69.7 against 68.7-68.9); at M =
+    // 128 the pairs ahead (qkv 20.3-20.7 against 16.0-18.9, o 16.5-18.6 against 14.5-14.7,
+    // down 55.8 against 45.7-46.3), and at M = 32 (qkv 13.4-13.5 against 4.1: the packed
+    // kernel copies every weight).
     // Decode of 3 to 16 tokens on such cores widens too: the widening stream kernel against
     // the pair kernels (stream, direct from 9 rows), the same host kind, cold, two threads,
     // in turn (session 52, ms): gate_up at M = 3 5.41-5.59 against
@@ -549,7 +553,7 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // against 5.48-5.55 at M = 2).
     let pairs = p.dtype == DType::Bf16
         && host.avx512_bf16
-        && !(host.intel() && host.isa != Isa::Avx512Amx && (p.m >= 512 || (3..=16).contains(&p.m)));
+        && !(host.intel() && host.isa != Isa::Avx512Amx && (p.m >= 256 || (3..=16).contains(&p.m)));
     // bf16 pairs at 9 to 16 rows: the direct kernel's 8×16 tile (below). Two Zen 4
     // threads, Llama-70B TP8 qkv / o / gate_up / down: M = 16 1.18 / 1.29 / 6.37 / 3.80 ms
     // against 1.79 / 1.57 / 9.34 / 5.27 streaming four rows at a time, M = 12 1.14 / 1.24
