@@ -22,6 +22,12 @@
 // assembly switch the fibers.
 #pragma once
 
+// The runtime optimized as g++ -O2 does, the kernels after it as the unit's options say (-Og):
+// the emulator's time is the runtime's (scheduling fibers, the matrix instructions), a
+// unit's compile the kernels'. Clang ignores the pragma and compiles the runtime as the rest.
+#pragma GCC push_options
+#pragma GCC optimize("O2")
+
 // No standard headers: parsing <cmath> and friends was half of every candidate's compile. The
 // few C library functions used are declared here (they are in libc and libm, which every C++
 // shared object links), and the compiler treats the math ones as builtins.
@@ -30,7 +36,6 @@ float fmaf(float, float, float);
 float fmaxf(float, float);
 float exp2f(float);
 float tanhf(float);
-float ldexpf(float, int);
 void* calloc(decltype(sizeof 0), decltype(sizeof 0));
 void* malloc(decltype(sizeof 0));
 void free(void*);
@@ -628,7 +633,9 @@ inline float f16_f32(unsigned short h) {
     const unsigned man = h & 0x3ffu;
     if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));
     if (exp != 0) return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-    const float mag = ldexpf((float)man, -24);
+    // Subnormal (or zero): man · 2^-24, exact in f32 (a normal number there). Zeros are
+    // common in the inputs (padding), and ldexpf is a library call.
+    const float mag = (float)man * 0x1p-24f;
     return sign ? -mag : mag;
 }
 
@@ -729,16 +736,21 @@ inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&
     for (int r = 0; r < 2; ++r) b.xb[me][r] = bv[r];
     wait(kMma);
     const int lane = me - base, g = lane / 4, t = lane % 4;
-    float out[4];
-    for (int e = 0; e < 4; ++e) {
-        const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
-        float acc = d[e];
+    // The lane's two rows of A and two columns of B, read from the warp's registers once
+    // (each feeds two of its four sums).
+    float av[2][16], bvals[2][16];
+    for (int h = 0; h < 2; ++h)
         for (int k = 0; k < 16; ++k) {
+            const int row = g + 8 * h, col = 2 * t + h;
             const int a_lane = 4 * (row % 8) + (k % 8) / 2, a_reg = row / 8 + 2 * (k / 8);
             const int b_lane = 4 * col + (k % 8) / 2, b_reg = k / 8;
-            acc = fmaf(pair_elem(b.xa[base + a_lane][a_reg], k % 2),
-                           pair_elem(b.xb[base + b_lane][b_reg], k % 2), acc);
+            av[h][k] = pair_elem(b.xa[base + a_lane][a_reg], k % 2);
+            bvals[h][k] = pair_elem(b.xb[base + b_lane][b_reg], k % 2);
         }
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        float acc = d[e];
+        for (int k = 0; k < 16; ++k) acc = fmaf(av[e / 2][k], bvals[e % 2][k], acc);
         out[e] = acc;
     }
     wait(kMma);
@@ -1019,18 +1031,25 @@ inline void wgmma_complete(Block& b, int j, int target) {
             b.wgmma[j][kept++] = op;
             continue;
         }
-        for (int c = 0; c < op.n / 8; ++c)
-            for (int e = 0; e < 4; ++e) {
-                const int row = 16 * w + g + 8 * (e / 2), col = 8 * c + 2 * t + e % 2;
-                float acc = op.d[4 * c + e];
+        // The thread's two rows of A, then each pair of its columns of B, read once (a row
+        // feeds every column, a column both rows).
+        float a_rows[2][16];
+        for (int h = 0; h < 2; ++h)
+            for (int k = 0; k < 16; ++k)
+                a_rows[h][k] = op.reg_a ? op.a_rows[h][k] : wgmma_elem(b, op.a, 16 * w + g + 8 * h, k);
+        for (int c = 0; c < op.n / 8; ++c) {
+            float cols[2][16];
+            for (int h = 0; h < 2; ++h)
                 for (int k = 0; k < 16; ++k) {
-                    const float x = op.reg_a ? op.a_rows[e / 2][k] : wgmma_elem(b, op.a, row, k);
-                    const float y = op.trans_b ? wgmma_elem_mn(b, op.b, k, col)
-                                               : wgmma_elem(b, op.b, col, k);
-                    acc = fmaf(x, y, acc);
+                    const int col = 8 * c + 2 * t + h;
+                    cols[h][k] = op.trans_b ? wgmma_elem_mn(b, op.b, k, col) : wgmma_elem(b, op.b, col, k);
                 }
+            for (int e = 0; e < 4; ++e) {
+                float acc = op.d[4 * c + e];
+                for (int k = 0; k < 16; ++k) acc = fmaf(a_rows[e / 2][k], cols[e % 2][k], acc);
                 op.d[4 * c + e] = acc;
             }
+        }
     }
     b.wg_pending[j] = kept;
 }
@@ -1336,6 +1355,7 @@ inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) { return mfma<32>(a, b
 inline f32x4 mfma_16x16x16(frag4 a, frag4 bv, f32x4 acc) { return mfma<16>(a, bv, acc); }
 
 }  // namespace kt_host
+#pragma GCC pop_options
 
 // The exported launcher of a build, `name`; the rest of the arguments are its kernels in entry
 // order. A unit holds several builds, each with a launcher of its own name.

@@ -44,6 +44,35 @@ use unit::{loaded, EmulatedBuild, LaunchFn, Part};
 /// Compilers tried in order when `$KERNTUNE_HOST_CXX` is not set.
 const COMPILERS: &[&str] = &["c++", "g++", "clang++", "clang++-19", "clang++-15"];
 
+/// The compiler's options for every unit. `-Og`: most of a unit's compile is its kernels',
+/// which run little of the emulator's time (the runtime, which g++ optimizes further by a
+/// pragma of its own, runs most of it): the GPU emulator tests from an empty cache took 223 s
+/// against 251 at `-O1`, from a full one 71 against 68. No contraction of `a * b + c` into a fused
+/// multiply-add (clang's default where the target has one): the kernels' arithmetic is what
+/// they write, and the same with every host compiler.
+const OPTIONS: &[&str] = &[
+    "-std=c++17",
+    "-Og",
+    "-fPIC",
+    "-shared",
+    "-w",
+    "-pthread",
+    "-ffp-contract=off",
+];
+
+/// Options for the host's own instructions: on x86-64 hosts with FMA, `fmaf` (the kernels',
+/// and every emulated matrix instruction's, multiply-add) is one instruction instead of a call
+/// into the C library (9% of the emulator tests' time); its result is the same, correctly
+/// rounded either way. Part of the cache key, so a cache shared with a host without FMA
+/// holds each its own objects.
+fn host_options() -> &'static [&'static str] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        return &["-mfma"];
+    }
+    &[]
+}
+
 /// Guard bytes on each side of every buffer: a write this far outside is caught; one further
 /// out lands in other memory and may crash the process instead.
 const GUARD: usize = 64 * 1024;
@@ -166,6 +195,8 @@ pub struct Emulator {
     cxx: PathBuf,
     /// `cxx --version`'s first line: part of the cache key.
     version: String,
+    /// The version and every compiler option: what the cache key holds of the compiler.
+    identity: String,
     cache: PathBuf,
     /// Switch fibers with ucontext even where the assembly switch exists.
     portable: bool,
@@ -210,10 +241,16 @@ impl Emulator {
         };
         let cache = path_var("KERNTUNE_EMULATOR_CACHE")
             .unwrap_or_else(|| std::env::temp_dir().join("kerntune-emulator"));
+        let identity = std::iter::once(version.as_str())
+            .chain(OPTIONS.iter().copied())
+            .chain(host_options().iter().copied())
+            .collect::<Vec<_>>()
+            .join(" ");
         Ok(Emulator {
             model,
             cxx,
             version,
+            identity,
             cache,
             portable: false,
         })
@@ -262,7 +299,7 @@ impl Emulator {
     }
 
     fn part<'a>(&self, build: &'a KernelBuild, body: &'a str) -> Part<'a> {
-        Part::new(build, body, self.defines(build), &self.version)
+        Part::new(build, body, self.defines(build), &self.identity)
     }
 
     /// Compiles those of `runs`' builds that are not in the cache yet, up to [`UNIT_BUILDS`]
@@ -362,7 +399,8 @@ impl Emulator {
         ));
         let out = run_with_input(
             Command::new(&self.cxx)
-                .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-pthread"])
+                .args(OPTIONS)
+                .args(host_options())
                 .args(first.unit_flags())
                 .args(["-x", "c++", "-", "-o"])
                 .arg(&tmp),

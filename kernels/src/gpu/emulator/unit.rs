@@ -98,19 +98,11 @@ impl<'a> Part<'a> {
         build: &'a KernelBuild,
         body: &'a str,
         defines: Vec<(&'static str, usize)>,
-        compiler_version: &str,
+        compiler: &str,
     ) -> Part<'a> {
         let flags: Vec<String> = defines.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let entries = build.entries.join(",");
-        let mut key: Vec<&str> = vec![
-            LAYOUT,
-            SIMT,
-            PRELUDE,
-            build.file,
-            body,
-            &entries,
-            compiler_version,
-        ];
+        let mut key: Vec<&str> = vec![LAYOUT, SIMT, PRELUDE, build.file, body, &entries, compiler];
         key.extend(flags.iter().map(String::as_str));
         Part {
             build,
