@@ -1621,6 +1621,77 @@ fn config_error(problem: &Problem, config: Config) -> impl Fn(&str) -> f64 {
     move |body: &str| relative_error(&emu.run_source(&data, &config, body).unwrap(), &reference)
 }
 
+/// Runs of sources on one emulated model, gathered and then compiled together (a translation
+/// unit for many builds, where compiling each alone paid the compiler's fixed cost every
+/// time), each asserted: the unedited sources match the reference, each edit shows.
+struct Checks {
+    model: &'static str,
+    runs: Vec<Check>,
+}
+
+struct Check {
+    problem: Problem,
+    config: Config,
+    body: String,
+    /// What the run must show, for an edit; `None` for a source that must match.
+    mistake: Option<String>,
+}
+
+impl Checks {
+    fn on(model: &'static str) -> Checks {
+        Checks {
+            model,
+            runs: Vec::new(),
+        }
+    }
+
+    /// `config` running `body` on `problem` must match the reference.
+    fn matches(&mut self, problem: &Problem, config: Config, body: &str) {
+        self.push(problem, config, body, None);
+    }
+
+    /// `config` running `body` (a source with a mistake: `what`) on `problem` must miss the
+    /// reference (or give NaN).
+    fn catches(&mut self, problem: &Problem, config: Config, body: String, what: String) {
+        self.push(problem, config, &body, Some(what));
+    }
+
+    fn push(&mut self, problem: &Problem, config: Config, body: &str, mistake: Option<String>) {
+        self.runs.push(Check {
+            problem: *problem,
+            config,
+            body: body.to_string(),
+            mistake,
+        });
+    }
+
+    /// Compiles every run's build, then runs and asserts each.
+    fn assert_all(self) {
+        let (device, emu) = emulator(self.model);
+        for r in &self.runs {
+            GpuSpace.validate(&r.config, &r.problem, &device).unwrap();
+        }
+        emu.prepare_sources(
+            self.runs
+                .iter()
+                .map(|r| (&r.problem, &r.config, r.body.as_str())),
+        );
+        for r in &self.runs {
+            let data = ProblemData::random(&r.problem, 4);
+            let out = emu.run_source(&data, &r.config, &r.body).unwrap();
+            let err = relative_error(&out, &data.reference());
+            let (problem, config, tol) = (&r.problem, r.config, r.problem.tolerance());
+            match &r.mistake {
+                None => assert!(err <= tol, "{problem} {config}: {err:e}"),
+                Some(what) => assert!(
+                    err.is_nan() || err > tol,
+                    "{problem} {config}: {what} went unnoticed: error {err:e}"
+                ),
+            }
+        }
+    }
+}
+
 #[test]
 fn the_mfma_flash_loads_and_prefetch_checks_catch_each_mistake() {
     // Head size 128 over two key tiles of 64 on the MI300X: four waves of 32 queries, the
@@ -1768,6 +1839,7 @@ fn warps_of_32_rows_match_the_reference_and_catch_each_mistake() {
             ..GpuFlashConfig::new(GpuFlashVariant::Mma, br, bc, 1)
         })
     };
+    let mut checks = Checks::on("h200");
     let both: &[(&str, &str, &str)] = &[
         (
             "every warp's rows 16 apart",
@@ -1814,19 +1886,19 @@ fn warps_of_32_rows_match_the_reference_and_catch_each_mistake() {
             tile(64, 64, true, 1),
             tile(64, 32, false, 2),
         ] {
-            let error = config_error(&problem, config);
-            let ok = error(source);
-            assert!(ok <= problem.tolerance(), "{problem} {config}: {ok:e}");
+            checks.matches(&problem, config, source);
             for (what, from, to) in both.iter().chain([&own]) {
                 assert!(source.contains(from), "flash.hip no longer has `{from}`");
-                let err = error(&source.replacen(from, to, 1));
-                assert!(
-                    err.is_nan() || err > problem.tolerance(),
-                    "{problem} {config}: {what} went unnoticed: error {err:e}"
+                checks.catches(
+                    &problem,
+                    config,
+                    source.replacen(from, to, 1),
+                    what.to_string(),
                 );
             }
         }
     }
+    checks.assert_all();
 }
 
 /// Head size 256 (Gemma's): warps of 16 rows keep Q's fragments in registers there too (only
@@ -1864,11 +1936,11 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
             .parse()
             .unwrap();
     let source = include_str!("../hip/flash.hip");
+    let mut checks = Checks::on("h200");
     for problem in [&causal, &full, &square, &windowed] {
         for split in [2, 4, 8] {
-            let error = config_error(problem, mma_flash_split((16, 32), false, split));
-            let ok = error(source);
-            assert!(ok <= problem.tolerance(), "{problem} split {split}: {ok:e}");
+            let config = mma_flash_split((16, 32), false, split);
+            checks.matches(problem, config, source);
             for (what, from, to) in [
                 (
                     "the last run left out",
@@ -1897,11 +1969,7 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
                 ),
             ] {
                 assert!(source.contains(from), "flash.hip no longer has `{from}`");
-                let err = error(&source.replacen(from, to, 1));
-                assert!(
-                    err.is_nan() || err > problem.tolerance(),
-                    "{problem} split {split}: {what} went unnoticed: error {err:e}"
-                );
+                checks.catches(problem, config, source.replacen(from, to, 1), what.into());
             }
         }
     }
@@ -1920,12 +1988,8 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
     ] {
         assert!(source.contains(from), "flash.hip no longer has `{from}`");
         for split in [2, 4] {
-            let error = config_error(&windowed, mma_flash_split((16, 32), false, split));
-            let err = error(&source.replacen(from, to, 1));
-            assert!(
-                err.is_nan() || err > windowed.tolerance(),
-                "split {split}: {what} went unnoticed: error {err:e}"
-            );
+            let config = mma_flash_split((16, 32), false, split);
+            checks.catches(&windowed, config, source.replacen(from, to, 1), what.into());
         }
     }
     // Rows of one run left to the partial results: the combining kernel never writes them.
@@ -1935,13 +1999,11 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
     );
     assert!(source.contains(from), "flash.hip no longer has `{from}`");
     for split in [2, 4] {
-        let error = config_error(&square, mma_flash_split((16, 32), false, split));
-        let err = error(&source.replacen(from, to, 1));
-        assert!(
-            err.is_nan() || err > square.tolerance(),
-            "split {split}: rows of one run never written went unnoticed: error {err:e}"
-        );
+        let config = mma_flash_split((16, 32), false, split);
+        let what = "rows of one run never written";
+        checks.catches(&square, config, source.replacen(from, to, 1), what.into());
     }
+    checks.assert_all();
     // Split with paired tiles, or past the workspace's limit, is refused naming the fix.
     let device = Device::lookup("h200").unwrap();
     let err = GpuSpace

@@ -309,16 +309,30 @@ impl Emulator {
     /// does not compile leaves its builds uncached: [`run`](Self::run) then compiles each
     /// alone and names the one at fault.
     pub fn prepare<'a>(&self, runs: impl IntoIterator<Item = (&'a Problem, &'a Config)>) {
+        self.prepare_sources(
+            runs.into_iter()
+                .map(|(problem, config)| (problem, config, body_of(problem.family()))),
+        );
+    }
+
+    /// [`prepare`](Self::prepare) for runs of [`run_source`](Self::run_source): each build
+    /// with the kernel source it is run with (a test's edits of a source, for one).
+    pub fn prepare_sources<'a>(
+        &self,
+        runs: impl IntoIterator<Item = (&'a Problem, &'a Config, &'a str)>,
+    ) {
         let device = Device::Gpu(self.model);
-        let builds: Vec<KernelBuild> = runs
+        let builds: Vec<(KernelBuild, &str)> = runs
             .into_iter()
-            .filter(|(problem, config)| GpuSpace.validate(config, problem, &device).is_ok())
-            .filter_map(|(problem, config)| KernelBuild::new(problem, config).ok())
+            .filter(|(problem, config, _)| GpuSpace.validate(config, problem, &device).is_ok())
+            .filter_map(|(problem, config, body)| {
+                KernelBuild::new(problem, config).ok().map(|b| (b, body))
+            })
             .collect();
         // Missing builds by their key, grouped by the macros a unit shares.
         let mut groups: BTreeMap<Vec<String>, BTreeMap<String, Part<'_>>> = BTreeMap::new();
-        for build in &builds {
-            let part = self.part(build, body_of(build.family));
+        for (build, body) in &builds {
+            let part = self.part(build, body);
             if !part.path(&self.cache).exists() {
                 groups
                     .entry(part.unit_flags())
