@@ -336,6 +336,13 @@ fn source_edits_show(
         emu.run_source(data, config, body)
             .map(|out| relative_error(&out, &reference))
     };
+    // The source and its edits compiled together first (see `Checks`).
+    let edited: Vec<String> = edits.iter().map(|(f, t)| source.replace(f, t)).collect();
+    emu.prepare_sources(
+        std::iter::once(source)
+            .chain(edited.iter().map(String::as_str))
+            .map(|body| (&data.problem, config, body)),
+    );
     let tol = data.problem.tolerance();
     let ok = error(source).unwrap();
     assert!(ok <= tol, "{} {config}: {ok:e}", data.problem);
@@ -1352,11 +1359,24 @@ fn wgmma_config_tma(
     })
 }
 
+/// Compiles `config`'s builds of gemm.hip as it is and with each of `edits` together on the
+/// H200's emulator, for a test about to run them one by one (see `Checks`).
+fn prepare_wgmma_edits<'a>(config: Config, edits: impl Iterator<Item = (&'a str, &'a str)>) {
+    let (_, emu) = emulator("h200");
+    let problem: Problem = WGMMA_GEMM.parse().unwrap();
+    let mut bodies = vec![include_str!("../hip/gemm.hip").to_string()];
+    bodies.extend(edits.map(|(from, to)| gemm_with(from, to)));
+    emu.prepare_sources(bodies.iter().map(|body| (&problem, &config, body.as_str())));
+}
+
+/// The problem of [`wgmma_config_error`].
+const WGMMA_GEMM: &str = "gemm:m=67,n=130,k=520,dtype=bf16,b=nk";
+
 /// `config`'s relative error on the H200's emulator, on a problem of 67×130×520 (no size a
 /// tile divides; 9 or 17 k tiles, each stage used twice or more), with `body` as its source.
 fn wgmma_config_error(body: &str, config: Config) -> Result<f64, KernelError> {
     let (_, emu) = emulator("h200");
-    let problem: Problem = "gemm:m=67,n=130,k=520,dtype=bf16,b=nk".parse().unwrap();
+    let problem: Problem = WGMMA_GEMM.parse().unwrap();
     let data = ProblemData::random(&problem, 5);
     let out = emu.run_source(&data, &config, body)?;
     Ok(relative_error(&out, &data.reference()))
@@ -1447,41 +1467,46 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
 fn the_swizzled_wgmma_gemm_checks_catch_each_mistake() {
     let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
     let source = include_str!("../hip/gemm.hip");
+    let mistakes = [
+        ("copies not swizzled", "base + kt_swizzled(at)", "base + at"),
+        (
+            "the descriptors' mode one width off",
+            "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 1 : KT_SWIZZLE == 64 ? 2 : 3)",
+            "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 2 : KT_SWIZZLE == 64 ? 3 : 1)",
+        ),
+        (
+            "a wrong stride offset",
+            "#define KT_SBO (8 * KT_SWIZZLE)",
+            "#define KT_SBO (4 * KT_SWIZZLE)",
+        ),
+        // The emulator's dynamic shared memory starts 16 bytes past a 1024-byte line.
+        (
+            "tiles not aligned to the swizzle's pattern",
+            "(KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN",
+            "0",
+        ),
+    ];
+    // A k step past its swizzled row: the next column block is R rows on, not one row.
+    let next_row = (
+        "(16 * kk / KT_ATOM) * R * KT_ATOM + r * KT_ATOM + 16 * kk % KT_ATOM",
+        "r * KT_ATOM + 16 * kk",
+    );
     for (bk, swizzle) in [(64, 128), (64, 64), (32, 32), (32, 64)] {
+        let edits = mistakes.iter().map(|&(_, from, to)| (from, to));
+        let config = wgmma_config(bk, swizzle, false, 3);
+        prepare_wgmma_edits(config, edits.chain((2 * bk > swizzle).then_some(next_row)));
         let run = |body: &str| wgmma_gemm_error(body, bk, swizzle);
         let ok = run(source).unwrap();
         assert!(ok <= tol, "swizzle {swizzle}, bk {bk}: error {ok:e}");
-        for (what, from, to) in [
-            ("copies not swizzled", "base + kt_swizzled(at)", "base + at"),
-            (
-                "the descriptors' mode one width off",
-                "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 1 : KT_SWIZZLE == 64 ? 2 : 3)",
-                "#define KT_LAYOUT (KT_SWIZZLE == 128 ? 2 : KT_SWIZZLE == 64 ? 3 : 1)",
-            ),
-            (
-                "a wrong stride offset",
-                "#define KT_SBO (8 * KT_SWIZZLE)",
-                "#define KT_SBO (4 * KT_SWIZZLE)",
-            ),
-            // The emulator's dynamic shared memory starts 16 bytes past a 1024-byte line.
-            (
-                "tiles not aligned to the swizzle's pattern",
-                "(KT_ALIGN - kt_smem(smem) % KT_ALIGN) % KT_ALIGN",
-                "0",
-            ),
-        ] {
+        for (what, from, to) in mistakes {
             caught(
                 &format!("swizzle {swizzle}, bk {bk}: {what}"),
                 run(&gemm_with(from, to)),
                 tol,
             );
         }
-        // A k step past its swizzled row: the next column block is R rows on, not one row.
         if 2 * bk > swizzle {
-            let body = gemm_with(
-                "(16 * kk / KT_ATOM) * R * KT_ATOM + r * KT_ATOM + 16 * kk % KT_ATOM",
-                "r * KT_ATOM + 16 * kk",
-            );
+            let body = gemm_with(next_row.0, next_row.1);
             caught(
                 &format!("swizzle {swizzle}, bk {bk}: a k step into the next row"),
                 run(&body),
@@ -2025,43 +2050,46 @@ fn split_flash_runs_cover_every_key_once_and_the_checks_catch_each_mistake() {
 fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
     let tol = GEMM_BF16_NK.parse::<Problem>().unwrap().tolerance();
     let source = include_str!("../hip/gemm.hip");
+    let mistakes = [
+        (
+            "multiplying before the tile lands",
+            "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
+            "",
+        ),
+        (
+            "waiting on the wrong phase of a full stage",
+            "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
+            "kt_mbar_wait(&full[st], ((it / KT_STAGES) & 1) ^ 1);",
+        ),
+        (
+            "copying into a stage still multiplied",
+            "kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);",
+            "",
+        ),
+        (
+            "releasing the stage whose products run",
+            "if (tile > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);",
+            "if (tile > 0 && signals) release(&empty[it % KT_STAGES]);",
+        ),
+        (
+            "every multiplying thread signalling, one arrival a warpgroup expected",
+            "const bool signals = ctid % 128 == 0;",
+            "const bool signals = true;",
+        ),
+        (
+            "a stage full after half the copies",
+            "kt_mbar_init(&full[st], KT_TMA ? 1 : 128);",
+            "kt_mbar_init(&full[st], KT_TMA ? 1 : 64);",
+        ),
+    ];
     for (bk, swizzle, stages) in [(64, 128, 3), (64, 128, 4), (32, 0, 3)] {
-        let run = |body: &str| wgmma_config_error(body, wgmma_config(bk, swizzle, true, stages));
+        let config = wgmma_config(bk, swizzle, true, stages);
+        prepare_wgmma_edits(config, mistakes.iter().map(|&(_, from, to)| (from, to)));
+        let run = |body: &str| wgmma_config_error(body, config);
         let what = format!("bk {bk}, swizzle {swizzle}, {stages} stages");
         let ok = run(source).unwrap();
         assert!(ok <= tol, "{what}: error {ok:e}");
-        for (mistake, from, to) in [
-            (
-                "multiplying before the tile lands",
-                "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
-                "",
-            ),
-            (
-                "waiting on the wrong phase of a full stage",
-                "kt_mbar_wait(&full[st], (it / KT_STAGES) & 1);",
-                "kt_mbar_wait(&full[st], ((it / KT_STAGES) & 1) ^ 1);",
-            ),
-            (
-                "copying into a stage still multiplied",
-                "kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);",
-                "",
-            ),
-            (
-                "releasing the stage whose products run",
-                "if (tile > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);",
-                "if (tile > 0 && signals) release(&empty[it % KT_STAGES]);",
-            ),
-            (
-                "every multiplying thread signalling, one arrival a warpgroup expected",
-                "const bool signals = ctid % 128 == 0;",
-                "const bool signals = true;",
-            ),
-            (
-                "a stage full after half the copies",
-                "kt_mbar_init(&full[st], KT_TMA ? 1 : 128);",
-                "kt_mbar_init(&full[st], KT_TMA ? 1 : 64);",
-            ),
-        ] {
+        for (mistake, from, to) in mistakes {
             caught(
                 &format!("{what}: {mistake}"),
                 run(&gemm_with(from, to)),
@@ -2070,8 +2098,8 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
         }
     }
     // Errors the emulator names, where a GPU would hang.
-    let run = |body: &str| wgmma_config_error(body, wgmma_config(64, 128, true, 3));
-    for (from, to, says) in [
+    let config = wgmma_config(64, 128, true, 3);
+    let named = [
         (
             "kt_mbar_init(&empty[st], KT_CONSUMERS / 128 * KT_CLUSTER);",
             "kt_mbar_init(&empty[st], KT_CONSUMERS / 128 * KT_CLUSTER + 1);",
@@ -2087,7 +2115,10 @@ fn the_warp_specialized_wgmma_gemm_checks_catch_each_mistake() {
             "",
             "an mbarrier used before mbarrier.init",
         ),
-    ] {
+    ];
+    prepare_wgmma_edits(config, named.iter().map(|&(from, to, _)| (from, to)));
+    let run = |body: &str| wgmma_config_error(body, config);
+    for (from, to, says) in named {
         faults(run(&gemm_with(from, to)), says);
     }
 }
