@@ -193,8 +193,8 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 /// Installs the Ctrl-C handler that raises [`STOP`]. A second Ctrl-C exits at once, as a user
 /// who will not wait for the candidate or compiles in flight expects: the database's
-/// transactions keep it sound (a killed run is tested to leave it so), and what was committed
-/// stays.
+/// transactions keep it sound (a killed run is tested to leave it so), what was committed
+/// stays, and the compilers' temporary directories are removed.
 pub(crate) fn stop_on_ctrl_c() -> anyhow::Result<&'static AtomicBool> {
     static PRESSED: AtomicUsize = AtomicUsize::new(0);
     ctrlc::set_handler(|| {
@@ -202,6 +202,9 @@ pub(crate) fn stop_on_ctrl_c() -> anyhow::Result<&'static AtomicBool> {
             eprintln!("\nstopping after what is in flight (Ctrl-C again to exit at once)");
             STOP.store(true, Ordering::SeqCst);
         } else {
+            // Nothing is dropped on the way out: the compilers' temporary directories would
+            // stay behind.
+            kerntune_kernels::gpu::remove_temporary_dirs();
             std::process::exit(130);
         }
     })

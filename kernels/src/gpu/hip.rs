@@ -16,6 +16,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::compiler_io::{first_errors, run_with_input};
+use super::scratch::Scratch;
 use super::KernelBuild;
 use crate::device::GpuModel;
 use crate::env::path_var;
@@ -77,7 +78,7 @@ pub struct HipCompiler {
     device_libs: PathBuf,
     /// The device libraries with the stand-ins of [`ISA_STAND_INS`] they lack, as links,
     /// made on first use.
-    with_stand_ins: OnceLock<Result<tempfile::TempDir, String>>,
+    with_stand_ins: OnceLock<Result<Scratch, String>>,
     /// Targets probed so far: whether this clang compiles for them.
     probed: Mutex<HashMap<String, bool>>,
     /// Whether compiles read the headers precompiled ([`HipCompiler::compile`]).
@@ -85,7 +86,7 @@ pub struct HipCompiler {
     /// The precompiled headers of each target compiled for so far: made by the first compile
     /// for it (the others wait for them), `None` where clang could not make them (those
     /// compiles parse the headers, as without).
-    headers: Mutex<HashMap<String, Arc<OnceLock<Option<tempfile::TempDir>>>>>,
+    headers: Mutex<HashMap<String, Arc<OnceLock<Option<Scratch>>>>>,
     /// Where each compile's temporary directory is made. clang's driver leaves an empty
     /// directory behind (`--XXXXXX`, named after the input `-`) in its temporary directory for
     /// every HIP compile from standard input: hundreds for one `tune plan`. Each compile gets
@@ -268,17 +269,14 @@ impl HipCompiler {
             .map_err(Clone::clone)
     }
 
-    fn link_stand_ins(&self) -> Result<tempfile::TempDir, String> {
+    fn link_stand_ins(&self) -> Result<Scratch, String> {
         let failed = |e: std::io::Error| {
             format!(
                 "cannot link the device libraries of {} with stand-ins: {e}",
                 self.device_libs.display()
             )
         };
-        let dir = tempfile::Builder::new()
-            .prefix("kerntune-rocm-libs-")
-            .tempdir_in(&self.scratch)
-            .map_err(failed)?;
+        let dir = Scratch::new("kerntune-rocm-libs-", &self.scratch).map_err(failed)?;
         for entry in std::fs::read_dir(&self.device_libs).map_err(failed)? {
             let entry = entry.map_err(failed)?;
             std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name()))
@@ -329,11 +327,8 @@ impl HipCompiler {
     /// [`HEADERS`] precompiled for `target`, with every option of a compile but the macros
     /// (which clang lets differ, as long as the headers do not use them). clang's driver knows
     /// no HIP header input to make one from, so its front end is asked directly.
-    fn precompile_headers(&self, target: &str) -> Option<tempfile::TempDir> {
-        let dir = tempfile::Builder::new()
-            .prefix("kerntune-hip-pch-")
-            .tempdir_in(&self.scratch)
-            .ok()?;
+    fn precompile_headers(&self, target: &str) -> Option<Scratch> {
+        let dir = Scratch::new("kerntune-hip-pch-", &self.scratch).ok()?;
         let header = dir.path().join("hip_headers.h");
         std::fs::write(&header, HEADERS).ok()?;
         let pch = dir.path().join("hip_headers.pch");
@@ -379,15 +374,12 @@ impl HipCompiler {
     }
 
     fn run(&self, source: &str, target: &str, extra: &[String]) -> Result<Vec<u8>, String> {
-        let tmp = tempfile::Builder::new()
-            .prefix("kerntune-hip-")
-            .tempdir_in(&self.scratch)
-            .map_err(|e| {
-                format!(
-                    "cannot make a temporary directory for clang in {}: {e}",
-                    self.scratch.display()
-                )
-            })?;
+        let tmp = Scratch::new("kerntune-hip-", &self.scratch).map_err(|e| {
+            format!(
+                "cannot make a temporary directory for clang in {}: {e}",
+                self.scratch.display()
+            )
+        })?;
         let out = run_with_input(
             self.command(target, tmp.path())?
                 .args(extra)

@@ -22,7 +22,9 @@ pub mod occupancy;
 pub mod rocblas;
 #[cfg(feature = "rocm")]
 pub mod rocm;
+mod scratch;
 mod source;
 
 pub use judge::{judge, Verdict};
+pub use scratch::remove_temporary_dirs;
 pub use source::{KernelBuild, GPU_SOURCE_HASH};
