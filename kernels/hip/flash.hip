@@ -18,7 +18,10 @@
 // warp-specialized 128 by 128 wgmma tiles. With sinks (KT_SINKS builds), each head's sink
 // logit (`sinks`, q_heads floats; unread without) joins a row's sum where the row is
 // normalized (kt_sink_weight), and only there. With a soft-cap `softcap` (KT_SOFTCAP builds;
-// 0 without), every score is capped (kt_softcap) before its mask.
+// 0 without), every score is capped (kt_softcap) before its mask. With ALiBi (KT_ALIBI
+// builds, causal; `slopes`, q_heads floats, unread without), every score gains its head's
+// slope times the key's distance from the row's position (kt_alibi), after the cap: the
+// positions are those of the mask (a row's `seen` keys end at its own).
 //
 //
 // KT_VARIANT 0, rows: KT_BR × KT_LANES threads; each query row is held by KT_LANES neighbouring
@@ -94,7 +97,8 @@ KT_DEVICE int kt_reach(int window) { return KT_WINDOW ? window : 0x40000000; }
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale, int window, const float* __restrict__ sinks, float softcap) {
+         float scale, int window, const float* __restrict__ sinks, float softcap,
+         const float* __restrict__ slopes) {
     KT_SHARED float ks[KT_BC][KT_D];
     KT_SHARED float vs[KT_BC][KT_DV];
     const int tid = KT_TID;
@@ -108,6 +112,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const float log2e = 1.4426950408889634f;
     // The cap in the scores' units (scale · log2(e) folded into q).
     const float cap_unit = softcap * log2e;
+    const float alibi_unit = kt_alibi_unit(slopes, h, log2e);
 
     float qr[KT_PER_LANE], o[KT_PER_LANE_V];
     const long row = ((long)b * q_len + (live ? i : 0)) * q_heads + h;
@@ -145,7 +150,8 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
 #pragma unroll
             for (int m = KT_LANES / 2; m > 0; m /= 2) dot += KT_SHFL_XOR(dot, m);
             const bool visible = live && j0 + r < seen && (!KT_WINDOW || j0 + r >= seen - reach);
-            s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;
+            s[r] = visible ? kt_softcap(dot, cap_unit) + kt_alibi(alibi_unit, j0 + r, seen - 1)
+                           : -KT_INF;
             tile_max = fmaxf(tile_max, s[r]);
         }
         if (tile_max > -KT_INF) {
@@ -327,7 +333,7 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
          float* __restrict__ part_sum,
 #endif
          int q_len, int kv_len, int q_heads, int kv_heads, int causal, float scale, int window,
-         const float* __restrict__ sinks, float softcap
+         const float* __restrict__ sinks, float softcap, const float* __restrict__ slopes
 #if KT_TMA
          ,
          const KT_GRID_CONSTANT kt_tmap k_map, const KT_GRID_CONSTANT kt_tmap v_map
@@ -357,6 +363,9 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
     const int b = KT_BID_X / q_heads / KT_SPLIT;
     const int kvh = h / (q_heads / kv_heads);
     const float qscale = scale * 1.4426950408889634f;
+    // The head's ALiBi slope in the unscaled scores' units, read once: a float held through
+    // the key loop, where the slopes' address and the head were two registers more.
+    const float alibi_unit = kt_alibi_unit(slopes, h, 1.0f / scale);
     const int shift = kv_len - q_len;
 #if KT_SPLIT > 1
     const int run = KT_BID_X / q_heads % KT_SPLIT;
@@ -540,6 +549,19 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
                 for (int n = 0; n < KT_ST; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[n][e] = kt_softcap(s[n][e], cap_unit);
+            }
+            if (KT_ALIBI) {
+                // Each row's bias at this thread's first key of the tile (a row at position
+                // seen - 1, causal), then a whole number of slopes more a key: two registers
+                // where a distance a score made the warp-specialized tiles spill.
+                float at[2];
+#pragma unroll
+                for (int r = 0; r < 2; ++r) at[r] = kt_alibi(alibi_unit, j0 + 2 * t, seen[2 * m + r] - 1);
+#pragma unroll
+                for (int n = 0; n < KT_ST; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[n][e] += fmaf(alibi_unit, (float)(8 * n + e % 2), at[e / 2]);
             }
             if (j0 + KT_BC > open || (KT_WINDOW && j0 < passed)) {
 #pragma unroll
@@ -996,7 +1018,8 @@ KT_DEVICE void kt_mfma_kv_stage(unsigned short (*ks)[KT_LDD], unsigned short (*v
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* __restrict__ v,
          float* __restrict__ out, int q_len, int kv_len, int q_heads, int kv_heads, int causal,
-         float scale, int window, const float* __restrict__ sinks, float softcap) {
+         float scale, int window, const float* __restrict__ sinks, float softcap,
+         const float* __restrict__ slopes) {
     KT_SHARED __attribute__((aligned(16))) unsigned short ks[KT_BC][KT_LDD];
     KT_SHARED __attribute__((aligned(16))) unsigned short vt[KT_DV][KT_LDC];
     const int tid = KT_TID;
@@ -1076,6 +1099,11 @@ kt_flash(const kt_in* __restrict__ q, const kt_in* __restrict__ k, const kt_in* 
             if (KT_SOFTCAP)
 #pragma unroll
                 for (int e = 0; e < 16; ++e) s[n][e] = kt_softcap(s[n][e], softcap / scale);
+            if (KT_ALIBI)
+#pragma unroll
+                for (int e = 0; e < 16; ++e)
+                    s[n][e] += kt_alibi(kt_alibi_unit(slopes, h, 1.0f / scale),
+                                        j0 + 32 * n + 8 * (e / 4) + 4 * half + e % 4, seen - 1);
             if (masked) {
 #pragma unroll
                 for (int e = 0; e < 16; ++e) {

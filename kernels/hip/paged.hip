@@ -18,7 +18,11 @@
 // each head's sink to its sum (kt_sink_weight). With a soft-cap `softcap` (KT_SOFTCAP builds;
 // 0 without), kt_paged caps each score as it becomes a weight, and their maximum (kt_softcap;
 // scores carry scale · log2(e), and so does the cap): capped as they were computed, the
-// grouped builds of head size 128 spilled.
+// grouped builds of head size 128 spilled. With ALiBi (KT_ALIBI builds; `slopes`, q_heads
+// floats, unread without), each score gains its head's slope times the token's distance from
+// the new token (kt_alibi), after the cap; as the bias breaks the order a cap alone keeps,
+// those builds cap and bias each score where it is computed and take the maximum of the
+// results (kt_score_in, kt_score_out).
 //
 // KT_HEADS > 1 (with KT_LANES 1): a block takes KT_HEADS query heads of one KV head (grid
 // (partitions, q_heads / KT_HEADS, num_seqs)), so each key and value row it reads serves all of
@@ -112,7 +116,8 @@ KT_DEVICE float kt_block_sum(float v, float* scratch) {
 // partitions starting at `first` itself made ptxas spill three registers of the f32 builds of
 // head size 96. Head g's partial slot is slot0 + g · partitions (kt_slot).
 struct kt_part {
-    int seq, h0, kvh, skip, t0, t1, partitions;
+    // `pos`: the new token's position, the context's last, counted as t0 and t1 are.
+    int seq, h0, kvh, skip, t0, t1, pos, partitions;
     long slot0;
 };
 KT_DEVICE kt_part kt_part_of(const unsigned* context_lens, int heads, int q_heads, int kv_heads,
@@ -126,11 +131,22 @@ KT_DEVICE kt_part kt_part_of(const unsigned* context_lens, int heads, int q_head
     b.skip = first / KT_BLOCK;
     b.t0 = first % KT_BLOCK + KT_BID_X * KT_PART;
     b.t1 = min(len - b.skip * KT_BLOCK, b.t0 + KT_PART);
+    b.pos = len - 1 - b.skip * KT_BLOCK;
     b.partitions = partitions;
     b.slot0 = ((long)b.seq * q_heads + b.h0) * partitions + KT_BID_X;
     return b;
 }
 KT_DEVICE long kt_slot(const kt_part& b, int g) { return b.slot0 + (long)g * b.partitions; }
+
+// A score `x` (in units of scale · log2(e)) of token t as kept until it becomes a weight: as
+// computed, or in ALiBi builds capped and biased by `alibi` (kt_alibi_unit's) for position
+// `pos`. kt_score_out gives what the softmax takes of a kept score or of a maximum of them.
+KT_DEVICE float kt_score_in(float x, float cap_unit, float alibi, int t, int pos) {
+    return KT_ALIBI ? kt_softcap(x, cap_unit) + kt_alibi(alibi, t, pos) : x;
+}
+KT_DEVICE float kt_score_out(float x, float cap_unit) {
+    return KT_ALIBI ? x : kt_softcap(x, cap_unit);
+}
 
 // Whether the block's partition holds no token; then its heads' slots say it contributes
 // nothing to the reduction.
@@ -221,7 +237,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
          const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window, float softcap) {
+         int max_blocks, int partitions, float scale, int window, float softcap,
+         const float* __restrict__ slopes) {
     // Dynamic shared memory: DeepSeek's two stages of 64 rows of 576 pass the 48 KiB a block
     // declares statically.
     KT_DYNAMIC_SHARED(smem);
@@ -362,8 +379,12 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                ss[(g + 8 * (e / 2)) * KT_TC + 16 * wave + 8 * n + 2 * tq + e % 2] = s[n][e] * unit;
+            for (int e = 0; e < 4; ++e) {
+                // Rows past KT_HEADS (zero queries) take head h0's slope.
+                const int r = g + 8 * (e / 2), i = 16 * wave + 8 * n + 2 * tq + e % 2;
+                const float alibi = kt_alibi_unit(slopes, h0 + (r < KT_HEADS ? r : 0), log2e);
+                ss[r * KT_TC + i] = kt_score_in(s[n][e] * unit, cap_unit, alibi, j0 + i, b.pos);
+            }
         KT_SYNC();
         // Wave w takes heads w, w + WAVES, ...: the tile's maximum (capped, as the other forms
         // cap it), the weights as 16-bit pairs, and the running maximum, sum and correction.
@@ -372,12 +393,12 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
             float mx = -KT_INF;
             for (int i = lane; i < n; i += KT_WAVE) mx = fmaxf(mx, ss[r * KT_TC + i]);
             const float old = row_max[r];
-            const float m = fmaxf(old, kt_softcap(kt_wave_max(mx), cap_unit));
+            const float m = fmaxf(old, kt_score_out(kt_wave_max(mx), cap_unit));
             float sum = 0.0f;
             for (int i = 2 * lane; i < KT_TC; i += 2 * KT_WAVE) {
-                const float p0 = i < n ? exp2f(kt_softcap(ss[r * KT_TC + i], cap_unit) - m) : 0.0f;
+                const float p0 = i < n ? exp2f(kt_score_out(ss[r * KT_TC + i], cap_unit) - m) : 0.0f;
                 const float p1 =
-                    i + 1 < n ? exp2f(kt_softcap(ss[r * KT_TC + i + 1], cap_unit) - m) : 0.0f;
+                    i + 1 < n ? exp2f(kt_score_out(ss[r * KT_TC + i + 1], cap_unit) - m) : 0.0f;
                 *reinterpret_cast<unsigned*>(ps + r * KT_LDP + i) = kt_pack2(p0, p1);
                 sum += p0 + p1;
             }
@@ -495,7 +516,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
          const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window, float softcap) {
+         int max_blocks, int partitions, float scale, int window, float softcap,
+         const float* __restrict__ slopes) {
     KT_SHARED __attribute__((aligned(16))) unsigned short pool[KT_POOL];
     KT_SHARED float wave_max[KT_WAVES][16];
     KT_SHARED float wave_sum[KT_WAVES][16];
@@ -527,6 +549,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     const float log2e = 1.4426950408889634f;
     const float unit = scale * log2e;
     const float cap_unit = softcap * log2e;
+    // Head col's ALiBi slope (head h0's past KT_HEADS).
+    const float alibi = kt_alibi_unit(slopes, h0 + (col < KT_HEADS ? col : 0), log2e);
     // Output tile (c, j): element e is head 4·quad + e, value column 128c + 8·col + j.
     kt_f32x4 o[KT_DV / 128][8];
 #pragma unroll
@@ -554,7 +578,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
         float mx = -KT_INF;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            x[e] = j0 + 4 * quad + e < t1 ? kt_softcap(s[e] * unit, cap_unit) : -KT_INF;
+            const int t = j0 + 4 * quad + e;
+            x[e] = t < t1 ? kt_softcap(s[e] * unit, cap_unit) + kt_alibi(alibi, t, b.pos) : -KT_INF;
             mx = fmaxf(mx, x[e]);
         }
         mx = fmaxf(mx, KT_SHFL_XOR(mx, 16));
@@ -658,7 +683,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
          const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window, float softcap) {
+         int max_blocks, int partitions, float scale, int window, float softcap,
+         const float* __restrict__ slopes) {
     KT_SHARED float qs[KT_HEADS][KT_D];
     KT_SHARED float scores[KT_HEADS][KT_PART];
     const int tid = KT_TID;
@@ -689,7 +715,9 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
             for (int g = 0; g < KT_HEADS; ++g) dot[g] = fmaf(qs[g][x], k, dot[g]);
         }
 #pragma unroll
-        for (int g = 0; g < KT_HEADS; ++g) scores[g][t - t0] = dot[g];
+        for (int g = 0; g < KT_HEADS; ++g)
+            scores[g][t - t0] = kt_score_in(dot[g], softcap * log2e,
+                                            kt_alibi_unit(slopes, h0 + g, log2e), t, b.pos);
     }
     KT_SYNC();
     // Wave w takes heads w, w + WAVES, ...: a row's maximum (capped, as the one-head kernel
@@ -701,10 +729,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     for (int g = wave; g < KT_HEADS; g += KT_WAVES) {
         float mx = -KT_INF;
         for (int i = lane; i < n; i += KT_WAVE) mx = fmaxf(mx, scores[g][i]);
-        mx = kt_softcap(kt_wave_max(mx), cap_unit);
+        mx = kt_score_out(kt_wave_max(mx), cap_unit);
         float sum = 0.0f;
         for (int i = lane; i < n; i += KT_WAVE) {
-            const float p = exp2f(kt_softcap(scores[g][i], cap_unit) - mx);
+            const float p = exp2f(kt_score_out(scores[g][i], cap_unit) - mx);
             scores[g][i] = p;
             sum += p;
         }
@@ -736,7 +764,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
          const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window, float softcap) {
+         int max_blocks, int partitions, float scale, int window, float softcap,
+         const float* __restrict__ slopes) {
     KT_SHARED float qs[KT_D];
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
@@ -746,6 +775,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     const int seq = b.seq, h = b.h0, kvh = b.kvh, skip = b.skip, t0 = b.t0, t1 = b.t1;
     const long slot = b.slot0;
     const float log2e = 1.4426950408889634f;
+    const float alibi = kt_alibi_unit(slopes, h, log2e);
     for (int x = tid; x < KT_D; x += KT_THREADS)
         qs[x] = kt_load(query, ((long)seq * q_heads + h) * KT_D + x) * scale * log2e;
     KT_SYNC();
@@ -757,16 +787,17 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
         float dot = 0.0f;
 #pragma unroll 8
         for (int x = 0; x < KT_D; ++x) dot = fmaf(qs[x], kt_load_cache(key_cache, row + x), dot);
+        dot = kt_score_in(dot, softcap * log2e, alibi, t, b.pos);
         scores[t - t0] = dot;
         local_max = fmaxf(local_max, dot);
     }
     // Capped (a cap keeps the order of the scores, so it caps their maximum too) where the
     // scores turn into weights.
     const float cap_unit = softcap * log2e;
-    const float mx = kt_softcap(kt_block_max(local_max, red), cap_unit);
+    const float mx = kt_score_out(kt_block_max(local_max, red), cap_unit);
     float local_sum = 0.0f;
     for (int t = t0 + tid; t < t1; t += KT_THREADS) {
-        const float p = exp2f(kt_softcap(scores[t - t0], cap_unit) - mx);
+        const float p = exp2f(kt_score_out(scores[t - t0], cap_unit) - mx);
         scores[t - t0] = p;
         local_sum += p;
     }
@@ -814,7 +845,8 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
          const kt_cache* __restrict__ value_cache, const unsigned* __restrict__ block_tables,
          const unsigned* __restrict__ context_lens, float* __restrict__ part_out,
          float* __restrict__ part_max, float* __restrict__ part_sum, int q_heads, int kv_heads,
-         int max_blocks, int partitions, float scale, int window, float softcap) {
+         int max_blocks, int partitions, float scale, int window, float softcap,
+         const float* __restrict__ slopes) {
     KT_SHARED float scores[KT_PART];
     KT_SHARED float red[KT_WAVES];
     KT_SHARED float sums[KT_WAVES][KT_DV];
@@ -828,6 +860,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     // The dims of piece p of this lane start at (p·LANES + lane)·VEC.
     auto dim = [&](int p) { return (p * KT_LANES + lane) * KT_VEC; };
     const float log2e = 1.4426950408889634f;
+    const float alibi = kt_alibi_unit(slopes, h, log2e);
     float q[KT_PIECES][KT_VEC];
     const kt_in* qrow = query + ((long)seq * q_heads + h) * KT_D;
 #pragma unroll
@@ -857,7 +890,7 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
 #pragma unroll
             for (int e = 0; e < KT_VEC; ++e) dot = fmaf(q[p][e], k[e], dot);
         }
-        dot = kt_lanes_sum(dot);
+        dot = kt_score_in(kt_lanes_sum(dot), softcap * log2e, alibi, t, b.pos);
         if (base + group < t1) {
             if (lane == 0) scores[t - t0] = dot;
             local_max = fmaxf(local_max, dot);
@@ -866,10 +899,10 @@ kt_paged(const kt_in* __restrict__ query, const kt_cache* __restrict__ key_cache
     // Capped (a cap keeps the order of the scores, so it caps their maximum too) where the
     // scores turn into weights.
     const float cap_unit = softcap * log2e;
-    const float mx = kt_softcap(kt_block_max(local_max, red), cap_unit);
+    const float mx = kt_score_out(kt_block_max(local_max, red), cap_unit);
     float local_sum = 0.0f;
     for (int t = t0 + tid; t < t1; t += KT_THREADS) {
-        const float p = exp2f(kt_softcap(scores[t - t0], cap_unit) - mx);
+        const float p = exp2f(kt_score_out(scores[t - t0], cap_unit) - mx);
         scores[t - t0] = p;
         local_sum += p;
     }

@@ -285,6 +285,22 @@ KT_DEVICE float kt_softcap(float x, float unit) {
     return unit - KT_FAST_DIV(2.0f * unit, 1.0f + e);
 }
 
+// ALiBi (KT_ALIBI builds: Bloom, MPT, Baichuan 13B, Falcon-RW, JAIS): head h's slope m_h biases
+// the score of key j for the query at position pos by m_h · (j - pos), after the cap and
+// before the mask. kt_alibi_unit gives m_h in the units the kernel holds its scores in (`per`:
+// the factor from the scaled scores to those); kt_alibi the bias, the distance an exact
+// whole number in f32 (positions stay below 2^24; two products subtracted would lose it at
+// long contexts). Builds without ALiBi add nothing and never read `slopes`.
+#ifndef KT_ALIBI
+#define KT_ALIBI 0
+#endif
+KT_DEVICE float kt_alibi_unit(const float* slopes, int h, float per) {
+    return KT_ALIBI ? slopes[h] * per : 0.0f;
+}
+KT_DEVICE float kt_alibi(float unit, int j, int pos) {
+    return KT_ALIBI ? unit * (float)(j - pos) : 0.0f;
+}
+
 // Matrix-core steps, per vendor (the GEMM's MFMA and mma variants), for 16-bit inputs.
 #if defined(KT_MFMA) && KT_DTYPE != 0
 // v_mfma_f32_32x32x8: four consecutive 16-bit values of an A row or a B column per lane, 16

@@ -52,6 +52,8 @@ pub struct ProblemData {
     pub context_lens: Vec<u32>,
     /// Attention with sinks: each query head's sink logit (empty otherwise).
     pub sinks: Vec<f32>,
+    /// Attention with ALiBi: each query head's slope (empty otherwise).
+    pub slopes: Vec<f32>,
     /// Paged attention on fp8 caches: their scales ([`ProblemData::FP8_SCALES`]; one
     /// otherwise).
     pub kv_scales: KvScales,
@@ -88,6 +90,7 @@ impl ProblemData {
             max_blocks_per_seq: 0,
             context_lens: Vec::new(),
             sinks: Vec::new(),
+            slopes: Vec::new(),
             kv_scales: KvScales::ONE,
             out: Vec::new(),
         });
@@ -154,6 +157,11 @@ impl ProblemData {
         data.sinks.clear();
         data.sinks
             .extend((0..problem.sinks_len()).map(|_| 1.0 + 3.0 * rng.unit()));
+        // A model's own slopes (no draw): from 2^-1, under which a score 30 keys back has
+        // lost 2^-15 of its weight, to 2^-8 a head at 8 heads, under which a row's weights
+        // vary across thousands of keys; every head's differs, so a kernel that reads
+        // another head's slope, or counts distance from another position, is caught.
+        data.slopes = crate::problem::alibi_slopes(problem.slopes_len());
         data.out.clear();
         data.out.resize(out, 0.0);
         data
@@ -177,11 +185,22 @@ impl ProblemData {
             &self.block_tables,
             self.max_blocks_per_seq,
             &self.context_lens,
-            &self.sinks,
+            crate::kernel::HeadValues {
+                sinks: &self.sinks,
+                slopes: &self.slopes,
+            },
             self.kv_scales,
             &mut self.out,
         )
         .expect("random() makes every input of the family")
+    }
+
+    /// The sink logits and ALiBi slopes of a call.
+    pub fn heads(&self) -> crate::kernel::HeadValues<'_> {
+        crate::kernel::HeadValues {
+            sinks: &self.sinks,
+            slopes: &self.slopes,
+        }
     }
 
     /// The reference output, in f64: every row of [`ProblemData::reference_row`].
@@ -198,7 +217,7 @@ impl ProblemData {
             .sum::<usize>()
             + self.out.len() * 4
             + self.block_tables.len() * 4
-            + self.sinks.len() * 4
+            + (self.sinks.len() + self.slopes.len()) * 4
     }
 }
 
@@ -251,7 +270,7 @@ impl ProblemData {
         match &self.problem {
             Problem::Gemm(p) => reference::gemm_row(p, i[0].view(), i[1].view(), r),
             Problem::Flash(p) => {
-                reference::flash_row(p, i[0].view(), i[1].view(), i[2].view(), &self.sinks, r)
+                reference::flash_row(p, i[0].view(), i[1].view(), i[2].view(), self.heads(), r)
             }
             Problem::Paged(p) => reference::paged_row(
                 p,
@@ -261,7 +280,7 @@ impl ProblemData {
                 &self.block_tables,
                 self.max_blocks_per_seq,
                 &self.context_lens,
-                &self.sinks,
+                self.heads(),
                 self.kv_scales,
                 r,
             ),

@@ -22,6 +22,8 @@ pub struct FlashArgs<'a> {
     pub v: Tensor<'a>,
     /// `[q_heads]` sink logits when the problem has sinks, else empty.
     pub sinks: &'a [f32],
+    /// `[q_heads]` ALiBi slopes when the problem has ALiBi, else empty.
+    pub slopes: &'a [f32],
     pub out: &'a mut [f32],
 }
 
@@ -40,6 +42,8 @@ pub struct PagedArgs<'a> {
     pub context_lens: &'a [u32],
     /// `[q_heads]` sink logits when the problem has sinks, else empty.
     pub sinks: &'a [f32],
+    /// `[q_heads]` ALiBi slopes when the problem has ALiBi, else empty.
+    pub slopes: &'a [f32],
     /// The fp8 caches' scales ([`KvScales::ONE`] for other caches).
     pub kv_scales: KvScales,
     pub out: &'a mut [f32],
@@ -104,6 +108,14 @@ impl Default for KvScales {
     }
 }
 
+/// What an attention call passes per query head: sink logits and ALiBi slopes, each empty
+/// where the problem has none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeadValues<'a> {
+    pub sinks: &'a [f32],
+    pub slopes: &'a [f32],
+}
+
 /// The buffers of one call of any family.
 #[derive(Debug)]
 pub enum Args<'a> {
@@ -115,7 +127,8 @@ pub enum Args<'a> {
 impl<'a> Args<'a> {
     /// The buffers of one call of `problem`: `inputs` in its family's order (A, B; Q, K, V;
     /// query, key cache, value cache), the paged index (empty for the other families), the
-    /// attention sinks (empty without), the fp8 caches' scales and the output. `None` when
+    /// attention sinks and ALiBi slopes (`heads`: empty without), the fp8 caches' scales and
+    /// the output. `None` when
     /// `inputs` are fewer than the family takes.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -124,10 +137,11 @@ impl<'a> Args<'a> {
         block_tables: &'a [u32],
         max_blocks_per_seq: usize,
         context_lens: &'a [u32],
-        sinks: &'a [f32],
+        heads: HeadValues<'a>,
         kv_scales: KvScales,
         out: &'a mut [f32],
     ) -> Option<Args<'a>> {
+        let HeadValues { sinks, slopes } = heads;
         Some(match problem {
             Problem::Gemm(_) => {
                 let [a, b, ..] = *inputs else { return None };
@@ -140,6 +154,7 @@ impl<'a> Args<'a> {
                     k,
                     v,
                     sinks,
+                    slopes,
                     out,
                 })
             }
@@ -155,6 +170,7 @@ impl<'a> Args<'a> {
                     max_blocks_per_seq,
                     context_lens,
                     sinks,
+                    slopes,
                     kv_scales,
                     out,
                 })

@@ -31,6 +31,7 @@ pub fn relative_error(out: &[f32], reference: &[f64]) -> f64 {
     worst / scale
 }
 
+use crate::kernel::HeadValues;
 use crate::Tensor;
 
 /// Row `i` of `C = A·B`.
@@ -93,28 +94,40 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     sums.iter().sum::<f64>() + tail
 }
 
-/// One query row's attention over the rows of `k` at `keys`; its output is the first `dv`
-/// values of the rows of `v` at the offsets `values` gives each key's.
+/// ALiBi's bias of one query row: its head's slope and its position.
+#[derive(Clone, Copy)]
+struct Alibi {
+    slope: f64,
+    pos: usize,
+}
+
+/// One query row's attention over the rows of `k` at `keys` (each key's position and offset);
+/// its output is the first `dv` values of the rows of `v` at the offsets `values` gives each
+/// key's.
 #[allow(clippy::too_many_arguments)]
 fn attend_rows(
     scale: f64,
     q: &[f64],
-    keys: impl Iterator<Item = usize> + Clone,
+    keys: impl Iterator<Item = (usize, usize)> + Clone,
     values: impl Fn(usize) -> usize,
     k: Tensor<'_>,
     v: Tensor<'_>,
     dv: usize,
     sink: Option<f64>,
     softcap: Option<SoftCap>,
+    alibi: Option<Alibi>,
 ) -> Vec<f64> {
     let d = q.len();
     let cap = |s: f64| match softcap.map(|c| c.get() as f64) {
         Some(c) => c * (s / c).tanh(),
         None => s,
     };
+    let bias = |j: usize| alibi.map_or(0.0, |a| a.slope * (j as f64 - a.pos as f64));
     let scores: Vec<f64> = keys
         .clone()
-        .map(|off| cap(scale * (0..d).map(|x| q[x] * k.get(off + x) as f64).sum::<f64>()))
+        .map(|(j, off)| {
+            cap(scale * (0..d).map(|x| q[x] * k.get(off + x) as f64).sum::<f64>()) + bias(j)
+        })
         .collect();
     let m = scores
         .iter()
@@ -125,7 +138,7 @@ fn attend_rows(
     // A sink is one more term of the softmax, with no value to add.
     let total: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
     let mut out = vec![0.0; dv];
-    for (wi, off) in w.iter().zip(keys) {
+    for (wi, (_, off)) in w.iter().zip(keys) {
         let off = values(off);
         for (x, o) in out.iter_mut().enumerate() {
             *o += wi / total * v.get(off + x) as f64;
@@ -140,7 +153,7 @@ pub fn flash_row(
     q: Tensor<'_>,
     k: Tensor<'_>,
     v: Tensor<'_>,
-    sinks: &[f32],
+    heads: HeadValues<'_>,
     r: usize,
 ) -> Vec<f64> {
     let d = p.head_dim;
@@ -156,11 +169,16 @@ pub fn flash_row(
     } else {
         p.kv_len
     };
-    let keys = (p.first_key(i)..last).map(move |j| ((b * p.kv_len + j) * p.kv_heads + kvh) * d);
+    let keys =
+        (p.first_key(i)..last).map(move |j| (j, ((b * p.kv_len + j) * p.kv_heads + kvh) * d));
     // Key offsets count rows of head_dim; V's rows hold v_head_dim.
     let dv = p.v_head_dim;
     let values = |off: usize| off / d * dv;
-    let sink = sinks.get(h).map(|&s| s as f64);
+    let sink = heads.sinks.get(h).map(|&s| s as f64);
+    let alibi = heads.slopes.get(h).map(|&s| Alibi {
+        slope: s as f64,
+        pos: p.query_pos(i),
+    });
     attend_rows(
         p.scale.get() as f64,
         &qrow,
@@ -171,6 +189,7 @@ pub fn flash_row(
         dv,
         sink,
         p.softcap,
+        alibi,
     )
 }
 
@@ -184,7 +203,7 @@ pub fn paged_row(
     block_tables: &[u32],
     max_blocks: usize,
     context_lens: &[u32],
-    sinks: &[f32],
+    heads: HeadValues<'_>,
     kv_scales: crate::kernel::KvScales,
     r: usize,
 ) -> Vec<f64> {
@@ -195,9 +214,17 @@ pub fn paged_row(
     let ctx = context_lens[s] as usize;
     let keys = (p.first_token(ctx)..ctx).map(move |t| {
         let block = block_tables[s * max_blocks + t / p.block_size] as usize;
-        ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d
+        (
+            t,
+            ((block * p.block_size + t % p.block_size) * p.kv_heads + kvh) * d,
+        )
     });
-    let sink = sinks.get(h).map(|&s| s as f64);
+    let sink = heads.sinks.get(h).map(|&s| s as f64);
+    // The new token is the context's last.
+    let alibi = heads.slopes.get(h).map(|&s| Alibi {
+        slope: s as f64,
+        pos: ctx - 1,
+    });
     // A latent cache's values are the first v_head_dim of its key rows.
     let values = if p.is_latent() {
         key_cache
@@ -216,6 +243,7 @@ pub fn paged_row(
         p.v_head_dim,
         sink,
         p.softcap,
+        alibi,
     );
     out.into_iter().map(|o| o * kv_scales.v as f64).collect()
 }

@@ -281,6 +281,174 @@ fn a_softcap_bends_the_reference_and_must_be_positive() {
     }
 }
 
+/// ALiBi in prefill: every candidate against the reference in every input type, chunked
+/// (queries after cached keys, their positions past their indices), one query, grouped heads
+/// (rows of one tile on several slopes), a key tile's worth of heads with the model's slopes
+/// down to 2^-8, and a window with sinks and a cap beside.
+#[test]
+fn every_flash_candidate_matches_reference_with_alibi() {
+    let ran = every_flash_candidate_in_each_type(&[
+        "q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,alibi=true",
+        "q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,alibi=true",
+        "q_len=1,kv_len=29,q_heads=12,kv_heads=4,head_dim=64,alibi=true",
+        "q_len=33,kv_len=60,q_heads=6,kv_heads=3,head_dim=64,window=9,sinks=true,softcap=0.3,alibi=true",
+    ]);
+    eprintln!("verified {ran} flash configs with ALiBi");
+}
+
+/// ALiBi in decode: one partition and several (each partition's distances from the
+/// sequence's own last token), a context of one token, mixed lengths, grouped heads, a
+/// window with sinks and a cap, every block size and input type, and fp8 caches.
+#[test]
+fn every_paged_candidate_matches_reference_with_alibi() {
+    let ran = every_paged_candidate_in_each_type(&[
+        (
+            "num_seqs=3,context_len=1,q_heads=4,kv_heads=4,head_dim=64,block_size=16,alibi=true",
+            vec![1, 1, 1],
+        ),
+        (
+            "num_seqs=2,context_len=1100,q_heads=8,kv_heads=1,head_dim=128,block_size=16,alibi=true",
+            vec![1100, 333],
+        ),
+        (
+            "num_seqs=4,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=8,window=37,sinks=true,softcap=0.3,alibi=true",
+            vec![300, 1, 40, 299],
+        ),
+        (
+            "num_seqs=2,context_len=45,q_heads=6,kv_heads=2,head_dim=80,block_size=32,alibi=true",
+            vec![45, 17],
+        ),
+    ]);
+    let mut fp8 = 0;
+    for kv in ["fp8_e4m3", "fp8_e5m2"] {
+        let p = problem(&format!(
+            "paged:num_seqs=3,context_len=300,q_heads=8,kv_heads=2,head_dim=64,block_size=16,dtype=bf16,kv_dtype={kv},alibi=true"
+        ));
+        fp8 += every_paged_candidate_on(&p, &[300, 1, 170], |_| {});
+    }
+    eprintln!("verified {ran} paged configs with ALiBi, {fp8} on fp8 caches");
+}
+
+/// ALiBi's slopes are the model's: 2^(-8h/n) for n heads a power of two, and past one the
+/// odd slopes of twice as many heads.
+#[test]
+fn alibi_slopes_are_the_models() {
+    let eight: Vec<f32> = (1..=8).map(|h| (-(h as f32)).exp2()).collect();
+    assert_eq!(kerntune_kernels::problem::alibi_slopes(8), eight);
+    // Bloom's 112 heads, a TP8 rank's 14: 64 of 2^(-h/8), then 48 of 2^(-(2x+1)/16).
+    let bloom = kerntune_kernels::problem::alibi_slopes(112);
+    assert_eq!(bloom.len(), 112);
+    assert!((bloom[0] - (-1f32 / 8.0).exp2()).abs() < 1e-7);
+    assert!((bloom[63] - (-8f32).exp2()).abs() < 1e-9);
+    assert!((bloom[64] - (-1f32 / 16.0).exp2()).abs() < 1e-7);
+    assert!((bloom[111] - (-95f32 / 16.0).exp2()).abs() < 1e-7);
+    assert!(kerntune_kernels::problem::alibi_slopes(0).is_empty());
+    assert_eq!(
+        kerntune_kernels::problem::alibi_slopes(1),
+        vec![2f32.powi(-8)]
+    );
+}
+
+/// What ALiBi computes, against a hand computation: with a zero query every score is its
+/// bias alone, so each output is the values weighted by `e^(m·(j − pos))`, the keys nearest
+/// the query (its own last) weighing most, for prefill (queries after cached keys) and
+/// decode (sequences of their own lengths); every CPU kernel agrees.
+#[test]
+fn alibi_weighs_keys_by_their_distance() {
+    for spec in [
+        "flash:q_len=5,kv_len=12,q_heads=4,kv_heads=2,head_dim=16,dtype=f32,alibi=true",
+        "paged:num_seqs=2,context_len=12,q_heads=4,kv_heads=2,head_dim=16,block_size=8,dtype=f32,alibi=true",
+    ] {
+        let p = problem(spec);
+        let mut data = ProblemData::random(&p, 3);
+        if let Problem::Paged(_) = p {
+            data = data.with_context_lens(vec![12, 7]);
+        }
+        let TensorBuf::F32(q) = &mut data.inputs[0] else {
+            unreachable!("f32 problems have f32 inputs")
+        };
+        q.fill(0.0);
+        let slopes = kerntune_kernels::problem::alibi_slopes(4);
+        assert_eq!(data.slopes, slopes);
+        let got = data.reference();
+        let TensorBuf::F32(v) = &data.inputs[2] else {
+            unreachable!()
+        };
+        let d = 16;
+        for row in 0..data.rows() {
+            let h = row % 4;
+            // The query's position, and where the value row of each key it sees starts.
+            let (pos, value): (usize, Box<dyn Fn(usize) -> usize>) = match &p {
+                Problem::Flash(f) => {
+                    let i = row / 4 % f.q_len;
+                    (i + 7, Box::new(move |j| (j * 2 + h / 2) * d))
+                }
+                Problem::Paged(pg) => {
+                    let s = row / 4;
+                    let len = data.context_lens[s] as usize;
+                    let table = &data.block_tables[s * data.max_blocks_per_seq..];
+                    let bs = pg.block_size;
+                    (
+                        len - 1,
+                        Box::new(move |t| (table[t / bs] as usize * bs + t % bs) * 2 * d + h / 2 * d),
+                    )
+                }
+                Problem::Gemm(_) => unreachable!(),
+            };
+            let w: Vec<f64> = (0..=pos)
+                .map(|j| (slopes[h] as f64 * (j as f64 - pos as f64)).exp())
+                .collect();
+            let total: f64 = w.iter().sum();
+            for x in 0..d {
+                let want: f64 =
+                    (0..=pos).map(|j| w[j] * v[value(j) + x] as f64).sum::<f64>() / total;
+                let at = got[row * d + x];
+                assert!((at - want).abs() < 1e-12, "{spec} row {row} value {x}: {at} against {want}");
+            }
+        }
+        let configs = CpuSpace.candidates(&p, &Device::host());
+        let mut scratch = Scratch::new();
+        for c in &configs {
+            let err = error_of(&mut data, c, &got, &mut scratch);
+            assert!(err <= p.tolerance(), "{p} {c}: {err:e}");
+        }
+    }
+}
+
+/// ALiBi changes what is computed in both families, its key says `alibi=true`, it needs the
+/// causal mask in prefill and refuses a latent cache, and a call without the slopes (or
+/// with too few) is refused by name rather than read past its buffer.
+#[test]
+fn alibi_biases_the_reference_and_a_call_must_pass_slopes() {
+    let flash = "flash:q_len=20,kv_len=30,q_heads=4,kv_heads=2,head_dim=32";
+    let paged = "paged:num_seqs=3,context_len=40,q_heads=4,kv_heads=2,head_dim=32";
+    for spec in [flash, paged] {
+        assert_moves_most_values(spec, "alibi=true");
+        let p = problem(&format!("{spec},alibi=true"));
+        assert!(p.key().ends_with(",alibi=true"), "{}", p.key());
+        assert_eq!(p.key().parse::<Problem>().unwrap(), p);
+        assert!(!problem(spec).key().contains("alibi"));
+        assert_eq!(p.slopes_len(), 4);
+        let config = CpuSpace.default_config(&p, &Device::host());
+        let mut data = ProblemData::random(&p, 1);
+        let mut scratch = Scratch::new();
+        for len in [0, 3] {
+            data.slopes.truncate(len);
+            let buf = scratch.get(CpuBackend.scratch_len(&p, &config));
+            let err = CpuBackend.run(&p, &config, data.args(), buf).unwrap_err();
+            assert!(err.to_string().contains("slopes"), "{err}");
+        }
+    }
+    for bad in [
+        format!("{flash},causal=false,alibi=true"),
+        "paged:num_seqs=1,context_len=40,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,alibi=true"
+            .to_string(),
+    ] {
+        let err = bad.parse::<Problem>().unwrap_err().to_string();
+        assert!(err.contains("alibi"), "{bad}: {err}");
+    }
+}
+
 /// The reference of `spec` with `extra` differs from the plain one in most output values.
 fn assert_moves_most_values(spec: &str, extra: &str) {
     let full = ProblemData::random(&problem(spec), 9).reference();
@@ -1258,7 +1426,7 @@ proptest! {
         d in 1usize..100, causal in prop::bool::ANY, dt in 0usize..3,
         pick in any::<prop::sample::Index>(), window in prop::option::of(1usize..70),
         sinks in prop::bool::ANY, softcap in prop::option::of(0.2f32..60.0),
-        narrow in prop::option::of(0.0f64..1.0),
+        narrow in prop::option::of(0.0f64..1.0), alibi in prop::bool::ANY,
     ) {
         let dtype = DType::ALL[dt];
         let softcap = softcap.map(|c| format!(",softcap={c}")).unwrap_or_default();
@@ -1268,8 +1436,10 @@ proptest! {
             (true, Some(w)) => format!(",window={w}"),
             _ => String::new(),
         };
+        // ALiBi counts back from each query: causal problems only.
+        let alibi = alibi && causal;
         let p = problem(&format!(
-            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},v_head_dim={dv},causal={causal},dtype={dtype},sinks={sinks}{window}{softcap}",
+            "flash:batch=1,q_len={q},kv_len={},q_heads={},kv_heads={kvh},head_dim={d},v_head_dim={dv},causal={causal},dtype={dtype},sinks={sinks}{window}{softcap},alibi={alibi}",
             q + extra, kvh * group
         ));
         let device = Device::host();
@@ -1282,7 +1452,7 @@ proptest! {
         seqs in 1usize..5, ctx in 1usize..400, kvh in 1usize..3, group in 1usize..9,
         d in 1usize..100, bs in 0usize..3, dt in 0usize..3, pick in any::<prop::sample::Index>(),
         window in prop::option::of(1usize..400), sinks in prop::bool::ANY,
-        softcap in prop::option::of(0.2f32..60.0), kv in 0usize..4,
+        softcap in prop::option::of(0.2f32..60.0), kv in 0usize..4, alibi in prop::bool::ANY,
     ) {
         let window = window.map(|w| format!(",window={w}")).unwrap_or_default();
         let softcap = softcap.map(|c| format!(",softcap={c}")).unwrap_or_default();
@@ -1295,7 +1465,7 @@ proptest! {
             _ => String::new(),
         };
         let p = problem(&format!(
-            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={dtype},sinks={sinks}{window}{softcap}{kv}",
+            "paged:num_seqs={seqs},context_len={ctx},q_heads={},kv_heads={kvh},head_dim={d},block_size={},dtype={dtype},sinks={sinks}{window}{softcap}{kv},alibi={alibi}",
             kvh * group, [8, 16, 32][bs]
         ));
         let device = Device::host();

@@ -286,9 +286,15 @@ const FLASH_BF16_SINKS: &str =
 
 #[test]
 fn attention_candidates_match_the_reference_with_sinks() {
-    let paged = format!("{PAGED_BF16},sinks=true");
+    attention_candidates_match(FLASH_BF16_SINKS, "sinks=true");
+}
+
+/// Every candidate of `flash` and of the paged [`PAGED_BF16`] with `extra` (sequences of one
+/// token, of a partition and a ragged one) on an H200 and an MI250.
+fn attention_candidates_match(flash: &str, extra: &str) {
+    let paged = format!("{PAGED_BF16},{extra}");
     for model in ["h200", "mi250"] {
-        every_candidate(model, FLASH_BF16_SINKS, None);
+        every_candidate(model, flash, None);
         every_candidate(model, &paged, Some(vec![1, 600, 333]));
     }
 }
@@ -399,17 +405,93 @@ fn each_kernel_adds_its_heads_sink_where_it_normalizes() {
     );
 }
 
+// ALiBi (Bloom, MPT): grouped heads (each its own slope), queries after cached keys (their
+// positions past their indices), split runs on the H200; decode over several partitions.
+const FLASH_BF16_ALIBI: &str =
+    "flash:q_len=70,kv_len=130,q_heads=4,kv_heads=2,head_dim=64,dtype=bf16,alibi=true";
+
+#[test]
+fn attention_candidates_match_the_reference_with_alibi() {
+    attention_candidates_match(FLASH_BF16_ALIBI, "alibi=true");
+}
+
+/// Each kernel biases its scores by its head's slope: the rows, mma (whole and split) and
+/// MFMA flash forms and the paged forms are wrong without the bias or with another head's
+/// slope (a bias from another position would only shift a row's scores, which the softmax
+/// takes back).
+#[test]
+fn each_kernel_biases_its_scores_by_its_heads_slope() {
+    let other_head = ("kt_alibi_unit(slopes, h,", "kt_alibi_unit(slopes, kvh,");
+    let rows = (
+        "kt_softcap(dot, cap_unit) + kt_alibi(alibi_unit, j0 + r, seen - 1)",
+        "kt_softcap(dot, cap_unit)",
+    );
+    let mma = (
+        "s[n][e] += fmaf(alibi_unit,",
+        "s[n][e] += 0.0f * fmaf(alibi_unit,",
+    );
+    let mfma = (
+        "s[n][e] += kt_alibi(kt_alibi_unit",
+        "s[n][e] += 0.0f * kt_alibi(kt_alibi_unit",
+    );
+    every_flash_form_catches(
+        &FLASH_BF16_ALIBI.parse().unwrap(),
+        [
+            vec![rows, other_head],
+            vec![mma, other_head],
+            vec![mma, other_head],
+            vec![mfma, other_head],
+        ],
+    );
+    // The paged forms of a thread a token and of groups of lanes: the bias left out where
+    // scores are kept, or the first head's slope for every head.
+    paged_lane_forms_catch(
+        "alibi=true",
+        &[
+            (
+                "kt_softcap(x, cap_unit) + kt_alibi(alibi, t, pos)",
+                "kt_softcap(x, cap_unit)",
+            ),
+            (
+                "const float alibi = kt_alibi_unit(slopes, h, log2e);",
+                "const float alibi = kt_alibi_unit(slopes, 0, log2e);",
+            ),
+        ],
+    );
+}
+
+/// The H200's paged forms of a thread a token (f32, head size 96) and of groups of lanes
+/// (head size 128), on their problems with `extra`, each catching every edit of `edits`.
+fn paged_lane_forms_catch(extra: &str, edits: &[(&str, &str)]) {
+    for (spec, lanes, lens) in [
+        (PAGED_F32, 1, vec![77, 5]),
+        (PAGED_BF16_128, 16, vec![300, 17]),
+    ] {
+        let paged: Problem = format!("{spec},{extra}").parse().unwrap();
+        let (device, emu) = emulator("h200");
+        let config = GpuSpace
+            .candidates(&paged, &device)
+            .into_iter()
+            .find(|c| matches!(c, Config::GpuPaged(g) if g.lanes == lanes))
+            .unwrap();
+        let data = ProblemData::random(&paged, 4).with_context_lens(lens);
+        source_edits_show(
+            &emu,
+            &data,
+            &config,
+            include_str!("../hip/paged.hip"),
+            edits,
+        );
+    }
+}
+
 // Soft-capped scores (Gemma 2): a cap below most scores, so every one bends.
 const FLASH_F16_SOFTCAP: &str =
     "flash:q_len=70,kv_len=130,q_heads=4,kv_heads=2,head_dim=64,dtype=f16,softcap=0.5";
 
 #[test]
 fn attention_candidates_match_the_reference_with_a_softcap() {
-    let paged = format!("{PAGED_BF16},softcap=0.5");
-    for model in ["h200", "mi250"] {
-        every_candidate(model, FLASH_F16_SOFTCAP, None);
-        every_candidate(model, &paged, Some(vec![1, 600, 333]));
-    }
+    attention_candidates_match(FLASH_F16_SOFTCAP, "softcap=0.5");
 }
 
 /// Each kernel caps its scores: the rows, mma (whole and split) and MFMA flash forms and both
@@ -417,7 +499,7 @@ fn attention_candidates_match_the_reference_with_a_softcap() {
 /// capped to -C counts it).
 #[test]
 fn each_kernel_caps_its_scores_before_the_mask() {
-    let rows = "s[r] = visible ? kt_softcap(dot, cap_unit) : -KT_INF;";
+    let rows = "s[r] = visible ? kt_softcap(dot, cap_unit) + kt_alibi(alibi_unit, j0 + r, seen - 1)\n                           : -KT_INF;";
     let rows_cap = (rows, "s[r] = visible ? dot : -KT_INF;");
     let rows_after_mask = (
         rows,
@@ -440,34 +522,16 @@ fn each_kernel_caps_its_scores_before_the_mask() {
             vec![mfma_cap],
         ],
     );
-    // Both paged forms: a thread a token (f32, head size 96) and groups of lanes (head size
-    // 128), under a cap of 0.1 that flattens the weights of hundreds of tokens. (Their
-    // maximum uncapped would only shift the exponents, which the partition's maximum takes
-    // back: wrong only where scores lie far past the cap.)
-    for (spec, lanes, lens) in [
-        (PAGED_F32, 1, vec![77, 5]),
-        (PAGED_BF16_128, 16, vec![300, 17]),
-    ] {
-        let paged: Problem = format!("{spec},softcap=0.1").parse().unwrap();
-        let (device, emu) = emulator("h200");
-        let config = GpuSpace
-            .candidates(&paged, &device)
-            .into_iter()
-            .find(|c| matches!(c, Config::GpuPaged(g) if g.lanes == lanes))
-            .unwrap();
-        let data = ProblemData::random(&paged, 4).with_context_lens(lens);
-        let edits = [(
-            "exp2f(kt_softcap(scores[t - t0], cap_unit) - mx)",
+    // Both paged forms, under a cap of 0.1 that flattens the weights of hundreds of tokens.
+    // (Their maximum uncapped would only shift the exponents, which the partition's maximum
+    // takes back: wrong only where scores lie far past the cap.)
+    paged_lane_forms_catch(
+        "softcap=0.1",
+        &[(
+            "exp2f(kt_score_out(scores[t - t0], cap_unit) - mx)",
             "exp2f(scores[t - t0] - mx)",
-        )];
-        source_edits_show(
-            &emu,
-            &data,
-            &config,
-            include_str!("../hip/paged.hip"),
-            &edits,
-        );
-    }
+        )],
+    );
 }
 
 #[test]
@@ -613,8 +677,8 @@ fn paged_candidates_match_the_reference_on_latent_caches() {
 
 /// Blocks of several query heads (a thread a token, each row read once for all of them): every
 /// such candidate of Llama-3.1-70B's TP8 decode shape (8 heads on one KV head) and of
-/// DeepSeek's latent one (16 on one row of 576) with a window, sinks, a cap and an fp8 cache
-/// beside, on an H200's and an MI250's waves; a block whose heads all write the first head's
+/// DeepSeek's latent one (16 on one row of 576) with a window, sinks, ALiBi, a cap and an fp8
+/// cache beside, on an H200's and an MI250's waves; a block whose heads all write the first head's
 /// slot, or all take its query, is caught.
 #[test]
 fn paged_blocks_of_several_heads_match_the_reference() {
@@ -622,7 +686,7 @@ fn paged_blocks_of_several_heads_match_the_reference() {
     for model in ["h200", "mi250"] {
         for (spec, lens) in [
             (
-                "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,window=300,sinks=true",
+                "paged:num_seqs=3,context_len=600,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,window=300,sinks=true,alibi=true",
                 vec![600, 1, 333],
             ),
             (
@@ -661,7 +725,8 @@ fn paged_blocks_of_several_heads_match_the_reference() {
 /// heads on one row of 576, values its first 512, blocks of 16; FlashMLA's blocks of 64 and
 /// blocks of one token with partitions of 256), of Llama-3.1-70B's TP8 decode (8 heads on one
 /// KV head of 128, values their own rows) with a window, sinks and a cap, and of 4 heads on
-/// a KV head of 64 in f16 (rows of the tile past the block's heads): sequences of one token,
+/// a KV head of 64 in f16 with ALiBi (rows of the tile past the block's heads, whose slope
+/// must be read in bounds): sequences of one token,
 /// of a partition and a tile plus one.
 #[test]
 fn paged_tensor_core_candidates_match_the_reference() {
@@ -683,7 +748,7 @@ fn paged_tensor_core_candidates_match_the_reference() {
             vec![600, 1, 333],
         ),
         (
-            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=f16",
+            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=64,dtype=f16,alibi=true",
             vec![300, 17],
         ),
         // Fp8 caches, widened in shared memory: DeepSeek's latent rows in E4M3 under bf16
@@ -758,8 +823,8 @@ fn paged_tensor_core_candidates_match_the_reference() {
                     "const float corr_lo = 1.0f, corr_hi = 1.0f;",
                 ),
                 (
-                    "i < n ? exp2f(kt_softcap(ss[r * KT_TC + i], cap_unit) - m) : 0.0f",
-                    "exp2f(kt_softcap(ss[r * KT_TC + i], cap_unit) - m)",
+                    "i < n ? exp2f(kt_score_out(ss[r * KT_TC + i], cap_unit) - m) : 0.0f",
+                    "exp2f(kt_score_out(ss[r * KT_TC + i], cap_unit) - m)",
                 ),
         ];
         // P·V on the other stage; an fp8 cache's one widened tile read without a barrier
@@ -787,7 +852,8 @@ fn paged_tensor_core_candidates_match_the_reference() {
 /// AMD's matrix cores (`mfma`): every such candidate on an MI300X of DeepSeek-V3's TP8 latent
 /// decode (16 heads on one row of 576, values its first 512; blocks of 16, and of one token
 /// at partitions of 256), of Llama-3.1-70B's TP8 decode with a window, sinks and a cap, and
-/// of 4 heads on a KV head of 128 in f16 (columns past the block's heads), on an MI250 too;
+/// of 4 heads on a KV head of 128 in f16 with ALiBi (columns past the block's heads), on an
+/// MI250 too;
 /// fp8 caches widened in registers: sequences of one token, of a partition, of a tile plus
 /// one and ragged ones.
 #[test]
@@ -810,7 +876,7 @@ fn paged_matrix_core_candidates_match_the_reference() {
         ),
         (
             "mi250",
-            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=128,dtype=f16",
+            "paged:num_seqs=2,context_len=300,q_heads=8,kv_heads=2,head_dim=128,dtype=f16,alibi=true",
             vec![300, 17],
         ),
         // Fp8 caches, widened in registers: DeepSeek's latent rows in MI300X's E4M3 (fnuz)
@@ -884,7 +950,7 @@ fn paged_matrix_core_candidates_match_the_reference() {
                 "run_sum += 0.0f * KT_SHFL_XOR(run_sum, 32);",
             ),
             (
-                "x[e] = j0 + 4 * quad + e < t1 ? kt_softcap",
+                "x[e] = t < t1 ? kt_softcap",
                 "x[e] = true ? kt_softcap",
             ),
             (

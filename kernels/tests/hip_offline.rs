@@ -55,7 +55,7 @@ fn target(hip: &HipCompiler, name: &str) -> String {
 /// gpt-oss-120b's TP8 attention (head size 64, sinks, a window of 128 on every other layer) and
 /// Gemma 2 27B's at TP4 (soft-capped at 50, 4 KV heads of 128 dims); Llama-70B's TP8 decode on
 /// an fp8 (fnuz, MI300X's) cache; DeepSeek-V3's TP8 decode on its latent cache and its
-/// prefill (keys of 192, values of 128).
+/// prefill (keys of 192, values of 128); Bloom-176B's TP8 attention (14 heads of 128, ALiBi).
 fn problems() -> Vec<Problem> {
     [
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
@@ -71,6 +71,8 @@ fn problems() -> Vec<Problem> {
         "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3fnuz",
         "paged:num_seqs=8,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,scale=0.1352",
         "flash:q_len=2048,q_heads=16,kv_heads=16,head_dim=192,v_head_dim=128,dtype=bf16,scale=0.1352",
+        "flash:q_len=512,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16,alibi=true",
+        "paged:num_seqs=8,context_len=2048,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16,alibi=true",
     ]
     .iter()
     .map(|s| s.parse().unwrap())

@@ -655,6 +655,20 @@ fn softcap_builds_compile_for_sm90a_without_spills() {
     attention_builds_compile_without_spills(&nvrtc, &specs, "softcap=50", "KT_SOFTCAP");
 }
 
+/// ALiBi builds (KT_ALIBI): Bloom-176B's attention at TP8 (14 heads of 128 dims, each its own
+/// KV head), the prefill and the decode.
+#[test]
+fn alibi_builds_compile_for_sm90a_without_spills() {
+    let Some(nvrtc) = compiler("alibi_builds_compile_for_sm90a_without_spills") else {
+        return;
+    };
+    let specs = [
+        "flash:q_len=2048,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16".to_string(),
+        "paged:num_seqs=64,context_len=2048,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16".into(),
+    ];
+    attention_builds_compile_without_spills(&nvrtc, &specs, "alibi=true", "KT_ALIBI");
+}
+
 /// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an
 /// E4M3 cache for sm_90a, none spilling; the grouped candidates of an E5M2 cache under f16
 /// queries (head size 64, 4 KV heads) for sm_80 and sm_90, reading their cache rows in

@@ -1,8 +1,9 @@
 /* A server's attention calls through kerntune's C ABI, for a model whose layers look back a
  * bounded distance (Gemma 2 and 3, gpt-oss, Mistral 7B v0.1), add a learned sink to each
- * head's softmax (gpt-oss) or soft-cap the scores (Gemma 2): a prefill chunk by flash
- * attention and a decode step by paged attention, each with and without a sliding window,
- * with sinks and with a soft-cap, a decode step on an fp8 cache (vLLM's
+ * head's softmax (gpt-oss), soft-cap the scores (Gemma 2) or bias them by distance (ALiBi:
+ * Bloom, MPT, Baichuan 13B): a prefill chunk by flash attention and a decode step by paged
+ * attention, each with and without a sliding window, with sinks, with a soft-cap and with
+ * ALiBi, a decode step on an fp8 cache (vLLM's
  * --kv-cache-dtype fp8) under bf16 queries, and one on a latent cache (DeepSeek's multi-head
  * latent attention: one cache, each value the first v_head_dim of its key row), and a prefill
  * chunk with value heads narrower than the keys (that attention's prefill), checked against
@@ -31,17 +32,22 @@ static float value(unsigned i) {
 /* Each query head's sink logit, for the calls with sinks. */
 static const float SINKS[HQ] = {0.5f, -1.0f, 2.5f, 1.0f};
 
+/* Each query head's ALiBi slope, for the calls with ALiBi: a model of 4 heads' (2^-2h). */
+static const float SLOPES[HQ] = {0.25f, 0.0625f, 0.015625f, 0.00390625f};
+
 /* Softmax attention of one query row over `n` keys and values at `keys[t]` (row offsets),
- * with a sink logit `sink` in the softmax (-INFINITY for none): a key whose value is zero;
- * scores capped at `cap` (0 for none). */
+ * the last of them at the query's own position, with a sink logit `sink` in the softmax
+ * (-INFINITY for none): a key whose value is zero; scores capped at `cap` (0 for none), then
+ * biased by `slope` times the key's distance back (0 for none). */
 static void attend(const float *q, const float *k, const float *v, const size_t *keys, size_t n,
-                   double sink, double cap, double *out) {
+                   double sink, double cap, double slope, double *out) {
     double mx = sink, sum = 0.0, s[1024];
     for (size_t t = 0; t < n; t++) {
         double dot = 0.0;
         for (int x = 0; x < D; x++) dot += (double)q[x] * k[keys[t] + x];
         s[t] = dot / sqrt((double)D);
         if (cap > 0.0) s[t] = cap * tanh(s[t] / cap);
+        s[t] -= slope * (double)(n - 1 - t);
         if (s[t] > mx) mx = s[t];
     }
     for (int x = 0; x < D; x++) out[x] = 0.0;
@@ -55,7 +61,8 @@ static void attend(const float *q, const float *k, const float *v, const size_t 
 }
 
 /* Flash attention of Q_LEN queries aligned to the end of KV_LEN keys, causal. */
-static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap) {
+static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap,
+                 const float *slopes) {
     enum { Q_LEN = 9, KV_LEN = 40 };
     static float q[Q_LEN * HQ * D], k[KV_LEN * HKV * D], v[KV_LEN * HKV * D], o[Q_LEN * HQ * D];
     for (unsigned i = 0; i < Q_LEN * HQ * D; i++) q[i] = value(i);
@@ -63,8 +70,8 @@ static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap) 
     KtFlashProblem p = {.batch = 1, .q_len = Q_LEN, .kv_len = KV_LEN, .q_heads = HQ,
                         .kv_heads = HKV, .head_dim = D, .causal = true, .scale = 0.0f,
                         .dtype = KT_DTYPE_F32, .window = window, .sinks = sinks,
-                        .softcap = cap};
-    const char *with = sinks ? " sinks" : cap > 0.0f ? " softcap" : "";
+                        .softcap = cap, .alibi_slopes = slopes};
+    const char *with = sinks ? " sinks" : cap > 0.0f ? " softcap" : slopes ? " alibi" : "";
     if (kt_flash_attention(d, &p, q, k, v, o, NULL) != KT_STATUS_OK) {
         printf("flash window=%zu%s: %s\n", window, with, kt_last_error());
         return 0;
@@ -76,7 +83,7 @@ static int flash(KtDispatcher *d, size_t window, const float *sinks, float cap) 
             const size_t pos = i + KV_LEN - Q_LEN, first = window && pos + 1 > window ? pos + 1 - window : 0;
             for (size_t j = first; j <= pos; j++) keys[j - first] = (j * HKV + h / (HQ / HKV)) * D;
             attend(&q[(i * HQ + h) * D], k, v, keys, pos + 1 - first, sinks ? sinks[h] : -INFINITY,
-                   cap, want);
+                   cap, slopes ? slopes[h] : 0.0, want);
             for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(i * HQ + h) * D + x] - want[x]));
         }
     printf("flash window=%zu%s: max difference %.1e\n", window, with, worst);
@@ -109,7 +116,7 @@ static int flash_narrow(KtDispatcher *d) {
         for (size_t h = 0; h < HQ; h++) {
             const size_t pos = i + KV_LEN - Q_LEN;
             for (size_t j = 0; j <= pos; j++) keys[j] = (j * HKV + h / (HQ / HKV)) * D;
-            attend(&q[(i * HQ + h) * D], k, vd, keys, pos + 1, -INFINITY, 0.0, want);
+            attend(&q[(i * HQ + h) * D], k, vd, keys, pos + 1, -INFINITY, 0.0, 0.0, want);
             for (int x = 0; x < DV; x++) worst = fmax(worst, fabs(o[(i * HQ + h) * DV + x] - want[x]));
         }
     printf("flash v_head_dim=%d: max difference %.1e\n", DV, worst);
@@ -169,7 +176,7 @@ static int paged_fp8(KtDispatcher *d) {
                 const size_t row = (size_t)tables[s * MAX_BLOCKS + t / BS] * BS + t % BS;
                 keys[t] = (row * HKV + h / (HQ / HKV)) * D;
             }
-            attend(&qf[(s * HQ + h) * D], kf, vf, keys, lens[s], -INFINITY, 0.0, want);
+            attend(&qf[(s * HQ + h) * D], kf, vf, keys, lens[s], -INFINITY, 0.0, 0.0, want);
             for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * D + x] - want[x]));
         }
     printf("paged fp8_e4m3: max difference %.1e\n", worst);
@@ -206,7 +213,7 @@ static int paged_latent(KtDispatcher *d) {
             for (size_t t = 0; t < lens[s]; t++)
                 keys[t] = ((size_t)tables[s * MAX_BLOCKS + t / BS] * BS + t % BS) * D;
             /* The loops take all D values of each row; the first DV are the output. */
-            attend(&q[(s * HQ + h) * D], kc, kc, keys, lens[s], -INFINITY, 0.0, want);
+            attend(&q[(s * HQ + h) * D], kc, kc, keys, lens[s], -INFINITY, 0.0, 0.0, want);
             for (int x = 0; x < DV; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * DV + x] - want[x]));
         }
     printf("paged latent v_head_dim=%d: max difference %.1e\n", DV, worst);
@@ -219,7 +226,8 @@ static int paged_latent(KtDispatcher *d) {
 }
 
 /* One decode step of SEQS sequences of their own lengths on a paged cache. */
-static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap) {
+static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap,
+                 const float *slopes) {
     enum { SEQS = 3, CTX = 50, MAX_BLOCKS = (CTX + BS - 1) / BS, BLOCKS = SEQS * MAX_BLOCKS };
     static float q[SEQS * HQ * D], kc[BLOCKS * BS * HKV * D], vc[BLOCKS * BS * HKV * D], o[SEQS * HQ * D];
     uint32_t tables[SEQS * MAX_BLOCKS], lens[SEQS] = {CTX, 1, 23};
@@ -229,8 +237,9 @@ static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap) 
     for (unsigned b = 0; b < SEQS * MAX_BLOCKS; b++) tables[b] = BLOCKS - 1 - b;
     KtPagedProblem p = {.num_seqs = SEQS, .context_len = CTX, .q_heads = HQ, .kv_heads = HKV,
                         .head_dim = D, .block_size = BS, .scale = 0.0f, .dtype = KT_DTYPE_F32,
-                        .window = window, .sinks = sinks, .softcap = cap};
-    const char *with = sinks ? " sinks" : cap > 0.0f ? " softcap" : "";
+                        .window = window, .sinks = sinks, .softcap = cap,
+                        .alibi_slopes = slopes};
+    const char *with = sinks ? " sinks" : cap > 0.0f ? " softcap" : slopes ? " alibi" : "";
     if (kt_paged_attention(d, &p, q, kc, vc, BLOCKS, tables, MAX_BLOCKS, lens, o, NULL) !=
         KT_STATUS_OK) {
         printf("paged window=%zu%s: %s\n", window, with, kt_last_error());
@@ -246,7 +255,7 @@ static int paged(KtDispatcher *d, size_t window, const float *sinks, float cap) 
                 keys[t - first] = (row * HKV + h / (HQ / HKV)) * D;
             }
             attend(&q[(s * HQ + h) * D], kc, vc, keys, ctx - first, sinks ? sinks[h] : -INFINITY,
-                   cap, want);
+                   cap, slopes ? slopes[h] : 0.0, want);
             for (int x = 0; x < D; x++) worst = fmax(worst, fabs(o[(s * HQ + h) * D + x] - want[x]));
         }
     printf("paged window=%zu%s: max difference %.1e\n", window, with, worst);
@@ -266,9 +275,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     /* A cap of 0.3, under most of these scores, so that it bends every one. */
-    int ok = flash(d, 0, NULL, 0) & flash(d, 6, NULL, 0) & flash(d, 6, SINKS, 0) &
-             flash(d, 0, NULL, 0.3f) & flash_narrow(d) & paged(d, 0, NULL, 0) & paged(d, 20, NULL, 0) &
-             paged(d, 0, SINKS, 0) & paged(d, 20, NULL, 0.3f) & paged_fp8(d) & paged_latent(d);
+    int ok = flash(d, 0, NULL, 0, NULL) & flash(d, 6, NULL, 0, NULL) & flash(d, 6, SINKS, 0, NULL) &
+             flash(d, 0, NULL, 0.3f, NULL) & flash(d, 0, NULL, 0, SLOPES) & flash_narrow(d) &
+             paged(d, 0, NULL, 0, NULL) & paged(d, 20, NULL, 0, NULL) & paged(d, 0, SINKS, 0, NULL) &
+             paged(d, 20, NULL, 0.3f, NULL) & paged(d, 20, NULL, 0, SLOPES) & paged_fp8(d) &
+             paged_latent(d);
     /* A window without the causal mask looks back from nothing: refused by name. */
     KtFlashProblem bad = {.batch = 1, .q_len = 4, .kv_len = 4, .q_heads = 1, .kv_heads = 1,
                           .head_dim = D, .causal = false, .dtype = KT_DTYPE_F32, .window = 2};

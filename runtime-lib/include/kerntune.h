@@ -14,10 +14,11 @@
  (the library's) before its first call, since a struct that grew (2: `window` in the
  attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
  and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem;
- 6: narrow value heads, `v_head_dim` in the flash problem) would otherwise be read past
- the end a program built against an older header passes.
+ 6: narrow value heads, `v_head_dim` in the flash problem; 7: ALiBi, `alibi_slopes` in
+ both attention problems) would otherwise be read past the end a program built against an
+ older header passes.
  */
-#define KERNTUNE_ABI_VERSION 6
+#define KERNTUNE_ABI_VERSION 7
 
 /*
  Result of every call.
@@ -169,6 +170,14 @@ typedef struct KtFlashProblem {
    the output `[batch, q_len, q_heads, v_head_dim]`.
    */
   size_t v_head_dim;
+  /*
+   ALiBi (Bloom, MPT, Baichuan 13B, Falcon-RW, JAIS; causal only): `q_heads` floats, each
+   query head's slope `m`, and the score of the query at position `pos` for key `j`
+   gains `m · (j − pos)` after the soft-cap (vLLM's `alibi_slopes`: a tensor-parallel
+   rank passes its own heads'); host or device memory as `sinks`. NULL for none. Problems
+   with and without ALiBi are tuned apart.
+   */
+  const float *alibi_slopes;
 } KtFlashProblem;
 
 /*
@@ -222,6 +231,11 @@ typedef struct KtPagedProblem {
    cache's `v_scale` must equal its `k_scale` (or be 0).
    */
   size_t v_head_dim;
+  /*
+   ALiBi: `q_heads` slopes, as in KtFlashProblem; the score of token `t` of a context of
+   `ctx` gains `m · (t − (ctx − 1))`. NULL for none; not on a latent cache.
+   */
+  const float *alibi_slopes;
 } KtPagedProblem;
 
 /*

@@ -20,9 +20,10 @@ use crate::{Dispatcher, Match, Stats};
 /// (the library's) before its first call, since a struct that grew (2: `window` in the
 /// attention problems; 3: `sinks` and `softcap`; 4: fp8 KV caches, `kv_dtype`, `k_scale`
 /// and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem;
-/// 6: narrow value heads, `v_head_dim` in the flash problem) would otherwise be read past
-/// the end a program built against an older header passes.
-pub const KERNTUNE_ABI_VERSION: u32 = 6;
+/// 6: narrow value heads, `v_head_dim` in the flash problem; 7: ALiBi, `alibi_slopes` in
+/// both attention problems) would otherwise be read past the end a program built against an
+/// older header passes.
+pub const KERNTUNE_ABI_VERSION: u32 = 7;
 
 /// Result of every call.
 #[repr(C)]
@@ -113,6 +114,12 @@ pub struct KtFlashProblem {
     /// V3, Kimi K2: keys of 192, values of 128): V `[batch, kv_len, kv_heads, v_head_dim]`,
     /// the output `[batch, q_len, q_heads, v_head_dim]`.
     pub v_head_dim: usize,
+    /// ALiBi (Bloom, MPT, Baichuan 13B, Falcon-RW, JAIS; causal only): `q_heads` floats, each
+    /// query head's slope `m`, and the score of the query at position `pos` for key `j`
+    /// gains `m · (j − pos)` after the soft-cap (vLLM's `alibi_slopes`: a tensor-parallel
+    /// rank passes its own heads'); host or device memory as `sinks`. NULL for none. Problems
+    /// with and without ALiBi are tuned apart.
+    pub alibi_slopes: *const f32,
 }
 
 /// A paged attention decode problem (vLLM cache layout).
@@ -150,6 +157,9 @@ pub struct KtPagedProblem {
     /// (or the key cache again), the output `[num_seqs, q_heads, v_head_dim]`, and an fp8
     /// cache's `v_scale` must equal its `k_scale` (or be 0).
     pub v_head_dim: usize,
+    /// ALiBi: `q_heads` slopes, as in KtFlashProblem; the score of token `t` of a context of
+    /// `ctx` gains `m · (t − (ctx − 1))`. NULL for none; not on a latent cache.
+    pub alibi_slopes: *const f32,
 }
 
 thread_local! {
@@ -223,6 +233,7 @@ pub(crate) fn flash_problem(f: &KtFlashProblem) -> Result<FlashProblem, (KtStatu
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
     .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
+    .and_then(|p| p.with_alibi(!f.alibi_slopes.is_null()))
     .map_err(|e| invalid(e.to_string()))
 }
 
@@ -253,6 +264,7 @@ pub(crate) fn paged_problem(f: &KtPagedProblem) -> Result<PagedProblem, (KtStatu
     .and_then(|p| p.with_window((f.window > 0).then_some(f.window)))
     .map(|p| p.with_sinks(!f.sinks.is_null()))
     .and_then(|p| p.with_softcap((f.softcap != 0.0).then_some(f.softcap)))
+    .and_then(|p| p.with_alibi(!f.alibi_slopes.is_null()))
     .map_err(|e| invalid(e.to_string()))
 }
 
@@ -294,16 +306,17 @@ pub(crate) fn latent_values(
     Ok(key_cache)
 }
 
-/// The sink logits a problem's `sinks` points to: `q_heads` of them, or none where NULL.
+/// The per-head floats (sink logits, ALiBi slopes) `values` points to: `q_heads` of them, or
+/// none where NULL.
 ///
 /// # Safety
-/// `sinks` is NULL or valid for `q_heads` floats.
-unsafe fn sinks<'a>(sinks: *const f32, q_heads: usize) -> &'a [f32] {
-    if sinks.is_null() {
+/// `values` is NULL or valid for `q_heads` floats.
+unsafe fn per_head<'a>(values: *const f32, q_heads: usize) -> &'a [f32] {
+    if values.is_null() {
         return &[];
     }
     // SAFETY: caller contract.
-    unsafe { std::slice::from_raw_parts(sinks, q_heads) }
+    unsafe { std::slice::from_raw_parts(values, q_heads) }
 }
 
 /// # Safety
@@ -503,7 +516,8 @@ pub unsafe extern "C" fn kt_flash_attention(
                 q: tensor("q", q, p.q_len_elems(), p.dtype)?,
                 k: tensor("k", k, p.kv_len_elems(), p.dtype)?,
                 v: tensor("v", v, p.v_len_elems(), p.dtype)?,
-                sinks: sinks(f.sinks, p.q_heads),
+                sinks: per_head(f.sinks, p.q_heads),
+                slopes: per_head(f.alibi_slopes, p.q_heads),
                 out: out("o", o, p.out_len())?,
             }
         };
@@ -563,7 +577,8 @@ pub unsafe extern "C" fn kt_paged_attention(
                 block_tables: std::slice::from_raw_parts(block_tables, p.num_seqs * max_blocks),
                 max_blocks_per_seq: max_blocks,
                 context_lens: std::slice::from_raw_parts(context_lens, p.num_seqs),
-                sinks: sinks(f.sinks, p.q_heads),
+                sinks: per_head(f.sinks, p.q_heads),
+                slopes: per_head(f.alibi_slopes, p.q_heads),
                 kv_scales,
                 out: out("o", o, p.out_len())?,
             }

@@ -286,6 +286,7 @@ pub unsafe extern "C" fn kt_gpu_flash_attention(
             inputs: [addr("q", q)?, addr("k", k)?, addr("v", v)?],
             out: addr("o", o.cast_const().cast())?,
             sinks: f.sinks as u64,
+            slopes: f.alibi_slopes as u64,
             ..DevicePtrs::default()
         };
         let scratch = (scratch, scratch_bytes);
@@ -361,6 +362,7 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
             max_blocks_per_seq: max_blocks,
             partials: [0; 3],
             sinks: f.sinks as u64,
+            slopes: f.alibi_slopes as u64,
             kv_scales,
         };
         addr("scratch", scratch.cast_const())?;

@@ -8,7 +8,8 @@
 //! window among them (a windowed layer's calls find only winners tuned with that window, whose
 //! GPU builds hold its masks; a window no shorter than a call's keys is none), and sinks
 //! (gpt-oss's calls find winners verified with sinks, whose GPU builds add them), and whether
-//! scores are soft-capped (Gemma 2; the capped builds hold the tanh), and what a paged
+//! scores are soft-capped (Gemma 2; the capped builds hold the tanh) or biased by ALiBi (its
+//! builds add the bias; the slopes are the call's), and what a paged
 //! cache holds (an fp8 cache's calls find winners built for its format) and how wide its
 //! values are (a latent cache's calls, and latent attention's prefill with value heads
 //! narrower than its keys, find winners of their value width). The softmax
@@ -53,6 +54,7 @@ pub enum StaticKey {
         window: Option<usize>,
         sinks: bool,
         softcap: bool,
+        alibi: bool,
     },
     Paged {
         q_heads: usize,
@@ -65,6 +67,7 @@ pub enum StaticKey {
         window: Option<usize>,
         sinks: bool,
         softcap: bool,
+        alibi: bool,
     },
 }
 
@@ -94,6 +97,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 window: f.window,
                 sinks: f.sinks,
                 softcap: f.softcap.is_some(),
+                alibi: f.alibi,
             },
             [f.batch, f.q_len, f.kv_len],
         ),
@@ -109,6 +113,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 window: pg.window,
                 sinks: pg.sinks,
                 softcap: pg.softcap.is_some(),
+                alibi: pg.alibi,
             },
             [pg.num_seqs, pg.context_len, 1],
         ),

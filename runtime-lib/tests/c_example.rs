@@ -128,14 +128,14 @@ fn c_example_runs_a_gemm_and_reports_stats() {
 }
 
 /// The attention example in C: flash attention and paged attention through the C ABI, with
-/// and without a sliding window, with sinks and with a soft-cap, flash attention with value
+/// and without a sliding window, with sinks, with a soft-cap and with ALiBi, flash attention with value
 /// heads narrower than the keys, paged attention on an fp8 cache under bf16 queries and on a
 /// latent cache, against its own loops; values wider than the keys, an fp8 scale that is not
 /// positive, a value cache beside a latent one and a window without the causal mask are
 /// refused by name; the program checks the ABI version
 /// before its first call.
 #[test]
-fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
+fn c_attention_example_matches_its_loops_with_windows_sinks_softcaps_and_alibi() {
     let dir = tempfile::tempdir().unwrap();
     let exe = compile_example("attention.c", &["-lm"], dir.path());
     let out = Command::new(&exe)
@@ -156,12 +156,14 @@ fn c_attention_example_matches_its_loops_with_windows_sinks_and_softcaps() {
         Ok("flash window=6"),
         Ok("flash window=6 sinks"),
         Ok("flash window=0 softcap"),
+        Ok("flash window=0 alibi"),
         Ok("flash v_head_dim=8"),
         Err("v_head_dim"),
         Ok("paged window=0"),
         Ok("paged window=20"),
         Ok("paged window=0 sinks"),
         Ok("paged window=20 softcap"),
+        Ok("paged window=20 alibi"),
         Ok("paged fp8_e4m3"),
         Err("v_scale"),
         Ok("paged latent v_head_dim=12"),

@@ -315,6 +315,35 @@ fn sinks_decide_selection() {
     });
 }
 
+/// ALiBi is a static dimension: a Bloom or MPT call finds the winners tuned with ALiBi (whose
+/// GPU builds add the bias), a call without it the plain ones, and neither the other's; a
+/// decode call with ALiBi through the dispatcher, on sequences of their own lengths, matches
+/// the reference.
+#[test]
+fn alibi_decides_selection() {
+    let plain = "paged:num_seqs=8,context_len=2048,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16";
+    let biased = format!("{plain},alibi=true");
+    two_winners(&biased, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
+        assert_eq!(sel(&biased), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        let call =
+            "paged:num_seqs=3,context_len=1500,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16";
+        assert_eq!(sel(&format!("{call},alibi=true")).1, a);
+        assert_eq!(sel(call).1, b);
+
+        let p: Problem = format!("{call},alibi=true").parse().unwrap();
+        let mut data = ProblemData::random(&p, 3).with_context_lens(vec![1500, 1, 700]);
+        let reference = data.reference();
+        let Args::Paged(args) = data.args() else {
+            unreachable!("a paged problem")
+        };
+        assert_ne!(d.paged_attention(&p, args).unwrap(), Match::Default);
+        let err = relative_error(&data.out, &reference);
+        assert!(err <= p.tolerance(), "{err:e}");
+    });
+}
+
 /// A soft-cap's presence is a static dimension, its value is not (an argument of the capped
 /// builds, as the scale is): a Gemma 2 call with any cap finds the capped winners, a call
 /// without one the plain ones; through the dispatcher it matches the reference.

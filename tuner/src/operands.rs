@@ -135,7 +135,7 @@ impl Operands {
             max_blocks_per_seq,
             bytemuck::cast_slice(bytes(self.lens)),
             // A few floats, read only: every copy shares the verification copy's.
-            &first.sinks,
+            first.heads(),
             first.kv_scales,
             bytemuck::cast_slice_mut(&mut out[..self.out.1]),
         )

@@ -8,7 +8,9 @@
 //! are masked. With a sliding window, likewise below it: a query tile's keys start at its
 //! first row's window, and tiles its later rows' windows have passed are masked for those.
 //! A head's sink joins the softmax only in the last division, `O / (l + 2^(sink − m))`: a
-//! key of value zero changes the sum and nothing else.
+//! key of value zero changes the sum and nothing else. ALiBi's bias joins each score after the
+//! cap, from each row's slope and position, the distance `j − pos` exact in f32 (positions
+//! stay below 2^24; the two products subtracted would lose the difference at long contexts).
 //!
 //! Scores are computed transposed, `Sᵀ = K·Qᵀ`: K rows are contiguous in memory as the
 //! microkernel's A operand wants them, and `Qᵀ` is built once per query tile instead of a `Kᵀ`
@@ -18,6 +20,7 @@
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, Table, TableElem, UkrFn};
 use crate::config::{FlashConfig, FlashSplit};
+use crate::kernel::HeadValues;
 use crate::problem::FlashProblem;
 
 /// The microkernel shape both products use: rows up to 8, two vectors wide.
@@ -59,12 +62,13 @@ impl Layout {
             bcp: c.bc.next_multiple_of(mr),
         }
     }
-    /// Qᵀ tile, O tile, Sᵀ tile, K tile, V tile, row max, row sum, softmax temporaries.
+    /// Qᵀ tile, O tile, Sᵀ tile, K tile, V tile, row max, row sum, softmax temporaries, the
+    /// rows' ALiBi slopes and positions.
     fn per_worker(&self) -> usize {
         2 * self.rows_pad * self.dp
             + self.rows_pad * self.bcp
             + 2 * self.bcp * self.dp
-            + 4 * self.rows_pad
+            + 6 * self.rows_pad
     }
 }
 
@@ -79,7 +83,7 @@ pub fn run<T: TableElem>(
     q: &[T],
     k: &[T],
     v: &[T],
-    sinks: &[f32],
+    heads: HeadValues<'_>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -105,7 +109,7 @@ pub fn run<T: TableElem>(
             nr,
             lay: &lay,
             span: &span,
-            sinks,
+            heads,
         };
         for blk in span.blocks.clone() {
             // SAFETY: query blocks of distinct tasks write disjoint rows of `out`.
@@ -182,6 +186,20 @@ impl Span {
         super::sink_weight(sinks, self.h0 + r % self.rows_per_pos, m)
     }
 
+    /// Row `r`'s ALiBi slope in the scores' units (times log2(e)) and its query's position,
+    /// in the tile whose first position is `i0`; `None` without ALiBi.
+    pub(super) fn alibi(
+        &self,
+        p: &FlashProblem,
+        slopes: &[f32],
+        i0: usize,
+        r: usize,
+    ) -> Option<(f32, f32)> {
+        let slope = slopes.get(self.h0 + r % self.rows_per_pos)?;
+        let pos = p.query_pos(i0 + r / self.rows_per_pos);
+        Some((slope * std::f32::consts::LOG2_E, pos as f32))
+    }
+
     /// Offset in K of key 0 of this task's KV head; keys are `kv_heads · head_dim` apart.
     pub(super) fn kv_base(&self, p: &FlashProblem) -> usize {
         self.kv_row(p) * p.head_dim
@@ -228,8 +246,8 @@ struct Tile<'a> {
     nr: usize,
     lay: &'a Layout,
     span: &'a Span,
-    /// Each query head's sink logit, or empty.
-    sinks: &'a [f32],
+    /// Each query head's sink logit and ALiBi slope, or empty.
+    heads: HeadValues<'a>,
 }
 
 impl Tile<'_> {
@@ -261,7 +279,16 @@ impl Tile<'_> {
         let (vt, rest) = rest.split_at_mut(lay.bcp * lay.dp);
         let (mx, rest) = rest.split_at_mut(rp);
         let (sum, rest) = rest.split_at_mut(rp);
-        let tmp = &mut rest[..2 * rp];
+        let (tmp, rest) = rest.split_at_mut(2 * rp);
+        let (slope, pos) = rest[..2 * rp].split_at_mut(rp);
+        let alibi = p.alibi;
+        if alibi {
+            for r in 0..rows {
+                (slope[r], pos[r]) = span
+                    .alibi(p, self.heads.slopes, i0, r)
+                    .expect("validated: a slope per query head");
+            }
+        }
 
         // Qᵀ [d][rows_pad], pre-scaled by scale·log2(e), zero past the live rows: each Q row
         // is widened into O's buffer (free until the accumulators are reset) and scattered.
@@ -345,6 +372,13 @@ impl Tile<'_> {
                     (self.t.softcap)(&mut st[j * rp..j * rp + rows], unit);
                 }
             }
+            // ALiBi's bias, `slope · (j − pos)`, on the capped scores.
+            if alibi {
+                for j in 0..w {
+                    let row = &mut st[j * rp..j * rp + rows];
+                    (self.t.alibi_col)(row, &slope[..rows], &pos[..rows], (j0 + j) as f32);
+                }
+            }
             // Mask what lies above the diagonal in a tile crossing it: key j0 + j is hidden
             // from the rows of positions below j0 + j − off, a prefix of each key's row.
             if p.causal && j0 + w > i0 + off + 1 {
@@ -391,7 +425,7 @@ impl Tile<'_> {
 
         for r in 0..rows {
             let dst = span.out_at(p, i0, r);
-            let inv = 1.0 / (sum[r] + span.sink_weight(self.sinks, r, mx[r]));
+            let inv = 1.0 / (sum[r] + span.sink_weight(self.heads.sinks, r, mx[r]));
             for x in 0..dv {
                 // SAFETY: caller contract: this row of out belongs to this task.
                 unsafe { *out.add(dst + x) = ot[r * lay.dp + x] * inv };

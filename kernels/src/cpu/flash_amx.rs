@@ -24,6 +24,7 @@ use super::amx_tiles::{c_tile, TileConfig, Tiles, ROWS};
 use super::flash::{causal_offset, kv_end, task_count, Span};
 use super::parallel::{for_each_task, share_len, shares_len, SharedMut};
 use crate::config::FlashConfig;
+use crate::kernel::HeadValues;
 use crate::problem::FlashProblem;
 
 /// Rows and columns of a block of 2 × 2 accumulator tiles, and the padding of every dimension.
@@ -81,14 +82,14 @@ pub fn run(
     q: &[bf16],
     k: &[bf16],
     v: &[bf16],
-    sinks: &[f32],
+    heads: HeadValues<'_>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
     debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
     // Every AMX host has AVX-512.
     let passes = passes(Level::best());
-    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, sinks, out, scratch, passes);
+    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, heads, out, scratch, passes);
 }
 
 /// [`pack_v`]'s arguments: values, first row, row stride, live keys, columns, row width,
@@ -182,7 +183,7 @@ fn run_on<T: Tiles + Default>(
     q: &[bf16],
     k: &[bf16],
     v: &[bf16],
-    sinks: &[f32],
+    heads: HeadValues<'_>,
     out: &mut [f32],
     scratch: &mut [f32],
     passes: Passes,
@@ -218,7 +219,7 @@ fn run_on<T: Tiles + Default>(
                     q,
                     k,
                     v,
-                    sinks,
+                    heads,
                     out.get(),
                     blk,
                     buf,
@@ -604,7 +605,7 @@ unsafe fn query_tile<T: Tiles>(
     q: &[u16],
     k: &[u16],
     v: &[u16],
-    sinks: &[f32],
+    heads: HeadValues<'_>,
     out: *mut f32,
     blk: usize,
     buf: &mut [u32],
@@ -664,6 +665,7 @@ unsafe fn query_tile<T: Tiles>(
     let qscale = p.scale.get() * std::f32::consts::LOG2_E;
     // The host's best vector build of the cap (the portable one where it lacks AVX-512).
     let softcap = super::table::table(c.isa).softcap;
+    let alibi = super::table::table(c.isa).alibi_row;
     // SAFETY (whole block): the tiles' operands are the padded buffers above, every product
     // within their blocks; the caller's contract on T.
     unsafe {
@@ -700,6 +702,16 @@ unsafe fn query_tile<T: Tiles>(
                 let unit = cap.get() / p.scale.get();
                 for r in 0..rows {
                     softcap(&mut s[r * bcp..r * bcp + w], unit);
+                }
+            }
+            // ALiBi's bias, in the same units (`slope / scale` a key).
+            if p.alibi {
+                for r in 0..rows {
+                    let (slope, pos) = span
+                        .alibi(p, heads.slopes, i0, r)
+                        .expect("validated: a slope per query head");
+                    let row = &mut s[r * bcp..r * bcp + w];
+                    alibi(row, slope / qscale, j0 as f32 - pos);
                 }
             }
             (passes.softmax)(&mut Rows {
@@ -755,7 +767,7 @@ unsafe fn query_tile<T: Tiles>(
 
     for r in 0..rows {
         let dst = span.out_at(p, i0, r);
-        let inv = 1.0 / (sum[r] + span.sink_weight(sinks, r, mx[r]));
+        let inv = 1.0 / (sum[r] + span.sink_weight(heads.sinks, r, mx[r]));
         for (x, &acc) in o[r * dp..r * dp + dv].iter().enumerate() {
             // SAFETY: the caller's contract: this row of out belongs to this task.
             unsafe { *out.add(dst + x) = acc * inv };
@@ -778,13 +790,16 @@ mod tests {
     /// threads, every build of the passes the host runs; sliding windows of 1, 5 and 40 keys
     /// (rows whose window has passed keys mid-tile, tiles some rows see nothing of); sinks,
     /// on grouped heads and within a window; a soft-cap; value heads narrower than the keys
-    /// (latent attention's 192 and 128, and 80 and 47: an odd width, short of a block).
+    /// (latent attention's 192 and 128, and 80 and 47: an odd width, short of a block);
+    /// ALiBi, grouped, chunked (queries after cached keys) and capped within a window.
     #[test]
     fn flash_matches_the_reference_on_the_tile_model() {
         let builds = Level::supported();
         let mut ran = 0;
         for spec in [
             "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true",
+            "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=2,head_dim=64,causal=true,alibi=true",
+            "flash:batch=2,q_len=37,kv_len=37,q_heads=4,kv_heads=2,head_dim=64,causal=true,window=9,softcap=0.5,alibi=true",
             "flash:batch=1,q_len=19,kv_len=70,q_heads=8,kv_heads=1,head_dim=128,causal=true,sinks=true",
             "flash:batch=1,q_len=1,kv_len=29,q_heads=64,kv_heads=1,head_dim=64,causal=true",
             "flash:batch=1,q_len=23,kv_len=23,q_heads=8,kv_heads=8,head_dim=80,causal=false",
@@ -821,18 +836,20 @@ mod tests {
                         };
                         for &level in &builds {
                             let mut scratch = vec![0f32; scratch_len(&p, &c) + 16];
-                            data.out.fill(f32::NAN);
+                            let mut out = std::mem::take(&mut data.out);
+                            out.fill(f32::NAN);
                             run_on::<Model>(
                                 &p,
                                 &c,
                                 &q,
                                 &k,
                                 &v,
-                                &data.sinks,
-                                &mut data.out,
+                                data.heads(),
+                                &mut out,
                                 &mut scratch,
                                 passes(level),
                             );
+                            data.out = out;
                             let err = crate::reference::relative_error(&data.out, &reference);
                             assert!(
                                 err <= problem.tolerance(),
@@ -845,6 +862,6 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ran, 11 * 4 * 2 * 2 * builds.len());
+        assert_eq!(ran, 13 * 4 * 2 * 2 * builds.len());
     }
 }

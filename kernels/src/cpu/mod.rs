@@ -40,7 +40,9 @@ pub(crate) use paged::{part_len as paged_part_len, turn_tokens as paged_turn_tok
 use half::{bf16, f16};
 
 use crate::config::GemmVariant;
-use crate::kernel::{check_dtype, check_len, Args, Backend, FlashArgs, GemmArgs, PagedArgs};
+use crate::kernel::{
+    check_dtype, check_len, Args, Backend, FlashArgs, GemmArgs, HeadValues, PagedArgs,
+};
 use crate::space::{CpuSpace, Space};
 use crate::{Config, Device, Fp8, KernelError, Problem, Result, Tensor};
 
@@ -130,6 +132,7 @@ impl Backend for CpuBackend {
                     k,
                     v,
                     sinks,
+                    slopes,
                     out,
                 } = a;
                 for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
@@ -139,19 +142,21 @@ impl Backend for CpuBackend {
                 check_len("k", k.len(), p.kv_len_elems())?;
                 check_len("v", v.len(), p.v_len_elems())?;
                 check_len("sinks", sinks.len(), problem.sinks_len())?;
+                check_len("slopes", slopes.len(), problem.slopes_len())?;
                 check_len("out", out.len(), p.out_len())?;
+                let heads = HeadValues { sinks, slopes };
                 match (q, k, v) {
                     (Tensor::F32(q), Tensor::F32(k), Tensor::F32(v)) => {
-                        flash::run(p, c, q, k, v, sinks, out, scratch)
+                        flash::run(p, c, q, k, v, heads, out, scratch)
                     }
                     (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => {
-                        flash::run(p, c, q, k, v, sinks, out, scratch)
+                        flash::run(p, c, q, k, v, heads, out, scratch)
                     }
                     (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) if c.amx => {
-                        flash_amx::run(p, c, q, k, v, sinks, out, scratch)
+                        flash_amx::run(p, c, q, k, v, heads, out, scratch)
                     }
                     (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => {
-                        flash::run(p, c, q, k, v, sinks, out, scratch)
+                        flash::run(p, c, q, k, v, heads, out, scratch)
                     }
                     _ => unreachable!("dtypes checked above"),
                 }
@@ -187,6 +192,7 @@ fn run_paged(
     check_len("out", a.out.len(), p.out_len())?;
     check_len("context_lens", a.context_lens.len(), p.num_seqs)?;
     check_len("sinks", a.sinks.len(), Problem::Paged(*p).sinks_len())?;
+    check_len("slopes", a.slopes.len(), Problem::Paged(*p).slopes_len())?;
     let row = p.block_size * p.kv_heads * p.head_dim;
     let values = a.key_cache.len() / p.head_dim * p.cached_v_dim();
     if !a.key_cache.len().is_multiple_of(row) || a.value_cache.len() != values {
@@ -237,7 +243,11 @@ fn run_paged(
     }
     let mb = a.max_blocks_per_seq;
     let tables = (a.block_tables, mb, a.context_lens);
-    let extra = (a.sinks, a.kv_scales.for_kernels(p));
+    let heads = HeadValues {
+        sinks: a.sinks,
+        slopes: a.slopes,
+    };
+    let extra = (heads, a.kv_scales.for_kernels(p));
     // Each combination of query and cache types the problem validation admits.
     macro_rules! run {
         ($q:expr, $k:expr, $v:expr) => {

@@ -6,7 +6,9 @@
 //! through the block table once, keeps the scores in scratch, and leaves an unnormalised
 //! partial output with its row max and sum. A second pass combines the partitions of each
 //! head by log-sum-exp; with a single partition the first pass writes the output directly.
-//! A head's sink joins only that last division, as one more term of the sum.
+//! A head's sink joins only that last division, as one more term of the sum. A soft-cap and
+//! ALiBi's bias apply where a run of scores becomes weights ([`Adjust`]), whichever way the
+//! scores were computed.
 //!
 //! The heads of a `whole_rows` task take turns so that each token row, all KV heads side by
 //! side, is read by all of them while it is in L2: on AMX tiles inside the kernel (a scores
@@ -18,6 +20,7 @@ use super::leaf::prefetch;
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, CacheElem, TableElem};
 use crate::config::PagedConfig;
+use crate::kernel::HeadValues;
 use crate::problem::PagedProblem;
 #[cfg(target_arch = "x86_64")]
 use crate::DType;
@@ -167,7 +170,7 @@ pub fn run<Q: TableElem, C: CacheElem>(
     block_tables: &[u32],
     max_blocks: usize,
     context_lens: &[u32],
-    (sinks, kv): (&[f32], (f32, f32)),
+    (heads, kv): (HeadValues<'_>, (f32, f32)),
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -178,7 +181,7 @@ pub fn run<Q: TableElem, C: CacheElem>(
         c,
         caches,
         tables,
-        (sinks, kv),
+        (heads, kv),
         out,
         scratch,
         Engine::Hardware,
@@ -204,11 +207,12 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
     c: &PagedConfig,
     (query, key_cache, value_cache): (&[Q], &[C], &[C]),
     (block_tables, max_blocks, context_lens): (&[u32], usize, &[u32]),
-    (sinks, (k_factor, v_factor)): (&[f32], (f32, f32)),
+    (heads, (k_factor, v_factor)): (HeadValues<'_>, (f32, f32)),
     out: &mut [f32],
     scratch: &mut [f32],
     engine: Engine,
 ) {
+    let sinks = heads.sinks;
     // The AMX and key-tile kernels are x86-64's; elsewhere every config runs per token.
     #[cfg(not(target_arch = "x86_64"))]
     let _ = engine;
@@ -246,6 +250,16 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
         let t0 = p.first_token(ctx) + part * lay.part_len;
         let t1 = (t0 + lay.part_len).min(ctx);
         let n = t1.saturating_sub(t0);
+        // What makes the scores of head unit j's rows from token `first` on the softmax's.
+        let adjust = |j: usize, first: usize| Adjust {
+            cap,
+            slopes: match heads.slopes {
+                [] => &[],
+                all => &all[h0 + j * lay.rows..][..lay.rows],
+            },
+            // The new token is the context's last: distances count back from it.
+            first: first as f32 - (ctx - 1) as f32,
+        };
         // Block sizes are powers of two (validated): shifts, where a division by the run-time
         // size cost more than the token's arithmetic.
         let shift = p.block_size.trailing_zeros();
@@ -330,7 +344,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                         std::slice::from_raw_parts_mut(s, lay.rows * lay.ld),
                         std::slice::from_raw_parts_mut(stats_at(j), 2 * lay.rows),
                         (lay.rows, lay.ld, n),
-                        cap,
+                        adjust(j, t0),
                     )
                 };
                 for j in 0..lay.heads {
@@ -417,6 +431,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                     let len = chunk.min(n - c0);
                     for j in 0..lay.heads {
                         let (acc, stats) = (acc_at(j), stats_at(j));
+                        let adjust = adjust(j, t0 + c0);
                         let task = Task {
                             q: query
                                 .as_ptr()
@@ -442,7 +457,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                                 std::slice::from_raw_parts_mut(stats, 2 * lay.rows),
                                 std::slice::from_raw_parts_mut(acc, rd),
                                 (lay.rows, ld, len, d),
-                                cap,
+                                adjust,
                             )
                         });
                     }
@@ -500,10 +515,10 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
             }
         }
         // The query rows are no longer needed: reuse them as the output accumulators.
-        for head in buf.chunks_exact_mut(per_head) {
+        for (j, head) in buf.chunks_exact_mut(per_head).enumerate() {
             let (acc, scores, stats) = split_head(head, sizes);
             acc.fill(0.0);
-            softmax(t, scores, stats, (lay.rows, lay.ld, n), cap);
+            softmax(t, scores, stats, (lay.rows, lay.ld, n), adjust(j, t0));
         }
         for i in 0..n {
             if i + ahead < n {
@@ -553,13 +568,11 @@ fn online_softmax(
     stats: &mut [f32],
     acc: &mut [f32],
     (rows, ld, n, d): (usize, usize, usize, usize),
-    cap: Option<f32>,
+    adjust: Adjust<'_>,
 ) {
     for r in 0..rows {
         let row = &mut scores[r * ld..r * ld + n];
-        if let Some(unit) = cap {
-            (t.softcap)(row, unit);
-        }
+        adjust.apply(t, r, row);
         let (m_old, l_old) = (stats[2 * r], stats[2 * r + 1]);
         let m = m_old.max((t.row_max)(row));
         let sum = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };
@@ -575,22 +588,44 @@ fn online_softmax(
 }
 
 /// Each query row's max score and the sum of `exp2(score - max)`, the scores replaced by
-/// those weights; soft-capped first where `cap` is the cap in the scores' units.
+/// those weights; adjusted first (capped, biased).
 fn softmax(
     t: &super::table::Table,
     scores: &mut [f32],
     stats: &mut [f32],
     (rows, ld, n): (usize, usize, usize),
-    cap: Option<f32>,
+    adjust: Adjust<'_>,
 ) {
     for r in 0..rows {
         let row = &mut scores[r * ld..r * ld + n];
-        if let Some(unit) = cap {
-            (t.softcap)(row, unit);
-        }
+        adjust.apply(t, r, row);
         let m = (t.row_max)(row);
         stats[2 * r] = m;
         stats[2 * r + 1] = if n == 0 { 0.0 } else { (t.exp2_sum)(row, m) };
+    }
+}
+
+/// What turns a run of a head unit's scores (in units of `scale · log2(e)`) into the
+/// softmax's: the soft-cap, then ALiBi's bias.
+#[derive(Clone, Copy)]
+struct Adjust<'a> {
+    /// The cap in the scores' units.
+    cap: Option<f32>,
+    /// Each row's ALiBi slope (empty without ALiBi).
+    slopes: &'a [f32],
+    /// The distance of the run's first token from the query's position (0 or less; a whole
+    /// number, exact in f32, as is each distance after it).
+    first: f32,
+}
+
+impl Adjust<'_> {
+    fn apply(&self, t: &super::table::Table, r: usize, row: &mut [f32]) {
+        if let Some(unit) = self.cap {
+            (t.softcap)(row, unit);
+        }
+        if let Some(&slope) = self.slopes.get(r) {
+            (t.alibi_row)(row, slope * std::f32::consts::LOG2_E, self.first);
+        }
     }
 }
 

@@ -703,6 +703,15 @@ mod tests {
                 "num_seqs=2,context_len=100,q_heads=10,kv_heads=1,head_dim=32,block_size=8,window=70,softcap=0.5",
                 vec![100, 75],
             ),
+            // ALiBi, with short and windowed contexts: distances from each sequence's own end.
+            (
+                "num_seqs=3,context_len=130,q_heads=8,kv_heads=2,head_dim=64,block_size=16,window=37,alibi=true,softcap=0.5",
+                vec![130, 20, 41],
+            ),
+            (
+                "num_seqs=3,context_len=130,q_heads=6,kv_heads=3,head_dim=64,block_size=16,alibi=true",
+                vec![130, 1, 77],
+            ),
             // Blocks of one token (every tile gathered) and of 64 and 128 (whole tiles).
             (
                 "num_seqs=2,context_len=50,q_heads=8,kv_heads=1,head_dim=64,block_size=1",
@@ -787,17 +796,20 @@ mod tests {
                         };
                         for &engine in &engines {
                             let mut scratch = vec![0f32; scratch_len(p, &c)];
-                            data.out.fill(f32::NAN);
+                            let mut out = std::mem::take(&mut data.out);
+                            out.fill(f32::NAN);
+                            let heads = data.heads();
                             run_with(
                                 p,
                                 &c,
                                 (&q[..], &k[..], &v[..]),
                                 (&tables.0, mb, &tables.1),
-                                (&data.sinks, (1.0, 1.0)),
-                                &mut data.out,
+                                (heads, (1.0, 1.0)),
+                                &mut out,
                                 &mut scratch,
                                 engine,
                             );
+                            data.out = out;
                             let err = crate::reference::relative_error(&data.out, &reference);
                             assert!(
                                 err <= problem.tolerance(),
@@ -823,6 +835,8 @@ mod tests {
                 + 3 * 4
                 + 3 * 3
                 + 4 * 2
+                + 3 * 3
+                + 3 * 3
                 + 4 * 2
                 + 2 * 3
                 + 2

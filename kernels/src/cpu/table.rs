@@ -78,6 +78,11 @@ pub struct Table {
     pub exp2_sum: fn(&mut [f32], f32) -> f32,
     /// Soft-caps scores held in units where the cap is the second argument.
     pub softcap: fn(&mut [f32], f32),
+    /// ALiBi along a row of one head's scores: score `i` gains `slope · (first + i)`.
+    pub alibi_row: fn(&mut [f32], f32, f32),
+    /// ALiBi down a column of one key's scores, a row each: score `r` gains
+    /// `slopes[r] · (key − positions[r])`.
+    pub alibi_col: fn(&mut [f32], &[f32], &[f32], f32),
     pub softmax_cols: SoftmaxColsFn,
     pub f32: ElemFns<f32>,
     pub bf16: ElemFns<bf16>,
@@ -253,6 +258,33 @@ macro_rules! isa_table {
                 unsafe { softcap_tf(scores, unit) }
             }
 
+            // ALiBi's bias, likewise at this level's width: at the baseline's four lanes (and
+            // a 64-bit index turned into a float a score) it took as long as AMX's products
+            // of a flash tile. Distances are whole numbers below 2^24, exact in f32.
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn alibi_row_tf(scores: &mut [f32], slope: f32, first: f32) {
+                for (i, s) in scores.iter_mut().enumerate() {
+                    *s += slope * (first + i as i32 as f32);
+                }
+            }
+
+            fn alibi_row(scores: &mut [f32], slope: f32, first: f32) {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { alibi_row_tf(scores, slope, first) }
+            }
+
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn alibi_col_tf(scores: &mut [f32], slopes: &[f32], positions: &[f32], key: f32) {
+                for ((s, &m), &at) in scores.iter_mut().zip(slopes).zip(positions) {
+                    *s += m * (key - at);
+                }
+            }
+
+            fn alibi_col(scores: &mut [f32], slopes: &[f32], positions: &[f32], key: f32) {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { alibi_col_tf(scores, slopes, positions, key) }
+            }
+
             $(#[target_feature(enable = $feature)])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn softmax_cols_tf(
@@ -298,6 +330,8 @@ macro_rules! isa_table {
                 row_max,
                 exp2_sum,
                 softcap,
+                alibi_row,
+                alibi_col,
                 softmax_cols,
                 f32: elem_fns::<f32>(),
                 bf16: elem_fns::<bf16>(),

@@ -343,6 +343,8 @@ pub struct DeviceProblem {
     tables: Option<(CudaSlice<u32>, CudaSlice<u32>, usize)>,
     /// Attention with sinks: each query head's sink logit.
     sinks: Option<CudaSlice<f32>>,
+    /// Attention with ALiBi: each query head's slope.
+    slopes: Option<CudaSlice<f32>>,
     /// Paged attention on fp8 caches: their scales.
     kv_scales: KvScales,
     out: CudaSlice<f32>,
@@ -433,6 +435,10 @@ impl DeviceProblem {
                 true => None,
                 false => Some(gpu.stream.memcpy_stod(&data.sinks).map_err(err)?),
             },
+            slopes: match data.slopes.is_empty() {
+                true => None,
+                false => Some(gpu.stream.memcpy_stod(&data.slopes).map_err(err)?),
+            },
             kv_scales: data.kv_scales,
             out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
             partials,
@@ -482,6 +488,9 @@ impl DeviceProblem {
         }
         if let Some(sinks) = &self.sinks {
             ptrs.sinks = addr(sinks.device_ptr(stream));
+        }
+        if let Some(slopes) = &self.slopes {
+            ptrs.slopes = addr(slopes.device_ptr(stream));
         }
         if let Some((o, m, s)) = &mut self.partials {
             ptrs.partials = [

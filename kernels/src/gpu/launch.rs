@@ -166,6 +166,8 @@ pub struct DevicePtrs {
     pub partials: [u64; 3],
     /// Attention with sinks: the `q_heads` f32 sink logits (0 without).
     pub sinks: u64,
+    /// Attention with ALiBi: the `q_heads` f32 slopes (0 without).
+    pub slopes: u64,
     /// Paged attention on fp8 caches: their scales (kernel arguments, not buffers).
     pub kv_scales: KvScales,
 }
@@ -312,18 +314,35 @@ pub fn launches(
             ),
         });
     }
-    // The kernels of a problem with sinks read them: a null address would fault the device.
-    if problem.sinks_len() > 0 && (ptrs.sinks == 0 || !ptrs.sinks.is_multiple_of(4)) {
-        return Err(KernelError::BadBuffer {
-            name: "sinks",
-            reason: format!(
-                "device address {:#x}: the problem has sinks, so the call passes its {} f32 sink logits in device memory, 4-byte aligned",
-                ptrs.sinks,
-                problem.sinks_len()
-            ),
-        });
+    // The kernels of a problem with sinks or ALiBi read their floats: a null address would
+    // fault the device.
+    for (name, address, len, has, floats) in [
+        (
+            "sinks",
+            ptrs.sinks,
+            problem.sinks_len(),
+            "sinks",
+            "sink logits",
+        ),
+        (
+            "alibi_slopes",
+            ptrs.slopes,
+            problem.slopes_len(),
+            "ALiBi",
+            "slopes",
+        ),
+    ] {
+        if len > 0 && (address == 0 || !address.is_multiple_of(4)) {
+            return Err(KernelError::BadBuffer {
+                name,
+                reason: format!(
+                    "device address {address:#x}: the problem has {has}, so the call passes its {len} f32 {floats} in device memory, 4-byte aligned"
+                ),
+            });
+        }
     }
     let sinks = Arg::Ptr(ptrs.sinks);
+    let slopes = Arg::Ptr(ptrs.slopes);
     // The soft-cap, 0 without one (its builds read it).
     let softcap = |cap: Option<crate::SoftCap>| Arg::Float(cap.map_or(0.0, |c| c.get()));
     // The partial results go to the caller's scratch, stored as the output is.
@@ -494,7 +513,13 @@ pub fn launches(
                     args: [
                         vec![i0, i1, i2, out],
                         sizes.to_vec(),
-                        vec![Arg::Float(p.scale.get()), window, sinks, softcap(p.softcap)],
+                        vec![
+                            Arg::Float(p.scale.get()),
+                            window,
+                            sinks,
+                            softcap(p.softcap),
+                            slopes,
+                        ],
                         maps,
                     ]
                     .concat(),
@@ -515,7 +540,13 @@ pub fn launches(
                         args: [
                             vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
-                            vec![Arg::Float(p.scale.get()), window, sinks, softcap(p.softcap)],
+                            vec![
+                                Arg::Float(p.scale.get()),
+                                window,
+                                sinks,
+                                softcap(p.softcap),
+                                slopes,
+                            ],
                             maps,
                         ]
                         .concat(),
@@ -568,6 +599,7 @@ pub fn launches(
                         Arg::Float(p.scale.get() * k_factor),
                         int(p.window.unwrap_or(0), "window")?,
                         softcap(p.softcap),
+                        slopes,
                     ],
                 },
                 Launch {
@@ -615,14 +647,15 @@ mod tests {
             max_blocks_per_seq: 7,
             partials: [8, 12, 16],
             sinks: 20,
+            slopes: 24,
             kv_scales: KvScales::ONE,
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
-            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![13]),
+            ("flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64", vec![14]),
             (
                 "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128",
-                vec![15, 8],
+                vec![16, 8],
             ),
         ] {
             let p: Problem = spec.parse().unwrap();
@@ -667,7 +700,7 @@ mod tests {
             3 * 8 * 1000usize.div_ceil(g.partition)
         );
         // A window: partitions of the 300 tokens each sequence attends to, the window the
-        // kernel's last argument (0 without one).
+        // kernel's argument before the soft-cap and the slopes (0 without one).
         let windowed: Problem =
             "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,window=300"
                 .parse()
@@ -679,10 +712,11 @@ mod tests {
         for (p, window) in [(&p, 0), (&windowed, 300)] {
             let l = launches(p, &c, &ptrs).unwrap();
             let n = l[0].args.len();
-            assert_eq!(l[0].args[n - 2], Arg::Int(window), "{p}");
-            assert_eq!(l[0].args[n - 1], Arg::Float(0.0), "{p}");
+            assert_eq!(l[0].args[n - 3], Arg::Int(window), "{p}");
+            assert_eq!(l[0].args[n - 2], Arg::Float(0.0), "{p}");
         }
-        // A soft-cap: the last argument of the flash kernel and of the paged first kernel.
+        // A soft-cap: the argument before the slopes of the flash kernel and of the paged
+        // first kernel.
         for spec in [
             "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,softcap=30",
             "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,softcap=30",
@@ -690,20 +724,42 @@ mod tests {
             let capped: Problem = spec.parse().unwrap();
             let c = GpuSpace.default_config(&capped, &device);
             let l = launches(&capped, &c, &ptrs).unwrap();
-            assert_eq!(l[0].args.last(), Some(&Arg::Float(30.0)), "{spec}");
+            let n = l[0].args.len();
+            assert_eq!(l[0].args[n - 2], Arg::Float(30.0), "{spec}");
         }
-        // Sinks: the address follows the window in every flash kernel (the soft-cap after it)
-        // and in the paged reduction (the value factor after it); a problem with sinks
-        // refuses a launch without them.
+        // ALiBi: the slopes' address ends the flash kernel's and the paged first kernel's
+        // arguments; a problem with ALiBi refuses a launch without them.
         for spec in [
-            "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,sinks=true",
-            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,sinks=true",
+            "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,alibi=true",
+            "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,alibi=true",
+        ] {
+            let biased: Problem = spec.parse().unwrap();
+            let c = GpuSpace.default_config(&biased, &device);
+            let l = launches(&biased, &c, &ptrs).unwrap();
+            assert_eq!(l[0].args.last(), Some(&Arg::Ptr(24)), "{spec}");
+            let e = launches(&biased, &c, &DevicePtrs { slopes: 0, ..ptrs })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("alibi_slopes") && e.contains("8 f32"), "{e}");
+        }
+        // Sinks: the address follows the window in every flash kernel (the soft-cap and the
+        // slopes after it) and in the paged reduction (the value factor after it); a problem
+        // with sinks refuses a launch without them.
+        for (spec, from_end) in [
+            (
+                "flash:q_len=37,q_heads=8,kv_heads=1,head_dim=64,sinks=true",
+                3,
+            ),
+            (
+                "paged:num_seqs=3,context_len=1000,q_heads=8,kv_heads=1,head_dim=128,sinks=true",
+                2,
+            ),
         ] {
             let sunk: Problem = spec.parse().unwrap();
             let c = GpuSpace.default_config(&sunk, &device);
             let l = launches(&sunk, &c, &ptrs).unwrap();
             let args = &l.last().unwrap().args;
-            assert_eq!(args[args.len() - 2], Arg::Ptr(20), "{spec}");
+            assert_eq!(args[args.len() - from_end], Arg::Ptr(20), "{spec}");
             let e = launches(&sunk, &c, &DevicePtrs { sinks: 0, ..ptrs })
                 .unwrap_err()
                 .to_string();
@@ -736,7 +792,7 @@ mod tests {
             let Problem::Paged(pp) = fp8 else { panic!() };
             let first = &l[0].args;
             assert_eq!(
-                first[first.len() - 3],
+                first[first.len() - 4],
                 Arg::Float(pp.scale.get() * 0.5 * factor),
                 "{spec}"
             );
@@ -876,8 +932,8 @@ mod tests {
         });
         GpuSpace.validate(&by_tma, &p, &h200).unwrap();
         let l = launches(&p, &by_tma, &ptrs).unwrap();
-        // (Scale, window, sinks, soft-cap, then the maps.)
-        let [.., Arg::Float(_), Arg::Int(0), Arg::Ptr(0), Arg::Float(_), Arg::TensorMap(k), Arg::TensorMap(v)] =
+        // (Scale, window, sinks, soft-cap, slopes, then the maps.)
+        let [.., Arg::Float(_), Arg::Int(0), Arg::Ptr(0), Arg::Float(_), Arg::Ptr(0), Arg::TensorMap(k), Arg::TensorMap(v)] =
             l[0].args[..]
         else {
             panic!("{:?}", l[0].args)
@@ -1142,6 +1198,7 @@ mod tests {
             max_blocks_per_seq: 63,
             partials: [0x1000, maxima, 0x3000],
             sinks: 0,
+            slopes: 0,
             kv_scales: KvScales::ONE,
         };
         launches(&paged, &config, &three(0x2000)).unwrap();

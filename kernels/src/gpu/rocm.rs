@@ -361,6 +361,8 @@ pub struct HipProblem<'g> {
     tables: Option<(DeviceMem<'g>, DeviceMem<'g>, usize)>,
     /// Attention with sinks: each query head's sink logit.
     sinks: Option<DeviceMem<'g>>,
+    /// Attention with ALiBi: each query head's slope.
+    slopes: Option<DeviceMem<'g>>,
     /// Paged attention on fp8 caches: their scales.
     kv_scales: KvScales,
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
@@ -418,6 +420,10 @@ impl<'g> HipProblem<'g> {
                 true => None,
                 false => Some(gpu.upload(&data.sinks)?),
             },
+            slopes: match data.slopes.is_empty() {
+                true => None,
+                false => Some(gpu.upload(&data.slopes)?),
+            },
             kv_scales: data.kv_scales,
             partials,
             workspace: match &data.problem {
@@ -449,6 +455,9 @@ impl<'g> HipProblem<'g> {
         }
         if let Some(sinks) = &self.sinks {
             ptrs.sinks = addr(sinks);
+        }
+        if let Some(slopes) = &self.slopes {
+            ptrs.slopes = addr(slopes);
         }
         if let Some((o, m, s)) = &self.partials {
             ptrs.partials = [addr(o), addr(m), addr(s)];

@@ -155,6 +155,7 @@ impl KernelBuild {
                     .chain(p.window.is_some().then_some(("KT_WINDOW", 1)))
                     .chain(p.sinks.then_some(("KT_SINKS", 1)))
                     .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
+                    .chain(p.alibi.then_some(("KT_ALIBI", 1)))
                     .chain(p.narrow_values().then_some(("KT_DV", p.v_head_dim)))
                     .collect(),
                     entries: if c.split > 1 {
@@ -190,6 +191,7 @@ impl KernelBuild {
                 .chain(c.mfma.then_some(("KT_PAGED_MFMA", 1)))
                 .chain(p.sinks.then_some(("KT_SINKS", 1)))
                 .chain(p.softcap.is_some().then_some(("KT_SOFTCAP", 1)))
+                .chain(p.alibi.then_some(("KT_ALIBI", 1)))
                 .chain(p.fp8().map(|f| ("KT_KV_FP8", kv_fp8_code(f))))
                 .collect(),
                 entries: &["kt_paged", "kt_paged_reduce"],

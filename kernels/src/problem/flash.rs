@@ -16,6 +16,12 @@
 //! With a soft-cap `softcap=C` (Gemma 2's `attn_logit_softcapping`), each scaled score `s`
 //! becomes `C · tanh(s / C)` before the mask and the softmax.
 //!
+//! With `alibi` (causal only; Bloom, MPT, Baichuan 13B, Falcon-RW, JAIS), each query head has
+//! a slope `m_h` and the score of the query at position `pos` for key `j` gains
+//! `m_h · (j − pos)` (after the cap, before the mask): a linear penalty on distance, in place
+//! of rotary embeddings. The slopes are data of the call, `q_heads` f32 values, as vLLM's
+//! `alibi_slopes` (a rank of a tensor-parallel group passes its own heads' slopes).
+//!
 //! With `v_head_dim` below `head_dim`, value heads are narrower than query and key heads: V is
 //! `[batch, kv_len, kv_heads, v_head_dim]` and O `[batch, q_len, q_heads, v_head_dim]`. That is
 //! multi-head latent attention's prefill (DeepSeek-V2 and V3, Kimi K2): its keys decompressed
@@ -50,6 +56,9 @@ pub struct FlashProblem {
     pub sinks: bool,
     /// Scores soft-capped at `C` (`None`: as they are).
     pub softcap: Option<SoftCap>,
+    /// Scores biased by each query head's ALiBi slope times the key's distance (the call
+    /// passes the slopes).
+    pub alibi: bool,
 }
 
 #[derive(Deserialize)]
@@ -75,6 +84,9 @@ struct FlashFields {
     /// Absent in problems written before soft-caps.
     #[serde(default)]
     softcap: Option<SoftCap>,
+    /// Absent in problems written before ALiBi.
+    #[serde(default)]
+    alibi: bool,
 }
 
 impl TryFrom<FlashFields> for FlashProblem {
@@ -88,6 +100,7 @@ impl TryFrom<FlashFields> for FlashProblem {
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
         .map(|p| p.with_cap(f.softcap))
+        .and_then(|p| p.with_alibi(f.alibi))
     }
 }
 
@@ -149,6 +162,7 @@ impl FlashProblem {
             window: None,
             sinks: false,
             softcap: None,
+            alibi: false,
         })
     }
 
@@ -193,6 +207,31 @@ impl FlashProblem {
         self
     }
 
+    /// This problem with (or without) ALiBi's linear bias on each score. Causal problems only:
+    /// the bias counts distance back from each query's position, and every ALiBi model is a
+    /// decoder.
+    pub fn with_alibi(mut self, alibi: bool) -> Result<Self> {
+        if alibi && !self.causal {
+            return Err(invalid(
+                "alibi",
+                alibi,
+                "ALiBi biases each score by its key's distance back from the query: it needs causal=true",
+            ));
+        }
+        self.alibi = alibi;
+        Ok(self)
+    }
+
+    /// The position of query `i` among the keys (`i` itself without the causal mask, where
+    /// `q_len` may exceed `kv_len`).
+    pub fn query_pos(&self, i: usize) -> usize {
+        if self.causal {
+            i + self.kv_len - self.q_len
+        } else {
+            i
+        }
+    }
+
     /// This problem with each query looking back at most `window` keys, itself included
     /// (`None`: every key the mask leaves it). Causal problems only: a window bounds how far
     /// back a decoder looks. A window of `kv_len` keys or more is dropped, as it hides none.
@@ -221,7 +260,8 @@ impl FlashProblem {
 
     /// Spec keys: `q_len`, `q_heads`, `head_dim` (required); `batch` (1), `kv_len` (q_len),
     /// `kv_heads` (q_heads), `v_head_dim` (head_dim), `causal` (true), `scale`
-    /// (1/sqrt(head_dim)), `dtype` (f32), `window` (none), `sinks` (false), `softcap` (none).
+    /// (1/sqrt(head_dim)), `dtype` (f32), `window` (none), `sinks` (false), `softcap` (none),
+    /// `alibi` (false).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let q_len: usize = f.req("q_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -246,7 +286,8 @@ impl FlashProblem {
         .with_v_head_dim(f.opt("v_head_dim")?.unwrap_or(head_dim))?
         .with_window(f.opt("window")?)?
         .with_sinks(f.opt("sinks")?.unwrap_or(false))
-        .with_softcap(f.opt("softcap")?)?;
+        .with_softcap(f.opt("softcap")?)?
+        .with_alibi(f.opt("alibi")?.unwrap_or(false))?;
         f.finish(&[
             "batch",
             "q_len",
@@ -261,6 +302,7 @@ impl FlashProblem {
             "window",
             "sinks",
             "softcap",
+            "alibi",
         ])?;
         Ok(p)
     }
@@ -288,6 +330,9 @@ impl FlashProblem {
         }
         if let Some(c) = self.softcap {
             key.push_str(&format!(",softcap={}", c.get()));
+        }
+        if self.alibi {
+            key.push_str(",alibi=true");
         }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));

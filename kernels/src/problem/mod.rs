@@ -97,6 +97,15 @@ impl Problem {
         }
     }
 
+    /// ALiBi slopes a call passes: one per query head of attention with ALiBi, else none.
+    pub fn slopes_len(&self) -> usize {
+        match self {
+            Problem::Flash(p) if p.alibi => p.q_heads,
+            Problem::Paged(p) if p.alibi => p.q_heads,
+            _ => 0,
+        }
+    }
+
     /// Relative tolerance of a kernel's output against the f64 reference (see
     /// [`crate::DType::tolerance`]). Attention on bf16 may round its probabilities to bf16
     /// for the `P·V` product, as PyTorch's CPU flash attention and the GPU flash-attention
@@ -290,6 +299,23 @@ impl TryFrom<f32> for SoftCap {
     fn try_from(v: f32) -> std::result::Result<Self, String> {
         SoftCap::new(v).ok_or_else(|| format!("soft-cap {v} must be finite and positive"))
     }
+}
+
+/// The ALiBi slopes of a model with `heads` attention heads, head 0 first: `2^(−8h/n)` for
+/// `h = 1..=n` where `n` is a power of two, else those of the power `n` below `heads` and then
+/// every other slope of `2n` heads (`2^(−4h/n)`, `h = 1, 3, 5, …`), as ALiBi's paper and
+/// Bloom, Baichuan and vLLM compute them. A tensor-parallel rank's heads take the consecutive
+/// slice of the whole model's slopes its heads are.
+pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+    if heads == 0 {
+        return Vec::new();
+    }
+    let n = 1usize << heads.ilog2();
+    let mut slopes: Vec<f32> = (1..=n)
+        .map(|h| (-8.0 * h as f64 / n as f64).exp2() as f32)
+        .collect();
+    slopes.extend((0..heads - n).map(|x| (-4.0 * (2 * x + 1) as f64 / n as f64).exp2() as f32));
+    slopes
 }
 
 /// `tanh(x)` within a few ulp, in branch-free scalar code that LLVM vectorises with the

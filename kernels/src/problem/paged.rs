@@ -19,6 +19,10 @@
 //! With a soft-cap `softcap=C` (Gemma 2's `attn_logit_softcapping`), each scaled score `s`
 //! becomes `C · tanh(s / C)` before the mask and the softmax.
 //!
+//! With `alibi` (Bloom, MPT, Baichuan 13B, Falcon-RW, JAIS), each query head has a slope
+//! `m_h`, and the score of token `t` of a context of `ctx` gains `m_h · (t − (ctx − 1))`
+//! after the cap (vLLM's `alibi_slopes`; the call passes the `q_heads` slopes).
+//!
 //! The caches hold `kv_dtype` values: the query's `dtype`, or with an f16 or bf16 query one of
 //! the fp8 formats (vLLM's `--kv-cache-dtype fp8`, half the bytes a decode step reads). An
 //! fp8 cache's values are scaled by per-tensor factors the call passes
@@ -59,6 +63,9 @@ pub struct PagedProblem {
     pub sinks: bool,
     /// Scores soft-capped at `C` (`None`: as they are).
     pub softcap: Option<SoftCap>,
+    /// Scores biased by each query head's ALiBi slope times the token's distance (the call
+    /// passes the slopes).
+    pub alibi: bool,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +93,9 @@ struct PagedFields {
     /// Absent in problems written before soft-caps.
     #[serde(default)]
     softcap: Option<SoftCap>,
+    /// Absent in problems written before ALiBi.
+    #[serde(default)]
+    alibi: bool,
 }
 
 impl TryFrom<PagedFields> for PagedProblem {
@@ -106,6 +116,7 @@ impl TryFrom<PagedFields> for PagedProblem {
         .with_window(f.window)
         .map(|p| p.with_sinks(f.sinks))
         .map(|p| p.with_cap(f.softcap))
+        .and_then(|p| p.with_alibi(f.alibi))
     }
 }
 
@@ -174,6 +185,7 @@ impl PagedProblem {
             window: None,
             sinks: false,
             softcap: None,
+            alibi: false,
         })
     }
 
@@ -193,7 +205,8 @@ impl PagedProblem {
             ));
         }
         self.v_head_dim = v_head_dim;
-        Ok(self)
+        // Checked again, whichever of the two came first.
+        self.with_alibi(self.alibi)
     }
 
     /// Whether the problem reads one latent cache, its values a prefix of its keys.
@@ -244,6 +257,24 @@ impl PagedProblem {
         self
     }
 
+    /// This problem with (or without) ALiBi's linear bias on each score. Not on a latent cache:
+    /// multi-head latent attention's models take rotary embeddings.
+    pub fn with_alibi(mut self, alibi: bool) -> Result<Self> {
+        if alibi && self.is_latent() {
+            return Err(invalid(
+                "alibi",
+                alibi,
+                &format!(
+                    "ALiBi is not taken on a latent cache (v_head_dim = {} below head_dim = {}): \
+                     no latent-attention model uses it",
+                    self.v_head_dim, self.head_dim
+                ),
+            ));
+        }
+        self.alibi = alibi;
+        Ok(self)
+    }
+
     /// This problem looking back at most `window` tokens (`None`: all of them). A window of
     /// `context_len` tokens or more is dropped: no call of the problem reaches past it.
     pub fn with_window(mut self, window: Option<usize>) -> Result<Self> {
@@ -271,7 +302,7 @@ impl PagedProblem {
 
     /// Spec keys: `context_len`, `q_heads`, `head_dim` (required); `num_seqs` (1), `kv_heads`
     /// (q_heads), `v_head_dim` (head_dim), `block_size` (16), `scale` (1/sqrt(head_dim)), `dtype` (f32), `kv_dtype`
-    /// (dtype), `window` (none), `sinks` (false), `softcap` (none).
+    /// (dtype), `window` (none), `sinks` (false), `softcap` (none), `alibi` (false).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
         let context_len = f.req("context_len")?;
         let q_heads: usize = f.req("q_heads")?;
@@ -297,7 +328,8 @@ impl PagedProblem {
             .with_kv_dtype(f.opt("kv_dtype")?.unwrap_or(p.dtype))?
             .with_window(f.opt("window")?)?
             .with_sinks(f.opt("sinks")?.unwrap_or(false))
-            .with_softcap(f.opt("softcap")?)?;
+            .with_softcap(f.opt("softcap")?)?
+            .with_alibi(f.opt("alibi")?.unwrap_or(false))?;
         f.finish(&[
             "num_seqs",
             "context_len",
@@ -312,6 +344,7 @@ impl PagedProblem {
             "window",
             "sinks",
             "softcap",
+            "alibi",
         ])?;
         Ok(p)
     }
@@ -341,6 +374,9 @@ impl PagedProblem {
         }
         if let Some(c) = self.softcap {
             key.push_str(&format!(",softcap={}", c.get()));
+        }
+        if self.alibi {
+            key.push_str(",alibi=true");
         }
         if self.scale != Scale::default_for(self.head_dim) {
             key.push_str(&format!(",scale={}", self.scale.get()));

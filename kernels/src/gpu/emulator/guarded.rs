@@ -55,7 +55,8 @@ impl Guarded {
         Guarded::input_bytes(&bytes)
     }
 
-    /// f32 inputs beside the tensors (attention sinks), between the same NaN guards.
+    /// f32 inputs beside the tensors (attention sinks, ALiBi slopes), between the same NaN
+    /// guards.
     pub fn floats_input(v: &[f32]) -> Guarded {
         Guarded::input_bytes(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
     }

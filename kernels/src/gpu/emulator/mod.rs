@@ -140,7 +140,12 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
             )
             .and_then(|f| f.with_v_head_dim(p.v_head_dim))
             .and_then(|f| f.with_window(window))
-            .map(|f| Problem::Flash(f.with_sinks(p.sinks).with_cap(p.softcap)))
+            .and_then(|f| {
+                f.with_sinks(p.sinks)
+                    .with_cap(p.softcap)
+                    .with_alibi(p.alibi)
+            })
+            .map(Problem::Flash)
         }
         (Problem::Paged(p), Config::GpuPaged(c)) => {
             let (q_heads, kv_heads) = heads(p.q_heads, p.kv_heads);
@@ -164,7 +169,12 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
             .and_then(|q| q.with_v_head_dim(p.v_head_dim))
             .and_then(|q| q.with_kv_dtype(p.kv_dtype))
             .and_then(|q| q.with_window(window))
-            .map(|q| Problem::Paged(q.with_sinks(p.sinks).with_cap(p.softcap)))
+            .and_then(|q| {
+                q.with_sinks(p.sinks)
+                    .with_cap(p.softcap)
+                    .with_alibi(p.alibi)
+            })
+            .map(Problem::Paged)
         }
         _ => Ok(*problem),
     };
@@ -481,6 +491,7 @@ impl Emulator {
         let mut tables = Guarded::words(&data.block_tables);
         let mut lens = Guarded::words(&data.context_lens);
         let mut sinks = Guarded::floats_input(&data.sinks);
+        let mut slopes = Guarded::floats_input(&data.slopes);
         let mut out = Guarded::output(data.out.len());
         let mut partials = partial_floats(problem, config).map(Guarded::output);
         let mut ptrs = DevicePtrs {
@@ -493,6 +504,11 @@ impl Emulator {
                 0
             } else {
                 sinks.addr()
+            },
+            slopes: if data.slopes.is_empty() {
+                0
+            } else {
+                slopes.addr()
             },
             ..DevicePtrs::default()
         };
@@ -570,7 +586,7 @@ mod tests {
 
     /// The plan emulates each candidate on its reduced problem: every candidate must be valid
     /// there, or the plan would prune it as failing on the emulator, and the same build (an
-    /// fp8 or latent cache, narrow values, a window, sinks or a cap kept), or the plan would
+    /// fp8 or latent cache, narrow values, a window, sinks, a cap or ALiBi kept), or the plan would
     /// judge another kernel.
     #[test]
     fn every_candidate_is_valid_on_its_reduced_problem() {
@@ -587,6 +603,8 @@ mod tests {
                 "flash:q_len=2048,q_heads=16,head_dim=192,v_head_dim=128,dtype=bf16,window=300,sinks=true",
                 "paged:num_seqs=32,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,dtype=bf16,kv_dtype=fp8_e4m3,block_size=64",
                 "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=f16,kv_dtype=fp8_e5m2,softcap=30",
+                "flash:q_len=2048,q_heads=14,head_dim=128,dtype=bf16,alibi=true",
+                "paged:num_seqs=8,context_len=2048,q_heads=14,head_dim=128,dtype=bf16,alibi=true",
             ] {
                 let p: Problem = spec.parse().unwrap();
                 for c in GpuSpace.candidates(&p, &device) {
