@@ -430,6 +430,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                 .map_err(|e| blame(e, &[("q_len", "--prefill-lens")]))?
                 .with_sinks(model.sinks)
                 .with_softcap(model.softcap)
+                .and_then(|p| p.with_alibi(model.alibi))
                 .map_err(TuneError::from)?;
             let windowed = p.with_window(window).map_err(TuneError::from)?;
             out.extend(attention(
@@ -471,6 +472,7 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
                 .map_err(|e| blame(e, &[("kv_dtype", "--kv-cache-dtype")]))?
                 .with_sinks(model.sinks)
                 .with_softcap(model.softcap)
+                .and_then(|p| p.with_alibi(model.alibi))
                 .map_err(TuneError::from)?;
                 let windowed = p.with_window(window).map_err(TuneError::from)?;
                 out.extend(attention(

@@ -5,7 +5,7 @@
 //! attention, families with their own field names, Llama-Nemotron's per-layer blocks, the
 //! weight counts the default degree rests on), and clear refusals where the model's kernels
 //! are not the ones kerntune tunes (latent attention itself, hybrid layers not read, quantized
-//! weights, ALiBi attention, lengths past a chunk of chunked attention); sliding windows
+//! weights, lengths past a chunk of chunked attention); ALiBi attention; sliding windows
 //! derived for the layers that use them, gpt-oss's sinks and Gemma 2's soft-cap on all of
 //! them.
 
@@ -1066,8 +1066,24 @@ fn the_first_qwen_counts_gate_and_up_together_in_its_intermediate_size() {
     );
 }
 
+/// The attention problems of `rows`, and whether every one of them (some at least) has ALiBi.
+fn attention_with_alibi(rows: &[(String, String)]) -> bool {
+    let attention: Vec<&str> = rows
+        .iter()
+        .map(|(_, key)| key.as_str())
+        .filter(|key| key.starts_with("flash:") || key.starts_with("paged:"))
+        .collect();
+    assert!(!attention.is_empty(), "no attention problems: {rows:?}");
+    let biased = attention
+        .iter()
+        .filter(|k| k.ends_with(",alibi=true"))
+        .count();
+    assert!(biased == 0 || biased == attention.len(), "{attention:?}");
+    biased > 0
+}
+
 #[test]
-fn alibi_attention_is_refused_unless_only_gemms_are_asked_for() {
+fn alibi_models_derive_their_attention_with_alibi() {
     // Baichuan2-13B biases its logits by distance (ALiBi); the 7B is rotary, as Llama.
     let baichuan = |hidden: usize, heads: usize| {
         format!(
@@ -1075,17 +1091,22 @@ fn alibi_attention_is_refused_unless_only_gemms_are_asked_for() {
             "num_attention_heads": {heads}, "num_hidden_layers": 40, "vocab_size": 125696}}"#
         )
     };
-    refused(
-        &baichuan(5120, 40),
-        &["--tp", "1"],
-        &["ALiBi", "Baichuan 13B", "--kernels gemm"],
-    );
-    assert!(!derive(&baichuan(5120, 40), &["--tp", "1", "--kernels", "gemm"]).is_empty());
-    let rotary = derive(&baichuan(4096, 32), &["--tp", "1"]);
-    assert!(rotary.iter().any(|(_, key)| key.starts_with("flash:")));
-    // Falcon's switch.
-    let falcon = format!(r#"{{{LLAMA8B}, "alibi": true}}"#);
-    refused(&falcon, &["--tp", "1"], &["alibi = true", "--kernels gemm"]);
+    let rows = derive(&baichuan(5120, 40), &["--tp", "8"]);
+    assert!(attention_with_alibi(&rows));
+    assert!(rows.iter().any(|(_, key)| key.starts_with(
+        "flash:batch=1,q_len=512,kv_len=512,q_heads=5,kv_heads=5,head_dim=128,causal=true,dtype=bf16,alibi=true"
+    )));
+    assert!(!attention_with_alibi(&derive(
+        &baichuan(4096, 32),
+        &["--tp", "1"]
+    )));
+    // Falcon's switch, on and off.
+    let falcon = |on: bool| format!(r#"{{{LLAMA8B}, "alibi": {on}}}"#);
+    assert!(attention_with_alibi(&derive(&falcon(true), &["--tp", "1"])));
+    assert!(!attention_with_alibi(&derive(
+        &falcon(false),
+        &["--tp", "1"]
+    )));
 }
 
 #[test]
@@ -1322,21 +1343,24 @@ fn dbrx_mpt_bloom_chatglm_opt_and_exaone_are_read_under_their_own_names() {
         keys_of(&rows, "gate_up").is_empty(),
         "no dense MLP: {rows:?}"
     );
-    // MPT-7B: ALiBi in vLLM whatever attn_config says, so only its GEMMs; an ungated MLP of
-    // expansion_ratio times the width.
+    // MPT-7B: ALiBi in vLLM whatever attn_config says; an ungated MLP of expansion_ratio
+    // times the width.
     let mpt = r#"{"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
         "expansion_ratio": 4, "vocab_size": 50432, "attn_config": {"alibi": true}}"#;
-    refused(mpt, &[], &["ALiBi", "model_type mpt", "--kernels gemm"]);
-    let rows = derive(mpt, &[&args[..], &["1", "--kernels", "gemm"]].concat());
+    let rows = derive(mpt, &[&args[..], &["1"]].concat());
     assert_eq!(keys_of(&rows, "qkv")[0], gemm(12288, 4096));
     assert_eq!(keys_of(&rows, "up")[0], gemm(16384, 4096));
-    // Bloom-176B: n_head, n_layer, four times the width.
+    assert!(attention_with_alibi(&rows));
+    // Bloom-176B: n_head, n_layer, four times the width; ALiBi on its 14 heads a TP8 rank.
     let bloom = r#"{"model_type": "bloom", "hidden_size": 14336, "n_head": 112, "n_layer": 70,
         "vocab_size": 250880}"#;
-    refused(bloom, &[], &["ALiBi", "model_type bloom"]);
-    let rows = derive(bloom, &[&args[..], &["8", "--kernels", "gemm"]].concat());
+    let rows = derive(bloom, &[&args[..], &["8"]].concat());
     assert_eq!(keys_of(&rows, "qkv")[0], gemm(5376, 14336));
     assert_eq!(keys_of(&rows, "up")[0], gemm(7168, 14336));
+    assert!(attention_with_alibi(&rows));
+    assert!(rows.iter().any(|(_, key)| key.starts_with(
+        "paged:num_seqs=1,context_len=4096,q_heads=14,kv_heads=14,head_dim=128,block_size=16,dtype=bf16"
+    ) && key.ends_with(",alibi=true")));
     // GLM-4-9B (model_type chatglm): 2 KV groups, a gated MLP, the padded vocabulary.
     let glm = r#"{"model_type": "chatglm", "hidden_size": 4096, "num_attention_heads": 32,
         "multi_query_attention": true, "multi_query_group_num": 2, "kv_channels": 128,

@@ -56,6 +56,9 @@ const AWKWARD: &[&str] = &[
     // these).
     "flash:q_len=65,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=1",
     "paged:num_seqs=3,context_len=707,q_heads=8,kv_heads=4,head_dim=128,dtype=bf16,softcap=1",
+    // Bloom's at TP8 (14 heads of 128, ALiBi), chunked after cached keys: the bias counts
+    // from each query's position.
+    "flash:q_len=37,kv_len=101,q_heads=14,kv_heads=14,head_dim=128,dtype=bf16,alibi=true",
     // Fp8 caches (vLLM's --kv-cache-dtype fp8): E4M3 under bf16 queries, E5M2 under f16.
     "paged:num_seqs=3,context_len=707,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16,kv_dtype=fp8_e4m3",
     "paged:num_seqs=5,context_len=1000,q_heads=8,kv_heads=8,head_dim=64,block_size=32,dtype=f16,kv_dtype=fp8_e5m2",

@@ -349,10 +349,9 @@ impl Model {
                         )
                     })
                 }),
-            attention: latent
-                .and_then(|l| sparse_refusal(&f, &l))
-                .or_else(|| attention_refusal(&f, &top)),
+            attention: latent.and_then(|l| sparse_refusal(&f, &l)),
         };
+        let alibi = alibi(&f, &top);
         let name = top
             .str("_name_or_path")
             .map(str::to_string)
@@ -385,6 +384,7 @@ impl Model {
             // GptOssAttention, vLLM's `sinks`).
             sinks: model_type(&top, &f) == Some("gpt_oss"),
             softcap,
+            alibi: alibi.is_some(),
             dtype,
             unsupported,
         })
@@ -767,25 +767,19 @@ fn encoder(top: &Fields<'_>, f: &Fields<'_>) -> Option<String> {
     })
 }
 
-/// Why the model's attention is not the softmax attention the kernels compute.
-fn attention_refusal(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
-    // ALiBi: Bloom and MPT; Falcon's `alibi` switch; Baichuan 13B, which vLLM tells from the
-    // 7B (rotary) by its hidden size.
+/// Why the model's attention adds ALiBi's position biases to its logits, where it does:
+/// Bloom and MPT; Falcon's `alibi` switch (Falcon-RW); Baichuan 13B, which vLLM tells from
+/// the 7B (rotary) by its hidden size.
+fn alibi(f: &Fields<'_>, top: &Fields<'_>) -> Option<String> {
     let family = model_type(top, f).unwrap_or_default();
     let baichuan_13b = family == "baichuan" && f.int("hidden_size").ok().flatten() != Some(4096);
-    let alibi = if ALIBI_FAMILIES.contains(&family) {
+    if ALIBI_FAMILIES.contains(&family) {
         Some(format!("model_type {family}"))
     } else if baichuan_13b {
         Some("model_type baichuan at a hidden_size other than 4096: Baichuan 13B".into())
     } else {
         (f.map.get("alibi") == Some(&Value::Bool(true))).then(|| "alibi = true".into())
-    };
-    alibi.map(|why| {
-        format!(
-            "{}: its attention adds ALiBi position biases to the logits ({why}), which kerntune's attention kernels do not",
-            f.path.display(),
-        )
-    })
+    }
 }
 
 fn kind_of(v: &Value) -> &'static str {

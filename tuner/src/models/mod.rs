@@ -79,6 +79,9 @@ pub struct Model {
     pub sinks: bool,
     /// Attention scores soft-capped at this value (Gemma 2's `attn_logit_softcapping`).
     pub softcap: Option<f32>,
+    /// Attention scores biased by each head's ALiBi slope times the key's distance (Bloom,
+    /// MPT, Baichuan 13B, Falcon-RW): its attention problems are the ones with ALiBi.
+    pub alibi: bool,
     pub dtype: DType,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
@@ -182,8 +185,8 @@ pub struct Unsupported {
     /// mixer of a hybrid family read (other linear attention, convolutions), or experts under
     /// names not read; `--dtype` does not change that.
     pub layers: Option<String>,
-    /// The attention is not the softmax attention the kernels compute (ALiBi, a sparse
-    /// indexer's top-k keys).
+    /// The attention is not the softmax attention the kernels compute (a sparse indexer's
+    /// top-k keys).
     pub attention: Option<String>,
 }
 
@@ -218,6 +221,7 @@ impl Model {
             chunked_attention: None,
             sinks: false,
             softcap: None,
+            alibi: false,
             dtype: DType::Bf16,
             unsupported: Unsupported::default(),
         };
