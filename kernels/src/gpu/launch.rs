@@ -476,6 +476,14 @@ pub fn launches(
             ];
             // The sliding window, 0 without one.
             let window = int(p.window.unwrap_or(0), "window")?;
+            // What every flash kernel takes after the sizes (and before any maps).
+            let scalars = [
+                Arg::Float(p.scale.get()),
+                window,
+                sinks,
+                softcap(p.softcap),
+                slopes,
+            ];
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = p.q_len.div_ceil(c.br);
             // With TMA, K and V as [batch, kv_len, kv_heads, head_dim] in boxes of one
@@ -513,13 +521,7 @@ pub fn launches(
                     args: [
                         vec![i0, i1, i2, out],
                         sizes.to_vec(),
-                        vec![
-                            Arg::Float(p.scale.get()),
-                            window,
-                            sinks,
-                            softcap(p.softcap),
-                            slopes,
-                        ],
+                        scalars.to_vec(),
                         maps,
                     ]
                     .concat(),
@@ -540,13 +542,7 @@ pub fn launches(
                         args: [
                             vec![i0, i1, i2, out, part_out, part_max, part_sum],
                             sizes.to_vec(),
-                            vec![
-                                Arg::Float(p.scale.get()),
-                                window,
-                                sinks,
-                                softcap(p.softcap),
-                                slopes,
-                            ],
+                            scalars.to_vec(),
                             maps,
                         ]
                         .concat(),
