@@ -2,7 +2,7 @@
 //!
 //! The tuner, the tests and the benchmarks all verify kernels on data built here.
 
-use crate::kernel::{Args, KvScales};
+use crate::kernel::{Args, GemmScales, KvScales};
 use rayon::prelude::*;
 
 use crate::{reference, DType, Problem, Tensor, TensorBuf};
@@ -57,6 +57,9 @@ pub struct ProblemData {
     /// Paged attention on fp8 caches: their scales ([`ProblemData::FP8_SCALES`]; one
     /// otherwise).
     pub kv_scales: KvScales,
+    /// An fp8 GEMM's scales, one per row of A and one per column of B (empty otherwise).
+    pub a_scales: Vec<f32>,
+    pub b_scales: Vec<f32>,
     pub out: Vec<f32>,
 }
 
@@ -70,8 +73,14 @@ impl ProblemData {
         v: 0.0105,
     };
 
+    /// The magnitude of a random fp8 GEMM's stored values: ±200, held at full precision by
+    /// every fp8 format (fnuz's largest is 240); the scales bring them back to about ±1.
+    pub const FP8_GEMM_GAIN: f32 = 200.0;
+
     /// Random inputs in [-1, 1) rounded to the problem's dtype (fp8 caches: divided by
-    /// [`Self::FP8_SCALES`], then rounded). Paged attention gets a shuffled
+    /// [`Self::FP8_SCALES`], then rounded; fp8 GEMMs: times [`Self::FP8_GEMM_GAIN`], with
+    /// scales of 0.5 to 1.5 over it, every row's and column's its own). Paged attention gets
+    /// a shuffled
     /// block table (so the indirection is exercised) and every sequence at `context_len`.
     pub fn random(problem: &Problem, seed: u64) -> Self {
         Self::random_reusing(problem, seed, None)
@@ -92,6 +101,8 @@ impl ProblemData {
             sinks: Vec::new(),
             slopes: Vec::new(),
             kv_scales: KvScales::ONE,
+            a_scales: Vec::new(),
+            b_scales: Vec::new(),
             out: Vec::new(),
         });
         data.problem = *problem;
@@ -103,13 +114,19 @@ impl ProblemData {
             |rng: &mut SplitMix, dtype, len, gain| rng.tensor(spares.next(), dtype, len, gain);
         data.kv_scales = KvScales::ONE;
         let (inputs, out) = match problem {
-            Problem::Gemm(p) => (
-                vec![
-                    tensor(&mut rng, dt, p.a_len(), 1.0),
-                    tensor(&mut rng, dt, p.b_len(), 1.0),
-                ],
-                p.c_len(),
-            ),
+            Problem::Gemm(p) => {
+                let gain = match p.fp8() {
+                    Some(_) => Self::FP8_GEMM_GAIN,
+                    None => 1.0,
+                };
+                (
+                    vec![
+                        tensor(&mut rng, dt, p.a_len(), gain),
+                        tensor(&mut rng, dt, p.b_len(), gain),
+                    ],
+                    p.c_len(),
+                )
+            }
             Problem::Flash(p) => (
                 vec![
                     tensor(&mut rng, dt, p.q_len_elems(), 1.0),
@@ -162,6 +179,15 @@ impl ProblemData {
         // vary across thousands of keys; every head's differs, so a kernel that reads
         // another head's slope, or counts distance from another position, is caught.
         data.slopes = crate::problem::alibi_slopes(problem.slopes_len());
+        data.a_scales.clear();
+        data.b_scales.clear();
+        if let Problem::Gemm(p) = problem {
+            if p.fp8().is_some() {
+                let mut scale = || (1.0 + 0.5 * rng.unit()) / Self::FP8_GEMM_GAIN;
+                data.a_scales.extend((0..p.m).map(|_| scale()));
+                data.b_scales.extend((0..p.n).map(|_| scale()));
+            }
+        }
         data.out.clear();
         data.out.resize(out, 0.0);
         data
@@ -190,9 +216,21 @@ impl ProblemData {
                 slopes: &self.slopes,
             },
             self.kv_scales,
+            GemmScales {
+                a: &self.a_scales,
+                b: &self.b_scales,
+            },
             &mut self.out,
         )
         .expect("random() makes every input of the family")
+    }
+
+    /// An fp8 GEMM's scales ([`GemmScales::NONE`] for any other problem).
+    pub fn gemm_scales(&self) -> GemmScales<'_> {
+        GemmScales {
+            a: &self.a_scales,
+            b: &self.b_scales,
+        }
     }
 
     /// The sink logits and ALiBi slopes of a call.
@@ -218,6 +256,7 @@ impl ProblemData {
             + self.out.len() * 4
             + self.block_tables.len() * 4
             + (self.sinks.len() + self.slopes.len()) * 4
+            + (self.a_scales.len() + self.b_scales.len()) * 4
     }
 }
 
@@ -255,9 +294,13 @@ impl ProblemData {
     /// rows together, each column of B widened once).
     pub fn reference_rows(&self, rows: &[usize]) -> Vec<Vec<f64>> {
         match &self.problem {
-            Problem::Gemm(p) => {
-                reference::gemm_rows(p, self.inputs[0].view(), self.inputs[1].view(), rows)
-            }
+            Problem::Gemm(p) => reference::gemm_rows(
+                p,
+                self.inputs[0].view(),
+                self.inputs[1].view(),
+                self.gemm_scales(),
+                rows,
+            ),
             Problem::Flash(_) | Problem::Paged(_) => {
                 rows.par_iter().map(|&r| self.reference_row(r)).collect()
             }
@@ -268,7 +311,9 @@ impl ProblemData {
     pub fn reference_row(&self, r: usize) -> Vec<f64> {
         let i = &self.inputs;
         match &self.problem {
-            Problem::Gemm(p) => reference::gemm_row(p, i[0].view(), i[1].view(), r),
+            Problem::Gemm(p) => {
+                reference::gemm_row(p, i[0].view(), i[1].view(), self.gemm_scales(), r)
+            }
             Problem::Flash(p) => {
                 reference::flash_row(p, i[0].view(), i[1].view(), i[2].view(), self.heads(), r)
             }
@@ -326,6 +371,7 @@ mod tests {
             "paged:num_seqs=1,context_len=5,q_heads=2,kv_heads=1,head_dim=64,block_size=8,dtype=bf16",
             "flash:q_len=3,q_heads=2,head_dim=8,sinks=true",
             "paged:num_seqs=2,context_len=9,q_heads=4,kv_heads=1,head_dim=64,sinks=true",
+            "gemm:m=5,n=11,k=17,dtype=fp8_e4m3",
         ];
         for before in specs {
             for spec in specs {
@@ -340,6 +386,8 @@ mod tests {
                 assert_eq!(got.max_blocks_per_seq, want.max_blocks_per_seq, "{what}");
                 assert_eq!(got.context_lens, want.context_lens, "{what}");
                 assert_eq!(got.sinks, want.sinks, "{what}");
+                assert_eq!(got.a_scales, want.a_scales, "{what}");
+                assert_eq!(got.b_scales, want.b_scales, "{what}");
                 assert_eq!(got.out, want.out, "{what}");
             }
         }

@@ -3,7 +3,9 @@
 //! Problems compute in f32, f16 or bf16; every kernel accumulates in f32 and writes f32
 //! outputs, which is what a serving stack's next op (a residual add, a norm) reads at full
 //! precision. A paged-attention KV cache may also hold fp8 values ([`Fp8`]), each scaled by a
-//! per-tensor factor the call passes, as vLLM's `--kv-cache-dtype fp8` stores them.
+//! per-tensor factor the call passes, as vLLM's `--kv-cache-dtype fp8` stores them, and so
+//! may both inputs of a GEMM (an FP8 checkpoint's Linear layers), scaled per tensor, token
+//! or channel.
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,14 +19,15 @@ pub enum DType {
     F32,
     F16,
     Bf16,
-    /// 8-bit floats: only a paged-attention KV cache holds them (`kv_dtype`).
+    /// 8-bit floats: a paged-attention KV cache (`kv_dtype`) or a GEMM's inputs.
     Fp8(Fp8),
 }
 
-/// The 8-bit float formats of KV caches. Each kernel reads a byte as the f16 whose bits are
-/// its sign, exponent and mantissa moved into place ([`Fp8::half_bits`]: exact for every
-/// value, subnormals included) and folds the factor between the two ([`Fp8::half_factor`])
-/// into the cache's scale, so the formats share one conversion.
+/// The 8-bit float formats of KV caches and GEMM inputs. Each kernel reads a byte as the f16
+/// whose bits are its sign, exponent and mantissa moved into place ([`Fp8::half_bits`]: exact
+/// for every value, subnormals included) and folds the factor between the two
+/// ([`Fp8::half_factor`]) into the cache's or the GEMM's scales, so the formats share one
+/// conversion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fp8 {
     /// OCP E4M3 (`float8_e4m3fn`): H100/H200, MI350, vLLM's `fp8` / `fp8_e4m3` on CUDA.
@@ -139,7 +142,7 @@ impl DType {
         }
     }
 
-    /// The fp8 format, for the cache types only.
+    /// The fp8 format, for the 8-bit types only.
     pub fn fp8(self) -> Option<Fp8> {
         match self {
             DType::Fp8(f) => Some(f),
@@ -176,8 +179,8 @@ impl FromStr for DType {
             "fp8_e4m3fnuz" | "float8_e4m3fnuz" => Ok(DType::Fp8(Fp8::E4m3Fnuz)),
             "fp8_e5m2" | "float8_e5m2" => Ok(DType::Fp8(Fp8::E5m2)),
             _ => Err(format!(
-                "unknown dtype `{s}` (expected f32, f16 or bf16; a KV cache may also be \
-                 fp8_e4m3, fp8_e4m3fnuz or fp8_e5m2)"
+                "unknown dtype `{s}` (expected f32, f16 or bf16; a KV cache or a GEMM may also \
+                 be fp8_e4m3, fp8_e4m3fnuz or fp8_e5m2)"
             )),
         }
     }

@@ -11,7 +11,99 @@ use crate::{Config, DType, KernelError, Problem, Result, Tensor};
 pub struct GemmArgs<'a> {
     pub a: Tensor<'a>,
     pub b: Tensor<'a>,
+    /// An fp8 GEMM's scales ([`GemmScales::NONE`] for the other dtypes).
+    pub scales: GemmScales<'a>,
     pub c: &'a mut [f32],
+}
+
+impl<'a> GemmArgs<'a> {
+    /// The buffers of a GEMM of f32, f16 or bf16 inputs.
+    pub fn new(a: Tensor<'a>, b: Tensor<'a>, c: &'a mut [f32]) -> Self {
+        GemmArgs {
+            a,
+            b,
+            scales: GemmScales::NONE,
+            c,
+        }
+    }
+
+    /// The buffers of an fp8 GEMM and its scales.
+    pub fn scaled(a: Tensor<'a>, b: Tensor<'a>, scales: GemmScales<'a>, c: &'a mut [f32]) -> Self {
+        GemmArgs { a, b, scales, c }
+    }
+}
+
+/// The scales of an fp8 GEMM (W8A8), as vLLM's `cutlass_scaled_mm` takes them: A's row `i`
+/// holds its fp8 values times `a[i]` (one per token, or one for the tensor), B's column `j`
+/// (a Linear layer's output channel) its values times `b[j]` (one per channel, or one for
+/// the tensor), so `C[i, j] = a[i] · b[j] · Σ_k A8[i, k] · B8[k, j]`. Data of the call, not
+/// of the problem: a checkpoint's granularity does not change which tiles are fastest, and
+/// dynamic per-token scales change every call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GemmScales<'a> {
+    /// `[1]` (per tensor) or `[M]` (per token).
+    pub a: &'a [f32],
+    /// `[1]` (per tensor) or `[N]` (per output channel).
+    pub b: &'a [f32],
+}
+
+impl<'a> GemmScales<'a> {
+    /// What a GEMM of f32, f16 or bf16 inputs takes.
+    pub const NONE: GemmScales<'static> = GemmScales { a: &[], b: &[] };
+
+    /// Checks these scales against a problem: for fp8 each of one value or one per row of A
+    /// (column of B), every value finite and positive; empty for the other dtypes (a scale
+    /// there would be ignored, and a caller who passes one expects it applied).
+    pub fn check(self, p: &crate::GemmProblem) -> Result<()> {
+        for (name, values, per, count) in [
+            ("a_scales", self.a, "row of A (token)", p.m),
+            ("b_scales", self.b, "column of C (output channel)", p.n),
+        ] {
+            let reason = if p.dtype.fp8().is_none() {
+                (!values.is_empty()).then(|| {
+                    format!(
+                        "holds {} values; scales apply to fp8 GEMMs, and this one's dtype is {}: pass none",
+                        values.len(),
+                        p.dtype
+                    )
+                })
+            } else if values.len() != 1 && values.len() != count {
+                Some(format!(
+                    "holds {} values; an fp8 GEMM takes one (per tensor) or {count}, one per {per}",
+                    values.len()
+                ))
+            } else {
+                values
+                    .iter()
+                    .position(|v| !(v.is_finite() && *v > 0.0))
+                    .map(|at| format!("[{at}] is {}; must be finite and positive", values[at]))
+            };
+            if let Some(reason) = reason {
+                return Err(KernelError::BadArgument { name, reason });
+            }
+        }
+        Ok(())
+    }
+
+    /// A's scale at row `i` (one where there are none).
+    #[inline]
+    pub fn a_at(&self, i: usize) -> f32 {
+        scale_at(self.a, i)
+    }
+
+    /// B's scale at column `j` (one where there are none).
+    #[inline]
+    pub fn b_at(&self, j: usize) -> f32 {
+        scale_at(self.b, j)
+    }
+}
+
+fn scale_at(values: &[f32], i: usize) -> f32 {
+    match values {
+        [] => 1.0,
+        [one] => *one,
+        all => all[i],
+    }
 }
 
 /// Buffers of a flash attention call, in the layouts of [`crate::FlashProblem`].
@@ -127,9 +219,9 @@ pub enum Args<'a> {
 impl<'a> Args<'a> {
     /// The buffers of one call of `problem`: `inputs` in its family's order (A, B; Q, K, V;
     /// query, key cache, value cache), the paged index (empty for the other families), the
-    /// attention sinks and ALiBi slopes (`heads`: empty without), the fp8 caches' scales and
-    /// the output. `None` when
-    /// `inputs` are fewer than the family takes.
+    /// attention sinks and ALiBi slopes (`heads`: empty without), the fp8 caches' scales, an
+    /// fp8 GEMM's scales and the output. `None` when `inputs` are fewer than the family
+    /// takes.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         problem: &Problem,
@@ -139,13 +231,19 @@ impl<'a> Args<'a> {
         context_lens: &'a [u32],
         heads: HeadValues<'a>,
         kv_scales: KvScales,
+        gemm_scales: GemmScales<'a>,
         out: &'a mut [f32],
     ) -> Option<Args<'a>> {
         let HeadValues { sinks, slopes } = heads;
         Some(match problem {
             Problem::Gemm(_) => {
                 let [a, b, ..] = *inputs else { return None };
-                Args::Gemm(GemmArgs { a, b, c: out })
+                Args::Gemm(GemmArgs {
+                    a,
+                    b,
+                    scales: gemm_scales,
+                    c: out,
+                })
             }
             Problem::Flash(_) => {
                 let [q, k, v, ..] = *inputs else { return None };

@@ -23,7 +23,7 @@
 //! let mut c = vec![0.0f32; 15];
 //! let mut scratch = Scratch::new();
 //! let buf = scratch.get(CpuBackend.scratch_len(&problem, &config));
-//! let args = Args::Gemm(GemmArgs { a: a.view(), b: b.view(), c: &mut c });
+//! let args = Args::Gemm(GemmArgs::new(a.view(), b.view(), &mut c));
 //! CpuBackend.run(&problem, &config, args, buf).unwrap();
 //! assert!(c.iter().all(|&x| x == 14.0));
 //! ```

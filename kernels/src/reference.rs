@@ -31,18 +31,31 @@ pub fn relative_error(out: &[f32], reference: &[f64]) -> f64 {
     worst / scale
 }
 
-use crate::kernel::HeadValues;
+use crate::kernel::{GemmScales, HeadValues};
 use crate::Tensor;
 
 /// Row `i` of `C = A·B`.
-pub fn gemm_row(p: &GemmProblem, a: Tensor<'_>, b: Tensor<'_>, i: usize) -> Vec<f64> {
-    gemm_rows(p, a, b, &[i]).pop().unwrap_or_default()
+pub fn gemm_row(
+    p: &GemmProblem,
+    a: Tensor<'_>,
+    b: Tensor<'_>,
+    scales: GemmScales<'_>,
+    i: usize,
+) -> Vec<f64> {
+    gemm_rows(p, a, b, scales, &[i]).pop().unwrap_or_default()
 }
 
 /// Rows `rows` of `C = A·B`, each column of B widened once for all of them and the columns
 /// spread over the cores: a decode GEMM's 64 rows against a 112 MiB weight took 8.6 s one
-/// element at a time, most of a 2 s tuning budget's problem.
-pub fn gemm_rows(p: &GemmProblem, a: Tensor<'_>, b: Tensor<'_>, rows: &[usize]) -> Vec<Vec<f64>> {
+/// element at a time, most of a 2 s tuning budget's problem. An fp8 GEMM's values are the
+/// bytes' decoded values times their row's and column's `scales`.
+pub fn gemm_rows(
+    p: &GemmProblem,
+    a: Tensor<'_>,
+    b: Tensor<'_>,
+    scales: GemmScales<'_>,
+    rows: &[usize],
+) -> Vec<Vec<f64>> {
     let widen = |t: &Tensor<'_>, at: &dyn Fn(usize) -> usize, out: &mut [f64]| {
         for (q, o) in out.iter_mut().enumerate() {
             *o = t.get(at(q)) as f64;
@@ -66,7 +79,12 @@ pub fn gemm_rows(p: &GemmProblem, a: Tensor<'_>, b: Tensor<'_>, rows: &[usize]) 
                     BLayout::Kn => widen(&b, &|q| q * p.n + j, col),
                     BLayout::Nk => widen(&b, &|q| j * p.k + q, col),
                 }
-                a_rows.iter().map(|row| dot(row, col)).collect()
+                let sb = scales.b_at(j) as f64;
+                a_rows
+                    .iter()
+                    .zip(rows)
+                    .map(|(row, &i)| dot(row, col) * scales.a_at(i) as f64 * sb)
+                    .collect()
             },
         )
         .collect();
@@ -259,7 +277,7 @@ mod tests {
     /// 37), both layouts, every input type, and rows asked for in any order.
     #[test]
     fn gemm_rows_is_the_sum_of_products() {
-        for dtype in ["f32", "f16", "bf16"] {
+        for dtype in ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"] {
             for (m, n, k) in [(1, 1, 1), (3, 5, 7), (5, 3, 13), (7, 11, 37), (2, 17, 64)] {
                 for b in ["kn", "nk"] {
                     let spec = format!("gemm:m={m},n={n},k={k},dtype={dtype},b={b}");
@@ -270,7 +288,8 @@ mod tests {
                     let data = ProblemData::random(&problem, 7);
                     let (a, bt) = (data.inputs[0].view(), data.inputs[1].view());
                     let rows: Vec<usize> = (0..m).rev().collect();
-                    let got = gemm_rows(&p, a, bt, &rows);
+                    let scales = data.gemm_scales();
+                    let got = gemm_rows(&p, a, bt, scales, &rows);
                     for (&i, row) in rows.iter().zip(&got) {
                         for (j, &value) in row.iter().enumerate() {
                             let mut want = 0f64;
@@ -282,13 +301,17 @@ mod tests {
                                 };
                                 want += a.get(i * k + q) as f64 * bv as f64;
                             }
+                            // An fp8 GEMM's values are its bytes' times their scales.
+                            if p.fp8().is_some() {
+                                want *= data.a_scales[i] as f64 * data.b_scales[j] as f64;
+                            }
                             assert!(
                                 (value - want).abs() <= 1e-12 * want.abs().max(1.0),
                                 "{spec} C[{i}][{j}] = {value}, the sum of products is {want}"
                             );
                         }
                     }
-                    assert_eq!(gemm_row(&p, a, bt, m - 1), got[0], "{spec}");
+                    assert_eq!(gemm_row(&p, a, bt, scales, m - 1), got[0], "{spec}");
                 }
             }
         }

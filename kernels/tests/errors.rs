@@ -2,9 +2,9 @@
 
 use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, PagedConfig, Split};
 use kerntune_kernels::data::ProblemData;
-use kerntune_kernels::kernel::{Args, GemmArgs, Scratch};
+use kerntune_kernels::kernel::{Args, GemmArgs, GemmScales, Scratch};
 use kerntune_kernels::{
-    Backend, Config, CpuBackend, CpuSpace, DType, Device, Family, KernelError, Problem, Space,
+    Backend, Config, CpuBackend, CpuSpace, DType, Device, Family, Fp8, KernelError, Problem, Space,
     TensorBuf,
 };
 
@@ -202,11 +202,7 @@ fn wrong_buffers_and_short_scratch_are_errors() {
         CpuBackend.run(
             &p,
             &c,
-            Args::Gemm(GemmArgs {
-                a: a.view(),
-                b: b.view(),
-                c: out,
-            }),
+            Args::Gemm(GemmArgs::new(a.view(), b.view(), out)),
             s,
         )
     };
@@ -230,6 +226,77 @@ fn wrong_buffers_and_short_scratch_are_errors() {
     }
     run(&a, &a, &mut out, &mut scratch).unwrap();
     assert!(out.iter().all(|&x| x == 4.0));
+}
+
+/// An fp8 GEMM's scales are checked by name: one or one per row of A (column of B), finite
+/// and positive, none for other dtypes; the kernel is not run on bad ones. With good ones,
+/// a hand computation: A's bytes 1.0 and 2.0, B's 3.0 and -0.5 in E4M3 (0x38, 0x40, 0x44,
+/// 0xb0), per-tensor and per-row/column scales.
+#[test]
+fn fp8_gemm_scales_are_checked_by_name_and_applied() {
+    let p: Problem = "gemm:m=2,n=2,k=2,dtype=fp8_e4m3,b=nk".parse().unwrap();
+    let c = CpuSpace.default_config(&p, &Device::host());
+    let mut scratch = vec![0.0; CpuBackend.scratch_len(&p, &c)];
+    // A = [[1, 2], [2, 1]], B (rows are output channels) = [[3, -0.5], [-0.5, 3]].
+    let e4m3 = DType::Fp8(Fp8::E4m3);
+    let a = TensorBuf::from_f32(e4m3, &[1.0, 2.0, 2.0, 1.0]);
+    let b = TensorBuf::from_f32(e4m3, &[3.0, -0.5, -0.5, 3.0]);
+    assert_eq!(a.view().as_bytes(), [0x38, 0x40, 0x40, 0x38]);
+    assert_eq!(b.view().as_bytes(), [0x44, 0xb0, 0xb0, 0x44]);
+    let mut run = |a_scales: &[f32], b_scales: &[f32]| {
+        let mut out = vec![f32::NAN; 4];
+        let scales = GemmScales {
+            a: a_scales,
+            b: b_scales,
+        };
+        let args = Args::Gemm(GemmArgs::scaled(a.view(), b.view(), scales, &mut out));
+        CpuBackend.run(&p, &c, args, &mut scratch).map(|()| out)
+    };
+    for (a_scales, b_scales, name, needle) in [
+        (&[][..], &[1.0][..], "a_scales", "holds 0 values"),
+        (
+            &[1.0, 1.0, 1.0],
+            &[1.0],
+            "a_scales",
+            "one (per tensor) or 2",
+        ),
+        (&[1.0], &[1.0, 0.0], "b_scales", "[1] is 0"),
+        (&[f32::NAN], &[1.0], "a_scales", "finite and positive"),
+        (&[1.0], &[-2.0], "b_scales", "finite and positive"),
+    ] {
+        match run(a_scales, b_scales) {
+            Err(KernelError::BadArgument { name: got, reason }) => {
+                assert_eq!(got, name, "{reason}");
+                assert!(reason.contains(needle), "{name}: {reason}");
+            }
+            other => panic!("{a_scales:?} {b_scales:?}: {other:?}"),
+        }
+    }
+    // C = A·Bᵀ = [[2, 5.5], [5.5, 2]], per tensor times 0.5 · 4.
+    assert_eq!(run(&[0.5], &[4.0]).unwrap(), [4.0, 11.0, 11.0, 4.0]);
+    // Per token (0.5, 2) and per channel (1, 0.25).
+    assert_eq!(
+        run(&[0.5, 2.0], &[1.0, 0.25]).unwrap(),
+        [1.0, 0.6875, 11.0, 1.0]
+    );
+    // A bf16 GEMM given scales is refused: they would be ignored.
+    let q: Problem = "gemm:m=2,n=2,k=2,dtype=bf16,b=nk".parse().unwrap();
+    let c = CpuSpace.default_config(&q, &Device::host());
+    let x = TensorBuf::from_f32(DType::Bf16, &[1.0; 4]);
+    let mut out = vec![0.0; 4];
+    let scales = GemmScales {
+        a: &[1.0],
+        b: &[1.0],
+    };
+    let args = Args::Gemm(GemmArgs::scaled(x.view(), x.view(), scales, &mut out));
+    let err = CpuBackend.run(&q, &c, args, &mut scratch).unwrap_err();
+    assert!(
+        matches!(&err, KernelError::BadArgument { name: "a_scales", reason } if reason.contains("pass none")),
+        "{err}"
+    );
+    // fp8 stays a KV-cache type for attention.
+    let flash = parse_err("flash:q_len=4,q_heads=2,head_dim=8,dtype=fp8_e4m3").to_string();
+    assert!(flash.contains("GEMMs take fp8"), "{flash}");
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 use common::{check_all, described_amx_host, described_avx512_host};
 use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, Split};
 use kerntune_kernels::cpu::microkernel_shapes;
-use kerntune_kernels::{Config, CpuSpace, DType, Device, Isa, Problem, Space};
+use kerntune_kernels::{Config, CpuSpace, DType, Device, Fp8, Isa, Problem, Space};
 use proptest::prelude::*;
 
 fn problem(spec: &str) -> Problem {
@@ -13,7 +13,7 @@ fn problem(spec: &str) -> Problem {
 }
 
 /// Small problems that hit every edge: M = 1, primes, K below any KC, sizes that are not
-/// multiples of any tile, both B layouts and all dtypes.
+/// multiples of any tile, both B layouts and all dtypes, the fp8 formats (W8A8) included.
 fn awkward() -> Vec<Problem> {
     let mut out = Vec::new();
     for (m, n, k) in [
@@ -23,7 +23,7 @@ fn awkward() -> Vec<Problem> {
         (13, 97, 131),
         (3, 5, 1),
     ] {
-        for dtype in DType::ALL {
+        for dtype in DType::ALL.into_iter().chain(Fp8::ALL.map(DType::Fp8)) {
             for b in ["kn", "nk"] {
                 out.push(problem(&format!(
                     "gemm:m={m},n={n},k={k},dtype={dtype},b={b}"
@@ -53,6 +53,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
     let host = kerntune_kernels::CpuInfo::detect();
     let p = problem("gemm:m=29,n=67,k=45,dtype=f32,b=nk");
     let q = problem("gemm:m=5,n=41,k=300,dtype=bf16,b=kn");
+    let fp8 = problem("gemm:m=11,n=37,k=53,dtype=fp8_e4m3,b=nk");
     for isa in Isa::supported_by(host.isa) {
         let mut configs = Vec::new();
         for (mr, nr) in microkernel_shapes(isa) {
@@ -91,6 +92,7 @@ fn every_isa_and_microkernel_shape_matches_reference() {
         }
         check_all(&p, &configs);
         check_all(&q, &configs);
+        check_all(&fp8, &configs);
         eprintln!("{isa}: {} configs verified", configs.len());
     }
 }
@@ -101,9 +103,9 @@ proptest! {
     #[test]
     fn random_sizes_and_configs_match_reference(
         m in 1usize..40, n in 1usize..90, k in 1usize..300,
-        dt in 0usize..3, layout in prop::bool::ANY, pick in any::<prop::sample::Index>(),
+        dt in 0usize..6, layout in prop::bool::ANY, pick in any::<prop::sample::Index>(),
     ) {
-        let dtype = DType::ALL[dt];
+        let dtype = DType::ALL.into_iter().chain(Fp8::ALL.map(DType::Fp8)).nth(dt).unwrap();
         let b = if layout { "kn" } else { "nk" };
         let p = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b={b}"));
         let device = Device::host();

@@ -156,11 +156,7 @@ fn benches(c: &mut Criterion) {
     g.bench_function("direct", |b| {
         b.iter(|| {
             let s = scratch.get(CpuBackend.scratch_len(&p, &config));
-            let args = GemmArgs {
-                a: Tensor::Bf16(&a),
-                b: Tensor::Bf16(&w),
-                c: &mut out,
-            };
+            let args = GemmArgs::new(Tensor::Bf16(&a), Tensor::Bf16(&w), &mut out);
             CpuBackend
                 .run(&p, &config, kerntune_kernels::kernel::Args::Gemm(args), s)
                 .unwrap();

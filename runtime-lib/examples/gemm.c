@@ -5,12 +5,25 @@
  *   LD_LIBRARY_PATH=target/release ./gemm kerntune.db
  *
  * A is 3x5 with A[i][p] = i + p, B is stored [N, K] (a Linear layer's weights) with
- * B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p). Then it asks for an MI250 through the
- * GPU entry points. */
+ * B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p). The same product in fp8 (W8A8, as an
+ * FP8 checkpoint's Linear layers run it): A's and B's values stored as E4M3 bytes divided
+ * by per-token and per-channel scales, which kt_gemm_scaled() multiplies back. Then it asks
+ * for an MI250 through the GPU entry points. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kerntune.h"
+
+/* The E4M3 byte of v, a whole number of at most four significant bits (which E4M3 holds
+ * exactly): sign, exponent biased by 7, three mantissa bits. */
+static unsigned char e4m3(int v) {
+    unsigned char sign = v < 0 ? 0x80 : 0;
+    unsigned a = (unsigned)(v < 0 ? -v : v), e = 0;
+    if (a == 0) return sign;
+    while ((a >> e) > 1) e++;
+    unsigned mantissa = e >= 3 ? (a >> (e - 3)) & 7 : (a << (3 - e)) & 7;
+    return (unsigned char)(sign | ((e + 7) << 3) | mantissa);
+}
 
 int main(int argc, char **argv) {
     const char *db = argc > 1 ? argv[1] : "kerntune.db";
@@ -48,6 +61,42 @@ int main(int argc, char **argv) {
     }
     /* A bad call reports an error instead of crashing. */
     if (kt_gemm(d, 0, N, K, KT_DTYPE_F32, true, a, b, c, NULL) != KT_STATUS_INVALID_ARGUMENT) return 1;
+    printf("error: %s\n", kt_last_error());
+
+    /* fp8: A's row i stored as (i + p) / a_scales[i] with a_scales[i] = 2^-i, B's row j as
+     * (j - p) / b_scales[j] with b_scales[j] = 1 / 2: whole numbers E4M3 holds, and scales
+     * of powers of two, so C is exactly the f32 product's. */
+    unsigned char a8[M * K], b8[N * K];
+    float a_scales[M], b_scales[N], c8[M * N];
+    for (int i = 0; i < M; i++) {
+        a_scales[i] = 1.0f / (float)(1 << i);
+        for (int p = 0; p < K; p++) a8[i * K + p] = e4m3((i + p) << i);
+    }
+    for (int j = 0; j < N; j++) {
+        b_scales[j] = 0.5f;
+        for (int p = 0; p < K; p++) b8[j * K + p] = e4m3((j - p) * 2);
+    }
+    if (kt_gemm_scaled(d, M, N, K, KT_DTYPE_FP8_E4M3, true, a8, a_scales, M, b8, b_scales, N, c8,
+                       NULL) != KT_STATUS_OK) {
+        fprintf(stderr, "kt_gemm_scaled: %s\n", kt_last_error());
+        kt_free(d);
+        return 1;
+    }
+    for (int i = 0; i < M * N; i++)
+        if (c8[i] != c[i]) {
+            fprintf(stderr, "fp8 C[%d] = %g, not %g\n", i, c8[i], c[i]);
+            kt_free(d);
+            return 1;
+        }
+    printf("fp8: matches\n");
+    /* An fp8 GEMM without its scales, or with a count that is neither 1 nor M, is refused. */
+    if (kt_gemm(d, M, N, K, KT_DTYPE_FP8_E4M3, true, a8, b8, c8, NULL) !=
+        KT_STATUS_INVALID_ARGUMENT)
+        return 1;
+    printf("error: %s\n", kt_last_error());
+    if (kt_gemm_scaled(d, M, N, K, KT_DTYPE_FP8_E4M3, true, a8, a_scales, 2, b8, b_scales, N, c8,
+                       NULL) != KT_STATUS_INVALID_ARGUMENT)
+        return 1;
     printf("error: %s\n", kt_last_error());
 
     KtStats s;

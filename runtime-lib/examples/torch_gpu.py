@@ -39,7 +39,7 @@ class KtGpuStats(ctypes.Structure):
 
 
 # The C ABI these types mirror (KERNTUNE_ABI_VERSION in include/kerntune.h).
-KERNTUNE_ABI_VERSION = 7
+KERNTUNE_ABI_VERSION = 8
 
 
 def load(path):

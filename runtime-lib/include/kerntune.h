@@ -16,9 +16,10 @@
  and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem;
  6: narrow value heads, `v_head_dim` in the flash problem; 7: ALiBi, `alibi_slopes` in
  both attention problems) would otherwise be read past the end a program built against an
- older header passes.
+ older header passes, and an enum value the library does not know (8: the fp8 `KtDtype`s
+ of kt_gemm_scaled) would be read as none of its values.
  */
-#define KERNTUNE_ABI_VERSION 7
+#define KERNTUNE_ABI_VERSION 8
 
 /*
  Result of every call.
@@ -60,6 +61,18 @@ typedef enum KtDtype {
   KT_DTYPE_F32 = 0,
   KT_DTYPE_F16 = 1,
   KT_DTYPE_BF16 = 2,
+  /*
+   OCP E4M3 (`float8_e4m3fn`): an FP8 checkpoint's GEMMs through kt_gemm_scaled().
+   */
+  KT_DTYPE_FP8_E4M3 = 3,
+  /*
+   E4M3 with no negative zero (`float8_e4m3fnuz`, MI300X's): kt_gemm_scaled() only.
+   */
+  KT_DTYPE_FP8_E4M3_FNUZ = 4,
+  /*
+   OCP E5M2 (`float8_e5m2`): kt_gemm_scaled() only.
+   */
+  KT_DTYPE_FP8_E5M2 = 5,
 } KtDtype;
 
 /*
@@ -340,8 +353,8 @@ const char *kt_note(const struct KtDispatcher *d);
 
 /*
  `C[m, n] = A[m, k] · B` where B is `[n, k]` (`b_is_nk`, a Linear layer's weights) or
- `[k, n]`. A and B are of `dtype`, C is float. `*matched` (if not NULL) tells how the config
- was found.
+ `[k, n]`. A and B are of `dtype` (f32, f16 or bf16: fp8 GEMMs take scales, through
+ kt_gemm_scaled()), C is float. `*matched` (if not NULL) tells how the config was found.
 
  # Safety
  Buffers must hold m·k, k·n and m·n elements.
@@ -356,6 +369,32 @@ enum KtStatus kt_gemm(const struct KtDispatcher *d,
                       const void *b,
                       float *c,
                       KtMatch *matched);
+
+/*
+ An fp8 GEMM (W8A8), as vLLM's `cutlass_scaled_mm`: `C[i, j] = a_scales[i] · b_scales[j]
+ · Σ_p A[i, p] · B[p, j]` with A and B of an fp8 `dtype`, B `[n, k]` (`b_is_nk`) or `[k,
+ n]`. `a_scales` holds 1 (per tensor) or m (per token) floats, `b_scales` 1 or n (per
+ output channel), as `a_scales_len` and `b_scales_len` say; every scale finite and
+ positive. For f32, f16 and bf16 inputs both lengths are 0 (the pointers may be NULL) and
+ this is kt_gemm().
+
+ # Safety
+ Buffers must hold m·k, k·n and m·n elements, the scales their lengths in floats.
+ */
+enum KtStatus kt_gemm_scaled(const struct KtDispatcher *d,
+                             size_t m,
+                             size_t n,
+                             size_t k,
+                             enum KtDtype dtype_,
+                             bool b_is_nk,
+                             const void *a,
+                             const float *a_scales,
+                             size_t a_scales_len,
+                             const void *b,
+                             const float *b_scales,
+                             size_t b_scales_len,
+                             float *c,
+                             KtMatch *matched);
 
 /*
  Flash attention prefill: Q `[batch, q_len, q_heads, head_dim]`, K `[batch, kv_len,

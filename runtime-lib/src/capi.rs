@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use half::{bf16, f16};
-use kerntune_kernels::kernel::{FlashArgs, GemmArgs, KvScales, PagedArgs};
+use kerntune_kernels::kernel::{FlashArgs, GemmArgs, GemmScales, KvScales, PagedArgs};
 use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
 use kerntune_kernels::{DType, Fp8, Problem, Tensor};
 
@@ -22,8 +22,9 @@ use crate::{Dispatcher, Match, Stats};
 /// and `v_scale` in the paged problem; 5: latent caches, `v_head_dim` in the paged problem;
 /// 6: narrow value heads, `v_head_dim` in the flash problem; 7: ALiBi, `alibi_slopes` in
 /// both attention problems) would otherwise be read past the end a program built against an
-/// older header passes.
-pub const KERNTUNE_ABI_VERSION: u32 = 7;
+/// older header passes, and an enum value the library does not know (8: the fp8 `KtDtype`s
+/// of kt_gemm_scaled) would be read as none of its values.
+pub const KERNTUNE_ABI_VERSION: u32 = 8;
 
 /// Result of every call.
 #[repr(C)]
@@ -53,6 +54,12 @@ pub enum KtDtype {
     F32 = 0,
     F16 = 1,
     Bf16 = 2,
+    /// OCP E4M3 (`float8_e4m3fn`): an FP8 checkpoint's GEMMs through kt_gemm_scaled().
+    Fp8E4m3 = 3,
+    /// E4M3 with no negative zero (`float8_e4m3fnuz`, MI300X's): kt_gemm_scaled() only.
+    Fp8E4m3Fnuz = 4,
+    /// OCP E5M2 (`float8_e5m2`): kt_gemm_scaled() only.
+    Fp8E5m2 = 5,
 }
 
 /// What a paged problem's KV caches hold (vLLM's `--kv-cache-dtype`).
@@ -200,6 +207,9 @@ pub(crate) fn dtype(d: KtDtype) -> DType {
         KtDtype::F32 => DType::F32,
         KtDtype::F16 => DType::F16,
         KtDtype::Bf16 => DType::Bf16,
+        KtDtype::Fp8E4m3 => DType::Fp8(Fp8::E4m3),
+        KtDtype::Fp8E4m3Fnuz => DType::Fp8(Fp8::E4m3Fnuz),
+        KtDtype::Fp8E5m2 => DType::Fp8(Fp8::E5m2),
     }
 }
 
@@ -317,6 +327,23 @@ unsafe fn per_head<'a>(values: *const f32, q_heads: usize) -> &'a [f32] {
     }
     // SAFETY: caller contract.
     unsafe { std::slice::from_raw_parts(values, q_heads) }
+}
+
+/// `len` floats at `ptr`; NULL stands for none, and is refused where `len` is not 0.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for `len` floats.
+unsafe fn floats<'a>(
+    name: &str,
+    ptr: *const f32,
+    len: usize,
+) -> Result<&'a [f32], (KtStatus, String)> {
+    match (ptr.is_null(), len) {
+        (_, 0) => Ok(&[]),
+        (true, _) => Err(invalid(format!("`{name}` is NULL with a length of {len}"))),
+        // SAFETY: caller contract.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts(ptr, len) }),
+    }
 }
 
 /// # Safety
@@ -449,8 +476,8 @@ pub unsafe extern "C" fn kt_note(d: *const KtDispatcher) -> *const c_char {
 }
 
 /// `C[m, n] = A[m, k] · B` where B is `[n, k]` (`b_is_nk`, a Linear layer's weights) or
-/// `[k, n]`. A and B are of `dtype`, C is float. `*matched` (if not NULL) tells how the config
-/// was found.
+/// `[k, n]`. A and B are of `dtype` (f32, f16 or bf16: fp8 GEMMs take scales, through
+/// kt_gemm_scaled()), C is float. `*matched` (if not NULL) tells how the config was found.
 ///
 /// # Safety
 /// Buffers must hold m·k, k·n and m·n elements.
@@ -470,23 +497,99 @@ pub unsafe extern "C" fn kt_gemm(
 ) -> KtStatus {
     guard(|| {
         let d = dispatcher(d)?;
-        let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
-        let p =
-            GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))?;
+        let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
+        if p.fp8().is_some() {
+            return Err(invalid(format!(
+                "dtype {} takes scales: call kt_gemm_scaled() with A's and B's",
+                p.dtype
+            )));
+        }
         // SAFETY: caller contract on sizes.
-        let args = unsafe {
-            GemmArgs {
-                a: tensor("a", a, m * k, p.dtype)?,
-                b: tensor("b", b, k * n, p.dtype)?,
-                c: out("c", c, m * n)?,
+        unsafe { run_gemm(d, p, a, b, GemmScales::NONE, c, matched) }
+    })
+}
+
+/// An fp8 GEMM (W8A8), as vLLM's `cutlass_scaled_mm`: `C[i, j] = a_scales[i] · b_scales[j]
+/// · Σ_p A[i, p] · B[p, j]` with A and B of an fp8 `dtype`, B `[n, k]` (`b_is_nk`) or `[k,
+/// n]`. `a_scales` holds 1 (per tensor) or m (per token) floats, `b_scales` 1 or n (per
+/// output channel), as `a_scales_len` and `b_scales_len` say; every scale finite and
+/// positive. For f32, f16 and bf16 inputs both lengths are 0 (the pointers may be NULL) and
+/// this is kt_gemm().
+///
+/// # Safety
+/// Buffers must hold m·k, k·n and m·n elements, the scales their lengths in floats.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gemm_scaled(
+    d: *const KtDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    b_is_nk: bool,
+    a: *const c_void,
+    a_scales: *const f32,
+    a_scales_len: usize,
+    b: *const c_void,
+    b_scales: *const f32,
+    b_scales_len: usize,
+    c: *mut f32,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
+        // SAFETY: caller contract on lengths.
+        let scales = unsafe {
+            GemmScales {
+                a: floats("a_scales", a_scales, a_scales_len)?,
+                b: floats("b_scales", b_scales, b_scales_len)?,
             }
         };
-        let how = d
-            .gemm(&Problem::Gemm(p), args)
-            .map_err(|e| (KtStatus::KernelError, e.to_string()))?;
-        report(matched, how);
-        Ok(())
+        // SAFETY: caller contract on sizes.
+        unsafe { run_gemm(d, p, a, b, scales, c, matched) }
     })
+}
+
+pub(crate) fn gemm_problem(
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    b_is_nk: bool,
+) -> Result<GemmProblem, (KtStatus, String)> {
+    let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
+    GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))
+}
+
+/// # Safety
+/// `a`, `b` and `c` hold the problem's m·k, k·n and m·n elements.
+unsafe fn run_gemm(
+    d: &Dispatcher,
+    p: GemmProblem,
+    a: *const c_void,
+    b: *const c_void,
+    scales: GemmScales<'_>,
+    c: *mut f32,
+    matched: *mut KtMatch,
+) -> Result<(), (KtStatus, String)> {
+    // The scales' counts and values are the call's mistakes, not the kernel's.
+    scales.check(&p).map_err(|e| invalid(e.to_string()))?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    // SAFETY: caller contract on sizes.
+    let args = unsafe {
+        GemmArgs {
+            a: tensor("a", a, m * k, p.dtype)?,
+            b: tensor("b", b, k * n, p.dtype)?,
+            scales,
+            c: out("c", c, m * n)?,
+        }
+    };
+    let how = d
+        .gemm(&Problem::Gemm(p), args)
+        .map_err(|e| (KtStatus::KernelError, e.to_string()))?;
+    report(matched, how);
+    Ok(())
 }
 
 /// Flash attention prefill: Q `[batch, q_len, q_heads, head_dim]`, K `[batch, kv_len,

@@ -6,11 +6,11 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use kerntune_kernels::gpu::launch::DevicePtrs;
-use kerntune_kernels::problem::{BLayout, GemmProblem};
+use kerntune_kernels::problem::GemmProblem;
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    dtype, flash_problem, free_handle, guard, invalid, kt_last_error, kv_scales, latent_values,
+    flash_problem, free_handle, guard, invalid, kt_last_error, kv_scales, latent_values,
     paged_problem, path_arg, report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem,
     KtStats, KtStatus,
 };
@@ -201,8 +201,14 @@ fn gemm_problem(
     dtype_: KtDtype,
     b_is_nk: bool,
 ) -> Result<GemmProblem, (KtStatus, String)> {
-    let layout = if b_is_nk { BLayout::Nk } else { BLayout::Kn };
-    GemmProblem::new(m, n, k, dtype(dtype_), layout).map_err(|e| invalid(e.to_string()))
+    let p = crate::capi::gemm_problem(m, n, k, dtype_, b_is_nk)?;
+    if p.fp8().is_some() {
+        return Err(invalid(format!(
+            "the GPU GEMM kernels take f32, f16 or bf16 inputs; {} GEMMs run on the CPU so far (kt_gemm_scaled)",
+            p.dtype
+        )));
+    }
+    Ok(p)
 }
 
 /// Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K

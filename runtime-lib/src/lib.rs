@@ -20,7 +20,7 @@
 //! assert!(d.note().is_some());
 //! let p: Problem = "gemm:m=2,n=3,k=4".parse().unwrap();
 //! let (a, b, mut c) = (vec![1.0f32; 8], vec![1.0f32; 12], vec![0.0f32; 6]);
-//! let how = d.gemm(&p, GemmArgs { a: Tensor::F32(&a), b: Tensor::F32(&b), c: &mut c }).unwrap();
+//! let how = d.gemm(&p, GemmArgs::new(Tensor::F32(&a), Tensor::F32(&b), &mut c)).unwrap();
 //! assert_eq!(how, Match::Default);
 //! assert_eq!(c, [4.0; 6]);
 //! ```

@@ -86,13 +86,26 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         .output()
         .unwrap();
     let (lines, m) = check_example_run(&out);
+    // The fp8 product (exact here) equals the f32 one; an fp8 call without scales, and one
+    // with a count of A's scales neither 1 nor M, are refused by name.
+    assert_eq!(lines[m + 1], "fp8: matches");
+    assert!(
+        lines[m + 2].starts_with("error: dtype fp8_e4m3 takes scales: call kt_gemm_scaled()"),
+        "{}",
+        lines[m + 2]
+    );
+    assert!(
+        lines[m + 3].contains("a_scales") && lines[m + 3].contains("one (per tensor) or 3"),
+        "{}",
+        lines[m + 3]
+    );
     assert_eq!(
-        lines[m + 1],
-        "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0"
+        lines[m + 4],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=2 loaded=0"
     );
     // Without the `rocm` feature the GPU entry point answers KT_STATUS_NO_DEVICE and names the
     // feature; with it, the HIP runtime answers: opened on an MI250, no device elsewhere.
-    let gpu = &lines[m + 2];
+    let gpu = &lines[m + 5];
     if cfg!(feature = "rocm") {
         assert!(
             gpu == "gpu: opened" || gpu.starts_with("gpu: status=5 "),
@@ -124,7 +137,14 @@ fn c_example_runs_a_gemm_and_reports_stats() {
     }
     let text = std::fs::read_to_string(&untuned).unwrap();
     let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-    assert_eq!(rows, ["gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4"], "{text}");
+    assert_eq!(
+        rows,
+        [
+            "gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4",
+            "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk\t4"
+        ],
+        "{text}"
+    );
 }
 
 /// The attention example in C: flash attention and paged attention through the C ABI, with

@@ -401,6 +401,63 @@ fn an_fp8_cache_decides_selection_and_its_scales_reach_the_output() {
     });
 }
 
+/// An fp8 GEMM's format is a static dimension: a W8A8 call finds the winners tuned in its
+/// format, a bf16 call the bf16 ones, another fp8 format neither; through the dispatcher,
+/// with per-token and per-channel scales (and per-tensor ones), it matches the reference,
+/// and a call with scales missing or of the wrong count is refused by name.
+#[test]
+fn an_fp8_gemm_decides_selection_and_its_scales_reach_the_output() {
+    let plain = "gemm:m=4,n=1280,k=8192,dtype=bf16,b=nk";
+    let fp8 = "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3,b=nk";
+    two_winners(fp8, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
+        assert_eq!(sel(fp8), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        assert_eq!(
+            sel("gemm:m=4,n=1280,k=8192,dtype=fp8_e5m2,b=nk").0,
+            Match::Default
+        );
+        let call: Problem = "gemm:m=3,n=1280,k=8192,dtype=fp8_e4m3,b=nk"
+            .parse()
+            .unwrap();
+        assert_eq!(sel(&call.key()).1, a);
+        let mut data = ProblemData::random(&call, 3);
+        let reference = data.reference();
+        let Args::Gemm(args) = data.args() else {
+            unreachable!("a GEMM")
+        };
+        d.gemm(&call, args).unwrap();
+        let err = relative_error(&data.out, &reference);
+        assert!(err <= call.tolerance(), "{err:e}");
+        // One scale for each tensor: every output is that product times the per-row
+        // and per-column one's, divided out.
+        let per_row = data.out.clone();
+        let (sa, sb) = (data.a_scales.clone(), data.b_scales.clone());
+        data.a_scales = vec![0.5];
+        data.b_scales = vec![0.25];
+        let Args::Gemm(args) = data.args() else {
+            unreachable!("a GEMM")
+        };
+        d.gemm(&call, args).unwrap();
+        for (at, (&got, &want)) in data.out.iter().zip(&per_row).enumerate() {
+            let (i, j) = (at / 1280, at % 1280);
+            let want = want / (sa[i] * sb[j]) * 0.125;
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "C[{i}][{j}] {got} {want}"
+            );
+        }
+        for (a_scales, name) in [(vec![], "a_scales"), (vec![1.0; 2], "a_scales")] {
+            data.a_scales = a_scales;
+            let Args::Gemm(args) = data.args() else {
+                unreachable!("a GEMM")
+            };
+            let e = d.gemm(&call, args).unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
+    });
+}
+
 /// A latent cache's value width is a static dimension: a DeepSeek decode call finds the
 /// winners tuned on its latent cache, a call on the same rows as keys and values the plain
 /// ones; through the dispatcher a bucketed latent call matches the reference.

@@ -58,14 +58,7 @@ fn a_gpu_dispatcher_refuses_host_buffers_and_selects_gpu_configs() {
     assert!(d.select(&p).config.is_gpu());
     let (a, b, mut c) = (vec![1.0f32; 8], vec![1.0f32; 12], vec![0.0f32; 6]);
     let err = d
-        .gemm(
-            &p,
-            GemmArgs {
-                a: Tensor::F32(&a),
-                b: Tensor::F32(&b),
-                c: &mut c,
-            },
-        )
+        .gemm(&p, GemmArgs::new(Tensor::F32(&a), Tensor::F32(&b), &mut c))
         .unwrap_err();
     assert!(matches!(err, RuntimeError::HostCallOnGpu { .. }), "{err}");
     assert_eq!(c, [0.0; 6], "nothing was written");

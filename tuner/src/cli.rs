@@ -198,12 +198,20 @@ impl ShapeArgs {
             None => b.latent_block_size = mla_backend(device).block_size,
         }
         b.mla = mla_backend(device);
+        // vLLM's `fp8`: the E4M3 of the device's hardware, for caches and checkpoints alike.
+        let e4m3 = match device {
+            Device::Gpu(g) if g.arch == "gfx942" => Fp8::E4m3Fnuz,
+            _ => Fp8::E4m3,
+        };
+        b.e4m3 = e4m3;
         if let Some(d) = &self.dtype {
             let d = d.parse::<DType>()?;
             if d.fp8().is_some() {
                 return Err(format!(
-                    "--dtype {d}: fp8 holds a KV cache, not a model's inputs; pass \
-                     --kv-cache-dtype {d} (and --dtype f16 or bf16, or the model's own)"
+                    "--dtype {d}: a model's fp8 GEMMs come from its config.json's \
+                     quantization_config (an FP8 checkpoint's), and an fp8 KV cache from \
+                     --kv-cache-dtype {d}; pass --dtype f16 or bf16 (or the model's own), or \
+                     fp8 GEMMs as problems (--shapes gemm:m=...,n=...,k=...,dtype={d})"
                 ));
             }
             b.dtype = Some(d);
@@ -211,11 +219,7 @@ impl ShapeArgs {
         if let Some(kv) = &self.kv_cache_dtype {
             b.kv_cache = match kv.to_ascii_lowercase().as_str() {
                 "auto" => None,
-                // vLLM's `fp8`: the E4M3 of the device's hardware.
-                "fp8" => Some(DType::Fp8(match device {
-                    Device::Gpu(g) if g.arch == "gfx942" => Fp8::E4m3Fnuz,
-                    _ => Fp8::E4m3,
-                })),
+                "fp8" => Some(DType::Fp8(e4m3)),
                 name => match name.parse::<DType>() {
                     Ok(d @ DType::Fp8(_)) => Some(d),
                     _ => {

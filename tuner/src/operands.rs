@@ -134,9 +134,11 @@ impl Operands {
             bytemuck::cast_slice(bytes(self.tables)),
             max_blocks_per_seq,
             bytemuck::cast_slice(bytes(self.lens)),
-            // A few floats, read only: every copy shares the verification copy's.
+            // A few floats, read only (the sinks and slopes, an fp8 GEMM's scales): every copy
+            // shares the verification copy's.
             first.heads(),
             first.kv_scales,
+            first.gemm_scales(),
             bytemuck::cast_slice_mut(&mut out[..self.out.1]),
         )
         .expect("a copy holds every input of the problem it was filled with")

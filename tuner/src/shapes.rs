@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use kerntune_kernels::problem::{BLayout, FlashProblem, GemmProblem, PagedProblem, Scale};
-use kerntune_kernels::{DType, Device, Family, KernelError, Problem};
+use kerntune_kernels::{DType, Device, Family, Fp8, KernelError, Problem};
 
 use crate::error::{usage, Result, TuneError};
 use crate::models::{is_hub_address, Latent, Model, PRESETS};
@@ -48,6 +48,10 @@ pub struct Buckets {
     /// Experts spread whole over the shards (vLLM's expert parallelism) instead of each
     /// expert's FFN split over them.
     pub expert_parallel: bool,
+    /// The device's E4M3, which an FP8 checkpoint's E4M3 GEMMs run in: fnuz on MI300X,
+    /// whose hardware has no other (vLLM converts the weights as it loads them), OCP
+    /// elsewhere.
+    pub e4m3: Fp8,
 }
 
 impl Default for Buckets {
@@ -63,6 +67,7 @@ impl Default for Buckets {
             latent_block_size: 16,
             mla: MlaBackend::PLAIN,
             expert_parallel: false,
+            e4m3: Fp8::E4m3,
         }
     }
 }
@@ -291,7 +296,23 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
         true => "--prefill-lens",
         false => "--batch-sizes",
     };
+    // An FP8 checkpoint's projections in fp8, unless --dtype asks for unquantized ones; its
+    // LM head, routers and gates stay unquantized (the ignore lists of the FP8 checkpoints
+    // of llm-compressor, AutoFP8 and FBGEMM name them).
+    let fp8 = match b.dtype {
+        Some(_) => None,
+        None => model.fp8_weights.map(|f| match f {
+            Fp8::E4m3 | Fp8::E4m3Fnuz => b.e4m3,
+            Fp8::E5m2 => Fp8::E5m2,
+        }),
+    };
     let gemm = |role: &str, m: usize, n: usize, k: usize, prefill: bool| -> Result<Derived> {
+        let dtype = match (fp8, role) {
+            (Some(f), role) if !matches!(role, "lm_head" | "router" | "shared_expert_gate") => {
+                DType::Fp8(f)
+            }
+            _ => dtype,
+        };
         let problem = GemmProblem::new(m, n, k, dtype, BLayout::Nk)
             .map_err(|e| blame(e, &[("m", gemm_tokens(prefill))]))?;
         Ok(Derived {

@@ -343,14 +343,20 @@ fn latent_attention_runs_its_own_projections() {
         keys_of(&scaled, "decode"),
         [format!("{latent},kv_dtype=fp8_e4m3,scale={scale}")]
     );
-    // Published with FP8 weights: the GEMMs are refused, with advice that succeeds.
+    // Published with FP8 weights scaled per 128 x 128 block: the GEMMs are refused, with
+    // advice that succeeds.
     let fp8 = format!(
-        r#"{{{DEEPSEEK_V3}, "quantization_config": {{"quant_method": "fp8", "fmt": "e4m3"}}}}"#
+        r#"{{{DEEPSEEK_V3}, "quantization_config": {{"quant_method": "fp8", "fmt": "e4m3",
+        "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}}}"#
     );
     refused(
         &fp8,
         &one_of_each,
-        &["\"fp8\"", "--kernels flash,paged", "--dtype bf16"],
+        &[
+            "weight_block_size = [128,128]",
+            "--kernels flash,paged",
+            "--dtype bf16",
+        ],
     );
     let unquantized = derive(
         &fp8,
@@ -437,6 +443,118 @@ fn deepseek_counts_its_moe_layer_frequency_from_the_first_layer() {
     assert_eq!(
         keys_of(&second, "gate_up")[0],
         "gemm:m=1,n=10944,k=2048,dtype=bf16,b=nk"
+    );
+}
+
+/// FP8 checkpoints whose scales are per tensor, token or channel (llm-compressor's
+/// compressed-tensors FP8 and FP8_DYNAMIC, AutoFP8's `fp8`, FBGEMM's) derive fp8 GEMMs for
+/// their projections, E4M3 as the device runs it (fnuz on MI300X); the LM head and a
+/// mixture's router stay at the model's dtype, as do attention's inputs. `--dtype` asks for
+/// unquantized GEMMs; weight-only, int8 and block-scaled schemes are refused by name.
+#[test]
+fn fp8_checkpoints_derive_fp8_gemms_for_their_projections() {
+    let compressed = |weights: &str, activations: &str| {
+        format!(
+            r#"{{{LLAMA8B}, "torch_dtype": "bfloat16", "quantization_config": {{
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "ignore": ["lm_head"], "config_groups": {{"group_0": {{"targets": ["Linear"],
+            "weights": {weights}, "input_activations": {activations}}}}}}}}}"#
+        )
+    };
+    let fp8 = |strategy: &str| {
+        format!(
+            r#"{{"num_bits": 8, "type": "float", "strategy": "{strategy}", "symmetric": true}}"#
+        )
+    };
+    let llama = compressed(&fp8("channel"), &fp8("token"));
+    let args = ["--tp", "1", "--batch-sizes", "4", "--prefill-lens", "512"];
+    let rows = derive(&llama, &args);
+    for (role, n, k) in [
+        ("qkv", 6144, 4096),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+    ] {
+        assert_eq!(
+            keys_of(&rows, role),
+            [
+                format!("gemm:m=4,n={n},k={k},dtype=fp8_e4m3,b=nk"),
+                format!("gemm:m=512,n={n},k={k},dtype=fp8_e4m3,b=nk"),
+            ],
+            "{role}"
+        );
+    }
+    assert_eq!(
+        keys_of(&rows, "lm_head"),
+        ["gemm:m=4,n=128256,k=4096,dtype=bf16,b=nk"]
+    );
+    assert!(rows
+        .iter()
+        .filter(|(_, key)| !key.starts_with("gemm:"))
+        .all(|(_, key)| key.contains("dtype=bf16")));
+    // On an MI300X, E4M3 is its hardware's fnuz.
+    let mi300x = derive(&llama, &[&args[..], &["--device", "mi300x"]].concat());
+    assert_eq!(
+        keys_of(&mi300x, "o")[0],
+        "gemm:m=4,n=4096,k=4096,dtype=fp8_e4m3fnuz,b=nk"
+    );
+    // Per-tensor scales, AutoFP8's and FBGEMM's configs: the same problems.
+    for quantization in [
+        compressed(&fp8("tensor"), &fp8("tensor")),
+        format!(
+            r#"{{{LLAMA8B}, "quantization_config": {{"quant_method": "fp8",
+            "activation_scheme": "static", "ignored_layers": ["lm_head"]}}}}"#
+        ),
+        format!(
+            r#"{{{LLAMA8B}, "quantization_config": {{"quant_method": "fbgemm_fp8",
+            "activation_scale_ub": 1200.0, "modules_to_not_convert": ["lm_head"]}}}}"#
+        ),
+    ] {
+        assert_eq!(derive(&quantization, &args), rows, "{quantization}");
+    }
+    // A mixture's router stays unquantized; its experts are fp8.
+    let moe = llama.replace(
+        r#""torch_dtype""#,
+        r#""model_type": "qwen3_moe", "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "torch_dtype""#,
+    );
+    let rows = derive(&moe, &args);
+    assert_eq!(
+        keys_of(&rows, "router")[0],
+        "gemm:m=4,n=128,k=4096,dtype=bf16,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "expert_down")[0],
+        "gemm:m=1,n=4096,k=768,dtype=fp8_e4m3,b=nk"
+    );
+    // --dtype asks for the unquantized GEMMs.
+    let dense = derive(&llama, &[&args[..], &["--dtype", "bf16"]].concat());
+    assert!(dense.iter().all(|(_, key)| key.contains("dtype=bf16")));
+    // Other schemes are named.
+    let int8 = r#"{"num_bits": 8, "type": "int", "strategy": "channel"}"#;
+    for (config, needle) in [
+        (
+            compressed(&fp8("channel"), "null"),
+            "8-bit float weights, unquantized activations",
+        ),
+        (
+            compressed(int8, int8),
+            "8-bit int weights, 8-bit int activations",
+        ),
+        (compressed(&fp8("block"), &fp8("token")), "scaled per block"),
+    ] {
+        refused(
+            &config,
+            &["--tp", "1"],
+            &[needle, "--dtype bf16", "--kernels flash,paged"],
+        );
+    }
+    // --dtype fp8 says where fp8 GEMMs come from.
+    refused(
+        &llama,
+        &["--tp", "1", "--dtype", "fp8_e4m3"],
+        &["quantization_config", "dtype=fp8_e4m3"],
     );
 }
 
@@ -1950,7 +2068,21 @@ fn mistrals_params_json_reads_as_the_config_vllm_makes_of_it() {
         r#""vocab_size": 32000"#,
         r#""vocab_size": 32000, "quantization": {"qformat_weight": "fp8_e4m3"}"#,
     );
-    refused(&fp8, &args, &["quant_method = \"fp8\""]);
+    // Per-tensor FP8, as vLLM reads it: the experts' GEMMs in fp8, the router's not.
+    let rows = derive(&fp8, &args);
+    assert_eq!(
+        keys_of(&rows, "expert_gate_up")[0],
+        "gemm:m=1,n=14336,k=4096,dtype=fp8_e4m3,b=nk"
+    );
+    assert_eq!(
+        keys_of(&rows, "router")[0],
+        "gemm:m=1,n=8,k=4096,dtype=bf16,b=nk"
+    );
+    let other = mixtral.replace(
+        r#""vocab_size": 32000"#,
+        r#""vocab_size": 32000, "quantization": {"qformat_weight": "int4"}"#,
+    );
+    refused(&other, &args, &["quant_method = \"unnamed\""]);
     // A folder holding only params.json is read as vLLM reads it.
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("model")).unwrap();

@@ -8,10 +8,15 @@
 //!
 //! Stream: with 1 to 16 rows of A the work is reading B once at memory bandwidth; B is read in
 //! place (no packing pass, which would read it twice) and widened in registers.
+//!
+//! Both run f32, f16, bf16 and fp8 inputs (fp8 bytes widened as the f16 of their bits, see
+//! [`crate::Fp8::half_bits`]); an fp8 GEMM's factors and scales are applied to C after
+//! ([`scale`]).
 
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, TableElem, STREAM_KN_VECTORS, STREAM_ROWS};
 use crate::config::{GemmConfig, GemmVariant, Inner, Split};
+use crate::kernel::GemmScales;
 use crate::problem::{BLayout, GemmProblem};
 
 /// Scratch (f32 values) a GEMM call needs.
@@ -370,4 +375,34 @@ fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)>
     std::iter::successors((m > 0).then(|| (0, rows_at(0))), move |&(i, r)| {
         (i + r < m).then(|| (i + r, rows_at(i + r)))
     })
+}
+
+/// Turns an fp8 GEMM's C, the sums of its bytes' f16 readings, into values: each times the
+/// format's factor squared, its row's scale and its column's. A pass over C after the
+/// product, not in the kernels: C has `K` times fewer values than the product reads, and every
+/// variant (and the ones to come) shares it.
+pub fn scale(p: &GemmProblem, c: &GemmConfig, scales: GemmScales<'_>, out: &mut [f32]) {
+    let Some(format) = p.fp8() else { return };
+    let factor = format.half_factor() * format.half_factor();
+    // Rows of at least 16 KiB a task.
+    let rows = (4096 / p.n.max(1)).max(1);
+    let tasks = p.m.div_ceil(rows);
+    let c_at = SharedMut(out.as_mut_ptr());
+    for_each_task(c.threads, tasks, |task, _| {
+        let (r0, r1) = (task * rows, ((task + 1) * rows).min(p.m));
+        // SAFETY: tasks own disjoint rows of C, which holds m·n values.
+        let block =
+            unsafe { std::slice::from_raw_parts_mut(c_at.get().add(r0 * p.n), (r1 - r0) * p.n) };
+        for (i, row) in (r0..r1).zip(block.chunks_exact_mut(p.n)) {
+            let a = factor * scales.a_at(i);
+            match scales.b {
+                [b] => row.iter_mut().for_each(|v| *v *= a * b),
+                b => {
+                    for (v, &b) in row.iter_mut().zip(b) {
+                        *v *= a * b;
+                    }
+                }
+            }
+        }
+    });
 }

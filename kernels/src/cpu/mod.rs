@@ -91,12 +91,20 @@ impl Backend for CpuBackend {
         let skip = scratch.as_ptr().align_offset(64).min(scratch.len());
         let scratch = &mut scratch[skip..];
         match (problem, config, args) {
-            (Problem::Gemm(p), Config::Gemm(c), Args::Gemm(GemmArgs { a, b, c: out })) => {
+            (Problem::Gemm(p), Config::Gemm(c), Args::Gemm(args)) => {
+                let GemmArgs {
+                    a,
+                    b,
+                    scales,
+                    c: out,
+                } = args;
                 check_dtype("a", &a, p.dtype)?;
                 check_dtype("b", &b, p.dtype)?;
                 check_len("a", a.len(), p.a_len())?;
                 check_len("b", b.len(), p.b_len())?;
                 check_len("c", out.len(), p.c_len())?;
+                scales.check(p)?;
+                use simd::{E4m3Bits, E5m2Bits};
                 match (a, b) {
                     (Tensor::F32(a), Tensor::F32(b)) if c.variant == GemmVariant::Direct => {
                         direct::run_f32(p, c, a, b, out, scratch)
@@ -122,6 +130,18 @@ impl Backend for CpuBackend {
                     }
                     (Tensor::Bf16(a), Tensor::Bf16(b)) => {
                         gemm::run::<bf16>(p, c, a, b, out, scratch)
+                    }
+                    // The kernels multiply the bytes' f16 readings; the formats' factors and
+                    // the call's scales are applied to C after.
+                    (Tensor::Fp8(Fp8::E5m2, a), Tensor::Fp8(_, b)) => {
+                        let (a, b): (&[E5m2Bits], _) = (cast(a), cast(b));
+                        gemm::run(p, c, a, b, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
+                    (Tensor::Fp8(_, a), Tensor::Fp8(_, b)) => {
+                        let (a, b): (&[E4m3Bits], _) = (cast(a), cast(b));
+                        gemm::run(p, c, a, b, out, scratch);
+                        gemm::scale(p, c, scales, out);
                     }
                     _ => unreachable!("dtypes checked above"),
                 }
@@ -257,12 +277,8 @@ fn run_paged(
         };
     }
     use simd::{E4m3Bits, E5m2Bits};
-    fn e4m3(s: &[u8]) -> &[E4m3Bits] {
-        bytemuck::cast_slice(s)
-    }
-    fn e5m2(s: &[u8]) -> &[E5m2Bits] {
-        bytemuck::cast_slice(s)
-    }
+    let e4m3 = cast::<E4m3Bits>;
+    let e5m2 = cast::<E5m2Bits>;
     // A latent cache's values are read from its key rows.
     let value_cache = if p.is_latent() {
         a.key_cache
@@ -284,6 +300,11 @@ fn run_paged(
         _ => unreachable!("dtypes checked above"),
     }
     Ok(())
+}
+
+/// fp8 bytes as the kernels' element type for their format.
+fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> &[T] {
+    bytemuck::cast_slice(bytes)
 }
 
 /// The weight `2^(sink − m)` that query head `head`'s sink adds to a softmax sum whose

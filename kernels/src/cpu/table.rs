@@ -59,14 +59,6 @@ pub struct ElemFns<T: 'static> {
     pub widen: WidenFn<T>,
 }
 
-/// The leaf kernels of a KV-cache element type that queries are not stored in (fp8): the
-/// paged-attention kernel's products with cached rows.
-#[derive(Debug)]
-pub struct CacheFns<T: 'static> {
-    pub dot: DotFn<T>,
-    pub axpy: AxpyFn<T>,
-}
-
 /// Everything one ISA level offers.
 #[derive(Debug)]
 pub struct Table {
@@ -87,8 +79,9 @@ pub struct Table {
     pub f32: ElemFns<f32>,
     pub bf16: ElemFns<bf16>,
     pub f16: ElemFns<f16>,
-    pub e4m3: CacheFns<E4m3Bits>,
-    pub e5m2: CacheFns<E5m2Bits>,
+    /// fp8 bytes, read as f16 bits: a KV cache's and an fp8 GEMM's.
+    pub e4m3: ElemFns<E4m3Bits>,
+    pub e5m2: ElemFns<E5m2Bits>,
 }
 
 impl Table {
@@ -124,6 +117,16 @@ impl TableElem for f16 {
         &t.f16
     }
 }
+impl TableElem for E4m3Bits {
+    fn fns(t: &Table) -> &ElemFns<E4m3Bits> {
+        &t.e4m3
+    }
+}
+impl TableElem for E5m2Bits {
+    fn fns(t: &Table) -> &ElemFns<E5m2Bits> {
+        &t.e5m2
+    }
+}
 
 /// Picks the products with cached rows of a KV-cache element type out of a table.
 pub trait CacheElem: Elem {
@@ -136,22 +139,6 @@ impl<T: TableElem> CacheElem for T {
     }
     fn axpy(t: &Table) -> AxpyFn<T> {
         T::fns(t).axpy
-    }
-}
-impl CacheElem for E4m3Bits {
-    fn dot(t: &Table) -> DotFn<Self> {
-        t.e4m3.dot
-    }
-    fn axpy(t: &Table) -> AxpyFn<Self> {
-        t.e4m3.axpy
-    }
-}
-impl CacheElem for E5m2Bits {
-    fn dot(t: &Table) -> DotFn<Self> {
-        t.e5m2.dot
-    }
-    fn axpy(t: &Table) -> AxpyFn<Self> {
-        t.e5m2.axpy
     }
 }
 
@@ -336,8 +323,8 @@ macro_rules! isa_table {
                 f32: elem_fns::<f32>(),
                 bf16: elem_fns::<bf16>(),
                 f16: elem_fns::<f16>(),
-                e4m3: CacheFns { dot: dot::<E4m3Bits>, axpy: axpy::<E4m3Bits> },
-                e5m2: CacheFns { dot: dot::<E5m2Bits>, axpy: axpy::<E5m2Bits> },
+                e4m3: elem_fns::<E4m3Bits>(),
+                e5m2: elem_fns::<E5m2Bits>(),
             };
         }
     };

@@ -189,15 +189,16 @@ impl FromStr for Problem {
     }
 }
 
-/// Checks a problem's `dtype` is one kernels compute in: fp8 is a KV-cache type only.
+/// Checks an attention problem's `dtype` is one its kernels compute in: fp8 is a KV-cache
+/// type there.
 pub(crate) fn check_compute_dtype(family: Family, dtype: crate::DType) -> Result<()> {
     if dtype.fp8().is_some() {
         return Err(KernelError::InvalidProblem {
             family,
             field: "dtype",
             value: dtype.to_string(),
-            reason: "must be f32, f16 or bf16 (fp8 is a KV cache type: `kv_dtype` of a paged \
-                     problem)"
+            reason: "must be f32, f16 or bf16 (fp8 is a KV cache type here: `kv_dtype` of a \
+                     paged problem; GEMMs take fp8 inputs)"
                 .into(),
         });
     }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use kerntune_kernels::DType;
+use kerntune_kernels::{DType, Fp8};
 
 use super::blocks::blocks;
 use super::delta_net::delta_net;
@@ -325,9 +325,15 @@ impl Model {
                 )),
             ),
         };
+        let quantized = quantization(&top).or_else(|| quantization(&f));
+        let (fp8_weights, gemm_refusal) = match quantized {
+            None => (None, None),
+            Some(Ok(format)) => (Some(format), None),
+            Some(Err(why)) => (None, Some(why)),
+        };
         let unsupported = Unsupported {
             dtype: dtype_refusal,
-            gemm: quantization(&top).or_else(|| quantization(&f)),
+            gemm: gemm_refusal,
             layers: hybrid
                 .filter(|_| hybrid_layers.is_none())
                 .map(|why| {
@@ -386,6 +392,7 @@ impl Model {
             softcap,
             alibi: alibi.is_some(),
             dtype,
+            fp8_weights,
             unsupported,
         })
     }
@@ -695,18 +702,84 @@ fn narrow_embeddings(f: &Fields<'_>, family: Option<&str>, hidden: usize) -> Opt
     })
 }
 
-/// Why the server's GEMMs are not dense ones, where `quantization_config` says the weights
-/// are quantized (GPTQ, AWQ, FP8, MXFP4, ...).
-fn quantization(f: &Fields<'_>) -> Option<String> {
+/// What `quantization_config` says of the weights: the fp8 format of an FP8 W8A8
+/// checkpoint whose scales are per tensor, token or channel, the scheme kerntune's fp8 GEMMs
+/// compute (`fp8` without `weight_block_size`, as AutoFP8 and vLLM write it; `fbgemm_fp8`;
+/// `compressed-tensors` with 8-bit float weights and activations), else why the server's
+/// GEMMs are not the ones derived (GPTQ, AWQ, int8, block-scaled or weight-only FP8, MXFP4).
+fn quantization(f: &Fields<'_>) -> Option<Result<Fp8, String>> {
     let q = f.map.get("quantization_config")?.as_object()?;
     let method = q
         .get("quant_method")
         .and_then(Value::as_str)
         .unwrap_or("unnamed");
-    Some(format!(
-        "{}: its weights are quantized (quantization_config.quant_method = \"{method}\"), and kerntune's GEMMs take f32, f16 or bf16 weights",
-        f.path.display()
-    ))
+    let scheme = match method {
+        "fp8" => match q.get("weight_block_size").filter(|b| !b.is_null()) {
+            Some(block) => Err(format!(
+                "its FP8 weights are scaled per block (quantization_config.weight_block_size = {block}, DeepSeek-V3's scheme), and kerntune's fp8 GEMMs take scales per tensor, token or channel"
+            )),
+            None => match q.get("fmt").and_then(Value::as_str) {
+                Some("e5m2") => Ok(Fp8::E5m2),
+                _ => Ok(Fp8::E4m3),
+            },
+        },
+        "fbgemm_fp8" => Ok(Fp8::E4m3),
+        "compressed-tensors" => compressed_tensors(q),
+        _ => Err(format!(
+            "its weights are quantized (quantization_config.quant_method = \"{method}\"), and kerntune's GEMMs take f32, f16, bf16 or fp8 (W8A8) weights"
+        )),
+    };
+    Some(scheme.map_err(|why| format!("{}: {why}", f.path.display())))
+}
+
+/// The fp8 format of a `compressed-tensors` config whose every group quantizes weights and
+/// input activations to 8-bit floats, weights per tensor or channel (the FP8 checkpoints of
+/// llm-compressor: `FP8`, `FP8_DYNAMIC`), else why its GEMMs are other ones.
+fn compressed_tensors(q: &Map<String, Value>) -> Result<Fp8, String> {
+    let groups = q
+        .get("config_groups")
+        .and_then(Value::as_object)
+        .filter(|g| !g.is_empty())
+        .ok_or(
+            "its weights are quantized by compressed-tensors, and its config_groups are missing",
+        )?;
+    for (name, group) in groups {
+        let fp8 = |role: &str| {
+            let args = group.get(role).filter(|a| !a.is_null())?;
+            let bits = args.get("num_bits").and_then(Value::as_u64);
+            let kind = args.get("type").and_then(Value::as_str);
+            (bits == Some(8) && kind == Some("float")).then_some(args)
+        };
+        let scheme = |role: &str| {
+            group
+                .get(role)
+                .filter(|a| !a.is_null())
+                .map(|a| {
+                    format!(
+                        "{}-bit {}",
+                        a.get("num_bits").unwrap_or(&Value::Null),
+                        a.get("type").and_then(Value::as_str).unwrap_or("int")
+                    )
+                })
+                .unwrap_or_else(|| "unquantized".into())
+        };
+        let (Some(weights), Some(_)) = (fp8("weights"), fp8("input_activations")) else {
+            return Err(format!(
+                "its weights are quantized by compressed-tensors (config_groups.{name}: {} weights, {} activations), and kerntune's GEMMs take f32, f16, bf16 or fp8 weights with fp8 activations (W8A8)",
+                scheme("weights"),
+                scheme("input_activations")
+            ));
+        };
+        match weights.get("strategy").and_then(Value::as_str) {
+            Some("tensor" | "channel") | None => {}
+            Some(other) => {
+                return Err(format!(
+                    "its FP8 weights are scaled per {other} (compressed-tensors config_groups.{name}.weights.strategy), and kerntune's fp8 GEMMs take scales per tensor, token or channel"
+                ))
+            }
+        }
+    }
+    Ok(Fp8::E4m3)
 }
 
 /// Decoder families whose MLP is one up projection, an activation and a down projection,

@@ -48,18 +48,16 @@ pub fn hf_fields(params: &Map<String, Value>) -> Result<Map<String, Value>, Stri
         }
     }
     if let Some(q) = config.remove("quantization").filter(|q| !q.is_null()) {
-        let method = match q.get("qformat_weight").and_then(Value::as_str) {
-            Some("fp8_e4m3") => "fp8".to_string(),
-            _ => q
-                .get("quant_method")
-                .and_then(Value::as_str)
-                .unwrap_or("unnamed")
-                .to_string(),
+        // vLLM's reading: FP8 weights under per-tensor scales, static ones for activations.
+        let quantization = match q.get("qformat_weight").and_then(Value::as_str) {
+            Some("fp8_e4m3") => {
+                serde_json::json!({ "quant_method": "fp8", "activation_scheme": "static" })
+            }
+            _ => serde_json::json!({
+                "quant_method": q.get("quant_method").and_then(Value::as_str).unwrap_or("unnamed")
+            }),
         };
-        config.insert(
-            "quantization_config".into(),
-            serde_json::json!({ "quant_method": method }),
-        );
+        config.insert("quantization_config".into(), quantization);
     }
     if let Some(moe) = config.remove("moe").filter(|m| !m.is_null()) {
         let moe = moe

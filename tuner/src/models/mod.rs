@@ -83,6 +83,10 @@ pub struct Model {
     /// MPT, Baichuan 13B, Falcon-RW): its attention problems are the ones with ALiBi.
     pub alibi: bool,
     pub dtype: DType,
+    /// An FP8 checkpoint's format (W8A8 with per-tensor, per-token or per-channel scales:
+    /// `quantization_config` of `fp8`, `fbgemm_fp8` or `compressed-tensors`): its attention
+    /// and MLP projections are fp8 GEMMs; the LM head, routers and gates stay at `dtype`.
+    pub fp8_weights: Option<kerntune_kernels::Fp8>,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
     pub unsupported: Unsupported,
@@ -179,7 +183,8 @@ impl Latent {
 pub struct Unsupported {
     /// The config's input type is none the kernels take (f32, f16, bf16).
     pub dtype: Option<String>,
-    /// The weights are quantized: the server's GEMMs are not the dense ones derived.
+    /// The weights are quantized in a way kerntune's GEMMs do not compute (GPTQ, AWQ, int8,
+    /// block-scaled or weight-only FP8, MXFP4): the server's GEMMs are not the ones derived.
     pub gemm: Option<String>,
     /// Some layers' GEMMs are not derived: layers that are neither attention, an MLP nor a
     /// mixer of a hybrid family read (other linear attention, convolutions), or experts under
@@ -223,6 +228,7 @@ impl Model {
             softcap: None,
             alibi: false,
             dtype: DType::Bf16,
+            fp8_weights: None,
             unsupported: Unsupported::default(),
         };
         Some(match name.to_ascii_lowercase().as_str() {

@@ -80,6 +80,15 @@ pub(super) fn validate(
     g: &GpuModel,
 ) -> Result<(), KernelError> {
     let f = Family::Gemm;
+    if p.fp8().is_some() {
+        return Err(invalid(
+            f,
+            format!(
+                "the GPU GEMM kernels take f32, f16 or bf16 inputs; {} (W8A8) GEMMs run on the CPU backend so far",
+                p.dtype
+            ),
+        ));
+    }
     let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
     // wgmma's N need not be a power of two: its columns follow their own rule
     // (validate_wgmma), so that one of its tiles can divide the problem's N evenly.
