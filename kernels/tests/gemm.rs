@@ -399,9 +399,9 @@ fn amx_shapes_match_reference_or_are_refused() {
 
 /// The space on an AMX host (described, as the tuner's sharing checks describe a colleague's
 /// machine): bf16 problems get AMX candidates at the avx512-amx level, every one valid there,
-/// and other dtypes none.
+/// fp8 ones the packed kernel's, and other dtypes none.
 #[test]
-fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
+fn an_amx_host_is_offered_valid_amx_configs_for_bf16_and_fp8_only() {
     let amx_host = described_amx_host();
     let bf16 = problem("gemm:m=128,n=7168,k=8192,dtype=bf16,b=nk");
     let of = |variant| -> Vec<Config> {
@@ -451,6 +451,40 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_only() {
         .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::AmxDirect)));
     let err = CpuSpace.validate(&amx[0], &f16, &amx_host).unwrap_err();
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
+    // fp8: the packed tile kernel, which widens the bytes as it packs them; never the
+    // weights in place.
+    let fp8 = problem("gemm:m=128,n=7168,k=8192,dtype=fp8_e4m3,b=nk");
+    let fp8_tiles: Vec<Config> = CpuSpace
+        .candidates(&fp8, &amx_host)
+        .into_iter()
+        .filter(tiles)
+        .collect();
+    assert_eq!(fp8_tiles.len(), kn_tiles.len());
+    for c in &fp8_tiles {
+        assert!(
+            matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx),
+            "{c}"
+        );
+        CpuSpace
+            .validate(c, &fp8, &amx_host)
+            .unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+    // Its heuristic: the bytes streamed in place up to 16 tokens, the tiles past them.
+    for (m, variant) in [
+        (16, GemmVariant::Stream),
+        (17, GemmVariant::Amx),
+        (2048, GemmVariant::Amx),
+    ] {
+        let p = problem(&format!("gemm:m={m},n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk"));
+        let h = CpuSpace.heuristic(&p, &amx_host);
+        assert!(
+            matches!(h, Config::Gemm(g) if g.variant == variant),
+            "M = {m}: {h}"
+        );
+        CpuSpace
+            .validate(&h, &p, &amx_host)
+            .unwrap_or_else(|e| panic!("{h}: {e}"));
+    }
     // The heuristic there: the weights in place for short prompts, the packed kernel with
     // large blocks from 512 tokens, or from 64 where K is at most 1024; valid on that host
     // either way.

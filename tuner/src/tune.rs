@@ -623,8 +623,9 @@ const FINALISTS: usize = 3;
 /// Searches `runnable` with the job's strategy within `budget` (a paced share of the job's,
 /// see [`crate::pace`]) and `max_configs`, measuring each candidate
 /// with `measure`, which is given the search's best median so far (its timing may stop once
-/// it is slower than that beyond doubt); `records` starts with the pruned ones. The default is
-/// always measured; a candidate that fails verification or errors is recorded and never wins.
+/// it is slower than that beyond doubt); `records` starts with the pruned ones. The default and
+/// the heuristic are always measured; a candidate that fails verification or errors is
+/// recorded and never wins.
 ///
 /// The winner comes from a final round: the default and the `FINALISTS` (3) fastest candidates
 /// of the search timed again, side by side with `together`, or (without it) each re-measured
@@ -661,10 +662,12 @@ pub fn sweep_candidates(
         if lost.is_some() {
             return Err(());
         }
-        // The default is always measured, so the budget applies after it.
-        if !tried.is_empty()
-            && (tried.len() >= job.max_configs
-                || search_over(started.elapsed(), tried.len(), budget, job.budget))
+        // The default and the heuristic (the first two of `order`, where every strategy
+        // starts) are always measured, so the budget applies after them: a default that
+        // takes the whole budget (an fp8 prompt's f32 packing on a CPU, 0.6 s a call, where
+        // the heuristic's tiles take 50 ms) would otherwise be the winner.
+        if tried.len() >= job.max_configs
+            || (tried.len() >= 2 && search_over(started.elapsed(), tried.len(), budget, job.budget))
         {
             return Err(());
         }

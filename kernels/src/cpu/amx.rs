@@ -8,6 +8,10 @@
 //! of 16 columns × one pair) loads with a stride of `nr` words. Depth is padded with zeros to
 //! whole 32-value blocks, since the tiles stay configured for full 16-pair rows.
 //!
+//! An fp8 GEMM runs here too: its bytes are widened to bf16 as they are packed (exactly, see
+//! [`super::fp8_bf16`]), a B sliver's rows first into a row-major bf16 copy at the end of the
+//! thread's panel, which the bf16 packing then transposes.
+//!
 //! The instructions go through [`super::amx_tiles::Tiles`]: the hardware where the host has
 //! AMX, and in this module's tests a software model, so packing, strides and edges are verified
 //! on every machine.
@@ -16,7 +20,15 @@ use half::bf16;
 
 use super::amx_tiles::{c_tile, Configured, TileConfig, Tiles, A_TILE, B_TILE, ROWS, ROW_BYTES};
 use crate::config::GemmConfig;
-use crate::problem::GemmProblem;
+use crate::problem::{BLayout, GemmProblem};
+use crate::Fp8;
+
+/// What a call multiplies: bf16 values, or fp8 bytes widened to bf16 as they are packed.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Operands<'a> {
+    Bf16(&'a [bf16], &'a [bf16]),
+    Fp8(Fp8, &'a [u8], &'a [u8]),
+}
 
 /// Microkernel shapes (mr, nr): 2 × 2, 1 × 2 or 2 × 1 accumulator tiles, with one A tile per
 /// 16 rows and one B tile per 16 columns, within AMX's eight tile registers.
@@ -30,12 +42,23 @@ pub(super) fn depth(kcur: usize) -> usize {
     kcur.div_ceil(2 * BLOCK_PAIRS) * BLOCK_PAIRS
 }
 
-/// Scratch (32-bit words) a call needs: one packed A block and one B panel per thread.
+/// Scratch (32-bit words) a call needs: one packed A block and one B panel per thread, and
+/// for fp8 the bf16 copy of one B sliver's rows.
 pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
     let mc = c.mc.min(p.m.next_multiple_of(c.mr));
-    let d = depth(c.kc.min(p.k));
-    let nc = c.nc.min(p.n.next_multiple_of(c.nr));
-    super::parallel::shares_len(c.threads, mc * d + d * nc)
+    let copy = match p.fp8() {
+        Some(_) => (c.nr * c.kc.min(p.k)).div_ceil(2),
+        None => 0,
+    };
+    super::parallel::shares_len(
+        c.threads,
+        mc * depth(c.kc.min(p.k)) + panel_words(p, c) + copy,
+    )
+}
+
+/// Words of one thread's packed B panel.
+fn panel_words(p: &GemmProblem, c: &GemmConfig) -> usize {
+    depth(c.kc.min(p.k)) * c.nc.min(p.n.next_multiple_of(c.nr))
 }
 
 /// Runs a config validated against the detected host (dtype bf16, a shape of [`AMX_SHAPES`],
@@ -49,15 +72,29 @@ pub fn run(
     scratch: &mut [f32],
 ) {
     debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
-    run_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
+    run_on::<super::amx_tiles::Hardware>(p, c, Operands::Bf16(a, b), out, scratch);
+}
+
+/// [`run`] for an fp8 GEMM: C is the sums of the bytes' f16 readings, which
+/// [`super::gemm::scale`] turns into values.
+pub fn run_fp8(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    format: Fp8,
+    a: &[u8],
+    b: &[u8],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+    run_on::<super::amx_tiles::Hardware>(p, c, Operands::Fp8(format, a, b), out, scratch);
 }
 
 /// The kernel on a given implementation of the tile operations.
-fn run_on<T: Tiles + Default>(
+pub(super) fn run_on<T: Tiles + Default>(
     p: &GemmProblem,
     c: &GemmConfig,
-    a: &[bf16],
-    b: &[bf16],
+    ops: Operands<'_>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -69,16 +106,30 @@ fn run_on<T: Tiles + Default>(
         _ => unreachable!("validated configs have an AMX shape"),
     };
     let words = super::dpbf16::pair_words(scratch);
+    let panel = panel_words(p, c);
     super::gemm::loop_nest(
         p,
         c,
         out,
         words,
         depth,
-        |pc, kcur, jc, ncur, dst| {
-            super::dpbf16::pack_b(p, b, pc, kcur, jc, ncur, nr, depth(kcur), dst)
+        |pc, kcur, jc, ncur, dst| match ops {
+            Operands::Bf16(_, b) => {
+                super::dpbf16::pack_b(p, b, pc, kcur, jc, ncur, nr, depth(kcur), dst)
+            }
+            Operands::Fp8(format, _, b) => {
+                let (panel, copy) = dst.split_at_mut(panel);
+                pack_b_fp8(p, format, b, (pc, kcur), (jc, ncur), nr, panel, copy)
+            }
         },
-        |ic, mcur, pc, kcur, dst| pack_a(p, a, ic, mcur, pc, kcur, mr, dst),
+        |ic, mcur, pc, kcur, dst| match ops {
+            Operands::Bf16(a, _) => pack_a(p, ic, mcur, pc, kcur, mr, dst, |at, row| {
+                row.copy_from_slice(&a[at..at + row.len()])
+            }),
+            Operands::Fp8(format, a, _) => pack_a(p, ic, mcur, pc, kcur, mr, dst, |at, row| {
+                super::fp8_bf16::widen(format, &a[at..at + row.len()], row)
+            }),
+        },
         // SAFETY: validation checked the host runs AMX, or T is the software model.
         || unsafe { Configured::new(T::default(), &TileConfig::full(mr / ROWS, nr / ROWS)) },
         // SAFETY: loop_nest's contract on slivers (`depth` pair rows) and C; the task's tiles
@@ -89,18 +140,68 @@ fn run_on<T: Tiles + Default>(
     );
 }
 
+/// Packs `kcur` rows × `ncur` columns of an fp8 B into `nr`-column slivers of bf16 pairs,
+/// [`super::dpbf16::pack_b`]'s layout: each sliver's bytes widened into `copy` as the bf16
+/// rows of a `[live, kcur]` (`b=nk`) or `[kcur, live]` (`b=kn`) matrix, which that packing
+/// then transposes into pairs.
+#[allow(clippy::too_many_arguments)]
+fn pack_b_fp8(
+    p: &GemmProblem,
+    format: Fp8,
+    b: &[u8],
+    (pc, kcur): (usize, usize),
+    (jc, ncur): (usize, usize),
+    nr: usize,
+    panel: &mut [u32],
+    copy: &mut [u32],
+) {
+    let d = depth(kcur);
+    // SAFETY: bf16 is two bytes with alignment 2, and any bits are a bf16.
+    let copy =
+        unsafe { std::slice::from_raw_parts_mut(copy.as_mut_ptr().cast::<bf16>(), 2 * copy.len()) };
+    for (s, sliver) in panel[..ncur.next_multiple_of(nr) * d]
+        .chunks_exact_mut(nr * d)
+        .enumerate()
+    {
+        let j0 = jc + s * nr;
+        let live = nr.min(jc + ncur - j0);
+        let rows = &mut copy[..live * kcur];
+        match p.b_layout {
+            BLayout::Nk => {
+                for (j, row) in rows.chunks_exact_mut(kcur).enumerate() {
+                    let at = (j0 + j) * p.k + pc;
+                    super::fp8_bf16::widen(format, &b[at..at + kcur], row);
+                }
+            }
+            BLayout::Kn => {
+                for (q, row) in rows.chunks_exact_mut(live).enumerate() {
+                    let at = (pc + q) * p.n + j0;
+                    super::fp8_bf16::widen(format, &b[at..at + live], row);
+                }
+            }
+        }
+        // The sliver as the whole B of a `live`-column, `kcur`-deep problem.
+        let view = GemmProblem {
+            n: live,
+            k: kcur,
+            ..*p
+        };
+        super::dpbf16::pack_b(&view, rows, 0, kcur, 0, live, nr, d, sliver);
+    }
+}
+
 /// Packs `mcur` rows × `kcur` values of A into `mr`-row slivers of `[k block][mr][32 values]`,
-/// zero past the rows and depth.
+/// zero past the rows and depth; `row(at, dst)` fills `dst` with A's values from index `at`.
 #[allow(clippy::too_many_arguments)]
 fn pack_a(
     p: &GemmProblem,
-    a: &[bf16],
     ic: usize,
     mcur: usize,
     pc: usize,
     kcur: usize,
     mr: usize,
     dst: &mut [u32],
+    copy_row: impl Fn(usize, &mut [bf16]),
 ) {
     let d = depth(kcur);
     let block = 2 * BLOCK_PAIRS;
@@ -121,8 +222,7 @@ fn pack_a(
             let n = block.min(kcur - k0);
             for (i, row) in rows.chunks_exact_mut(block).enumerate() {
                 if i < live {
-                    let at = (r0 + i) * p.k + pc + k0;
-                    row[..n].copy_from_slice(&a[at..at + n]);
+                    copy_row((r0 + i) * p.k + pc + k0, &mut row[..n]);
                     row[n..].fill(bf16::ZERO);
                 } else {
                     row.fill(bf16::ZERO);
@@ -391,7 +491,8 @@ pub(super) mod tests {
                         };
                         let mut scratch = vec![0f32; scratch_len(&p, &c)];
                         data.out.fill(f32::NAN);
-                        run_on::<Model>(&p, &c, &a, &b, &mut data.out, &mut scratch);
+                        let ops = Operands::Bf16(&a, &b);
+                        run_on::<Model>(&p, &c, ops, &mut data.out, &mut scratch);
                         let err = crate::reference::relative_error(&data.out, &reference);
                         assert!(
                             err <= problem.tolerance(),
@@ -403,6 +504,70 @@ pub(super) mod tests {
             }
         }
         assert_eq!(ran, 6 * AMX_SHAPES.len() * 18);
+    }
+
+    /// fp8 GEMMs of every format, both layouts, sizes that cut every block, widened as they
+    /// are packed (a sliver's copy included), on the tile model, then scaled, against the f64
+    /// reference.
+    #[test]
+    fn fp8_matches_the_reference_on_the_tile_model() {
+        let mut ran = 0;
+        for spec in [
+            "gemm:m=1,n=1,k=1,dtype=fp8_e4m3,b=nk",
+            "gemm:m=29,n=67,k=45,dtype=fp8_e4m3,b=nk",
+            "gemm:m=40,n=130,k=100,dtype=fp8_e4m3fnuz,b=kn",
+            "gemm:m=33,n=17,k=97,dtype=fp8_e5m2,b=nk",
+            "gemm:m=7,n=61,k=5,dtype=fp8_e5m2,b=kn",
+        ] {
+            let problem: Problem = spec.parse().unwrap();
+            let Problem::Gemm(p) = problem else {
+                unreachable!("{spec} is a GEMM")
+            };
+            let mut data = ProblemData::random(&problem, 5);
+            let reference = data.reference();
+            let (TensorBuf::Fp8(format, a), TensorBuf::Fp8(_, b)) =
+                (data.inputs[0].clone(), data.inputs[1].clone())
+            else {
+                unreachable!("fp8 problems have fp8 inputs")
+            };
+            for &(mr, nr) in AMX_SHAPES {
+                for (mc, kc, nc, split, threads) in [
+                    (mr, 7, nr, Split::N, 1),
+                    (mr * 2, 33, nr * 2, Split::M, 2),
+                    (mr, 64, nr * 3, Split::N, 2),
+                ] {
+                    let c = GemmConfig {
+                        variant: GemmVariant::Amx,
+                        isa: Isa::Avx512Amx,
+                        mr,
+                        nr,
+                        mc,
+                        kc,
+                        nc,
+                        split,
+                        threads,
+                        prefetch: true,
+                        inner: Inner::M,
+                    };
+                    let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                    data.out.fill(f32::NAN);
+                    let ops = Operands::Fp8(format, &a, &b);
+                    run_on::<Model>(&p, &c, ops, &mut data.out, &mut scratch);
+                    let scales = crate::kernel::GemmScales {
+                        a: &data.a_scales,
+                        b: &data.b_scales,
+                    };
+                    crate::cpu::gemm::scale(&p, &c, scales, &mut data.out);
+                    let err = crate::reference::relative_error(&data.out, &reference);
+                    assert!(
+                        err <= problem.tolerance(),
+                        "{spec} with {c:?}: relative error {err:e}"
+                    );
+                    ran += 1;
+                }
+            }
+        }
+        assert_eq!(ran, 5 * AMX_SHAPES.len() * 3);
     }
 
     /// On the hardware, both AMX GEMM kernels leave the calling thread's tiles released after

@@ -17,6 +17,7 @@ pub(crate) mod dpbf16;
 mod dpbf16_stream;
 mod flash;
 mod flash_amx;
+mod fp8_bf16;
 mod gemm;
 mod leaf;
 mod paged;
@@ -133,6 +134,12 @@ impl Backend for CpuBackend {
                     }
                     // The kernels multiply the bytes' f16 readings; the formats' factors and
                     // the call's scales are applied to C after.
+                    (Tensor::Fp8(format, a), Tensor::Fp8(_, b))
+                        if c.variant == GemmVariant::Amx =>
+                    {
+                        amx::run_fp8(p, c, format, a, b, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
                     (Tensor::Fp8(Fp8::E5m2, a), Tensor::Fp8(_, b)) => {
                         let (a, b): (&[E5m2Bits], _) = (cast(a), cast(b));
                         gemm::run(p, c, a, b, out, scratch);

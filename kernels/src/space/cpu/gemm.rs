@@ -315,7 +315,8 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
     }
     // AMX tiles, at their own level: blocks of 4 or 8 tiles of rows, a B panel of 8 or 32
     // tiles of columns, depths of 8 to 64 k blocks.
-    if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx {
+    // fp8 on AMX tiles too, widened to bf16 as the packed kernel packs it.
+    if (p.dtype == DType::Bf16 || p.fp8().is_some()) && host.isa == Isa::Avx512Amx {
         let grid = Blocking {
             mc_tiles: &[4, 8],
             kc: &[256, 512, 1024, 2048],
@@ -329,7 +330,7 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
             kc: &depths,
             nc_tiles: &[4, 8, 16],
         };
-        let in_place = p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+        let in_place = p.dtype == DType::Bf16 && p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
         for &threads in &thread_counts(host) {
             for &shape in AMX_SHAPES {
                 // And a thread's share of N in one panel (or a few equal ones), where it is
@@ -463,10 +464,20 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
         }
         GemmVariant::Amx | GemmVariant::AmxDirect => {
             let name = c.variant.name();
-            if p.dtype != DType::Bf16 {
+            // The packed kernel widens fp8 bytes to bf16 as it packs them; amx-direct reads
+            // the weights in place, as tiles load them.
+            let fp8 = p.fp8().is_some() && c.variant == GemmVariant::Amx;
+            if p.dtype != DType::Bf16 && !fp8 {
+                let or_fp8 = match c.variant {
+                    GemmVariant::Amx => " (or fp8, widened to bf16 as it packs them)",
+                    _ => "",
+                };
                 return Err(invalid(
                     f,
-                    format!("the {name} variant takes bf16 inputs, not {}", p.dtype),
+                    format!(
+                        "the {name} variant takes bf16 inputs{or_fp8}, not {}",
+                        p.dtype
+                    ),
                 ));
             }
             if c.isa != Isa::Avx512Amx {
@@ -573,6 +584,32 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // M = 16 and 128.
     // B stored [K, N] (or an odd K): the packed AMX kernel, M = 16 / 128 15.2 / 25.3 ms
     // against 55.6 / 106 for the AVX-512-BF16 ones.
+    // fp8 past 16 tokens on AMX tiles, widened as the packed kernel packs it: two threads of
+    // this Xeon (AMX, family 6 model 167), cold, Llama-70B gate_up (N = 7168, K = 8192), the
+    // config below against the widening stream and packed f32 kernels (`tune bench`, ms): M =
+    // 16 16.5 / 13.2, 64 17.9 / 89.8, 512 49.6 / 297.5, 2048 149.4 / 1020.0; bf16 on its
+    // heuristic 5.0, 10.2, 42.4, 140.6 (packing widens every weight each call, the fixed 15
+    // ms of the small M). Up to 16 tokens the stream kernel reads the bytes in place (M = 4:
+    // 4.0 ms against bf16's 4.8).
+    if p.fp8().is_some() && host.isa == Isa::Avx512Amx && p.m > 16 {
+        return GemmConfig {
+            variant: GemmVariant::Amx,
+            isa: host.isa,
+            mr: 32,
+            nr: 32,
+            mc: 256,
+            kc: 2048,
+            nc: if p.m >= 128 {
+                amx_share(p.n, 32, threads)
+            } else {
+                1024
+            },
+            split: Split::N,
+            threads,
+            prefetch: true,
+            inner: Inner::M,
+        };
+    }
     if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
         // Prompts: the packed kernel with large blocks. Packing the weights is one pass,
         // repaid over 1024 tokens and more; 64-byte aligned operands, repeated calls, two
