@@ -530,6 +530,28 @@ pub(super) fn default(host: &CpuInfo) -> GemmConfig {
     }
 }
 
+/// The packed AMX kernel with large blocks, as prompts take it (measured in [`heuristic`]):
+/// B panels of a thread's share of N from 128 tokens, of 1024 columns below.
+fn amx_prompt(p: &GemmProblem, host: &CpuInfo, threads: usize) -> GemmConfig {
+    GemmConfig {
+        variant: GemmVariant::Amx,
+        isa: host.isa,
+        mr: 32,
+        nr: 32,
+        mc: 256,
+        kc: 2048,
+        nc: if p.m >= 128 {
+            amx_share(p.n, 32, threads)
+        } else {
+            1024
+        },
+        split: Split::N,
+        threads,
+        prefetch: true,
+        inner: Inner::M,
+    }
+}
+
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
     let t = table(kernel_isa(host.isa));
@@ -592,23 +614,7 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // ms of the small M). Up to 16 tokens the stream kernel reads the bytes in place (M = 4:
     // 4.0 ms against bf16's 4.8).
     if p.fp8().is_some() && host.isa == Isa::Avx512Amx && p.m > 16 {
-        return GemmConfig {
-            variant: GemmVariant::Amx,
-            isa: host.isa,
-            mr: 32,
-            nr: 32,
-            mc: 256,
-            kc: 2048,
-            nc: if p.m >= 128 {
-                amx_share(p.n, 32, threads)
-            } else {
-                1024
-            },
-            split: Split::N,
-            threads,
-            prefetch: true,
-            inner: Inner::M,
-        };
+        return amx_prompt(p, host, threads);
     }
     if p.dtype == DType::Bf16 && host.isa == Isa::Avx512Amx && p.m >= 3 {
         // Prompts: the packed kernel with large blocks. Packing the weights is one pass,
@@ -630,23 +636,7 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
         // of scratch), qkv 39.5 / 43.6. Below 128 tokens A is cheap to pack again: o at M = 64
         // 1.51 against 1.47 ms, so 1024 columns there.
         if in_place && (p.m >= 512 || (p.k <= 1024 && p.m >= 64)) {
-            return GemmConfig {
-                variant: GemmVariant::Amx,
-                isa: host.isa,
-                mr: 32,
-                nr: 32,
-                mc: 256,
-                kc: 2048,
-                nc: if p.m >= 128 {
-                    amx_share(p.n, 32, threads)
-                } else {
-                    1024
-                },
-                split: Split::N,
-                threads,
-                prefetch: true,
-                inner: Inner::M,
-            };
+            return amx_prompt(p, host, threads);
         }
         if in_place {
             let nr = if p.m <= 16 { 16 } else { 32 };
