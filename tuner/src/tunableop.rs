@@ -8,15 +8,17 @@
 //! the second the BLAS sizes (`tn_{N}_{M}_{K}_ld_{lda}_{ldb}_{ldc}`). BLAS is column-major, so
 //! its first size is N, the output's columns, and its second M, the tokens. Layout `TN` is a
 //! Linear layer (weights `[N, K]`, kerntune's `b=nk`), `NN` weights stored `[K, N]` (`b=kn`);
-//! `NT` and `TT` read the activations transposed, which kerntune's GEMM does not. Batched
-//! (`GemmStridedBatchedTunableOp`) and FP8 (`ScaledGemmTunableOp`) GEMMs are not kerntune
-//! problems either: they are counted and named, not tuned.
+//! `NT` and `TT` read the activations transposed, which kerntune's GEMM does not. FP8 GEMMs
+//! (`ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN`: A's type, B's, the
+//! output's, the layout) are kerntune's fp8 problems where A and B share a format kerntune
+//! has. Batched GEMMs (`GemmStridedBatchedTunableOp`) are not kerntune problems: they are
+//! counted and named, not tuned, as are other entries kerntune does not take.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use kerntune_kernels::problem::{BLayout, GemmProblem};
-use kerntune_kernels::{DType, Problem};
+use kerntune_kernels::{DType, Fp8, Problem};
 
 use crate::error::{usage, Result};
 use crate::shapes::Derived;
@@ -82,22 +84,33 @@ enum Entry {
 fn entry(op: &str, sizes: &str) -> std::result::Result<Entry, String> {
     let mut parts = op.split('_');
     let name = parts.next().unwrap_or_default();
-    match name {
-        "GemmTunableOp" | "GemmAndBiasTunableOp" => {}
+    let (dtype, layout) = match name {
+        "GemmTunableOp" | "GemmAndBiasTunableOp" => {
+            let (Some(dtype), Some(layout), None) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(format!(
+                    "`{op}`: expected the op, its type and its layout, as GemmTunableOp_BFloat16_TN"
+                ));
+            };
+            let dtype = match dtype {
+                "float" | "tf32" => DType::F32,
+                "Half" => DType::F16,
+                "BFloat16" => DType::Bf16,
+                other => return Ok(Entry::LeftOut(format!("{name} on {other}"))),
+            };
+            (dtype, layout)
+        }
+        "ScaledGemmTunableOp" => match scaled(&parts.collect::<Vec<_>>()) {
+            Ok(found) => found,
+            Err(Some(why)) => return Ok(Entry::LeftOut(format!("{name} {why}"))),
+            Err(None) => {
+                return Err(format!(
+                    "`{op}`: expected the op, A's, B's and the output's types and the layout, as ScaledGemmTunableOp_Float8_e4m3fn_Float8_e4m3fn_BFloat16_TN"
+                ))
+            }
+        },
         "GemmStridedBatchedTunableOp" => return Ok(Entry::LeftOut(format!("{name} (batched)"))),
-        "ScaledGemmTunableOp" => return Ok(Entry::LeftOut(format!("{name} (FP8)"))),
         _ => return Ok(Entry::LeftOut(name.to_string())),
-    }
-    let (Some(dtype), Some(layout), None) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(format!(
-            "`{op}`: expected the op, its type and its layout, as GemmTunableOp_BFloat16_TN"
-        ));
-    };
-    let dtype = match dtype {
-        "float" | "tf32" => DType::F32,
-        "Half" => DType::F16,
-        "BFloat16" => DType::Bf16,
-        other => return Ok(Entry::LeftOut(format!("{name} on {other}"))),
     };
     let b = match layout {
         "TN" => BLayout::Nk,
@@ -123,6 +136,28 @@ fn entry(op: &str, sizes: &str) -> std::result::Result<Entry, String> {
     GemmProblem::new(m, n, k, dtype, b)
         .map(Entry::Gemm)
         .map_err(|e| format!("`{sizes}`: {e}"))
+}
+
+/// A scaled GEMM's fields after its name, `Float8_e4m3fn_Float8_e4m3fn_BFloat16_TN`: the
+/// fp8 format A and B share and the layout; `Err(Some(why))` for a GEMM kerntune does not take
+/// (its operands of two formats, or of one kerntune lacks), `Err(None)` for fields that are
+/// not such a GEMM's.
+fn scaled<'a>(fields: &[&'a str]) -> std::result::Result<(DType, &'a str), Option<String>> {
+    // Each fp8 type is two fields (`Float8`, its format); the output's type is one.
+    let [_, a, _, b, _, layout] = fields else {
+        return Err(None);
+    };
+    let format = |f: &str| match f {
+        "e4m3fn" => Some(Fp8::E4m3),
+        "e4m3fnuz" => Some(Fp8::E4m3Fnuz),
+        "e5m2" => Some(Fp8::E5m2),
+        _ => None,
+    };
+    match (format(a), format(b)) {
+        (Some(fa), Some(fb)) if fa == fb => Ok((DType::Fp8(fa), layout)),
+        (Some(_), Some(_)) => Err(Some(format!("(A in {a}, B in {b})"))),
+        _ => Err(Some(format!("on {a} and {b}"))),
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +192,21 @@ mod tests {
             gemm("GemmTunableOp_float_NN", "nn_64_128_32_ld_64_32_64"),
             "gemm:m=128,n=64,k=32,dtype=f32,b=kn"
         );
+        // An FP8 Linear layer on MI300X (`torch._scaled_mm`, as vLLM's fp8 layers run it).
+        assert_eq!(
+            gemm(
+                "ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN",
+                "tn_7168_4_8192_ld_8192_8192_7168"
+            ),
+            "gemm:m=4,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk"
+        );
+        assert_eq!(
+            gemm(
+                "ScaledGemmTunableOp_Float8_e4m3fn_Float8_e4m3fn_Half_TN",
+                "tn_1280_512_8192_ld_8192_8192_1280"
+            ),
+            "gemm:m=512,n=1280,k=8192,dtype=fp8_e4m3,b=nk"
+        );
     }
 
     #[test]
@@ -164,8 +214,12 @@ mod tests {
         for (op, why) in [
             ("GemmStridedBatchedTunableOp_BFloat16_TN", "(batched)"),
             (
-                "ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN",
-                "(FP8)",
+                "ScaledGemmTunableOp_Float8_e4m3fn_Float8_e5m2_BFloat16_TN",
+                "(A in e4m3fn, B in e5m2)",
+            ),
+            (
+                "ScaledGemmTunableOp_Float8_e5m2fnuz_Float8_e5m2fnuz_BFloat16_TN",
+                "on e5m2fnuz and e5m2fnuz",
             ),
             ("GemmTunableOp_double_TN", "on double"),
             ("GemmTunableOp_BFloat16_NT", "(activations transposed)"),
@@ -185,6 +239,11 @@ mod tests {
             ),
             ("GemmTunableOp_BFloat16_TN", "tn_8_8", "tn_N_M_K_ld"),
             ("GemmTunableOp_BFloat16_TN", "tn_0_8_8_ld_8_8_8", "n = 0"),
+            (
+                "ScaledGemmTunableOp_Float8_e4m3fn_BFloat16_TN",
+                "tn_8_8_8_ld_8_8_8",
+                "A's, B's and the output's types",
+            ),
         ] {
             let err = entry(op, sizes).err().unwrap();
             assert!(err.contains(needle), "{op},{sizes}: {err}");

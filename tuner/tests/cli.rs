@@ -702,7 +702,8 @@ fn searches_are_paced_to_a_total_budget_too_short_for_their_full_budget() {
 fn a_pytorch_tunableop_file_names_the_gemms_to_tune() {
     let dir = tempfile::tempdir().unwrap();
     // What PYTORCH_TUNABLEOP_RECORD_UNTUNED=1 writes: BLAS sizes N_M_K, each GEMM once per
-    // line, here with a batched and an FP8 GEMM kerntune does not take.
+    // line, here with an FP8 GEMM (of MI300X's E4M3), a batched one kerntune does not take
+    // and an FP8 one of two formats, which it does not take either.
     let file = dir.path().join("tunableop_untuned0.csv");
     std::fs::write(
         &file,
@@ -710,7 +711,8 @@ fn a_pytorch_tunableop_file_names_the_gemms_to_tune() {
          GemmTunableOp_float_NN,nn_17_5_13_ld_17_13_17\n\
          GemmTunableOp_BFloat16_TN,tn_96_3_40_ld_40_40_96\n\
          GemmStridedBatchedTunableOp_BFloat16_NN,nn_128_1_64_ld_128_64_128_stride_8192_64_128_b_8\n\
-         ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN,tn_64_16_32_ld_32_32_64_rw_0_bias_None\n",
+         ScaledGemmTunableOp_Float8_e4m3fnuz_Float8_e4m3fnuz_BFloat16_TN,tn_64_16_32_ld_32_32_64_rw_0_bias_None\n\
+         ScaledGemmTunableOp_Float8_e4m3fn_Float8_e5m2_BFloat16_TN,tn_64_16_32_ld_32_32_64_rw_0_bias_None\n",
     )
     .unwrap();
     let spec = format!("tunableop:{}", file.display());
@@ -731,7 +733,7 @@ fn a_pytorch_tunableop_file_names_the_gemms_to_tune() {
     assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains(
-            "left out 1 GemmStridedBatchedTunableOp (batched), 1 ScaledGemmTunableOp (FP8)"
+            "left out 1 GemmStridedBatchedTunableOp (batched), 1 ScaledGemmTunableOp (A in e4m3fn, B in e5m2)"
         ),
         "{stderr}"
     );
@@ -749,6 +751,7 @@ fn a_pytorch_tunableop_file_names_the_gemms_to_tune() {
     assert_eq!(
         tuned,
         [
+            "gemm:m=16,n=64,k=32,dtype=fp8_e4m3fnuz,b=nk",
             "gemm:m=3,n=96,k=40,dtype=bf16,b=nk",
             "gemm:m=5,n=17,k=13,dtype=f32,b=kn"
         ]
