@@ -11,7 +11,10 @@ way (float32 for KT_DTYPE_F32, bfloat16 for KT_DTYPE_BF16; C is always float32).
 below mirror include/kerntune.h.
 
 A is 3x5 with A[i][p] = i + p, B is stored [N, K] (a Linear layer's weights) with
-B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p), as in gemm.c.
+B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p), as in gemm.c. Then the same product in
+fp8 (W8A8) through kt_gemm_scaled, as an FP8 checkpoint's Linear layer runs it: the E4M3
+bytes (a `torch.float8_e4m3fn` tensor's `data_ptr()`) and float32 scales per token and per
+output channel.
 """
 
 import ctypes
@@ -21,6 +24,17 @@ from array import array
 KT_STATUS_OK = 0
 KT_STATUS_INVALID_ARGUMENT = 1
 KT_DTYPE_F32 = 0
+KT_DTYPE_FP8_E4M3 = 3
+
+
+def e4m3(v):
+    """The E4M3 byte of v, a whole number of at most four significant bits (exact in E4M3)."""
+    sign, a = (0x80, -v) if v < 0 else (0, v)
+    if a == 0:
+        return sign
+    e = a.bit_length() - 1
+    mantissa = (a >> (e - 3) if e >= 3 else a << (3 - e)) & 7
+    return sign | (e + 7) << 3 | mantissa
 
 
 class KtStats(ctypes.Structure):
@@ -70,6 +84,23 @@ def load(path):
         ctypes.c_void_p,  # c (float)
         ctypes.POINTER(ctypes.c_int),  # KtMatch out, or None
     ]
+    lib.kt_gemm_scaled.restype = ctypes.c_int
+    lib.kt_gemm_scaled.argtypes = [
+        ctypes.c_void_p,  # dispatcher
+        ctypes.c_size_t,  # m
+        ctypes.c_size_t,  # n
+        ctypes.c_size_t,  # k
+        ctypes.c_int,  # KtDtype (fp8)
+        ctypes.c_bool,  # b_is_nk
+        ctypes.c_void_p,  # a (fp8 bytes)
+        ctypes.c_void_p,  # a_scales (float)
+        ctypes.c_size_t,  # a_scales_len: 1 or m
+        ctypes.c_void_p,  # b (fp8 bytes)
+        ctypes.c_void_p,  # b_scales (float)
+        ctypes.c_size_t,  # b_scales_len: 1 or n
+        ctypes.c_void_p,  # c (float)
+        ctypes.POINTER(ctypes.c_int),  # KtMatch out, or None
+    ]
     lib.kt_stats.restype = ctypes.c_int
     lib.kt_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(KtStats)]
     lib.kt_write_untuned.restype = ctypes.c_int
@@ -109,6 +140,22 @@ def main(lib_path, db, untuned):
         status = lib.kt_gemm(d, 0, n, k, KT_DTYPE_F32, True, address(a), address(b), address(c), None)
         assert status == KT_STATUS_INVALID_ARGUMENT, status
         print(f"error: {lib.kt_last_error().decode()}")
+
+        # fp8: A's row i stored as (i + p) / a_scales[i] with a_scales[i] = 2^-i, B's row j
+        # as (j - p) / b_scales[j] with b_scales[j] = 1/2; powers of two, so C is exact.
+        a8 = array("B", [e4m3((i + p) << i) for i in range(m) for p in range(k)])
+        b8 = array("B", [e4m3((j - p) * 2) for j in range(n) for p in range(k)])
+        a_scales = array("f", [2.0**-i for i in range(m)])
+        b_scales = array("f", [0.5] * n)
+        c8 = array("f", [0.0] * (m * n))
+        status = lib.kt_gemm_scaled(
+            d, m, n, k, KT_DTYPE_FP8_E4M3, True, address(a8), address(a_scales), m,
+            address(b8), address(b_scales), n, address(c8), None,
+        )
+        if status != KT_STATUS_OK:
+            sys.exit(f"kt_gemm_scaled: {lib.kt_last_error().decode()}")
+        assert c8 == c, (list(c8), list(c))
+        print("fp8: matches")
 
         s = KtStats()
         lib.kt_stats(d, ctypes.byref(s))

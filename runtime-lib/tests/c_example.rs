@@ -209,7 +209,8 @@ fn c_attention_example_matches_its_loops_with_windows_sinks_softcaps_and_alibi()
     }
 }
 
-/// The same GEMM from Python through ctypes, as a Python server would call the library.
+/// The same GEMM from Python through ctypes, as a Python server would call the library, and
+/// its fp8 form through kt_gemm_scaled.
 #[test]
 fn python_example_runs_the_same_gemm_through_ctypes() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -223,15 +224,18 @@ fn python_example_runs_the_same_gemm_through_ctypes() {
         .output()
         .expect("python3 runs (README, Set-up)");
     let (lines, m) = check_example_run(&out);
+    assert_eq!(lines[m + 1], "fp8: matches");
     assert_eq!(
-        lines[m + 1],
-        "match=3 exact=0 bucket=0 nearest=0 defaults=1 loaded=0 untuned=1"
+        lines[m + 2],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=2 loaded=0 untuned=2"
     );
     let text = std::fs::read_to_string(&untuned).unwrap();
-    assert!(
-        text.contains("gemm:m=3,n=4,k=5,dtype=f32,b=nk\t1"),
-        "{text}"
-    );
+    for key in [
+        "gemm:m=3,n=4,k=5,dtype=f32,b=nk\t1",
+        "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk\t1",
+    ] {
+        assert!(text.contains(key), "{text}");
+    }
 }
 
 /// The GPU example in C (`scripts/gpu-check.sh` runs it on an NVIDIA GPU, on the database
