@@ -120,9 +120,21 @@ async fn a_narrow_value_prefill_is_tuned_shared_and_served_apart() {
     tuned_shared_and_served_apart(plain, &format!("{plain},v_head_dim=128")).await;
 }
 
+/// An FP8 checkpoint's GEMM (W8A8, scales per token and per channel) beside the same shape in
+/// bf16: both tuned on the CPU (every fp8 candidate verified on the bytes and their scales),
+/// shared, each served its own winner, the fp8 call matching the reference.
+#[tokio::test]
+async fn an_fp8_gemm_is_tuned_shared_and_served_apart() {
+    tuned_shared_and_served_apart(
+        "gemm:m=24,n=96,k=160,dtype=bf16,b=nk",
+        "gemm:m=24,n=96,k=160,dtype=fp8_e4m3,b=nk",
+    )
+    .await;
+}
+
 /// Tunes `plain` and `other` into one database on the CPU, exports its winners and imports
 /// them into another, and checks each problem is served its own winner there, and that a
-/// call of `other` (attention) through the dispatcher matches the reference.
+/// call of `other` through the dispatcher matches the reference.
 async fn tuned_shared_and_served_apart(plain: &str, other: &str) {
     use kerntune::{Dispatcher, Match};
     use kerntune_kernels::data::ProblemData;
@@ -182,7 +194,7 @@ async fn tuned_shared_and_served_apart(plain: &str, other: &str) {
     let how = match data.args() {
         Args::Paged(args) => d.paged_attention(&p, args).unwrap(),
         Args::Flash(args) => d.flash_attention(&p, args).unwrap(),
-        Args::Gemm(_) => unreachable!("an attention problem"),
+        Args::Gemm(args) => d.gemm(&p, args).unwrap(),
     };
     assert_eq!(how, Match::Exact);
     let err = relative_error(&data.out, &reference);
