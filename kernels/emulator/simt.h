@@ -639,9 +639,10 @@ inline float f16_f32(unsigned short h) {
     return sign ? -mag : mag;
 }
 
-// A 16-bit input element (KT_DTYPE 1: f16, 2: bf16) as f32.
+// A 16-bit matrix-core operand (KT_DTYPE 2: bf16; 1: f16, and 3, 4: an fp8 byte's f16
+// reading) as f32.
 inline float half_f32(unsigned short x) {
-#if KT_DTYPE == 1
+#if KT_DTYPE != 2
     return f16_f32(x);
 #else
     return bf16_f32(x);
@@ -679,7 +680,7 @@ inline unsigned short f32_f16(float f) {
 
 // Two f32 values as one register of the input type's 16-bit values, `lo` in the low half.
 inline unsigned pack2(float lo, float hi) {
-#if KT_DTYPE == 1
+#if KT_DTYPE != 2
     return (unsigned)f32_f16(lo) | ((unsigned)f32_f16(hi) << 16);
 #else
     return (unsigned)f32_bf16(lo) | ((unsigned)f32_bf16(hi) << 16);
@@ -1312,7 +1313,7 @@ typedef unsigned short frag4 __attribute__((vector_size(8)));
 
 // Four f32 values as one fragment of the input type's 16-bit values.
 inline frag4 pack4(float a, float b, float c, float d) {
-#if KT_DTYPE == 1
+#if KT_DTYPE != 2
     const frag4 f = {f32_f16(a), f32_f16(b), f32_f16(c), f32_f16(d)};
 #else
     const frag4 f = {f32_bf16(a), f32_bf16(b), f32_bf16(c), f32_bf16(d)};

@@ -52,6 +52,9 @@
 //   place, Vᵀ read from LDS as the A operand. A lane holds one query (lane % 32); its two
 //   half-waves combine maxima and sums by one shuffle.
 #include "prelude.h"
+#if KT_FP8_IN
+#error "fp8 inputs (KT_DTYPE 3, 4) are GEMM operands; attention takes fp8 KV caches (KT_KV_FP8)"
+#endif
 
 #ifndef KT_BR
 #error "KT_BR, KT_BC, KT_LANES, KT_D and KT_VARIANT must be defined"

@@ -2,6 +2,13 @@
 // as a Linear layer stores its weights (KT_B_NK = 1). Inputs f32, f16 or bf16 (KT_DTYPE),
 // accumulation f32. Grid: (ceil(N / BN), ceil(M / BM)), one block per BM×BN tile of C.
 //
+// fp8 inputs (KT_DTYPE 3 and 4, W8A8: the tiled, skinny, and one-stage MFMA and mma variants)
+// take five more arguments after the sizes, and C is stored scaled (KT_SCALED): element
+// (i, j) times factor · a_scales[i · a_step] · b_scales[j · b_step], each step 0 (one scale
+// for the tensor) or 1 (one for each row of A, column of C), `factor` the square of the
+// readings' (prelude). The matrix-core variants stage the bytes' f16 readings in shared memory
+// and multiply them as f16.
+//
 // KT_VARIANT 0, tiled: each thread owns a TM×TN register tile; A and B tiles of depth BK are
 //   staged in LDS as f32 (widened once on load), A transposed so a thread's TM values of one
 //   k are contiguous. Threads = (BM / TM) · (BN / TN).
@@ -51,6 +58,22 @@
 #if KT_STAGES != 1 && KT_VARIANT == 0
 #error "the tiled variant does not pipeline its k tiles: KT_STAGES must be 1"
 #endif
+#if KT_FP8_IN && (KT_STAGES != 1 || KT_VARIANT == 3)
+#error "fp8 inputs take the tiled, skinny, or one-stage MFMA and mma variants"
+#endif
+
+#if KT_FP8_IN
+#define KT_SCALE_PARAMS                                                                      \
+    , const float* __restrict__ a_scales, int a_step, const float* __restrict__ b_scales,    \
+        int b_step, float factor
+#define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])
+#define KT_COL_SCALE(col) (b_scales[(col) * b_step])
+#else
+#define KT_SCALE_PARAMS
+#define KT_ROW_SCALE(row) 1.0f
+#define KT_COL_SCALE(col) 1.0f
+#endif
+#define KT_SCALED(v, row, col) ((v) * (KT_ROW_SCALE(row) * KT_COL_SCALE(col)))
 
 // The k range [*begin, *end) of this block's split, in whole k tiles.
 KT_DEVICE void kt_split_range(int k, int* begin, int* end) {
@@ -68,7 +91,7 @@ KT_DEVICE void kt_split_range(int k, int* begin, int* end) {
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
-        int m, int n, int k) {
+        int m, int n, int k KT_SCALE_PARAMS) {
     KT_SHARED float as[KT_BK][KT_BM + KT_PAD];
     KT_SHARED float bs[KT_BK][KT_BN + KT_PAD];
     const int tid = KT_TID;
@@ -118,14 +141,19 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         }
         KT_SYNC();
     }
+    // fp8: each column's scale read once (a column past n reads the last one, unstored).
+    float col_scale[KT_TN];
+#pragma unroll
+    for (int j = 0; j < KT_TN; ++j) col_scale[j] = KT_COL_SCALE(min(col0 + tx * KT_TN + j, n - 1));
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i) {
         const int gr = row0 + ty * KT_TM + i;
         if (gr >= m) continue;
+        const float row_scale = KT_ROW_SCALE(gr);
 #pragma unroll
         for (int j = 0; j < KT_TN; ++j) {
             const int gc = col0 + tx * KT_TN + j;
-            if (gc < n) c[(long)gr * n + gc] = acc[i][j];
+            if (gc < n) c[(long)gr * n + gc] = acc[i][j] * (row_scale * col_scale[j]);
         }
     }
 }
@@ -136,7 +164,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #error "the MFMA variant needs gfx90a or gfx94x (or the host emulator of one)"
 #endif
 #if KT_DTYPE == 0
-#error "the MFMA variant takes f16 or bf16 inputs"
+#error "the MFMA variant takes f16, bf16 or fp8 inputs"
 #endif
 
 #define KT_WAVES_M (KT_BM / (32 * KT_TM))
@@ -187,7 +215,7 @@ KT_DEVICE void kt_mfma_stage(unsigned short (*dst)[KT_LDK], const kt_u32x4 (&r)[
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
-        int m, int n, int k) {
+        int m, int n, int k KT_SCALE_PARAMS) {
 #if KT_STAGES == 1
     // k contiguous for both operands; 4 halves of padding keep 8-byte reads aligned and
     // spread the 32 rows of a fragment over the banks.
@@ -235,17 +263,20 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
-            as[r][kk] = (gr < m && gk < ke) ? a[(long)gr * k + gk] : (unsigned short)0;
+            as[r][kk] =
+                (gr < m && gk < ke) ? kt_core_bits(a[(long)gr * k + gk]) : (unsigned short)0;
         }
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gc * k + gk] : (unsigned short)0;
+            bs[col][kk] =
+                (gc < n && gk < ke) ? kt_core_bits(b[(long)gc * k + gk]) : (unsigned short)0;
 #else
             const int kk = i / KT_BN, col = i % KT_BN;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gk * n + gc] : (unsigned short)0;
+            bs[col][kk] =
+                (gc < n && gk < ke) ? kt_core_bits(b[(long)gk * n + gc]) : (unsigned short)0;
 #endif
         }
         KT_SYNC();
@@ -292,7 +323,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             for (int e = 0; e < 16; ++e) {
                 const int gr = row0 + wm + 32 * i + 8 * (e / 4) + 4 * (lane / 32) + e % 4;
                 const int gc = col0 + wn + 32 * j + lane % 32;
-                if (gr < m && gc < n) c[(long)gr * n + gc] = acc[i][j][e];
+                if (gr < m && gc < n) c[(long)gr * n + gc] = KT_SCALED(acc[i][j][e], gr, gc);
             }
 }
 
@@ -302,7 +333,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #error "the mma variant needs NVIDIA sm_80+ (or the host emulator of one)"
 #endif
 #if KT_DTYPE == 0
-#error "the mma variant takes f16 or bf16 inputs"
+#error "the mma variant takes f16, bf16 or fp8 inputs"
 #endif
 
 #define KT_WARPS_M (KT_BM / (16 * KT_TM))
@@ -337,7 +368,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
-        int m, int n, int k) {
+        int m, int n, int k KT_SCALE_PARAMS) {
 #if KT_STAGES == 1
     KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_BM][KT_LDK];
     KT_SHARED __attribute__((aligned(16))) unsigned short bs[KT_BN][KT_LDK];
@@ -373,17 +404,20 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
-            as[r][kk] = (gr < m && gk < ke) ? a[(long)gr * k + gk] : (unsigned short)0;
+            as[r][kk] =
+                (gr < m && gk < ke) ? kt_core_bits(a[(long)gr * k + gk]) : (unsigned short)0;
         }
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gc * k + gk] : (unsigned short)0;
+            bs[col][kk] =
+                (gc < n && gk < ke) ? kt_core_bits(b[(long)gc * k + gk]) : (unsigned short)0;
 #else
             const int kk = i / KT_BN, col = i % KT_BN;
             const int gc = col0 + col, gk = k0 + kk;
-            bs[col][kk] = (gc < n && gk < ke) ? b[(long)gk * n + gc] : (unsigned short)0;
+            bs[col][kk] =
+                (gc < n && gk < ke) ? kt_core_bits(b[(long)gk * n + gc]) : (unsigned short)0;
 #endif
         }
         KT_SYNC();
@@ -517,10 +551,11 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
                 if (gr >= m) continue;
                 float* const at = c + (long)gr * n + gc;
                 if (gc + 1 < n && n % 2 == 0) {
-                    kt_store8(at, acc[i][j][e], acc[i][j][e + 1]);
+                    kt_store8(at, KT_SCALED(acc[i][j][e], gr, gc),
+                              KT_SCALED(acc[i][j][e + 1], gr, gc + 1));
                 } else {
-                    if (gc < n) at[0] = acc[i][j][e];
-                    if (gc + 1 < n) at[1] = acc[i][j][e + 1];
+                    if (gc < n) at[0] = KT_SCALED(acc[i][j][e], gr, gc);
+                    if (gc + 1 < n) at[1] = KT_SCALED(acc[i][j][e + 1], gr, gc + 1);
                 }
             }
 }
@@ -530,7 +565,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if !defined(KT_WGMMA)
 #error "the wgmma variant needs NVIDIA sm_90a (or the host emulator of one)"
 #endif
-#if KT_DTYPE == 0 || !KT_B_NK
+#if KT_DTYPE == 0 || KT_FP8_IN || !KT_B_NK
 #error "the wgmma variant takes f16 or bf16 inputs and B as [N, K]"
 #endif
 #if KT_STAGES < 3 || KT_STAGES > 4
@@ -933,7 +968,7 @@ KT_DEVICE float kt_group_sum(float v) {
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
-        int m, int n, int k) {
+        int m, int n, int k KT_SCALE_PARAMS) {
     const int lane = KT_TID % 32;
     const int row0 = KT_BID_Y * KT_BM;
     const int col0 = KT_BID_X * KT_BN + (KT_TID / 32) * KT_TN;
@@ -987,14 +1022,18 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int j = 0; j < KT_TN; ++j) bw[j] = kt_load16(brow[j] + x);
         step(bw, x);
     }
-    // Every lane ends with the group's sums; lane i·TN + j (mod 32) writes element (i, j).
+    // Every lane ends with the group's sums; lane i·TN + j (BM·TN is at most 32) writes
+    // element (i, j), and for fp8 scales it by that row's and column's scales (a lane past
+    // the block's elements reads the last ones, unused).
+    const float scale = KT_ROW_SCALE(min(row0 + lane / KT_TN, m - 1)) *
+                        KT_COL_SCALE(min(col0 + lane % KT_TN, n - 1));
 #pragma unroll
     for (int i = 0; i < KT_BM; ++i)
 #pragma unroll
         for (int j = 0; j < KT_TN; ++j) {
             const float sum = kt_group_sum(acc[i][j]);
-            if (lane == (i * KT_TN + j) % 32 && row0 + i < m && col0 + j < n)
-                c[(long)(row0 + i) * n + col0 + j] = sum;
+            if (lane == i * KT_TN + j && row0 + i < m && col0 + j < n)
+                c[(long)(row0 + i) * n + col0 + j] = sum * scale;
         }
 }
 

@@ -61,6 +61,9 @@
 // a group reads LANES·16 contiguous bytes of a row; a token's dot product meets by shuffles
 // inside its group, the groups' P·V sums by shuffles inside each wave and then through LDS.
 #include "prelude.h"
+#if KT_FP8_IN
+#error "fp8 inputs (KT_DTYPE 3, 4) are GEMM operands; attention takes fp8 KV caches (KT_KV_FP8)"
+#endif
 
 #ifndef KT_PART
 #error "KT_PART, KT_THREADS, KT_D and KT_BLOCK must be defined"

@@ -119,11 +119,23 @@
 #define KT_FAST_DIV(a, b) __fdividef(a, b)
 #endif
 
-// Input element type: 0 = f32, 1 = f16, 2 = bf16. Half types travel as raw 16-bit words and
-// widen to f32 on load: accumulation is f32, as in the CPU kernels and the reference.
+// Input element type: 0 = f32, 1 = f16, 2 = bf16, and for GEMMs 3 = fp8 E4M3 (either format)
+// and 4 = fp8 E5M2. Half types travel as raw 16-bit words and widen to f32 on load:
+// accumulation is f32, as in the CPU kernels and the reference. An fp8 byte is read as the f16
+// whose bits are its sign, exponent and mantissa moved into place (kt_fp8_bits): exact for
+// every value, the format's value times 2^-8 (E4M3), 2^-7 (E4M3 FNUZ, whose bias is one more)
+// or 1 (E5M2); the product of two such factors joins the scales where C is stored
+// (kt_scaled). The matrix cores take those readings as f16 (KT_CORE_BF16 0).
 #ifndef KT_DTYPE
-#error "KT_DTYPE (0 f32, 1 f16, 2 bf16) must be defined"
+#error "KT_DTYPE (0 f32, 1 f16, 2 bf16, 3 fp8 E4M3, 4 fp8 E5M2) must be defined"
 #endif
+#define KT_FP8_IN (KT_DTYPE == 3 || KT_DTYPE == 4)
+#define KT_CORE_BF16 (KT_DTYPE == 2)
+// The f16 bits of fp8 bytes held in the low bytes of a word's 16-bit halves (two at once):
+// E5M2 is an f16's top byte; E4M3's four exponent bits become the low four of f16's five.
+KT_DEVICE unsigned kt_fp8_bits(unsigned b, bool e5m2) {
+    return e5m2 ? b << 8 : ((b & 0x007f007fu) << 7) | ((b & 0x00800080u) << 8);
+}
 // IEEE half bits as f32, whatever the input type (fp8 caches widen through it).
 #if defined(KT_HIP)
 KT_DEVICE float kt_f16_f32(unsigned short x) { return __half2float(__ushort_as_half(x)); }
@@ -145,8 +157,18 @@ KT_DEVICE float kt_widen(kt_in x) { return kt_f16_f32(x); }
 #elif KT_DTYPE == 2
 typedef unsigned short kt_in;
 KT_DEVICE float kt_widen(kt_in x) { return KT_BITS_F32(((unsigned)x) << 16); }
+#elif KT_FP8_IN
+typedef unsigned char kt_in;
+// An input as the matrix cores take it: a 16-bit value itself, an fp8 byte its f16 reading.
+KT_DEVICE unsigned short kt_core_bits(kt_in x) {
+    return (unsigned short)kt_fp8_bits(x, KT_DTYPE == 4);
+}
+KT_DEVICE float kt_widen(kt_in x) { return kt_f16_f32(kt_core_bits(x)); }
 #else
-#error "KT_DTYPE must be 0, 1 or 2"
+#error "KT_DTYPE must be 0, 1, 2, 3 or 4"
+#endif
+#if KT_DTYPE == 1 || KT_DTYPE == 2
+KT_DEVICE unsigned short kt_core_bits(kt_in x) { return x; }
 #endif
 
 KT_DEVICE float kt_load(const kt_in* p, long i) { return kt_widen(p[i]); }
@@ -156,6 +178,8 @@ KT_DEVICE float kt_load(const kt_in* p, long i) { return kt_widen(p[i]); }
 // address must be 16-byte aligned, as on the device (the emulator fails otherwise).
 #if KT_DTYPE == 0
 #define KT_VEC 4
+#elif KT_FP8_IN
+#define KT_VEC 16
 #else
 #define KT_VEC 8
 #endif
@@ -185,6 +209,15 @@ KT_DEVICE void kt_widen16(const kt_u32x4& v, float (&x)[KT_VEC]) {
     for (int i = 0; i < 4; ++i) {
 #if KT_DTYPE == 0
         x[i] = KT_BITS_F32(w[i]);
+#elif KT_FP8_IN
+        // Bytes 0 and 2, then 1 and 3, of the word, each pair in the low bytes of a word's
+        // halves.
+        const unsigned even = kt_fp8_bits(w[i] & 0x00ff00ffu, KT_DTYPE == 4);
+        const unsigned odd = kt_fp8_bits((w[i] >> 8) & 0x00ff00ffu, KT_DTYPE == 4);
+        x[4 * i] = kt_f16_f32((unsigned short)(even & 0xffffu));
+        x[4 * i + 1] = kt_f16_f32((unsigned short)(odd & 0xffffu));
+        x[4 * i + 2] = kt_f16_f32((unsigned short)(even >> 16));
+        x[4 * i + 3] = kt_f16_f32((unsigned short)(odd >> 16));
 #else
         // Little-endian: the lower half of each word is the earlier element.
         x[2 * i] = kt_widen((kt_in)(w[i] & 0xffffu));
@@ -203,14 +236,11 @@ KT_DEVICE void kt_widen16(const kt_u32x4& v, float (&x)[KT_VEC]) {
 #define KT_KV_FP8 0
 #endif
 #if KT_KV_FP8
-#if KT_DTYPE == 0
+#if KT_DTYPE == 0 || KT_FP8_IN
 #error "fp8 caches (KT_KV_FP8) go with an f16 or bf16 query"
 #endif
 typedef unsigned char kt_cache;
-// The f16 bits of two bytes held in the low bytes of a word's 16-bit halves.
-KT_DEVICE unsigned kt_fp8_half_bits(unsigned b) {
-    return KT_KV_FP8 == 2 ? b << 8 : ((b & 0x007f007fu) << 7) | ((b & 0x00800080u) << 8);
-}
+KT_DEVICE unsigned kt_fp8_half_bits(unsigned b) { return kt_fp8_bits(b, KT_KV_FP8 == 2); }
 KT_DEVICE float kt_load_cache(const kt_cache* p, long i) {
     return kt_f16_f32((unsigned short)kt_fp8_half_bits(p[i]));
 }
@@ -321,20 +351,20 @@ KT_DEVICE kt_f32x4 kt_mfma16(kt_frag x, kt_frag y, kt_f32x4 acc) {
 #else
 typedef float kt_f32x16 __attribute__((ext_vector_type(16)));
 typedef float kt_f32x4 __attribute__((ext_vector_type(4)));
-#if KT_DTYPE == 1
+#if !KT_CORE_BF16
 typedef _Float16 kt_frag __attribute__((ext_vector_type(4)));
 #else
 typedef short kt_frag __attribute__((ext_vector_type(4)));
 #endif
 KT_DEVICE kt_f32x16 kt_mfma(kt_frag x, kt_frag y, kt_f32x16 acc) {
-#if KT_DTYPE == 1
+#if !KT_CORE_BF16
     return __builtin_amdgcn_mfma_f32_32x32x8f16(x, y, acc, 0, 0, 0);
 #else
     return __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(x, y, acc, 0, 0, 0);
 #endif
 }
 KT_DEVICE kt_f32x4 kt_mfma16(kt_frag x, kt_frag y, kt_f32x4 acc) {
-#if KT_DTYPE == 1
+#if !KT_CORE_BF16
     return __builtin_amdgcn_mfma_f32_16x16x16f16(x, y, acc, 0, 0, 0);
 #else
     return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(x, y, acc, 0, 0, 0);
@@ -364,7 +394,7 @@ KT_DEVICE kt_frag kt_frag_at(const unsigned short* p) {
 KT_DEVICE kt_frag kt_pack4(float a, float b, float c, float d) {
     return kt_host::pack4(a, b, c, d);
 }
-#elif KT_DTYPE == 1
+#elif !KT_CORE_BF16
 KT_DEVICE kt_frag kt_pack4(float a, float b, float c, float d) {
     const kt_frag f = {(_Float16)a, (_Float16)b, (_Float16)c, (_Float16)d};
     return f;
@@ -398,7 +428,7 @@ KT_DEVICE unsigned kt_pack2(float lo, float hi) {
     return kt_host::pack2(lo, hi);
 #else
     unsigned r;
-#if KT_DTYPE == 1
+#if !KT_CORE_BF16
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 #else
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -501,7 +531,7 @@ KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)
 #if defined(KT_HOST)
     kt_host::mma_16x8x16(d, a, b);
 #else
-#if KT_DTYPE == 1
+#if !KT_CORE_BF16
 #define KT_MMA_IN "f16"
 #else
 #define KT_MMA_IN "bf16"
@@ -591,7 +621,7 @@ KT_DEVICE void kt_wgmma_fence_operand(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-#if KT_DTYPE == 1
+#if !KT_CORE_BF16
 #define KT_WGMMA_IN "f16"
 #else
 #define KT_WGMMA_IN "bf16"

@@ -143,6 +143,14 @@ const GEMM_BF16_NK_DECODE: &str = "gemm:m=3,n=200,k=264,dtype=bf16,b=nk";
 // tile), n prime.
 const GEMM_F32_NK_DECODE: &str = "gemm:m=2,n=61,k=132,dtype=f32,b=nk";
 const GEMM_F16_NK_GEMV: &str = "gemm:m=1,n=37,k=1000,dtype=f16,b=nk";
+// fp8 (W8A8) GEMMs, each row of A and column of C its own scale: odd sizes in both layouts
+// (tiled, and the one-stage mma or MFMA tiles widening the bytes as they stage them), and
+// decode of k a multiple of the skinny variant's 16 bytes but of no tile of it.
+const GEMM_E4M3_NK: &str = "gemm:m=37,n=100,k=61,dtype=fp8_e4m3,b=nk";
+const GEMM_E5M2_KN: &str = "gemm:m=1,n=97,k=7,dtype=fp8_e5m2,b=kn";
+const GEMM_E4M3_NK_DECODE: &str = "gemm:m=5,n=61,k=1040,dtype=fp8_e4m3,b=nk";
+const GEMM_FNUZ_NK: &str = "gemm:m=37,n=100,k=61,dtype=fp8_e4m3fnuz,b=nk";
+const GEMM_FNUZ_NK_DECODE: &str = "gemm:m=3,n=40,k=528,dtype=fp8_e4m3fnuz,b=nk";
 // Flash: causal with fewer queries than keys (aligned to the end), GQA, a batch of two, a
 // head size that is not a power of two, one query row.
 const FLASH_BF16: &str =
@@ -178,6 +186,22 @@ fn nvidia_gemm_candidates_match_the_reference() {
     }
     for spec in [GEMM_F32_NK_DECODE, GEMM_F16_NK_GEMV] {
         every_candidate_of("h200", spec, GpuGemmVariant::Skinny);
+    }
+}
+
+#[test]
+fn fp8_gemm_candidates_match_the_reference() {
+    assert_eq!(variants("h200", GEMM_E4M3_NK), ["Mma", "Tiled"]);
+    assert_eq!(
+        variants("h200", GEMM_E4M3_NK_DECODE),
+        ["Mma", "Skinny", "Tiled"]
+    );
+    assert_eq!(variants("mi300x", GEMM_FNUZ_NK), ["Mfma", "Tiled"]);
+    for spec in [GEMM_E4M3_NK, GEMM_E5M2_KN, GEMM_E4M3_NK_DECODE] {
+        every_candidate("h200", spec, None);
+    }
+    for spec in [GEMM_FNUZ_NK, GEMM_FNUZ_NK_DECODE] {
+        every_candidate("mi300x", spec, None);
     }
 }
 
@@ -2706,5 +2730,89 @@ fn the_wgmma_flash_matches_the_reference_and_catches_each_mistake() {
         ),
     ] {
         faults(run(&flash_with(from, to)), says);
+    }
+}
+
+/// The fp8 GEMM of `config` on `model` and `spec`, with `body` as its source, its scales one
+/// a row and column or (`per_tensor`) one each: its relative error.
+fn fp8_gemm_error(
+    model: &str,
+    spec: &str,
+    config: GpuGemmConfig,
+    body: &str,
+    per_tensor: bool,
+) -> Result<f64, KernelError> {
+    let (_, emu) = emulator(model);
+    let problem: Problem = spec.parse().unwrap();
+    let mut data = ProblemData::random(&problem, 5);
+    if per_tensor {
+        data.a_scales = vec![0.75 / 200.0];
+        data.b_scales = vec![1.25 / 200.0];
+    }
+    let out = emu.run_source(&data, &Config::GpuGemm(config), body)?;
+    Ok(relative_error(&out, &data.reference()))
+}
+
+/// Each fp8 variant, split along k or not, matches the reference with scales per row and
+/// column and per tensor, and a mistake in either scale or the readings' factor shows.
+#[test]
+fn each_fp8_gemm_variant_scales_what_it_stores() {
+    let prefill = "gemm:m=37,n=100,k=61,dtype=fp8_e4m3,b=nk";
+    let cases = [
+        (
+            "h200",
+            prefill,
+            GpuGemmConfig::tile(GpuGemmVariant::Tiled, (32, 32, 16), (2, 2), 1, 1),
+        ),
+        (
+            "h200",
+            prefill,
+            GpuGemmConfig::tile(GpuGemmVariant::Mma, (64, 64, 32), (2, 2), 1, 2),
+        ),
+        (
+            "h200",
+            "gemm:m=3,n=37,k=1040,dtype=fp8_e4m3,b=nk",
+            GpuGemmConfig::tile(GpuGemmVariant::Skinny, (4, 16, 1024), (1, 2), 1, 2),
+        ),
+        (
+            "mi300x",
+            "gemm:m=37,n=100,k=61,dtype=fp8_e4m3fnuz,b=kn",
+            GpuGemmConfig::tile(GpuGemmVariant::Mfma, (64, 64, 16), (1, 1), 1, 1),
+        ),
+    ];
+    let source = include_str!("../hip/gemm.hip");
+    let row = "#define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])";
+    let col = "#define KT_COL_SCALE(col) (b_scales[(col) * b_step])";
+    for (model, spec, config) in cases {
+        let tol = spec.parse::<Problem>().unwrap().tolerance();
+        let what = format!("{model} {spec} {}", Config::GpuGemm(config));
+        for per_tensor in [false, true] {
+            let ok = fp8_gemm_error(model, spec, config, source, per_tensor).unwrap();
+            assert!(ok <= tol, "{what}, per tensor {per_tensor}: {ok:e}");
+        }
+        for (mistake, from, to) in [
+            (
+                "the readings' factor left out",
+                row,
+                "#define KT_ROW_SCALE(row) (a_scales[(row) * a_step])",
+            ),
+            (
+                "one scale for every row of A",
+                row,
+                "#define KT_ROW_SCALE(row) (factor * a_scales[0])",
+            ),
+            (
+                "one scale for every column of C",
+                col,
+                "#define KT_COL_SCALE(col) (b_scales[0])",
+            ),
+            ("B's scales left out", col, "#define KT_COL_SCALE(col) 1.0f"),
+        ] {
+            caught(
+                &format!("{what}: {mistake}"),
+                fp8_gemm_error(model, spec, config, &gemm_with(from, to), false),
+                tol,
+            );
+        }
     }
 }

@@ -61,6 +61,7 @@ fn problems() -> Vec<Problem> {
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
         "gemm:m=512,n=8192,k=1024,dtype=bf16,b=kn",
         "gemm:m=37,n=100,k=61,dtype=f32",
+        "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3fnuz",
         "flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
         "flash:q_len=64,q_heads=4,kv_heads=4,head_dim=64,dtype=f16,causal=false",
         "paged:num_seqs=8,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
@@ -275,6 +276,9 @@ fn defaults_and_heuristics_are_valid_on_every_gpu_for_awkward_problems() {
     let problems: Vec<Problem> = [
         "gemm:m=1,n=1,k=1",
         "gemm:m=7,n=13,k=17,dtype=f16,b=kn",
+        "gemm:m=1,n=1,k=1,dtype=fp8_e4m3",
+        "gemm:m=3,n=7,k=33,dtype=fp8_e5m2",
+        "gemm:m=100,n=13,k=17,dtype=fp8_e4m3fnuz,b=kn",
         "flash:q_len=1,q_heads=1,kv_heads=1,head_dim=7",
         "flash:q_len=33,kv_len=65,q_heads=64,kv_heads=8,head_dim=80,dtype=bf16",
         "flash:q_len=9,q_heads=2,kv_heads=1,head_dim=256",
@@ -463,6 +467,35 @@ fn every_skinny_candidate_compiles_for_mi250_and_mi300x_without_spills() {
             ("mi300x", "gemm:m=5,n=61,k=132,dtype=f32,b=nk", 30),
         ],
         |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+    );
+}
+
+/// fp8 (W8A8, MI300X's fnuz) GEMMs of Llama-3.1-70B at TP8: every skinny candidate of a
+/// decode step, and the one-stage MFMA tiles of a prefill 32 of k deep (the others differ
+/// from them in k depth only), staging the bytes' readings as f16.
+#[test]
+fn fp8_gemm_candidates_compile_for_mi300x_without_spills() {
+    use kerntune_kernels::config::GpuGemmVariant;
+    let Some(hip) = compiler("fp8_gemm_candidates_compile_for_mi300x") else {
+        return;
+    };
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi300x",
+            "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3fnuz,b=nk",
+            30,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+    );
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi300x",
+            "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk",
+            19,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.bk == 32),
     );
 }
 

@@ -256,6 +256,7 @@ fn problems() -> Vec<Problem> {
         "gemm:m=1,n=1280,k=8192,dtype=bf16",
         "gemm:m=2048,n=1280,k=8192,dtype=f16,b=kn",
         "gemm:m=37,n=100,k=61,dtype=f32",
+        "gemm:m=2048,n=1280,k=8192,dtype=fp8_e4m3",
         "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
         "flash:q_len=64,q_heads=4,kv_heads=4,head_dim=80,dtype=f16,causal=false",
         "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
@@ -673,6 +674,44 @@ fn alibi_builds_compile_for_sm90a_without_spills() {
 /// E4M3 cache for sm_90a, none spilling; the grouped candidates of an E5M2 cache under f16
 /// queries (head size 64, 4 KV heads) for sm_80 and sm_90, reading their cache rows in
 /// 8-byte pieces.
+/// fp8 (W8A8) GEMMs of Llama-3.1-70B at TP8: every skinny candidate of a decode step (the
+/// weights' bytes in 16-byte loads) and the one-stage mma tiles of a prefill, 32 of k deep
+/// (the others differ from them in k depth only), the heuristic among them, multiplying the
+/// bytes' readings as f16.
+#[test]
+fn fp8_gemm_builds_compile_for_sm90() {
+    let Some(nvrtc) = compiler("fp8_gemm_builds_compile_for_sm90") else {
+        return;
+    };
+    let decode: Problem = "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3,b=nk"
+        .parse()
+        .unwrap();
+    let skinny = candidates_where(
+        "h200",
+        &decode,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+    );
+    assert_eq!(skinny.len(), 30, "{skinny:?}");
+    check_candidates(&nvrtc, "h200", &decode, &skinny, "ld.global.nc.v4.");
+    let prefill: Problem = "gemm:m=2048,n=1280,k=8192,dtype=fp8_e5m2,b=nk"
+        .parse()
+        .unwrap();
+    let mma = candidates_where(
+        "h200",
+        &prefill,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma && c.bk == 32),
+    );
+    assert_eq!(mma.len(), 19, "{mma:?}");
+    check_candidates(
+        &nvrtc,
+        "h200",
+        &prefill,
+        &mma,
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    );
+    assert!(mma.contains(&GpuSpace.heuristic(&prefill, &Device::lookup("h200").unwrap())));
+}
+
 #[test]
 fn fp8_cache_builds_compile_without_spills() {
     let Some(nvrtc) = compiler("fp8_cache_builds_compile_without_spills") else {

@@ -517,6 +517,36 @@ enum KtStatus kt_gpu_gemm(const struct KtGpuDispatcher *d,
                           KtMatch *matched);
 
 /*
+ An fp8 GEMM (W8A8) on the device, as kt_gemm_scaled() on the host: `a_scales` and
+ `b_scales` are device memory of `a_scales_len` (1 or m) and `b_scales_len` (1 or n)
+ floats, which the kernel reads as it stores C. Their values stay on the device unread by
+ the host: each finite and positive is the caller's promise. For f32, f16 and bf16 inputs
+ both lengths are 0 (the pointers may be NULL) and this is kt_gpu_gemm(). Scratch as for
+ kt_gpu_gemm().
+
+ # Safety
+ As kt_gpu_gemm(); `a_scales` and `b_scales` are device memory of their lengths in floats
+ on the same GPU.
+ */
+enum KtStatus kt_gpu_gemm_scaled(const struct KtGpuDispatcher *d,
+                                 size_t m,
+                                 size_t n,
+                                 size_t k,
+                                 enum KtDtype dtype_,
+                                 bool b_is_nk,
+                                 const void *a,
+                                 const float *a_scales,
+                                 size_t a_scales_len,
+                                 const void *b,
+                                 const float *b_scales,
+                                 size_t b_scales_len,
+                                 float *c,
+                                 void *scratch,
+                                 size_t scratch_bytes,
+                                 void *stream,
+                                 KtMatch *matched);
+
+/*
  Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
  kernel, else 0 (then `scratch` may be NULL). Each shape has its own winner, so a smaller
  shape may need more (a decode GEMM split 16 ways): size one buffer by the most over the

@@ -5,14 +5,13 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
-use kerntune_kernels::gpu::launch::DevicePtrs;
-use kerntune_kernels::problem::GemmProblem;
+use kerntune_kernels::gpu::launch::{DevicePtrs, GemmScalePtrs};
 use kerntune_kernels::{KernelError, Problem};
 
 use crate::capi::{
-    flash_problem, free_handle, guard, invalid, kt_last_error, kv_scales, latent_values,
-    paged_problem, path_arg, report, set_error, KtDtype, KtFlashProblem, KtMatch, KtPagedProblem,
-    KtStats, KtStatus,
+    flash_problem, free_handle, gemm_problem, guard, invalid, kt_last_error, kv_scales,
+    latent_values, paged_problem, path_arg, report, set_error, KtDtype, KtFlashProblem, KtMatch,
+    KtPagedProblem, KtStats, KtStatus,
 };
 use crate::{GpuDispatcher, GpuStats, RuntimeError};
 
@@ -183,6 +182,12 @@ pub unsafe extern "C" fn kt_gpu_gemm(
     guard(|| {
         let d = gpu(d)?;
         let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
+        if p.fp8().is_some() {
+            return Err(invalid(format!(
+                "dtype {} takes scales: call kt_gpu_gemm_scaled() with A's and B's",
+                p.dtype
+            )));
+        }
         let ptrs = DevicePtrs {
             inputs: [addr("a", a)?, addr("b", b)?, 0],
             out: addr("c", c.cast_const().cast())?,
@@ -194,21 +199,55 @@ pub unsafe extern "C" fn kt_gpu_gemm(
     })
 }
 
-fn gemm_problem(
+/// An fp8 GEMM (W8A8) on the device, as kt_gemm_scaled() on the host: `a_scales` and
+/// `b_scales` are device memory of `a_scales_len` (1 or m) and `b_scales_len` (1 or n)
+/// floats, which the kernel reads as it stores C. Their values stay on the device unread by
+/// the host: each finite and positive is the caller's promise. For f32, f16 and bf16 inputs
+/// both lengths are 0 (the pointers may be NULL) and this is kt_gpu_gemm(). Scratch as for
+/// kt_gpu_gemm().
+///
+/// # Safety
+/// As kt_gpu_gemm(); `a_scales` and `b_scales` are device memory of their lengths in floats
+/// on the same GPU.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gpu_gemm_scaled(
+    d: *const KtGpuDispatcher,
     m: usize,
     n: usize,
     k: usize,
     dtype_: KtDtype,
     b_is_nk: bool,
-) -> Result<GemmProblem, (KtStatus, String)> {
-    let p = crate::capi::gemm_problem(m, n, k, dtype_, b_is_nk)?;
-    if p.fp8().is_some() {
-        return Err(invalid(format!(
-            "the GPU GEMM kernels take f32, f16 or bf16 inputs; {} GEMMs run on the CPU so far (kt_gemm_scaled)",
-            p.dtype
-        )));
-    }
-    Ok(p)
+    a: *const c_void,
+    a_scales: *const f32,
+    a_scales_len: usize,
+    b: *const c_void,
+    b_scales: *const f32,
+    b_scales_len: usize,
+    c: *mut f32,
+    scratch: *mut c_void,
+    scratch_bytes: usize,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
+        let ptrs = DevicePtrs {
+            inputs: [addr("a", a)?, addr("b", b)?, 0],
+            out: addr("c", c.cast_const().cast())?,
+            gemm_scales: GemmScalePtrs {
+                a: a_scales as u64,
+                a_len: a_scales_len,
+                b: b_scales as u64,
+                b_len: b_scales_len,
+            },
+            ..DevicePtrs::default()
+        };
+        let scratch = (scratch, scratch_bytes);
+        // SAFETY: caller contract.
+        unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
+    })
 }
 
 /// Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
@@ -370,6 +409,7 @@ pub unsafe extern "C" fn kt_gpu_paged_attention(
             sinks: f.sinks as u64,
             slopes: f.alibi_slopes as u64,
             kv_scales,
+            gemm_scales: GemmScalePtrs::default(),
         };
         addr("scratch", scratch.cast_const())?;
         // SAFETY: caller contract.

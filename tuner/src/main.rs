@@ -18,7 +18,7 @@ use clap::Parser;
 use kerntune_db::Db;
 use kerntune_kernels::device::GpuModel;
 use kerntune_kernels::env::path_var;
-use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Problem, Space, CPU_SOURCE_HASH};
+use kerntune_kernels::{Config, CpuBackend, CpuSpace, Device, Space, CPU_SOURCE_HASH};
 use kerntune_tuner::error::{chain_message, usage};
 use kerntune_tuner::gpu_sweep::GpuSweep;
 use kerntune_tuner::measure::{Policy, Workload};
@@ -104,24 +104,6 @@ fn pick_device(args: &TuneArgs) -> Result<Device, TuneError> {
         )));
     }
     Ok(device)
-}
-
-/// [`derive`]'s problems, refused where the device has no kernel for one: fp8 GEMMs on a GPU,
-/// whose GEMM kernels take 16- and 32-bit inputs so far.
-fn derive_to_tune(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError> {
-    let list = derive(shapes, device)?;
-    let fp8 = |d: &&Derived| matches!(d.problem, Problem::Gemm(g) if g.fp8().is_some());
-    if let (Device::Gpu(g), Some(first)) = (device, list.iter().find(fp8)) {
-        let more = match list.iter().filter(fp8).count() - 1 {
-            0 => String::new(),
-            n => format!(" and {n} more"),
-        };
-        return Err(usage(format!(
-            "{} ({}){more}: fp8 (W8A8) GEMMs, and kerntune's GPU GEMM kernels take f32, f16 or bf16 inputs so far, so {} has none for them; tune them on the CPU (--device cpu), tune the model's unquantized GEMMs (--dtype bf16), or its attention alone (--kernels flash,paged)",
-            first.problem, first.origin, g.name
-        )));
-    }
-    Ok(list)
 }
 
 fn derive(shapes: &ShapeArgs, device: &Device) -> Result<Vec<Derived>, TuneError> {
@@ -244,7 +226,7 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let problems = derive_to_tune(&args.shapes, &device)?;
+    let problems = derive(&args.shapes, &device)?;
     let path = db_path(args);
     let db = Db::open(&path).await.map_err(TuneError::from)?;
     stop_on_ctrl_c()?;
@@ -282,7 +264,7 @@ async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
         .into());
     }
     let device = Device::Gpu(g);
-    let problems = derive_to_tune(&args.shapes, &device)?;
+    let problems = derive(&args.shapes, &device)?;
     // A missing compiler fails here, before the database is created; so does one that builds
     // only a stand-in of the device's target.
     kerntune_tuner::plan::plan(None, &device, &[], &PlanOptions::default())

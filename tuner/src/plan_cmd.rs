@@ -10,7 +10,7 @@ use kerntune_tuner::progress::Progress;
 use kerntune_tuner::TuneError;
 
 use crate::cli::{PlanArgs, TuneArgs};
-use crate::{db_path, derive_to_tune};
+use crate::{db_path, derive};
 
 pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
     let Some(name) = &args.device else {
@@ -27,7 +27,7 @@ pub async fn run(args: &TuneArgs, p: &PlanArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let problems = derive_to_tune(&p.shapes, &device)?;
+    let problems = derive(&p.shapes, &device)?;
     // A missing compiler, a target it lacks or (with --emulate) no host C++ compiler fail
     // here, before the database is created.
     let check = PlanOptions {
@@ -120,7 +120,7 @@ pub fn no_device(
     why: &kerntune_kernels::KernelError,
 ) -> anyhow::Result<()> {
     let device = Device::Gpu(g);
-    let problems = derive_to_tune(&args.shapes, &device)?;
+    let problems = derive(&args.shapes, &device)?;
     let candidates: usize = problems
         .iter()
         .map(|d| GpuSpace.candidates(&d.problem, &device).len())

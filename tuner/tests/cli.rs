@@ -109,17 +109,6 @@ fn bad_inputs_exit_2_and_write_nothing() {
             "at least 1",
         ),
         (&["--bogus-flag"], "--bogus-flag"),
-        // fp8 GEMMs have no GPU kernel: planned for a GPU, they are named.
-        (
-            &[
-                "plan",
-                "--device",
-                "mi300x",
-                "--shapes",
-                "gemm:m=4,n=64,k=64,dtype=fp8_e4m3fnuz",
-            ],
-            "gemm:m=4,n=64,k=64,dtype=fp8_e4m3fnuz,b=nk (explicit): fp8 (W8A8) GEMMs",
-        ),
         (
             &["--device", "h200", "--shapes", "gemm:m=1,n=8,k=8"],
             "no sm_90 device could be used",

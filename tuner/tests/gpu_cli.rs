@@ -260,6 +260,8 @@ fn plan_for_h100_with_nvrtc() {
         "--emulate",
     ];
     args.extend(SHAPES);
+    // An FP8 checkpoint's decode GEMM (W8A8) beside them.
+    args.extend(["--shapes", "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3"]);
     let out = tune(&args, d);
     if let Err(e) = kerntune_kernels::gpu::nvrtc::NvrtcCompiler::find() {
         assert!(
@@ -276,7 +278,15 @@ fn plan_for_h100_with_nvrtc() {
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["target"], "sm_90");
     assert!(plan["compiler"].as_str().unwrap().starts_with("NVRTC 13"));
-    for p in plan["problems"].as_array().unwrap() {
+    let problems = plan["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 4);
+    assert!(
+        problems.iter().any(|p| p["problem"]
+            .as_str()
+            .is_some_and(|s| s.contains("fp8_e4m3"))),
+        "{problems:?}"
+    );
+    for p in problems {
         assert!(p["kept"].as_u64().unwrap() >= 1, "{p}");
         for c in p["candidates"].as_array().unwrap() {
             if c["verdict"] == "keep" {
@@ -289,7 +299,7 @@ fn plan_for_h100_with_nvrtc() {
     // --emulate ran every kept build on the host emulator (at least one per family), and none
     // of our kernels is wrong there.
     let emulated = &plan["emulated"];
-    assert!(emulated["runs"].as_u64().unwrap() >= 3, "{emulated}");
+    assert!(emulated["runs"].as_u64().unwrap() >= 4, "{emulated}");
     assert_eq!(emulated["failed"], 0, "{emulated}");
     assert!(!emulated["compiler"].as_str().unwrap().is_empty());
 }

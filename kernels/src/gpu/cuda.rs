@@ -16,7 +16,8 @@ use cudarc::nvrtc::Ptx;
 use serde::Serialize;
 
 use super::launch::{
-    flash_split_workspace, launches, split_k_workspace, Arg, DevicePtrs, Launch, TensorMap,
+    flash_split_workspace, launches, split_k_workspace, Arg, DevicePtrs, GemmScalePtrs, Launch,
+    TensorMap,
 };
 use super::KernelBuild;
 use crate::data::ProblemData;
@@ -347,6 +348,8 @@ pub struct DeviceProblem {
     slopes: Option<CudaSlice<f32>>,
     /// Paged attention on fp8 caches: their scales.
     kv_scales: KvScales,
+    /// fp8 GEMMs: A's and B's scales.
+    gemm_scales: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     out: CudaSlice<f32>,
     /// Paged attention: partial outputs, maxima and sums of every partition.
     partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
@@ -440,6 +443,13 @@ impl DeviceProblem {
                 false => Some(gpu.stream.memcpy_stod(&data.slopes).map_err(err)?),
             },
             kv_scales: data.kv_scales,
+            gemm_scales: match data.a_scales.is_empty() {
+                true => None,
+                false => Some((
+                    gpu.stream.memcpy_stod(&data.a_scales).map_err(err)?,
+                    gpu.stream.memcpy_stod(&data.b_scales).map_err(err)?,
+                )),
+            },
             out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
             partials,
             workspace: match &data.problem {
@@ -491,6 +501,14 @@ impl DeviceProblem {
         }
         if let Some(slopes) = &self.slopes {
             ptrs.slopes = addr(slopes.device_ptr(stream));
+        }
+        if let Some((a, b)) = &self.gemm_scales {
+            ptrs.gemm_scales = GemmScalePtrs {
+                a: addr(a.device_ptr(stream)),
+                a_len: a.len(),
+                b: addr(b.device_ptr(stream)),
+                b_len: b.len(),
+            };
         }
         if let Some((o, m, s)) = &mut self.partials {
             ptrs.partials = [
@@ -657,6 +675,9 @@ impl DeviceProblem {
                     // SAFETY: as above; the 16-bit words are the f16 values.
                     unsafe { blas.gemm(cfg, &b, &a, &mut f16_out) }.map_err(err)
                 }
+                (DeviceBuf::Bytes(_), DeviceBuf::Bytes(_), _) => Err(unavailable(
+                    "an fp8 GEMM as the peer (cuBLAS multiplies fp8 through cuBLASLt, which this peer does not call)",
+                )),
                 _ => Err(unavailable("mixed input types")),
             }
         })

@@ -148,7 +148,17 @@ pub struct Launch {
     pub args: Vec<Arg>,
 }
 
-/// Device addresses of one call's operands, and its fp8 caches' scales.
+/// An fp8 GEMM's scales in device memory, f32: `a_len` of them at `a` (1 for the tensor, or
+/// one per row of A) and `b_len` at `b` (1, or one per column of C); nothing for other GEMMs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GemmScalePtrs {
+    pub a: u64,
+    pub a_len: usize,
+    pub b: u64,
+    pub b_len: usize,
+}
+
+/// Device addresses of one call's operands, and its fp8 caches' or GEMM's scales.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DevicePtrs {
     /// GEMM: A, B. Flash: Q, K, V. Paged: query, key cache, value cache (unread by a latent
@@ -170,6 +180,8 @@ pub struct DevicePtrs {
     pub slopes: u64,
     /// Paged attention on fp8 caches: their scales (kernel arguments, not buffers).
     pub kv_scales: KvScales,
+    /// fp8 GEMMs: A's and B's scales.
+    pub gemm_scales: GemmScalePtrs,
 }
 
 /// Paged attention's partition slots for `config` (0 for other families): the partial buffers
@@ -287,6 +299,57 @@ fn too_large(problem: &Problem, field: &'static str, v: usize) -> KernelError {
     }
 }
 
+/// An fp8 GEMM's arguments after the sizes (gemm.hip's `KT_SCALE_PARAMS`): each scale
+/// buffer and its step (0: one value, 1: one a row or column), then the product of the two
+/// operands' reading factors. Nothing for other GEMMs, which take no scales.
+fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, KernelError> {
+    let Some(format) = p.fp8() else {
+        for (name, len) in [("a_scales", s.a_len), ("b_scales", s.b_len)] {
+            if len > 0 {
+                return Err(KernelError::BadArgument {
+                    name,
+                    reason: format!(
+                        "holds {len} values; scales apply to fp8 GEMMs, and this one's dtype is {}: pass none",
+                        p.dtype
+                    ),
+                });
+            }
+        }
+        return Ok(Vec::new());
+    };
+    let mut args = Vec::with_capacity(5);
+    for (name, address, len, count, per) in [
+        ("a_scales", s.a, s.a_len, p.m, "row of A (token)"),
+        (
+            "b_scales",
+            s.b,
+            s.b_len,
+            p.n,
+            "column of C (output channel)",
+        ),
+    ] {
+        if len != 1 && len != count {
+            return Err(KernelError::BadArgument {
+                name,
+                reason: format!(
+                    "holds {len} values; an fp8 GEMM takes one (per tensor) or {count}, one per {per}"
+                ),
+            });
+        }
+        if address == 0 || !address.is_multiple_of(4) {
+            return Err(KernelError::BadBuffer {
+                name,
+                reason: format!(
+                    "device address {address:#x}: an fp8 GEMM reads its {len} f32 scales from device memory, 4-byte aligned"
+                ),
+            });
+        }
+        args.extend([Arg::Ptr(address), Arg::Int(i32::from(len > 1))]);
+    }
+    args.push(Arg::Float(format.half_factor() * format.half_factor()));
+    Ok(args)
+}
+
 /// The launches of `config` on `problem` over `ptrs`.
 pub fn launches(
     problem: &Problem,
@@ -399,6 +462,7 @@ pub fn launches(
     Ok(match (problem, config) {
         (Problem::Gemm(p), Config::GpuGemm(c)) => {
             let sizes = [int(p.m, "m")?, int(p.n, "n")?, int(p.k, "k")?];
+            let scales = gemm_scale_args(p, &ptrs.gemm_scales)?;
             let shared_bytes = crate::space::dynamic_lds_bytes(config, problem) as u32;
             let tiles = if c.variant == GpuGemmVariant::Wgmma {
                 // One row of blocks, each taking `block_tiles` C tiles in the kernel's order
@@ -443,6 +507,7 @@ pub fn launches(
                 args: [
                     vec![i0, i1, dst],
                     sizes.to_vec(),
+                    scales.clone(),
                     maps.iter().copied().map(Arg::TensorMap).collect(),
                 ]
                 .concat(),
@@ -645,6 +710,7 @@ mod tests {
             sinks: 20,
             slopes: 24,
             kv_scales: KvScales::ONE,
+            gemm_scales: GemmScalePtrs::default(),
         };
         for (spec, args) in [
             ("gemm:m=3,n=130,k=5", vec![6]),
@@ -1196,9 +1262,71 @@ mod tests {
             sinks: 0,
             slopes: 0,
             kv_scales: KvScales::ONE,
+            gemm_scales: GemmScalePtrs::default(),
         };
         launches(&paged, &config, &three(0x2000)).unwrap();
         let e = launches(&paged, &config, &three(0x2002)).unwrap_err();
         assert!(e.to_string().contains("0x2002"), "{e}");
+    }
+
+    /// An fp8 GEMM's scales go after the sizes with their steps and the readings' factor
+    /// squared; scales missing, misaligned or of a wrong count are refused by name before
+    /// anything launches, and scales given to a 16-bit GEMM too.
+    #[test]
+    fn fp8_gemm_scales_follow_the_sizes_and_are_checked_by_name() {
+        let h200 = Device::lookup("h200").unwrap();
+        let p: Problem = "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3".parse().unwrap();
+        let scales = |a: u64, a_len: usize, b: u64, b_len: usize| DevicePtrs {
+            inputs: [0x100, 0x200, 0],
+            out: 0x400,
+            partials: [0x1000, 0, 0],
+            gemm_scales: GemmScalePtrs { a, a_len, b, b_len },
+            ..DevicePtrs::default()
+        };
+        for config in GpuSpace.candidates(&p, &h200) {
+            let l = launches(&p, &config, &scales(0x700, 4, 0x800, 1280)).unwrap();
+            let args = &l[0].args[3..];
+            assert_eq!(
+                args,
+                [
+                    Arg::Int(4),
+                    Arg::Int(1280),
+                    Arg::Int(8192),
+                    Arg::Ptr(0x700),
+                    Arg::Int(1),
+                    Arg::Ptr(0x800),
+                    Arg::Int(1),
+                    Arg::Float(65536.0),
+                ],
+                "{config}"
+            );
+        }
+        let config = GpuSpace.heuristic(&p, &h200);
+        let tensor = launches(&p, &config, &scales(0x700, 1, 0x800, 1)).unwrap();
+        assert_eq!(tensor[0].args[7], Arg::Int(0));
+        assert_eq!(tensor[0].args[9], Arg::Int(0));
+        for (bad, name, says) in [
+            (scales(0, 0, 0x800, 1), "a_scales", "holds 0 values"),
+            (
+                scales(0x700, 3, 0x800, 1),
+                "a_scales",
+                "one (per tensor) or 4",
+            ),
+            (scales(0x700, 1, 0x800, 2), "b_scales", "or 1280"),
+            (scales(0x700, 1, 0, 1), "b_scales", "device address 0x0"),
+            (scales(0x702, 1, 0x800, 1), "a_scales", "4-byte aligned"),
+        ] {
+            let e = launches(&p, &config, &bad).unwrap_err();
+            assert!(
+                matches!(&e, KernelError::BadArgument { name: n, .. } | KernelError::BadBuffer { name: n, .. } if *n == name),
+                "{e}"
+            );
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        let bf16: Problem = "gemm:m=4,n=1280,k=8192,dtype=bf16".parse().unwrap();
+        let config = GpuSpace.heuristic(&bf16, &h200);
+        let e = launches(&bf16, &config, &scales(0x700, 1, 0x800, 1)).unwrap_err();
+        assert!(e.to_string().contains("pass none"), "{e}");
+        launches(&bf16, &config, &scales(0, 0, 0, 0)).unwrap();
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use libloading::Library;
 
-use super::launch::{launches, split_k_workspace, Arg, DevicePtrs, Launch};
+use super::launch::{launches, split_k_workspace, Arg, DevicePtrs, GemmScalePtrs, Launch};
 use super::rocblas::{Rocblas, RocblasHandle};
 use super::KernelBuild;
 use crate::config::RocblasConfig;
@@ -365,6 +365,8 @@ pub struct HipProblem<'g> {
     slopes: Option<DeviceMem<'g>>,
     /// Paged attention on fp8 caches: their scales.
     kv_scales: KvScales,
+    /// fp8 GEMMs: A's and B's scales, with how many each holds.
+    gemm_scales: Option<((DeviceMem<'g>, usize), (DeviceMem<'g>, usize))>,
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
     /// GEMM: split-K partial products, as many as any valid config needs.
     workspace: Option<DeviceMem<'g>>,
@@ -425,6 +427,13 @@ impl<'g> HipProblem<'g> {
                 false => Some(gpu.upload(&data.slopes)?),
             },
             kv_scales: data.kv_scales,
+            gemm_scales: match data.a_scales.is_empty() {
+                true => None,
+                false => Some((
+                    (gpu.upload(&data.a_scales)?, data.a_scales.len()),
+                    (gpu.upload(&data.b_scales)?, data.b_scales.len()),
+                )),
+            },
             partials,
             workspace: match &data.problem {
                 Problem::Gemm(p) => Some(gpu.alloc(4 * split_k_workspace(p).max(1))?),
@@ -458,6 +467,14 @@ impl<'g> HipProblem<'g> {
         }
         if let Some(slopes) = &self.slopes {
             ptrs.slopes = addr(slopes);
+        }
+        if let Some(((a, a_len), (b, b_len))) = &self.gemm_scales {
+            ptrs.gemm_scales = GemmScalePtrs {
+                a: addr(a),
+                a_len: *a_len,
+                b: addr(b),
+                b_len: *b_len,
+            };
         }
         if let Some((o, m, s)) = &self.partials {
             ptrs.partials = [addr(o), addr(m), addr(s)];

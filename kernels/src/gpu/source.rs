@@ -56,8 +56,10 @@ fn dtype_code(d: DType) -> usize {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::Bf16 => 2,
-        // Never a problem's dtype (validated): the prelude refuses the code.
-        DType::Fp8(_) => 3,
+        // GEMM operands only (attention refuses them as its dtype); the E4M3 formats read
+        // alike, their factors are the host's (launch.rs).
+        DType::Fp8(crate::Fp8::E4m3 | crate::Fp8::E4m3Fnuz) => 3,
+        DType::Fp8(crate::Fp8::E5m2) => 4,
     }
 }
 

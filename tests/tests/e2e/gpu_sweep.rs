@@ -19,8 +19,8 @@ use std::ffi::CStr;
 
 use kerntune::capi::{KtDtype, KtMatch, KtStats, KtStatus};
 use kerntune::capi_gpu::{
-    kt_gpu_free, kt_gpu_gemm, kt_gpu_gemm_scratch_bytes, kt_gpu_note, kt_gpu_reload, kt_gpu_stats,
-    kt_gpu_write_untuned, KtGpuDispatcher, KtGpuStats,
+    kt_gpu_free, kt_gpu_gemm, kt_gpu_gemm_scaled, kt_gpu_gemm_scratch_bytes, kt_gpu_note,
+    kt_gpu_reload, kt_gpu_stats, kt_gpu_write_untuned, KtGpuDispatcher, KtGpuStats,
 };
 use kerntune::{GpuDispatcher, RuntimeError};
 use kerntune_db::Db;
@@ -292,8 +292,9 @@ impl GpuProblem for StandInProblem {
     }
 
     fn library_candidates(&mut self) -> Result<Vec<Config>, KernelError> {
+        // rocBLAS's GEMMs take no fp8 scales.
         Ok(match self.data.problem {
-            Problem::Gemm(_) => vec![LIBRARY],
+            Problem::Gemm(g) if g.fp8().is_none() => vec![LIBRARY],
             _ => Vec::new(),
         })
     }
@@ -679,6 +680,145 @@ async fn the_gpu_loop_verifies_times_and_stores_like_the_cpu_loop() {
     assert!(text.contains(&untuned_problem.key()), "{text}");
     // Freeing the dispatcher unloads every build it held.
     assert_eq!(resident.load(Ordering::SeqCst), 0);
+}
+
+/// An FP8 checkpoint's decode GEMM (W8A8, MI300X's fnuz E4M3 as a server on one would hold
+/// it, here on the stand-in MI250): its candidates verified on the emulator with the call's
+/// scales, a verified winner stored, and kt_gpu_gemm_scaled() launching it with the caller's
+/// scale buffers after the sizes; kt_gpu_gemm() and scales of a wrong length are refused with
+/// nothing launched.
+#[tokio::test]
+async fn an_fp8_gemm_is_tuned_and_launched_with_its_scales() {
+    if !hip_compiler("an_fp8_gemm_is_tuned_and_launched_with_its_scales") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
+    let device = Device::lookup("mi250").unwrap();
+    let problems = vec![Derived {
+        problem: "gemm:m=5,n=96,k=80,dtype=fp8_e4m3fnuz".parse().unwrap(),
+        origin: "test".into(),
+    }];
+    let gpu = StandIn::default();
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &eight_candidates())
+        .await
+        .unwrap();
+    let mut job = job(&db, &device);
+    job.max_configs = 8;
+    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert_eq!(out[0].status, "tuned", "{out:#?}");
+    assert_eq!(gpu.timed_unverified.load(Ordering::SeqCst), 0);
+    drop(sweep);
+    let p = problems[0].problem;
+    let default = GpuSpace.default_config(&p, &device);
+    let rows = db.measurements(&p.key()).await.unwrap();
+    // Ours only (no library solution for fp8), each stored with what it did.
+    assert!(rows.len() >= 2, "{rows:#?}");
+    for (config, status, ..) in &rows {
+        let c = Config::from_json(config).unwrap();
+        assert!(c.is_gpu() && c != LIBRARY, "{c}");
+        match (status.as_str(), fate(&c, &default)) {
+            ("ok", Fate::Right(_))
+            | ("failed_verification", Fate::Wrong)
+            | ("error", Fate::Fails)
+            | ("invalid", _) => {}
+            other => panic!("{c}: stored {other:?}"),
+        }
+    }
+    let winner = db.winners(Some(&device.identity())).await.unwrap();
+    let winner = Config::from_json(&winner[0].config).unwrap();
+    assert!(matches!(fate(&winner, &default), Fate::Right(_)));
+    db.close().await;
+
+    let launched = gpu.launched.clone();
+    let Device::Gpu(model) = device else {
+        unreachable!()
+    };
+    let runtime =
+        GpuDispatcher::with_device(dir.path().join("gpu.db"), model, Box::new(gpu)).unwrap();
+    let Problem::Gemm(g) = p else {
+        unreachable!("a GEMM")
+    };
+    let handle = KtGpuDispatcher::into_raw(runtime);
+    let ptr = |a: u64| a as usize as *const std::ffi::c_void;
+    let scales = |a: u64| a as usize as *const f32;
+    let scratch = 1 << 20;
+    let mut how = KtMatch::Default;
+    // Scales per token (m of them) and per tensor. SAFETY: the stand-in dereferences nothing.
+    let call = |a_len: usize, b_len: usize, how: &mut KtMatch| unsafe {
+        kt_gpu_gemm_scaled(
+            handle,
+            g.m,
+            g.n,
+            g.k,
+            KtDtype::Fp8E4m3Fnuz,
+            true,
+            ptr(0x1000),
+            scales(0x7000),
+            a_len,
+            ptr(0x2000),
+            scales(0x8000),
+            b_len,
+            0x4000 as *mut f32,
+            0x9000 as *mut std::ffi::c_void,
+            scratch,
+            std::ptr::null_mut(),
+            how,
+        )
+    };
+    assert_eq!(call(g.m, 1, &mut how), KtStatus::Ok);
+    assert_eq!(how, KtMatch::Exact);
+    let (key, list, _) = launched.lock().unwrap().pop().unwrap();
+    assert_eq!(key, KernelBuild::new(&p, &winner).unwrap().key());
+    // After A, B, C (or the partial products) and the sizes: each scale buffer and its step,
+    // then the square of fnuz E4M3's reading factor (2^7).
+    assert_eq!(
+        list[0].args[3..11],
+        [
+            Arg::Int(5),
+            Arg::Int(96),
+            Arg::Int(80),
+            Arg::Ptr(0x7000),
+            Arg::Int(1),
+            Arg::Ptr(0x8000),
+            Arg::Int(0),
+            Arg::Float(16384.0),
+        ]
+    );
+    // kt_gpu_gemm has no scales to give; scales of neither 1 nor m values are named.
+    let before = launched.lock().unwrap().len();
+    // SAFETY: as above.
+    let plain = unsafe {
+        kt_gpu_gemm(
+            handle,
+            g.m,
+            g.n,
+            g.k,
+            KtDtype::Fp8E4m3Fnuz,
+            true,
+            ptr(0x1000),
+            ptr(0x2000),
+            0x4000 as *mut f32,
+            0x9000 as *mut std::ffi::c_void,
+            scratch,
+            std::ptr::null_mut(),
+            &mut how,
+        )
+    };
+    assert_eq!(plain, KtStatus::InvalidArgument);
+    // SAFETY: the library's own NUL-terminated message.
+    let msg = unsafe { CStr::from_ptr(kerntune::capi::kt_last_error()) };
+    assert!(
+        msg.to_str().unwrap().contains("kt_gpu_gemm_scaled"),
+        "{msg:?}"
+    );
+    assert_eq!(call(3, 1, &mut how), KtStatus::InvalidArgument);
+    // SAFETY: as above.
+    let msg = unsafe { CStr::from_ptr(kerntune::capi::kt_last_error()) };
+    assert!(msg.to_str().unwrap().contains("a_scales"), "{msg:?}");
+    assert_eq!(launched.lock().unwrap().len(), before);
+    // SAFETY: a live handle, freed once.
+    unsafe { kt_gpu_free(handle) };
 }
 
 /// Sets `problem`'s stored winner to `config` behind the runtime's back, as another tuner

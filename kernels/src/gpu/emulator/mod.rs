@@ -28,7 +28,7 @@ use libloading::Library;
 use rayon::prelude::*;
 
 use super::compiler_io::{first_errors, run_with_input};
-use super::launch::{input_alignment, launches, partial_floats, DevicePtrs};
+use super::launch::{input_alignment, launches, partial_floats, DevicePtrs, GemmScalePtrs};
 use super::source::body_of;
 use super::KernelBuild;
 use crate::data::ProblemData;
@@ -115,11 +115,12 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
     };
     let small = match (problem, config) {
         (Problem::Gemm(p), Config::GpuGemm(c)) => {
-            // Builds that copy or load rows in 16-byte pieces (8 values, 4 of f32): their
-            // ragged part stays a multiple of 8 (the original sizes are, or the config would
-            // not be valid for them).
+            // Builds that copy or load rows in 16-byte pieces (8 values, 4 of f32, 16 of fp8):
+            // their ragged part stays a multiple of a piece (the original sizes are, or the
+            // config would not be valid for them).
+            let piece = (16 / p.dtype.size()).max(8);
             let pieces = input_alignment(problem, config) == 16;
-            let (dn, dk) = if pieces { (8, 8) } else { (3, 5) };
+            let (dn, dk) = if pieces { (piece, piece) } else { (3, 5) };
             GemmProblem::new(
                 p.m.min(c.bm + 1),
                 p.n.min(c.bn + dn),
@@ -492,6 +493,8 @@ impl Emulator {
         let mut lens = Guarded::words(&data.context_lens);
         let mut sinks = Guarded::floats_input(&data.sinks);
         let mut slopes = Guarded::floats_input(&data.slopes);
+        let mut a_scales = Guarded::floats_input(&data.a_scales);
+        let mut b_scales = Guarded::floats_input(&data.b_scales);
         let mut out = Guarded::output(data.out.len());
         let mut partials = partial_floats(problem, config).map(Guarded::output);
         let mut ptrs = DevicePtrs {
@@ -509,6 +512,12 @@ impl Emulator {
                 0
             } else {
                 slopes.addr()
+            },
+            gemm_scales: GemmScalePtrs {
+                a: a_scales.addr(),
+                a_len: data.a_scales.len(),
+                b: b_scales.addr(),
+                b_len: data.b_scales.len(),
             },
             ..DevicePtrs::default()
         };

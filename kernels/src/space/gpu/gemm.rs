@@ -29,7 +29,7 @@ const WGMMA_MAX_ACCUMULATORS: usize = 128;
 const SKINNY_MAX_ACCUMULATORS: usize = 32;
 
 /// A matrix-core GEMM variant's first two rules: the model has its `instructions`, and the
-/// inputs are 16-bit.
+/// inputs are 16-bit, or fp8 staged as f16 (one-stage MFMA and mma; `validate`).
 fn matrix_cores(
     g: &GpuModel,
     p: &GemmProblem,
@@ -46,7 +46,7 @@ fn matrix_cores(
     if p.dtype == DType::F32 {
         return Err(invalid(
             Family::Gemm,
-            format!("the {variant} variant takes f16 or bf16 inputs"),
+            format!("the {variant} variant takes f16, bf16 or fp8 inputs"),
         ));
     }
     Ok(())
@@ -80,12 +80,14 @@ pub(super) fn validate(
     g: &GpuModel,
 ) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    if p.fp8().is_some() {
+    // fp8 bytes are widened as they are staged, one tile at a time: the pipelined copies move
+    // bytes as they lie, which the matrix cores' f16 steps cannot read.
+    if p.fp8().is_some() && (c.stages > 1 || c.variant == GpuGemmVariant::Wgmma) {
         return Err(invalid(
             f,
             format!(
-                "the GPU GEMM kernels take f32, f16 or bf16 inputs; {} (W8A8) GEMMs run on the CPU backend so far",
-                p.dtype
+                "{} (W8A8) GEMMs take the tiled and skinny variants and the MFMA and mma ones at stages = 1 (not {}, stages = {})",
+                p.dtype, c.variant, c.stages
             ),
         ));
     }
@@ -93,11 +95,15 @@ pub(super) fn validate(
     // wgmma's N need not be a power of two: its columns follow their own rule
     // (validate_wgmma), so that one of its tiles can divide the problem's N evenly.
     let columns = |v: usize| pow2(v) || (c.variant == GpuGemmVariant::Wgmma && v <= 512);
-    if !(pow2(c.bm) && columns(c.bn) && pow2(c.bk) && pow2(c.tm) && columns(c.tn)) {
+    // The skinny variant's k tile is 16-byte steps of 32 lanes: two of them are 1024 fp8 values.
+    let depth = |v: usize| {
+        pow2(v) || (c.variant == GpuGemmVariant::Skinny && v.is_power_of_two() && v <= 1024)
+    };
+    if !(pow2(c.bm) && columns(c.bn) && depth(c.bk) && pow2(c.tm) && columns(c.tn)) {
         return Err(invalid(
             f,
             format!(
-                "tile {}x{}x{} / {}x{}: every size must be a power of two up to 512 (wgmma: bn and tn as its tiles allow)",
+                "tile {}x{}x{} / {}x{}: every size must be a power of two up to 512 (wgmma: bn and tn as its tiles allow; skinny: bk up to 1024)",
                 c.bm, c.bn, c.bk, c.tm, c.tn
             ),
         ));
@@ -690,6 +696,7 @@ pub(super) fn default() -> GpuGemmConfig {
 /// where the model has them for 16-bit inputs, split-K for decode shapes, and on NVIDIA the
 /// skinny kernel for decode of up to 8 rows.
 pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
+    // fp8 included: the matrix cores multiply its readings as f16.
     let sixteen_bit = p.dtype != DType::F32;
     let mma = gpu.is_some_and(|g| has_mma(g) && sixteen_bit);
     let mfma = gpu.is_some_and(|g| has_mfma(g) && sixteen_bit);
@@ -718,12 +725,19 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
             split_k: split,
             ..guess
         }
-    } else if mma && pipelines(p) {
-        // Tensor cores for decode: one warp high, four stages of 32 streaming the weights,
-        // split-K until every SM has two blocks.
+    } else if mma && (pipelines(p) || p.fp8().is_some()) {
+        // Tensor cores for decode: one warp high, four stages of 32 streaming the weights
+        // (fp8: one, widened as staged), split-K until every SM has two blocks.
         let bm = decode_rows(p.m);
         let split = gpu.map_or(1, |g| decode_split(p, bm, 64, g));
-        GpuGemmConfig::tile(GpuGemmVariant::Mma, (bm, 64, 32), (bm / 16, 2), 4, split)
+        let stages = if pipelines(p) { 4 } else { 1 };
+        GpuGemmConfig::tile(
+            GpuGemmVariant::Mma,
+            (bm, 64, 32),
+            (bm / 16, 2),
+            stages,
+            split,
+        )
     } else if mfma && p.m >= 64 {
         // 16-byte loads of the next k tile in flight over this one's products where the
         // shape allows them; element loads, one tile at a time, elsewhere.
@@ -762,10 +776,13 @@ const SKINNY_MAX_ROWS: usize = 16;
 /// Rows of A up to which the skinny candidates come first.
 const SKINNY_FIRST_ROWS: usize = 8;
 
-/// Whether the pipelined mma variant's 16-byte copies apply: rows of A and B (k, and n for a
-/// K×N B) multiples of 8 elements.
+/// Whether the pipelined mma variant's 16-byte copies apply: 16-bit inputs (fp8 bytes are
+/// widened as they are staged), rows of A and B (k, and n for a K×N B) multiples of 8
+/// elements.
 fn pipelines(p: &GemmProblem) -> bool {
-    p.k.is_multiple_of(8) && (p.b_layout == BLayout::Nk || p.n.is_multiple_of(8))
+    p.fp8().is_none()
+        && p.k.is_multiple_of(8)
+        && (p.b_layout == BLayout::Nk || p.n.is_multiple_of(8))
 }
 
 /// Rows of a decode tile for `m` rows: 16, 32 or 64, one warp high.
@@ -840,6 +857,42 @@ mod tests {
             };
             let h = heuristic(&gemm(spec), Some(g));
             assert_ne!(h.variant, GpuGemmVariant::Skinny, "{model} {spec}: {h}");
+        }
+    }
+
+    /// fp8 GEMMs (W8A8) take the tiled and skinny variants and the one-stage matrix-core
+    /// tiles, which widen the bytes as they stage them; the guesses follow the 16-bit ones
+    /// with one stage, the skinny steps twice as many values (16 bytes a lane each).
+    #[test]
+    fn fp8_gemms_take_the_variants_that_widen_their_bytes() {
+        use super::validate;
+        assert_eq!(
+            guess("h200", "gemm:m=1,n=1280,k=8192,dtype=fp8_e4m3"),
+            "gpu skinny 1x16x1024 tile 1x4 split-k=4"
+        );
+        assert_eq!(
+            guess("h200", "gemm:m=32,n=1280,k=8192,dtype=fp8_e4m3"),
+            "gpu mma 32x64x32 tile 2x2 split-k=16"
+        );
+        assert_eq!(
+            guess("h200", "gemm:m=2048,n=7168,k=8192,dtype=fp8_e5m2"),
+            "gpu mma 128x128x32 tile 4x4"
+        );
+        assert_eq!(
+            guess("mi300x", "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz"),
+            "gpu mfma 128x128x32 tile 2x2"
+        );
+        let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
+            unreachable!()
+        };
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3,b=nk");
+        for c in candidates(&p, g) {
+            assert!(c.stages == 1 && c.variant != GpuGemmVariant::Wgmma, "{c:?}");
+        }
+        let bf16 = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk");
+        for c in candidates(&bf16, g).into_iter().filter(|c| c.stages > 1) {
+            let e = validate(&c, &p, g).unwrap_err().to_string();
+            assert!(e.contains("stages = 1"), "{e}");
         }
     }
 

@@ -356,6 +356,8 @@ mod tests {
                 "gemm:m=48,n=1280,k=8192,dtype=f16",
                 "gemm:m=2048,n=7168,k=8192,dtype=bf16",
                 "gemm:m=17,n=130,k=256,dtype=f16,b=kn",
+                "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz",
                 "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
                 "flash:q_len=65,q_heads=4,kv_heads=2,head_dim=80,dtype=f16,causal=false",
                 "paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
