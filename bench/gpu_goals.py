@@ -150,6 +150,15 @@ def main():
                     f"  {problem}: tuned vs SDPA's fastest backend ({fastest}) "
                     f"{sdpa['us'][fastest] * 1e3 / best:.2f}x"
                 )
+    # An FP8 checkpoint's GEMM beside the same shape in bf16 (information, no goal): what
+    # reading half the weight bytes bought.
+    for problem, m in merged.items():
+        if "dtype=fp8_" not in problem or m["best_ns"] is None:
+            continue
+        fmt = problem.split("dtype=")[1].split(",")[0]
+        bf16 = merged.get(problem.replace(f"dtype={fmt}", "dtype=bf16"))
+        if bf16 is not None and bf16["best_ns"] is not None:
+            print(f"  {problem}: tuned fp8 vs tuned bf16 {bf16['best_ns'] / m['best_ns']:.2f}x")
     print(f"{missed} goals missed")
     return 1 if missed else 0
 

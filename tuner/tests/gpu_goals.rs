@@ -100,7 +100,26 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         ],
     );
     std::fs::write(d.join("gpu-check-gemm-wgmma.json"), format!("[{wgmma}]")).unwrap();
-    std::fs::write(d.join("gpu-check-gemm.json"), format!("[{mma}]")).unwrap();
+    // A decode GEMM in bf16 and as an FP8 checkpoint runs it: fp8 has no cuBLAS row, and its
+    // speed over bf16's is shown beside the goals.
+    let decode = "gemm:m=1,n=1280,k=8192,dtype=bf16,b=nk";
+    let bf16_decode = row(
+        decode,
+        100.0,
+        Some(8.0),
+        &[("gpu skinny 1x16x512 tile 1x4 split-k=4", 8.0)],
+    );
+    let fp8_decode = row(
+        &decode.replace("bf16", "fp8_e4m3"),
+        100.0,
+        None,
+        &[("gpu skinny 1x16x1024 tile 1x4 split-k=4", 5.0)],
+    );
+    std::fs::write(
+        d.join("gpu-check-gemm.json"),
+        format!("[{mma}, {bf16_decode}, {fp8_decode}]"),
+    )
+    .unwrap();
     std::fs::write(d.join("gpu-check-flash.json"), format!("[{flash}]")).unwrap();
     // Paged attention's forms: a thread a token, groups of lanes, several heads a block on
     // CUDA cores, and on tensor cores.
@@ -211,6 +230,14 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     assert!(!line("cuBLAS writing f32").contains("goal"), "{out}");
     assert!(
         line(&format!("{PREFILL}: tuned vs default")).contains("5.00x"),
+        "{out}"
+    );
+    assert!(
+        line("dtype=fp8_e4m3,b=nk: tuned fp8 vs tuned bf16").contains("1.60x"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("dtype=fp8_e4m3,b=nk: tuned vs cuBLAS"),
         "{out}"
     );
     assert!(out.contains("0 goals missed"), "{out}");
