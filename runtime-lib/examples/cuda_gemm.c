@@ -4,7 +4,9 @@
  * checked against a GEMM computed here. Llama-70B TP8's decode GEMM (n = 1280, k = 8192,
  * bf16, B [N, K]) at m = 16 (tuned by scripts/gpu-check.sh: an exact match), m = 5 (a
  * bucket) and m = 100 (the nearest tuned shape), each whose kernel needs scratch first called
- * with a byte too little (refused), then a bad call's error.
+ * with a byte too little (refused), then a bad call's error. Then the same product as an FP8
+ * checkpoint's layer runs it (W8A8, E4M3 bytes, scales per token and per channel in device
+ * memory) through kt_gpu_gemm_scaled() at m = 16, and kt_gpu_gemm() refusing fp8.
  *
  *   cc runtime-lib/examples/cuda_gemm.c -I runtime-lib/include -L DIR -lkerntune -ldl \
  *       -o cuda-gemm
@@ -17,7 +19,8 @@
  * A[i][p] = ((3i + p) % 9 - 4) / 8 and B[j][p] = ((j + 2p) % 7 - 3) / 8 are exact in bf16
  * and every partial sum is a multiple of 1/64 of magnitude at most 1536 (under 2^17 of
  * them, within f32's 24 bits), so any order of summation in f32, split-K included, gives
- * the exact result: the check is equality. */
+ * the exact result: the check is equality. In fp8 the bytes hold 8 A[i][p] and 8 B[j][p],
+ * whole numbers of at most 3 bits, and every scale is 1/8: exact again. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,6 +106,17 @@ static uint16_t bf16(float x) {
     return (uint16_t)(bits >> 16);
 }
 
+/* The E4M3 byte of v, a whole number of at most four significant bits (which E4M3 holds
+ * exactly): sign, exponent biased by 7, three mantissa bits. */
+static uint8_t e4m3(int v) {
+    uint8_t sign = v < 0 ? 0x80 : 0;
+    unsigned a = (unsigned)(v < 0 ? -v : v), e = 0;
+    if (a == 0) return sign;
+    while ((a >> e) > 1) e++;
+    unsigned mantissa = e >= 3 ? (a >> (e - 3)) & 7 : (a << (3 - e)) & 7;
+    return (uint8_t)(sign | ((e + 7) << 3) | mantissa);
+}
+
 static float a_at(size_t i, size_t p) { return (float)((int)((3 * i + p) % 9) - 4) / 8.0f; }
 static float b_at(size_t j, size_t p) { return (float)((int)((j + 2 * p) % 7) - 3) / 8.0f; }
 
@@ -183,6 +197,82 @@ static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, siz
     return short_ran ? -1 : wrong;
 }
 
+/* The product of gemm_on_device() in fp8 through kt_gpu_gemm_scaled(): A and B as E4M3 bytes
+ * of 8 times their values, m and n scales of 1/8 in device memory. Returns the number of
+ * wrong values, or -1 when the library refused a call it should take or took one it should
+ * refuse. */
+static long gemm_fp8_on_device(const KtGpuDispatcher *g, void *stream, size_t m, size_t n,
+                               size_t k) {
+    uint8_t *a = malloc(m * k), *b = malloc(n * k);
+    float *c = malloc(m * n * sizeof *c), *sa = malloc(m * sizeof *sa), *sb = malloc(n * sizeof *sb);
+    if (a == NULL || b == NULL || c == NULL || sa == NULL || sb == NULL) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < m; i++)
+        for (size_t p = 0; p < k; p++) a[i * k + p] = e4m3((int)(8.0f * a_at(i, p)));
+    for (size_t j = 0; j < n; j++)
+        for (size_t p = 0; p < k; p++) b[j * k + p] = e4m3((int)(8.0f * b_at(j, p)));
+    for (size_t i = 0; i < m; i++) sa[i] = 0.125f;
+    for (size_t j = 0; j < n; j++) sb[j] = 0.125f;
+    uint64_t da, db, dc, dsa, dsb, ds = 0;
+    CU(cu.alloc(&da, m * k));
+    CU(cu.alloc(&db, n * k));
+    CU(cu.alloc(&dc, m * n * sizeof *c));
+    CU(cu.alloc(&dsa, m * sizeof *sa));
+    CU(cu.alloc(&dsb, n * sizeof *sb));
+    CU(cu.htod(da, a, m * k));
+    CU(cu.htod(db, b, n * k));
+    CU(cu.htod(dsa, sa, m * sizeof *sa));
+    CU(cu.htod(dsb, sb, n * sizeof *sb));
+    size_t scratch = kt_gpu_gemm_scratch_bytes(g, m, n, k, KT_DTYPE_FP8_E4M3, true);
+    if (scratch > 0) CU(cu.alloc(&ds, scratch));
+    KtMatch how = KT_MATCH_DEFAULT;
+    long wrong = -1;
+    /* Without scales the call is refused: kt_gpu_gemm() has none to give. */
+    KtStatus plain = kt_gpu_gemm(g, m, n, k, KT_DTYPE_FP8_E4M3, true, (const void *)(uintptr_t)da,
+                                 (const void *)(uintptr_t)db, (float *)(uintptr_t)dc,
+                                 (void *)(uintptr_t)ds, scratch, stream, &how);
+    printf("fp8 gemm through kt_gpu_gemm: status %d: %s\n", (int)plain, kt_last_error());
+    KtStatus st = kt_gpu_gemm_scaled(
+        g, m, n, k, KT_DTYPE_FP8_E4M3, true, (const void *)(uintptr_t)da,
+        (const float *)(uintptr_t)dsa, m, (const void *)(uintptr_t)db,
+        (const float *)(uintptr_t)dsb, n, (float *)(uintptr_t)dc, (void *)(uintptr_t)ds,
+        scratch, stream, &how);
+    if (st != KT_STATUS_OK) {
+        printf("fp8 gemm m=%zu n=%zu k=%zu: status %d: %s\n", m, n, k, (int)st, kt_last_error());
+    } else {
+        CU(cu.stream_sync(stream));
+        CU(cu.dtoh(c, dc, m * n * sizeof *c));
+        wrong = 0;
+        double worst = 0.0;
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < n; j++) {
+                double want = 0.0;
+                for (size_t p = 0; p < k; p++) want += (double)a_at(i, p) * b_at(j, p);
+                double off = c[i * n + j] - want;
+                if (off < 0) off = -off;
+                if (off > worst) worst = off;
+                if (off != 0.0) wrong++;
+            }
+        printf("fp8 gemm m=%zu n=%zu k=%zu (kt_gpu_gemm_scaled): match=%s, scratch %zu bytes, "
+               "%ld of %zu values wrong (largest error %g)\n",
+               m, n, k, match_name(how), scratch, wrong, m * n, worst);
+    }
+    if (ds != 0) CU(cu.free(ds));
+    CU(cu.free(dsb));
+    CU(cu.free(dsa));
+    CU(cu.free(dc));
+    CU(cu.free(db));
+    CU(cu.free(da));
+    free(sb);
+    free(sa);
+    free(c);
+    free(b);
+    free(a);
+    return plain == KT_STATUS_INVALID_ARGUMENT ? wrong : -1;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s DB DEVICE (a database `tune --device DEVICE` wrote)\n",
@@ -241,6 +331,7 @@ int main(int argc, char **argv) {
                (unsigned long long)held.builds, (unsigned long long)held.resident,
                (unsigned long long)held.missing, (unsigned long long)held.failed);
     }
+    if (gemm_fp8_on_device(g, stream, 16, 1280, 8192) != 0) failed = 1;
     /* A bad call is an error naming the input, not a crash. */
     KtStatus st = kt_gpu_gemm(g, 0, 1280, 8192, KT_DTYPE_BF16, true, NULL, NULL, NULL, NULL,
                               0, stream, NULL);
