@@ -758,6 +758,45 @@ inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&
     for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
+// The value of an fp8 byte (KT_DTYPE 4: E5M2, else OCP E4M3): its f16 reading times the
+// format's factor, exact.
+inline float fp8_f32(unsigned x) {
+#if KT_DTYPE == 4
+    return f16_f32((unsigned short)(x << 8));
+#else
+    return f16_f32((unsigned short)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8))) * 256.0f;
+#endif
+}
+
+// mma.sync.aligned.m16n8k32 on fp8 bytes: d += A·B over a 32-wide warp, A 16×32 and B 32×8
+// of four bytes a register, laid out as m16n8k16's 16-bit values two bytes to a value.
+inline void mma_16x8x32_fp8(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2]) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("an mma.sync in a warp the block does not fill");
+    for (int r = 0; r < 4; ++r) b.xa[me][r] = a[r];
+    for (int r = 0; r < 2; ++r) b.xb[me][r] = bv[r];
+    wait(kMma);
+    const int lane = me - base, g = lane / 4, t = lane % 4;
+    float av[2][32], bvals[2][32];
+    for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 32; ++k) {
+            const int row = g + 8 * h, col = 2 * t + h;
+            const int a_lane = 4 * (row % 8) + (k % 16) / 4, a_reg = row / 8 + 2 * (k / 16);
+            const int b_lane = 4 * col + (k % 16) / 4, b_reg = k / 16;
+            av[h][k] = fp8_f32((b.xa[base + a_lane][a_reg] >> (8 * (k % 4))) & 0xffu);
+            bvals[h][k] = fp8_f32((b.xb[base + b_lane][b_reg] >> (8 * (k % 4))) & 0xffu);
+        }
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        float acc = d[e];
+        for (int k = 0; k < 32; ++k) acc = fmaf(av[e / 2][k], bvals[e % 2][k], acc);
+        out[e] = acc;
+    }
+    wait(kMma);
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
 inline bool aligned16(const void* p) { return ((decltype(sizeof 0))p & 15) == 0; }
 
 // A 16-byte vector load from global memory, which faults on the device when misaligned.

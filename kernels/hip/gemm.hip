@@ -2,12 +2,14 @@
 // as a Linear layer stores its weights (KT_B_NK = 1). Inputs f32, f16 or bf16 (KT_DTYPE),
 // accumulation f32. Grid: (ceil(N / BN), ceil(M / BM)), one block per BM×BN tile of C.
 //
-// fp8 inputs (KT_DTYPE 3 and 4, W8A8: the tiled, skinny, and one-stage MFMA and mma variants)
-// take five more arguments after the sizes, and C is stored scaled (KT_SCALED): element
-// (i, j) times factor · a_scales[i · a_step] · b_scales[j · b_step], each step 0 (one scale
-// for the tensor) or 1 (one for each row of A, column of C), `factor` the square of the
-// readings' (prelude). The matrix-core variants stage the bytes' f16 readings in shared memory
-// and multiply them as f16.
+// fp8 inputs (KT_DTYPE 3 and 4, W8A8: the tiled, skinny, and one-stage MFMA and mma variants,
+// and the pipelined mma one) take five more arguments after the sizes, and C is stored scaled
+// (KT_SCALED): element (i, j) times factor · a_scales[i · a_step] · b_scales[j · b_step],
+// each step 0 (one scale for the tensor) or 1 (one for each row of A, column of C), `factor`
+// the square of the readings' (prelude). The one-stage matrix-core variants stage the bytes'
+// f16 readings in shared memory and multiply them as f16; the pipelined mma tiles copy the
+// bytes as they lie and multiply them by mma.sync m16n8k32 (sm_89 and later, OCP E4M3 or
+// E5M2), whose products are the values themselves (no factor).
 //
 // KT_VARIANT 0, tiled: each thread owns a TM×TN register tile; A and B tiles of depth BK are
 //   staged in LDS as f32 (widened once on load), A transposed so a thread's TM values of one
@@ -58,15 +60,20 @@
 #if KT_STAGES != 1 && KT_VARIANT == 0
 #error "the tiled variant does not pipeline its k tiles: KT_STAGES must be 1"
 #endif
-#if KT_FP8_IN && (KT_STAGES != 1 || KT_VARIANT == 3)
-#error "fp8 inputs take the tiled, skinny, or one-stage MFMA and mma variants"
+#if KT_FP8_IN && (KT_VARIANT == 3 || (KT_STAGES != 1 && !(KT_VARIANT == 2 && KT_B_NK)))
+#error "fp8 inputs take the tiled, skinny, MFMA (one stage) and mma (pipelined: B [N, K]) variants"
 #endif
 
 #if KT_FP8_IN
 #define KT_SCALE_PARAMS                                                                      \
     , const float* __restrict__ a_scales, int a_step, const float* __restrict__ b_scales,    \
         int b_step, float factor
+#if KT_VARIANT == 2 && KT_STAGES > 1
+// The pipelined mma tiles multiply the bytes' values themselves: no readings' factor.
+#define KT_ROW_SCALE(row) (a_scales[(row) * a_step])
+#else
 #define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])
+#endif
 #define KT_COL_SCALE(col) (b_scales[(col) * b_step])
 #else
 #define KT_SCALE_PARAMS
@@ -349,14 +356,23 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_TN % 2 != 0
 #error "the pipelined mma variant reads the B fragments of two n tiles at once: KT_TN must be even"
 #endif
-// A [stage][BM][BK + 8]; B [stage][BN][BK + 8] (N×K) or [stage][BK][BN + 8] (K×N), in
-// dynamic shared memory of KT_DYN_LDS bytes (the launch passes the same). The 8 halves of
+// The tiles' depth in 16-bit words: fp8 bytes go two to a word, laid out (and copied, and
+// read by ldmatrix) as 16-bit values of half the depth, which is where m16n8k32 wants them.
+#if KT_FP8_IN
+#define KT_BKW (KT_BK / 2)
+#define KT_MMA_STEP kt_mma_k32
+#else
+#define KT_BKW KT_BK
+#define KT_MMA_STEP kt_mma
+#endif
+// A [stage][BM][BKW + 8]; B [stage][BN][BKW + 8] (N×K) or [stage][BK][BN + 8] (K×N), in
+// dynamic shared memory of KT_DYN_LDS bytes (the launch passes the same). The 8 words of
 // padding put the 8 rows of one ldmatrix on distinct banks and keep every row 16-byte aligned
 // for cp.async.
-#define KT_LDA (KT_BK + 8)
+#define KT_LDA (KT_BKW + 8)
 #if KT_B_NK
 #define KT_B_ROWS KT_BN
-#define KT_LDB (KT_BK + 8)
+#define KT_LDB (KT_BKW + 8)
 #else
 #define KT_B_ROWS KT_BK
 #define KT_LDB (KT_BN + 8)
@@ -448,38 +464,44 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         KT_SYNC();
     }
 #else
+    // The operands as 16-bit words (fp8: two bytes each; k and the split's range, multiples
+    // of 16 bytes, in words too).
+    const unsigned short* const aw = reinterpret_cast<const unsigned short*>(a);
+    const unsigned short* const bw = reinterpret_cast<const unsigned short*>(b);
+    const int kw = k * (int)sizeof(kt_in) / 2, kbw = kb * (int)sizeof(kt_in) / 2;
+    const int kew = ke * (int)sizeof(kt_in) / 2;
     // Copies the k tile at k0 into stage st, 16 bytes a copy, each an offset from the stage's
     // tiles' shared addresses; chunks outside the matrix or this split's k range are
     // zero-filled (a row of 8 lies wholly inside or outside, as k, and n for a K×N B, are
     // multiples of 8).
     auto load = [&](int st, int k0) {
         const unsigned a_to = kt_smem(&as[st][0][0]), b_to = kt_smem(&bs[st][0][0]);
-        for (int i = tid; i < KT_BM * (KT_BK / 8); i += KT_THREADS) {
-            const int r = i / (KT_BK / 8), ch = 8 * (i % (KT_BK / 8));
+        for (int i = tid; i < KT_BM * (KT_BKW / 8); i += KT_THREADS) {
+            const int r = i / (KT_BKW / 8), ch = 8 * (i % (KT_BKW / 8));
             const int gr = row0 + r, gk = k0 + ch;
-            const bool in = gr < m && gk < ke;
-            kt_cp_async16_at(a_to + 2 * (r * KT_LDA + ch), in ? a + ((long)gr * k + gk) : a,
-                             in ? 16 : 0);
+            const bool in = gr < m && gk < kew;
+            kt_cp_async16_at(a_to + 2 * (r * KT_LDA + ch),
+                             in ? aw + ((long)gr * kw + gk) : aw, in ? 16 : 0);
         }
 #if KT_B_NK
-        for (int i = tid; i < KT_BN * (KT_BK / 8); i += KT_THREADS) {
-            const int r = i / (KT_BK / 8), ch = 8 * (i % (KT_BK / 8));
+        for (int i = tid; i < KT_BN * (KT_BKW / 8); i += KT_THREADS) {
+            const int r = i / (KT_BKW / 8), ch = 8 * (i % (KT_BKW / 8));
             const int gc = col0 + r, gk = k0 + ch;
-            const bool in = gc < n && gk < ke;
-            kt_cp_async16_at(b_to + 2 * (r * KT_LDB + ch), in ? b + ((long)gc * k + gk) : b,
-                             in ? 16 : 0);
+            const bool in = gc < n && gk < kew;
+            kt_cp_async16_at(b_to + 2 * (r * KT_LDB + ch),
+                             in ? bw + ((long)gc * kw + gk) : bw, in ? 16 : 0);
         }
 #else
-        for (int i = tid; i < KT_BK * (KT_BN / 8); i += KT_THREADS) {
+        for (int i = tid; i < KT_BKW * (KT_BN / 8); i += KT_THREADS) {
             const int r = i / (KT_BN / 8), ch = 8 * (i % (KT_BN / 8));
             const int gk = k0 + r, gc = col0 + ch;
-            const bool in = gk < ke && gc < n;
-            kt_cp_async16_at(b_to + 2 * (r * KT_LDB + ch), in ? b + ((long)gk * n + gc) : b,
-                             in ? 16 : 0);
+            const bool in = gk < kew && gc < n;
+            kt_cp_async16_at(b_to + 2 * (r * KT_LDB + ch),
+                             in ? bw + ((long)gk * n + gc) : bw, in ? 16 : 0);
         }
 #endif
     };
-    const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
+    const int tiles = kew > kbw ? (kew - kbw + KT_BKW - 1) / KT_BKW : 0;
     // This lane's ldmatrix row addresses in stage 0's A and B tiles; a fragment's is a
     // constant past them, plus its stage's offset (kt_ldmatrix_x4_at).
     const unsigned a_at = kt_smem(&as[0][wm + lane % 16][8 * (lane / 16)]);
@@ -492,7 +514,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     // groups past the end keep the count that the waits rely on).
 #pragma unroll
     for (int st = 0; st < KT_STAGES - 1; ++st) {
-        if (st < tiles) load(st, kb + st * KT_BK);
+        if (st < tiles) load(st, kbw + st * KT_BKW);
         kt_cp_async_commit();
     }
     for (int tile = 0; tile < tiles; ++tile) {
@@ -501,13 +523,13 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_cp_async_wait<KT_STAGES - 2>();
         KT_SYNC();
         const int next = tile + KT_STAGES - 1;
-        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK);
+        if (next < tiles) load(next % KT_STAGES, kbw + next * KT_BKW);
         kt_cp_async_commit();
         const int st = tile % KT_STAGES;
         const unsigned a_st = a_at + 2 * st * KT_BM * KT_LDA;
         const unsigned b_st = b_at + 2 * st * KT_B_ROWS * KT_LDB;
 #pragma unroll
-        for (int kk = 0; kk < KT_BK; kk += 16) {
+        for (int kk = 0; kk < KT_BKW; kk += 16) {
             // Lanes 8q .. 8q + 7 address the rows of 8×8 matrix q. A: matrices (rows 0-7,
             // k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are fragment registers 0-3.
             // B: (n 0-7, k 0-7), (0-7, 8-15) of tile 2jj, then the same of tile 2jj + 1.
@@ -532,7 +554,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
 #pragma unroll
-                for (int j = 0; j < KT_TN; ++j) kt_mma(acc[i][j], af[i], bf[j]);
+                for (int j = 0; j < KT_TN; ++j) KT_MMA_STEP(acc[i][j], af[i], bf[j]);
         }
     }
 #endif

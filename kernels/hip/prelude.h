@@ -543,6 +543,29 @@ KT_DEVICE void kt_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
+
+#if KT_FP8_IN && KT_STAGES > 1
+// d += a · b for one mma.sync.aligned.m16n8k32 step on fp8 bytes themselves (sm_89 and
+// later; OCP E4M3 or E5M2): a: 4 registers of four bytes, b: 2. A lane's bytes sit where
+// m16n8k16's 16-bit values do, two to a value (bytes 4t to 4t + 3 of its rows or column,
+// then 16 further), so the 16-bit tiles' copies and ldmatrix fragments serve unchanged.
+KT_DEVICE void kt_mma_k32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if defined(KT_HOST)
+    kt_host::mma_16x8x32_fp8(d, a, b);
+#else
+#if KT_DTYPE == 4
+#define KT_MMA_FP8 "e5m2"
+#else
+#define KT_MMA_FP8 "e4m3"
+#endif
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32." KT_MMA_FP8 "." KT_MMA_FP8 ".f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#endif
 #endif
 
 #if defined(KT_WGMMA) && KT_DTYPE != 0

@@ -150,6 +150,9 @@ const GEMM_E4M3_NK: &str = "gemm:m=37,n=100,k=61,dtype=fp8_e4m3,b=nk";
 const GEMM_E5M2_KN: &str = "gemm:m=1,n=97,k=7,dtype=fp8_e5m2,b=kn";
 const GEMM_E4M3_NK_DECODE: &str = "gemm:m=5,n=61,k=1040,dtype=fp8_e4m3,b=nk";
 const GEMM_FNUZ_NK: &str = "gemm:m=37,n=100,k=61,dtype=fp8_e4m3fnuz,b=nk";
+// The pipelined mma tiles on the bytes themselves (m16n8k32): k of whole 16-byte copies but of
+// no k tile, rows and columns of no tile.
+const GEMM_E5M2_NK_PIPELINED: &str = "gemm:m=67,n=130,k=80,dtype=fp8_e5m2,b=nk";
 const GEMM_FNUZ_NK_DECODE: &str = "gemm:m=3,n=40,k=528,dtype=fp8_e4m3fnuz,b=nk";
 // Flash: causal with fewer queries than keys (aligned to the end), GQA, a batch of two, a
 // head size that is not a power of two, one query row.
@@ -197,7 +200,12 @@ fn fp8_gemm_candidates_match_the_reference() {
         ["Mma", "Skinny", "Tiled"]
     );
     assert_eq!(variants("mi300x", GEMM_FNUZ_NK), ["Mfma", "Tiled"]);
-    for spec in [GEMM_E4M3_NK, GEMM_E5M2_KN, GEMM_E4M3_NK_DECODE] {
+    for spec in [
+        GEMM_E4M3_NK,
+        GEMM_E5M2_KN,
+        GEMM_E4M3_NK_DECODE,
+        GEMM_E5M2_NK_PIPELINED,
+    ] {
         every_candidate("h200", spec, None);
     }
     for spec in [GEMM_FNUZ_NK, GEMM_FNUZ_NK_DECODE] {
@@ -1242,8 +1250,8 @@ fn a_write_past_the_output_is_an_error() {
     // Without its column check the last row's tile writes past C's end (M is a multiple of
     // the tile, N is not).
     let body = gemm_with(
-        "            if (gc < n) c[(long)gr * n + gc] = acc[i][j];",
-        "            c[(long)gr * n + gc] = acc[i][j];",
+        "            if (gc < n) c[(long)gr * n + gc] = acc[i][j] * (row_scale * col_scale[j]);",
+        "            c[(long)gr * n + gc] = acc[i][j] * (row_scale * col_scale[j]);",
     );
     let (device, emu) = emulator("h200");
     let problem: Problem = "gemm:m=64,n=100,k=7,dtype=f32".parse().unwrap();
@@ -2814,5 +2822,41 @@ fn each_fp8_gemm_variant_scales_what_it_stores() {
                 tol,
             );
         }
+    }
+    // The pipelined mma tiles multiply the bytes themselves (m16n8k32): their products are the
+    // values, so the readings' factor applied there shows as much as one left out elsewhere.
+    let spec = "gemm:m=67,n=130,k=80,dtype=fp8_e4m3,b=nk";
+    let tol = spec.parse::<Problem>().unwrap().tolerance();
+    let config = GpuGemmConfig::tile(GpuGemmVariant::Mma, (64, 64, 64), (2, 2), 3, 2);
+    for per_tensor in [false, true] {
+        let ok = fp8_gemm_error("h200", spec, config, source, per_tensor).unwrap();
+        assert!(
+            ok <= tol,
+            "{spec} pipelined, per tensor {per_tensor}: {ok:e}"
+        );
+    }
+    let native = "#define KT_ROW_SCALE(row) (a_scales[(row) * a_step])";
+    for (mistake, from, to) in [
+        (
+            "the readings' factor applied",
+            native,
+            "#define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])",
+        ),
+        (
+            "one scale for every row of A",
+            native,
+            "#define KT_ROW_SCALE(row) (a_scales[0])",
+        ),
+        (
+            "rows strided in bytes, not words",
+            "const int kw = k * (int)sizeof(kt_in) / 2, kbw",
+            "const int kw = k, kbw",
+        ),
+    ] {
+        caught(
+            &format!("{spec} pipelined: {mistake}"),
+            fp8_gemm_error("h200", spec, config, &gemm_with(from, to), false),
+            tol,
+        );
     }
 }

@@ -670,17 +670,13 @@ fn alibi_builds_compile_for_sm90a_without_spills() {
     attention_builds_compile_without_spills(&nvrtc, &specs, "alibi=true", "KT_ALIBI");
 }
 
-/// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an
-/// E4M3 cache for sm_90a, none spilling; the grouped candidates of an E5M2 cache under f16
-/// queries (head size 64, 4 KV heads) for sm_80 and sm_90, reading their cache rows in
-/// 8-byte pieces.
 /// fp8 (W8A8) GEMMs of Llama-3.1-70B at TP8: every skinny candidate of a decode step (the
-/// weights' bytes in 16-byte loads) and the one-stage mma tiles of a prefill, 32 of k deep
-/// (the others differ from them in k depth only), the heuristic among them, multiplying the
-/// bytes' readings as f16.
+/// weights' bytes in 16-byte loads); the pipelined mma tiles of a prefill for sm_90, 128 bytes
+/// of k deep (the others differ from them in depth only) and the heuristic, multiplying the
+/// bytes by m16n8k32; and the A100's one-stage tiles 32 deep, which widen the bytes to f16.
 #[test]
-fn fp8_gemm_builds_compile_for_sm90() {
-    let Some(nvrtc) = compiler("fp8_gemm_builds_compile_for_sm90") else {
+fn fp8_gemm_builds_compile_for_sm80_and_sm90() {
+    let Some(nvrtc) = compiler("fp8_gemm_builds_compile_for_sm80_and_sm90") else {
         return;
     };
     let decode: Problem = "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3,b=nk"
@@ -696,22 +692,42 @@ fn fp8_gemm_builds_compile_for_sm90() {
     let prefill: Problem = "gemm:m=2048,n=1280,k=8192,dtype=fp8_e5m2,b=nk"
         .parse()
         .unwrap();
-    let mma = candidates_where(
+    let heuristic = GpuSpace.heuristic(&prefill, &Device::lookup("h200").unwrap());
+    let native = candidates_where(
         "h200",
         &prefill,
-        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma && c.bk == 32),
+        |c| matches!(c, Config::GpuGemm(g) if g.variant == GpuGemmVariant::Mma && (g.bk == 128 || *c == heuristic)),
     );
-    assert_eq!(mma.len(), 19, "{mma:?}");
+    assert_eq!(native.len(), 19, "{native:?}");
     check_candidates(
         &nvrtc,
         "h200",
         &prefill,
-        &mma,
+        &native,
+        "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
+    );
+    let a100: Problem = "gemm:m=2048,n=1280,k=8192,dtype=fp8_e4m3,b=nk"
+        .parse()
+        .unwrap();
+    let widened = candidates_where(
+        "a100",
+        &a100,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma && c.bk == 32),
+    );
+    assert_eq!(widened.len(), 19, "{widened:?}");
+    check_candidates(
+        &nvrtc,
+        "a100",
+        &a100,
+        &widened,
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
     );
-    assert!(mma.contains(&GpuSpace.heuristic(&prefill, &Device::lookup("h200").unwrap())));
 }
 
+/// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an
+/// E4M3 cache for sm_90a, none spilling; the grouped candidates of an E5M2 cache under f16
+/// queries (head size 64, 4 KV heads) for sm_80 and sm_90, reading their cache rows in
+/// 8-byte pieces.
 #[test]
 fn fp8_cache_builds_compile_without_spills() {
     let Some(nvrtc) = compiler("fp8_cache_builds_compile_without_spills") else {

@@ -9,7 +9,7 @@ use crate::device::GpuModel;
 use crate::problem::GemmProblem;
 use crate::{BLayout, DType, Family, KernelError};
 
-use super::{check_threads, has_mfma, has_mma, has_wgmma, invalid, vec_of};
+use super::{check_threads, has_fp8_mma, has_mfma, has_mma, has_wgmma, invalid, vec_of};
 
 /// Blocks that may share the k range of one GEMM tile (split-K).
 pub const GPU_MAX_SPLIT_K: usize = 16;
@@ -80,16 +80,8 @@ pub(super) fn validate(
     g: &GpuModel,
 ) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    // fp8 bytes are widened as they are staged, one tile at a time: the pipelined copies move
-    // bytes as they lie, which the matrix cores' f16 steps cannot read.
-    if p.fp8().is_some() && (c.stages > 1 || c.variant == GpuGemmVariant::Wgmma) {
-        return Err(invalid(
-            f,
-            format!(
-                "{} (W8A8) GEMMs take the tiled and skinny variants and the MFMA and mma ones at stages = 1 (not {}, stages = {})",
-                p.dtype, c.variant, c.stages
-            ),
-        ));
+    if p.fp8().is_some() {
+        validate_fp8(c, p, g)?;
     }
     let pow2 = |v: usize| v.is_power_of_two() && v <= 512;
     // wgmma's N need not be a power of two: its columns follow their own rule
@@ -171,8 +163,9 @@ pub(super) fn validate(
                 ),
             ));
         }
-        // 16-byte copies of 8 elements: rows of A and B must start 16-byte aligned.
-        if !pipelines(p) {
+        // 16-byte copies of 8 elements: rows of A and B must start 16-byte aligned (fp8's
+        // rules are its own, above).
+        if !pipelines(p) && p.fp8().is_none() {
             let (dim, v) = if p.k.is_multiple_of(8) {
                 ("n", p.n)
             } else {
@@ -260,6 +253,56 @@ pub(super) fn validate(
         }
     }
     check_threads(f, c.threads(), g)
+}
+
+/// What fp8 GEMMs take: bytes widened to their f16 readings as one-stage tiles stage them,
+/// and on sm_89 and later the pipelined mma tiles, whose copies move the bytes as they lie
+/// into `mma.sync.m16n8k32` on the bytes themselves (OCP E4M3 or E5M2, both operands
+/// k-major, rows of whole 16-byte copies, k tiles of whole 32-byte steps).
+fn validate_fp8(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    let native = c.variant == GpuGemmVariant::Mma && c.stages > 1;
+    if c.variant == GpuGemmVariant::Wgmma || (c.stages > 1 && !native) {
+        return Err(invalid(
+            f,
+            format!(
+                "{} (W8A8) GEMMs take the tiled and skinny variants, the MFMA ones at stages = 1 and the mma ones (not {}, stages = {})",
+                p.dtype, c.variant, c.stages
+            ),
+        ));
+    }
+    if !native {
+        return Ok(());
+    }
+    let why = if !has_fp8_mma(g) {
+        Some(format!(
+            "{} ({}) has no mma.sync on fp8 (sm_89 and later): the mma variant widens {} at stages = 1",
+            g.name, g.arch, p.dtype
+        ))
+    } else if p.fp8() == Some(crate::Fp8::E4m3Fnuz) {
+        Some(
+            "E4M3 FNUZ (MI300X's) is no format of NVIDIA's fp8 instructions: the mma variant widens it at stages = 1"
+                .to_string(),
+        )
+    } else if p.b_layout != BLayout::Nk {
+        Some("the pipelined fp8 mma tiles read B as [N, K] (a Linear layer's weights); a [K, N] B takes stages = 1".to_string())
+    } else if !p.k.is_multiple_of(16) {
+        Some(format!(
+            "the pipelined fp8 mma tiles copy rows in 16-byte pieces: k = {} must be a multiple of 16 (stages = 1 takes any size)",
+            p.k
+        ))
+    } else if !c.bk.is_multiple_of(32) {
+        Some(format!(
+            "the pipelined fp8 mma tiles multiply 32 bytes of k a step: bk = {} must be a multiple of 32",
+            c.bk
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(reason) => Err(invalid(f, reason)),
+        None => Ok(()),
+    }
 }
 
 /// The wgmma variant's own rules: sm_90, 16-bit inputs, B as `[N, K]` (both operands
@@ -469,7 +512,9 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     let splits: &[usize] = if decode { &[1, 2, 4, 8, 16] } else { &[1] };
     if has_mma(g) && p.dtype != DType::F32 {
         let mma = GpuGemmVariant::Mma;
-        if pipelines(p) {
+        // fp8's tiles are as deep in bytes as 16-bit ones are in words: twice the values.
+        let pack = per_word(p);
+        if pipelines(p) || fp8_pipelines(p, g) {
             if decode {
                 let bm = decode_rows(p.m);
                 for &split in splits.iter().rev() {
@@ -477,7 +522,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                         for (bk, stages) in [(32, 4), (64, 3)] {
                             push(GpuGemmConfig::tile(
                                 mma,
-                                (bm, bn, bk),
+                                (bm, bn, bk * pack),
                                 (bm / 16, tn),
                                 stages,
                                 split,
@@ -491,7 +536,7 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             // k in flight. Decode shapes fill 64 rows of which most are padding, with
             // split-K, after the one-warp-high mma tiles.
             let wgmma = GpuGemmVariant::Wgmma;
-            if has_wgmma(g) && p.b_layout == BLayout::Nk {
+            if has_wgmma(g) && p.b_layout == BLayout::Nk && p.fp8().is_none() {
                 for &split in splits.iter().rev().filter(|_| decode) {
                     for bn in [64, 128] {
                         push(GpuGemmConfig::tile(wgmma, (64, bn, 64), (1, bn), 3, split));
@@ -556,13 +601,19 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             // model's per-block limit (validation).
             for (bm, bn) in [(128, 256), (256, 128)] {
                 for (bk, stages) in [(32, 3), (32, 4), (64, 3)] {
-                    push(GpuGemmConfig::tile(mma, (bm, bn, bk), (4, 8), stages, 1));
+                    push(GpuGemmConfig::tile(
+                        mma,
+                        (bm, bn, bk * pack),
+                        (4, 8),
+                        stages,
+                        1,
+                    ));
                 }
             }
             for (bm, bn) in [(128, 128), (128, 64), (64, 128), (64, 64)] {
                 for (bk, stages) in [(32, 3), (32, 4), (64, 3), (32, 2)] {
                     for t in [(4, 4), (4, 2), (2, 4), (2, 2)] {
-                        push(GpuGemmConfig::tile(mma, (bm, bn, bk), t, stages, 1));
+                        push(GpuGemmConfig::tile(mma, (bm, bn, bk * pack), t, stages, 1));
                     }
                 }
             }
@@ -700,7 +751,11 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
     let sixteen_bit = p.dtype != DType::F32;
     let mma = gpu.is_some_and(|g| has_mma(g) && sixteen_bit);
     let mfma = gpu.is_some_and(|g| has_mfma(g) && sixteen_bit);
-    if mma && p.m > 64 && pipelines(p) {
+    // The pipelined tiles, on fp8 bytes where the model multiplies them (as deep in bytes as
+    // 16-bit tiles are in values).
+    let pipelined = pipelines(p) || gpu.is_some_and(|g| fp8_pipelines(p, g));
+    let pack = per_word(p);
+    if mma && p.m > 64 && pipelined {
         // Tensor cores for prefill-sized GEMMs where rows allow 16-byte copies: the largest
         // tile of 8 warps that still gives every SM a block (128×256, 3 stages of 32; then
         // 128×128, 4 stages), else 64×128.
@@ -710,7 +765,13 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
             .into_iter()
             .find(|&(bm, bn, ..)| tiles(bm, bn) >= sms)
             .unwrap_or((64, 128, 2, 4, 4));
-        GpuGemmConfig::tile(GpuGemmVariant::Mma, (bm, bn, 32), (tm, tn), stages, 1)
+        GpuGemmConfig::tile(
+            GpuGemmVariant::Mma,
+            (bm, bn, 32 * pack),
+            (tm, tn),
+            stages,
+            1,
+        )
     } else if mma && p.m > 64 {
         // Rows not of 8 elements: a 128×128 tile over 8 warps, plain loads.
         GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 32), (4, 4), 1, 1)
@@ -725,15 +786,16 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
             split_k: split,
             ..guess
         }
-    } else if mma && (pipelines(p) || p.fp8().is_some()) {
+    } else if mma && (pipelined || p.fp8().is_some()) {
         // Tensor cores for decode: one warp high, four stages of 32 streaming the weights
-        // (fp8: one, widened as staged), split-K until every SM has two blocks.
+        // (fp8 without its mma: one, widened as staged), split-K until every SM has two
+        // blocks.
         let bm = decode_rows(p.m);
         let split = gpu.map_or(1, |g| decode_split(p, bm, 64, g));
-        let stages = if pipelines(p) { 4 } else { 1 };
+        let (bk, stages) = if pipelined { (32 * pack, 4) } else { (32, 1) };
         GpuGemmConfig::tile(
             GpuGemmVariant::Mma,
-            (bm, 64, 32),
+            (bm, 64, bk),
             (bm / 16, 2),
             stages,
             split,
@@ -783,6 +845,19 @@ fn pipelines(p: &GemmProblem) -> bool {
     p.fp8().is_none()
         && p.k.is_multiple_of(8)
         && (p.b_layout == BLayout::Nk || p.n.is_multiple_of(8))
+}
+
+/// Whether the pipelined mma tiles take `p`'s fp8 bytes on `g` (validate_fp8's rules).
+fn fp8_pipelines(p: &GemmProblem, g: &GpuModel) -> bool {
+    has_fp8_mma(g)
+        && matches!(p.fp8(), Some(crate::Fp8::E4m3 | crate::Fp8::E5m2))
+        && p.b_layout == BLayout::Nk
+        && p.k.is_multiple_of(16)
+}
+
+/// Values of `p`'s inputs in one 16-bit word of the pipelined mma tiles: 2 for fp8 bytes.
+fn per_word(p: &GemmProblem) -> usize {
+    2 / p.dtype.size().min(2)
 }
 
 /// Rows of a decode tile for `m` rows: 16, 32 or 64, one warp high.
@@ -860,39 +935,98 @@ mod tests {
         }
     }
 
-    /// fp8 GEMMs (W8A8) take the tiled and skinny variants and the one-stage matrix-core
-    /// tiles, which widen the bytes as they stage them; the guesses follow the 16-bit ones
-    /// with one stage, the skinny steps twice as many values (16 bytes a lane each).
+    /// fp8 GEMMs (W8A8) take the tiled and skinny variants, the one-stage matrix-core tiles
+    /// (which widen the bytes as they stage them) and, from sm_89 on OCP formats with B as
+    /// [N, K], the pipelined mma tiles on the bytes themselves, twice as deep in values as
+    /// the 16-bit ones; never wgmma. The guesses follow the 16-bit ones.
     #[test]
-    fn fp8_gemms_take_the_variants_that_widen_their_bytes() {
+    fn fp8_gemms_take_the_variants_that_read_their_bytes() {
         use super::validate;
-        assert_eq!(
-            guess("h200", "gemm:m=1,n=1280,k=8192,dtype=fp8_e4m3"),
-            "gpu skinny 1x16x1024 tile 1x4 split-k=4"
-        );
-        assert_eq!(
-            guess("h200", "gemm:m=32,n=1280,k=8192,dtype=fp8_e4m3"),
-            "gpu mma 32x64x32 tile 2x2 split-k=16"
-        );
-        assert_eq!(
-            guess("h200", "gemm:m=2048,n=7168,k=8192,dtype=fp8_e5m2"),
-            "gpu mma 128x128x32 tile 4x4"
-        );
-        assert_eq!(
-            guess("mi300x", "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz"),
-            "gpu mfma 128x128x32 tile 2x2"
-        );
-        let Ok(Device::Gpu(g)) = Device::lookup("h200") else {
-            unreachable!()
-        };
-        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3,b=nk");
-        for c in candidates(&p, g) {
-            assert!(c.stages == 1 && c.variant != GpuGemmVariant::Wgmma, "{c:?}");
+        use crate::config::GpuGemmConfig;
+        for (model, spec, want) in [
+            (
+                "h200",
+                "gemm:m=1,n=1280,k=8192,dtype=fp8_e4m3",
+                "gpu skinny 1x16x1024 tile 1x4 split-k=4",
+            ),
+            (
+                "h200",
+                "gemm:m=32,n=1280,k=8192,dtype=fp8_e4m3",
+                "gpu mma 32x64x64 tile 2x2 stages=4 split-k=16",
+            ),
+            (
+                "h200",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e5m2",
+                "gpu mma 128x256x64 tile 4x8 stages=3",
+            ),
+            // No fp8 mma on the A100, nor a format of NVIDIA's in fnuz, nor pipelined copies
+            // of a [K, N] B: one stage, widened.
+            (
+                "a100",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3",
+                "gpu mma 128x128x32 tile 4x4",
+            ),
+            (
+                "h200",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz",
+                "gpu mma 128x128x32 tile 4x4",
+            ),
+            (
+                "h200",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3,b=kn",
+                "gpu mma 128x128x32 tile 4x4",
+            ),
+            (
+                "mi300x",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz",
+                "gpu mfma 128x128x32 tile 2x2",
+            ),
+        ] {
+            assert_eq!(guess(model, spec), want, "{model} {spec}");
         }
-        let bf16 = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk");
-        for c in candidates(&bf16, g).into_iter().filter(|c| c.stages > 1) {
-            let e = validate(&c, &p, g).unwrap_err().to_string();
-            assert!(e.contains("stages = 1"), "{e}");
+        let lookup = |name: &str| match Device::lookup(name) {
+            Ok(Device::Gpu(g)) => g,
+            _ => unreachable!("{name} is a GPU"),
+        };
+        let (h200, a100) = (lookup("h200"), lookup("a100"));
+        let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3,b=nk");
+        let offered = candidates(&p, h200);
+        assert!(offered.iter().any(|c| c.stages > 1));
+        for c in &offered {
+            assert_ne!(c.variant, GpuGemmVariant::Wgmma, "{c:?}");
+            assert!(c.stages == 1 || c.bk.is_multiple_of(64), "{c:?}");
+        }
+        let native = GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1);
+        validate(&native, &p, h200).unwrap();
+        for (config, problem, g, says) in [
+            (native, p, a100, "sm_89"),
+            (
+                native,
+                gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk"),
+                h200,
+                "FNUZ",
+            ),
+            (
+                native,
+                gemm("gemm:m=2048,n=7168,k=8200,dtype=fp8_e4m3,b=nk"),
+                h200,
+                "multiple of 16",
+            ),
+            (
+                GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 16), (4, 4), 3, 1),
+                p,
+                h200,
+                "multiple of 32",
+            ),
+            (
+                GpuGemmConfig::tile(GpuGemmVariant::Wgmma, (128, 128, 64), (1, 128), 3, 1),
+                p,
+                h200,
+                "stages = 1",
+            ),
+        ] {
+            let e = validate(&config, &problem, g).unwrap_err().to_string();
+            assert!(e.contains(says), "{config:?} {problem:?}: {e}");
         }
     }
 

@@ -54,6 +54,15 @@ pub fn has_mma(g: &GpuModel) -> bool {
             .is_some_and(|v| v >= 80)
 }
 
+/// Whether the model has `mma.sync.m16n8k32` on fp8 bytes (E4M3 and E5M2: sm_89 and later).
+pub fn has_fp8_mma(g: &GpuModel) -> bool {
+    g.vendor == Vendor::Nvidia
+        && g.arch
+            .strip_prefix("sm_")
+            .and_then(|v| v.parse::<u32>().ok())
+            .is_some_and(|v| v >= 89)
+}
+
 /// Whether the model has Hopper's warpgroup MMA (`wgmma.mma_async`), which the arch-specific
 /// target sm_90a compiles and only sm_90 devices run.
 pub fn has_wgmma(g: &GpuModel) -> bool {
@@ -175,11 +184,13 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
         (Config::GpuGemm(c), Problem::Gemm(p))
             if c.variant == GpuGemmVariant::Mma && c.stages > 1 =>
         {
+            // Rows of 16-bit words: fp8 bytes two to a word.
+            let depth = c.bk * p.dtype.size() / 2;
             let b = match p.b_layout {
-                BLayout::Kn => c.bk * (c.bn + 8),
-                BLayout::Nk => c.bn * (c.bk + 8),
+                BLayout::Kn => depth * (c.bn + 8),
+                BLayout::Nk => c.bn * (depth + 8),
             };
-            2 * c.stages * (c.bm * (c.bk + 8) + b)
+            2 * c.stages * (c.bm * (depth + 8) + b)
         }
         (Config::GpuGemm(c), Problem::Gemm(_)) if c.variant == GpuGemmVariant::Wgmma => {
             2 * c.stages * (c.bm + c.bn) * c.bk
