@@ -1392,6 +1392,38 @@ inline Acc mfma(frag4 a, frag4 bv, Acc acc) {
     return out;
 }
 inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) { return mfma<32>(a, bv, acc); }
+
+// The value of an E4M3 FNUZ byte (gfx942's fp8: bias 8): its f16 reading times 2^7, exact.
+inline float fnuz_f32(unsigned x) {
+    return f16_f32((unsigned short)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8))) * 128.0f;
+}
+
+// v_mfma_f32_32x32x16_fp8_fp8 on E4M3 FNUZ bytes: lane l passes A row l % 32 and B column
+// l % 32, eight bytes each at k = 8·(l / 32) to 8·(l / 32) + 7 (where 32x32x8 has its four
+// 16-bit values); accumulators as mfma<32>.
+inline f32x16 mfma_32x32x16_fp8(frag4 a, frag4 bv, f32x16 acc) {
+    Block& b = block();
+    const int me = b.current;
+    const int base = wave_base("an MFMA in a wave the block does not fill");
+    __builtin_memcpy(b.xa[me], &a, sizeof a);
+    __builtin_memcpy(b.xb[me], &bv, sizeof bv);
+    wait(kMfma);
+    const int lane = me - base;
+    f32x16 out;
+    for (int e = 0; e < 16; ++e) {
+        const int row = 4 * (lane / 32) + 8 * (e / 4) + e % 4, col = lane % 32;
+        float sum = acc[e];
+        for (int k = 0; k < 16; ++k) {
+            unsigned char x[8], y[8];
+            __builtin_memcpy(x, b.xa[base + 32 * (k / 8) + row], sizeof x);
+            __builtin_memcpy(y, b.xb[base + 32 * (k / 8) + col], sizeof y);
+            sum = fmaf(fnuz_f32(x[k % 8]), fnuz_f32(y[k % 8]), sum);
+        }
+        out[e] = sum;
+    }
+    wait(kMfma);
+    return out;
+}
 inline f32x4 mfma_16x16x16(frag4 a, frag4 bv, f32x4 acc) { return mfma<16>(a, bv, acc); }
 
 }  // namespace kt_host

@@ -60,16 +60,16 @@
 #if KT_STAGES != 1 && KT_VARIANT == 0
 #error "the tiled variant does not pipeline its k tiles: KT_STAGES must be 1"
 #endif
-#if KT_FP8_IN && (KT_VARIANT == 3 || (KT_STAGES != 1 && !(KT_VARIANT == 2 && KT_B_NK)))
-#error "fp8 inputs take the tiled, skinny, MFMA (one stage) and mma (pipelined: B [N, K]) variants"
+#if KT_FP8_IN && (KT_VARIANT == 3 || (KT_STAGES != 1 && !KT_B_NK))
+#error "fp8 inputs take the tiled, skinny, MFMA and mma variants (pipelined: B as [N, K])"
 #endif
 
 #if KT_FP8_IN
 #define KT_SCALE_PARAMS                                                                      \
     , const float* __restrict__ a_scales, int a_step, const float* __restrict__ b_scales,    \
         int b_step, float factor
-#if KT_VARIANT == 2 && KT_STAGES > 1
-// The pipelined mma tiles multiply the bytes' values themselves: no readings' factor.
+#if KT_STAGES > 1
+// The pipelined mma and MFMA tiles multiply the bytes' values themselves: no readings' factor.
 #define KT_ROW_SCALE(row) (a_scales[(row) * a_step])
 #else
 #define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])
@@ -182,9 +182,18 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if !KT_B_NK
 #error "the pipelined MFMA variant takes B as [N, K] (both operands k-major)"
 #endif
-#define KT_LDK (KT_BK + 8)
-// 16-byte pieces of 8 values a row of a k tile, and how many of A's and B's a thread loads.
-#define KT_KPIECES (KT_BK / 8)
+// The tiles' depth in 16-bit words (KT_BKW, as the pipelined mma variant's): fp8 bytes go
+// two to a word, where v_mfma_f32_32x32x16_fp8_fp8 wants them.
+#if KT_FP8_IN
+#define KT_BKW (KT_BK / 2)
+#define KT_MFMA_STEP kt_mfma_fp8
+#else
+#define KT_BKW KT_BK
+#define KT_MFMA_STEP kt_mfma
+#endif
+#define KT_LDK (KT_BKW + 8)
+// 16-byte pieces of 8 words a row of a k tile, and how many of A's and B's a thread loads.
+#define KT_KPIECES (KT_BKW / 8)
 #define KT_A_PIECES ((KT_BM * KT_KPIECES + KT_THREADS - 1) / KT_THREADS)
 #define KT_B_PIECES ((KT_BN * KT_KPIECES + KT_THREADS - 1) / KT_THREADS)
 
@@ -192,8 +201,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 // pieces into registers, consecutive threads on consecutive pieces of a row; zeros past the
 // rows or the split's end (k % 8 == 0, so a piece is wholly in or out).
 template <int ROWS, int PER>
-KT_DEVICE void kt_mfma_fetch(kt_u32x4 (&r)[PER], const kt_in* src, int row0, int limit, int k,
-                             int k0, int ke, int tid) {
+KT_DEVICE void kt_mfma_fetch(kt_u32x4 (&r)[PER], const unsigned short* src, int row0, int limit,
+                             int k, int k0, int ke, int tid) {
 #pragma unroll
     for (int t = 0; t < PER; ++t) {
         const int p = tid + t * KT_THREADS;
@@ -216,7 +225,11 @@ KT_DEVICE void kt_mfma_stage(unsigned short (*dst)[KT_LDK], const kt_u32x4 (&r)[
             *reinterpret_cast<kt_u32x4*>(&dst[p / KT_KPIECES][(p % KT_KPIECES) * 8]) = r[t];
     }
 }
-#elif KT_STAGES != 1
+#elif KT_STAGES == 1
+// One stage: the k tile in values, widened to 16 bits as staged.
+#define KT_BKW KT_BK
+#define KT_MFMA_STEP kt_mfma
+#else
 #error "the MFMA variant takes 1 or 2 stages"
 #endif
 
@@ -252,18 +265,26 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             for (int e = 0; e < 16; ++e) acc[i][j][e] = 0.0f;
 
 #if KT_STAGES == 2
+    // The operands as 16-bit words (fp8: two bytes each; k and the split's range, multiples
+    // of 16 bytes, in words too), as the loop below counts k.
+    const unsigned short* const aw = reinterpret_cast<const unsigned short*>(a);
+    const unsigned short* const bw = reinterpret_cast<const unsigned short*>(b);
+    const int kw = k * (int)sizeof(kt_in) / 2;
+    const int kbl = kb * (int)sizeof(kt_in) / 2, kel = ke * (int)sizeof(kt_in) / 2;
     kt_u32x4 ra[KT_A_PIECES], rb[KT_B_PIECES];
     // Uniform over the block: a split with no k tiles only meets the barrier.
-    if (kb < ke) {
-        kt_mfma_fetch<KT_BM, KT_A_PIECES>(ra, a, row0, m, k, kb, ke, tid);
-        kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, kb, ke, tid);
+    if (kbl < kel) {
+        kt_mfma_fetch<KT_BM, KT_A_PIECES>(ra, aw, row0, m, kw, kbl, kel, tid);
+        kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, bw, col0, n, kw, kbl, kel, tid);
         kt_mfma_stage<KT_BM, KT_A_PIECES>(as_[0], ra, tid);
         kt_mfma_stage<KT_BN, KT_B_PIECES>(bs_[0], rb, tid);
     }
     KT_SYNC();
     int st = 0;
+#else
+    const int kbl = kb, kel = ke;
 #endif
-    for (int k0 = kb; k0 < ke; k0 += KT_BK) {
+    for (int k0 = kbl; k0 < kel; k0 += KT_BKW) {
 #if KT_STAGES == 1
         unsigned short(*as)[KT_BK + 4] = as_[0];
         unsigned short(*bs)[KT_BK + 4] = bs_[0];
@@ -290,17 +311,18 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #else
         // The next tile's loads go out before this tile's products, and land in the other
         // LDS tiles after them: the barrier closing the last tile ended every read of those.
-        const bool more = k0 + KT_BK < ke;
+        const bool more = k0 + KT_BKW < kel;
         if (more) {
-            kt_mfma_fetch<KT_BM, KT_A_PIECES>(ra, a, row0, m, k, k0 + KT_BK, ke, tid);
-            kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, k0 + KT_BK, ke, tid);
+            kt_mfma_fetch<KT_BM, KT_A_PIECES>(ra, aw, row0, m, kw, k0 + KT_BKW, kel, tid);
+            kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, bw, col0, n, kw, k0 + KT_BKW, kel, tid);
         }
         unsigned short(*as)[KT_LDK] = as_[st];
         unsigned short(*bs)[KT_LDK] = bs_[st];
 #endif
-        // Lane l holds row (or column) l % 32 and k values 4·(l / 32) .. +4 of each 32×8 step.
+        // Lane l holds row (or column) l % 32 and k values 4·(l / 32) .. +4 of each 32×8 step
+        // (fp8: words, two bytes each, of a 32×16 step).
 #pragma unroll
-        for (int kk = 0; kk < KT_BK; kk += 8) {
+        for (int kk = 0; kk < KT_BKW; kk += 8) {
             const int kl = kk + 4 * (lane / 32);
             kt_frag af[KT_TM], bf[KT_TN];
 #pragma unroll
@@ -310,7 +332,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
 #pragma unroll
-                for (int j = 0; j < KT_TN; ++j) acc[i][j] = kt_mfma(af[i], bf[j], acc[i][j]);
+                for (int j = 0; j < KT_TN; ++j) acc[i][j] = KT_MFMA_STEP(af[i], bf[j], acc[i][j]);
         }
 #if KT_STAGES == 2
         if (more) {

@@ -187,10 +187,10 @@ KT_DEVICE float kt_load(const kt_in* p, long i) { return kt_widen(p[i]); }
 struct __attribute__((aligned(16))) kt_u32x4 {
     unsigned x, y, z, w;
 };
-KT_DEVICE kt_u32x4 kt_load16(const kt_in* p) { return kt_host::load16<kt_u32x4>(p); }
+KT_DEVICE kt_u32x4 kt_load16(const void* p) { return kt_host::load16<kt_u32x4>(p); }
 #else
 typedef uint4 kt_u32x4;
-KT_DEVICE kt_u32x4 kt_load16(const kt_in* p) { return *reinterpret_cast<const kt_u32x4*>(p); }
+KT_DEVICE kt_u32x4 kt_load16(const void* p) { return *reinterpret_cast<const kt_u32x4*>(p); }
 #endif
 // Two floats in one 8-byte store (st.global.v2); the address 8-byte aligned.
 #if defined(KT_HOST)
@@ -387,6 +387,23 @@ KT_DEVICE kt_frag kt_frag_at(const unsigned short* p) {
     __builtin_memcpy(&f, p, sizeof f);
     return f;
 }
+
+#if KT_FP8_IN && KT_STAGES > 1
+// acc += A·B for one v_mfma_f32_32x32x16_fp8_fp8 step on fp8 bytes themselves (gfx940 and
+// later, whose fp8 is E4M3 FNUZ): a lane's eight bytes sit where 32x32x8's four 16-bit values
+// do, so the 16-bit tiles' loads and fragments serve unchanged, two bytes to a word.
+KT_DEVICE kt_f32x16 kt_mfma_fp8(kt_frag x, kt_frag y, kt_f32x16 acc) {
+#if defined(KT_HOST)
+    return kt_host::mfma_32x32x16_fp8(x, y, acc);
+#elif __has_builtin(__builtin_amdgcn_mfma_f32_32x32x16_fp8_fp8)
+    return __builtin_amdgcn_mfma_f32_32x32x16_fp8_fp8(__builtin_bit_cast(long, x),
+                                                      __builtin_bit_cast(long, y), acc, 0, 0, 0);
+#else
+#error "this compiler has no fp8 MFMA (v_mfma_f32_32x32x16_fp8_fp8): clang 19 or ROCm 6 has"
+    return acc;
+#endif
+}
+#endif
 
 // Four f32 values rounded to the input type (to nearest even) as one fragment: probabilities
 // entering the P·V product.

@@ -153,6 +153,8 @@ const GEMM_FNUZ_NK: &str = "gemm:m=37,n=100,k=61,dtype=fp8_e4m3fnuz,b=nk";
 // The pipelined mma tiles on the bytes themselves (m16n8k32): k of whole 16-byte copies but of
 // no k tile, rows and columns of no tile.
 const GEMM_E5M2_NK_PIPELINED: &str = "gemm:m=67,n=130,k=80,dtype=fp8_e5m2,b=nk";
+// CDNA3's pipelined MFMA tiles on the bytes themselves (its fp8 MFMA reads FNUZ).
+const GEMM_FNUZ_NK_PIPELINED: &str = "gemm:m=67,n=130,k=80,dtype=fp8_e4m3fnuz,b=nk";
 const GEMM_FNUZ_NK_DECODE: &str = "gemm:m=3,n=40,k=528,dtype=fp8_e4m3fnuz,b=nk";
 // Flash: causal with fewer queries than keys (aligned to the end), GQA, a batch of two, a
 // head size that is not a power of two, one query row.
@@ -208,7 +210,7 @@ fn fp8_gemm_candidates_match_the_reference() {
     ] {
         every_candidate("h200", spec, None);
     }
-    for spec in [GEMM_FNUZ_NK, GEMM_FNUZ_NK_DECODE] {
+    for spec in [GEMM_FNUZ_NK, GEMM_FNUZ_NK_DECODE, GEMM_FNUZ_NK_PIPELINED] {
         every_candidate("mi300x", spec, None);
     }
 }
@@ -2823,40 +2825,51 @@ fn each_fp8_gemm_variant_scales_what_it_stores() {
             );
         }
     }
-    // The pipelined mma tiles multiply the bytes themselves (m16n8k32): their products are the
-    // values, so the readings' factor applied there shows as much as one left out elsewhere.
-    let spec = "gemm:m=67,n=130,k=80,dtype=fp8_e4m3,b=nk";
-    let tol = spec.parse::<Problem>().unwrap().tolerance();
-    let config = GpuGemmConfig::tile(GpuGemmVariant::Mma, (64, 64, 64), (2, 2), 3, 2);
-    for per_tensor in [false, true] {
-        let ok = fp8_gemm_error("h200", spec, config, source, per_tensor).unwrap();
-        assert!(
-            ok <= tol,
-            "{spec} pipelined, per tensor {per_tensor}: {ok:e}"
-        );
-    }
+    // The pipelined mma (m16n8k32) and MFMA (32x32x16 fp8) tiles multiply the bytes
+    // themselves: their products are the values, so the readings' factor applied there shows
+    // as much as one left out elsewhere.
     let native = "#define KT_ROW_SCALE(row) (a_scales[(row) * a_step])";
-    for (mistake, from, to) in [
+    for (model, spec, config, stride) in [
         (
-            "the readings' factor applied",
-            native,
-            "#define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])",
-        ),
-        (
-            "one scale for every row of A",
-            native,
-            "#define KT_ROW_SCALE(row) (a_scales[0])",
-        ),
-        (
-            "rows strided in bytes, not words",
+            "h200",
+            "gemm:m=67,n=130,k=80,dtype=fp8_e4m3,b=nk",
+            GpuGemmConfig::tile(GpuGemmVariant::Mma, (64, 64, 64), (2, 2), 3, 2),
             "const int kw = k * (int)sizeof(kt_in) / 2, kbw",
-            "const int kw = k, kbw",
+        ),
+        (
+            "mi300x",
+            GEMM_FNUZ_NK_PIPELINED,
+            GpuGemmConfig::tile(GpuGemmVariant::Mfma, (64, 64, 32), (1, 1), 2, 2),
+            "const int kw = k * (int)sizeof(kt_in) / 2;",
         ),
     ] {
-        caught(
-            &format!("{spec} pipelined: {mistake}"),
-            fp8_gemm_error("h200", spec, config, &gemm_with(from, to), false),
-            tol,
-        );
+        let tol = spec.parse::<Problem>().unwrap().tolerance();
+        for per_tensor in [false, true] {
+            let ok = fp8_gemm_error(model, spec, config, source, per_tensor).unwrap();
+            assert!(
+                ok <= tol,
+                "{model} {spec} pipelined, per tensor {per_tensor}: {ok:e}"
+            );
+        }
+        let strided = stride.replace("k * (int)sizeof(kt_in) / 2", "k");
+        for (mistake, from, to) in [
+            (
+                "the readings' factor applied",
+                native,
+                "#define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])",
+            ),
+            (
+                "one scale for every row of A",
+                native,
+                "#define KT_ROW_SCALE(row) (a_scales[0])",
+            ),
+            ("rows strided in bytes, not words", stride, strided.as_str()),
+        ] {
+            caught(
+                &format!("{model} {spec} pipelined: {mistake}"),
+                fp8_gemm_error(model, spec, config, &gemm_with(from, to), false),
+                tol,
+            );
+        }
     }
 }

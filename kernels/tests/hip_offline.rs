@@ -471,8 +471,9 @@ fn every_skinny_candidate_compiles_for_mi250_and_mi300x_without_spills() {
 }
 
 /// fp8 (W8A8, MI300X's fnuz) GEMMs of Llama-3.1-70B at TP8: every skinny candidate of a
-/// decode step, and the one-stage MFMA tiles of a prefill 32 of k deep (the others differ
-/// from them in k depth only), staging the bytes' readings as f16.
+/// decode step, the one-stage MFMA tiles of a prefill 32 of k deep (the others differ from
+/// them in k depth only), staging the bytes' readings as f16, and every pipelined MFMA tile,
+/// multiplying the bytes by CDNA3's fp8 MFMA.
 #[test]
 fn fp8_gemm_candidates_compile_for_mi300x_without_spills() {
     use kerntune_kernels::config::GpuGemmVariant;
@@ -495,7 +496,18 @@ fn fp8_gemm_candidates_compile_for_mi300x_without_spills() {
             "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk",
             19,
         )],
-        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.bk == 32),
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.bk == 32 && c.stages == 1),
+    );
+    // The pipelined tiles on the bytes themselves (v_mfma_f32_32x32x16_fp8_fp8), 64 and 128
+    // bytes of k deep.
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi300x",
+            "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk",
+            24,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.stages == 2),
     );
 }
 

@@ -9,7 +9,9 @@ use crate::device::GpuModel;
 use crate::problem::GemmProblem;
 use crate::{BLayout, DType, Family, KernelError};
 
-use super::{check_threads, has_fp8_mma, has_mfma, has_mma, has_wgmma, invalid, vec_of};
+use super::{
+    check_threads, has_fp8_mfma, has_fp8_mma, has_mfma, has_mma, has_wgmma, invalid, vec_of,
+};
 
 /// Blocks that may share the k range of one GEMM tile (split-K).
 pub const GPU_MAX_SPLIT_K: usize = 16;
@@ -255,24 +257,27 @@ pub(super) fn validate(
     check_threads(f, c.threads(), g)
 }
 
-/// What fp8 GEMMs take: bytes widened to their f16 readings as one-stage tiles stage them,
-/// and on sm_89 and later the pipelined mma tiles, whose copies move the bytes as they lie
-/// into `mma.sync.m16n8k32` on the bytes themselves (OCP E4M3 or E5M2, both operands
-/// k-major, rows of whole 16-byte copies, k tiles of whole 32-byte steps).
+/// What fp8 GEMMs take: bytes widened to their f16 readings as one-stage tiles stage them;
+/// on sm_89 and later the pipelined mma tiles, whose copies move the bytes as they lie into
+/// `mma.sync.m16n8k32` on the bytes themselves (OCP E4M3 or E5M2), and on CDNA3 the
+/// pipelined MFMA tiles into `v_mfma_f32_32x32x16_fp8_fp8` (E4M3 FNUZ); both operands
+/// k-major, rows of whole 16-byte pieces, k tiles of whole instruction steps.
 fn validate_fp8(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    let native = c.variant == GpuGemmVariant::Mma && c.stages > 1;
-    if c.variant == GpuGemmVariant::Wgmma || (c.stages > 1 && !native) {
+    if c.variant == GpuGemmVariant::Wgmma {
         return Err(invalid(
             f,
             format!(
-                "{} (W8A8) GEMMs take the tiled and skinny variants, the MFMA ones at stages = 1 and the mma ones (not {}, stages = {})",
-                p.dtype, c.variant, c.stages
+                "{} (W8A8) GEMMs take the tiled, skinny, mma and MFMA variants, not wgmma",
+                p.dtype
             ),
         ));
     }
-    if !native {
+    if c.stages == 1 {
         return Ok(());
+    }
+    if c.variant == GpuGemmVariant::Mfma {
+        return validate_fp8_mfma(c, p, g);
     }
     let why = if !has_fp8_mma(g) {
         Some(format!(
@@ -301,6 +306,38 @@ fn validate_fp8(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), 
     };
     match why {
         Some(reason) => Err(invalid(f, reason)),
+        None => Ok(()),
+    }
+}
+
+/// The pipelined MFMA tiles on fp8 bytes: CDNA3's fp8 MFMA, whose fp8 is E4M3 FNUZ; B as
+/// [N, K], 16-byte pieces of k, k tiles of whole 16-byte steps.
+fn validate_fp8_mfma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
+    let why = if !has_fp8_mfma(g) {
+        Some(format!(
+            "{} ({}) has no fp8 MFMA (CDNA3 has): the MFMA variant widens {} at stages = 1",
+            g.name, g.arch, p.dtype
+        ))
+    } else if p.fp8() != Some(crate::Fp8::E4m3Fnuz) {
+        Some(format!(
+            "{}'s fp8 MFMA reads E4M3 FNUZ; {} takes the MFMA variant at stages = 1, widened",
+            g.arch, p.dtype
+        ))
+    } else if p.b_layout != BLayout::Nk || !p.k.is_multiple_of(16) {
+        Some(format!(
+            "the pipelined fp8 MFMA tiles load rows of B as [N, K] in 16-byte pieces: k = {} must be a multiple of 16 (b = {}; stages = 1 takes any)",
+            p.k, p.b_layout
+        ))
+    } else if !c.bk.is_multiple_of(16) {
+        Some(format!(
+            "the pipelined fp8 MFMA tiles multiply 16 bytes of k a step: bk = {} must be a multiple of 16",
+            c.bk
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(reason) => Err(invalid(Family::Gemm, reason)),
         None => Ok(()),
     }
 }
@@ -640,14 +677,16 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
         }
     }
     if has_mfma(g) && p.dtype != DType::F32 {
-        // Pipelined where the 16-byte loads apply (every LLM shape): first, as the guess.
-        if pipelines(p) && p.b_layout == BLayout::Nk {
+        // Pipelined where the 16-byte loads apply (every LLM shape; fp8 on CDNA3's fp8 MFMA,
+        // twice the values a tile): first, as the guess.
+        let pack = per_word(p);
+        if (pipelines(p) && p.b_layout == BLayout::Nk) || fp8_mfma_pipelines(p, g) {
             for (bm, bn) in [(128, 128), (256, 128), (128, 64), (64, 128), (64, 64)] {
                 for bk in [32, 64] {
                     for t in [(2, 2), (1, 2), (2, 1)] {
                         push(GpuGemmConfig::tile(
                             GpuGemmVariant::Mfma,
-                            (bm, bn, bk),
+                            (bm, bn, bk * pack),
                             t,
                             2,
                             1,
@@ -802,13 +841,16 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
         )
     } else if mfma && p.m >= 64 {
         // 16-byte loads of the next k tile in flight over this one's products where the
-        // shape allows them; element loads, one tile at a time, elsewhere.
-        let stages = if pipelines(p) && p.b_layout == BLayout::Nk {
-            2
+        // shape allows them (fp8 on CDNA3's fp8 MFMA, twice the values); element loads, one
+        // tile at a time, elsewhere.
+        let (bk, stages) = if pipelines(p) && p.b_layout == BLayout::Nk {
+            (32, 2)
+        } else if gpu.is_some_and(|g| fp8_mfma_pipelines(p, g)) {
+            (32 * pack, 2)
         } else {
-            1
+            (32, 1)
         };
-        GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, 32), (2, 2), stages, 1)
+        GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, bk), (2, 2), stages, 1)
     } else if p.m <= 64 {
         // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
         let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
@@ -851,6 +893,14 @@ fn pipelines(p: &GemmProblem) -> bool {
 fn fp8_pipelines(p: &GemmProblem, g: &GpuModel) -> bool {
     has_fp8_mma(g)
         && matches!(p.fp8(), Some(crate::Fp8::E4m3 | crate::Fp8::E5m2))
+        && p.b_layout == BLayout::Nk
+        && p.k.is_multiple_of(16)
+}
+
+/// Whether the pipelined MFMA tiles take `p`'s fp8 bytes on `g` (validate_fp8_mfma's rules).
+fn fp8_mfma_pipelines(p: &GemmProblem, g: &GpuModel) -> bool {
+    has_fp8_mfma(g)
+        && p.fp8() == Some(crate::Fp8::E4m3Fnuz)
         && p.b_layout == BLayout::Nk
         && p.k.is_multiple_of(16)
 }
@@ -976,9 +1026,20 @@ mod tests {
                 "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3,b=kn",
                 "gpu mma 128x128x32 tile 4x4",
             ),
+            // CDNA3's fp8 MFMA on its FNUZ bytes; the MI250 has none, nor the MI300X for OCP.
             (
                 "mi300x",
                 "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz",
+                "gpu mfma 128x128x64 tile 2x2 stages=2",
+            ),
+            (
+                "mi250",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz",
+                "gpu mfma 128x128x32 tile 2x2",
+            ),
+            (
+                "mi300x",
+                "gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3",
                 "gpu mfma 128x128x32 tile 2x2",
             ),
         ] {
@@ -988,7 +1049,7 @@ mod tests {
             Ok(Device::Gpu(g)) => g,
             _ => unreachable!("{name} is a GPU"),
         };
-        let (h200, a100) = (lookup("h200"), lookup("a100"));
+        let (h200, a100, mi300x) = (lookup("h200"), lookup("a100"), lookup("mi300x"));
         let p = gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3,b=nk");
         let offered = candidates(&p, h200);
         assert!(offered.iter().any(|c| c.stages > 1));
@@ -1022,7 +1083,19 @@ mod tests {
                 GpuGemmConfig::tile(GpuGemmVariant::Wgmma, (128, 128, 64), (1, 128), 3, 1),
                 p,
                 h200,
-                "stages = 1",
+                "not wgmma",
+            ),
+            (
+                GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, 64), (2, 2), 2, 1),
+                p,
+                mi300x,
+                "reads E4M3 FNUZ",
+            ),
+            (
+                GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, 64), (2, 2), 2, 1),
+                gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk"),
+                lookup("mi250"),
+                "no fp8 MFMA",
             ),
         ] {
             let e = validate(&config, &problem, g).unwrap_err().to_string();

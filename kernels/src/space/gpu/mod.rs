@@ -54,6 +54,11 @@ pub fn has_mma(g: &GpuModel) -> bool {
             .is_some_and(|v| v >= 80)
 }
 
+/// Whether the model has `v_mfma_f32_32x32x16_fp8_fp8` (CDNA3: E4M3 FNUZ bytes).
+pub fn has_fp8_mfma(g: &GpuModel) -> bool {
+    matches!(g.arch, "gfx940" | "gfx941" | "gfx942")
+}
+
 /// Whether the model has `mma.sync.m16n8k32` on fp8 bytes (E4M3 and E5M2: sm_89 and later).
 pub fn has_fp8_mma(g: &GpuModel) -> bool {
     g.vendor == Vendor::Nvidia
@@ -80,7 +85,10 @@ pub fn lds_bytes(config: &Config, problem: &Problem, g: &GpuModel) -> usize {
         (Config::GpuGemm(c), _) => match c.variant {
             GpuGemmVariant::Tiled => 4 * (c.bk * (c.bm + 1) + c.bk * (c.bn + 1)),
             // Two tiles of each with 8 halves of padding when pipelined (16-byte rows).
-            GpuGemmVariant::Mfma if c.stages > 1 => 2 * c.stages * (c.bm + c.bn) * (c.bk + 8),
+            // Rows of 16-bit words: fp8 bytes two to a word.
+            GpuGemmVariant::Mfma if c.stages > 1 => {
+                2 * c.stages * (c.bm + c.bn) * (c.bk * problem.dtype().size() / 2 + 8)
+            }
             GpuGemmVariant::Mfma => 2 * (c.bm + c.bn) * (c.bk + 4),
             GpuGemmVariant::Mma if c.stages > 1 => dynamic_lds_bytes(config, problem),
             GpuGemmVariant::Mma => 2 * (c.bm + c.bn) * (c.bk + 8),
