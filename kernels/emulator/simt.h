@@ -724,12 +724,15 @@ inline float shfl(float v, int src) {
     return r;
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A·B over a 32-thread warp, with the
-// fragments of the PTX ISA ("Matrix Fragments for mma.m16n8k16"). Lane = 4·group + t.
-// A (16×16, row-major): register r of lane (g, t) holds row g + 8·(r % 2), columns
-// 2t + 8·(r / 2) and + 1 (low half first). B (16×8, column-major): register r holds column g,
-// rows 2t + 8·r and + 1. D: element e holds row g + 8·(e / 2), column 2t + e % 2.
-inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2]) {
+// mma.sync.aligned.m16n8kK: d += A·B over a 32-thread warp, with the fragments of the PTX
+// ISA ("Matrix Fragments for mma.m16n8k16", and m16n8k32's for 8-bit types). Lane = 4·group
+// + t; a register holds PER = K / 8 consecutive k values, `value(r, i)` the i-th of register r.
+// A (16×K, row-major): register r of lane (g, t) holds row g + 8·(r % 2), k PER·t + (K / 2)·(r
+// / 2) onward. B (K×8, column-major): register r holds column g, k PER·t + (K / 2)·r onward.
+// D: element e holds row g + 8·(e / 2), column 2t + e % 2.
+template <int K, class Value>
+inline void mma_16x8(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2], Value value) {
+    constexpr int per = K / 8, half = K / 2;
     Block& b = block();
     const int me = b.current;
     const int base = wave_base("an mma.sync in a warp the block does not fill");
@@ -739,23 +742,28 @@ inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&
     const int lane = me - base, g = lane / 4, t = lane % 4;
     // The lane's two rows of A and two columns of B, read from the warp's registers once
     // (each feeds two of its four sums).
-    float av[2][16], bvals[2][16];
+    float av[2][K], bvals[2][K];
     for (int h = 0; h < 2; ++h)
-        for (int k = 0; k < 16; ++k) {
+        for (int k = 0; k < K; ++k) {
             const int row = g + 8 * h, col = 2 * t + h;
-            const int a_lane = 4 * (row % 8) + (k % 8) / 2, a_reg = row / 8 + 2 * (k / 8);
-            const int b_lane = 4 * col + (k % 8) / 2, b_reg = k / 8;
-            av[h][k] = pair_elem(b.xa[base + a_lane][a_reg], k % 2);
-            bvals[h][k] = pair_elem(b.xb[base + b_lane][b_reg], k % 2);
+            const int a_lane = 4 * (row % 8) + (k % half) / per, a_reg = row / 8 + 2 * (k / half);
+            const int b_lane = 4 * col + (k % half) / per, b_reg = k / half;
+            av[h][k] = value(b.xa[base + a_lane][a_reg], k % per);
+            bvals[h][k] = value(b.xb[base + b_lane][b_reg], k % per);
         }
     float out[4];
     for (int e = 0; e < 4; ++e) {
         float acc = d[e];
-        for (int k = 0; k < 16; ++k) acc = fmaf(av[e / 2][k], bvals[e % 2][k], acc);
+        for (int k = 0; k < K; ++k) acc = fmaf(av[e / 2][k], bvals[e % 2][k], acc);
         out[e] = acc;
     }
     wait(kMma);
     for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+// m16n8k16 on 16-bit values (f16 or bf16, two a register).
+inline void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2]) {
+    mma_16x8<16>(d, a, bv, pair_elem);
 }
 
 // The value of an fp8 byte (KT_DTYPE 4: E5M2, else OCP E4M3): its f16 reading times the
@@ -768,33 +776,9 @@ inline float fp8_f32(unsigned x) {
 #endif
 }
 
-// mma.sync.aligned.m16n8k32 on fp8 bytes: d += A·B over a 32-wide warp, A 16×32 and B 32×8
-// of four bytes a register, laid out as m16n8k16's 16-bit values two bytes to a value.
+// m16n8k32 on fp8 bytes (four a register, low byte first).
 inline void mma_16x8x32_fp8(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2]) {
-    Block& b = block();
-    const int me = b.current;
-    const int base = wave_base("an mma.sync in a warp the block does not fill");
-    for (int r = 0; r < 4; ++r) b.xa[me][r] = a[r];
-    for (int r = 0; r < 2; ++r) b.xb[me][r] = bv[r];
-    wait(kMma);
-    const int lane = me - base, g = lane / 4, t = lane % 4;
-    float av[2][32], bvals[2][32];
-    for (int h = 0; h < 2; ++h)
-        for (int k = 0; k < 32; ++k) {
-            const int row = g + 8 * h, col = 2 * t + h;
-            const int a_lane = 4 * (row % 8) + (k % 16) / 4, a_reg = row / 8 + 2 * (k / 16);
-            const int b_lane = 4 * col + (k % 16) / 4, b_reg = k / 16;
-            av[h][k] = fp8_f32((b.xa[base + a_lane][a_reg] >> (8 * (k % 4))) & 0xffu);
-            bvals[h][k] = fp8_f32((b.xb[base + b_lane][b_reg] >> (8 * (k % 4))) & 0xffu);
-        }
-    float out[4];
-    for (int e = 0; e < 4; ++e) {
-        float acc = d[e];
-        for (int k = 0; k < 32; ++k) acc = fmaf(av[e / 2][k], bvals[e % 2][k], acc);
-        out[e] = acc;
-    }
-    wait(kMma);
-    for (int e = 0; e < 4; ++e) d[e] = out[e];
+    mma_16x8<32>(d, a, bv, [](unsigned r, int i) { return fp8_f32((r >> (8 * i)) & 0xffu); });
 }
 
 inline bool aligned16(const void* p) { return ((decltype(sizeof 0))p & 15) == 0; }
@@ -1362,13 +1346,14 @@ inline frag4 pack4(float a, float b, float c, float d) {
 
 typedef float f32x4 __attribute__((vector_size(16)));
 
-// v_mfma_f32_NxNx(256 / N){f16,bf16_1k}, N = 32 or 16: acc += A·B over a 64-lane wave, in the
-// layout of AMD's CDNA ISA guides (CK's tables say the same): lane l passes A row l % N and B
-// column l % N, each at k = 4·(l / N) to 4·(l / N) + 3; accumulator element e of lane l is
-// column l % N, row 4·(l / N) + (256 / N)·(e / 4) + e % 4 (32×32: 8·(e / 4) + 4·(l / 32) +
-// e % 4; 16×16: 4·(l / 16) + e).
-template <int N, typename Acc>
-inline Acc mfma(frag4 a, frag4 bv, Acc acc) {
+// v_mfma_f32_NxNxK: acc += A·B over a 64-lane wave, in the layout of AMD's CDNA ISA guides
+// (CK's tables say the same): lane l passes A row l % N and B column l % N, each PER = K·N / 64
+// consecutive values at k = PER·(l / N) onward (eight bytes: `value(bytes, i)` reads the i-th);
+// accumulator element e of lane l is column l % N, row 4·(l / N) + (256 / N)·(e / 4) + e % 4
+// (32×32: 8·(e / 4) + 4·(l / 32) + e % 4; 16×16: 4·(l / 16) + e).
+template <int N, int K, typename Acc, class Value>
+inline Acc mfma(frag4 a, frag4 bv, Acc acc, Value value) {
+    constexpr int per = K * N / 64;
     Block& b = block();
     const int me = b.current;
     const int base = wave_base("an MFMA in a wave the block does not fill");
@@ -1380,51 +1365,41 @@ inline Acc mfma(frag4 a, frag4 bv, Acc acc) {
     for (int e = 0; e < N * N / 64; ++e) {
         const int row = 4 * (lane / N) + (256 / N) * (e / 4) + e % 4, col = lane % N;
         float sum = acc[e];
-        for (int k = 0; k < 256 / N; ++k) {
-            unsigned short x[4], y[4];
-            __builtin_memcpy(x, b.xa[base + N * (k / 4) + row], sizeof x);
-            __builtin_memcpy(y, b.xb[base + N * (k / 4) + col], sizeof y);
-            sum = fmaf(half_f32(x[k % 4]), half_f32(y[k % 4]), sum);
+        for (int k = 0; k < K; ++k) {
+            unsigned char x[8], y[8];
+            __builtin_memcpy(x, b.xa[base + N * (k / per) + row], sizeof x);
+            __builtin_memcpy(y, b.xb[base + N * (k / per) + col], sizeof y);
+            sum = fmaf(value(x, k % per), value(y, k % per), sum);
         }
         out[e] = sum;
     }
     wait(kMfma);
     return out;
 }
-inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) { return mfma<32>(a, bv, acc); }
+
+// The i-th 16-bit value (f16 or bf16) of a lane's eight bytes.
+inline float half_at(const unsigned char* p, int i) {
+    unsigned short v;
+    __builtin_memcpy(&v, p + 2 * i, sizeof v);
+    return half_f32(v);
+}
+inline f32x16 mfma_32x32x8(frag4 a, frag4 bv, f32x16 acc) {
+    return mfma<32, 8>(a, bv, acc, half_at);
+}
+inline f32x4 mfma_16x16x16(frag4 a, frag4 bv, f32x4 acc) {
+    return mfma<16, 16>(a, bv, acc, half_at);
+}
 
 // The value of an E4M3 FNUZ byte (gfx942's fp8: bias 8): its f16 reading times 2^7, exact.
 inline float fnuz_f32(unsigned x) {
     return f16_f32((unsigned short)(((x & 0x7fu) << 7) | ((x & 0x80u) << 8))) * 128.0f;
 }
 
-// v_mfma_f32_32x32x16_fp8_fp8 on E4M3 FNUZ bytes: lane l passes A row l % 32 and B column
-// l % 32, eight bytes each at k = 8·(l / 32) to 8·(l / 32) + 7 (where 32x32x8 has its four
-// 16-bit values); accumulators as mfma<32>.
+// v_mfma_f32_32x32x16_fp8_fp8 on E4M3 FNUZ bytes: a lane's eight bytes where 32x32x8 has its
+// four 16-bit values.
 inline f32x16 mfma_32x32x16_fp8(frag4 a, frag4 bv, f32x16 acc) {
-    Block& b = block();
-    const int me = b.current;
-    const int base = wave_base("an MFMA in a wave the block does not fill");
-    __builtin_memcpy(b.xa[me], &a, sizeof a);
-    __builtin_memcpy(b.xb[me], &bv, sizeof bv);
-    wait(kMfma);
-    const int lane = me - base;
-    f32x16 out;
-    for (int e = 0; e < 16; ++e) {
-        const int row = 4 * (lane / 32) + 8 * (e / 4) + e % 4, col = lane % 32;
-        float sum = acc[e];
-        for (int k = 0; k < 16; ++k) {
-            unsigned char x[8], y[8];
-            __builtin_memcpy(x, b.xa[base + 32 * (k / 8) + row], sizeof x);
-            __builtin_memcpy(y, b.xb[base + 32 * (k / 8) + col], sizeof y);
-            sum = fmaf(fnuz_f32(x[k % 8]), fnuz_f32(y[k % 8]), sum);
-        }
-        out[e] = sum;
-    }
-    wait(kMfma);
-    return out;
+    return mfma<32, 16>(a, bv, acc, [](const unsigned char* p, int i) { return fnuz_f32(p[i]); });
 }
-inline f32x4 mfma_16x16x16(frag4 a, frag4 bv, f32x4 acc) { return mfma<16>(a, bv, acc); }
 
 }  // namespace kt_host
 #pragma GCC pop_options

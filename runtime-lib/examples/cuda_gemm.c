@@ -129,6 +129,22 @@ static const char *match_name(KtMatch m) {
     }
 }
 
+/* The values of C (m × n) that differ from the exact product of a_at and b_at over k, and
+ * the largest difference in `*worst`. */
+static long count_wrong(const float *c, size_t m, size_t n, size_t k, double *worst) {
+    long wrong = 0;
+    for (size_t i = 0; i < m; i++)
+        for (size_t j = 0; j < n; j++) {
+            double want = 0.0;
+            for (size_t p = 0; p < k; p++) want += (double)a_at(i, p) * b_at(j, p);
+            double off = c[i * n + j] - want;
+            if (off < 0) off = -off;
+            if (off > *worst) *worst = off;
+            if (off != 0.0) wrong++;
+        }
+    return wrong;
+}
+
 /* One GEMM of m rows on the device; returns the number of wrong values, or -1 when the
  * library refused the call (its error printed). */
 static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, size_t n,
@@ -172,17 +188,8 @@ static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, siz
     } else {
         CU(cu.stream_sync(stream));
         CU(cu.dtoh(c, dc, m * n * sizeof *c));
-        wrong = 0;
         double worst = 0.0;
-        for (size_t i = 0; i < m; i++)
-            for (size_t j = 0; j < n; j++) {
-                double want = 0.0;
-                for (size_t p = 0; p < k; p++) want += (double)a_at(i, p) * b_at(j, p);
-                double off = c[i * n + j] - want;
-                if (off < 0) off = -off;
-                if (off > worst) worst = off;
-                if (off != 0.0) wrong++;
-            }
+        wrong = count_wrong(c, m, n, k, &worst);
         printf("gemm m=%zu n=%zu k=%zu: match=%s, scratch %zu bytes, %ld of %zu values "
                "wrong (largest error %g)\n",
                m, n, k, match_name(how), scratch, wrong, m * n, worst);
@@ -244,17 +251,8 @@ static long gemm_fp8_on_device(const KtGpuDispatcher *g, void *stream, size_t m,
     } else {
         CU(cu.stream_sync(stream));
         CU(cu.dtoh(c, dc, m * n * sizeof *c));
-        wrong = 0;
         double worst = 0.0;
-        for (size_t i = 0; i < m; i++)
-            for (size_t j = 0; j < n; j++) {
-                double want = 0.0;
-                for (size_t p = 0; p < k; p++) want += (double)a_at(i, p) * b_at(j, p);
-                double off = c[i * n + j] - want;
-                if (off < 0) off = -off;
-                if (off > worst) worst = off;
-                if (off != 0.0) wrong++;
-            }
+        wrong = count_wrong(c, m, n, k, &worst);
         printf("fp8 gemm m=%zu n=%zu k=%zu (kt_gpu_gemm_scaled): match=%s, scratch %zu bytes, "
                "%ld of %zu values wrong (largest error %g)\n",
                m, n, k, match_name(how), scratch, wrong, m * n, worst);
