@@ -97,7 +97,7 @@ def main():
     merged = {}
     for r in rows:
         m = merged.setdefault(r["problem"], {"best_ns": None, "best": None})
-        for key in ("default_ns", "cublas_ns", "cublas_f32_ns"):
+        for key in ("default_ns", "cublas_ns", "cublas_f32_ns", "cublaslt_ns"):
             if r.get(key) is not None and m.get(key) is None:
                 m[key] = r[key]
         if r.get("best_ns") is not None and (m["best_ns"] is None or r["best_ns"] < m["best_ns"]):
@@ -159,6 +159,8 @@ def main():
         bf16 = merged.get(problem.replace(f"dtype={fmt}", "dtype=bf16"))
         if bf16 is not None and bf16["best_ns"] is not None:
             print(f"  {problem}: tuned fp8 vs tuned bf16 {bf16['best_ns'] / m['best_ns']:.2f}x")
+        if m.get("cublaslt_ns") is not None:
+            print(f"  {problem}: tuned vs cuBLASLt fp8 {m['cublaslt_ns'] / m['best_ns']:.2f}x")
     print(f"{missed} goals missed")
     return 1 if missed else 0
 

@@ -1,10 +1,13 @@
-//! Running the GPU kernels on an NVIDIA device (Cargo feature `cuda`): the CUDA driver and
-//! cuBLAS through cudarc, loaded at run time, so a build with the feature still starts, and
-//! answers clearly, on a host without them. A problem's inputs are uploaded once; each
-//! candidate is loaded from its CUBIN, launched, verified against the CPU reference and timed
-//! with CUDA events, the L2 cache flushed before every timed launch.
+//! Running the GPU kernels on an NVIDIA device (Cargo feature `cuda`): the CUDA driver,
+//! cuBLAS and cuBLASLt (the fp8 GEMMs' peer, `cublaslt`) through cudarc, loaded at run time,
+//! so a build with the feature still starts, and answers clearly, on a host without them. A
+//! problem's inputs are uploaded once; each candidate is loaded from its CUBIN, launched,
+//! verified against the CPU reference and timed with CUDA events, the L2 cache flushed before
+//! every timed launch.
 
 use std::sync::Arc;
+
+mod cublaslt;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{self, CUdevice_attribute};

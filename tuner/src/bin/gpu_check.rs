@@ -110,6 +110,10 @@ struct Row {
     /// cuBLAS writing f32, as kerntune's GEMM does, where the inputs are 16-bit (`cublas_ns`
     /// is cuBLAS writing them in the inputs' type, as servers call it).
     cublas_f32_ns: Option<f64>,
+    /// fp8 GEMMs: cuBLASLt on the same bytes (per-tensor scales, bf16 out), as PyTorch's
+    /// `_scaled_mm` calls it; `cublaslt_note` says why not where it could not run.
+    cublaslt_ns: Option<f64>,
+    cublaslt_note: Option<String>,
     /// Every verified config's median, fastest first, with its main kernel's registers and
     /// spilled registers as ptxas allocated them: which of the tiles that spill pay.
     timed: Vec<(String, f64, u32, u32)>,
@@ -267,6 +271,8 @@ impl Check<'_> {
             best_config: None,
             cublas_ns: None,
             cublas_f32_ns: None,
+            cublaslt_ns: None,
+            cublaslt_note: None,
             timed: Vec::new(),
         };
         let len = data.row_len();
@@ -322,14 +328,23 @@ impl Check<'_> {
             }
         }
         row.timed.sort_by(|a, b| a.1.total_cmp(&b.1));
-        // cuBLAS's fp8 GEMMs are cuBLASLt's, which the peer does not call: fp8 rows have none.
-        let peer = matches!(p, Problem::Gemm(g) if g.fp8().is_none());
-        if let (true, Problem::Gemm(g)) = (peer && reps > 0 && !self.lost.load(Ordering::SeqCst), p)
-        {
-            row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps, false)?));
-            if g.dtype != DType::F32 {
-                row.cublas_f32_ns = Some(median(on_device.time_cublas(self.gpu, reps, true)?));
+        // cuBLAS's fp8 GEMMs are cuBLASLt's: fp8 rows have that peer instead, beside the
+        // goals (which are bf16's), and its failure is a note, not the row's.
+        let timing = reps > 0 && !self.lost.load(Ordering::SeqCst);
+        match p {
+            Problem::Gemm(g) if timing && g.fp8().is_some() => {
+                match on_device.time_cublaslt_fp8(self.gpu, reps) {
+                    Ok(times) => row.cublaslt_ns = Some(median(times)),
+                    Err(e) => row.cublaslt_note = Some(e.to_string()),
+                }
             }
+            Problem::Gemm(g) if timing => {
+                row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps, false)?));
+                if g.dtype != DType::F32 {
+                    row.cublas_f32_ns = Some(median(on_device.time_cublas(self.gpu, reps, true)?));
+                }
+            }
+            _ => {}
         }
         Ok(row)
     }
@@ -606,6 +621,17 @@ fn run() -> anyhow::Result<bool> {
                 us(row.cublas_f32_ns),
                 ratio(row.cublas_f32_ns, row.best_ns)
             );
+        }
+        if row.cublaslt_ns.is_some() {
+            println!(
+                "{:>52}cuBLASLt fp8 (per-tensor scales, bf16 out): {}, tuned {}",
+                "",
+                us(row.cublaslt_ns),
+                ratio(row.cublaslt_ns, row.best_ns)
+            );
+        }
+        if let Some(note) = &row.cublaslt_note {
+            println!("{:>52}cuBLASLt fp8 not timed: {note}", "");
         }
         for f in &row.failed {
             println!("      FAILED {f}");
