@@ -1406,8 +1406,8 @@ fn the_pipelined_mfma_gemm_checks_catch_each_mistake() {
         // The next tile's loads from this tile's k.
         (
             "a load of the wrong k tile",
-            "kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, k0 + KT_BK, ke, tid);",
-            "kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, b, col0, n, k, k0, ke, tid);",
+            "kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, bw, col0, n, kw, k0 + KT_BKW, kel, tid);",
+            "kt_mfma_fetch<KT_BN, KT_B_PIECES>(rb, bw, col0, n, kw, k0, kel, tid);",
         ),
         // Pieces past k's end read instead of zeroed: the next row's first values (splits
         // are whole k tiles, so only the last tile of the last split has such pieces).
