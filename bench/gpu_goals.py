@@ -97,7 +97,8 @@ def main():
     merged = {}
     for r in rows:
         m = merged.setdefault(r["problem"], {"best_ns": None, "best": None})
-        for key in ("default_ns", "cublas_ns", "cublas_f32_ns", "cublaslt_ns"):
+        peers = ("cublas_ns", "cublas_f32_ns", "cublaslt_ns", "cublaslt_scales")
+        for key in ("default_ns",) + peers:
             if r.get(key) is not None and m.get(key) is None:
                 m[key] = r[key]
         if r.get("best_ns") is not None and (m["best_ns"] is None or r["best_ns"] < m["best_ns"]):
@@ -160,7 +161,12 @@ def main():
         if bf16 is not None and bf16["best_ns"] is not None:
             print(f"  {problem}: tuned fp8 vs tuned bf16 {bf16['best_ns'] / m['best_ns']:.2f}x")
         if m.get("cublaslt_ns") is not None:
-            print(f"  {problem}: tuned vs cuBLASLt fp8 {m['cublaslt_ns'] / m['best_ns']:.2f}x")
+            # Which scales cuBLASLt took: per token and channel as kerntune's, or per tensor.
+            scales = m.get("cublaslt_scales") or "scales not recorded"
+            print(
+                f"  {problem}: tuned vs cuBLASLt fp8 {m['cublaslt_ns'] / m['best_ns']:.2f}x"
+                f" ({scales})"
+            )
     print(f"{missed} goals missed")
     return 1 if missed else 0
 

@@ -74,10 +74,13 @@ PYTHONUNBUFFERED=1 step 45 python3 bench/sdpa_peer.py --json "$out/sdpa.json" 2>
     | tee -a "$out/gpu-check.txt" || status=$?
 # One process a family: a kernel that leaves the CUDA context unusable costs only its family.
 # The wgmma kernels (the GEMM's variant, the flash tiles by warpgroup MMA), new to devices,
-# have processes of their own too, and the GEMM's clusters one more.
+# have processes of their own too, and the GEMM's clusters one more. Last, Llama's largest
+# prefill GEMM as an FP8 checkpoint runs it, on the bytes themselves (wgmma m64nNk32 and
+# mma m16n8k32): gpu_goals.py sets it beside its bf16 row and cuBLASLt's fp8 GEMM.
 for run in "gemm:90:--skip-variant wgmma" "flash:80:--skip-variant wgmma" \
     "gemm-wgmma:60:--only-variant wgmma --skip-variant cluster" "flash-wgmma:60:--only-variant wgmma" \
-    "gemm-cluster:45:--only-variant cluster" paged:40:; do
+    "gemm-cluster:45:--only-variant cluster" paged:40: \
+    "gemm-fp8:40:--only-variant wgmma --only-variant mma --problem gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3"; do
     IFS=: read -r name limit extra <<< "$run"
     # shellcheck disable=SC2086 # $extra is a list of arguments
     step "$limit" .gpu/gpu-check --family "${name%-*}" $extra --json "$out/gpu-check-$name.json" \
@@ -123,7 +126,7 @@ fi
 
 # Where the time goes in the goals' hardest problems, kerntune's fastest config of each:
 # Nsight Compute's speed of light (SM, L2 and DRAM throughput) and occupancy, where ncu is
-# installed and the check has time left for it. The largest prefill GEMM beside cuBLAS's own
+# installed and the check has time left for it. The largest prefill GEMM (bf16, the goal's) beside cuBLAS's own
 # kernel (whose name gives its tile and cluster shape); flash attention at 2048 queries (its
 # kernels and, split, the combining one).
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
@@ -151,7 +154,7 @@ PY
         | tee -a "$out/gpu-check.txt" || true
 }
 if [ -n "$ncu" ] && [ "$SECONDS" -lt 200 ]; then
-    profile prefill "gemm:m=2048,n=7168,k=8192," 'kt_gemm|gemm|nvjet|xmma|cutlass'
+    profile prefill "gemm:m=2048,n=7168,k=8192,dtype=bf16," 'kt_gemm|gemm|nvjet|xmma|cutlass'
 fi
 if [ -n "$ncu" ] && [ "$SECONDS" -lt 220 ]; then
     profile flash "q_len=2048," 'kt_flash'

@@ -102,6 +102,14 @@ struct Copy {
     int group;
 };
 
+// A wgmma k step's depth and its elements' bytes: 16 of 16 bits, or (fp8 builds, m64nNk32)
+// 32 bytes, the same 32 bytes of each row.
+#if KT_DTYPE == 3 || KT_DTYPE == 4
+constexpr int kWgK = 32, kWgBytes = 1;
+#else
+constexpr int kWgK = 16, kWgBytes = 2;
+#endif
+
 // An issued wgmma.mma_async: its accumulators (`n / 2` of this thread's), N, the operand
 // descriptors and its commit group; with A from registers (`reg_a`), the thread's two rows
 // of A (g and g + 8 of its warp's 16) as its warp's registers held them at the issue, and
@@ -113,7 +121,7 @@ struct Wgmma {
     int group;
     bool reg_a;
     bool trans_b;
-    float a_rows[2][16];
+    float a_rows[2][kWgK];
 };
 
 // An mbarrier object, by its shared-window address: arrivals a phase expects, those still
@@ -940,20 +948,24 @@ inline WgmmaDesc wgmma_desc(unsigned long long desc) {
                      (size_t)(mode == 0 ? 0 : mode == 1 ? 128 : mode == 2 ? 64 : 32)};
 }
 
-// The 16-bit operand element at shared address `addr` (a swizzled layout's address before
-// its swizzle: the 16-byte piece, bits 4 up, XORed with bits 7 up, as many bits as a row of
-// W bytes has pieces).
+// The operand element at shared address `addr` (a swizzled layout's address before its
+// swizzle: the 16-byte piece, bits 4 up, XORed with bits 7 up, as many bits as a row of W
+// bytes has pieces): a 16-bit value, or an fp8 byte's value.
 inline float wgmma_read(Block& b, size_t addr, size_t w) {
     if (w > 0) addr ^= ((addr >> 7) & (w / 16 - 1)) << 4;
-    if (addr < kSharedWindow || addr - kSharedWindow + 2 > b.shared_bytes)
+    if (addr < kSharedWindow || addr - kSharedWindow + kWgBytes > b.shared_bytes)
         fail("a wgmma operand element outside dynamic shared memory");
+#if KT_DTYPE == 3 || KT_DTYPE == 4
+    return fp8_f32(b.shared_base[addr - kSharedWindow]);
+#else
     unsigned short x;
     __builtin_memcpy(&x, b.shared_base + (addr - kSharedWindow), sizeof x);
     return half_f32(x);
+#endif
 }
 
-// Element (row, k < 16) of a wgmma operand, k-major (see kt_wgmma_desc). Without swizzling:
-// 8×8 core matrices of 16-byte rows, `lbo` apart in k and `sbo` in rows. Swizzled (mode 1,
+// Element (row, k < kWgK) of a wgmma operand, k-major (see kt_wgmma_desc). Without
+// swizzling: core matrices of 8 rows of 16 bytes, `lbo` apart in k and `sbo` in rows. Swizzled (mode 1,
 // 2, 3: rows of W = 128, 64, 32 bytes): row r of each 8 at r·W, groups of 8 rows `sbo`
 // apart, the step's 32 bytes of k within one row, the address swizzled (wgmma_read): a
 // function of the address, so a tile must start on a boundary of the pattern (8·W bytes)
@@ -961,11 +973,13 @@ inline float wgmma_read(Block& b, size_t addr, size_t w) {
 inline float wgmma_elem(Block& b, unsigned long long desc, int row, int k) {
     const WgmmaDesc d = wgmma_desc(desc);
     if (d.w == 0)
-        return wgmma_read(b, d.start + (size_t)(row / 8) * d.sbo + (size_t)(k / 8) * d.lbo +
-                                 (size_t)(row % 8) * 16 + (size_t)(k % 8) * 2,
+        return wgmma_read(b, d.start + (size_t)(row / 8) * d.sbo +
+                                 (size_t)(k * kWgBytes / 16) * d.lbo + (size_t)(row % 8) * 16 +
+                                 (size_t)(k * kWgBytes % 16),
                           0);
     if (d.start % d.w + 32 > d.w) fail("a wgmma k step that crosses a swizzled row");
-    return wgmma_read(b, d.start + (size_t)(row / 8) * d.sbo + (size_t)(row % 8) * d.w + (size_t)k * 2,
+    return wgmma_read(b, d.start + (size_t)(row / 8) * d.sbo + (size_t)(row % 8) * d.w +
+                             (size_t)k * kWgBytes,
                       d.w);
 }
 
@@ -1003,7 +1017,8 @@ inline void wgmma_same(Block& b, int me, int base, unsigned long long x, unsigne
     wait(kWgmma);
 }
 
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}, both operands from shared memory,
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16} (fp8 builds: m64nNk32.f32 on
+// E4M3 or E5M2 bytes), both operands from shared memory,
 // neither transposed (k-major): recorded, and computed at the wgmma.wait_group covering it.
 // The warp's lanes must pass one pair of descriptors.
 inline void wgmma(float* d, int n, unsigned long long da, unsigned long long db) {
@@ -1021,6 +1036,7 @@ inline void wgmma(float* d, int n, unsigned long long da, unsigned long long db)
 // the issue (the device reads the registers before the wait; changing them in between is
 // a race the emulator does not see).
 inline void wgmma_rs(float* d, int n, const unsigned (&a)[4], unsigned long long db, int trans_b) {
+    if (kWgK != 16) fail("a wgmma with A from registers on fp8: not emulated");
     Block& b = block();
     const int me = b.current;
     const int base = wgmma_issue(b, me);
@@ -1057,20 +1073,20 @@ inline void wgmma_complete(Block& b, int j, int target) {
         }
         // The thread's two rows of A, then each pair of its columns of B, read once (a row
         // feeds every column, a column both rows).
-        float a_rows[2][16];
+        float a_rows[2][kWgK];
         for (int h = 0; h < 2; ++h)
-            for (int k = 0; k < 16; ++k)
+            for (int k = 0; k < kWgK; ++k)
                 a_rows[h][k] = op.reg_a ? op.a_rows[h][k] : wgmma_elem(b, op.a, 16 * w + g + 8 * h, k);
         for (int c = 0; c < op.n / 8; ++c) {
-            float cols[2][16];
+            float cols[2][kWgK];
             for (int h = 0; h < 2; ++h)
-                for (int k = 0; k < 16; ++k) {
+                for (int k = 0; k < kWgK; ++k) {
                     const int col = 8 * c + 2 * t + h;
                     cols[h][k] = op.trans_b ? wgmma_elem_mn(b, op.b, k, col) : wgmma_elem(b, op.b, col, k);
                 }
             for (int e = 0; e < 4; ++e) {
                 float acc = op.d[4 * c + e];
-                for (int k = 0; k < 16; ++k) acc = fmaf(a_rows[e / 2][k], cols[e % 2][k], acc);
+                for (int k = 0; k < kWgK; ++k) acc = fmaf(a_rows[e / 2][k], cols[e % 2][k], acc);
                 op.d[4 * c + e] = acc;
             }
         }

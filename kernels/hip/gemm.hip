@@ -2,14 +2,15 @@
 // as a Linear layer stores its weights (KT_B_NK = 1). Inputs f32, f16 or bf16 (KT_DTYPE),
 // accumulation f32. Grid: (ceil(N / BN), ceil(M / BM)), one block per BM×BN tile of C.
 //
-// fp8 inputs (KT_DTYPE 3 and 4, W8A8: the tiled, skinny, and one-stage MFMA and mma variants,
-// and the pipelined mma one) take five more arguments after the sizes, and C is stored scaled
+// fp8 inputs (KT_DTYPE 3 and 4, W8A8: every variant) take five more arguments after the
+// sizes, and C is stored scaled
 // (KT_SCALED): element (i, j) times factor · a_scales[i · a_step] · b_scales[j · b_step],
 // each step 0 (one scale for the tensor) or 1 (one for each row of A, column of C), `factor`
 // the square of the readings' (prelude). The one-stage matrix-core variants stage the bytes'
-// f16 readings in shared memory and multiply them as f16; the pipelined mma tiles copy the
-// bytes as they lie and multiply them by mma.sync m16n8k32 (sm_89 and later, OCP E4M3 or
-// E5M2), whose products are the values themselves (no factor).
+// f16 readings in shared memory and multiply them as f16; the pipelined mma and wgmma tiles
+// copy the bytes as they lie and multiply them by mma.sync m16n8k32 (sm_89 and later, OCP
+// E4M3 or E5M2) or wgmma m64nNk32 (sm_90a), whose products are the values themselves (no
+// factor), as the pipelined MFMA tiles' v_mfma_f32_32x32x16_fp8_fp8 on CDNA3 (E4M3 FNUZ).
 //
 // KT_VARIANT 0, tiled: each thread owns a TM×TN register tile; A and B tiles of depth BK are
 //   staged in LDS as f32 (widened once on load), A transposed so a thread's TM values of one
@@ -26,8 +27,9 @@
 //   k contiguous, each fragment register one 4-byte load. KT_STAGES 2 to 4: that many tiles
 //   in flight, copied by 16-byte cp.async (rows of 8 elements: k % 8 == 0, and n % 8 == 0
 //   for a [K,N] B, which the space checks) and read by ldmatrix.
-// KT_VARIANT 3, wgmma (NVIDIA sm_90a, f16 and bf16, B [N,K]): each warpgroup of 4 warps owns
-//   TM tiles of 64×TN computed by wgmma.mma_async.m64nNk16 (N = TN) straight from shared
+// KT_VARIANT 3, wgmma (NVIDIA sm_90a, f16, bf16 and OCP fp8, B [N,K]): each warpgroup of 4
+//   warps owns TM tiles of 64×TN computed by wgmma.mma_async.m64nNk16 (N = TN; fp8:
+//   m64nNk32, on tiles of bytes laid out as 16-bit ones of half the depth) straight from shared
 //   memory, stored there as 8×8 core matrices or (KT_SWIZZLE 32, 64 or 128) as rows of that
 //   many bytes, swizzled as the descriptors' mode of that width reads them. Of KT_STAGES (3 or 4) k tiles in shared memory,
 //   one is being multiplied, the products of the one before may still be in flight, and the
@@ -60,25 +62,37 @@
 #if KT_STAGES != 1 && KT_VARIANT == 0
 #error "the tiled variant does not pipeline its k tiles: KT_STAGES must be 1"
 #endif
-#if KT_FP8_IN && (KT_VARIANT == 3 || (KT_STAGES != 1 && !KT_B_NK))
-#error "fp8 inputs take the tiled, skinny, MFMA and mma variants (pipelined: B as [N, K])"
+#if KT_FP8_IN && KT_STAGES != 1 && !KT_B_NK
+#error "pipelined fp8 tiles read B as [N, K]"
 #endif
 
 #if KT_FP8_IN
 #define KT_SCALE_PARAMS                                                                      \
     , const float* __restrict__ a_scales, int a_step, const float* __restrict__ b_scales,    \
         int b_step, float factor
+// The same passed on to a function of the kernel's.
+#define KT_SCALE_ARGS , a_scales, a_step, b_scales, b_step, factor
 #if KT_STAGES > 1
-// The pipelined mma and MFMA tiles multiply the bytes' values themselves: no readings' factor.
+// The pipelined mma, wgmma and MFMA tiles multiply the bytes' values themselves: no readings'
+// factor.
 #define KT_ROW_SCALE(row) (a_scales[(row) * a_step])
 #else
 #define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])
 #endif
 #define KT_COL_SCALE(col) (b_scales[(col) * b_step])
+// A row's or column's scale where it lies inside the matrix (`end` rows or columns), else 0
+// (nothing is stored there): behind its test, the compiler keeps each load to its stores
+// instead of fetching a whole tile's column scales at once (a wgmma 128x256 tile: 255
+// registers a thread against 192).
+#define KT_ROW_SCALE_IN(row, end) ((row) < (end) ? KT_ROW_SCALE(row) : 0.0f)
+#define KT_COL_SCALE_IN(col, end) ((col) < (end) ? KT_COL_SCALE(col) : 0.0f)
 #else
 #define KT_SCALE_PARAMS
+#define KT_SCALE_ARGS
 #define KT_ROW_SCALE(row) 1.0f
 #define KT_COL_SCALE(col) 1.0f
+#define KT_ROW_SCALE_IN(row, end) 1.0f
+#define KT_COL_SCALE_IN(col, end) 1.0f
 #endif
 #define KT_SCALED(v, row, col) ((v) * (KT_ROW_SCALE(row) * KT_COL_SCALE(col)))
 
@@ -609,11 +623,20 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if !defined(KT_WGMMA)
 #error "the wgmma variant needs NVIDIA sm_90a (or the host emulator of one)"
 #endif
-#if KT_DTYPE == 0 || KT_FP8_IN || !KT_B_NK
-#error "the wgmma variant takes f16 or bf16 inputs and B as [N, K]"
+#if KT_DTYPE == 0 || !KT_B_NK
+#error "the wgmma variant takes f16, bf16 or fp8 (OCP) inputs and B as [N, K]"
 #endif
 #if KT_STAGES < 3 || KT_STAGES > 4
 #error "the wgmma variant takes 3 or 4 stages: one multiplied, one finishing, the rest copied"
+#endif
+
+// Shared memory and the k loop count 16-bit words: fp8 bytes go two to a word, so the 16-bit
+// layouts (core matrices of 8 rows of 16 bytes, swizzled rows, TMA boxes of 64 words) hold
+// twice the values, and a word step of 16 is m64nNk32's 32 bytes.
+#if KT_FP8_IN
+#define KT_BKW (KT_BK / 2)
+#else
+#define KT_BKW KT_BK
 #endif
 
 #ifndef KT_SPECIALIZED
@@ -628,8 +651,8 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #if KT_BLOCK_TILES > 1 && !KT_SPECIALIZED
 #error "a block takes several C tiles only in the specialized variant (KT_BLOCK_TILES 1)"
 #endif
-#if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BK == 64)
-#error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64"
+#if KT_TMA && !(KT_SPECIALIZED && KT_SWIZZLE == 128 && KT_BKW == 64)
+#error "TMA boxes feed the specialized variant: KT_SWIZZLE 128, KT_BK 64 words (128 fp8 values)"
 #endif
 #ifndef KT_CLUSTER
 #define KT_CLUSTER 1
@@ -644,7 +667,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #define KT_THREADS (KT_CONSUMERS + 128 * KT_SPECIALIZED)
 #define KT_COPIERS (KT_SPECIALIZED ? 128 : KT_THREADS)
 #if KT_SWIZZLE
-#if KT_SWIZZLE != 32 && KT_SWIZZLE != 64 && KT_SWIZZLE != 128 || (2 * KT_BK) % KT_SWIZZLE
+#if KT_SWIZZLE != 32 && KT_SWIZZLE != 64 && KT_SWIZZLE != 128 || (2 * KT_BKW) % KT_SWIZZLE
 #error "KT_SWIZZLE must be 32, 64 or 128 bytes, dividing a k tile's rows"
 #endif
 // Swizzled rows: a tile of R rows by BK stores k in column blocks of KT_ATOM (a swizzled
@@ -665,13 +688,13 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 // are 128 bytes apart (the descriptors' leading offset), cores adjacent in rows BK · 16
 // (their stride offset).
 #define KT_LBO 128
-#define KT_SBO (KT_BK * 16)
+#define KT_SBO (KT_BKW * 16)
 #define KT_LAYOUT 0
 #define KT_ALIGN 0
 #endif
 // A [stage][BM·BK], then B [stage][BN·BK], in dynamic shared memory (KT_ALIGN more, for
 // rounding its start up); specialized, then each stage's two mbarriers.
-#define KT_TILE_BYTES (2 * KT_STAGES * (KT_BM + KT_BN) * KT_BK)
+#define KT_TILE_BYTES (2 * KT_STAGES * (KT_BM + KT_BN) * KT_BKW)
 #if !defined(KT_DYN_LDS) || KT_TILE_BYTES + KT_ALIGN + 16 * KT_STAGES * KT_SPECIALIZED != KT_DYN_LDS
 #error "KT_DYN_LDS must be the bytes of the pipelined tiles, as the launch passes them"
 #endif
@@ -712,62 +735,72 @@ KT_DEVICE int kt_start(int r, int kk) {
     return (16 * kk / KT_ATOM) * R * KT_ATOM + r * KT_ATOM + 16 * kk % KT_ATOM;
 #else
     // The core matrices kc = 2·kk and 2·kk + 1.
-    return (r / 8) * (KT_BK / 8) * 64 + 128 * kk;
+    return (r / 8) * (KT_BKW / 8) * 64 + 128 * kk;
 #endif
 }
 
-// Copies rows r0 .. r0 + R of `src` ([rows, k] row-major), k0 .. k0 + BK, into the tile at
+// Copies rows r0 .. r0 + R of `src` ([rows, k] row-major, in words as every k here), k0 ..
+// k0 + BKW, into the tile at
 // `dst`, 16 bytes a copy. Swizzled: consecutive threads take consecutive pieces of a row, so
 // a quarter-warp reads 128 contiguous bytes and writes 8 distinct banks' worth. Core
 // matrices: 8 consecutive threads fill the 8 rows of one (128 contiguous bytes of shared
 // memory), reading 16 bytes of each of 8 rows. Pieces outside the matrix or past `ke` are
-// zero-filled (k % 8 == 0: a piece lies wholly inside or outside).
+// zero-filled (k % 8 == 0 in words: a piece lies wholly inside or outside).
 template <int R>
-KT_DEVICE void kt_load_tile(unsigned short* dst, const kt_in* src, int r0, int rows, int k,
-                            int k0, int ke, int tid) {
+KT_DEVICE void kt_load_tile(unsigned short* dst, const unsigned short* src, int r0, int rows,
+                            int k, int k0, int ke, int tid) {
     // The tile's shared address once; each piece an offset from it (kt_cp_async16_at).
     const unsigned base = kt_smem(dst);
-    for (int i = tid; i < R * (KT_BK / 8); i += KT_COPIERS) {
+    for (int i = tid; i < R * (KT_BKW / 8); i += KT_COPIERS) {
 #if KT_SWIZZLE
-        const int p = i % (KT_BK / 8), r = i / (KT_BK / 8);
+        const int p = i % (KT_BKW / 8), r = i / (KT_BKW / 8);
         const int gr = r0 + r, gk = k0 + 8 * p;
         const int at = 2 * ((8 * p / KT_ATOM) * R * KT_ATOM + r * KT_ATOM) + 16 * (p % (KT_ATOM / 8));
         const unsigned to = base + kt_swizzled(at);
 #else
-        const int r8 = i % 8, kc = (i / 8) % (KT_BK / 8), rc = i / KT_BK;
+        const int r8 = i % 8, kc = (i / 8) % (KT_BKW / 8), rc = i / KT_BKW;
         const int gr = r0 + 8 * rc + r8, gk = k0 + 8 * kc;
-        const unsigned to = base + 2 * ((rc * (KT_BK / 8) + kc) * 64 + r8 * 8);
+        const unsigned to = base + 2 * ((rc * (KT_BKW / 8) + kc) * 64 + r8 * 8);
 #endif
         const bool in = gr < rows && gk < ke;
         kt_cp_async16_at(to, in ? src + ((long)gr * k + gk) : src, in ? 16 : 0);
     }
 }
 
-// C tile rows of warpgroup `wg` of the multiplying ones: its accumulators into C. A thread's
-// two neighbouring columns go as one 8-byte store where n is even (every pair then aligned).
+// C tile rows of warpgroup `wg` of the multiplying ones: its accumulators into C (fp8: scaled,
+// each row's and column's scale read once). A thread's two neighbouring columns go as one
+// 8-byte store where n is even (every pair then aligned).
 KT_DEVICE void kt_store_acc(float (&acc)[KT_TM][KT_TN / 2], float* c, int m, int n, int row0,
-                            int col0, int wg, int ctid) {
+                            int col0, int wg, int ctid KT_SCALE_PARAMS) {
     const int wm = (wg / KT_WG_N) * 64 * KT_TM;
     const int wn = (wg % KT_WG_N) * KT_TN;
     // The accumulator layout: warp w of the warpgroup, lane = 4·group + t.
     const int w = (ctid / 32) % 4, g = (ctid % 32) / 4, t = ctid % 4;
 #pragma unroll
-    for (int i = 0; i < KT_TM; ++i)
+    for (int i = 0; i < KT_TM; ++i) {
+        const int r0 = row0 + wm + 64 * i + 16 * w + g;
+        // The thread's two rows (g and g + 8 of its warp's 16) and below its two columns.
+        const float rs[2] = {KT_ROW_SCALE_IN(r0, m), KT_ROW_SCALE_IN(r0 + 8, m)};
 #pragma unroll
-        for (int j = 0; j < KT_TN / 8; ++j)
+        for (int j = 0; j < KT_TN / 8; ++j) {
+            const int gc = col0 + wn + 8 * j + 2 * t;
+            const float cs[2] = {KT_COL_SCALE_IN(gc, n), KT_COL_SCALE_IN(gc + 1, n)};
 #pragma unroll
             for (int e = 0; e < 4; e += 2) {
-                const int gr = row0 + wm + 64 * i + 16 * w + g + 8 * (e / 2);
-                const int gc = col0 + wn + 8 * j + 2 * t;
+                const int gr = r0 + 8 * (e / 2);
                 if (gr >= m) continue;
+                const float v0 = acc[i][4 * j + e] * (rs[e / 2] * cs[0]);
+                const float v1 = acc[i][4 * j + e + 1] * (rs[e / 2] * cs[1]);
                 float* const at = c + (long)gr * n + gc;
                 if (gc + 1 < n && n % 2 == 0) {
-                    kt_store8(at, acc[i][4 * j + e], acc[i][4 * j + e + 1]);
+                    kt_store8(at, v0, v1);
                 } else {
-                    if (gc < n) at[0] = acc[i][4 * j + e];
-                    if (gc + 1 < n) at[1] = acc[i][4 * j + e + 1];
+                    if (gc < n) at[0] = v0;
+                    if (gc + 1 < n) at[1] = v1;
                 }
             }
+        }
+    }
 }
 
 // Issues stage `st`'s products for warpgroup `wg` of the multiplying ones, one commit group.
@@ -775,11 +808,11 @@ KT_DEVICE void kt_issue(float (&acc)[KT_TM][KT_TN / 2], const unsigned short* as
                         const unsigned short* bs, int st, int wg) {
     const int wm = (wg / KT_WG_N) * 64 * KT_TM;
     const int wn = (wg % KT_WG_N) * KT_TN;
-    const unsigned short* at = as + st * KT_BM * KT_BK;
-    const unsigned short* bt = bs + st * KT_BN * KT_BK;
+    const unsigned short* at = as + st * KT_BM * KT_BKW;
+    const unsigned short* bt = bs + st * KT_BN * KT_BKW;
     kt_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KT_BK / 16; ++kk) {
+    for (int kk = 0; kk < KT_BKW / 16; ++kk) {
         const unsigned long long bd =
             kt_wgmma_desc(bt + kt_start<KT_BN>(wn, kk), KT_LBO, KT_SBO, KT_LAYOUT);
 #pragma unroll
@@ -800,7 +833,7 @@ KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS) KT_CLUSTER_DIMS(KT_CLUSTER)
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 #endif
 kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
-        int m, int n, int k
+        int m, int n, int k KT_SCALE_PARAMS
 #if KT_TMA
         , const KT_GRID_CONSTANT kt_tmap a_map, const KT_GRID_CONSTANT kt_tmap b_map
 #endif
@@ -812,12 +845,17 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #else
     unsigned short* const as = reinterpret_cast<unsigned short*>(smem);
 #endif
-    unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BK;
+    unsigned short* const bs = as + KT_STAGES * KT_BM * KT_BKW;
     const int tid = KT_TID;
     int kb, ke;
     kt_split_range(k, &kb, &ke);
     c += (long)KT_BID_Z * m * n;
-    const int tiles = ke > kb ? (ke - kb + KT_BK - 1) / KT_BK : 0;
+    // From here on k counts 16-bit words as the tiles do (fp8: two bytes each, k a multiple
+    // of 16 bytes); TMA boxes too, whose maps describe the operands as 16-bit (gpu/launch.rs).
+    const int kw = k * (int)sizeof(kt_in) / 2;
+    kb = kb * (int)sizeof(kt_in) / 2;
+    ke = ke * (int)sizeof(kt_in) / 2;
+    const int tiles = ke > kb ? (ke - kb + KT_BKW - 1) / KT_BKW : 0;
     // This block's C tiles: KT_BLOCK_TILES from first on, fewer in the last block (in
     // clusters, the cluster's columns of tiles, each block its row of them).
     const int c_tiles =
@@ -826,8 +864,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     const int mine = min(KT_BLOCK_TILES, c_tiles - first);
     // (TMA copies without it.)
     [[maybe_unused]] auto load = [&](int st, int k0, int copier, int row0, int col0) {
-        kt_load_tile<KT_BM>(as + st * KT_BM * KT_BK, a, row0, m, k, k0, ke, copier);
-        kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BK, b, col0, n, k, k0, ke, copier);
+        kt_load_tile<KT_BM>(as + st * KT_BM * KT_BKW, reinterpret_cast<const unsigned short*>(a),
+                            row0, m, kw, k0, ke, copier);
+        kt_load_tile<KT_BN>(bs + st * KT_BN * KT_BKW, reinterpret_cast<const unsigned short*>(b),
+                            col0, n, kw, k0, ke, copier);
     };
     float acc[KT_TM][KT_TN / 2];
 #if KT_SPECIALIZED
@@ -838,7 +878,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     // CUTLASS's pipelines signal, instead of 128 arrivals a warpgroup on one mbarrier). Both
     // sides count the k tiles of all the block's C tiles in one sequence `it`: stage
     // it % STAGES, in round it / STAGES.
-    unsigned long long* const full = reinterpret_cast<unsigned long long*>(bs + KT_STAGES * KT_BN * KT_BK);
+    unsigned long long* const full = reinterpret_cast<unsigned long long*>(bs + KT_STAGES * KT_BN * KT_BKW);
     unsigned long long* const empty = full + KT_STAGES;
     if (tid == 0) {
         for (int st = 0; st < KT_STAGES; ++st) {
@@ -871,23 +911,23 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
                 const int st = it % KT_STAGES;
                 kt_mbar_wait(&empty[st], ((it / KT_STAGES) & 1) ^ 1);
 #if KT_TMA
-                kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);
-                kt_tma_load(as + st * KT_BM * KT_BK, &a_map, kb + tile * KT_BK, row0, &full[st]);
+                kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BKW);
+                kt_tma_load(as + st * KT_BM * KT_BKW, &a_map, kb + tile * KT_BKW, row0, &full[st]);
 #if KT_CLUSTER > 1
                 // This block's share of B's tile, into every block of the cluster (whose
                 // stage the same `empty` wait found free: each block's consumers hand their
                 // stages back to every producer of the cluster).
                 {
                     const int part = kt_cluster_rank() * (KT_BN / KT_CLUSTER);
-                    kt_tma_load_multicast(bs + st * KT_BN * KT_BK + part * KT_BK, &b_map,
-                                          kb + tile * KT_BK, col0 + part, &full[st],
+                    kt_tma_load_multicast(bs + st * KT_BN * KT_BKW + part * KT_BKW, &b_map,
+                                          kb + tile * KT_BKW, col0 + part, &full[st],
                                           (1u << KT_CLUSTER) - 1);
                 }
 #else
-                kt_tma_load(bs + st * KT_BN * KT_BK, &b_map, kb + tile * KT_BK, col0, &full[st]);
+                kt_tma_load(bs + st * KT_BN * KT_BKW, &b_map, kb + tile * KT_BKW, col0, &full[st]);
 #endif
 #else
-                load(st, kb + tile * KT_BK, tid, row0, col0);
+                load(st, kb + tile * KT_BKW, tid, row0, col0);
                 kt_cp_async_mbar_arrive(&full[st]);
 #endif
             }
@@ -947,7 +987,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         if (tiles > 0 && signals) release(&empty[(it - 1) % KT_STAGES]);
 #pragma unroll
         for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
-        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
+        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid KT_SCALE_ARGS);
     }
 #if KT_CLUSTER > 1
     kt_cluster_sync();
@@ -965,7 +1005,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     // products may still be in flight, and the rest tiles being copied: STAGES - 2 ahead.
 #pragma unroll
     for (int st = 0; st < KT_STAGES - 2; ++st) {
-        if (st < tiles) load(st, kb + st * KT_BK, tid, row0, col0);
+        if (st < tiles) load(st, kb + st * KT_BKW, tid, row0, col0);
         kt_cp_async_commit();
     }
     for (int tile = 0; tile < tiles; ++tile) {
@@ -977,7 +1017,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         kt_fence_async_shared();
         KT_SYNC();
         const int next = tile + KT_STAGES - 2;
-        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BK, tid, row0, col0);
+        if (next < tiles) load(next % KT_STAGES, kb + next * KT_BKW, tid, row0, col0);
         kt_cp_async_commit();
         kt_issue(acc, as, bs, tile % KT_STAGES, wg);
         // This tile's products stay in flight while the next tile is prepared and issued.
@@ -986,7 +1026,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
     kt_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < KT_TM; ++i) kt_wgmma_fence_operand(acc[i]);
-    kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);
+    kt_store_acc(acc, c, m, n, row0, col0, wg, ctid KT_SCALE_ARGS);
 #endif
 }
 

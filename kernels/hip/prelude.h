@@ -588,7 +588,8 @@ KT_DEVICE void kt_mma_k32(float (&d)[4], const unsigned (&a)[4], const unsigned 
 #endif
 
 #if defined(KT_WGMMA) && KT_DTYPE != 0
-// Hopper's warpgroup MMA (wgmma.mma_async.m64nNk16, f32 accumulation): the 128 threads of a
+// Hopper's warpgroup MMA (wgmma.mma_async.m64nNk16, f32 accumulation; m64nNk32 on fp8
+// bytes, whose 32 of k take the bytes of 16-bit's 16): the 128 threads of a
 // warpgroup compute a 64×N tile of D += A·Bᵀ, A (64×16) and B (N×16) read from shared memory
 // through descriptors, asynchronously: issued after a wgmma.fence, completed by commit group
 // (kt_wgmma_wait<n> leaves the newest n groups in flight). Thread (warp w of the warpgroup,
@@ -663,10 +664,24 @@ KT_DEVICE void kt_wgmma_fence_operand(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// fp8 (OCP E4M3 or E5M2; the space refuses FNUZ): m64nNk32 on the bytes themselves, a k step
+// of 32 bytes as the 16-bit one's, and no transpose immediates (fp8 operands are k-major).
+#if KT_FP8_IN
+#define KT_WGMMA_STEP(in) "k32.f32." in "." in
+#define KT_WGMMA_TAIL ", p, 1, 1; }"
+#if KT_DTYPE == 4
+#define KT_WGMMA_IN "e5m2"
+#else
+#define KT_WGMMA_IN "e4m3"
+#endif
+#else
+#define KT_WGMMA_STEP(in) "k16.f32." in "." in
+#define KT_WGMMA_TAIL ", p, 1, 1, 0, 0; }"
 #if !KT_CORE_BF16
 #define KT_WGMMA_IN "f16"
 #else
 #define KT_WGMMA_IN "bf16"
+#endif
 #endif
 // Inline PTX names every accumulator register (N/2 of them), so each N (the multiples of 32
 // from 64 to 256) has its own operand list, spelled by these macros rather than by hand:
@@ -693,8 +708,8 @@ KT_DEVICE void kt_wgmma_fence_operand(float (&d)[N]) {
 #define KT_WGMMA_N(N, DA, DB, P, OPS, ...)                                                     \
     KT_DEVICE void kt_wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {   \
         asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #P ", 0; "                            \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." KT_WGMMA_IN             \
-                     "." KT_WGMMA_IN " {" OPS "}, %" #DA ", %" #DB ", p, 1, 1, 0, 0; }"        \
+                     "wgmma.mma_async.sync.aligned.m64n" #N KT_WGMMA_STEP(KT_WGMMA_IN)         \
+                     " {" OPS "}, %" #DA ", %" #DB KT_WGMMA_TAIL                               \
                      : __VA_ARGS__                                                             \
                      : "l"(a), "l"(b), "r"(1));                                                \
     }
@@ -737,6 +752,7 @@ KT_WGMMA_N(160, 80, 81, 82, KT_WG_OPS_160, KT_WG_ACCS_160)
 KT_WGMMA_N(192, 96, 97, 98, KT_WG_OPS_192, KT_WG_ACCS_192)
 KT_WGMMA_N(224, 112, 113, 114, KT_WG_OPS_224, KT_WG_ACCS_224)
 KT_WGMMA_N(256, 128, 129, 130, KT_WG_OPS_256, KT_WG_ACCS_256)
+#if !KT_FP8_IN
 // A from registers (four of two 16-bit values a thread, the m16n8k16 A fragment of its
 // warp's 16 rows), B from shared memory, k-major (TRANS_B 0) or n-major (1: B's rows of k
 // hold N contiguous values, the descriptor's leading offset between swizzle atoms along N,
@@ -754,6 +770,7 @@ KT_WGMMA_N(256, 128, 129, 130, KT_WG_OPS_256, KT_WG_ACCS_256)
     }
 KT_WGMMA_RS_N(64, "%32, %33, %34, %35", 36, 37, 38, KT_WG_OPS_64, KT_WG_ACCS_64)
 KT_WGMMA_RS_N(128, "%64, %65, %66, %67", 68, 69, 70, KT_WG_OPS_128, KT_WG_ACCS_128)
+#endif
 #endif
 
 // mbarriers (8 bytes of shared memory each), for warpgroups that hand tiles to each other

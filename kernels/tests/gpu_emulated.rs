@@ -199,9 +199,14 @@ fn fp8_gemm_candidates_match_the_reference() {
     assert_eq!(variants("h200", GEMM_E4M3_NK), ["Mma", "Tiled"]);
     assert_eq!(
         variants("h200", GEMM_E4M3_NK_DECODE),
-        ["Mma", "Skinny", "Tiled"]
+        ["Mma", "Skinny", "Tiled", "Wgmma"]
     );
     assert_eq!(variants("mi300x", GEMM_FNUZ_NK), ["Mfma", "Tiled"]);
+    // The bytes themselves into m16n8k32 and Hopper's m64nNk32, where k is of 16-byte rows.
+    assert_eq!(
+        variants("h200", GEMM_E5M2_NK_PIPELINED),
+        ["Mma", "Tiled", "Wgmma"]
+    );
     for spec in [
         GEMM_E4M3_NK,
         GEMM_E5M2_KN,
@@ -1509,8 +1514,8 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
         // Descriptors whose offsets do not match the core-matrix layout.
         (
             "a wrong stride offset",
-            "#define KT_SBO (KT_BK * 16)",
-            "#define KT_SBO (KT_BK * 8)",
+            "#define KT_SBO (KT_BKW * 16)",
+            "#define KT_SBO (KT_BKW * 8)",
         ),
         (
             "swapped offsets",
@@ -1520,8 +1525,8 @@ fn the_wgmma_gemm_checks_catch_each_mistake() {
         // The next k step starting one core matrix on instead of two.
         (
             "a short k step",
-            "(KT_BK / 8) * 64 + 128 * kk;",
-            "(KT_BK / 8) * 64 + 64 * kk;",
+            "(KT_BKW / 8) * 64 + 128 * kk;",
+            "(KT_BKW / 8) * 64 + 64 * kk;",
         ),
         // Core matrices read as swizzled rows.
         (
@@ -2254,8 +2259,8 @@ fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
             ),
             (
                 "a box's coordinates swapped",
-                "&a_map, kb + tile * KT_BK, row0,",
-                "&a_map, row0, kb + tile * KT_BK,",
+                "&a_map, kb + tile * KT_BKW, row0,",
+                "&a_map, row0, kb + tile * KT_BKW,",
             ),
             ("B's box from A's map", "&b_map, kb", "&a_map, kb"),
         ] {
@@ -2270,13 +2275,13 @@ fn the_tma_wgmma_gemm_checks_catch_each_mistake() {
     let run = |body: &str| wgmma_config_error(body, wgmma_config_tma(64, 128, true, 3, true));
     for (from, to, says) in [
         (
-            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);",
-            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK + 2);",
+            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BKW);",
+            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BKW + 2);",
             "which nothing completes",
         ),
         (
-            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BK);",
-            "kt_mbar_expect_tx(&full[st], 2 * KT_BM * KT_BK);",
+            "kt_mbar_expect_tx(&full[st], 2 * (KT_BM + KT_BN) * KT_BKW);",
+            "kt_mbar_expect_tx(&full[st], 2 * KT_BM * KT_BKW);",
             "whose bytes its mbarrier's phase does not expect",
         ),
     ] {
@@ -2402,8 +2407,8 @@ fn clusters_sharing_b_match_the_reference_and_catch_each_mistake() {
         ),
         (
             "the second half of B over the first",
-            "bs + st * KT_BN * KT_BK + part * KT_BK, &b_map,",
-            "bs + st * KT_BN * KT_BK, &b_map,",
+            "bs + st * KT_BN * KT_BKW + part * KT_BKW, &b_map,",
+            "bs + st * KT_BN * KT_BKW, &b_map,",
         ),
         (
             "a stage free once one block's consumers are done with it",
@@ -2431,8 +2436,8 @@ fn clusters_sharing_b_match_the_reference_and_catch_each_mistake() {
     // Without the barrier before they leave, a block's consumers hand a stage back to a block
     // that has gone.
     let body = gemm_with(
-        "        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);\n    }\n#if KT_CLUSTER > 1\n    kt_cluster_sync();",
-        "        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid);\n    }\n#if KT_CLUSTER > 1",
+        "        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid KT_SCALE_ARGS);\n    }\n#if KT_CLUSTER > 1\n    kt_cluster_sync();",
+        "        kt_store_acc(acc, c, m, n, row0, col0, wg, ctid KT_SCALE_ARGS);\n    }\n#if KT_CLUSTER > 1",
     )
     .replace(
         "#if KT_CLUSTER > 1\n        // Blocks leave together: none while another may still arrive on its mbarriers.\n        kt_cluster_sync();\n#endif",
@@ -2825,10 +2830,12 @@ fn each_fp8_gemm_variant_scales_what_it_stores() {
             );
         }
     }
-    // The pipelined mma (m16n8k32) and MFMA (32x32x16 fp8) tiles multiply the bytes
-    // themselves: their products are the values, so the readings' factor applied there shows
-    // as much as one left out elsewhere.
+    // The pipelined mma (m16n8k32), wgmma (m64nNk32) and MFMA (32x32x16 fp8) tiles multiply
+    // the bytes themselves: their products are the values, so the readings' factor applied
+    // there shows as much as one left out elsewhere. wgmma: k of a partial last tile, split.
     let native = "#define KT_ROW_SCALE(row) (a_scales[(row) * a_step])";
+    let wgmma_spec = "gemm:m=67,n=130,k=272,dtype=fp8_e4m3,b=nk";
+    let wgmma = GpuGemmVariant::Wgmma;
     for (model, spec, config, stride) in [
         (
             "h200",
@@ -2840,7 +2847,27 @@ fn each_fp8_gemm_variant_scales_what_it_stores() {
             "mi300x",
             GEMM_FNUZ_NK_PIPELINED,
             GpuGemmConfig::tile(GpuGemmVariant::Mfma, (64, 64, 32), (1, 1), 2, 2),
-            "const int kw = k * (int)sizeof(kt_in) / 2;",
+            "const int kw = k * (int)sizeof(kt_in) / 2;\n    const int kbl",
+        ),
+        (
+            "h200",
+            wgmma_spec,
+            GpuGemmConfig {
+                swizzle: 128,
+                ..GpuGemmConfig::tile(wgmma, (64, 128, 128), (1, 128), 3, 2)
+            },
+            "const int kw = k * (int)sizeof(kt_in) / 2;\n    kb = kb",
+        ),
+        (
+            "h200",
+            wgmma_spec,
+            GpuGemmConfig {
+                swizzle: 128,
+                specialized: true,
+                tma: true,
+                ..GpuGemmConfig::tile(wgmma, (128, 128, 128), (1, 128), 4, 2)
+            },
+            "kb = kb * (int)sizeof(kt_in) / 2;",
         ),
     ] {
         let tol = spec.parse::<Problem>().unwrap().tolerance();
@@ -2851,7 +2878,9 @@ fn each_fp8_gemm_variant_scales_what_it_stores() {
                 "{model} {spec} pipelined, per tensor {per_tensor}: {ok:e}"
             );
         }
-        let strided = stride.replace("k * (int)sizeof(kt_in) / 2", "k");
+        let strided = stride
+            .replace("k * (int)sizeof(kt_in) / 2", "k")
+            .replace("kb * (int)sizeof(kt_in) / 2", "kb");
         for (mistake, from, to) in [
             (
                 "the readings' factor applied",
@@ -2862,6 +2891,11 @@ fn each_fp8_gemm_variant_scales_what_it_stores() {
                 "one scale for every row of A",
                 native,
                 "#define KT_ROW_SCALE(row) (a_scales[0])",
+            ),
+            (
+                "one scale for every column of C",
+                col,
+                "#define KT_COL_SCALE(col) (b_scales[0])",
             ),
             ("rows strided in bytes, not words", stride, strided.as_str()),
         ] {

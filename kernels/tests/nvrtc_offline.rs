@@ -706,6 +706,14 @@ fn fp8_gemm_builds_compile_for_sm80_and_sm90() {
         &native,
         "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32",
     );
+    // Hopper's m64nNk32 on the bytes: the bf16 prefill's 61 wgmma tiles, twice as deep.
+    let wgmma = candidates_where(
+        "h200",
+        &prefill,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Wgmma),
+    );
+    assert_eq!(wgmma.len(), 61, "{wgmma:?}");
+    check_candidates(&nvrtc, "h200", &prefill, &wgmma, "k32.f32.e5m2.e5m2");
     let a100: Problem = "gemm:m=2048,n=1280,k=8192,dtype=fp8_e4m3,b=nk"
         .parse()
         .unwrap();

@@ -116,7 +116,11 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         None,
         &[("gpu skinny 1x16x1024 tile 1x4 split-k=4", 5.0)],
     )
-    .replacen(r#""timed""#, r#""cublaslt_ns": 6000.0, "timed""#, 1);
+    .replacen(
+        r#""timed""#,
+        r#""cublaslt_ns": 6000.0, "cublaslt_scales": "per-token and per-channel scales", "timed""#,
+        1,
+    );
     std::fs::write(
         d.join("gpu-check-gemm.json"),
         format!("[{mma}, {bf16_decode}, {fp8_decode}]"),
@@ -243,7 +247,8 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         "{out}"
     );
     assert!(
-        line("dtype=fp8_e4m3,b=nk: tuned vs cuBLASLt fp8").contains("1.20x"),
+        line("dtype=fp8_e4m3,b=nk: tuned vs cuBLASLt fp8")
+            .contains("1.20x (per-token and per-channel scales)"),
         "{out}"
     );
     assert!(out.contains("0 goals missed"), "{out}");

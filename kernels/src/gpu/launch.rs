@@ -480,17 +480,20 @@ pub fn launches(
                 grid(p.n.div_ceil(c.bn), p.m.div_ceil(c.bm), c.split_k)?
             };
             // With TMA, A as [M, K] in boxes of bm rows, B as [N, K] in boxes of bn, 64 of k
-            // each, after the sizes.
+            // each, after the sizes (and an fp8 GEMM's scales). k counts 16-bit words, as the
+            // kernel's tiles do: fp8 bytes two to a word, a box row 128 values (the copy
+            // engine moves bits; zeros past the edges are zeros in either format).
             let maps = if c.tma {
                 let bf16 = p.dtype == DType::Bf16;
-                let box_k = c.bk as u32;
+                let words = p.dtype.size().min(2);
+                let (k, box_k) = (p.k * words / 2, (c.bk * words / 2) as u32);
                 vec![
-                    TensorMap::new(ptrs.inputs[0], p.m, p.k, (c.bm as u32, box_k), bf16),
+                    TensorMap::new(ptrs.inputs[0], p.m, k, (c.bm as u32, box_k), bf16),
                     // In a cluster each block copies its share of B's tile.
                     TensorMap::new(
                         ptrs.inputs[1],
                         p.n,
-                        p.k,
+                        k,
                         ((c.bn / c.cluster.max(1)) as u32, box_k),
                         bf16,
                     ),
@@ -1285,7 +1288,19 @@ mod tests {
         };
         for config in GpuSpace.candidates(&p, &h200) {
             let l = launches(&p, &config, &scales(0x700, 4, 0x800, 1280)).unwrap();
-            let args = &l[0].args[3..];
+            let Config::GpuGemm(g) = config else {
+                unreachable!("a GEMM config")
+            };
+            // The TMA wgmma tiles' maps after them: the bytes as 16-bit words, boxes of 128
+            // bytes.
+            if g.tma {
+                let [.., Arg::TensorMap(a), Arg::TensorMap(b)] = l[0].args[..] else {
+                    panic!("{config}: no tensor maps")
+                };
+                assert_eq!((a.dims(), a.boxes()[0]), ([4096, 4, 1, 1], 64));
+                assert_eq!((b.dims(), b.strides()[0]), ([4096, 1280, 1, 1], 8192));
+            }
+            let args = &l[0].args[3..11];
             assert_eq!(
                 args,
                 [

@@ -110,9 +110,11 @@ struct Row {
     /// cuBLAS writing f32, as kerntune's GEMM does, where the inputs are 16-bit (`cublas_ns`
     /// is cuBLAS writing them in the inputs' type, as servers call it).
     cublas_f32_ns: Option<f64>,
-    /// fp8 GEMMs: cuBLASLt on the same bytes (per-tensor scales, bf16 out), as PyTorch's
-    /// `_scaled_mm` calls it; `cublaslt_note` says why not where it could not run.
+    /// fp8 GEMMs: cuBLASLt on the same bytes (bf16 out), as PyTorch's `_scaled_mm` calls
+    /// it, with the scales `cublaslt_scales` names (per token and channel, as kerntune's, where
+    /// cuBLASLt takes them); `cublaslt_note` says why not where it could not run.
     cublaslt_ns: Option<f64>,
+    cublaslt_scales: Option<String>,
     cublaslt_note: Option<String>,
     /// Every verified config's median, fastest first, with its main kernel's registers and
     /// spilled registers as ptxas allocated them: which of the tiles that spill pay.
@@ -272,6 +274,7 @@ impl Check<'_> {
             cublas_ns: None,
             cublas_f32_ns: None,
             cublaslt_ns: None,
+            cublaslt_scales: None,
             cublaslt_note: None,
             timed: Vec::new(),
         };
@@ -334,7 +337,10 @@ impl Check<'_> {
         match p {
             Problem::Gemm(g) if timing && g.fp8().is_some() => {
                 match on_device.time_cublaslt_fp8(self.gpu, reps) {
-                    Ok(times) => row.cublaslt_ns = Some(median(times)),
+                    Ok((times, scales)) => {
+                        row.cublaslt_ns = Some(median(times));
+                        row.cublaslt_scales = Some(scales);
+                    }
                     Err(e) => row.cublaslt_note = Some(e.to_string()),
                 }
             }
@@ -622,9 +628,9 @@ fn run() -> anyhow::Result<bool> {
                 ratio(row.cublas_f32_ns, row.best_ns)
             );
         }
-        if row.cublaslt_ns.is_some() {
+        if let (Some(_), Some(scales)) = (row.cublaslt_ns, &row.cublaslt_scales) {
             println!(
-                "{:>52}cuBLASLt fp8 (per-tensor scales, bf16 out): {}, tuned {}",
+                "{:>52}cuBLASLt fp8 ({scales}, bf16 out): {}, tuned {}",
                 "",
                 us(row.cublaslt_ns),
                 ratio(row.cublaslt_ns, row.best_ns)

@@ -211,12 +211,14 @@ pub(super) fn validate(
             ),
         ));
     }
-    if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == 64) {
+    // A box row is 128 bytes: 64 of a 16-bit k, 128 of an fp8 one.
+    let box_k = 64 * per_word(p);
+    if c.tma && !(c.specialized && c.swizzle == 128 && c.bk == box_k) {
         return Err(invalid(
             f,
             format!(
-                "tma: the copy engine feeds the specialized wgmma variant with swizzle = 128 and bk = 64 (not specialized = {}, swizzle = {}, bk = {})",
-                c.specialized, c.swizzle, c.bk
+                "tma: the copy engine feeds the specialized wgmma variant with swizzle = 128 and bk = {box_k} for {} (not specialized = {}, swizzle = {}, bk = {})",
+                p.dtype, c.specialized, c.swizzle, c.bk
             ),
         ));
     }
@@ -259,27 +261,26 @@ pub(super) fn validate(
 
 /// What fp8 GEMMs take: bytes widened to their f16 readings as one-stage tiles stage them;
 /// on sm_89 and later the pipelined mma tiles, whose copies move the bytes as they lie into
-/// `mma.sync.m16n8k32` on the bytes themselves (OCP E4M3 or E5M2), and on CDNA3 the
-/// pipelined MFMA tiles into `v_mfma_f32_32x32x16_fp8_fp8` (E4M3 FNUZ); both operands
-/// k-major, rows of whole 16-byte pieces, k tiles of whole instruction steps.
+/// `mma.sync.m16n8k32` on the bytes themselves (OCP E4M3 or E5M2), on sm_90 the wgmma
+/// tiles into `wgmma.mma_async.m64nNk32` the same way, and on CDNA3 the pipelined MFMA tiles
+/// into `v_mfma_f32_32x32x16_fp8_fp8` (E4M3 FNUZ); both operands k-major, rows of whole
+/// 16-byte pieces, k tiles of whole instruction steps.
 fn validate_fp8(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    if c.variant == GpuGemmVariant::Wgmma {
-        return Err(invalid(
-            f,
-            format!(
-                "{} (W8A8) GEMMs take the tiled, skinny, mma and MFMA variants, not wgmma",
-                p.dtype
-            ),
-        ));
-    }
-    if c.stages == 1 {
+    let wgmma = c.variant == GpuGemmVariant::Wgmma;
+    if c.stages == 1 && !wgmma {
         return Ok(());
     }
     if c.variant == GpuGemmVariant::Mfma {
         return validate_fp8_mfma(c, p, g);
     }
-    let why = if !has_fp8_mma(g) {
+    // (The wgmma variant's own rules say where the model has no wgmma.)
+    let tiles = if wgmma {
+        "the fp8 wgmma tiles"
+    } else {
+        "the pipelined fp8 mma tiles"
+    };
+    let why = if !wgmma && !has_fp8_mma(g) {
         Some(format!(
             "{} ({}) has no mma.sync on fp8 (sm_89 and later): the mma variant widens {} at stages = 1",
             g.name, g.arch, p.dtype
@@ -290,15 +291,15 @@ fn validate_fp8(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), 
                 .to_string(),
         )
     } else if p.b_layout != BLayout::Nk {
-        Some("the pipelined fp8 mma tiles read B as [N, K] (a Linear layer's weights); a [K, N] B takes stages = 1".to_string())
+        Some(format!("{tiles} read B as [N, K] (a Linear layer's weights); a [K, N] B takes the mma variant at stages = 1"))
     } else if !p.k.is_multiple_of(16) {
         Some(format!(
-            "the pipelined fp8 mma tiles copy rows in 16-byte pieces: k = {} must be a multiple of 16 (stages = 1 takes any size)",
+            "{tiles} copy rows in 16-byte pieces: k = {} must be a multiple of 16 (the mma variant at stages = 1 takes any size)",
             p.k
         ))
     } else if !c.bk.is_multiple_of(32) {
         Some(format!(
-            "the pipelined fp8 mma tiles multiply 32 bytes of k a step: bk = {} must be a multiple of 32",
+            "{tiles} multiply 32 bytes of k a step: bk = {} must be a multiple of 32",
             c.bk
         ))
     } else {
@@ -342,11 +343,14 @@ fn validate_fp8_mfma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result
     }
 }
 
-/// The wgmma variant's own rules: sm_90, 16-bit inputs, B as `[N, K]` (both operands
-/// k-major in shared memory), rows of 8 elements for the 16-byte copies, 64-row
-/// warpgroup tiles of an N the instruction has, and 3 or 4 stages.
+/// The wgmma variant's own rules: sm_90, 16-bit or fp8 inputs, B as `[N, K]` (both operands
+/// k-major in shared memory), rows of whole 16-byte pieces for the copies, 64-row
+/// warpgroup tiles of an N the instruction has, and 3 or 4 stages. Depths count 16-bit
+/// words, as the kernel lays fp8 bytes out: two to a word.
 fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
     let f = Family::Gemm;
+    let vec = vec_of(p.dtype);
+    let bkw = c.bk / per_word(p);
     matrix_cores(
         g,
         p,
@@ -360,12 +364,12 @@ fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<()
             "the wgmma variant reads B as [N, K] (a Linear layer's weights); a [K, N] B takes the mma variant",
         ));
     }
-    if !p.k.is_multiple_of(8) {
+    if !p.k.is_multiple_of(vec) {
         return Err(invalid(
             f,
             format!(
-                "the wgmma variant copies rows in 16-byte pieces: k = {} must be a multiple of 8",
-                p.k
+                "the wgmma variant copies rows in 16-byte pieces: k = {} must be a multiple of {vec} for {}",
+                p.k, p.dtype
             ),
         ));
     }
@@ -375,13 +379,19 @@ fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<()
         || c.tm * c.tn / 2 > WGMMA_MAX_ACCUMULATORS
         || !c.bm.is_multiple_of(64 * c.tm)
         || !c.bn.is_multiple_of(c.tn)
-        || !(16..=128).contains(&c.bk)
+        || !(16..=128).contains(&bkw)
     {
         return Err(invalid(
             f,
             format!(
-                "wgmma tiles: tm = {} (1 or 2) tiles of 64 rows by tn = {} (a multiple of 32 from 64 to 256), at most {WGMMA_MAX_ACCUMULATORS} accumulators a thread, dividing {}x{}; bk = {} from 16 to 128",
-                c.tm, c.tn, c.bm, c.bn, c.bk
+                "wgmma tiles: tm = {} (1 or 2) tiles of 64 rows by tn = {} (a multiple of 32 from 64 to 256), at most {WGMMA_MAX_ACCUMULATORS} accumulators a thread, dividing {}x{}; bk = {} from 16 to 128 ({} for {})",
+                c.tm,
+                c.tn,
+                c.bm,
+                c.bn,
+                c.bk,
+                if per_word(p) == 2 { "32 to 256" } else { "16 to 128" },
+                p.dtype
             ),
         ));
     }
@@ -396,14 +406,14 @@ fn validate_wgmma(c: &GpuGemmConfig, p: &GemmProblem, g: &GpuModel) -> Result<()
     }
     // A swizzled row holds `swizzle` bytes of k; a k tile is a whole number of them.
     if !matches!(c.swizzle, 0 | 32 | 64 | 128)
-        || (c.swizzle != 0 && !(2 * c.bk).is_multiple_of(c.swizzle))
+        || (c.swizzle != 0 && !(2 * bkw).is_multiple_of(c.swizzle))
     {
         return Err(invalid(
             f,
             format!(
                 "swizzle = {}: 0 (core matrices), or 32, 64 or 128 bytes dividing a k tile's rows ({} bytes for bk = {})",
                 c.swizzle,
-                2 * c.bk,
+                2 * bkw,
                 c.bk
             ),
         ));
@@ -573,10 +583,16 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
             // k in flight. Decode shapes fill 64 rows of which most are padding, with
             // split-K, after the one-warp-high mma tiles.
             let wgmma = GpuGemmVariant::Wgmma;
-            if has_wgmma(g) && p.b_layout == BLayout::Nk && p.fp8().is_none() {
+            if has_wgmma(g) && p.b_layout == BLayout::Nk {
                 for &split in splits.iter().rev().filter(|_| decode) {
                     for bn in [64, 128] {
-                        push(GpuGemmConfig::tile(wgmma, (64, bn, 64), (1, bn), 3, split));
+                        push(GpuGemmConfig::tile(
+                            wgmma,
+                            (64, bn, 64 * pack),
+                            (1, bn),
+                            3,
+                            split,
+                        ));
                     }
                 }
                 // Warp-specialized first, swizzled, the tiles that fill the waves best: a
@@ -593,7 +609,13 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                                 swizzle: 128,
                                 specialized: true,
                                 tma,
-                                ..GpuGemmConfig::tile(wgmma, (bm, bn, 64), (tm, tn), stages, split)
+                                ..GpuGemmConfig::tile(
+                                    wgmma,
+                                    (bm, bn, 64 * pack),
+                                    (tm, tn),
+                                    stages,
+                                    split,
+                                )
                             };
                             if split == 1 || (tma && stages == 4) {
                                 push(c);
@@ -627,7 +649,13 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
                             let swizzle = swizzle.min(2 * bk);
                             push(GpuGemmConfig {
                                 swizzle,
-                                ..GpuGemmConfig::tile(wgmma, (bm, bn, bk), (tm, tn), stages, 1)
+                                ..GpuGemmConfig::tile(
+                                    wgmma,
+                                    (bm, bn, bk * pack),
+                                    (tm, tn),
+                                    stages,
+                                    1,
+                                )
                             });
                         }
                     }
@@ -988,7 +1016,8 @@ mod tests {
     /// fp8 GEMMs (W8A8) take the tiled and skinny variants, the one-stage matrix-core tiles
     /// (which widen the bytes as they stage them) and, from sm_89 on OCP formats with B as
     /// [N, K], the pipelined mma tiles on the bytes themselves, twice as deep in values as
-    /// the 16-bit ones; never wgmma. The guesses follow the 16-bit ones.
+    /// the 16-bit ones, and on sm_90 the wgmma tiles the same way (m64nNk32, TMA boxes of 128
+    /// bytes). The guesses follow the 16-bit ones.
     #[test]
     fn fp8_gemms_take_the_variants_that_read_their_bytes() {
         use super::validate;
@@ -1054,9 +1083,21 @@ mod tests {
         let offered = candidates(&p, h200);
         assert!(offered.iter().any(|c| c.stages > 1));
         for c in &offered {
-            assert_ne!(c.variant, GpuGemmVariant::Wgmma, "{c:?}");
             assert!(c.stages == 1 || c.bk.is_multiple_of(64), "{c:?}");
+            assert!(!c.tma || c.bk == 128, "{c:?}");
         }
+        let wgmma = GpuGemmVariant::Wgmma;
+        assert!(offered.iter().any(|c| c.variant == wgmma && c.tma));
+        assert!(candidates(&p, a100).iter().all(|c| c.variant != wgmma));
+        let fnuz = gemm("gemm:m=2048,n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk");
+        assert!(candidates(&fnuz, h200).iter().all(|c| c.variant != wgmma));
+        let by_tma = GpuGemmConfig {
+            swizzle: 128,
+            specialized: true,
+            tma: true,
+            ..GpuGemmConfig::tile(wgmma, (128, 128, 128), (1, 128), 4, 1)
+        };
+        validate(&by_tma, &p, h200).unwrap();
         let native = GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 64), (4, 4), 3, 1);
         validate(&native, &p, h200).unwrap();
         for (config, problem, g, says) in [
@@ -1079,11 +1120,35 @@ mod tests {
                 h200,
                 "multiple of 32",
             ),
+            (by_tma, fnuz, h200, "FNUZ"),
+            (by_tma, p, a100, "no wgmma"),
             (
-                GpuGemmConfig::tile(GpuGemmVariant::Wgmma, (128, 128, 64), (1, 128), 3, 1),
+                GpuGemmConfig {
+                    bk: 64,
+                    swizzle: 64,
+                    ..by_tma
+                },
                 p,
                 h200,
-                "not wgmma",
+                "bk = 128 for fp8_e4m3",
+            ),
+            (
+                GpuGemmConfig { bk: 64, ..by_tma },
+                p,
+                h200,
+                "(64 bytes for bk = 64)",
+            ),
+            (
+                GpuGemmConfig::tile(wgmma, (128, 128, 16), (1, 128), 3, 1),
+                p,
+                h200,
+                "multiple of 32",
+            ),
+            (
+                GpuGemmConfig::tile(wgmma, (128, 128, 512), (1, 128), 3, 1),
+                p,
+                h200,
+                "32 to 256",
             ),
             (
                 GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, 64), (2, 2), 2, 1),

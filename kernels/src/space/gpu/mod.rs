@@ -200,8 +200,8 @@ pub fn dynamic_lds_bytes(config: &Config, problem: &Problem) -> usize {
             };
             2 * c.stages * (c.bm * (depth + 8) + b)
         }
-        (Config::GpuGemm(c), Problem::Gemm(_)) if c.variant == GpuGemmVariant::Wgmma => {
-            2 * c.stages * (c.bm + c.bn) * c.bk
+        (Config::GpuGemm(c), Problem::Gemm(p)) if c.variant == GpuGemmVariant::Wgmma => {
+            c.stages * (c.bm + c.bn) * c.bk * p.dtype.size()
                 + if c.swizzle > 0 { SWIZZLE_ALIGN } else { 0 }
                 + if c.specialized { 16 * c.stages } else { 0 }
         }
