@@ -374,6 +374,23 @@ fn amx_shapes_match_reference_or_are_refused() {
     for p in &problems {
         assert_eq!(check_all(p, &configs), configs.len(), "{p}");
     }
+    // fp8 weights widened a sliver at a time into the tiles in place: every such candidate of
+    // two formats (K of one and several slices, edge slivers), and the heuristic's at 32 tokens.
+    for spec in [
+        "gemm:m=29,n=67,k=46,dtype=fp8_e5m2,b=nk",
+        "gemm:m=17,n=130,k=2050,dtype=fp8_e4m3,b=nk",
+        "gemm:m=32,n=200,k=1030,dtype=fp8_e4m3fnuz,b=nk",
+    ] {
+        let p = problem(spec);
+        let direct: Vec<Config> = CpuSpace
+            .candidates(&p, &device)
+            .into_iter()
+            .filter(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::AmxDirect))
+            .chain(std::iter::once(CpuSpace.heuristic(&p, &device)))
+            .collect();
+        assert!(direct.len() > 1, "{spec}: no amx-direct candidates");
+        assert_eq!(check_all(&p, &direct), direct.len(), "{p}");
+    }
     // The prompt heuristic: B panels of a thread's share of N in equal parts (two of 2272
     // columns a thread on two threads), the last one short.
     let wide = problem("gemm:m=130,n=9001,k=40,dtype=bf16,b=nk");
@@ -451,31 +468,33 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_and_fp8_only() {
         .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::AmxDirect)));
     let err = CpuSpace.validate(&amx[0], &f16, &amx_host).unwrap_err();
     assert!(err.to_string().contains("bf16 inputs"), "{err}");
-    // fp8: the packed tile kernel, which widens the bytes as it packs them; never the
-    // weights in place.
+    // fp8: the packed tile kernel, which widens the bytes as it packs them, and the weights
+    // in place, widened a sliver at a time: the bf16 configs.
     let fp8 = problem("gemm:m=128,n=7168,k=8192,dtype=fp8_e4m3,b=nk");
     let fp8_tiles: Vec<Config> = CpuSpace
         .candidates(&fp8, &amx_host)
         .into_iter()
         .filter(tiles)
         .collect();
-    assert_eq!(fp8_tiles.len(), kn_tiles.len());
+    assert_eq!(fp8_tiles.len(), amx.len() + direct.len());
     for c in &fp8_tiles {
-        assert!(
-            matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Amx),
-            "{c}"
-        );
         CpuSpace
             .validate(c, &fp8, &amx_host)
             .unwrap_or_else(|e| panic!("{c}: {e}"));
     }
-    // Its heuristic: the bytes streamed in place up to 16 tokens, the tiles past them.
-    for (m, variant) in [
-        (16, GemmVariant::Stream),
-        (17, GemmVariant::Amx),
-        (2048, GemmVariant::Amx),
+    // Its heuristic: the bytes streamed in place below 16 tokens, widened into the tiles in
+    // place from 16 to 64, the packed tiles past them (and where B is [K, N]).
+    for (m, b, variant) in [
+        (15, "nk", GemmVariant::Stream),
+        (16, "nk", GemmVariant::AmxDirect),
+        (64, "nk", GemmVariant::AmxDirect),
+        (32, "kn", GemmVariant::Amx),
+        (65, "nk", GemmVariant::Amx),
+        (2048, "nk", GemmVariant::Amx),
     ] {
-        let p = problem(&format!("gemm:m={m},n=7168,k=8192,dtype=fp8_e4m3fnuz,b=nk"));
+        let p = problem(&format!(
+            "gemm:m={m},n=7168,k=8192,dtype=fp8_e4m3fnuz,b={b}"
+        ));
         let h = CpuSpace.heuristic(&p, &amx_host);
         assert!(
             matches!(h, Config::Gemm(g) if g.variant == variant),
@@ -546,7 +565,8 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_and_fp8_only() {
 /// The streaming AVX-512-BF16 kernel: every row count and a narrow and a wide column chunk,
 /// against k around its 32-value vector (1, 31, 32, 33 and odd depths that leave a lone value
 /// after the last pair), column counts below, at and past its 4-row and 64-column passes, and
-/// both B layouts. On hosts without AVX-512-BF16 the space must refuse it instead.
+/// both B layouts; fp8 weights `[N, K]` of every format likewise (`[K, N]` refused). On hosts
+/// without AVX-512-BF16 the space must refuse it instead.
 #[test]
 fn stream_dpbf16_matches_reference_or_is_refused() {
     let host = kerntune_kernels::CpuInfo::detect();
@@ -574,6 +594,12 @@ fn stream_dpbf16_matches_reference_or_is_refused() {
         for k in [1, 31, 32, 33, 65, 389] {
             for b in ["nk", "kn"] {
                 problems.push(problem(&format!("gemm:m={m},n={n},k={k},dtype=bf16,b={b}")));
+            }
+            // fp8 weights [N, K], widened as they stream: every format.
+            for dtype in Fp8::ALL.map(DType::Fp8) {
+                problems.push(problem(&format!(
+                    "gemm:m={m},n={n},k={k},dtype={dtype},b=nk"
+                )));
             }
         }
     }
@@ -605,6 +631,16 @@ fn stream_dpbf16_matches_reference_or_is_refused() {
             .unwrap_err();
         assert!(err.to_string().contains("bf16 inputs"), "{err}");
     }
+    let fp8_kn = problem("gemm:m=4,n=64,k=64,dtype=fp8_e4m3,b=kn");
+    let err = CpuSpace
+        .validate(&configs[0], &fp8_kn, &device)
+        .unwrap_err();
+    assert!(err.to_string().contains("stored [N, K]"), "{err}");
+    let fp8_decode = problem("gemm:m=4,n=1280,k=8192,dtype=fp8_e5m2");
+    assert!(CpuSpace
+        .candidates(&fp8_decode, &device)
+        .iter()
+        .any(|c| matches!(c, Config::Gemm(g) if g.variant == GemmVariant::StreamDpbf16)));
     let prefill = problem("gemm:m=300,n=64,k=64,dtype=bf16");
     let err = CpuSpace
         .validate(&configs[0], &prefill, &device)

@@ -17,6 +17,11 @@
 //!
 //! The weights are then read from memory `M / nc` times, not `M / (tokens that fit in L2 with
 //! all of K)`: at M = 2048 (Llama-70B gate_up) the earlier whole-K blocking read them 32 times.
+//!
+//! fp8 weights (W8A8) are read as bytes, half of bf16's: each sliver's `mr` rows of a slice are
+//! widened to the bf16 of their f16 readings (exact, [`super::fp8_bf16`]) into the sliver
+//! buffer that edge slivers use, and loaded from there; the tokens' bytes are widened once.
+//! C holds the sums of the readings, which the caller scales.
 
 use half::bf16;
 
@@ -26,6 +31,14 @@ use super::direct::{for_each_share, tile_into_c, weight_sliver};
 use super::parallel::SharedMut;
 use crate::config::GemmConfig;
 use crate::problem::GemmProblem;
+use crate::Fp8;
+
+/// The weights as the kernel reads them: bf16 in place, or fp8 bytes widened sliver by sliver.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    Bf16(&'a [bf16]),
+    Fp8(Fp8, &'a [u8]),
+}
 
 /// The scratch parts of one thread, in 32-bit words: the token panel (all of K), the
 /// accumulators of a block × panel, and one edge sliver of weight rows.
@@ -41,10 +54,19 @@ fn panel_depth(k: usize, kc: usize) -> usize {
     k / kc * depth(kc) + depth(k % kc)
 }
 
-/// Scratch (32-bit words) a call needs.
+/// Scratch (32-bit words) a call needs: each thread's parts, and for fp8 the tokens widened
+/// to bf16 (two a word, on whole lines), which every thread reads.
 pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
     let (panel, acc, edge) = parts(p, c);
-    super::parallel::shares_len(c.threads, panel + acc + edge)
+    super::parallel::shares_len(c.threads, panel + acc + edge) + widened_tokens_len(p)
+}
+
+/// Words of the fp8 tokens widened to bf16, rounded up to whole cache lines; 0 for bf16.
+fn widened_tokens_len(p: &GemmProblem) -> usize {
+    match p.fp8() {
+        Some(_) => (p.m * p.k).div_ceil(2).next_multiple_of(16),
+        None => 0,
+    }
 }
 
 /// Runs a config validated against the detected host (bf16, b = nk, even K and kc, an AMX
@@ -58,7 +80,71 @@ pub fn run(
     scratch: &mut [f32],
 ) {
     debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
-    run_on::<super::amx_tiles::Hardware>(p, c, a, b, out, scratch);
+    run_on::<super::amx_tiles::Hardware>(p, c, a, Weights::Bf16(b), out, scratch);
+}
+
+/// [`run`] on fp8 bytes of `format` (validated as for bf16): C gets the sums of the bytes'
+/// f16 readings, for the caller to scale ([`super::gemm::scale`]).
+pub fn run_fp8(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    format: Fp8,
+    a: &[u8],
+    b: &[u8],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+    run_fp8_on::<super::amx_tiles::Hardware>(p, c, format, a, b, out, scratch);
+}
+
+/// [`run_fp8`] on a given implementation of the tile operations.
+fn run_fp8_on<T: Tiles + Default>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    format: Fp8,
+    a: &[u8],
+    b: &[u8],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (wide, rest) = scratch.split_at_mut(widened_tokens_len(p));
+    // SAFETY: f32 words hold two u16s each, bf16 is a u16; every bit pattern is valid.
+    let wide: &mut [bf16] =
+        unsafe { std::slice::from_raw_parts_mut(wide.as_mut_ptr().cast(), 2 * wide.len()) };
+    let wide = &mut wide[..p.m * p.k];
+    super::fp8_bf16::widen(format, a, wide);
+    run_on::<T>(p, c, wide, Weights::Fp8(format, b), out, rest);
+}
+
+/// Rows `n0 .. n0 + rows` of fp8 weights `b` (rows `k` bytes apart), bytes `pc .. pc + live
+/// · 2`, widened into `edge` as `mr` rows of `d` pair words (rows past `rows` and words past
+/// `live` zero): the sliver and its row stride, as [`weight_sliver`] returns them.
+#[allow(clippy::too_many_arguments)]
+fn widen_sliver(
+    format: Fp8,
+    b: &[u8],
+    k: usize,
+    (n0, rows, mr): (usize, usize, usize),
+    pc: usize,
+    d: usize,
+    live: usize,
+    edge: &mut [u32],
+) -> (*const u32, usize) {
+    for (r, dst) in edge[..mr * d].chunks_exact_mut(d).enumerate() {
+        if r >= rows {
+            dst.fill(0);
+            continue;
+        }
+        let (values, padding) = dst.split_at_mut(live);
+        padding.fill(0);
+        // SAFETY: u32 words hold two u16s each, bf16 is a u16; every bit pattern is valid.
+        let values: &mut [bf16] =
+            unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), 2 * values.len()) };
+        let at = (n0 + r) * k + pc;
+        super::fp8_bf16::widen(format, &b[at..at + 2 * live], values);
+    }
+    (edge.as_ptr(), d)
 }
 
 /// [`run`] on a given implementation of the tile operations.
@@ -66,7 +152,7 @@ fn run_on<T: Tiles + Default>(
     p: &GemmProblem,
     c: &GemmConfig,
     a: &[bf16],
-    b: &[bf16],
+    source: Weights<'_>,
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
@@ -115,9 +201,18 @@ fn run_on<T: Tiles + Default>(
                     let last = pc + kcur == p.k;
                     for n0 in block.clone().step_by(mr) {
                         let rows = mr.min(block.end - n0);
-                        // SAFETY (for the closure): rows n0 + r < N of B hold K values.
-                        let row = |r: usize| unsafe { b.as_ptr().add((n0 + r) * p.k + pc).cast() };
-                        let (w, rsa) = weight_sliver(row, rows, mr, ldw, d, live, edge);
+                        let (w, rsa) = match source {
+                            Weights::Bf16(b) => {
+                                // SAFETY (for the closure): rows n0 + r < N of B hold K values.
+                                let row = |r: usize| unsafe {
+                                    b.as_ptr().add((n0 + r) * p.k + pc).cast()
+                                };
+                                weight_sliver(row, rows, mr, ldw, d, live, edge)
+                            }
+                            Weights::Fp8(format, b) => {
+                                widen_sliver(format, b, p.k, (n0, rows, mr), pc, d, live, edge)
+                            }
+                        };
                         for (s, jr) in (0..ncur).step_by(nr).enumerate() {
                             let t = ((n0 - nb) / mr * slivers + s) * mr * nr;
                             let tile = &mut acc[t..t + mr * nr];
@@ -206,7 +301,7 @@ mod tests {
                         };
                         let mut scratch = vec![0f32; scratch_len(&p, &c)];
                         data.out.fill(f32::NAN);
-                        run_on::<Model>(&p, &c, &a, b, &mut data.out, &mut scratch);
+                        run_on::<Model>(&p, &c, &a, Weights::Bf16(b), &mut data.out, &mut scratch);
                         let err = crate::reference::relative_error(&data.out, &reference);
                         assert!(
                             err <= problem.tolerance(),
@@ -218,5 +313,68 @@ mod tests {
             }
         }
         assert_eq!(ran, 6 * AMX_SHAPES.len() * 9);
+    }
+
+    /// fp8 weights of every format, widened a sliver at a time (full slivers and edge ones,
+    /// slices that end mid-block, several slices), then scaled, against the f64 reference.
+    #[test]
+    fn fp8_matches_the_reference_on_the_tile_model() {
+        use crate::data::ProblemData;
+        use crate::{Problem, TensorBuf};
+        let mut ran = 0;
+        for spec in [
+            "gemm:m=1,n=1,k=2,dtype=fp8_e4m3,b=nk",
+            "gemm:m=29,n=67,k=46,dtype=fp8_e4m3,b=nk",
+            "gemm:m=40,n=33,k=100,dtype=fp8_e4m3fnuz,b=nk",
+            "gemm:m=3,n=64,k=130,dtype=fp8_e5m2,b=nk",
+        ] {
+            let problem: Problem = spec.parse().unwrap();
+            let Problem::Gemm(p) = problem else {
+                unreachable!("{spec} is a GEMM")
+            };
+            let mut data = ProblemData::random(&problem, 5);
+            let reference = data.reference();
+            let (TensorBuf::Fp8(format, a), TensorBuf::Fp8(_, b)) =
+                (data.inputs[0].clone(), data.inputs[1].clone())
+            else {
+                unreachable!("fp8 problems have fp8 inputs")
+            };
+            for &(mr, nr) in AMX_SHAPES {
+                for (kc, nc, mc, split, threads) in [
+                    (6, nr, mr, Split::N, 1),
+                    (34, 2 * nr, 2 * mr, Split::M, 2),
+                    (p.k, nr, 2 * mr, Split::N, 2),
+                ] {
+                    let c = GemmConfig {
+                        variant: GemmVariant::AmxDirect,
+                        isa: Isa::Avx512Amx,
+                        mr,
+                        nr,
+                        mc,
+                        kc,
+                        nc,
+                        split,
+                        threads,
+                        prefetch: true,
+                        inner: Inner::M,
+                    };
+                    let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                    data.out.fill(f32::NAN);
+                    run_fp8_on::<Model>(&p, &c, format, &a, &b, &mut data.out, &mut scratch);
+                    let scales = crate::kernel::GemmScales {
+                        a: &data.a_scales,
+                        b: &data.b_scales,
+                    };
+                    crate::cpu::gemm::scale(&p, &c, scales, &mut data.out);
+                    let err = crate::reference::relative_error(&data.out, &reference);
+                    assert!(
+                        err <= problem.tolerance(),
+                        "{spec} with {c:?}: relative error {err:e}"
+                    );
+                    ran += 1;
+                }
+            }
+        }
+        assert_eq!(ran, 4 * AMX_SHAPES.len() * 3);
     }
 }

@@ -12,12 +12,19 @@
 //! B `[K, N]`: two consecutive rows of B are interleaved in registers (`vpunpck[lh]wd`) into
 //! pairs of k for 32 columns, multiplied with a broadcast pair of A; the interleave permutes
 //! columns within each 128-bit lane, which is undone once on the sums.
+//!
+//! fp8 (W8A8, B `[N, K]`): the weights stream as bytes, half of bf16's, and are widened 32 at a
+//! time in registers to their f16 readings as bf16 (exact: a reading has at most four
+//! significant bits), then multiplied as the bf16 pairs are; A's few rows are widened once.
+//! The widening kernel of [`super::gemm`] multiplies the readings as f32, one FMA a value and
+//! row: from a few rows on that, not the bytes, is the limit.
 
 use half::bf16;
 
 use super::parallel::{for_each_task, SharedMut};
 use crate::config::GemmConfig;
 use crate::problem::{BLayout, GemmProblem};
+use crate::Fp8;
 
 /// Columns of a `[K, N]` strip per pass: two interleaved 32-column vectors.
 const KN_STRIP: usize = 64;
@@ -50,6 +57,91 @@ pub fn run(p: &GemmProblem, c: &GemmConfig, a: &[bf16], b: &[bf16], out: &mut [f
             i0 += rows;
         }
     });
+}
+
+/// Scratch (f32 words) an fp8 call needs: A's rows widened to bf16, two values a word.
+pub fn fp8_scratch_len(p: &GemmProblem) -> usize {
+    (p.m * p.k).div_ceil(2)
+}
+
+/// Runs an fp8 config validated against the detected host (B `[N, K]`, `mr` of 1, 2 or 4,
+/// AVX-512-BF16 present): C gets the sums of the bytes' f16 readings, for the caller to scale
+/// ([`super::gemm::scale`]). `scratch` holds [`fp8_scratch_len`] words.
+pub fn run_fp8(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    format: Fp8,
+    a: &[u8],
+    b: &[u8],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    debug_assert_eq!(p.b_layout, BLayout::Nk);
+    let words = &mut super::dpbf16::pair_words(scratch)[..fp8_scratch_len(p)];
+    // SAFETY: u32 words hold two u16s each, bf16 is a u16; every bit pattern is valid.
+    let wide: &mut [bf16] =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) };
+    let wide = &mut wide[..p.m * p.k];
+    super::fp8_bf16::widen(format, a, wide);
+    let tasks = p.n.div_ceil(c.nc);
+    let out = SharedMut(out.as_mut_ptr());
+    let wide: &[bf16] = wide;
+    let (m, n, k) = (p.m, p.n, p.k);
+    for_each_task(c.threads, tasks, |task, _| {
+        let (c0, c1) = (task * c.nc, ((task + 1) * c.nc).min(n));
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = [4, 2, 1]
+                .into_iter()
+                .find(|&r| r <= c.mr && r <= m - i0)
+                .unwrap_or(1);
+            // SAFETY: as in `run`: rows i0..i0 + rows of A and C and columns c0..c1 of B and
+            // C exist, tasks write disjoint columns, validation checked AVX-512-BF16.
+            unsafe {
+                let ap = wide.as_ptr().add(i0 * k).cast::<u16>();
+                let cp = out.get().add(i0 * n);
+                fp8_columns(format, rows, k, ap, b.as_ptr(), c0, c1, cp, n, c.prefetch);
+            }
+            i0 += rows;
+        }
+    });
+}
+
+/// [`columns`] of B `[N, K]` in fp8 bytes of `format`, A's rows widened.
+///
+/// # Safety
+/// As [`columns`], B holding bytes.
+#[allow(clippy::too_many_arguments)]
+unsafe fn fp8_columns(
+    format: Fp8,
+    rows: usize,
+    k: usize,
+    a: *const u16,
+    b: *const u8,
+    c0: usize,
+    c1: usize,
+    c: *mut f32,
+    ldc: usize,
+    prefetch: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    for j0 in (c0..c1).step_by(4) {
+        let w = 4.min(c1 - j0);
+        let (bp, cp) = (b.wrapping_add(j0 * k), c.wrapping_add(j0));
+        // SAFETY: the caller's contract, narrowed to one pass.
+        unsafe {
+            match (format == Fp8::E5m2, rows) {
+                (true, 4) => x86::nk_fp8::<4, true>(k, a, bp, w, cp, ldc, prefetch),
+                (true, 2) => x86::nk_fp8::<2, true>(k, a, bp, w, cp, ldc, prefetch),
+                (true, _) => x86::nk_fp8::<1, true>(k, a, bp, w, cp, ldc, prefetch),
+                (false, 4) => x86::nk_fp8::<4, false>(k, a, bp, w, cp, ldc, prefetch),
+                (false, 2) => x86::nk_fp8::<2, false>(k, a, bp, w, cp, ldc, prefetch),
+                (false, _) => x86::nk_fp8::<1, false>(k, a, bp, w, cp, ldc, prefetch),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (format, rows, k, a, b, c0, c1, c, ldc, prefetch);
 }
 
 /// Columns `c0..c1` of `rows` rows of C: passes of 4 columns (B `[N, K]`, its rows prefetched
@@ -170,6 +262,87 @@ mod x86 {
                 });
                 for (i, row) in acc.iter_mut().enumerate() {
                     let av = bh(_mm512_maskz_loadu_epi16(mask, a.add(i * k + p).cast()));
+                    for (s, bvv) in row.iter_mut().zip(bv) {
+                        *s = _mm512_dpbf16_ps(*s, av, bvv);
+                    }
+                }
+            }
+            for (i, row) in acc.iter().enumerate() {
+                for (j, s) in row.iter().enumerate().take(cols) {
+                    *c.add(i * ldc + j) = _mm512_reduce_add_ps(*s);
+                }
+            }
+        }
+    }
+
+    /// 32 fp8 bytes as bf16 pairs: their f16 readings ([`crate::cpu::simd`]'s placing),
+    /// converted to f32 and then to bf16, both exactly.
+    #[inline(always)]
+    unsafe fn widen32<const E5M2: bool>(bytes: __m256i) -> __m512bh {
+        use crate::cpu::simd::x86::fp8_half_bits_256 as half_bits;
+        // SAFETY: the caller runs with AVX-512F/BW/BF16 and F16C (the kernels' features).
+        unsafe {
+            let lo = half_bits::<E5M2>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)));
+            let hi = half_bits::<E5M2>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(bytes)));
+            _mm512_cvtne2ps_pbh(_mm512_cvtph_ps(hi), _mm512_cvtph_ps(lo))
+        }
+    }
+
+    /// Mask of the first `n` of 32 bytes.
+    #[inline(always)]
+    fn bytes(n: usize) -> __mmask32 {
+        words(n)
+    }
+
+    /// [`nk`] with B in fp8 bytes (E5M2, or E4M3 either format), widened as loaded; A's rows
+    /// are bf16.
+    ///
+    /// # Safety
+    /// As [`nk`], B readable for `cols × k` bytes; AVX2 and F16C too.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")]
+    pub unsafe fn nk_fp8<const R: usize, const E5M2: bool>(
+        k: usize,
+        a: *const u16,
+        b: *const u8,
+        cols: usize,
+        c: *mut f32,
+        ldc: usize,
+        prefetch: bool,
+    ) {
+        // Unused columns read row 0 again; their sums are never stored.
+        let rows: [*const u8; 4] =
+            std::array::from_fn(|j| if j < cols { unsafe { b.add(j * k) } } else { b });
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        let full = k / 32 * 32;
+        let mut p = 0;
+        // SAFETY: p + 32 <= k in the loop, masked loads stay within k after it; prefetch hints
+        // never fault, wherever they point.
+        unsafe {
+            while p < full {
+                if prefetch {
+                    // As many bytes ahead as the bf16 kernel's values: the same lines of time.
+                    for r in rows {
+                        _mm_prefetch::<_MM_HINT_T1>(r.wrapping_add(p + PREFETCH).cast());
+                    }
+                }
+                let bv: [__m512bh; 4] = std::array::from_fn(|j| {
+                    widen32::<E5M2>(_mm256_loadu_si256(rows[j].add(p).cast()))
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = bh(_mm512_loadu_si512(a.add(i * k + p).cast()));
+                    for (s, bvv) in row.iter_mut().zip(bv) {
+                        *s = _mm512_dpbf16_ps(*s, av, bvv);
+                    }
+                }
+                p += 32;
+            }
+            if p < k {
+                let n = k - p;
+                let bv: [__m512bh; 4] = std::array::from_fn(|j| {
+                    widen32::<E5M2>(_mm256_maskz_loadu_epi8(bytes(n), rows[j].add(p).cast()))
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = bh(_mm512_maskz_loadu_epi16(words(n), a.add(i * k + p).cast()));
                     for (s, bvv) in row.iter_mut().zip(bv) {
                         *s = _mm512_dpbf16_ps(*s, av, bvv);
                     }

@@ -30,6 +30,7 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
         }
         GemmVariant::Stream => p.m * p.k,
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
+        GemmVariant::StreamDpbf16 if p.fp8().is_some() => super::dpbf16_stream::fp8_scratch_len(p),
         GemmVariant::StreamDpbf16 => 0,
         GemmVariant::Amx => super::amx::scratch_len(p, c),
         GemmVariant::Direct => super::direct::scratch_len(p, c),

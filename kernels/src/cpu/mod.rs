@@ -140,6 +140,18 @@ impl Backend for CpuBackend {
                         amx::run_fp8(p, c, format, a, b, out, scratch);
                         gemm::scale(p, c, scales, out);
                     }
+                    (Tensor::Fp8(format, a), Tensor::Fp8(_, b))
+                        if c.variant == GemmVariant::AmxDirect =>
+                    {
+                        amx_direct::run_fp8(p, c, format, a, b, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
+                    (Tensor::Fp8(format, a), Tensor::Fp8(_, b))
+                        if c.variant == GemmVariant::StreamDpbf16 =>
+                    {
+                        dpbf16_stream::run_fp8(p, c, format, a, b, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
                     (Tensor::Fp8(Fp8::E5m2, a), Tensor::Fp8(_, b)) => {
                         let (a, b): (&[E5m2Bits], _) = (cast(a), cast(b));
                         gemm::run(p, c, a, b, out, scratch);

@@ -23,14 +23,22 @@ fn in_place_depths(k: usize, depths: &[usize]) -> Vec<usize> {
     out
 }
 
-/// The `vdpbf16ps` variants: bf16 inputs on a host with AVX-512-BF16.
+/// The `vdpbf16ps` variants: bf16 inputs on a host with AVX-512-BF16 (the stream one's fp8
+/// inputs: [`fp8_pairs`]).
 fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
     let name = c.variant.name();
     if p.dtype != DType::Bf16 {
+        let or_fp8 = match c.variant {
+            GemmVariant::StreamDpbf16 => " (or fp8 weights stored [N, K])",
+            _ => "",
+        };
         return Err(invalid(
             f,
-            format!("the {name} variant takes bf16 inputs, not {}", p.dtype),
+            format!(
+                "the {name} variant takes bf16 inputs{or_fp8}, not {}",
+                p.dtype
+            ),
         ));
     }
     if !host.avx512_bf16 {
@@ -38,6 +46,33 @@ fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), Ker
             f,
             format!(
                 "the {name} variant needs AVX-512-BF16, which {} lacks",
+                host.model
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The stream-dpbf16 variant on fp8 bytes: weights `[N, K]` (each row streamed and widened
+/// to bf16 pairs 32 bytes at a time), on a host with AVX-512-BF16.
+fn fp8_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
+    let f = Family::Gemm;
+    if p.b_layout != BLayout::Nk {
+        return Err(invalid(
+            f,
+            format!(
+                "the {} variant takes fp8 weights stored [N, K] (b=nk), as a Linear layer \
+                 stores them; b=kn takes the stream variant",
+                c.variant.name()
+            ),
+        ));
+    }
+    if !host.avx512_bf16 {
+        return Err(invalid(
+            f,
+            format!(
+                "the {} variant needs AVX-512-BF16, which {} lacks",
+                c.variant.name(),
                 host.model
             ),
         ));
@@ -197,13 +232,15 @@ fn check_direct(f: Family, c: &GemmConfig, p: &GemmProblem) -> Result<(), Kernel
             ),
         ));
     }
-    if p.dtype == DType::Bf16 && (!p.k.is_multiple_of(2) || !c.kc.is_multiple_of(2)) {
+    let pairs =
+        p.dtype == DType::Bf16 || (p.fp8().is_some() && c.variant == GemmVariant::AmxDirect);
+    if pairs && (!p.k.is_multiple_of(2) || !c.kc.is_multiple_of(2)) {
         return Err(invalid(
             f,
             format!(
-                "the {name} variant on bf16 needs an even K and kc (pairs of k values); K = {}, \
+                "the {name} variant on {} needs an even K and kc (pairs of k values); K = {}, \
                  kc = {}",
-                p.k, c.kc
+                p.dtype, p.k, c.kc
             ),
         ));
     }
@@ -241,9 +278,14 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         let t = table(kernel_isa(isa));
         for &threads in &thread_counts(host) {
             let dpbf16 = p.dtype == DType::Bf16 && host.avx512_bf16 && isa >= Isa::Avx512;
+            // bf16 pairs as loaded; fp8 weights ([N, K]) widened to them as loaded.
+            let fp8_pairs = p.fp8().is_some()
+                && p.b_layout == BLayout::Nk
+                && host.avx512_bf16
+                && isa >= Isa::Avx512;
             let streams = [(GemmVariant::Stream, t.lanes)]
                 .into_iter()
-                .chain(dpbf16.then_some((GemmVariant::StreamDpbf16, 32)));
+                .chain((dpbf16 || fp8_pairs).then_some((GemmVariant::StreamDpbf16, 32)));
             // Fixed chunk widths, and widths that deal the columns out evenly: one or four
             // chunks per thread.
             let mut widths = vec![64, 256, 1024];
@@ -330,7 +372,10 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
             kc: &depths,
             nc_tiles: &[4, 8, 16],
         };
-        let in_place = p.dtype == DType::Bf16 && p.b_layout == BLayout::Nk && p.k.is_multiple_of(2);
+        // fp8 weights widened a sliver at a time as the tiles take them.
+        let in_place = (p.dtype == DType::Bf16 || p.fp8().is_some())
+            && p.b_layout == BLayout::Nk
+            && p.k.is_multiple_of(2);
         for &threads in &thread_counts(host) {
             for &shape in AMX_SHAPES {
                 // And a thread's share of N in one panel (or a few equal ones), where it is
@@ -411,7 +456,9 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
     }
     match c.variant {
         GemmVariant::Stream | GemmVariant::StreamDpbf16 => {
-            if c.variant == GemmVariant::StreamDpbf16 {
+            if c.variant == GemmVariant::StreamDpbf16 && p.fp8().is_some() {
+                fp8_pairs(c, p, host)?;
+            } else if c.variant == GemmVariant::StreamDpbf16 {
                 bf16_pairs(c, p, host)?;
             }
             if p.m > STREAM_MAX_M {
@@ -465,17 +512,13 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
         GemmVariant::Amx | GemmVariant::AmxDirect => {
             let name = c.variant.name();
             // The packed kernel widens fp8 bytes to bf16 as it packs them; amx-direct reads
-            // the weights in place, as tiles load them.
-            let fp8 = p.fp8().is_some() && c.variant == GemmVariant::Amx;
-            if p.dtype != DType::Bf16 && !fp8 {
-                let or_fp8 = match c.variant {
-                    GemmVariant::Amx => " (or fp8, widened to bf16 as it packs them)",
-                    _ => "",
-                };
+            // bf16 weights in place, as tiles load them, and widens fp8 ones a sliver at a
+            // time.
+            if p.dtype != DType::Bf16 && p.fp8().is_none() {
                 return Err(invalid(
                     f,
                     format!(
-                        "the {name} variant takes bf16 inputs{or_fp8}, not {}",
+                        "the {name} variant takes bf16 inputs (or fp8, widened to bf16), not {}",
                         p.dtype
                     ),
                 ));
@@ -613,6 +656,31 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // heuristic 5.0, 10.2, 42.4, 140.6 (packing widens every weight each call, the fixed 15
     // ms of the small M). Up to 16 tokens the stream kernel reads the bytes in place (M = 4:
     // 4.0 ms against bf16's 4.8).
+    // From 16 to 64 tokens, fp8 weights [N, K] widened a sliver at a time into amx-direct's
+    // tiles (session 58, same host, cold, medians, `tune bench`, ms, amx-direct against the
+    // heuristic before, gate_up / qkv / down): M = 16 11.0-11.9 / 2.0-2.3 / 5.4 against 13.0-
+    // 13.1 / 2.4 / 6.9-7.0, M = 32 12.2-12.6 / 2.3-2.4 / 6.1-6.4 against 14.5-15.5 / 2.6-3.1 /
+    // 8.9-9.3, M = 64 15.4-16.5 / 3.2 / 8.3-8.8 against 17.0-18.7 / 3.4 / 10.6-11.0. Widening
+    // every weight costs about 6.5 ms of gate_up's two threads whatever M: at 8 tokens and
+    // fewer the stream kernel's 6.8 ms and less win, at 12 it was mixed (gate_up 11.7 against
+    // 10.2, down 5.0 against 5.3), from 128 the packed tiles' blocking (mixed at 128 and 256,
+    // 54.2 against 51.4 at 512).
+    if p.fp8().is_some() && host.isa == Isa::Avx512Amx && in_place && (16..=64).contains(&p.m) {
+        let nr = if p.m <= 16 { 16 } else { 32 };
+        return GemmConfig {
+            variant: GemmVariant::AmxDirect,
+            isa: host.isa,
+            mr: 32,
+            nr,
+            mc: 256,
+            kc: p.k.min(1024),
+            nc: p.m.next_multiple_of(nr),
+            split: Split::N,
+            threads,
+            prefetch: true,
+            inner: Inner::M,
+        };
+    }
     if p.fp8().is_some() && host.isa == Isa::Avx512Amx && p.m > 16 {
         return amx_prompt(p, host, threads);
     }
