@@ -15,7 +15,8 @@
 //!
 //! fp8 (W8A8, B `[N, K]`): the weights stream as bytes, half of bf16's, and are widened 32 at a
 //! time in registers to their f16 readings as bf16 (exact: a reading has at most four
-//! significant bits), then multiplied as the bf16 pairs are; A's few rows are widened once.
+//! significant bits; integer operations, [`super::fp8_bf16`]), then multiplied as the bf16
+//! pairs are; A's few rows are widened once.
 //! The widening kernel of [`super::gemm`] multiplies the readings as f32, one FMA a value and
 //! row: from a few rows on that, not the bytes, is the limit.
 
@@ -275,17 +276,12 @@ mod x86 {
         }
     }
 
-    /// 32 fp8 bytes as bf16 pairs: their f16 readings ([`crate::cpu::simd`]'s placing),
-    /// converted to f32 and then to bf16, both exactly.
+    /// 32 fp8 bytes as bf16 pairs: the bf16 bits of their f16 readings, exactly
+    /// ([`crate::cpu::fp8_bf16::x86::bf16_bits`]).
     #[inline(always)]
     unsafe fn widen32<const E5M2: bool>(bytes: __m256i) -> __m512bh {
-        use crate::cpu::simd::x86::fp8_half_bits_256 as half_bits;
-        // SAFETY: the caller runs with AVX-512F/BW/BF16 and F16C (the kernels' features).
-        unsafe {
-            let lo = half_bits::<E5M2>(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)));
-            let hi = half_bits::<E5M2>(_mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(bytes)));
-            _mm512_cvtne2ps_pbh(_mm512_cvtph_ps(hi), _mm512_cvtph_ps(lo))
-        }
+        // SAFETY: the caller runs with AVX-512F/BW (the kernels' features).
+        unsafe { bh(crate::cpu::fp8_bf16::x86::bf16_bits::<E5M2>(bytes)) }
     }
 
     /// Mask of the first `n` of 32 bytes.
@@ -298,8 +294,8 @@ mod x86 {
     /// are bf16.
     ///
     /// # Safety
-    /// As [`nk`], B readable for `cols × k` bytes; AVX2 and F16C too.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")]
+    /// As [`nk`], B readable for `cols × k` bytes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub unsafe fn nk_fp8<const R: usize, const E5M2: bool>(
         k: usize,
         a: *const u16,

@@ -27,7 +27,7 @@ fn one(format: Fp8, b: u8) -> bf16 {
     bf16::from_bits((f.to_bits() >> 16) as u16)
 }
 
-/// The whole groups of 16 widened with AVX-512 where the host has it; how many bytes that was.
+/// The bytes widened with AVX-512 where the host has it (all of them); how many that was.
 #[cfg(target_arch = "x86_64")]
 fn simd(format: Fp8, src: &[u8], dst: &mut [bf16]) -> usize {
     if crate::CpuInfo::detect().isa < crate::Isa::Avx512 {
@@ -47,27 +47,100 @@ fn simd(_: Fp8, _: &[u8], _: &mut [bf16]) -> usize {
     0
 }
 
-/// 16 bytes at a time: their f16 bits ([`super::simd`]'s placing), converted to f32, whose top
-/// halves are the bf16 values.
+/// 32 bytes at a time ([`x86::bf16_bits`]), the last partial group under masks.
 ///
 /// # Safety
-/// The host has AVX-512 (F, BW, VL); `dst` holds `src.len()` values.
+/// The host has AVX-512 (F, BW); `dst` holds `src.len()` values.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn avx512<const E5M2: bool>(src: &[u8], dst: &mut [bf16]) -> usize {
     use std::arch::x86_64::*;
-    let groups = src.len() / 16;
-    for g in 0..groups {
-        // SAFETY: group g's 16 bytes and 16 values are inside both slices.
+    let n = src.len();
+    for at in (0..n).step_by(32) {
+        let mask = if n - at >= 32 {
+            !0
+        } else {
+            (1u32 << (n - at)) - 1
+        };
+        // SAFETY: the mask keeps both accesses to the slices' `n - at` elements from `at`.
         unsafe {
-            let bytes = _mm_loadu_si128(src.as_ptr().add(16 * g).cast());
-            let half = super::simd::x86::fp8_half_bits_256::<E5M2>(_mm256_cvtepu8_epi16(bytes));
-            let f = _mm512_castps_si512(_mm512_cvtph_ps(half));
-            let top = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(f));
-            _mm256_storeu_si256(dst.as_mut_ptr().add(16 * g).cast(), top);
+            let bytes = _mm256_maskz_loadu_epi8(mask, src.as_ptr().add(at).cast());
+            let bits = x86::bf16_bits::<E5M2>(bytes);
+            _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(at).cast(), mask, bits);
         }
     }
-    16 * groups
+    n
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86 {
+    use std::arch::x86_64::*;
+
+    /// bf16 bits of E4M3 readings whose exponent field is 0: `m · 2^-17` for mantissa `m`,
+    /// which bf16 holds as normal numbers (exponent 110 to 112).
+    static E4M3_SMALL: [u16; 32] = {
+        let mut t = [0u16; 32];
+        t[1] = 0x3700;
+        t[2] = 0x3780;
+        t[3] = 0x37c0;
+        t[4] = 0x3800;
+        t[5] = 0x3820;
+        t[6] = 0x3840;
+        t[7] = 0x3860;
+        t
+    };
+
+    /// The same for E5M2: `m · 2^-16`.
+    static E5M2_SMALL: [u16; 32] = {
+        let mut t = [0u16; 32];
+        t[1] = 0x3780;
+        t[2] = 0x3800;
+        t[3] = 0x3840;
+        t
+    };
+
+    /// The bf16 bits of 32 bytes' f16 readings ([`crate::Fp8::half_bits`]), one a 16-bit
+    /// lane, by integer operations: a reading with a nonzero exponent field is that field
+    /// rebased from f16's bias to bf16's (+112) over the same mantissa bits; one whose field is
+    /// 0 (an f16 subnormal, which bf16's wider exponent holds as a normal number) comes from a
+    /// table; E5M2's top field is infinity or NaN. Exact, as the f16 → f32 → bf16 conversion it
+    /// replaces (four times the shuffle-port work per value), and checked against it for every
+    /// byte (the tests below).
+    ///
+    /// # Safety
+    /// The caller runs with AVX-512F and BW.
+    #[inline(always)]
+    pub unsafe fn bf16_bits<const E5M2: bool>(bytes: __m256i) -> __m512i {
+        // SAFETY: the caller's features; the tables hold 32 values each.
+        unsafe {
+            let w = _mm512_cvtepu8_epi16(bytes);
+            let mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
+            let sign = _mm512_and_si512(
+                _mm512_slli_epi16::<8>(w),
+                _mm512_set1_epi16(0x8000u16 as i16),
+            );
+            let rebased = _mm512_set1_epi16(112 << 7);
+            let (normal, small, table) = if E5M2 {
+                let normal = _mm512_add_epi16(_mm512_slli_epi16::<5>(mag), rebased);
+                (normal, 4, &E5M2_SMALL)
+            } else {
+                let normal = _mm512_add_epi16(_mm512_slli_epi16::<4>(mag), rebased);
+                (normal, 8, &E4M3_SMALL)
+            };
+            let low = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(small));
+            let looked_up =
+                _mm512_permutexvar_epi16(mag, _mm512_loadu_si512(table.as_ptr().cast()));
+            let mut bits = _mm512_mask_mov_epi16(normal, low, looked_up);
+            if E5M2 {
+                let top = _mm512_cmpge_epu16_mask(mag, _mm512_set1_epi16(0x7c));
+                let mantissa = _mm512_and_si512(mag, _mm512_set1_epi16(3));
+                let special =
+                    _mm512_or_si512(_mm512_set1_epi16(0x7f80), _mm512_slli_epi16::<5>(mantissa));
+                bits = _mm512_mask_mov_epi16(bits, top, special);
+            }
+            _mm512_or_si512(bits, sign)
+        }
+    }
 }
 
 #[cfg(test)]

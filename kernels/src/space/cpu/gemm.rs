@@ -656,16 +656,16 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // heuristic 5.0, 10.2, 42.4, 140.6 (packing widens every weight each call, the fixed 15
     // ms of the small M). Up to 16 tokens the stream kernel reads the bytes in place (M = 4:
     // 4.0 ms against bf16's 4.8).
-    // From 16 to 64 tokens, fp8 weights [N, K] widened a sliver at a time into amx-direct's
-    // tiles (session 58, same host, cold, medians, `tune bench`, ms, amx-direct against the
-    // heuristic before, gate_up / qkv / down): M = 16 11.0-11.9 / 2.0-2.3 / 5.4 against 13.0-
-    // 13.1 / 2.4 / 6.9-7.0, M = 32 12.2-12.6 / 2.3-2.4 / 6.1-6.4 against 14.5-15.5 / 2.6-3.1 /
-    // 8.9-9.3, M = 64 15.4-16.5 / 3.2 / 8.3-8.8 against 17.0-18.7 / 3.4 / 10.6-11.0. Widening
-    // every weight costs about 6.5 ms of gate_up's two threads whatever M: at 8 tokens and
-    // fewer the stream kernel's 6.8 ms and less win, at 12 it was mixed (gate_up 11.7 against
-    // 10.2, down 5.0 against 5.3), from 128 the packed tiles' blocking (mixed at 128 and 256,
-    // 54.2 against 51.4 at 512).
-    if p.fp8().is_some() && host.isa == Isa::Avx512Amx && in_place && (16..=64).contains(&p.m) {
+    // From 10 to 256 tokens, fp8 weights [N, K] widened a sliver at a time into amx-direct's
+    // tiles (session 58, same host, cold, medians, `tune bench`, ms, amx-direct with kc 1024
+    // against the heuristic before, gate_up / down / qkv): M = 10 7.8 / 3.7 / 1.4 against 8.9
+    // / 4.8 / 1.7, M = 16 7.6-7.9 / 3.9-4.1 / 1.4 against 12.6 / 6.5 / 2.7 (the stream
+    // kernel), M = 64 11.3-11.4 / 5.5-5.6 / 2.2-2.6 against 17-19 / 10.6-11.0 / 3.4, M = 128
+    // 14.7 / 9.4 / 3.2 against 19.7 / 10.3 / 3.6, M = 256 23.3 / 13.7 / 5.1 against 30.3 / 14.2
+    // / 5.1 (the packed tiles). Widening every weight once a call is its floor (7.4-7.7 ms of
+    // gate_up at M = 1): at 8 tokens and fewer the stream kernel's bytes win (gate_up 6.4-6.5
+    // against 7.3-7.8 at M = 8).
+    if p.fp8().is_some() && host.isa == Isa::Avx512Amx && in_place && (10..=256).contains(&p.m) {
         let nr = if p.m <= 16 { 16 } else { 32 };
         return GemmConfig {
             variant: GemmVariant::AmxDirect,
@@ -674,7 +674,7 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
             nr,
             mc: 256,
             kc: p.k.min(1024),
-            nc: p.m.next_multiple_of(nr),
+            nc: p.m.next_multiple_of(nr).min(256),
             split: Split::N,
             threads,
             prefetch: true,
