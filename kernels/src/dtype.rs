@@ -46,8 +46,8 @@ impl Fp8 {
     /// exponent bits become the low four of f16's five (the value times 2^-8, or 2^-7 for
     /// the fnuz bias), its three mantissa bits f16's top three.
     #[inline(always)]
-    pub fn half_bits(self, b: u8) -> u16 {
-        let b = u16::from(b);
+    pub const fn half_bits(self, b: u8) -> u16 {
+        let b = b as u16;
         match self {
             Fp8::E5m2 => b << 8,
             Fp8::E4m3 | Fp8::E4m3Fnuz => ((b & 0x80) << 8) | ((b & 0x7f) << 7),

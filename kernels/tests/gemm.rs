@@ -482,11 +482,11 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_and_fp8_only() {
             .validate(c, &fp8, &amx_host)
             .unwrap_or_else(|e| panic!("{c}: {e}"));
     }
-    // Its heuristic: the bytes streamed in place below 10 tokens, widened into the tiles in
-    // place from 10 to 256, the packed tiles past them (and where B is [K, N]).
+    // Its heuristic: the bytes streamed in place below 5 tokens, widened into the tiles in
+    // place from 5 to 256, the packed tiles past them (and where B is [K, N]).
     for (m, b, variant) in [
-        (9, "nk", GemmVariant::Stream),
-        (10, "nk", GemmVariant::AmxDirect),
+        (4, "nk", GemmVariant::Stream),
+        (5, "nk", GemmVariant::AmxDirect),
         (256, "nk", GemmVariant::AmxDirect),
         (32, "kn", GemmVariant::Amx),
         (257, "nk", GemmVariant::Amx),

@@ -119,7 +119,10 @@ fn run_fp8_on<T: Tiles + Default>(
 
 /// Rows `n0 .. n0 + rows` of fp8 weights `b` (rows `k` bytes apart), bytes `pc .. pc + live
 /// · 2`, widened into `edge` as `mr` rows of `d` pair words (rows past `rows` and words past
-/// `live` zero): the sliver and its row stride, as [`weight_sliver`] returns them.
+/// `live` zero): the sliver and its row stride, as [`weight_sliver`] returns them. With
+/// `ahead`, the first row and k offset of the sliver widened next, each row's bytes there are
+/// requested into L2 as this sliver's are read: short slices of many rows are runs too short
+/// for the hardware prefetcher to find.
 #[allow(clippy::too_many_arguments)]
 fn widen_sliver(
     format: Fp8,
@@ -129,6 +132,7 @@ fn widen_sliver(
     pc: usize,
     d: usize,
     live: usize,
+    ahead: Option<(usize, usize)>,
     edge: &mut [u32],
 ) -> (*const u32, usize) {
     for (r, dst) in edge[..mr * d].chunks_exact_mut(d).enumerate() {
@@ -143,9 +147,24 @@ fn widen_sliver(
             unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), 2 * values.len()) };
         let at = (n0 + r) * k + pc;
         super::fp8_bf16::widen(format, &b[at..at + 2 * live], values);
+        if let Some((row, pc)) = ahead {
+            // The next sliver's row r, as far as it exists.
+            if let Some(next) = b.get((row + r) * k + pc..) {
+                super::leaf::prefetch::<_, true>(next.as_ptr(), next.len().min(2 * live));
+            }
+        }
     }
     (edge.as_ptr(), d)
 }
+
+/// The longest slice (bytes of a weight row) whose next sliver [`widen_sliver`] prefetches.
+/// Longer runs the hardware prefetcher finds by itself, and asking for them too crowds L2:
+/// fp8 gate_up (N 7168, K 8192) on two threads of an AMX Xeon, cold, `tune bench`, mr 32 × nr
+/// 32, ms without / with: kc 1024 M = 32 8.9 / 7.1, 64 10.4-10.6 / 8.6-9.0, 128 14.1-14.4 /
+/// 12.5-12.8, 256 23.9-24.1 / 22.3-23.2; kc 2048 M = 64 9.3-9.6 / 8.6-8.9, 256 23.1-23.5 /
+/// 23.1-23.2; kc 4096 M = 128 12.8-13.8 / 13.2-13.9, 256 24.9-25.1 / 26.9-27.5; kc 8192 M =
+/// 32 6.0-6.2 / 6.4-6.7, 128 14.1-15.1 / 17.5-18.1.
+const PREFETCHED_SLICE: usize = 2048;
 
 /// [`run`] on a given implementation of the tile operations.
 fn run_on<T: Tiles + Default>(
@@ -210,7 +229,17 @@ fn run_on<T: Tiles + Default>(
                                 weight_sliver(row, rows, mr, ldw, d, live, edge)
                             }
                             Weights::Fp8(format, b) => {
-                                widen_sliver(format, b, p.k, (n0, rows, mr), pc, d, live, edge)
+                                let ahead = (kcur <= PREFETCHED_SLICE).then(|| {
+                                    if n0 + mr < block.end {
+                                        (n0 + mr, pc)
+                                    } else if pc + kc < p.k {
+                                        (nb, pc + kc)
+                                    } else {
+                                        (block.end, 0)
+                                    }
+                                });
+                                let sliver = (n0, rows, mr);
+                                widen_sliver(format, b, p.k, sliver, pc, d, live, ahead, edge)
                             }
                         };
                         for (s, jr) in (0..ncur).step_by(nr).enumerate() {
@@ -281,42 +310,50 @@ mod tests {
             let len = b.len();
             b.extend([half::bf16::NAN; 64]);
             let b = &b[..len];
-            for &(mr, nr) in AMX_SHAPES {
-                // A slice shorter than a block, one past a block, all of K; panels of one and
-                // two slivers; weight blocks of one and two slivers.
-                for (kc, nc, mc) in [(6, nr, mr), (34, 2 * nr, 2 * mr), (p.k, nr, 2 * mr)] {
-                    for (split, threads) in [(Split::N, 1), (Split::M, 2), (Split::N, 2)] {
-                        let c = GemmConfig {
-                            variant: GemmVariant::AmxDirect,
-                            isa: Isa::Avx512Amx,
-                            mr,
-                            nr,
-                            mc,
-                            kc,
-                            nc,
-                            split,
-                            threads,
-                            prefetch: true,
-                            inner: Inner::M,
-                        };
-                        let mut scratch = vec![0f32; scratch_len(&p, &c)];
-                        data.out.fill(f32::NAN);
-                        run_on::<Model>(&p, &c, &a, Weights::Bf16(b), &mut data.out, &mut scratch);
-                        let err = crate::reference::relative_error(&data.out, &reference);
-                        assert!(
-                            err <= problem.tolerance(),
-                            "{spec} with {c:?}: relative error {err:e}"
-                        );
-                        ran += 1;
-                    }
-                }
+            for c in blockings(&p) {
+                let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                data.out.fill(f32::NAN);
+                run_on::<Model>(&p, &c, &a, Weights::Bf16(b), &mut data.out, &mut scratch);
+                let err = crate::reference::relative_error(&data.out, &reference);
+                assert!(
+                    err <= problem.tolerance(),
+                    "{spec} with {c:?}: relative error {err:e}"
+                );
+                ran += 1;
             }
         }
         assert_eq!(ran, 6 * AMX_SHAPES.len() * 9);
     }
 
+    /// Every AMX shape with a slice shorter than a block, one past a block and all of K;
+    /// panels of one and two slivers; weight blocks of one and two slivers; both splits.
+    fn blockings(p: &GemmProblem) -> Vec<GemmConfig> {
+        let mut out = Vec::new();
+        for &(mr, nr) in AMX_SHAPES {
+            for (kc, nc, mc) in [(6, nr, mr), (34, 2 * nr, 2 * mr), (p.k, nr, 2 * mr)] {
+                for (split, threads) in [(Split::N, 1), (Split::M, 2), (Split::N, 2)] {
+                    out.push(GemmConfig {
+                        variant: GemmVariant::AmxDirect,
+                        isa: Isa::Avx512Amx,
+                        mr,
+                        nr,
+                        mc,
+                        kc,
+                        nc,
+                        split,
+                        threads,
+                        prefetch: true,
+                        inner: Inner::M,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// fp8 weights of every format, widened a sliver at a time (full slivers and edge ones,
-    /// slices that end mid-block, several slices), then scaled, against the f64 reference.
+    /// slices that end mid-block, several slices, the next sliver's rows prefetched past the
+    /// last row), then scaled, against the f64 reference.
     #[test]
     fn fp8_matches_the_reference_on_the_tile_model() {
         use crate::data::ProblemData;
@@ -339,42 +376,23 @@ mod tests {
             else {
                 unreachable!("fp8 problems have fp8 inputs")
             };
-            for &(mr, nr) in AMX_SHAPES {
-                for (kc, nc, mc, split, threads) in [
-                    (6, nr, mr, Split::N, 1),
-                    (34, 2 * nr, 2 * mr, Split::M, 2),
-                    (p.k, nr, 2 * mr, Split::N, 2),
-                ] {
-                    let c = GemmConfig {
-                        variant: GemmVariant::AmxDirect,
-                        isa: Isa::Avx512Amx,
-                        mr,
-                        nr,
-                        mc,
-                        kc,
-                        nc,
-                        split,
-                        threads,
-                        prefetch: true,
-                        inner: Inner::M,
-                    };
-                    let mut scratch = vec![0f32; scratch_len(&p, &c)];
-                    data.out.fill(f32::NAN);
-                    run_fp8_on::<Model>(&p, &c, format, &a, &b, &mut data.out, &mut scratch);
-                    let scales = crate::kernel::GemmScales {
-                        a: &data.a_scales,
-                        b: &data.b_scales,
-                    };
-                    crate::cpu::gemm::scale(&p, &c, scales, &mut data.out);
-                    let err = crate::reference::relative_error(&data.out, &reference);
-                    assert!(
-                        err <= problem.tolerance(),
-                        "{spec} with {c:?}: relative error {err:e}"
-                    );
-                    ran += 1;
-                }
+            for c in blockings(&p) {
+                let mut scratch = vec![0f32; scratch_len(&p, &c)];
+                data.out.fill(f32::NAN);
+                run_fp8_on::<Model>(&p, &c, format, &a, &b, &mut data.out, &mut scratch);
+                let scales = crate::kernel::GemmScales {
+                    a: &data.a_scales,
+                    b: &data.b_scales,
+                };
+                crate::cpu::gemm::scale(&p, &c, scales, &mut data.out);
+                let err = crate::reference::relative_error(&data.out, &reference);
+                assert!(
+                    err <= problem.tolerance(),
+                    "{spec} with {c:?}: relative error {err:e}"
+                );
+                ran += 1;
             }
         }
-        assert_eq!(ran, 4 * AMX_SHAPES.len() * 3);
+        assert_eq!(ran, 4 * AMX_SHAPES.len() * 9);
     }
 }

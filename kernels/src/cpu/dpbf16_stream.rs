@@ -193,6 +193,8 @@ unsafe fn columns(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::cpu::fp8_bf16::x86::bf16_bits;
+
     #[inline(always)]
     unsafe fn bh(v: __m512i) -> __m512bh {
         // SAFETY: both are 512 bits of plain data.
@@ -216,114 +218,103 @@ mod x86 {
         }
     }
 
-    /// `R` rows of A (row stride `k`) against `cols <= 4` rows of B (row stride `k`).
-    ///
-    /// # Safety
-    /// AVX-512F/BW and AVX-512-BF16 present; A readable for `R × k`, B for `cols × k`, C
-    /// writable for `R` rows of `cols` at `ldc` apart.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn nk<const R: usize>(
-        k: usize,
-        a: *const u16,
-        b: *const u16,
-        cols: usize,
-        c: *mut f32,
-        ldc: usize,
-        prefetch: bool,
-    ) {
-        // Unused columns read row 0 again; their sums are never stored.
-        let rows: [*const u16; 4] =
-            std::array::from_fn(|j| if j < cols { unsafe { b.add(j * k) } } else { b });
-        let mut acc = [[_mm512_setzero_ps(); 4]; R];
-        let full = k / 32 * 32;
-        let mut p = 0;
-        // SAFETY: p + 32 <= k in the loop, masked loads stay within k after it; prefetch hints
-        // never fault, wherever they point.
-        unsafe {
-            while p < full {
-                if prefetch {
-                    for r in rows {
-                        _mm_prefetch::<_MM_HINT_T1>(r.wrapping_add(p + PREFETCH).cast());
-                    }
-                }
-                let bv: [__m512bh; 4] =
-                    std::array::from_fn(|j| bh(_mm512_loadu_si512(rows[j].add(p).cast())));
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let av = bh(_mm512_loadu_si512(a.add(i * k + p).cast()));
-                    for (s, bvv) in row.iter_mut().zip(bv) {
-                        *s = _mm512_dpbf16_ps(*s, av, bvv);
-                    }
-                }
-                p += 32;
-            }
-            if p < k {
-                let mask = words(k - p);
-                let bv: [__m512bh; 4] = std::array::from_fn(|j| {
-                    bh(_mm512_maskz_loadu_epi16(mask, rows[j].add(p).cast()))
-                });
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let av = bh(_mm512_maskz_loadu_epi16(mask, a.add(i * k + p).cast()));
-                    for (s, bvv) in row.iter_mut().zip(bv) {
-                        *s = _mm512_dpbf16_ps(*s, av, bvv);
-                    }
-                }
-            }
-            for (i, row) in acc.iter().enumerate() {
-                for (j, s) in row.iter().enumerate().take(cols) {
-                    *c.add(i * ldc + j) = _mm512_reduce_add_ps(*s);
-                }
+    /// How [`rows_of_b`] reads 32 values of a B row as bf16 pairs: in place, or widened from
+    /// fp8 bytes as loaded.
+    trait RowLoad {
+        type Elem;
+
+        /// 32 values at `p`.
+        ///
+        /// # Safety
+        /// The caller's kernel features; 32 values readable at `p`.
+        unsafe fn full(p: *const Self::Elem) -> __m512bh;
+
+        /// The first `n < 32` values at `p`, the rest zero.
+        ///
+        /// # Safety
+        /// As [`RowLoad::full`], `n` values readable.
+        unsafe fn part(p: *const Self::Elem, n: usize) -> __m512bh;
+    }
+
+    /// bf16 values, loaded as they lie.
+    struct Bf16Row;
+
+    impl RowLoad for Bf16Row {
+        type Elem = u16;
+
+        #[inline(always)]
+        unsafe fn full(p: *const u16) -> __m512bh {
+            // SAFETY: the caller's contract.
+            unsafe { bh(_mm512_loadu_si512(p.cast())) }
+        }
+
+        #[inline(always)]
+        unsafe fn part(p: *const u16, n: usize) -> __m512bh {
+            // SAFETY: the caller's contract; the mask keeps the load to `n` values.
+            unsafe { bh(_mm512_maskz_loadu_epi16(words(n), p.cast())) }
+        }
+    }
+
+    /// fp8 bytes (E5M2, or E4M3 either format) as the bf16 bits of their f16 readings,
+    /// exactly ([`crate::cpu::fp8_bf16::x86::bf16_bits`]).
+    struct Fp8Row<const E5M2: bool>;
+
+    impl<const E5M2: bool> RowLoad for Fp8Row<E5M2> {
+        type Elem = u8;
+
+        #[inline(always)]
+        unsafe fn full(p: *const u8) -> __m512bh {
+            // SAFETY: the caller's contract (AVX-512F/BW, 32 bytes).
+            unsafe { bh(bf16_bits::<E5M2>(_mm256_loadu_si256(p.cast()))) }
+        }
+
+        #[inline(always)]
+        unsafe fn part(p: *const u8, n: usize) -> __m512bh {
+            // SAFETY: the caller's contract; the mask keeps the load to `n` bytes.
+            unsafe {
+                bh(bf16_bits::<E5M2>(_mm256_maskz_loadu_epi8(
+                    words(n),
+                    p.cast(),
+                )))
             }
         }
     }
 
-    /// 32 fp8 bytes as bf16 pairs: the bf16 bits of their f16 readings, exactly
-    /// ([`crate::cpu::fp8_bf16::x86::bf16_bits`]).
-    #[inline(always)]
-    unsafe fn widen32<const E5M2: bool>(bytes: __m256i) -> __m512bh {
-        // SAFETY: the caller runs with AVX-512F/BW (the kernels' features).
-        unsafe { bh(crate::cpu::fp8_bf16::x86::bf16_bits::<E5M2>(bytes)) }
-    }
-
-    /// Mask of the first `n` of 32 bytes.
-    #[inline(always)]
-    fn bytes(n: usize) -> __mmask32 {
-        words(n)
-    }
-
-    /// [`nk`] with B in fp8 bytes (E5M2, or E4M3 either format), widened as loaded; A's rows
-    /// are bf16.
+    /// `R` rows of A (bf16, row stride `k`) against `cols <= 4` rows of B (row stride `k`
+    /// values), each row read through `L`.
     ///
     /// # Safety
-    /// As [`nk`], B readable for `cols × k` bytes.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    pub unsafe fn nk_fp8<const R: usize, const E5M2: bool>(
+    /// AVX-512F/BW/VL and AVX-512-BF16 present; A readable for `R × k`, B for `cols × k`, C
+    /// writable for `R` rows of `cols` at `ldc` apart.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_of_b<const R: usize, L: RowLoad>(
         k: usize,
         a: *const u16,
-        b: *const u8,
+        b: *const L::Elem,
         cols: usize,
         c: *mut f32,
         ldc: usize,
         prefetch: bool,
     ) {
         // Unused columns read row 0 again; their sums are never stored.
-        let rows: [*const u8; 4] =
+        let rows: [*const L::Elem; 4] =
             std::array::from_fn(|j| if j < cols { unsafe { b.add(j * k) } } else { b });
-        let mut acc = [[_mm512_setzero_ps(); 4]; R];
         let full = k / 32 * 32;
         let mut p = 0;
-        // SAFETY: p + 32 <= k in the loop, masked loads stay within k after it; prefetch hints
-        // never fault, wherever they point.
+        // SAFETY: the caller's features; p + 32 <= k in the loop, masked loads stay within k
+        // after it; prefetch hints never fault, wherever they point.
         unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
             while p < full {
                 if prefetch {
-                    // As many bytes ahead as the bf16 kernel's values: the same lines of time.
+                    // As many values ahead whatever their width (fp8 rows: the same lines of
+                    // time as bf16's).
                     for r in rows {
                         _mm_prefetch::<_MM_HINT_T1>(r.wrapping_add(p + PREFETCH).cast());
                     }
                 }
-                let bv: [__m512bh; 4] = std::array::from_fn(|j| {
-                    widen32::<E5M2>(_mm256_loadu_si256(rows[j].add(p).cast()))
-                });
+                let bv: [__m512bh; 4] = std::array::from_fn(|j| L::full(rows[j].add(p)));
                 for (i, row) in acc.iter_mut().enumerate() {
                     let av = bh(_mm512_loadu_si512(a.add(i * k + p).cast()));
                     for (s, bvv) in row.iter_mut().zip(bv) {
@@ -334,9 +325,7 @@ mod x86 {
             }
             if p < k {
                 let n = k - p;
-                let bv: [__m512bh; 4] = std::array::from_fn(|j| {
-                    widen32::<E5M2>(_mm256_maskz_loadu_epi8(bytes(n), rows[j].add(p).cast()))
-                });
+                let bv: [__m512bh; 4] = std::array::from_fn(|j| L::part(rows[j].add(p), n));
                 for (i, row) in acc.iter_mut().enumerate() {
                     let av = bh(_mm512_maskz_loadu_epi16(words(n), a.add(i * k + p).cast()));
                     for (s, bvv) in row.iter_mut().zip(bv) {
@@ -350,6 +339,42 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// [`rows_of_b`] on bf16 rows of B.
+    ///
+    /// # Safety
+    /// As [`rows_of_b`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn nk<const R: usize>(
+        k: usize,
+        a: *const u16,
+        b: *const u16,
+        cols: usize,
+        c: *mut f32,
+        ldc: usize,
+        prefetch: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { rows_of_b::<R, Bf16Row>(k, a, b, cols, c, ldc, prefetch) }
+    }
+
+    /// [`rows_of_b`] on fp8 rows of B, bytes widened as loaded.
+    ///
+    /// # Safety
+    /// As [`rows_of_b`], B readable for `cols × k` bytes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn nk_fp8<const R: usize, const E5M2: bool>(
+        k: usize,
+        a: *const u16,
+        b: *const u8,
+        cols: usize,
+        c: *mut f32,
+        ldc: usize,
+        prefetch: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { rows_of_b::<R, Fp8Row<E5M2>>(k, a, b, cols, c, ldc, prefetch) }
     }
 
     /// `R` rows of C over a strip of `width <= 64` columns, B stored `[K, N]` (row stride

@@ -595,6 +595,26 @@ fn amx_prompt(p: &GemmProblem, host: &CpuInfo, threads: usize) -> GemmConfig {
     }
 }
 
+/// The amx-direct kernel as decode and short prompts take it (measured in [`heuristic`]):
+/// 32-row weight slivers in blocks of 256, token slivers of 16 up to 16 tokens and of 32
+/// past them, all the tokens (up to 256) in one panel, slices of `kc`.
+fn amx_direct(p: &GemmProblem, host: &CpuInfo, threads: usize, kc: usize) -> GemmConfig {
+    let nr = if p.m <= 16 { 16 } else { 32 };
+    GemmConfig {
+        variant: GemmVariant::AmxDirect,
+        isa: host.isa,
+        mr: 32,
+        nr,
+        mc: 256,
+        kc,
+        nc: p.m.next_multiple_of(nr).min(256),
+        split: Split::N,
+        threads,
+        prefetch: true,
+        inner: Inner::M,
+    }
+}
+
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
     let t = table(kernel_isa(host.isa));
@@ -656,30 +676,23 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // heuristic 5.0, 10.2, 42.4, 140.6 (packing widens every weight each call, the fixed 15
     // ms of the small M). Up to 16 tokens the stream kernel reads the bytes in place (M = 4:
     // 4.0 ms against bf16's 4.8).
-    // From 10 to 256 tokens, fp8 weights [N, K] widened a sliver at a time into amx-direct's
+    // From 5 to 256 tokens, fp8 weights [N, K] widened a sliver at a time into amx-direct's
     // tiles (session 58, same host, cold, medians, `tune bench`, ms, amx-direct with kc 1024
     // against the heuristic before, gate_up / down / qkv): M = 10 7.8 / 3.7 / 1.4 against 8.9
     // / 4.8 / 1.7, M = 16 7.6-7.9 / 3.9-4.1 / 1.4 against 12.6 / 6.5 / 2.7 (the stream
     // kernel), M = 64 11.3-11.4 / 5.5-5.6 / 2.2-2.6 against 17-19 / 10.6-11.0 / 3.4, M = 128
     // 14.7 / 9.4 / 3.2 against 19.7 / 10.3 / 3.6, M = 256 23.3 / 13.7 / 5.1 against 30.3 / 14.2
-    // / 5.1 (the packed tiles). Widening every weight once a call is its floor (7.4-7.7 ms of
-    // gate_up at M = 1): at 8 tokens and fewer the stream kernel's bytes win (gate_up 6.4-6.5
-    // against 7.3-7.8 at M = 8).
-    if p.fp8().is_some() && host.isa == Isa::Avx512Amx && in_place && (10..=256).contains(&p.m) {
-        let nr = if p.m <= 16 { 16 } else { 32 };
-        return GemmConfig {
-            variant: GemmVariant::AmxDirect,
-            isa: host.isa,
-            mr: 32,
-            nr,
-            mc: 256,
-            kc: p.k.min(1024),
-            nc: p.m.next_multiple_of(nr).min(256),
-            split: Split::N,
-            threads,
-            prefetch: true,
-            inner: Inner::M,
-        };
+    // / 5.1 (the packed tiles). Then (session 59) each slice's next sliver prefetched and the
+    // bytes widened by table lookups (VBMI): M = 5 5.1-5.3 / 2.4 / 1.0 against the stream
+    // kernel's 5.6-5.7 / 3.6-3.8 / 1.1 (at M = 4 it wins, 3.9-4.1 / 2.3 / 0.7), M = 8
+    // 5.1-5.2 / 2.3-2.6 / 0.9 against 6.5-6.6 / 3.6-3.7 / 1.2-1.25, M = 16 5.5-5.6 / 2.6-2.8 /
+    // 1.0, M = 64 8.1 / 4.1-4.5 / 1.7, M = 128 12.2-12.5 / 6.9-7.1 / 2.6-2.7 against the
+    // session-58 build's 15.0-15.4 / 10.2-10.3 / 3.2-3.4, M = 256 21.8 / 12.7-12.9 / 4.8-4.9
+    // against 23.5-23.9 / 13.8-14.4 / 5.0-5.2. All of K in one slice was as fast up to 16
+    // tokens and 2-10% faster on gate_up from 32 to 64 (5.8-6.1 against 6.5-6.6 at M = 32),
+    // slower on down; at K = 28672 (Llama-70B TP1 down) it lost, 25.6 against 21.1 ms at M = 16.
+    if p.fp8().is_some() && host.isa == Isa::Avx512Amx && in_place && (5..=256).contains(&p.m) {
+        return amx_direct(p, host, threads, p.k.min(1024));
     }
     if p.fp8().is_some() && host.isa == Isa::Avx512Amx && p.m > 16 {
         return amx_prompt(p, host, threads);
@@ -706,21 +719,19 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
         if in_place && (p.m >= 512 || (p.k <= 1024 && p.m >= 64)) {
             return amx_prompt(p, host, threads);
         }
+        // Up to 64 tokens each weight row in one slice: the tiles then load whole rows,
+        // runs the hardware prefetcher follows, where slices of 1024 are 2 KiB runs of 32
+        // rows at a time. Cold, two threads, gate_up / down / qkv, ms, all of K against 1024
+        // (session 59): M = 3 4.4-4.5 / 2.3-2.4 / 0.8 against 4.9-5.2 / 2.5-2.7 / 0.9, M = 8
+        // 4.6 / 2.4 / 0.8 against 5.1 / 2.5 / 0.9, M = 16 4.4-4.8 / 2.2-2.4 against 4.7-4.9 /
+        // 2.5-2.6, M = 32 5.3 / 2.9 / 1.1 against 6.4 / 3.2 / 1.2, M = 64 8.2-8.5 / 3.5-3.6 / 1.6
+        // against 10.0-10.2 / 5.2-5.4 / 1.9; M = 128 16.2 / 7.1 / 3.2 against 14.7 / 8.3 / 2.9
+        // and M = 256 26.2 / 12.9 / 4.8 against 21.0 / 11.5 / 4.5 (the token panel's slice
+        // then outgrows L2). K = 14336 at M = 16: 4.7 against 5.2; K = 28672: 10.4 against 10.2.
         if in_place {
-            let nr = if p.m <= 16 { 16 } else { 32 };
-            return GemmConfig {
-                variant: GemmVariant::AmxDirect,
-                isa: host.isa,
-                mr: 32,
-                nr,
-                mc: 256,
-                kc: p.k.min(1024),
-                nc: p.m.next_multiple_of(nr).min(256),
-                split: Split::N,
-                threads,
-                prefetch: true,
-                inner: Inner::M,
-            };
+            let whole_rows = p.m <= 64 && p.k <= 16384;
+            let kc = if whole_rows { p.k } else { p.k.min(1024) };
+            return amx_direct(p, host, threads, kc);
         }
         let mr = if p.m <= 16 { 16 } else { 32 };
         return GemmConfig {
