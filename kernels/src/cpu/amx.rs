@@ -429,6 +429,17 @@ pub(super) mod tests {
     use crate::data::ProblemData;
     use crate::{Isa, Problem, TensorBuf};
 
+    /// A GEMM problem, its random data and the f64 reference.
+    fn generated(spec: &str, seed: u64) -> (Problem, GemmProblem, ProblemData, Vec<f64>) {
+        let problem: Problem = spec.parse().unwrap();
+        let Problem::Gemm(p) = problem else {
+            unreachable!("{spec} is a GEMM")
+        };
+        let data = ProblemData::random(&problem, seed);
+        let reference = data.reference();
+        (problem, p, data, reference)
+    }
+
     /// A bf16 GEMM test case: the problem, its data, the f64 reference and copies of A and B.
     pub(in crate::cpu) fn case(
         spec: &str,
@@ -441,17 +452,58 @@ pub(super) mod tests {
         Vec<bf16>,
         Vec<bf16>,
     ) {
-        let problem: Problem = spec.parse().unwrap();
-        let Problem::Gemm(p) = problem else {
-            unreachable!("{spec} is a GEMM")
-        };
-        let data = ProblemData::random(&problem, seed);
-        let reference = data.reference();
+        let (problem, p, data, reference) = generated(spec, seed);
         let (TensorBuf::Bf16(a), TensorBuf::Bf16(b)) = (&data.inputs[0], &data.inputs[1]) else {
             unreachable!("bf16 problems have bf16 inputs")
         };
         let (a, b) = (a.to_vec(), b.to_vec());
         (problem, p, data, reference, a, b)
+    }
+
+    /// An fp8 problem's parts as [`case`] gives a bf16 one's: the format and the two inputs'
+    /// bytes.
+    pub(in crate::cpu) fn fp8_case(
+        spec: &str,
+        seed: u64,
+    ) -> (
+        Problem,
+        GemmProblem,
+        ProblemData,
+        Vec<f64>,
+        Fp8,
+        Vec<u8>,
+        Vec<u8>,
+    ) {
+        let (problem, p, data, reference) = generated(spec, seed);
+        let (TensorBuf::Fp8(format, a), TensorBuf::Fp8(_, b)) = (&data.inputs[0], &data.inputs[1])
+        else {
+            unreachable!("fp8 problems have fp8 inputs")
+        };
+        let (format, a, b) = (*format, a.to_vec(), b.to_vec());
+        (problem, p, data, reference, format, a, b)
+    }
+
+    /// The sums an fp8 kernel left in `data.out`, scaled as the caller scales them, match
+    /// `reference` within the problem's tolerance.
+    pub(in crate::cpu) fn assert_scaled_matches(
+        problem: &Problem,
+        c: &GemmConfig,
+        data: &mut ProblemData,
+        reference: &[f64],
+    ) {
+        let Problem::Gemm(p) = problem else {
+            unreachable!("{problem} is a GEMM")
+        };
+        let scales = crate::kernel::GemmScales {
+            a: &data.a_scales,
+            b: &data.b_scales,
+        };
+        crate::cpu::gemm::scale(p, c, scales, &mut data.out);
+        let err = crate::reference::relative_error(&data.out, reference);
+        assert!(
+            err <= problem.tolerance(),
+            "{problem} with {c:?}: relative error {err:e}"
+        );
     }
 
     /// Every shape with blocks that cut M, N and K in awkward places, in both loop orders, on
@@ -519,17 +571,7 @@ pub(super) mod tests {
             "gemm:m=33,n=17,k=97,dtype=fp8_e5m2,b=nk",
             "gemm:m=7,n=61,k=5,dtype=fp8_e5m2,b=kn",
         ] {
-            let problem: Problem = spec.parse().unwrap();
-            let Problem::Gemm(p) = problem else {
-                unreachable!("{spec} is a GEMM")
-            };
-            let mut data = ProblemData::random(&problem, 5);
-            let reference = data.reference();
-            let (TensorBuf::Fp8(format, a), TensorBuf::Fp8(_, b)) =
-                (data.inputs[0].clone(), data.inputs[1].clone())
-            else {
-                unreachable!("fp8 problems have fp8 inputs")
-            };
+            let (problem, p, mut data, reference, format, a, b) = fp8_case(spec, 5);
             for &(mr, nr) in AMX_SHAPES {
                 for (mc, kc, nc, split, threads) in [
                     (mr, 7, nr, Split::N, 1),
@@ -553,16 +595,7 @@ pub(super) mod tests {
                     data.out.fill(f32::NAN);
                     let ops = Operands::Fp8(format, &a, &b);
                     run_on::<Model>(&p, &c, ops, &mut data.out, &mut scratch);
-                    let scales = crate::kernel::GemmScales {
-                        a: &data.a_scales,
-                        b: &data.b_scales,
-                    };
-                    crate::cpu::gemm::scale(&p, &c, scales, &mut data.out);
-                    let err = crate::reference::relative_error(&data.out, &reference);
-                    assert!(
-                        err <= problem.tolerance(),
-                        "{spec} with {c:?}: relative error {err:e}"
-                    );
+                    assert_scaled_matches(&problem, &c, &mut data, &reference);
                     ran += 1;
                 }
             }

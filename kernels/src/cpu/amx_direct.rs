@@ -287,7 +287,8 @@ fn run_on<T: Tiles + Default>(
 mod tests {
     use super::*;
     use crate::config::{GemmVariant, Inner, Split};
-    use crate::cpu::amx::{tests::case, AMX_SHAPES};
+    use crate::cpu::amx::tests::{assert_scaled_matches, case, fp8_case};
+    use crate::cpu::amx::AMX_SHAPES;
     use crate::cpu::amx_tiles::Model;
     use crate::Isa;
 
@@ -356,8 +357,6 @@ mod tests {
     /// last row), then scaled, against the f64 reference.
     #[test]
     fn fp8_matches_the_reference_on_the_tile_model() {
-        use crate::data::ProblemData;
-        use crate::{Problem, TensorBuf};
         let mut ran = 0;
         for spec in [
             "gemm:m=1,n=1,k=2,dtype=fp8_e4m3,b=nk",
@@ -365,31 +364,12 @@ mod tests {
             "gemm:m=40,n=33,k=100,dtype=fp8_e4m3fnuz,b=nk",
             "gemm:m=3,n=64,k=130,dtype=fp8_e5m2,b=nk",
         ] {
-            let problem: Problem = spec.parse().unwrap();
-            let Problem::Gemm(p) = problem else {
-                unreachable!("{spec} is a GEMM")
-            };
-            let mut data = ProblemData::random(&problem, 5);
-            let reference = data.reference();
-            let (TensorBuf::Fp8(format, a), TensorBuf::Fp8(_, b)) =
-                (data.inputs[0].clone(), data.inputs[1].clone())
-            else {
-                unreachable!("fp8 problems have fp8 inputs")
-            };
+            let (problem, p, mut data, reference, format, a, b) = fp8_case(spec, 5);
             for c in blockings(&p) {
                 let mut scratch = vec![0f32; scratch_len(&p, &c)];
                 data.out.fill(f32::NAN);
                 run_fp8_on::<Model>(&p, &c, format, &a, &b, &mut data.out, &mut scratch);
-                let scales = crate::kernel::GemmScales {
-                    a: &data.a_scales,
-                    b: &data.b_scales,
-                };
-                crate::cpu::gemm::scale(&p, &c, scales, &mut data.out);
-                let err = crate::reference::relative_error(&data.out, &reference);
-                assert!(
-                    err <= problem.tolerance(),
-                    "{spec} with {c:?}: relative error {err:e}"
-                );
+                assert_scaled_matches(&problem, &c, &mut data, &reference);
                 ran += 1;
             }
         }
