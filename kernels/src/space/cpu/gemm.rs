@@ -728,9 +728,15 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
         // against 10.0-10.2 / 5.2-5.4 / 1.9; M = 128 16.2 / 7.1 / 3.2 against 14.7 / 8.3 / 2.9
         // and M = 256 26.2 / 12.9 / 4.8 against 21.0 / 11.5 / 4.5 (the token panel's slice
         // then outgrows L2). K = 14336 at M = 16: 4.7 against 5.2; K = 28672: 10.4 against 10.2.
+        // Past 64 tokens slices of 2048 (4 KiB runs), against 1024 and 4096: M = 128
+        // 11.2-12.1 / 7.1-7.2 / 2.5-2.6 against 13.9-14.2 / 7.7-7.9 / 2.7-2.8 and 12.3 / 6.8-7.0
+        // / 2.3, M = 256 19.8-19.9 / 10.7-10.8 / 4.1 against 20.2-21.2 / 11.1-11.5 / 4.3-4.4 and
+        // 23.1-23.7 / 12.3-12.4 / 4.3-4.5, M = 384 30.7-31.3 / 16.5-16.9 / 6.4-6.6 against
+        // 33.7-33.8 / 18.6-18.8 / 6.5-6.6 and 35.3-35.8 / 18.8-19.2 / 6.5-6.6; at M = 96 all of
+        // K and 2048 split (gate_up 11.3-11.4 against 10.9-11.2, down 4.8-4.9 against 6.0).
         if in_place {
             let whole_rows = p.m <= 64 && p.k <= 16384;
-            let kc = if whole_rows { p.k } else { p.k.min(1024) };
+            let kc = if whole_rows { p.k } else { p.k.min(2048) };
             return amx_direct(p, host, threads, kc);
         }
         let mr = if p.m <= 16 { 16 } else { 32 };
