@@ -441,8 +441,8 @@ fn an_amx_host_is_offered_valid_amx_configs_for_bf16_and_fp8_only() {
             .count(),
         44 * (1 + 2 + 2)
     );
-    // 3 shapes × 2 mc × 4 kc (256, 512, 1024, all of K) × 3 nc, splits as above.
-    assert_eq!(direct.len(), 72 + 144 + 144);
+    // 3 shapes × 2 mc × 5 kc (256, 512, 1024, 2048, all of K) × 3 nc, splits as above.
+    assert_eq!(direct.len(), 90 + 180 + 180);
     for c in amx.iter().chain(&direct) {
         CpuSpace
             .validate(c, &bf16, &amx_host)

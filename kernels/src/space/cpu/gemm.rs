@@ -365,8 +365,9 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
             nc_tiles: &[8, 32],
         };
         // The weights in place: blocks of one and eight weight slivers, depths of 8 k
-        // blocks to all of K, token panels of 4 to 16 slivers.
-        let depths = in_place_depths(p.k, &[256, 512, 1024]);
+        // blocks to all of K (2048: the bf16 guess past 64 tokens), token panels of 4 to 16
+        // slivers.
+        let depths = in_place_depths(p.k, &[256, 512, 1024, 2048]);
         let direct = Blocking {
             mc_tiles: &[1, 8],
             kc: &depths,
