@@ -12,15 +12,17 @@
 //!   tile layout) stay in L2 across the `kc` slices, a tile load and store per slice, and the
 //!   last slice transposes each tile into C once;
 //! - within a slice each `mr`-row weight sliver meets every token sliver of the panel, whose
-//!   slice streams from L2 (`kc` ≤ 512 keeps a 32-row sliver in L1; the heuristic's 1024
-//!   measured as fast, with half the accumulator traffic).
+//!   slice streams from L2 (`kc` ≤ 512 keeps a 32-row sliver in L1, but each weight row is
+//!   then read in runs too short for the hardware prefetcher: the heuristic takes all of K up
+//!   to 64 tokens and slices of 2048 past them, measured faster).
 //!
 //! The weights are then read from memory `M / nc` times, not `M / (tokens that fit in L2 with
 //! all of K)`: at M = 2048 (Llama-70B gate_up) the earlier whole-K blocking read them 32 times.
 //!
 //! fp8 weights (W8A8) are read as bytes, half of bf16's: each sliver's `mr` rows of a slice are
 //! widened to the bf16 of their f16 readings (exact, [`super::fp8_bf16`]) into the sliver
-//! buffer that edge slivers use, and loaded from there; the tokens' bytes are widened once.
+//! buffer that edge slivers use, and loaded from there, while the next sliver's rows are
+//! requested into L2 (slices of up to 2 KiB); the tokens' bytes are widened once.
 //! C holds the sums of the readings, which the caller scales.
 
 use half::bf16;
