@@ -37,10 +37,29 @@ pub fn run(p: &GemmProblem, c: &GemmConfig, a: &[bf16], b: &[bf16], out: &mut [f
         BLayout::Nk => c.nc,
         BLayout::Kn => c.nc.next_multiple_of(KN_STRIP),
     };
-    let tasks = p.n.div_ceil(chunk);
     let out = SharedMut(out.as_mut_ptr());
-    let (m, n, k) = (p.m, p.n, p.k);
-    for_each_task(c.threads, tasks, |task, _| {
+    let (n, k) = (p.n, p.k);
+    for_each_pass(p, c, chunk, |i0, rows, c0, c1| {
+        // SAFETY: rows i0..i0 + rows of A and C and columns c0..c1 of B and C exist; tasks
+        // write disjoint columns; validation checked the CPU has AVX-512-BF16.
+        unsafe {
+            let ap = a.as_ptr().add(i0 * k).cast::<u16>();
+            let (bp, cp) = (b.as_ptr().cast::<u16>(), out.get().add(i0 * n));
+            columns(p.b_layout, rows, k, ap, bp, c0, c1, cp, n, c.prefetch);
+        }
+    });
+}
+
+/// C in tasks of `chunk` columns, each task's rows in passes of 4, 2 or 1 (at most `mr`):
+/// `pass(i0, rows, c0, c1)` for rows `i0 .. i0 + rows` and columns `c0 .. c1`.
+fn for_each_pass(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    chunk: usize,
+    pass: impl Fn(usize, usize, usize, usize) + Sync + Send,
+) {
+    let (m, n) = (p.m, p.n);
+    for_each_task(c.threads, n.div_ceil(chunk), |task, _| {
         let (c0, c1) = (task * chunk, ((task + 1) * chunk).min(n));
         let mut i0 = 0;
         while i0 < m {
@@ -48,13 +67,7 @@ pub fn run(p: &GemmProblem, c: &GemmConfig, a: &[bf16], b: &[bf16], out: &mut [f
                 .into_iter()
                 .find(|&r| r <= c.mr && r <= m - i0)
                 .unwrap_or(1);
-            // SAFETY: rows i0..i0 + rows of A and C and columns c0..c1 of B and C exist; tasks
-            // write disjoint columns; validation checked the CPU has AVX-512-BF16.
-            unsafe {
-                let ap = a.as_ptr().add(i0 * k).cast::<u16>();
-                let (bp, cp) = (b.as_ptr().cast::<u16>(), out.get().add(i0 * n));
-                columns(p.b_layout, rows, k, ap, bp, c0, c1, cp, n, c.prefetch);
-            }
+            pass(i0, rows, c0, c1);
             i0 += rows;
         }
     });
@@ -84,26 +97,16 @@ pub fn run_fp8(
         unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), 2 * words.len()) };
     let wide = &mut wide[..p.m * p.k];
     super::fp8_bf16::widen(format, a, wide);
-    let tasks = p.n.div_ceil(c.nc);
     let out = SharedMut(out.as_mut_ptr());
     let wide: &[bf16] = wide;
-    let (m, n, k) = (p.m, p.n, p.k);
-    for_each_task(c.threads, tasks, |task, _| {
-        let (c0, c1) = (task * c.nc, ((task + 1) * c.nc).min(n));
-        let mut i0 = 0;
-        while i0 < m {
-            let rows = [4, 2, 1]
-                .into_iter()
-                .find(|&r| r <= c.mr && r <= m - i0)
-                .unwrap_or(1);
-            // SAFETY: as in `run`: rows i0..i0 + rows of A and C and columns c0..c1 of B and
-            // C exist, tasks write disjoint columns, validation checked AVX-512-BF16.
-            unsafe {
-                let ap = wide.as_ptr().add(i0 * k).cast::<u16>();
-                let cp = out.get().add(i0 * n);
-                fp8_columns(format, rows, k, ap, b.as_ptr(), c0, c1, cp, n, c.prefetch);
-            }
-            i0 += rows;
+    let (n, k) = (p.n, p.k);
+    for_each_pass(p, c, c.nc, |i0, rows, c0, c1| {
+        // SAFETY: as in `run`: rows i0..i0 + rows of A and C and columns c0..c1 of B and C
+        // exist, tasks write disjoint columns, validation checked AVX-512-BF16.
+        unsafe {
+            let ap = wide.as_ptr().add(i0 * k).cast::<u16>();
+            let cp = out.get().add(i0 * n);
+            fp8_columns(format, rows, k, ap, b.as_ptr(), c0, c1, cp, n, c.prefetch);
         }
     });
 }
