@@ -184,8 +184,9 @@ impl ProblemData {
         if let Problem::Gemm(p) = problem {
             if p.fp8().is_some() {
                 let mut scale = || (1.0 + 0.5 * rng.unit()) / Self::FP8_GEMM_GAIN;
-                data.a_scales.extend((0..p.m).map(|_| scale()));
-                data.b_scales.extend((0..p.n).map(|_| scale()));
+                let (a, b) = p.block_scale_lens().unwrap_or((p.m, p.n));
+                data.a_scales.extend((0..a).map(|_| scale()));
+                data.b_scales.extend((0..b).map(|_| scale()));
             }
         }
         data.out.clear();

@@ -37,13 +37,20 @@ impl<'a> GemmArgs<'a> {
 /// holds its fp8 values times `a[i]` (one per token, or one for the tensor), B's column `j`
 /// (a Linear layer's output channel) its values times `b[j]` (one per channel, or one for
 /// the tensor), so `C[i, j] = a[i] · b[j] · Σ_k A8[i, k] · B8[k, j]`. Data of the call, not
-/// of the problem: a checkpoint's granularity does not change which tiles are fastest, and
-/// dynamic per-token scales change every call.
+/// of the problem: these granularities scale C once, so they do not change which tiles are
+/// fastest, and dynamic per-token scales change every call.
+///
+/// A block-scaled problem ([`crate::GemmProblem::with_block`], a problem of its own: its
+/// scales enter every group of k) takes them as DeepSeek-V3's checkpoints and vLLM's
+/// per-token-group quantization hold them: A's `[M, ⌈K / block⌉]`, one per token and group
+/// of k, and B's `[⌈N / block⌉, ⌈K / block⌉]` (`weight_scale_inv`), one per block of the
+/// weights, both row-major.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GemmScales<'a> {
-    /// `[1]` (per tensor) or `[M]` (per token).
+    /// `[1]` (per tensor) or `[M]` (per token); block-scaled, `[M, ⌈K / block⌉]`.
     pub a: &'a [f32],
-    /// `[1]` (per tensor) or `[N]` (per output channel).
+    /// `[1]` (per tensor) or `[N]` (per output channel); block-scaled, `[⌈N / block⌉, ⌈K /
+    /// block⌉]`.
     pub b: &'a [f32],
 }
 
@@ -52,14 +59,35 @@ impl<'a> GemmScales<'a> {
     pub const NONE: GemmScales<'static> = GemmScales { a: &[], b: &[] };
 
     /// Checks these scales against a problem: for fp8 each of one value or one per row of A
-    /// (column of B), every value finite and positive; empty for the other dtypes (a scale
+    /// (column of B), or for a block-scaled problem the counts above, every value finite and
+    /// positive; empty for the other dtypes (a scale
     /// there would be ignored, and a caller who passes one expects it applied).
     pub fn check(self, p: &crate::GemmProblem) -> Result<()> {
+        let blocks = p.block_scale_lens();
         for (name, values, per, count) in [
             ("a_scales", self.a, "row of A (token)", p.m),
             ("b_scales", self.b, "column of C (output channel)", p.n),
         ] {
-            let reason = if p.dtype.fp8().is_none() {
+            let block_len = blocks.map(|(a, b)| if name == "a_scales" { a } else { b });
+            let reason = if let (Some(len), Some(block)) = (block_len, p.block) {
+                (values.len() != len)
+                    .then(|| {
+                        let groups = p.k_groups();
+                        let shape = if name == "a_scales" {
+                            format!("[{}, {groups}]: one per token and {block} values of k", p.m)
+                        } else {
+                            format!(
+                                "[{}, {groups}]: one per {block} × {block} block of the weights",
+                                p.n.div_ceil(block)
+                            )
+                        };
+                        format!(
+                            "holds {} values; this block-scaled fp8 GEMM takes {len}, {shape}",
+                            values.len()
+                        )
+                    })
+                    .or_else(|| positive(values))
+            } else if p.dtype.fp8().is_none() {
                 (!values.is_empty()).then(|| {
                     format!(
                         "holds {} values; scales apply to fp8 GEMMs, and this one's dtype is {}: pass none",
@@ -73,10 +101,7 @@ impl<'a> GemmScales<'a> {
                     values.len()
                 ))
             } else {
-                values
-                    .iter()
-                    .position(|v| !(v.is_finite() && *v > 0.0))
-                    .map(|at| format!("[{at}] is {}; must be finite and positive", values[at]))
+                positive(values)
             };
             if let Some(reason) = reason {
                 return Err(KernelError::BadArgument { name, reason });
@@ -96,6 +121,14 @@ impl<'a> GemmScales<'a> {
     pub fn b_at(&self, j: usize) -> f32 {
         scale_at(self.b, j)
     }
+}
+
+/// Why `values` are not scales: the first that is not finite and positive.
+fn positive(values: &[f32]) -> Option<String> {
+    values
+        .iter()
+        .position(|v| !(v.is_finite() && *v > 0.0))
+        .map(|at| format!("[{at}] is {}; must be finite and positive", values[at]))
 }
 
 fn scale_at(values: &[f32], i: usize) -> f32 {

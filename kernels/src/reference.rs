@@ -48,7 +48,8 @@ pub fn gemm_row(
 /// Rows `rows` of `C = A·B`, each column of B widened once for all of them and the columns
 /// spread over the cores: a decode GEMM's 64 rows against a 112 MiB weight took 8.6 s one
 /// element at a time, most of a 2 s tuning budget's problem. An fp8 GEMM's values are the
-/// bytes' decoded values times their row's and column's `scales`.
+/// bytes' decoded values times their row's and column's `scales`; a block-scaled one's sums
+/// over each group of k times its token's and weight block's scales.
 pub fn gemm_rows(
     p: &GemmProblem,
     a: Tensor<'_>,
@@ -78,6 +79,21 @@ pub fn gemm_rows(
                 match p.b_layout {
                     BLayout::Kn => widen(&b, &|q| q * p.n + j, col),
                     BLayout::Nk => widen(&b, &|q| j * p.k + q, col),
+                }
+                if let Some(block) = p.block {
+                    let groups = p.k_groups();
+                    let sb = &scales.b[j / block * groups..][..groups];
+                    return a_rows
+                        .iter()
+                        .zip(rows)
+                        .map(|(row, &i)| {
+                            let sa = &scales.a[i * groups..][..groups];
+                            (row.chunks(block).zip(col.chunks(block)))
+                                .zip(sa.iter().zip(sb))
+                                .map(|((r, c), (&sa, &sb))| dot(r, c) * sa as f64 * sb as f64)
+                                .sum()
+                        })
+                        .collect();
                 }
                 let sb = scales.b_at(j) as f64;
                 a_rows

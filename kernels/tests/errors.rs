@@ -5,7 +5,7 @@ use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::{Args, GemmArgs, GemmScales, Scratch};
 use kerntune_kernels::{
     Backend, Config, CpuBackend, CpuSpace, DType, Device, Family, Fp8, KernelError, Problem, Space,
-    TensorBuf,
+    Tensor, TensorBuf,
 };
 
 fn parse_err(spec: &str) -> KernelError {
@@ -63,6 +63,27 @@ fn invalid_problems_are_typed_errors() {
             Family::Paged,
             "context_len",
         ),
+        // Scale blocks: fp8 only, a Linear layer's weights, whole tiles.
+        (
+            "gemm:m=1,n=64,k=64,dtype=bf16,block=128",
+            Family::Gemm,
+            "block",
+        ),
+        (
+            "gemm:m=1,n=64,k=64,dtype=fp8_e4m3,b=kn,block=128",
+            Family::Gemm,
+            "block",
+        ),
+        (
+            "gemm:m=1,n=64,k=64,dtype=fp8_e4m3,block=48",
+            Family::Gemm,
+            "block",
+        ),
+        (
+            "gemm:m=1,n=64,k=64,dtype=fp8_e4m3,block=0",
+            Family::Gemm,
+            "block",
+        ),
     ];
     for (spec, family, field) in cases {
         match parse_err(spec) {
@@ -89,6 +110,7 @@ fn keys_round_trip_and_are_canonical() {
         "flash:batch=1,q_len=2048,kv_len=2048,q_heads=8,kv_heads=1,head_dim=128,causal=true,dtype=bf16",
         "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,block_size=16,dtype=bf16",
         "flash:q_len=4,q_heads=2,head_dim=16,scale=0.5",
+        "gemm:m=1,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128",
     ] {
         let p: Problem = spec.parse().unwrap();
         let again: Problem = p.key().parse().unwrap();
@@ -99,6 +121,14 @@ fn keys_round_trip_and_are_canonical() {
     }
     let a: Problem = "gemm:k=3,n=2,m=1".parse().unwrap();
     assert_eq!(a.key(), "gemm:m=1,n=2,k=3,dtype=f32,b=nk");
+    // Problems stored before scale blocks read as they were written, and write no block.
+    let old = r#"{"family":"gemm","m":1,"n":2,"k":3,"dtype":"fp8_e4m3","b_layout":"nk"}"#;
+    let p: Problem = serde_json::from_str(old).unwrap();
+    assert_eq!(p.key(), "gemm:m=1,n=2,k=3,dtype=fp8_e4m3,b=nk");
+    assert_eq!(serde_json::to_string(&p).unwrap(), old);
+    // A stored block is checked as a spec's is.
+    let bad = old.replace(r#""nk"}"#, r#""nk","block":100}"#);
+    assert!(serde_json::from_str::<Problem>(&bad).is_err());
 }
 
 #[test]
@@ -294,6 +324,48 @@ fn fp8_gemm_scales_are_checked_by_name_and_applied() {
         matches!(&err, KernelError::BadArgument { name: "a_scales", reason } if reason.contains("pass none")),
         "{err}"
     );
+    // Block-scaled: A's [M, K / 64] and B's [N / 64, K / 64] (rounded up), by name.
+    let p: Problem = "gemm:m=2,n=65,k=130,dtype=fp8_e4m3,block=64"
+        .parse()
+        .unwrap();
+    let c = CpuSpace.default_config(&p, &Device::host());
+    let (a, b) = (vec![0x38u8; 2 * 130], vec![0x38u8; 65 * 130]);
+    let mut out = vec![f32::NAN; 2 * 65];
+    let mut scratch = vec![0.0; CpuBackend.scratch_len(&p, &c)];
+    let mut run = |a_scales: &[f32], b_scales: &[f32]| {
+        let scales = GemmScales {
+            a: a_scales,
+            b: b_scales,
+        };
+        let (a, b) = (Tensor::Fp8(Fp8::E4m3, &a), Tensor::Fp8(Fp8::E4m3, &b));
+        let args = Args::Gemm(GemmArgs::scaled(a, b, scales, &mut out));
+        CpuBackend.run(&p, &c, args, &mut scratch)
+    };
+    for (a_len, b_len, name, needle) in [
+        (
+            2,
+            6,
+            "a_scales",
+            "takes 6, [2, 3]: one per token and 64 values of k",
+        ),
+        (6, 3, "b_scales", "takes 6, [2, 3]: one per 64 × 64 block"),
+        (6, 130, "b_scales", "holds 130 values"),
+    ] {
+        match run(&vec![1.0; a_len], &vec![1.0; b_len]) {
+            Err(KernelError::BadArgument { name: got, reason }) => {
+                assert_eq!(got, name, "{reason}");
+                assert!(reason.contains(needle), "{name}: {reason}");
+            }
+            other => panic!("{a_len} {b_len}: {other:?}"),
+        }
+    }
+    let mut a_scales = vec![1.0; 6];
+    a_scales[5] = f32::INFINITY;
+    let err = run(&a_scales, &[1.0; 6]).unwrap_err().to_string();
+    assert!(err.contains("[5] is inf"), "{err}");
+    // Ones everywhere: each of C's values is the 130 products of 1 · 1.
+    run(&[1.0; 6], &[1.0; 6]).unwrap();
+    assert!(out.iter().all(|&v| v == 130.0), "{out:?}");
     // fp8 stays a KV-cache type for attention.
     let flash = parse_err("flash:q_len=4,q_heads=2,head_dim=8,dtype=fp8_e4m3").to_string();
     assert!(flash.contains("GEMMs take fp8"), "{flash}");
@@ -348,4 +420,32 @@ fn devices_resolve_by_name_and_alias() {
         err.contains("unknown device `tpu`") && err.contains("mi300x"),
         "{err}"
     );
+}
+
+/// Block-scaled fp8 has no GPU kernel: the GPU space offers none, refuses its default and
+/// guess by name, and no GPU build of it is made (every GPU backend and the plan build
+/// through `KernelBuild::new`), so no device run reads its scales as per-channel ones.
+#[test]
+fn block_scaled_fp8_is_refused_on_every_gpu() {
+    use kerntune_kernels::gpu::KernelBuild;
+    use kerntune_kernels::GpuSpace;
+    let p: Problem = "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
+        .parse()
+        .unwrap();
+    for name in ["h100", "h200", "a100", "mi300x", "mi250"] {
+        let device = Device::lookup(name).unwrap();
+        assert!(GpuSpace.candidates(&p, &device).is_empty(), "{name}");
+        for c in [
+            GpuSpace.default_config(&p, &device),
+            GpuSpace.heuristic(&p, &device),
+        ] {
+            let e = GpuSpace.validate(&c, &p, &device).unwrap_err().to_string();
+            assert!(
+                e.contains("no GPU kernel") && e.contains("--device cpu"),
+                "{e}"
+            );
+            let e = KernelBuild::new(&p, &c).unwrap_err().to_string();
+            assert!(e.contains("block-scaled fp8 (block = 128)"), "{e}");
+        }
+    }
 }

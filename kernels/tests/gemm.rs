@@ -926,3 +926,107 @@ fn the_tile_order_is_tuned_and_old_configs_keep_their_meaning() {
     assert!(err.contains("inner = n"), "{err}");
     assert!(err.contains("drop the field"), "{err}");
 }
+
+/// Block-scaled fp8 (DeepSeek-V3's scheme): every candidate of every format against the
+/// reference, on sizes that leave a partial block of weight rows and a partial group of k
+/// (N = 67 with blocks of 32, K = 130), one row and primes of rows (every row pass: 1, 2 and
+/// 4 rows), more rows than the stream kernel takes without blocks, and one block of 128.
+/// The stream kernel and (on AMX hosts) amx-direct in slices of one block are the ones
+/// offered; the default and the guess match too.
+#[test]
+fn block_scaled_fp8_candidates_match_reference() {
+    let device = Device::host();
+    let mut ran = 0;
+    for spec in [
+        "m=1,n=67,k=130,block=32",
+        "m=7,n=67,k=130,block=32",
+        "m=3,n=129,k=300,block=128",
+        "m=37,n=64,k=96,block=64",
+        "m=2,n=1,k=1,block=32",
+    ] {
+        for format in Fp8::ALL {
+            let p = problem(&format!("gemm:{spec},dtype={}", DType::Fp8(format)));
+            let configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            let Problem::Gemm(g) = p else { unreachable!() };
+            for c in &configs {
+                assert!(
+                    matches!(c, Config::Gemm(c) if c.variant == GemmVariant::Stream
+                        || (c.variant == GemmVariant::AmxDirect && Some(c.kc) == g.block)),
+                    "{p}: {c}"
+                );
+            }
+            let untuned = [
+                CpuSpace.default_config(&p, &device),
+                CpuSpace.heuristic(&p, &device),
+            ];
+            for c in &untuned {
+                CpuSpace.validate(c, &p, &device).unwrap();
+            }
+            ran += check_all(&p, &configs) + check_all(&p, &untuned);
+        }
+    }
+    eprintln!("verified {ran} block-scaled fp8 GEMM configs");
+}
+
+/// The untuned block-scaled configs on an AMX host: the stream kernel, the default at every
+/// M and the guess to 8 tokens; amx-direct in slices of one block from 9 tokens (prompts
+/// too); the stream kernel everywhere on a host without AMX, and for an odd K (amx-direct
+/// takes pairs of k).
+#[test]
+fn block_scaled_untuned_configs_follow_the_host() {
+    let amx = described_amx_host();
+    let avx512 = described_avx512_host("Intel Xeon Platinum 8380");
+    for (host, m, k, variant) in [
+        (&amx, 8, 7168, GemmVariant::Stream),
+        (&amx, 9, 7168, GemmVariant::AmxDirect),
+        (&amx, 2048, 7168, GemmVariant::AmxDirect),
+        (&amx, 64, 7167, GemmVariant::Stream),
+        (&avx512, 64, 7168, GemmVariant::Stream),
+    ] {
+        let p = problem(&format!("gemm:m={m},n=4608,k={k},dtype=fp8_e4m3,block=128"));
+        let h = CpuSpace.heuristic(&p, host);
+        assert!(
+            matches!(h, Config::Gemm(g) if g.variant == variant
+                && (variant == GemmVariant::Stream || g.kc == 128)),
+            "M = {m}, K = {k}: {h}"
+        );
+        let d = CpuSpace.default_config(&p, host);
+        assert!(matches!(d, Config::Gemm(g) if g.variant == GemmVariant::Stream));
+        for c in [h, d] {
+            CpuSpace
+                .validate(&c, &p, host)
+                .unwrap_or_else(|e| panic!("{c}: {e}"));
+        }
+    }
+}
+
+/// A kernel that took one scale for a whole row or column, or the wrong group's, misses the
+/// reference of a block-scaled problem by far more than fp8's tolerance: the check above
+/// has the power to catch it. The same bytes with per-token and per-channel scales (the
+/// mean of each block's) differ from the block-scaled reference.
+#[test]
+fn block_scales_change_the_product() {
+    use kerntune_kernels::data::ProblemData;
+    use kerntune_kernels::reference::relative_error;
+    let p = problem("gemm:m=5,n=67,k=130,dtype=fp8_e4m3,block=32");
+    let data = ProblemData::random(&p, 3);
+    let blocked = data.reference();
+    let Problem::Gemm(g) = p else { unreachable!() };
+    let groups = g.k_groups();
+    let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+    let mut flat = ProblemData::random(&problem("gemm:m=5,n=67,k=130,dtype=fp8_e4m3"), 3);
+    flat.a_scales = data.a_scales.chunks(groups).map(mean).collect();
+    flat.b_scales = (0..g.n)
+        .map(|j| mean(&data.b_scales[j / 32 * groups..][..groups]))
+        .collect();
+    let err = relative_error(
+        &flat
+            .reference()
+            .iter()
+            .map(|&v| v as f32)
+            .collect::<Vec<_>>(),
+        &blocked,
+    );
+    assert!(err > 10.0 * p.tolerance(), "{err:e}");
+}

@@ -7,7 +7,8 @@
  * A is 3x5 with A[i][p] = i + p, B is stored [N, K] (a Linear layer's weights) with
  * B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p). The same product in fp8 (W8A8, as an
  * FP8 checkpoint's Linear layers run it): A's and B's values stored as E4M3 bytes divided
- * by per-token and per-channel scales, which kt_gemm_scaled() multiplies back. Then it asks
+ * by per-token and per-channel scales, which kt_gemm_scaled() multiplies back, and as a
+ * block-scaled GEMM (kt_gemm_block_scaled(), DeepSeek-V3's FP8 scheme). Then it asks
  * for an MI250 through the GPU entry points. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,27 @@ int main(int argc, char **argv) {
     printf("error: %s\n", kt_last_error());
     if (kt_gemm_scaled(d, M, N, K, KT_DTYPE_FP8_E4M3, true, a8, a_scales, 2, b8, b_scales, N, c8,
                        NULL) != KT_STATUS_INVALID_ARGUMENT)
+        return 1;
+    printf("error: %s\n", kt_last_error());
+    /* The same bytes block-scaled, in blocks of 32: K = 5 is one group of k and N = 4 one
+     * block of weights, so A's scales are its M per-token ones and B's the one 1 / 2. */
+    float b_block[1] = {0.5f};
+    if (kt_gemm_block_scaled(d, M, N, K, KT_DTYPE_FP8_E4M3, 32, a8, a_scales, M, b8, b_block, 1,
+                             c8, NULL) != KT_STATUS_OK) {
+        fprintf(stderr, "kt_gemm_block_scaled: %s\n", kt_last_error());
+        kt_free(d);
+        return 1;
+    }
+    for (int i = 0; i < M * N; i++)
+        if (c8[i] != c[i]) {
+            fprintf(stderr, "block-scaled fp8 C[%d] = %g, not %g\n", i, c8[i], c[i]);
+            kt_free(d);
+            return 1;
+        }
+    printf("fp8 blocks: matches\n");
+    /* One scale per output channel is not a block's. */
+    if (kt_gemm_block_scaled(d, M, N, K, KT_DTYPE_FP8_E4M3, 32, a8, a_scales, M, b8, b_scales, N,
+                             c8, NULL) != KT_STATUS_INVALID_ARGUMENT)
         return 1;
     printf("error: %s\n", kt_last_error());
 

@@ -397,6 +397,33 @@ enum KtStatus kt_gemm_scaled(const struct KtDispatcher *d,
                              KtMatch *matched);
 
 /*
+ A block-scaled fp8 GEMM (W8A8 with DeepSeek-V3's scales: `weight_block_size` = [block,
+ block], activations quantized per token and `block` values of k, as vLLM's
+ `per_token_group_quant_fp8` writes them): `C[i, j] = Σ_g a_scales[i][g] · b_scales[j /
+ block][g] · Σ_{p in group g} A[i, p] · B[j, p]`, B `[n, k]`. `a_scales` holds m rows of
+ ⌈k / block⌉ floats, `b_scales` ⌈n / block⌉ rows of ⌈k / block⌉ (a checkpoint's
+ `weight_scale_inv`), as `a_scales_len` and `b_scales_len` say; every scale finite and
+ positive; `block` a multiple of 32 (the checkpoints' 128).
+
+ # Safety
+ Buffers must hold m·k, n·k and m·n elements, the scales their lengths in floats.
+ */
+enum KtStatus kt_gemm_block_scaled(const struct KtDispatcher *d,
+                                   size_t m,
+                                   size_t n,
+                                   size_t k,
+                                   enum KtDtype dtype_,
+                                   size_t block,
+                                   const void *a,
+                                   const float *a_scales,
+                                   size_t a_scales_len,
+                                   const void *b,
+                                   const float *b_scales,
+                                   size_t b_scales_len,
+                                   float *c,
+                                   KtMatch *matched);
+
+/*
  Flash attention prefill: Q `[batch, q_len, q_heads, head_dim]`, K `[batch, kv_len,
  kv_heads, head_dim]`, V `[batch, kv_len, kv_heads, v_head_dim]`, O `[batch, q_len,
  q_heads, v_head_dim]`.

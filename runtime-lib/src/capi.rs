@@ -329,6 +329,25 @@ unsafe fn per_head<'a>(values: *const f32, q_heads: usize) -> &'a [f32] {
     unsafe { std::slice::from_raw_parts(values, q_heads) }
 }
 
+/// A GEMM's scales from the C arguments, as [`floats`] reads each.
+///
+/// # Safety
+/// Each pointer must be NULL or valid for its length in floats.
+unsafe fn gemm_scales<'a>(
+    a: *const f32,
+    a_len: usize,
+    b: *const f32,
+    b_len: usize,
+) -> Result<GemmScales<'a>, (KtStatus, String)> {
+    // SAFETY: caller contract.
+    unsafe {
+        Ok(GemmScales {
+            a: floats("a_scales", a, a_len)?,
+            b: floats("b_scales", b, b_len)?,
+        })
+    }
+}
+
 /// `len` floats at `ptr`; NULL stands for none, and is refused where `len` is not 0.
 ///
 /// # Safety
@@ -540,12 +559,47 @@ pub unsafe extern "C" fn kt_gemm_scaled(
         let d = dispatcher(d)?;
         let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
         // SAFETY: caller contract on lengths.
-        let scales = unsafe {
-            GemmScales {
-                a: floats("a_scales", a_scales, a_scales_len)?,
-                b: floats("b_scales", b_scales, b_scales_len)?,
-            }
-        };
+        let scales = unsafe { gemm_scales(a_scales, a_scales_len, b_scales, b_scales_len)? };
+        // SAFETY: caller contract on sizes.
+        unsafe { run_gemm(d, p, a, b, scales, c, matched) }
+    })
+}
+
+/// A block-scaled fp8 GEMM (W8A8 with DeepSeek-V3's scales: `weight_block_size` = [block,
+/// block], activations quantized per token and `block` values of k, as vLLM's
+/// `per_token_group_quant_fp8` writes them): `C[i, j] = Σ_g a_scales[i][g] · b_scales[j /
+/// block][g] · Σ_{p in group g} A[i, p] · B[j, p]`, B `[n, k]`. `a_scales` holds m rows of
+/// ⌈k / block⌉ floats, `b_scales` ⌈n / block⌉ rows of ⌈k / block⌉ (a checkpoint's
+/// `weight_scale_inv`), as `a_scales_len` and `b_scales_len` say; every scale finite and
+/// positive; `block` a multiple of 32 (the checkpoints' 128).
+///
+/// # Safety
+/// Buffers must hold m·k, n·k and m·n elements, the scales their lengths in floats.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gemm_block_scaled(
+    d: *const KtDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    block: usize,
+    a: *const c_void,
+    a_scales: *const f32,
+    a_scales_len: usize,
+    b: *const c_void,
+    b_scales: *const f32,
+    b_scales_len: usize,
+    c: *mut f32,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        let p = gemm_problem(m, n, k, dtype_, true)?
+            .with_block(block)
+            .map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: caller contract on lengths.
+        let scales = unsafe { gemm_scales(a_scales, a_scales_len, b_scales, b_scales_len)? };
         // SAFETY: caller contract on sizes.
         unsafe { run_gemm(d, p, a, b, scales, c, matched) }
     })

@@ -43,6 +43,8 @@ pub enum StaticKey {
         k: usize,
         dtype: DType,
         layout: BLayout,
+        /// Block-scaled fp8's block: such a call runs on its own kernels' configs only.
+        block: Option<usize>,
     },
     Flash {
         q_heads: usize,
@@ -83,6 +85,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 k: g.k,
                 dtype: g.dtype,
                 layout: g.b_layout,
+                block: g.block,
             },
             [g.m, 1, 1],
         ),

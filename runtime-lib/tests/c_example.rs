@@ -99,13 +99,20 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         "{}",
         lines[m + 3]
     );
+    // Block-scaled, the same product; B's per-channel scales are not a block's, by name.
+    assert_eq!(lines[m + 4], "fp8 blocks: matches");
+    assert!(
+        lines[m + 5].contains("b_scales") && lines[m + 5].contains("one per 32 × 32 block"),
+        "{}",
+        lines[m + 5]
+    );
     assert_eq!(
-        lines[m + 4],
-        "match=3 exact=0 bucket=0 nearest=0 defaults=2 loaded=0"
+        lines[m + 6],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=3 loaded=0"
     );
     // Without the `rocm` feature the GPU entry point answers KT_STATUS_NO_DEVICE and names the
     // feature; with it, the HIP runtime answers: opened on an MI250, no device elsewhere.
-    let gpu = &lines[m + 5];
+    let gpu = &lines[m + 7];
     if cfg!(feature = "rocm") {
         assert!(
             gpu == "gpu: opened" || gpu.starts_with("gpu: status=5 "),
@@ -141,7 +148,8 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         rows,
         [
             "gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4",
-            "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk\t4"
+            "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk\t4",
+            "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk,block=32\t4",
         ],
         "{text}"
     );

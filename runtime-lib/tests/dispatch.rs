@@ -755,3 +755,40 @@ async fn a_database_written_by_tune_is_used_end_to_end() {
         assert!(relative_error(&data.out, &reference) < 1e-3);
     }
 }
+
+/// A GEMM's scale blocks are a static dimension: a block-scaled call finds the winners tuned
+/// block-scaled (whose kernels apply the scales inside each group of k), a per-channel call
+/// the per-channel ones, and neither the other's; a block-scaled call past the tuned tokens
+/// still runs its stream winner (any M there), and through the dispatcher each matches the
+/// reference; per-channel scales on a block-scaled call are refused by name.
+#[test]
+fn scale_blocks_decide_selection() {
+    let plain = "gemm:m=4,n=1280,k=8192,dtype=fp8_e4m3,b=nk";
+    let blocked = format!("{plain},block=128");
+    two_winners(&blocked, plain, |d, a, b| {
+        let sel = |s: &str| sel(d, s);
+        assert_eq!(sel(&blocked), (Match::Exact, a));
+        assert_eq!(sel(plain), (Match::Exact, b));
+        assert_eq!(sel(&format!("{plain},block=64")).0, Match::Default);
+        for (m, matched) in [(3, Match::Bucket), (40, Match::Nearest)] {
+            let call: Problem = format!("gemm:m={m},n=1280,k=8192,dtype=fp8_e4m3,b=nk,block=128")
+                .parse()
+                .unwrap();
+            assert_eq!(sel(&call.key()), (matched, a));
+            let mut data = ProblemData::random(&call, 3);
+            let reference = data.reference();
+            let Args::Gemm(args) = data.args() else {
+                unreachable!("a GEMM")
+            };
+            assert_eq!(d.gemm(&call, args).unwrap(), matched);
+            let err = relative_error(&data.out, &reference);
+            assert!(err <= call.tolerance(), "{call}: {err:e}");
+            data.b_scales = vec![1.0; 1280];
+            let Args::Gemm(args) = data.args() else {
+                unreachable!("a GEMM")
+            };
+            let e = d.gemm(&call, args).unwrap_err();
+            assert!(e.to_string().contains("b_scales"), "{e}");
+        }
+    });
+}

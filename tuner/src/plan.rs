@@ -251,12 +251,18 @@ pub async fn plan(
             configs.insert(0, heuristic);
         }
         configs.insert(0, default);
+        // A config the space refuses (the default of a problem no GPU kernel computes, as
+        // block-scaled fp8) is pruned with the space's reason, never compiled.
         let mut list = Vec::new();
         for c in configs {
+            if let Err(e) = GpuSpace.validate(&c, &d.problem, device) {
+                list.push((c, Err(e.to_string())));
+                continue;
+            }
             let build = KernelBuild::new(&d.problem, &c)?;
             let key = build.key();
             builds.entry(key.clone()).or_insert(build);
-            list.push((c, key));
+            list.push((c, Ok(key)));
         }
         per_problem.push((d, list));
     }
@@ -328,6 +334,20 @@ pub async fn plan(
             / EFFICIENCY;
         let mut candidates = Vec::new();
         for (config, key) in list {
+            let key = match key {
+                Ok(key) => key,
+                Err(reason) => {
+                    candidates.push(Candidate {
+                        config,
+                        build: String::new(),
+                        verdict: Verdict::Pruned {
+                            reason: format!("invalid: {reason}"),
+                        },
+                        resources: None,
+                    });
+                    continue;
+                }
+            };
             let result = &compiled[&key];
             let build = &builds[&key];
             let verdict = judge(build, result, g, min_waves);

@@ -313,8 +313,12 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             }
             _ => dtype,
         };
-        let problem = GemmProblem::new(m, n, k, dtype, BLayout::Nk)
+        let mut problem = GemmProblem::new(m, n, k, dtype, BLayout::Nk)
             .map_err(|e| blame(e, &[("m", gemm_tokens(prefill))]))?;
+        // A block-scaled checkpoint's fp8 projections scale per block of its weights.
+        if let (Some(block), Some(_)) = (model.fp8_block, problem.fp8()) {
+            problem = problem.with_block(block)?;
+        }
         Ok(Derived {
             problem: Problem::Gemm(problem),
             origin: format!("{tag} {role}"),

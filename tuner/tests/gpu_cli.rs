@@ -260,8 +260,11 @@ fn plan_for_h100_with_nvrtc() {
         "--emulate",
     ];
     args.extend(SHAPES);
-    // An FP8 checkpoint's decode GEMM (W8A8) beside them.
+    // An FP8 checkpoint's decode GEMM (W8A8) beside them, and a block-scaled one, which no
+    // GPU kernel computes.
     args.extend(["--shapes", "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3"]);
+    let blocked = "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3,b=nk,block=128";
+    args.extend(["--shapes", blocked]);
     let out = tune(&args, d);
     if let Err(e) = kerntune_kernels::gpu::nvrtc::NvrtcCompiler::find() {
         assert!(
@@ -278,15 +281,31 @@ fn plan_for_h100_with_nvrtc() {
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["target"], "sm_90");
     assert!(plan["compiler"].as_str().unwrap().starts_with("NVRTC 13"));
-    let problems = plan["problems"].as_array().unwrap();
-    assert_eq!(problems.len(), 4);
+    let mut problems = plan["problems"].as_array().unwrap().clone();
+    assert_eq!(problems.len(), 5);
+    // The block-scaled problem: its default listed, pruned with the space's reason, never
+    // compiled.
+    let at = problems
+        .iter()
+        .position(|p| p["problem"] == blocked)
+        .unwrap();
+    let refused = problems.remove(at);
+    assert_eq!(refused["kept"], 0, "{refused}");
+    for c in refused["candidates"].as_array().unwrap() {
+        assert_eq!(c["verdict"], "pruned", "{c}");
+        assert!(
+            c["reason"].as_str().unwrap().contains("no GPU kernel"),
+            "{c}"
+        );
+        assert_eq!(c["build"], "", "{c}");
+    }
     assert!(
         problems.iter().any(|p| p["problem"]
             .as_str()
             .is_some_and(|s| s.contains("fp8_e4m3"))),
         "{problems:?}"
     );
-    for p in problems {
+    for p in &problems {
         assert!(p["kept"].as_u64().unwrap() >= 1, "{p}");
         for c in p["candidates"].as_array().unwrap() {
             if c["verdict"] == "keep" {

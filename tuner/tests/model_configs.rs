@@ -343,17 +343,44 @@ fn latent_attention_runs_its_own_projections() {
         keys_of(&scaled, "decode"),
         [format!("{latent},kv_dtype=fp8_e4m3,scale={scale}")]
     );
-    // Published with FP8 weights scaled per 128 x 128 block: the GEMMs are refused, with
-    // advice that succeeds.
+    // Published with FP8 weights scaled per 128 x 128 block: its projections are
+    // block-scaled fp8 GEMMs of the same shapes, the LM head and the router unquantized.
     let fp8 = format!(
         r#"{{{DEEPSEEK_V3}, "quantization_config": {{"quant_method": "fp8", "fmt": "e4m3",
         "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}}}"#
     );
-    refused(
+    let blocked = derive(
         &fp8,
+        &[
+            &one_of_each[..],
+            &["--kernels", "gemm,paged", "--context-lens", "4096"],
+        ]
+        .concat(),
+    );
+    let mut scaled = 0;
+    let as_bf16: Vec<(String, String)> = blocked
+        .iter()
+        .map(|(origin, key)| {
+            let plain = key.replace("dtype=fp8_e4m3,b=nk,block=128", "dtype=bf16,b=nk");
+            if plain != *key {
+                scaled += 1;
+            } else if key.starts_with("gemm") {
+                let role = origin.rsplit(' ').next().unwrap();
+                assert!(["lm_head", "router"].contains(&role), "{origin}: {key}");
+            }
+            (origin.clone(), plain)
+        })
+        .collect();
+    assert_eq!(as_bf16, decode);
+    // All but the router's two and the decode's LM head.
+    assert_eq!(scaled, rows.len() - 3, "{blocked:?}");
+    // Blocks that are not square are no kernel's, named with advice that succeeds.
+    let oblong = fp8.replace("[128, 128]", "[128, 64]");
+    refused(
+        &oblong,
         &one_of_each,
         &[
-            "weight_block_size = [128,128]",
+            "weight_block_size = [128,64]",
             "--kernels flash,paged",
             "--dtype bf16",
         ],

@@ -11,7 +11,8 @@
 //!
 //! Both run f32, f16, bf16 and fp8 inputs (fp8 bytes widened as the f16 of their bits, see
 //! [`crate::Fp8::half_bits`]); an fp8 GEMM's factors and scales are applied to C after
-//! ([`scale`]).
+//! ([`scale`]). Block-scaled fp8 ([`stream_blocks`]) streams too, its scales folded into the
+//! widened tokens.
 
 use super::parallel::{for_each_task, SharedMut};
 use super::table::{table, TableElem, STREAM_KN_VECTORS, STREAM_ROWS};
@@ -27,6 +28,10 @@ pub fn scratch_len(p: &GemmProblem, c: &GemmConfig) -> usize {
             let kc = c.kc.min(p.k);
             let nc = c.nc.min(p.n.next_multiple_of(c.nr));
             super::parallel::shares_len(c.threads, mc * kc + kc * nc)
+        }
+        // Block-scaled: each thread's rows of tokens times their scales too.
+        GemmVariant::Stream if p.block.is_some() => {
+            p.m * p.k + super::parallel::shares_len(c.threads, STREAM_ROWS[2] * p.k)
         }
         GemmVariant::Stream => p.m * p.k,
         GemmVariant::Dpbf16 => super::dpbf16::scratch_len(p, c),
@@ -401,6 +406,87 @@ fn stream<T: TableElem>(
     });
 }
 
+/// [`stream`] for a block-scaled fp8 problem (weights `[N, K]`, validated): C gets the
+/// bytes' f16 readings summed with both scales inside, for [`scale`] to apply the formats'
+/// factors.
+///
+/// A group's two scales multiply every product in it, so they are folded into the tokens:
+/// for each block of `block` weight rows, the streamed rows of A are the widened tokens times
+/// their own group's scale and that block's, and the stream kernel runs unchanged on them.
+/// Folding into the tokens costs `rows × K` products a block of `block × K` weight bytes
+/// read (at 4 rows, one product per 32 bytes), where scaling partial sums would stop the
+/// kernel every `block` values of k. A row group is rescaled once per weight block and reads
+/// that block's rows in 4-row passes, which a 128-row block of K = 8192 keeps in L2 (1 MiB).
+pub fn stream_blocks<T: TableElem>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    a: &[T],
+    b: &[T],
+    scales: GemmScales<'_>,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let block = p.block.expect("a block-scaled problem");
+    let groups = p.k_groups();
+    let t = table(c.isa);
+    let fns = T::fns(t);
+    let (a32, rest) = scratch.split_at_mut(p.m * p.k);
+    // SAFETY: both hold m·k values.
+    unsafe { (fns.widen)(a.as_ptr(), a32.as_mut_ptr(), p.m * p.k, 1.0) };
+    let a32: &[f32] = a32;
+    let per_thread = super::parallel::share_len(rest.len(), c.threads);
+    let rest = SharedMut(rest.as_mut_ptr());
+    // Chunks of whole 4-column passes, so that no pass straddles two blocks (blocks are
+    // multiples of 32 columns).
+    let chunk = c.nc.next_multiple_of(4);
+    let tasks = p.n.div_ceil(chunk);
+    let out = SharedMut(out.as_mut_ptr());
+    let (m, n, k) = (p.m, p.n, p.k);
+    for_each_task(c.threads, tasks, |task, worker| {
+        // SAFETY: workers run one task at a time, so `worker` shares are disjoint.
+        let rows =
+            unsafe { std::slice::from_raw_parts_mut(rest.get().add(worker * per_thread), 4 * k) };
+        let (c0, c1) = (task * chunk, ((task + 1) * chunk).min(n));
+        let mut j = c0;
+        while j < c1 {
+            let jb = j / block;
+            let end = ((jb + 1) * block).min(c1);
+            let sb = &scales.b[jb * groups..][..groups];
+            for (i0, r) in row_groups(m, c.mr) {
+                for (i, row) in (i0..i0 + r).zip(rows.chunks_exact_mut(k)) {
+                    let sa = &scales.a[i * groups..][..groups];
+                    let src = a32[i * k..(i + 1) * k].chunks(block);
+                    for (((dst, src), &sa), &sb) in row.chunks_mut(block).zip(src).zip(sa).zip(sb) {
+                        let s = sa * sb;
+                        for (d, &v) in dst.iter_mut().zip(src) {
+                            *d = v * s;
+                        }
+                    }
+                }
+                let f = fns.stream_nk[STREAM_ROWS.iter().position(|&x| x == r).unwrap()];
+                for j0 in (j..end).step_by(4) {
+                    // SAFETY: `rows` holds r rows of k; columns j0..j0 + cols of B and C
+                    // exist; tasks write disjoint columns.
+                    unsafe {
+                        f(
+                            k,
+                            rows.as_ptr(),
+                            k,
+                            b.as_ptr().add(j0 * k),
+                            k,
+                            4.min(end - j0),
+                            out.get().add(i0 * n + j0),
+                            n,
+                            c.prefetch,
+                        )
+                    };
+                }
+            }
+            j = end;
+        }
+    });
+}
+
 /// Splits `m` rows into passes of at most `max_rows`, each a size some kernel has.
 fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)> {
     let rows_at = move |i: usize| {
@@ -417,7 +503,8 @@ fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)>
 }
 
 /// Turns an fp8 GEMM's C, the sums of its bytes' f16 readings, into values: each times the
-/// format's factor squared, its row's scale and its column's. A pass over C after the
+/// format's factor squared, its row's scale and its column's (a block-scaled GEMM's sums hold
+/// their scales: the factor only). A pass over C after the
 /// product, not in the kernels: C has `K` times fewer values than the product reads, and every
 /// variant (and the ones to come) shares it.
 pub fn scale(p: &GemmProblem, c: &GemmConfig, scales: GemmScales<'_>, out: &mut [f32]) {
@@ -433,6 +520,11 @@ pub fn scale(p: &GemmProblem, c: &GemmConfig, scales: GemmScales<'_>, out: &mut 
         let block =
             unsafe { std::slice::from_raw_parts_mut(c_at.get().add(r0 * p.n), (r1 - r0) * p.n) };
         for (i, row) in (r0..r1).zip(block.chunks_exact_mut(p.n)) {
+            if p.block.is_some() {
+                // The scales are in the sums already ([`stream_blocks`]).
+                row.iter_mut().for_each(|v| *v *= factor);
+                continue;
+            }
             let a = factor * scales.a_at(i);
             match scales.b {
                 [b] => row.iter_mut().for_each(|v| *v *= a * b),

@@ -133,7 +133,24 @@ impl Backend for CpuBackend {
                         gemm::run::<bf16>(p, c, a, b, out, scratch)
                     }
                     // The kernels multiply the bytes' f16 readings; the formats' factors and
-                    // the call's scales are applied to C after.
+                    // the call's scales are applied to C after (a block-scaled GEMM's scales
+                    // inside, on amx-direct or the stream kernel, the two validation admits).
+                    (Tensor::Fp8(format, a), Tensor::Fp8(_, b))
+                        if p.block.is_some() && c.variant == GemmVariant::AmxDirect =>
+                    {
+                        amx_direct::run_fp8_blocks(p, c, format, a, b, scales, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
+                    (Tensor::Fp8(Fp8::E5m2, a), Tensor::Fp8(_, b)) if p.block.is_some() => {
+                        let (a, b): (&[E5m2Bits], _) = (cast(a), cast(b));
+                        gemm::stream_blocks(p, c, a, b, scales, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
+                    (Tensor::Fp8(_, a), Tensor::Fp8(_, b)) if p.block.is_some() => {
+                        let (a, b): (&[E4m3Bits], _) = (cast(a), cast(b));
+                        gemm::stream_blocks(p, c, a, b, scales, out, scratch);
+                        gemm::scale(p, c, scales, out);
+                    }
                     (Tensor::Fp8(format, a), Tensor::Fp8(_, b))
                         if c.variant == GemmVariant::Amx =>
                     {

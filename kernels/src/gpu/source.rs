@@ -74,6 +74,11 @@ fn kv_fp8_code(f: crate::Fp8) -> usize {
 impl KernelBuild {
     /// The build of `config` for `problem`; an error for CPU configs and family mismatches.
     pub fn new(problem: &Problem, config: &Config) -> Result<KernelBuild, KernelError> {
+        // No GPU source computes block-scaled fp8: every GPU backend (and the plan) builds
+        // through here, so none runs one as a per-channel GEMM, its scales misread.
+        if let Problem::Gemm(p) = problem {
+            crate::space::no_gemm_kernel(p)?;
+        }
         let dynamic_lds = crate::space::dynamic_lds_bytes(config, problem);
         let mut build = match (problem, config) {
             (Problem::Gemm(p), Config::GpuGemm(c)) => KernelBuild {

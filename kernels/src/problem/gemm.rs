@@ -3,6 +3,13 @@
 //! Inputs are f32, f16, bf16, or fp8 (W8A8: both operands in one fp8 format, each with
 //! scales the call passes, [`crate::kernel::GemmScales`]), the dtypes of a serving stack's
 //! Linear layers, FP8 checkpoints' (Llama 3.1 FP8, Qwen FP8, Mixtral FP8) included.
+//!
+//! A block-scaled fp8 GEMM (`block = 128`: DeepSeek-V3's scheme, and Qwen3's and Kimi K2's
+//! FP8 checkpoints', `weight_block_size = [128, 128]`) scales each 128 × 128 block of the
+//! weights and each token's 128 values of a group of k by a scale of its own, so the scales
+//! enter inside the sum over k: `C[i, j] = Σ_g a[i, g] · b[j / 128, g] · Σ_{k in g} A8[i, k]
+//! · B8[k, j]`. The kernels that compute it are others than the per-tensor, token or channel
+//! ones' (whose scales multiply C once), so the block is part of the problem.
 
 use std::fmt;
 use std::str::FromStr;
@@ -51,6 +58,10 @@ pub struct GemmProblem {
     pub k: usize,
     pub dtype: DType,
     pub b_layout: BLayout,
+    /// fp8 only: the edge of the weights' square scale blocks, and the tokens' groups of k
+    /// (`None`: scales per tensor, token or channel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<usize>,
 }
 
 /// Serde goes through this so a deserialised problem is validated like a constructed one.
@@ -61,12 +72,19 @@ struct GemmFields {
     k: usize,
     dtype: DType,
     b_layout: BLayout,
+    /// Absent in problems written before block-scaled fp8.
+    #[serde(default)]
+    block: Option<usize>,
 }
 
 impl TryFrom<GemmFields> for GemmProblem {
     type Error = KernelError;
     fn try_from(f: GemmFields) -> Result<Self> {
-        GemmProblem::new(f.m, f.n, f.k, f.dtype, f.b_layout)
+        let p = GemmProblem::new(f.m, f.n, f.k, f.dtype, f.b_layout)?;
+        match f.block {
+            Some(block) => p.with_block(block),
+            None => Ok(p),
+        }
     }
 }
 
@@ -84,19 +102,68 @@ impl GemmProblem {
             k,
             dtype,
             b_layout,
+            block: None,
         })
     }
 
-    /// Spec keys: `m`, `n`, `k` (required), `dtype` (default f32), `b` (kn or nk, default nk).
+    /// This problem with block-scaled fp8 weights: scales per `block` × `block` of the
+    /// weights and per `block` values of k of each token. Needs an fp8 dtype, weights stored
+    /// `[N, K]` (a Linear layer's, which the checkpoints' blocks tile), and a block of a
+    /// multiple of 32 values (whole AMX and GPU tiles); the checkpoints' is 128.
+    pub fn with_block(self, block: usize) -> Result<Self> {
+        let reason = if self.fp8().is_none() {
+            Some(format!(
+                "scale blocks apply to fp8 GEMMs, and this one's dtype is {}",
+                self.dtype
+            ))
+        } else if self.b_layout != BLayout::Nk {
+            Some("block-scaled weights are a Linear layer's, stored [N, K]: use b=nk".into())
+        } else if block == 0 || !block.is_multiple_of(32) || block > 4096 {
+            Some("must be a multiple of 32 up to 4096 (the FP8 checkpoints' weight_block_size is [128, 128])".into())
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(KernelError::InvalidProblem {
+                family: Family::Gemm,
+                field: "block",
+                value: block.to_string(),
+                reason,
+            }),
+            None => Ok(GemmProblem {
+                block: Some(block),
+                ..self
+            }),
+        }
+    }
+
+    /// Groups of `block` values along k: A's scales per row and B's per block row.
+    pub fn k_groups(&self) -> usize {
+        self.block.map_or(1, |b| self.k.div_ceil(b))
+    }
+
+    /// The scale counts of a block-scaled problem: A's (`M` rows of [`Self::k_groups`]) and
+    /// B's (`N / block` rounded up, rows of as many).
+    pub fn block_scale_lens(&self) -> Option<(usize, usize)> {
+        let block = self.block?;
+        let groups = self.k_groups();
+        Some((self.m * groups, self.n.div_ceil(block) * groups))
+    }
+
+    /// Spec keys: `m`, `n`, `k` (required), `dtype` (default f32), `b` (kn or nk, default nk),
+    /// `block` (fp8: the scale blocks' edge, [`Self::with_block`]).
     pub(super) fn from_fields(mut f: Fields) -> Result<Self> {
-        let p = GemmProblem::new(
+        let mut p = GemmProblem::new(
             f.req("m")?,
             f.req("n")?,
             f.req("k")?,
             f.opt("dtype")?.unwrap_or(DType::F32),
             f.opt("b")?.unwrap_or(BLayout::Nk),
         )?;
-        f.finish(&["m", "n", "k", "dtype", "b"])?;
+        if let Some(block) = f.opt("block")? {
+            p = p.with_block(block)?;
+        }
+        f.finish(&["m", "n", "k", "dtype", "b", "block"])?;
         Ok(p)
     }
 
@@ -106,10 +173,14 @@ impl GemmProblem {
     }
 
     pub fn key(&self) -> String {
-        format!(
+        let mut key = format!(
             "gemm:m={},n={},k={},dtype={},b={}",
             self.m, self.n, self.k, self.dtype, self.b_layout
-        )
+        );
+        if let Some(block) = self.block {
+            key.push_str(&format!(",block={block}"));
+        }
+        key
     }
 
     pub fn flops(&self) -> f64 {

@@ -132,6 +132,19 @@ async fn an_fp8_gemm_is_tuned_shared_and_served_apart() {
     .await;
 }
 
+/// A block-scaled FP8 checkpoint's GEMM (DeepSeek-V3's scheme, blocks of 128 here over 12
+/// tokens: the stream kernel and, on AMX hosts, amx-direct in slices of one block) beside
+/// the same shape scaled per channel: both tuned, shared, each served its own winner, the
+/// block-scaled call matching the reference.
+#[tokio::test]
+async fn a_block_scaled_fp8_gemm_is_tuned_shared_and_served_apart() {
+    tuned_shared_and_served_apart(
+        "gemm:m=12,n=160,k=300,dtype=fp8_e4m3,b=nk",
+        "gemm:m=12,n=160,k=300,dtype=fp8_e4m3,b=nk,block=128",
+    )
+    .await;
+}
+
 /// Tunes `plain` and `other` into one database on the CPU, exports its winners and imports
 /// them into another, and checks each problem is served its own winner there, and that a
 /// call of `other` through the dispatcher matches the reference.

@@ -326,10 +326,10 @@ impl Model {
             ),
         };
         let quantized = quantization(&top).or_else(|| quantization(&f));
-        let (fp8_weights, gemm_refusal) = match quantized {
-            None => (None, None),
-            Some(Ok(format)) => (Some(format), None),
-            Some(Err(why)) => (None, Some(why)),
+        let (fp8_weights, fp8_block, gemm_refusal) = match quantized {
+            None => (None, None, None),
+            Some(Ok((format, block))) => (Some(format), block, None),
+            Some(Err(why)) => (None, None, Some(why)),
         };
         let unsupported = Unsupported {
             dtype: dtype_refusal,
@@ -393,6 +393,7 @@ impl Model {
             alibi: alibi.is_some(),
             dtype,
             fp8_weights,
+            fp8_block,
             unsupported,
         })
     }
@@ -703,33 +704,50 @@ fn narrow_embeddings(f: &Fields<'_>, family: Option<&str>, hidden: usize) -> Opt
 }
 
 /// What `quantization_config` says of the weights: the fp8 format of an FP8 W8A8
-/// checkpoint whose scales are per tensor, token or channel, the scheme kerntune's fp8 GEMMs
-/// compute (`fp8` without `weight_block_size`, as AutoFP8 and vLLM write it; `fbgemm_fp8`;
-/// `compressed-tensors` with 8-bit float weights and activations), else why the server's
-/// GEMMs are not the ones derived (GPTQ, AWQ, int8, block-scaled or weight-only FP8, MXFP4).
-fn quantization(f: &Fields<'_>) -> Option<Result<Fp8, String>> {
+/// checkpoint whose scales are per tensor, token or channel (`fp8` without
+/// `weight_block_size`, as AutoFP8 and vLLM write it; `fbgemm_fp8`; `compressed-tensors` with
+/// 8-bit float weights and activations) or per square block (`fp8` with `weight_block_size`
+/// = [b, b], DeepSeek-V3's, its activations scaled per token and b values of k as vLLM
+/// quantizes them), else why the server's GEMMs are not the ones derived (GPTQ, AWQ, int8,
+/// weight-only FP8, MXFP4, blocks that are not square).
+fn quantization(f: &Fields<'_>) -> Option<Result<(Fp8, Option<usize>), String>> {
     let q = f.map.get("quantization_config")?.as_object()?;
     let method = q
         .get("quant_method")
         .and_then(Value::as_str)
         .unwrap_or("unnamed");
     let scheme = match method {
-        "fp8" => match q.get("weight_block_size").filter(|b| !b.is_null()) {
-            Some(block) => Err(format!(
-                "its FP8 weights are scaled per block (quantization_config.weight_block_size = {block}, DeepSeek-V3's scheme), and kerntune's fp8 GEMMs take scales per tensor, token or channel"
-            )),
-            None => match q.get("fmt").and_then(Value::as_str) {
-                Some("e5m2") => Ok(Fp8::E5m2),
-                _ => Ok(Fp8::E4m3),
-            },
-        },
-        "fbgemm_fp8" => Ok(Fp8::E4m3),
-        "compressed-tensors" => compressed_tensors(q),
+        "fp8" => {
+            let format = match q.get("fmt").and_then(Value::as_str) {
+                Some("e5m2") => Fp8::E5m2,
+                _ => Fp8::E4m3,
+            };
+            match q.get("weight_block_size").filter(|b| !b.is_null()) {
+                Some(block) => square_block(block).map(|b| (format, Some(b))),
+                None => Ok((format, None)),
+            }
+        }
+        "fbgemm_fp8" => Ok((Fp8::E4m3, None)),
+        "compressed-tensors" => compressed_tensors(q).map(|f| (f, None)),
         _ => Err(format!(
             "its weights are quantized (quantization_config.quant_method = \"{method}\"), and kerntune's GEMMs take f32, f16, bf16 or fp8 (W8A8) weights"
         )),
     };
     Some(scheme.map_err(|why| format!("{}: {why}", f.path.display())))
+}
+
+/// The edge of a `weight_block_size` of square blocks that the block-scaled GEMMs take
+/// ([`kerntune_kernels::GemmProblem::with_block`]: a multiple of 32), else why not.
+fn square_block(block: &Value) -> Result<usize, String> {
+    let edges: Option<Vec<u64>> = block
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect());
+    match edges.as_deref() {
+        Some(&[n, k]) if n == k && n > 0 && n % 32 == 0 && n <= 4096 => Ok(n as usize),
+        _ => Err(format!(
+            "its FP8 weights are scaled per block of quantization_config.weight_block_size = {block}, and kerntune's block-scaled fp8 GEMMs take square blocks of a multiple of 32 (DeepSeek-V3's [128, 128])"
+        )),
+    }
 }
 
 /// The fp8 format of a `compressed-tensors` config whose every group quantizes weights and

@@ -87,6 +87,9 @@ pub struct Model {
     /// `quantization_config` of `fp8`, `fbgemm_fp8` or `compressed-tensors`): its attention
     /// and MLP projections are fp8 GEMMs; the LM head, routers and gates stay at `dtype`.
     pub fp8_weights: Option<kerntune_kernels::Fp8>,
+    /// A block-scaled FP8 checkpoint's block edge (`weight_block_size = [128, 128]`:
+    /// DeepSeek-V3, Qwen3's and Kimi K2's FP8 releases): its fp8 GEMMs are block-scaled ones.
+    pub fp8_block: Option<usize>,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
     pub unsupported: Unsupported,
@@ -229,6 +232,7 @@ impl Model {
             alibi: false,
             dtype: DType::Bf16,
             fp8_weights: None,
+            fp8_block: None,
             unsupported: Unsupported::default(),
         };
         Some(match name.to_ascii_lowercase().as_str() {

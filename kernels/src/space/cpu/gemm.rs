@@ -300,7 +300,7 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
                 BLayout::Nk => &[true, false],
                 BLayout::Kn => &[true],
             };
-            for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M) {
+            for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M || p.block.is_some()) {
                 for &rows in &STREAM_ROWS {
                     for &nc in &widths {
                         for &prefetch in prefetches {
@@ -367,7 +367,11 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         // The weights in place: blocks of one and eight weight slivers, depths of 8 k
         // blocks to all of K (2048: the bf16 guess past 64 tokens), token panels of 4 to 16
         // slivers.
-        let depths = in_place_depths(p.k, &[256, 512, 1024, 2048]);
+        // Block-scaled fp8: slices of one group of k, whose products are scaled apart.
+        let depths = match p.block {
+            Some(block) => vec![block],
+            None => in_place_depths(p.k, &[256, 512, 1024, 2048]),
+        };
         let direct = Blocking {
             mc_tiles: &[1, 8],
             kc: &depths,
@@ -411,11 +415,43 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
             }
         }
     }
+    // Block-scaled fp8: the stream kernel at every M, and amx-direct (see `validate`).
+    if p.block.is_some() {
+        out.retain(|c| matches!(c.variant, GemmVariant::Stream | GemmVariant::AmxDirect));
+    }
     out
 }
 
 pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
+    if let Some(block) = p.block {
+        match c.variant {
+            GemmVariant::Stream => {}
+            GemmVariant::AmxDirect if c.kc == block => {}
+            GemmVariant::AmxDirect => {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "amx-direct runs block-scaled fp8 in slices of one group of k, kc = \
+                         {block} (the problem's block), not {}",
+                        c.kc
+                    ),
+                ))
+            }
+            _ => {
+                return Err(invalid(
+                    f,
+                    format!(
+                        "block-scaled fp8 runs on the stream variant (each group's scales \
+                         folded into the tokens it streams) and on amx-direct (each group's \
+                         tile products scaled apart); the {} variant takes scales per \
+                         tensor, token or channel only",
+                        c.variant.name()
+                    ),
+                ))
+            }
+        }
+    }
     let amx = matches!(c.variant, GemmVariant::Amx | GemmVariant::AmxDirect);
     if amx && host.isa != Isa::Avx512Amx {
         return Err(invalid(
@@ -462,7 +498,7 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
             } else if c.variant == GemmVariant::StreamDpbf16 {
                 bf16_pairs(c, p, host)?;
             }
-            if p.m > STREAM_MAX_M {
+            if p.m > STREAM_MAX_M && p.block.is_none() {
                 return Err(invalid(
                     f,
                     format!(
@@ -556,6 +592,27 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
     Ok(())
 }
 
+/// The default config of a block-scaled fp8 problem: the stream variant, which runs it on
+/// every host, four rows a pass, about four 256-column chunks a thread; also its guess,
+/// except from 9 tokens on AMX hosts ([`heuristic`]).
+pub(super) fn block_stream(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
+    let threads = host.threads.max(1);
+    let chunks = p.n.div_ceil(256 * threads).max(1) * threads;
+    GemmConfig {
+        variant: GemmVariant::Stream,
+        isa: host.isa,
+        mr: if p.m >= 4 { 4 } else { p.m.min(2) },
+        nr: table(kernel_isa(host.isa)).lanes,
+        mc: 4,
+        kc: p.k,
+        nc: p.n.div_ceil(chunks).next_multiple_of(4).min(256),
+        split: Split::N,
+        threads,
+        prefetch: true,
+        inner: Inner::M,
+    }
+}
+
 pub(super) fn default(host: &CpuInfo) -> GemmConfig {
     let t = table(kernel_isa(host.isa));
     let (mr, nr) = t.shapes[t.shapes.len().min(2) - 1];
@@ -618,6 +675,21 @@ fn amx_direct(p: &GemmProblem, host: &CpuInfo, threads: usize, kc: usize) -> Gem
 
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
+    if let Some(block) = p.block {
+        // Block-scaled fp8 from 9 tokens on AMX tiles, in slices of one group; the stream
+        // kernel below them. Two threads of an AMX Xeon (session 60), cold, DeepSeek-V3 TP8
+        // gate_up (N 4608, K 7168) / down (7168, 2304), blocks of 128, `tune bench`, ms,
+        // amx-direct (mr 32, kc 128) against the stream kernel: M = 5 4.2-4.3 / 2.1-2.2
+        // against 3.3 / 2.0-2.1, M = 8 4.4 / 2.1-2.2 against 3.7-3.8 / 2.3-2.4, M = 12 4.5-5.3
+        // / 2.3 against 5.5 / 3.2, M = 16 4.4-4.6 / 2.3-2.5 against 7.2-7.3 / 4.0, M = 64
+        // 7.7-7.9 / 4.6-4.7 against 28.0-28.3 / 14.5, M = 256 18.9-19.2 / 11.8-12.1 against
+        // 113-115 / 56. The same shapes scaled per channel: 2.7-2.8 / 1.4 at M = 5 to 16,
+        // 4.4 / 2.3-2.4 at 64, 12.4-12.6 / 8.0 at 256.
+        if host.isa == Isa::Avx512Amx && p.k.is_multiple_of(2) && p.m >= 9 {
+            return amx_direct(p, host, threads, block);
+        }
+        return block_stream(p, host);
+    }
     let t = table(kernel_isa(host.isa));
     // Long prompts on Intel cores without AMX tiles: bf16 widened to f32 while packing, the
     // f32 microkernels doing the multiply-adds, because `vdpbf16ps` issues there at half the

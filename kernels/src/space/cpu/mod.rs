@@ -176,6 +176,8 @@ impl Space for CpuSpace {
     fn default_config(&self, problem: &Problem, device: &Device) -> Config {
         let host = cpu_of(device);
         match problem {
+            // Block-scaled fp8 runs on one variant, so its default is that variant's.
+            Problem::Gemm(p) if p.block.is_some() => Config::Gemm(gemm::block_stream(p, host)),
             Problem::Gemm(_) => Config::Gemm(gemm::default(host)),
             Problem::Flash(_) => Config::Flash(flash::default(host)),
             Problem::Paged(_) => Config::Paged(paged::default(host)),

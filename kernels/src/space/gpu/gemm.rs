@@ -76,12 +76,30 @@ fn instruction_tiles(
     Ok(())
 }
 
+/// Why no GPU source computes `p`: block-scaled fp8, whose scales enter every group of k
+/// where the GPU GEMMs scale C once (the CPU's stream kernel computes it).
+pub fn no_gemm_kernel(p: &GemmProblem) -> Result<(), KernelError> {
+    match p.block {
+        Some(block) => Err(invalid(
+            Family::Gemm,
+            format!(
+                "block-scaled fp8 (block = {block}) has no GPU kernel in kerntune yet: its \
+                 scales enter every group of k, and the GPU GEMMs scale C once per tensor, \
+                 token or channel; tune it on the CPU (--device cpu), or quantize the weights \
+                 per channel"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 pub(super) fn validate(
     c: &GpuGemmConfig,
     p: &GemmProblem,
     g: &GpuModel,
 ) -> Result<(), KernelError> {
     let f = Family::Gemm;
+    no_gemm_kernel(p)?;
     if p.fp8().is_some() {
         validate_fp8(c, p, g)?;
     }
@@ -552,6 +570,10 @@ fn persistent_tiles(p: &GemmProblem, g: &GpuModel, (bm, bn): (usize, usize)) -> 
 /// for decode shapes the one-warp-high split-K tiles first, after the skinny ones where A
 /// has at most 8 rows.
 pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
+    // Block-scaled fp8 has no GPU kernel (`validate` says so).
+    if p.block.is_some() {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     let mut push = |c: GpuGemmConfig| out.push(c);
     // Decode: a few rows give few tiles; split-K fills the device.
