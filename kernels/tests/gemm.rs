@@ -931,7 +931,7 @@ fn the_tile_order_is_tuned_and_old_configs_keep_their_meaning() {
 /// reference, on sizes that leave a partial block of weight rows and a partial group of k
 /// (N = 67 with blocks of 32, K = 130), one row and primes of rows (every row pass: 1, 2 and
 /// 4 rows), more rows than the stream kernel takes without blocks, and one block of 128.
-/// The stream kernel and (on AMX hosts) amx-direct in slices of one block are the ones
+/// The stream kernel and (on AMX hosts) amx-direct in slices of whole blocks are the ones
 /// offered; the default and the guess match too.
 #[test]
 fn block_scaled_fp8_candidates_match_reference() {
@@ -952,7 +952,8 @@ fn block_scaled_fp8_candidates_match_reference() {
             for c in &configs {
                 assert!(
                     matches!(c, Config::Gemm(c) if c.variant == GemmVariant::Stream
-                        || (c.variant == GemmVariant::AmxDirect && Some(c.kc) == g.block)),
+                        || (c.variant == GemmVariant::AmxDirect
+                            && c.kc.is_multiple_of(g.block.unwrap()))),
                     "{p}: {c}"
                 );
             }
@@ -970,25 +971,28 @@ fn block_scaled_fp8_candidates_match_reference() {
 }
 
 /// The untuned block-scaled configs on an AMX host: the stream kernel, the default at every
-/// M and the guess to 8 tokens; amx-direct in slices of one block from 9 tokens (prompts
-/// too); the stream kernel everywhere on a host without AMX, and for an odd K (amx-direct
-/// takes pairs of k).
+/// M and the guess to 4 tokens; amx-direct in slices of 512 (four blocks of 128, one of
+/// 1024) from 5 tokens (prompts too); the stream kernel everywhere on a host without AMX,
+/// and for an odd K (amx-direct takes pairs of k).
 #[test]
 fn block_scaled_untuned_configs_follow_the_host() {
     let amx = described_amx_host();
     let avx512 = described_avx512_host("Intel Xeon Platinum 8380");
-    for (host, m, k, variant) in [
-        (&amx, 8, 7168, GemmVariant::Stream),
-        (&amx, 9, 7168, GemmVariant::AmxDirect),
-        (&amx, 2048, 7168, GemmVariant::AmxDirect),
-        (&amx, 64, 7167, GemmVariant::Stream),
-        (&avx512, 64, 7168, GemmVariant::Stream),
+    for (host, m, k, block, variant) in [
+        (&amx, 4, 7168, 128, GemmVariant::Stream),
+        (&amx, 5, 7168, 128, GemmVariant::AmxDirect),
+        (&amx, 2048, 7168, 128, GemmVariant::AmxDirect),
+        (&amx, 64, 7168, 1024, GemmVariant::AmxDirect),
+        (&amx, 64, 7167, 128, GemmVariant::Stream),
+        (&avx512, 64, 7168, 128, GemmVariant::Stream),
     ] {
-        let p = problem(&format!("gemm:m={m},n=4608,k={k},dtype=fp8_e4m3,block=128"));
+        let p = problem(&format!(
+            "gemm:m={m},n=4608,k={k},dtype=fp8_e4m3,block={block}"
+        ));
         let h = CpuSpace.heuristic(&p, host);
         assert!(
             matches!(h, Config::Gemm(g) if g.variant == variant
-                && (variant == GemmVariant::Stream || g.kc == 128)),
+                && (variant == GemmVariant::Stream || g.kc == block.max(512))),
             "M = {m}, K = {k}: {h}"
         );
         let d = CpuSpace.default_config(&p, host);

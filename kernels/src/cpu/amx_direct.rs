@@ -25,10 +25,10 @@
 //! requested into L2 (slices of up to 2 KiB); the tokens' bytes are widened once.
 //! C holds the sums of the readings, which the caller scales.
 //!
-//! Block-scaled fp8 takes slices of one group of k (`kc` = the block): each slice's tile
-//! product starts from zero, and is added to the accumulators times its tokens' and weight
-//! rows' scales of that group ([`Groups`]), the products of a group exact before they are
-//! scaled, as the reference sums them.
+//! Block-scaled fp8 takes slices of whole groups of k (`kc` a multiple of the block): each
+//! group's tile product starts from zero, and is added to the accumulators times its tokens'
+//! and weight rows' scales of that group ([`Groups`]), the products of a group exact before
+//! they are scaled, as the reference sums them.
 
 use half::bf16;
 
@@ -199,8 +199,8 @@ pub fn run_fp8(
     run_fp8_on::<super::amx_tiles::Hardware>(p, c, format, a, b, None, out, scratch);
 }
 
-/// [`run_fp8`] for a block-scaled problem (validated: `kc` is its block): C gets the sums
-/// with both scales in, for the caller to apply the format's factor.
+/// [`run_fp8`] for a block-scaled problem (validated: `kc` a multiple of its block): C gets
+/// the sums with both scales in, for the caller to apply the format's factor.
 #[allow(clippy::too_many_arguments)]
 pub fn run_fp8_blocks(
     p: &GemmProblem,
@@ -378,28 +378,48 @@ fn run_on<T: Tiles + Default>(
                         for (s, jr) in (0..ncur).step_by(nr).enumerate() {
                             let t = ((n0 - nb) / mr * slivers + s) * mr * nr;
                             let tile = &mut acc[t..t + mr * nr];
-                            let into = match groups {
-                                Some(_) => fresh.as_mut_ptr(),
-                                None => tile.as_mut_ptr(),
-                            };
-                            // SAFETY: `w` has `mr` rows of `live` words `rsa` apart, `x` a
-                            // sliver of `d` pair rows per token; `tiles` are configured for
-                            // this shape; `into` holds `mr × nr` values.
-                            unsafe {
-                                ukr(
-                                    &mut *tiles,
-                                    d,
-                                    live,
-                                    w,
-                                    rsa,
-                                    x[s * d * nr..].as_ptr(),
-                                    into,
-                                    pc > 0 && groups.is_none(),
-                                )
-                            };
-                            if let Some(groups) = groups {
-                                let at = (n0, jc + jr);
-                                groups.add(p, pc / kc, at, (mr, nr), &fresh, tile, pc == 0);
+                            let x = &x[s * d * nr..];
+                            match groups {
+                                // SAFETY: `w` has `mr` rows of `live` words `rsa` apart, `x` a
+                                // sliver of `d` pair rows per token; `tiles` are configured
+                                // for this shape.
+                                None => unsafe {
+                                    ukr(
+                                        &mut *tiles,
+                                        d,
+                                        live,
+                                        w,
+                                        rsa,
+                                        x.as_ptr(),
+                                        tile.as_mut_ptr(),
+                                        pc > 0,
+                                    )
+                                },
+                                // A group at a time, each from zero into `fresh`, then scaled
+                                // into the tile.
+                                Some(groups) => {
+                                    for k0 in (0..kcur).step_by(groups.block) {
+                                        let len = groups.block.min(kcur - k0);
+                                        // SAFETY: as above, from pair word k0 / 2 of each row
+                                        // and pair row k0 / 2 of the sliver (a multiple of 32
+                                        // values: whole k blocks), `len / 2` words live.
+                                        unsafe {
+                                            ukr(
+                                                &mut *tiles,
+                                                depth(len),
+                                                len / 2,
+                                                w.add(k0 / 2),
+                                                rsa,
+                                                x[k0 / 2 * nr..].as_ptr(),
+                                                fresh.as_mut_ptr(),
+                                                false,
+                                            )
+                                        };
+                                        let (g, first) = ((pc + k0) / groups.block, pc + k0 == 0);
+                                        let at = (n0, jc + jr);
+                                        groups.add(p, g, at, (mr, nr), &fresh, tile, first);
+                                    }
+                                }
                             }
                             if last {
                                 // SAFETY: C rows jc + jr.., columns n0.., belong to this task
@@ -519,7 +539,7 @@ mod tests {
         assert_eq!(ran, 4 * AMX_SHAPES.len() * 9);
     }
 
-    /// Block-scaled fp8 of every format in slices of one block: weight rows and tokens that
+    /// Block-scaled fp8 of every format in slices of one and three blocks: weight rows and tokens that
     /// end mid-sliver (their scales past the problem), blocks of weight rows that two slivers
     /// share (blocks of 64), a last group shorter than a block, one group only (K below the
     /// block), both splits, against the f64 reference.
@@ -537,8 +557,9 @@ mod tests {
                 a: &data.a_scales.clone(),
                 b: &data.b_scales.clone(),
             };
-            for mut c in blockings(&p) {
-                c.kc = p.block.unwrap();
+            // Slices of one group and of three (the last group of a slice, or of K, short).
+            for (mut c, groups) in blockings(&p).into_iter().flat_map(|c| [(c, 1), (c, 3)]) {
+                c.kc = groups * p.block.unwrap();
                 let mut scratch = vec![0f32; scratch_len(&p, &c)];
                 data.out.fill(f32::NAN);
                 let (groups, out) = (groups_of(&p, scales), &mut data.out);
@@ -547,6 +568,6 @@ mod tests {
                 ran += 1;
             }
         }
-        assert_eq!(ran, 4 * AMX_SHAPES.len() * 9);
+        assert_eq!(ran, 4 * AMX_SHAPES.len() * 9 * 2);
     }
 }

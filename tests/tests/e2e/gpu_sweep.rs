@@ -823,6 +823,60 @@ async fn an_fp8_gemm_is_tuned_and_launched_with_its_scales() {
 
 /// Sets `problem`'s stored winner to `config` behind the runtime's back, as another tuner
 /// would; with `drop_compiles` the compiled code of every build goes too.
+/// A block-scaled fp8 GEMM (DeepSeek-V3's scheme), which no GPU kernel computes, beside a
+/// per-channel one on the stand-in MI250: the plan prunes its default with the space's
+/// reason, the run stores that reason and no winner for it, and nothing of it is launched;
+/// the per-channel one is tuned.
+#[tokio::test]
+async fn a_block_scaled_gemm_is_refused_on_the_gpu_and_nothing_of_it_runs() {
+    if !hip_compiler("a_block_scaled_gemm_is_refused_on_the_gpu_and_nothing_of_it_runs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
+    let device = Device::lookup("mi250").unwrap();
+    let problems: Vec<Derived> = [
+        "gemm:m=5,n=96,k=128,dtype=fp8_e4m3fnuz,block=32",
+        "gemm:m=5,n=96,k=128,dtype=fp8_e4m3fnuz",
+    ]
+    .iter()
+    .map(|s| Derived {
+        problem: s.parse().unwrap(),
+        origin: "test".into(),
+    })
+    .collect();
+    let gpu = StandIn::default();
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &eight_candidates())
+        .await
+        .unwrap();
+    let mut job = job(&db, &device);
+    job.max_configs = 8;
+    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert_eq!(out[0].status, "no-winner", "{out:#?}");
+    assert_eq!(out[1].status, "tuned", "{out:#?}");
+    drop(sweep);
+    let blocked = problems[0].problem.key();
+    let rows = db.measurements(&blocked).await.unwrap();
+    assert!(!rows.is_empty(), "{out:#?}");
+    for (config, status, ..) in &rows {
+        assert_eq!(status, "invalid", "{config}");
+    }
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    assert!(winners.iter().all(|w| w.problem != blocked), "{winners:#?}");
+    // What ran was the per-channel problem's builds alone.
+    let ran = gpu.ran.lock().unwrap().clone();
+    assert!(!ran.is_empty());
+    let allowed: Vec<Config> = GpuSpace
+        .candidates(&problems[1].problem, &device)
+        .into_iter()
+        .chain([
+            GpuSpace.default_config(&problems[1].problem, &device),
+            GpuSpace.heuristic(&problems[1].problem, &device),
+        ])
+        .collect();
+    assert!(ran.iter().all(|c| allowed.contains(c)), "{ran:?}");
+}
+
 fn set_winner(db: &std::path::Path, problem: &Problem, config: &Config, drop_compiles: bool) {
     let status = std::process::Command::new("python3")
         .arg("-c")

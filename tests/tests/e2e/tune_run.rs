@@ -133,7 +133,7 @@ async fn an_fp8_gemm_is_tuned_shared_and_served_apart() {
 }
 
 /// A block-scaled FP8 checkpoint's GEMM (DeepSeek-V3's scheme, blocks of 128 here over 12
-/// tokens: the stream kernel and, on AMX hosts, amx-direct in slices of one block) beside
+/// tokens: the stream kernel and, on AMX hosts, amx-direct in slices of whole blocks) beside
 /// the same shape scaled per channel: both tuned, shared, each served its own winner, the
 /// block-scaled call matching the reference.
 #[tokio::test]

@@ -15,6 +15,20 @@ use super::{
     MAX_SCRATCH_PER_THREAD, STREAM_MAX_M,
 };
 
+/// amx-direct's slices for a block-scaled problem: one group of k, whole groups of about
+/// 512, 1024 and 2048 values (what the weights are read in runs of), and all of K, each once.
+fn block_depths(k: usize, block: usize) -> Vec<usize> {
+    let whole = k.next_multiple_of(block);
+    let mut out = vec![block];
+    for d in [512, 1024, 2048, whole] {
+        let d = (d / block).max(1) * block;
+        if d <= whole && !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
+
 /// Slice depths swept by the direct variants: the given ones within K, and all of K.
 fn in_place_depths(k: usize, depths: &[usize]) -> Vec<usize> {
     let mut out: Vec<usize> = depths.iter().map(|&kc| kc.min(k)).chain([k]).collect();
@@ -367,9 +381,9 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         // The weights in place: blocks of one and eight weight slivers, depths of 8 k
         // blocks to all of K (2048: the bf16 guess past 64 tokens), token panels of 4 to 16
         // slivers.
-        // Block-scaled fp8: slices of one group of k, whose products are scaled apart.
+        // Block-scaled fp8: slices of whole groups of k, whose products are scaled apart.
         let depths = match p.block {
-            Some(block) => vec![block],
+            Some(block) => block_depths(p.k, block),
             None => in_place_depths(p.k, &[256, 512, 1024, 2048]),
         };
         let direct = Blocking {
@@ -427,13 +441,13 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
     if let Some(block) = p.block {
         match c.variant {
             GemmVariant::Stream => {}
-            GemmVariant::AmxDirect if c.kc == block => {}
+            GemmVariant::AmxDirect if c.kc.is_multiple_of(block) => {}
             GemmVariant::AmxDirect => {
                 return Err(invalid(
                     f,
                     format!(
-                        "amx-direct runs block-scaled fp8 in slices of one group of k, kc = \
-                         {block} (the problem's block), not {}",
+                        "amx-direct runs block-scaled fp8 in slices of whole groups of k: kc \
+                         = {} is not a multiple of the problem's block, {block}",
                         c.kc
                     ),
                 ))
@@ -594,7 +608,7 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
 
 /// The default config of a block-scaled fp8 problem: the stream variant, which runs it on
 /// every host, four rows a pass, about four 256-column chunks a thread; also its guess,
-/// except from 9 tokens on AMX hosts ([`heuristic`]).
+/// except from 5 tokens on AMX hosts ([`heuristic`]).
 pub(super) fn block_stream(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
     let chunks = p.n.div_ceil(256 * threads).max(1) * threads;
@@ -676,17 +690,21 @@ fn amx_direct(p: &GemmProblem, host: &CpuInfo, threads: usize, kc: usize) -> Gem
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
     if let Some(block) = p.block {
-        // Block-scaled fp8 from 9 tokens on AMX tiles, in slices of one group; the stream
-        // kernel below them. Two threads of an AMX Xeon (session 60), cold, DeepSeek-V3 TP8
-        // gate_up (N 4608, K 7168) / down (7168, 2304), blocks of 128, `tune bench`, ms,
-        // amx-direct (mr 32, kc 128) against the stream kernel: M = 5 4.2-4.3 / 2.1-2.2
-        // against 3.3 / 2.0-2.1, M = 8 4.4 / 2.1-2.2 against 3.7-3.8 / 2.3-2.4, M = 12 4.5-5.3
-        // / 2.3 against 5.5 / 3.2, M = 16 4.4-4.6 / 2.3-2.5 against 7.2-7.3 / 4.0, M = 64
-        // 7.7-7.9 / 4.6-4.7 against 28.0-28.3 / 14.5, M = 256 18.9-19.2 / 11.8-12.1 against
-        // 113-115 / 56. The same shapes scaled per channel: 2.7-2.8 / 1.4 at M = 5 to 16,
-        // 4.4 / 2.3-2.4 at 64, 12.4-12.6 / 8.0 at 256.
-        if host.isa == Isa::Avx512Amx && p.k.is_multiple_of(2) && p.m >= 9 {
-            return amx_direct(p, host, threads, block);
+        // Block-scaled fp8 from 5 tokens on AMX tiles, in slices of whole groups of about
+        // 512 values; the stream kernel below them. Two threads of an AMX Xeon (session 60),
+        // cold, DeepSeek-V3 TP8 gate_up (N 4608, K 7168) / down (7168, 2304), blocks of 128,
+        // `tune bench`, ms, amx-direct (mr 32) in slices of 128 / 512 / 1024 / 2048 / all of
+        // K: M = 9 4.3 / 3.1 / 2.9-3.2 / 3.3-3.4 / 2.8-3.1 and 2.1 / 1.6 / 1.6 / 1.6 / 1.5,
+        // M = 64 7.9-8.0 / 5.7-5.8 / 5.7-5.9 / 6.2-6.3 / 5.5-5.7 and 4.7-5.0 / 3.7-3.8 /
+        // 3.3-3.6 / 3.4-3.6 / 3.5, M = 256 19.2-20.7 / 16.0-16.2 / 16.0-16.5 / 16.8-17.3 /
+        // 20.6-20.9 and 12.2-12.5 / 11.6-11.7 / 11.1-14.2 / 11.4-11.5 / 10.4; slices of one
+        // group read each weight row in 128-byte runs. Against the stream kernel, slices of
+        // 512: M = 4 2.9-3.0 / 1.5-1.6 against 2.2-2.3 / 1.5, M = 5 3.0 / 1.6-1.7 against 3.3
+        // / 2.0-2.1, M = 8 3.0-3.1 / 1.6-2.2 against 3.8-3.9 / 2.4, M = 64 against 28.0-28.3 /
+        // 14.5. The same shapes scaled per channel: 2.5-2.7 / 1.3-1.4 at M = 5 to 16, 4.4-4.6
+        // / 2.4 at 64, 12.5-12.8 / 8.2 at 256.
+        if host.isa == Isa::Avx512Amx && p.k.is_multiple_of(2) && p.m >= 5 {
+            return amx_direct(p, host, threads, (512 / block).max(1) * block);
         }
         return block_stream(p, host);
     }
