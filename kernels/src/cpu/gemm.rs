@@ -503,8 +503,8 @@ fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)>
 }
 
 /// Turns an fp8 GEMM's C, the sums of its bytes' f16 readings, into values: each times the
-/// format's factor squared, its row's scale and its column's (a block-scaled GEMM's sums hold
-/// their scales: the factor only). A pass over C after the
+/// format's factor squared, its row's scale and its column's (a block-scaled GEMM's kernels
+/// scale inside each group of k: the factor only). A pass over C after the
 /// product, not in the kernels: C has `K` times fewer values than the product reads, and every
 /// variant (and the ones to come) shares it.
 pub fn scale(p: &GemmProblem, c: &GemmConfig, scales: GemmScales<'_>, out: &mut [f32]) {
@@ -521,7 +521,7 @@ pub fn scale(p: &GemmProblem, c: &GemmConfig, scales: GemmScales<'_>, out: &mut 
             unsafe { std::slice::from_raw_parts_mut(c_at.get().add(r0 * p.n), (r1 - r0) * p.n) };
         for (i, row) in (r0..r1).zip(block.chunks_exact_mut(p.n)) {
             if p.block.is_some() {
-                // The scales are in the sums already ([`stream_blocks`]).
+                // The scales are in the sums already (`stream_blocks`, amx-direct's groups).
                 row.iter_mut().for_each(|v| *v *= factor);
                 continue;
             }
