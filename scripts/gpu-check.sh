@@ -97,6 +97,7 @@ if [ -x .gpu/tune ]; then
         --max-configs 8 --budget 5s --total-budget 40s \
         --shapes gemm:m=16,n=1280,k=8192,dtype=bf16 \
         --shapes gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3 \
+        --shapes gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3,block=128 \
         --shapes flash:q_len=512,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
         --shapes paged:num_seqs=8,context_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16 \
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
@@ -117,8 +118,8 @@ if [ -x .gpu/cuda-dispatch ] && [ -f "$out/tuned.db" ]; then
         2>&1 | tee -a "$out/gpu-check.txt" || status=$?
 fi
 # The same through the C ABI (kt_gpu_open, kt_gpu_gemm on the program's own memory and
-# stream), from C: exact, bucket and nearest GEMMs, and the fp8 one through
-# kt_gpu_gemm_scaled, each checked for equality.
+# stream), from C: exact, bucket and nearest GEMMs, and the fp8 ones through
+# kt_gpu_gemm_scaled and kt_gpu_gemm_block_scaled, each checked for equality.
 if [ -x .gpu/cuda-gemm ] && [ -f "$out/tuned.db" ]; then
     step 30 .gpu/cuda-gemm "$out/tuned.db" "$model" 2>&1 | tee -a "$out/gpu-check.txt" \
         || status=$?

@@ -41,6 +41,15 @@
 //   weights are read once, in place, fully coalesced, as the GEMV kernels of vendors' BLAS
 //   and serving stacks do for decode. Threads = 32 · (BN / TN).
 //
+// Block-scaled fp8 (KT_BLOCK > 0: DeepSeek-V3's and Qwen3's FP8 checkpoints, B [N, K]): one
+// scale for each row of A and group of KT_BLOCK of k (a_scales [M, groups], a_step = groups)
+// and one for each KT_BLOCK × KT_BLOCK block of B (b_scales [ceil(N / KT_BLOCK), groups],
+// b_step = groups), which enter as k is read, not once on C: the tiled variant folds both into
+// the values it stages (as the CPU's stream kernel folds them into its rows), the skinny
+// variant scales each 16-byte piece's products (a piece lies in one group: KT_BLOCK is a
+// multiple of 32). C is then stored times `factor` only. The matrix-core variants scale C once
+// and take no blocks.
+//
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
 // floats; kt_gemm_reduce then adds the slices into C in order z = 0, 1, ..., so results do not
@@ -65,6 +74,12 @@
 #if KT_FP8_IN && KT_STAGES != 1 && !KT_B_NK
 #error "pipelined fp8 tiles read B as [N, K]"
 #endif
+#ifndef KT_BLOCK
+#define KT_BLOCK 0
+#endif
+#if KT_BLOCK && !(KT_FP8_IN && KT_B_NK && (KT_VARIANT == 0 || KT_VARIANT == 4))
+#error "block-scaled fp8 (KT_BLOCK) runs on the tiled and skinny variants, B as [N, K]"
+#endif
 
 #if KT_FP8_IN
 #define KT_SCALE_PARAMS                                                                      \
@@ -72,14 +87,24 @@
         int b_step, float factor
 // The same passed on to a function of the kernel's.
 #define KT_SCALE_ARGS , a_scales, a_step, b_scales, b_step, factor
-#if KT_STAGES > 1
+#if KT_BLOCK
+// The scales of row `row` of A and of weight row (column of C) `col` for group `g` of k: the
+// blocks' scales are in the sums, C takes the readings' factor only.
+#define KT_A_GROUP_SCALE(row, g) (a_scales[(long)(row) * a_step + (g)])
+#define KT_B_GROUP_SCALE(col, g) (b_scales[(long)((col) / KT_BLOCK) * b_step + (g)])
+#define KT_ROW_SCALE(row) factor
+#elif KT_STAGES > 1
 // The pipelined mma, wgmma and MFMA tiles multiply the bytes' values themselves: no readings'
 // factor.
 #define KT_ROW_SCALE(row) (a_scales[(row) * a_step])
 #else
 #define KT_ROW_SCALE(row) (factor * a_scales[(row) * a_step])
 #endif
+#if KT_BLOCK
+#define KT_COL_SCALE(col) 1.0f
+#else
 #define KT_COL_SCALE(col) (b_scales[(col) * b_step])
+#endif
 // A row's or column's scale where it lies inside the matrix (`end` rows or columns), else 0
 // (nothing is stored there): behind its test, the compiler keeps each load to its stores
 // instead of fetching a whole tile's column scales at once (a wgmma 128x256 tile: 255
@@ -134,13 +159,25 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int i = tid; i < KT_BM * KT_BK; i += KT_THREADS) {
             const int r = i / KT_BK, kk = i % KT_BK;
             const int gr = row0 + r, gk = k0 + kk;
+#if KT_BLOCK
+            as[kk][r] = (gr < m && gk < ke)
+                            ? kt_load(a, (long)gr * k + gk) * KT_A_GROUP_SCALE(gr, gk / KT_BLOCK)
+                            : 0.0f;
+#else
             as[kk][r] = (gr < m && gk < ke) ? kt_load(a, (long)gr * k + gk) : 0.0f;
+#endif
         }
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
             const int gc = col0 + col, gk = k0 + kk;
+#if KT_BLOCK
+            bs[kk][col] = (gc < n && gk < ke)
+                              ? kt_load(b, (long)gc * k + gk) * KT_B_GROUP_SCALE(gc, gk / KT_BLOCK)
+                              : 0.0f;
+#else
             bs[kk][col] = (gc < n && gk < ke) ? kt_load(b, (long)gc * k + gk) : 0.0f;
+#endif
 #else
             const int kk = i / KT_BN, col = i % KT_BN;
             const int gc = col0 + col, gk = k0 + kk;
@@ -1076,14 +1113,32 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         float bv[KT_TN][KT_VEC];
 #pragma unroll
         for (int j = 0; j < KT_TN; ++j) kt_widen16(bw[j], bv[j]);
+#if KT_BLOCK
+        // The piece's group: its products summed apart, then scaled into the sums.
+        const int g = x / KT_BLOCK;
+        float bscale[KT_TN];
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) bscale[j] = KT_B_GROUP_SCALE(min(col0 + j, n - 1), g);
+#endif
 #pragma unroll
         for (int i = 0; i < KT_BM; ++i) {
             float av[KT_VEC];
             kt_widen16(kt_load16(a + (long)min(row0 + i, m - 1) * k + x), av);
+#if KT_BLOCK
+            const float ascale = KT_A_GROUP_SCALE(min(row0 + i, m - 1), g);
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j) {
+                float piece = 0.0f;
+#pragma unroll
+                for (int e = 0; e < KT_VEC; ++e) piece = fmaf(av[e], bv[j][e], piece);
+                acc[i][j] = fmaf(piece, ascale * bscale[j], acc[i][j]);
+            }
+#else
 #pragma unroll
             for (int j = 0; j < KT_TN; ++j)
 #pragma unroll
                 for (int e = 0; e < KT_VEC; ++e) acc[i][j] = fmaf(av[e], bv[j][e], acc[i][j]);
+#endif
         }
     };
     // Whole tiles: the weights' KT_UNROLL · KT_TN loads of 16 bytes a lane issued together,

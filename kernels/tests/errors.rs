@@ -422,30 +422,68 @@ fn devices_resolve_by_name_and_alias() {
     );
 }
 
-/// Block-scaled fp8 has no GPU kernel: the GPU space offers none, refuses its default and
-/// guess by name, and no GPU build of it is made (every GPU backend and the plan build
-/// through `KernelBuild::new`), so no device run reads its scales as per-channel ones.
+/// Block-scaled fp8 runs on the GPU variants that scale each group of k as they read it
+/// (tiled, skinny): every GPU's candidates, default and guess are of them, and a matrix-core
+/// config is refused by name, by the space and by `KernelBuild::new` (through which every GPU
+/// backend and the plan build), so no device run reads the scales as per-channel ones.
 #[test]
-fn block_scaled_fp8_is_refused_on_every_gpu() {
+fn block_scaled_fp8_runs_only_on_the_variants_that_read_its_scales() {
+    use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
     use kerntune_kernels::gpu::KernelBuild;
-    use kerntune_kernels::GpuSpace;
+    use kerntune_kernels::{Config, GpuSpace};
+    for m in [1, 16, 2048] {
+        let p: Problem = format!("gemm:m={m},n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128")
+            .parse()
+            .unwrap();
+        for name in ["h100", "h200", "a100", "mi300x", "mi250"] {
+            let device = Device::lookup(name).unwrap();
+            let mut configs = GpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{name} {p}");
+            configs.push(GpuSpace.default_config(&p, &device));
+            configs.push(GpuSpace.heuristic(&p, &device));
+            for c in &configs {
+                let Config::GpuGemm(g) = c else { panic!("{c}") };
+                assert!(
+                    matches!(g.variant, GpuGemmVariant::Tiled | GpuGemmVariant::Skinny),
+                    "{name} {p}: {c}"
+                );
+                GpuSpace.validate(c, &p, &device).unwrap();
+                KernelBuild::new(&p, c).unwrap();
+            }
+        }
+    }
+    // Decode of one token: the skinny kernel on NVIDIA (as for per-channel fp8), the split
+    // tiled one on AMD, where the skinny one was never measured against it.
+    let one: Problem = "gemm:m=1,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
+        .parse()
+        .unwrap();
+    for (name, variant) in [
+        ("h200", GpuGemmVariant::Skinny),
+        ("mi300x", GpuGemmVariant::Tiled),
+    ] {
+        let guess = GpuSpace.heuristic(&one, &Device::lookup(name).unwrap());
+        assert!(
+            matches!(guess, Config::GpuGemm(g) if g.variant == variant),
+            "{name}: {guess}"
+        );
+    }
     let p: Problem = "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
         .parse()
         .unwrap();
-    for name in ["h100", "h200", "a100", "mi300x", "mi250"] {
-        let device = Device::lookup(name).unwrap();
-        assert!(GpuSpace.candidates(&p, &device).is_empty(), "{name}");
-        for c in [
-            GpuSpace.default_config(&p, &device),
-            GpuSpace.heuristic(&p, &device),
-        ] {
-            let e = GpuSpace.validate(&c, &p, &device).unwrap_err().to_string();
-            assert!(
-                e.contains("no GPU kernel") && e.contains("--device cpu"),
-                "{e}"
-            );
-            let e = KernelBuild::new(&p, &c).unwrap_err().to_string();
-            assert!(e.contains("block-scaled fp8 (block = 128)"), "{e}");
-        }
-    }
+    let h200 = Device::lookup("h200").unwrap();
+    let mma = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Mma,
+        (64, 128, 64),
+        (2, 4),
+        4,
+        1,
+    ));
+    let e = GpuSpace.validate(&mma, &p, &h200).unwrap_err().to_string();
+    assert!(
+        e.contains("block-scaled fp8 (block = 128)")
+            && e.contains("take variant = tiled or skinny"),
+        "{e}"
+    );
+    let e = KernelBuild::new(&p, &mma).unwrap_err().to_string();
+    assert!(e.contains("the mma tiles scale C once"), "{e}");
 }

@@ -220,6 +220,83 @@ fn fp8_gemm_candidates_match_the_reference() {
     }
 }
 
+// Block-scaled fp8 (DeepSeek-V3's FP8 checkpoints, on the tiled and skinny variants): k of a
+// partial last group, n crossing weight blocks and of no tile, prompts and decode sharing
+// their tiled builds; blocks of 32 and 64 (a skinny piece of 16 bytes still in one group).
+const GEMM_E4M3_BLOCKS: &str = "gemm:m=37,n=100,k=300,dtype=fp8_e4m3,b=nk,block=128";
+const GEMM_E4M3_BLOCKS_DECODE: &str = "gemm:m=5,n=161,k=1040,dtype=fp8_e4m3,b=nk,block=128";
+const GEMM_E5M2_BLOCKS_GEMV: &str = "gemm:m=1,n=67,k=96,dtype=fp8_e5m2,b=nk,block=32";
+const GEMM_FNUZ_BLOCKS_DECODE: &str = "gemm:m=3,n=40,k=528,dtype=fp8_e4m3fnuz,b=nk,block=64";
+
+#[test]
+fn block_scaled_fp8_candidates_match_the_reference() {
+    assert_eq!(variants("h200", GEMM_E4M3_BLOCKS), ["Tiled"]);
+    assert_eq!(
+        variants("h200", GEMM_E4M3_BLOCKS_DECODE),
+        ["Skinny", "Tiled"]
+    );
+    assert_eq!(
+        variants("mi300x", GEMM_FNUZ_BLOCKS_DECODE),
+        ["Skinny", "Tiled"]
+    );
+    for spec in [GEMM_E4M3_BLOCKS, GEMM_E4M3_BLOCKS_DECODE] {
+        every_candidate("h200", spec, None);
+    }
+    every_candidate_of("h200", GEMM_E5M2_BLOCKS_GEMV, GpuGemmVariant::Skinny);
+    every_candidate_of("mi300x", GEMM_FNUZ_BLOCKS_DECODE, GpuGemmVariant::Skinny);
+}
+
+/// Each variant's scales are its group's and block's: a mistake in either shows on a problem
+/// whose scales differ by group and block (k of three groups, n of three blocks).
+#[test]
+fn block_scaled_fp8_kernels_take_each_groups_scales() {
+    let (device, emu) = emulator("h200");
+    let problem: Problem = "gemm:m=3,n=70,k=96,dtype=fp8_e4m3,b=nk,block=32"
+        .parse()
+        .unwrap();
+    let data = ProblemData::random(&problem, 5);
+    let source = include_str!("../hip/gemm.hip");
+    let tiled = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Tiled,
+        (32, 32, 16),
+        (2, 2),
+        1,
+        1,
+    ));
+    let skinny = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Skinny,
+        (4, 8, 512),
+        (1, 2),
+        1,
+        1,
+    ));
+    for config in [tiled, skinny] {
+        assert!(GpuSpace.validate(&config, &problem, &device).is_ok());
+        source_edits_show(
+            &emu,
+            &data,
+            &config,
+            source,
+            &[
+                // A's group scale of the wrong group, B's of the wrong block.
+                (
+                    "(a_scales[(long)(row) * a_step + (g)])",
+                    "(a_scales[(long)(row) * a_step])",
+                ),
+                (
+                    "(b_scales[(long)((col) / KT_BLOCK) * b_step + (g)])",
+                    "(b_scales[(long)(col) / KT_BLOCK])",
+                ),
+                // The readings' factor left out of C.
+                (
+                    "#define KT_ROW_SCALE(row) factor",
+                    "#define KT_ROW_SCALE(row) 1.0f",
+                ),
+            ],
+        );
+    }
+}
+
 #[test]
 fn amd_cdna_gemm_candidates_match_the_reference() {
     assert!(variants("mi250", GEMM_BF16_NK).contains(&"Mfma".to_string()));

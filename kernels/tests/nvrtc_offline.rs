@@ -732,6 +732,37 @@ fn fp8_gemm_builds_compile_for_sm80_and_sm90() {
     );
 }
 
+/// Block-scaled fp8 GEMMs (KT_BLOCK) of DeepSeek-V3 at TP8, gate and up: every skinny
+/// candidate of a decode step (16-byte weight loads, each piece's products scaled by its
+/// group's scales) and the tiled prompt tiles 16 of k deep (the others differ in depth only)
+/// for sm_90, none of the skinny spilling.
+#[test]
+fn block_scaled_fp8_builds_compile_for_sm90() {
+    let Some(nvrtc) = compiler("block_scaled_fp8_builds_compile_for_sm90") else {
+        return;
+    };
+    let decode: Problem = "gemm:m=4,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
+        .parse()
+        .unwrap();
+    let skinny = candidates_where(
+        "h200",
+        &decode,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny),
+    );
+    assert_eq!(skinny.len(), 30, "{skinny:?}");
+    check_candidates(&nvrtc, "h200", &decode, &skinny, "ld.global.nc.v4.");
+    let prefill: Problem = "gemm:m=2048,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
+        .parse()
+        .unwrap();
+    let tiled = candidates_where(
+        "h200",
+        &prefill,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Tiled && c.bk == 16),
+    );
+    assert_eq!(tiled.len(), 21, "{tiled:?}");
+    check_candidates(&nvrtc, "h200", &prefill, &tiled, "fma.rn.f32");
+}
+
 /// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an
 /// E4M3 cache for sm_90a, none spilling; the grouped candidates of an E5M2 cache under f16
 /// queries (head size 64, 4 KV heads) for sm_80 and sm_90, reading their cache rows in

@@ -6,7 +6,9 @@
  * bucket) and m = 100 (the nearest tuned shape), each whose kernel needs scratch first called
  * with a byte too little (refused), then a bad call's error. Then the same product as an FP8
  * checkpoint's layer runs it (W8A8, E4M3 bytes, scales per token and per channel in device
- * memory) through kt_gpu_gemm_scaled() at m = 16, and kt_gpu_gemm() refusing fp8.
+ * memory) through kt_gpu_gemm_scaled() at m = 16, and kt_gpu_gemm() refusing fp8; and once
+ * more block-scaled (DeepSeek-V3's scheme: a scale a token and 128 of k, one a 128 × 128
+ * block of B) through kt_gpu_gemm_block_scaled() at m = 16, also tuned by the script.
  *
  *   cc runtime-lib/examples/cuda_gemm.c -I runtime-lib/include -L DIR -lkerntune -ldl \
  *       -o cuda-gemm
@@ -20,7 +22,8 @@
  * and every partial sum is a multiple of 1/64 of magnitude at most 1536 (under 2^17 of
  * them, within f32's 24 bits), so any order of summation in f32, split-K included, gives
  * the exact result: the check is equality. In fp8 the bytes hold 8 A[i][p] and 8 B[j][p],
- * whole numbers of at most 3 bits, and every scale is 1/8: exact again. */
+ * whole numbers of at most 3 bits, and every scale is 1/8: exact again (block-scaled, each
+ * group's sum too). */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -204,14 +207,18 @@ static long gemm_on_device(const KtGpuDispatcher *g, void *stream, size_t m, siz
     return short_ran ? -1 : wrong;
 }
 
-/* The product of gemm_on_device() in fp8 through kt_gpu_gemm_scaled(): A and B as E4M3 bytes
- * of 8 times their values, m and n scales of 1/8 in device memory. Returns the number of
- * wrong values, or -1 when the library refused a call it should take or took one it should
- * refuse. */
+/* The product of gemm_on_device() in fp8: A and B as E4M3 bytes of 8 times their values,
+ * scales of 1/8 in device memory, through kt_gpu_gemm_scaled() (block 0: m and n scales) or
+ * kt_gpu_gemm_block_scaled() (m rows of k / block groups, n / block rows of as many). Returns
+ * the number of wrong values, or -1 when the library refused a call it should take or took
+ * one it should refuse. */
 static long gemm_fp8_on_device(const KtGpuDispatcher *g, void *stream, size_t m, size_t n,
-                               size_t k) {
+                               size_t k, size_t block) {
+    size_t groups = block ? (k + block - 1) / block : 1;
+    size_t a_len = m * groups, b_len = block ? (n + block - 1) / block * groups : n;
     uint8_t *a = malloc(m * k), *b = malloc(n * k);
-    float *c = malloc(m * n * sizeof *c), *sa = malloc(m * sizeof *sa), *sb = malloc(n * sizeof *sb);
+    float *c = malloc(m * n * sizeof *c), *sa = malloc(a_len * sizeof *sa),
+          *sb = malloc(b_len * sizeof *sb);
     if (a == NULL || b == NULL || c == NULL || sa == NULL || sb == NULL) {
         fprintf(stderr, "out of host memory\n");
         exit(2);
@@ -220,19 +227,20 @@ static long gemm_fp8_on_device(const KtGpuDispatcher *g, void *stream, size_t m,
         for (size_t p = 0; p < k; p++) a[i * k + p] = e4m3((int)(8.0f * a_at(i, p)));
     for (size_t j = 0; j < n; j++)
         for (size_t p = 0; p < k; p++) b[j * k + p] = e4m3((int)(8.0f * b_at(j, p)));
-    for (size_t i = 0; i < m; i++) sa[i] = 0.125f;
-    for (size_t j = 0; j < n; j++) sb[j] = 0.125f;
+    for (size_t i = 0; i < a_len; i++) sa[i] = 0.125f;
+    for (size_t j = 0; j < b_len; j++) sb[j] = 0.125f;
     uint64_t da, db, dc, dsa, dsb, ds = 0;
     CU(cu.alloc(&da, m * k));
     CU(cu.alloc(&db, n * k));
     CU(cu.alloc(&dc, m * n * sizeof *c));
-    CU(cu.alloc(&dsa, m * sizeof *sa));
-    CU(cu.alloc(&dsb, n * sizeof *sb));
+    CU(cu.alloc(&dsa, a_len * sizeof *sa));
+    CU(cu.alloc(&dsb, b_len * sizeof *sb));
     CU(cu.htod(da, a, m * k));
     CU(cu.htod(db, b, n * k));
-    CU(cu.htod(dsa, sa, m * sizeof *sa));
-    CU(cu.htod(dsb, sb, n * sizeof *sb));
-    size_t scratch = kt_gpu_gemm_scratch_bytes(g, m, n, k, KT_DTYPE_FP8_E4M3, true);
+    CU(cu.htod(dsa, sa, a_len * sizeof *sa));
+    CU(cu.htod(dsb, sb, b_len * sizeof *sb));
+    size_t scratch = block ? kt_gpu_gemm_block_scratch_bytes(g, m, n, k, KT_DTYPE_FP8_E4M3, block)
+                           : kt_gpu_gemm_scratch_bytes(g, m, n, k, KT_DTYPE_FP8_E4M3, true);
     if (scratch > 0) CU(cu.alloc(&ds, scratch));
     KtMatch how = KT_MATCH_DEFAULT;
     long wrong = -1;
@@ -241,21 +249,29 @@ static long gemm_fp8_on_device(const KtGpuDispatcher *g, void *stream, size_t m,
                                  (const void *)(uintptr_t)db, (float *)(uintptr_t)dc,
                                  (void *)(uintptr_t)ds, scratch, stream, &how);
     printf("fp8 gemm through kt_gpu_gemm: status %d: %s\n", (int)plain, kt_last_error());
-    KtStatus st = kt_gpu_gemm_scaled(
-        g, m, n, k, KT_DTYPE_FP8_E4M3, true, (const void *)(uintptr_t)da,
-        (const float *)(uintptr_t)dsa, m, (const void *)(uintptr_t)db,
-        (const float *)(uintptr_t)dsb, n, (float *)(uintptr_t)dc, (void *)(uintptr_t)ds,
-        scratch, stream, &how);
+    KtStatus st =
+        block ? kt_gpu_gemm_block_scaled(
+                    g, m, n, k, KT_DTYPE_FP8_E4M3, block, (const void *)(uintptr_t)da,
+                    (const float *)(uintptr_t)dsa, a_len, (const void *)(uintptr_t)db,
+                    (const float *)(uintptr_t)dsb, b_len, (float *)(uintptr_t)dc,
+                    (void *)(uintptr_t)ds, scratch, stream, &how)
+              : kt_gpu_gemm_scaled(
+                    g, m, n, k, KT_DTYPE_FP8_E4M3, true, (const void *)(uintptr_t)da,
+                    (const float *)(uintptr_t)dsa, a_len, (const void *)(uintptr_t)db,
+                    (const float *)(uintptr_t)dsb, b_len, (float *)(uintptr_t)dc,
+                    (void *)(uintptr_t)ds, scratch, stream, &how);
+    const char *via = block ? "kt_gpu_gemm_block_scaled" : "kt_gpu_gemm_scaled";
     if (st != KT_STATUS_OK) {
-        printf("fp8 gemm m=%zu n=%zu k=%zu: status %d: %s\n", m, n, k, (int)st, kt_last_error());
+        printf("fp8 gemm m=%zu n=%zu k=%zu (%s): status %d: %s\n", m, n, k, via, (int)st,
+               kt_last_error());
     } else {
         CU(cu.stream_sync(stream));
         CU(cu.dtoh(c, dc, m * n * sizeof *c));
         double worst = 0.0;
         wrong = count_wrong(c, m, n, k, &worst);
-        printf("fp8 gemm m=%zu n=%zu k=%zu (kt_gpu_gemm_scaled): match=%s, scratch %zu bytes, "
+        printf("fp8 gemm m=%zu n=%zu k=%zu (%s, block %zu): match=%s, scratch %zu bytes, "
                "%ld of %zu values wrong (largest error %g)\n",
-               m, n, k, match_name(how), scratch, wrong, m * n, worst);
+               m, n, k, via, block, match_name(how), scratch, wrong, m * n, worst);
     }
     if (ds != 0) CU(cu.free(ds));
     CU(cu.free(dsb));
@@ -329,7 +345,8 @@ int main(int argc, char **argv) {
                (unsigned long long)held.builds, (unsigned long long)held.resident,
                (unsigned long long)held.missing, (unsigned long long)held.failed);
     }
-    if (gemm_fp8_on_device(g, stream, 16, 1280, 8192) != 0) failed = 1;
+    if (gemm_fp8_on_device(g, stream, 16, 1280, 8192, 0) != 0) failed = 1;
+    if (gemm_fp8_on_device(g, stream, 16, 1280, 8192, 128) != 0) failed = 1;
     /* A bad call is an error naming the input, not a crash. */
     KtStatus st = kt_gpu_gemm(g, 0, 1280, 8192, KT_DTYPE_BF16, true, NULL, NULL, NULL, NULL,
                               0, stream, NULL);

@@ -574,6 +574,49 @@ enum KtStatus kt_gpu_gemm_scaled(const struct KtGpuDispatcher *d,
                                  KtMatch *matched);
 
 /*
+ A block-scaled fp8 GEMM on the device, as kt_gemm_block_scaled() on the host (DeepSeek-V3's
+ scales: `a_scales` m rows of ⌈k / block⌉ floats, `b_scales` ⌈n / block⌉ rows of as many, B
+ `[n, k]`), both device memory of `a_scales_len` and `b_scales_len` floats, read by the
+ kernel as it reads each group of k. Its winners are the block-scaled ones (tiled or skinny
+ kernels), never a per-channel GEMM's. Scratch from kt_gpu_gemm_block_scratch_bytes().
+
+ # Safety
+ As kt_gpu_gemm_scaled().
+ */
+enum KtStatus kt_gpu_gemm_block_scaled(const struct KtGpuDispatcher *d,
+                                       size_t m,
+                                       size_t n,
+                                       size_t k,
+                                       enum KtDtype dtype_,
+                                       size_t block,
+                                       const void *a,
+                                       const float *a_scales,
+                                       size_t a_scales_len,
+                                       const void *b,
+                                       const float *b_scales,
+                                       size_t b_scales_len,
+                                       float *c,
+                                       void *scratch,
+                                       size_t scratch_bytes,
+                                       void *stream,
+                                       KtMatch *matched);
+
+/*
+ Device scratch bytes a kt_gpu_gemm_block_scaled() call needs, as
+ kt_gpu_gemm_scratch_bytes() for other GEMMs (block-scaled winners are their own). 0 on
+ error.
+
+ # Safety
+ `d` is a live handle.
+ */
+size_t kt_gpu_gemm_block_scratch_bytes(const struct KtGpuDispatcher *d,
+                                       size_t m,
+                                       size_t n,
+                                       size_t k,
+                                       enum KtDtype dtype_,
+                                       size_t block);
+
+/*
  Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
  kernel, else 0 (then `scratch` may be NULL). Each shape has its own winner, so a smaller
  shape may need more (a decode GEMM split 16 ways): size one buffer by the most over the

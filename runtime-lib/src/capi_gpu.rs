@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use kerntune_kernels::gpu::launch::{DevicePtrs, GemmScalePtrs};
-use kerntune_kernels::{KernelError, Problem};
+use kerntune_kernels::{GemmProblem, KernelError, Problem};
 
 use crate::capi::{
     flash_problem, free_handle, gemm_problem, guard, invalid, kt_last_error, kv_scales,
@@ -248,6 +248,92 @@ pub unsafe extern "C" fn kt_gpu_gemm_scaled(
         // SAFETY: caller contract.
         unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
     })
+}
+
+/// A block-scaled fp8 GEMM on the device, as kt_gemm_block_scaled() on the host (DeepSeek-V3's
+/// scales: `a_scales` m rows of ⌈k / block⌉ floats, `b_scales` ⌈n / block⌉ rows of as many, B
+/// `[n, k]`), both device memory of `a_scales_len` and `b_scales_len` floats, read by the
+/// kernel as it reads each group of k. Its winners are the block-scaled ones (tiled or skinny
+/// kernels), never a per-channel GEMM's. Scratch from kt_gpu_gemm_block_scratch_bytes().
+///
+/// # Safety
+/// As kt_gpu_gemm_scaled().
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gpu_gemm_block_scaled(
+    d: *const KtGpuDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    block: usize,
+    a: *const c_void,
+    a_scales: *const f32,
+    a_scales_len: usize,
+    b: *const c_void,
+    b_scales: *const f32,
+    b_scales_len: usize,
+    c: *mut f32,
+    scratch: *mut c_void,
+    scratch_bytes: usize,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        let p = block_problem(m, n, k, dtype_, block)?;
+        let ptrs = DevicePtrs {
+            inputs: [addr("a", a)?, addr("b", b)?, 0],
+            out: addr("c", c.cast_const().cast())?,
+            gemm_scales: GemmScalePtrs {
+                a: a_scales as u64,
+                a_len: a_scales_len,
+                b: b_scales as u64,
+                b_len: b_scales_len,
+            },
+            ..DevicePtrs::default()
+        };
+        let scratch = (scratch, scratch_bytes);
+        // SAFETY: caller contract.
+        unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
+    })
+}
+
+/// A block-scaled GEMM problem from the C arguments (B `[n, k]`).
+fn block_problem(
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    block: usize,
+) -> Result<GemmProblem, (KtStatus, String)> {
+    gemm_problem(m, n, k, dtype_, true)?
+        .with_block(block)
+        .map_err(|e| invalid(e.to_string()))
+}
+
+/// Device scratch bytes a kt_gpu_gemm_block_scaled() call needs, as
+/// kt_gpu_gemm_scratch_bytes() for other GEMMs (block-scaled winners are their own). 0 on
+/// error.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_gemm_block_scratch_bytes(
+    d: *const KtGpuDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    block: usize,
+) -> usize {
+    let mut bytes = 0;
+    guard(|| {
+        let d = gpu(d)?;
+        bytes = d.scratch_bytes(&Problem::Gemm(block_problem(m, n, k, dtype_, block)?));
+        Ok(())
+    });
+    bytes
 }
 
 /// Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K

@@ -251,8 +251,8 @@ pub async fn plan(
             configs.insert(0, heuristic);
         }
         configs.insert(0, default);
-        // A config the space refuses (the default of a problem no GPU kernel computes, as
-        // block-scaled fp8) is pruned with the space's reason, never compiled.
+        // A config the space refuses (a stored default of a variant that cannot compute the
+        // problem) is pruned with the space's reason, never compiled.
         let mut list = Vec::new();
         for c in configs {
             if let Err(e) = GpuSpace.validate(&c, &d.problem, device) {

@@ -289,6 +289,19 @@ fn input_names(problem: &Problem) -> &'static [&'static str] {
     }
 }
 
+/// An fp8 GEMM's `len` scales at `address` must be there, 4-byte aligned.
+fn aligned_scales(name: &'static str, address: u64, len: usize) -> Result<(), KernelError> {
+    if address == 0 || !address.is_multiple_of(4) {
+        return Err(KernelError::BadBuffer {
+            name,
+            reason: format!(
+                "device address {address:#x}: an fp8 GEMM reads its {len} f32 scales from device memory, 4-byte aligned"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The kernels index with 32-bit integers.
 fn too_large(problem: &Problem, field: &'static str, v: usize) -> KernelError {
     KernelError::InvalidProblem {
@@ -300,8 +313,9 @@ fn too_large(problem: &Problem, field: &'static str, v: usize) -> KernelError {
 }
 
 /// An fp8 GEMM's arguments after the sizes (gemm.hip's `KT_SCALE_PARAMS`): each scale
-/// buffer and its step (0: one value, 1: one a row or column), then the product of the two
-/// operands' reading factors. Nothing for other GEMMs, which take no scales.
+/// buffer and its step (0: one value, 1: one a row or column; block-scaled: the groups of k,
+/// each scale row's length), then the product of the two operands' reading factors. Nothing
+/// for other GEMMs, which take no scales.
 fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, KernelError> {
     let Some(format) = p.fp8() else {
         for (name, len) in [("a_scales", s.a_len), ("b_scales", s.b_len)] {
@@ -318,6 +332,26 @@ fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, Kerne
         return Ok(Vec::new());
     };
     let mut args = Vec::with_capacity(5);
+    if let Some((a_len, b_len)) = p.block_scale_lens() {
+        let block = p.block.unwrap_or_default();
+        for (name, address, len, want, per) in [
+            ("a_scales", s.a, s.a_len, a_len, "row of A and group"),
+            ("b_scales", s.b, s.b_len, b_len, "block of B"),
+        ] {
+            if len != want {
+                return Err(KernelError::BadArgument {
+                    name,
+                    reason: format!(
+                        "holds {len} values; this block-scaled fp8 GEMM (block = {block}) takes {want}, one per {per} of {block} along k"
+                    ),
+                });
+            }
+            aligned_scales(name, address, len)?;
+            args.extend([Arg::Ptr(address), Arg::Int(p.k_groups() as i32)]);
+        }
+        args.push(Arg::Float(format.half_factor() * format.half_factor()));
+        return Ok(args);
+    }
     for (name, address, len, count, per) in [
         ("a_scales", s.a, s.a_len, p.m, "row of A (token)"),
         (
@@ -336,14 +370,7 @@ fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, Kerne
                 ),
             });
         }
-        if address == 0 || !address.is_multiple_of(4) {
-            return Err(KernelError::BadBuffer {
-                name,
-                reason: format!(
-                    "device address {address:#x}: an fp8 GEMM reads its {len} f32 scales from device memory, 4-byte aligned"
-                ),
-            });
-        }
+        aligned_scales(name, address, len)?;
         args.extend([Arg::Ptr(address), Arg::Int(i32::from(len > 1))]);
     }
     args.push(Arg::Float(format.half_factor() * format.half_factor()));

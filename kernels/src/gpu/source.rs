@@ -74,10 +74,10 @@ fn kv_fp8_code(f: crate::Fp8) -> usize {
 impl KernelBuild {
     /// The build of `config` for `problem`; an error for CPU configs and family mismatches.
     pub fn new(problem: &Problem, config: &Config) -> Result<KernelBuild, KernelError> {
-        // No GPU source computes block-scaled fp8: every GPU backend (and the plan) builds
-        // through here, so none runs one as a per-channel GEMM, its scales misread.
-        if let Problem::Gemm(p) = problem {
-            crate::space::no_gemm_kernel(p)?;
+        // Block-scaled fp8 only on the variants that read its scales: every GPU backend (and
+        // the plan) builds through here, so none runs one as a per-channel GEMM.
+        if let (Problem::Gemm(p), Config::GpuGemm(c)) = (problem, config) {
+            crate::space::gemm_kernel_for(c, p)?;
         }
         let dynamic_lds = crate::space::dynamic_lds_bytes(config, problem);
         let mut build = match (problem, config) {
@@ -112,6 +112,7 @@ impl KernelBuild {
                 .chain(c.tma.then_some(("KT_TMA", 1)))
                 .chain((c.block_tiles > 1).then_some(("KT_BLOCK_TILES", c.block_tiles)))
                 .chain((c.cluster > 1).then_some(("KT_CLUSTER", c.cluster)))
+                .chain(p.block.map(|b| ("KT_BLOCK", b)))
                 .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]

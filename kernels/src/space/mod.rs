@@ -6,9 +6,9 @@ mod gpu;
 
 pub use cpu::{CpuSpace, STREAM_MAX_M};
 pub use gpu::{
-    dynamic_lds_bytes, flash_split_floats, has_mfma, has_mma, has_wgmma, lds_bytes, lds_limit,
-    lds_limit_of, no_gemm_kernel, GpuSpace, GPU_MAX_FLASH_SPLIT, GPU_MAX_HEAD_DIM, GPU_MAX_SPLIT_K,
-    GPU_SPLIT_K_WORKSPACE_BYTES,
+    dynamic_lds_bytes, flash_split_floats, gemm_kernel_for, has_mfma, has_mma, has_wgmma,
+    lds_bytes, lds_limit, lds_limit_of, GpuSpace, GPU_MAX_FLASH_SPLIT, GPU_MAX_HEAD_DIM,
+    GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES,
 };
 
 use crate::{Config, Device, KernelError, Problem};

@@ -19,13 +19,14 @@ use std::ffi::CStr;
 
 use kerntune::capi::{KtDtype, KtMatch, KtStats, KtStatus};
 use kerntune::capi_gpu::{
-    kt_gpu_free, kt_gpu_gemm, kt_gpu_gemm_scaled, kt_gpu_gemm_scratch_bytes, kt_gpu_note,
-    kt_gpu_reload, kt_gpu_stats, kt_gpu_write_untuned, KtGpuDispatcher, KtGpuStats,
+    kt_gpu_free, kt_gpu_gemm, kt_gpu_gemm_block_scaled, kt_gpu_gemm_block_scratch_bytes,
+    kt_gpu_gemm_scaled, kt_gpu_gemm_scratch_bytes, kt_gpu_note, kt_gpu_reload, kt_gpu_stats,
+    kt_gpu_write_untuned, KtGpuDispatcher, KtGpuStats,
 };
 use kerntune::{GpuDispatcher, RuntimeError};
 use kerntune_db::Db;
 use kerntune_e2e::job;
-use kerntune_kernels::config::RocblasConfig;
+use kerntune_kernels::config::{GpuGemmVariant, RocblasConfig};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::device::GpuModel;
 use kerntune_kernels::gpu::device::{GpuDevice, GpuProblem, LoadedBuild};
@@ -821,22 +822,23 @@ async fn an_fp8_gemm_is_tuned_and_launched_with_its_scales() {
     unsafe { kt_gpu_free(handle) };
 }
 
-/// Sets `problem`'s stored winner to `config` behind the runtime's back, as another tuner
-/// would; with `drop_compiles` the compiled code of every build goes too.
-/// A block-scaled fp8 GEMM (DeepSeek-V3's scheme), which no GPU kernel computes, beside a
-/// per-channel one on the stand-in MI250: the plan prunes its default with the space's
-/// reason, the run stores that reason and no winner for it, and nothing of it is launched;
-/// the per-channel one is tuned.
+/// A block-scaled fp8 GEMM (DeepSeek-V3's scheme) beside a per-channel one on the stand-in
+/// MI250: the block-scaled one is tuned on the variants that read its scales (tiled, skinny),
+/// compiled by the HIP compiler and verified against its reference by the emulator, its
+/// matrix-core configs never planned nor run; the per-channel one is tuned as before. The
+/// runtime serves it through kt_gpu_gemm_block_scaled(), launching its own winner with the
+/// scale rows' length (the groups of k) after each scale buffer; per-channel scale counts are
+/// refused by name with nothing launched.
 #[tokio::test]
-async fn a_block_scaled_gemm_is_refused_on_the_gpu_and_nothing_of_it_runs() {
-    if !hip_compiler("a_block_scaled_gemm_is_refused_on_the_gpu_and_nothing_of_it_runs") {
+async fn a_block_scaled_gemm_is_tuned_on_the_variants_that_read_its_scales() {
+    if !hip_compiler("a_block_scaled_gemm_is_tuned_on_the_variants_that_read_its_scales") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
     let device = Device::lookup("mi250").unwrap();
     let problems: Vec<Derived> = [
-        "gemm:m=5,n=96,k=128,dtype=fp8_e4m3fnuz,block=32",
+        "gemm:m=5,n=96,k=160,dtype=fp8_e4m3fnuz,block=32",
         "gemm:m=5,n=96,k=128,dtype=fp8_e4m3fnuz",
     ]
     .iter()
@@ -852,31 +854,121 @@ async fn a_block_scaled_gemm_is_refused_on_the_gpu_and_nothing_of_it_runs() {
     let mut job = job(&db, &device);
     job.max_configs = 8;
     let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
-    assert_eq!(out[0].status, "no-winner", "{out:#?}");
+    assert_eq!(out[0].status, "tuned", "{out:#?}");
     assert_eq!(out[1].status, "tuned", "{out:#?}");
     drop(sweep);
-    let blocked = problems[0].problem.key();
-    let rows = db.measurements(&blocked).await.unwrap();
-    assert!(!rows.is_empty(), "{out:#?}");
-    for (config, status, ..) in &rows {
-        assert_eq!(status, "invalid", "{config}");
+    let blocks = problems[0].problem.key();
+    let rows = db.measurements(&blocks).await.unwrap();
+    assert!(
+        rows.iter().any(|(_, status, ..)| status == "ok"),
+        "{rows:#?}"
+    );
+    let reads_blocks = |c: &Config| matches!(c, Config::GpuGemm(g) if matches!(g.variant, GpuGemmVariant::Tiled | GpuGemmVariant::Skinny));
+    for (config, ..) in &rows {
+        let config = Config::from_json(config).unwrap();
+        assert!(reads_blocks(&config), "{config}");
     }
     let winners = db.winners(Some(&device.identity())).await.unwrap();
-    assert!(winners.iter().all(|w| w.problem != blocked), "{winners:#?}");
-    // What ran was the per-channel problem's builds alone.
+    let winner = winners.iter().find(|w| w.problem == blocks).unwrap();
+    assert!(
+        reads_blocks(&Config::from_json(&winner.config).unwrap()),
+        "{winner:#?}"
+    );
+    // Every config run for it was one of its own space's.
     let ran = gpu.ran.lock().unwrap().clone();
-    assert!(!ran.is_empty());
-    let allowed: Vec<Config> = GpuSpace
-        .candidates(&problems[1].problem, &device)
+    let own: Vec<Config> = GpuSpace
+        .candidates(&problems[0].problem, &device)
         .into_iter()
         .chain([
-            GpuSpace.default_config(&problems[1].problem, &device),
-            GpuSpace.heuristic(&problems[1].problem, &device),
+            GpuSpace.default_config(&problems[0].problem, &device),
+            GpuSpace.heuristic(&problems[0].problem, &device),
         ])
         .collect();
-    assert!(ran.iter().all(|c| allowed.contains(c)), "{ran:?}");
+    assert!(own.iter().all(reads_blocks), "{own:?}");
+    assert!(ran.iter().any(|c| own.contains(c)), "{ran:?}");
+    db.close().await;
+
+    let launched = gpu.launched.clone();
+    let Device::Gpu(model) = device else {
+        unreachable!()
+    };
+    let runtime =
+        GpuDispatcher::with_device(dir.path().join("gpu.db"), model, Box::new(gpu)).unwrap();
+    let Problem::Gemm(g) = problems[0].problem else {
+        unreachable!("a GEMM")
+    };
+    let (a_len, b_len) = g.block_scale_lens().unwrap();
+    assert_eq!((a_len, b_len), (5 * 5, 3 * 5));
+    let handle = KtGpuDispatcher::into_raw(runtime);
+    // SAFETY: a live handle.
+    let scratch =
+        unsafe { kt_gpu_gemm_block_scratch_bytes(handle, g.m, g.n, g.k, KtDtype::Fp8E4m3Fnuz, 32) };
+    let mut how = KtMatch::Default;
+    // SAFETY: the stand-in dereferences nothing.
+    let call = |a_len: usize, b_len: usize, how: &mut KtMatch| unsafe {
+        kt_gpu_gemm_block_scaled(
+            handle,
+            g.m,
+            g.n,
+            g.k,
+            KtDtype::Fp8E4m3Fnuz,
+            32,
+            0x1000 as *const std::ffi::c_void,
+            0x7000 as *const f32,
+            a_len,
+            0x2000 as *const std::ffi::c_void,
+            0x8000 as *const f32,
+            b_len,
+            0x4000 as *mut f32,
+            0x9000 as *mut std::ffi::c_void,
+            scratch.max(1),
+            std::ptr::null_mut(),
+            how,
+        )
+    };
+    assert_eq!(call(a_len, b_len, &mut how), KtStatus::Ok);
+    assert_eq!(how, KtMatch::Exact);
+    let (key, list, _) = launched.lock().unwrap().pop().unwrap();
+    let winner = Config::from_json(&winner.config).unwrap();
+    assert_eq!(
+        key,
+        KernelBuild::new(&problems[0].problem, &winner)
+            .unwrap()
+            .key()
+    );
+    assert!(key.contains("KT_BLOCK=32"), "{key}");
+    // After the sizes: each scale buffer and its rows' length (5 groups of k), then the
+    // square of fnuz E4M3's reading factor (2^7).
+    assert_eq!(
+        list[0].args[3..11],
+        [
+            Arg::Int(5),
+            Arg::Int(96),
+            Arg::Int(160),
+            Arg::Ptr(0x7000),
+            Arg::Int(5),
+            Arg::Ptr(0x8000),
+            Arg::Int(5),
+            Arg::Float(16384.0),
+        ]
+    );
+    // A per-token and per-channel count is another GEMM's: named, nothing launched.
+    let before = launched.lock().unwrap().len();
+    assert_eq!(call(g.m, g.n, &mut how), KtStatus::InvalidArgument);
+    // SAFETY: the library's own NUL-terminated message.
+    let msg = unsafe { CStr::from_ptr(kerntune::capi::kt_last_error()) };
+    let msg = msg.to_str().unwrap();
+    assert!(
+        msg.contains("a_scales") && msg.contains("block = 32"),
+        "{msg}"
+    );
+    assert_eq!(launched.lock().unwrap().len(), before);
+    // SAFETY: a live handle, freed once.
+    unsafe { kt_gpu_free(handle) };
 }
 
+/// Sets `problem`'s stored winner to `config` behind the runtime's back, as another tuner
+/// would; with `drop_compiles` the compiled code of every build goes too.
 fn set_winner(db: &std::path::Path, problem: &Problem, config: &Config, drop_compiles: bool) {
     let status = std::process::Command::new("python3")
         .arg("-c")

@@ -46,6 +46,9 @@ const AWKWARD: &[&str] = &[
     // FP8 checkpoints' GEMMs (W8A8): scales per token and channel, decode and odd sizes.
     "gemm:m=3,n=1280,k=8192,dtype=fp8_e4m3",
     "gemm:m=37,n=101,k=67,dtype=fp8_e5m2",
+    // Block-scaled (DeepSeek-V3's FP8 checkpoints): k of a partial last group, n crossing
+    // weight blocks.
+    "gemm:m=37,n=101,k=300,dtype=fp8_e4m3,block=128",
     "flash:q_len=1,q_heads=1,kv_heads=1,head_dim=64",
     "flash:q_len=37,kv_len=101,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
     "flash:q_len=65,q_heads=4,kv_heads=2,head_dim=80,dtype=f16,causal=false",
@@ -90,8 +93,10 @@ const LLAMA70B_TP8: &[&str] = &[
 ];
 
 /// DeepSeek-V3 at tensor parallelism 8, bf16: its latent decode (16 heads on one row of 576,
-/// values its first 512) in the blocks of 64 vLLM allocates on sm_90.
+/// values its first 512) in the blocks of 64 vLLM allocates on sm_90; and one decode step of
+/// its FP8 checkpoint's gate and up projection (block-scaled, 128).
 const DEEPSEEK_V3_TP8: &[&str] = &[
+    "gemm:m=1,n=4608,k=7168,dtype=fp8_e4m3,block=128",
     "paged:num_seqs=32,context_len=4096,q_heads=16,kv_heads=1,head_dim=576,v_head_dim=512,block_size=64,dtype=bf16,scale=0.1352",
 ];
 
@@ -574,7 +579,7 @@ fn run() -> anyhow::Result<bool> {
     }
 
     let title = if problems.is_empty() {
-        "Llama-3.1-70B and DeepSeek-V3 TP8, bf16 (and one fp8 decode GEMM)"
+        "Llama-3.1-70B and DeepSeek-V3 TP8, bf16 (and fp8 decode GEMMs, one block-scaled)"
     } else {
         "the problems given"
     };

@@ -4,7 +4,10 @@
 //! kernels take a scale a row of A and a column of C (vLLM's per-token, per-channel W8A8):
 //! cuBLASLt takes the same as vectors (`OUTER_VEC_32F`, cuBLAS 12.9 and later) where its
 //! heuristic has an algorithm for them, else the first of each as per-tensor scales, as
-//! `_scaled_mm` calls it for per-tensor checkpoints; the row says which it timed.
+//! `_scaled_mm` calls it for per-tensor checkpoints; the row says which it timed. A
+//! block-scaled GEMM's peer is the same product scaled per tensor: cuBLASLt's 128-block
+//! modes (`VEC128_32F`, `BLK128x128_32F`) want scale layouts of their own, not called here,
+//! so its time is a lower bound of cuBLASLt's block-scaled one, and the row says so.
 
 use std::ffi::c_void;
 
@@ -222,7 +225,12 @@ impl DeviceProblem {
             },
             false => (
                 Plan::new(&p, format, at, Scales::PerTensor)?,
-                "per-tensor scales".to_string(),
+                match p.block {
+                    Some(block) => format!(
+                        "per-tensor scales, not the problem's blocks of {block}: a lower bound of its time"
+                    ),
+                    None => "per-tensor scales".to_string(),
+                },
             ),
         };
         let (Some(desc), Some(algo)) = (plan.desc, plan.algo) else {

@@ -76,21 +76,27 @@ fn instruction_tiles(
     Ok(())
 }
 
-/// Why no GPU source computes `p`: block-scaled fp8, whose scales enter every group of k
-/// where the GPU GEMMs scale C once (the CPU's stream kernel computes it).
-pub fn no_gemm_kernel(p: &GemmProblem) -> Result<(), KernelError> {
+/// Whether variant `c` computes `p`: block-scaled fp8's scales enter every group of k, which
+/// the tiled and skinny variants apply as they read k (gemm.hip's `KT_BLOCK`); the
+/// matrix-core variants scale C once per tensor, token or channel and would misread them.
+pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
     match p.block {
-        Some(block) => Err(invalid(
+        Some(block) if !block_scaled_variant(c.variant) => Err(invalid(
             Family::Gemm,
             format!(
-                "block-scaled fp8 (block = {block}) has no GPU kernel in kerntune yet: its \
-                 scales enter every group of k, and the GPU GEMMs scale C once per tensor, \
-                 token or channel; tune it on the CPU (--device cpu), or quantize the weights \
-                 per channel"
+                "block-scaled fp8 (block = {block}) runs on the tiled and skinny variants, \
+                 which scale each group of k as they read it; the {} tiles scale C once per \
+                 tensor, token or channel: take variant = tiled or skinny",
+                c.variant
             ),
         )),
-        None => Ok(()),
+        _ => Ok(()),
     }
+}
+
+/// The variants that take block-scaled fp8 ([`gemm_kernel_for`]).
+fn block_scaled_variant(v: GpuGemmVariant) -> bool {
+    matches!(v, GpuGemmVariant::Tiled | GpuGemmVariant::Skinny)
 }
 
 pub(super) fn validate(
@@ -99,7 +105,7 @@ pub(super) fn validate(
     g: &GpuModel,
 ) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    no_gemm_kernel(p)?;
+    gemm_kernel_for(c, p)?;
     if p.fp8().is_some() {
         validate_fp8(c, p, g)?;
     }
@@ -570,10 +576,6 @@ fn persistent_tiles(p: &GemmProblem, g: &GpuModel, (bm, bn): (usize, usize)) -> 
 /// for decode shapes the one-warp-high split-K tiles first, after the skinny ones where A
 /// has at most 8 rows.
 pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
-    // Block-scaled fp8 has no GPU kernel (`validate` says so).
-    if p.block.is_some() {
-        return Vec::new();
-    }
     let mut out = Vec::new();
     let mut push = |c: GpuGemmConfig| out.push(c);
     // Decode: a few rows give few tiles; split-K fills the device.
@@ -824,6 +826,10 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     if p.m <= SKINNY_FIRST_ROWS {
         out.sort_by_key(|c| c.variant != skinny);
     }
+    // Block-scaled fp8: the variants that scale each group of k as they read it.
+    if p.block.is_some() {
+        out.retain(|c| block_scaled_variant(c.variant));
+    }
     out
 }
 
@@ -836,6 +842,9 @@ pub(super) fn default() -> GpuGemmConfig {
 /// where the model has them for 16-bit inputs, split-K for decode shapes, and on NVIDIA the
 /// skinny kernel for decode of up to 8 rows.
 pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
+    if p.block.is_some() {
+        return block_scaled_heuristic(p, gpu);
+    }
     // fp8 included: the matrix cores multiply its readings as f16.
     let sixteen_bit = p.dtype != DType::F32;
     let mma = gpu.is_some_and(|g| has_mma(g) && sixteen_bit);
@@ -903,6 +912,26 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
         GpuGemmConfig::tile(GpuGemmVariant::Mfma, (128, 128, bk), (2, 2), stages, 1)
     } else if p.m <= 64 {
         // Decode elsewhere: few rows, many columns; a narrow tile, split-K as above.
+        let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
+        GpuGemmConfig::tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
+    } else {
+        default()
+    }
+}
+
+/// The guess for block-scaled fp8, which the tiled and skinny variants take: as for other
+/// GEMMs, the skinny kernel for decode of a few rows on NVIDIA (on AMD it was never measured
+/// against the tiled one), the narrow split tile for other decode, the default otherwise.
+fn block_scaled_heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
+    let nvidia = gpu.is_some_and(has_mma);
+    if nvidia && p.m <= SKINNY_FIRST_ROWS && validate_skinny(&skinny_guess(p), p).is_ok() {
+        let guess = skinny_guess(p);
+        let split = gpu.map_or(1, |g| decode_split(p, guess.bm, guess.bn, g));
+        GpuGemmConfig {
+            split_k: split,
+            ..guess
+        }
+    } else if p.m <= 64 {
         let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
         GpuGemmConfig::tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
     } else {

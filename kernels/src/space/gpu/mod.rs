@@ -17,7 +17,7 @@ use crate::problem::PagedProblem;
 use crate::{BLayout, Config, DType, Device, Family, KernelError, Problem, Space};
 
 pub use flash::{flash_split_floats, GPU_MAX_FLASH_SPLIT, GPU_MAX_HEAD_DIM};
-pub use gemm::{no_gemm_kernel, GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
+pub use gemm::{gemm_kernel_for, GPU_MAX_SPLIT_K, GPU_SPLIT_K_WORKSPACE_BYTES};
 
 /// The GPU kernels' parameter space.
 #[derive(Debug, Clone, Copy, Default)]
