@@ -47,8 +47,11 @@
 // b_step = groups), which enter as k is read, not once on C: the tiled variant folds both into
 // the values it stages (as the CPU's stream kernel folds them into its rows), the skinny
 // variant scales each 16-byte piece's products (a piece lies in one group: KT_BLOCK is a
-// multiple of 32). C is then stored times `factor` only. The matrix-core variants scale C once
-// and take no blocks.
+// multiple of 32), and the mma and MFMA tiles (each k tile inside one group: KT_BK divides
+// KT_BLOCK) accumulate a group's products apart and add them to the sums times the group's
+// scales once its last k tile is multiplied (DeepGEMM's promotion). C is then stored times the
+// readings' factor only (none for the tiles that multiply the bytes themselves). The wgmma
+// tiles, whose products are in flight across k tiles, take no blocks.
 //
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
@@ -77,8 +80,11 @@
 #ifndef KT_BLOCK
 #define KT_BLOCK 0
 #endif
-#if KT_BLOCK && !(KT_FP8_IN && KT_B_NK && (KT_VARIANT == 0 || KT_VARIANT == 4))
-#error "block-scaled fp8 (KT_BLOCK) runs on the tiled and skinny variants, B as [N, K]"
+#if KT_BLOCK && !(KT_FP8_IN && KT_B_NK && KT_VARIANT != 3)
+#error "block-scaled fp8 (KT_BLOCK) runs on the tiled, MFMA, mma and skinny variants, B as [N, K]"
+#endif
+#if KT_BLOCK && (KT_VARIANT == 1 || KT_VARIANT == 2) && KT_BLOCK % KT_BK != 0
+#error "the matrix-core tiles promote whole k tiles: KT_BK must divide KT_BLOCK"
 #endif
 
 #if KT_FP8_IN
@@ -92,7 +98,11 @@
 // blocks' scales are in the sums, C takes the readings' factor only.
 #define KT_A_GROUP_SCALE(row, g) (a_scales[(long)(row) * a_step + (g)])
 #define KT_B_GROUP_SCALE(col, g) (b_scales[(long)((col) / KT_BLOCK) * b_step + (g)])
+#if KT_STAGES > 1
+#define KT_ROW_SCALE(row) 1.0f
+#else
 #define KT_ROW_SCALE(row) factor
+#endif
 #elif KT_STAGES > 1
 // The pipelined mma, wgmma and MFMA tiles multiply the bytes' values themselves: no readings'
 // factor.
@@ -314,6 +324,35 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int j = 0; j < KT_TN; ++j)
 #pragma unroll
             for (int e = 0; e < 16; ++e) acc[i][j][e] = 0.0f;
+#if KT_BLOCK
+    // Block-scaled: a group's products, added to `acc` times its scales after its last k tile
+    // (rows and columns as the store below has them; a tile's 32 columns lie in one block).
+    kt_f32x16 part[KT_TM][KT_TN];
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) part[i][j][e] = 0.0f;
+    auto promote = [&](int group) {
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j) {
+                const float sb = KT_B_GROUP_SCALE(min(col0 + wn + 32 * j, n - 1), group);
+#pragma unroll
+                for (int e = 0; e < 16; ++e) {
+                    const int gr = row0 + wm + 32 * i + 8 * (e / 4) + 4 * (lane / 32) + e % 4;
+                    const float sa = KT_A_GROUP_SCALE(min(gr, m - 1), group);
+                    acc[i][j][e] = fmaf(part[i][j][e], sa * sb, acc[i][j][e]);
+                    part[i][j][e] = 0.0f;
+                }
+            }
+    };
+#define KT_MFMA_ACC part
+#else
+#define KT_MFMA_ACC acc
+#endif
 
 #if KT_STAGES == 2
     // The operands as 16-bit words (fp8: two bytes each; k and the split's range, multiples
@@ -383,8 +422,16 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
 #pragma unroll
-                for (int j = 0; j < KT_TN; ++j) acc[i][j] = KT_MFMA_STEP(af[i], bf[j], acc[i][j]);
+                for (int j = 0; j < KT_TN; ++j)
+                    KT_MFMA_ACC[i][j] = KT_MFMA_STEP(af[i], bf[j], KT_MFMA_ACC[i][j]);
         }
+#if KT_BLOCK
+        {
+            // This k tile's first value (k0 counts words where the tiles hold bytes).
+            const int kv = k0 * (KT_BK / KT_BKW);
+            if ((kv + KT_BK) % KT_BLOCK == 0 || k0 + KT_BKW >= kel) promote(kv / KT_BLOCK);
+        }
+#endif
 #if KT_STAGES == 2
         if (more) {
             kt_mfma_stage<KT_BM, KT_A_PIECES>(as_[st ^ 1], ra, tid);
@@ -487,6 +534,38 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int j = 0; j < KT_TN; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+#if KT_BLOCK
+    // Block-scaled: a group's products, added to `acc` times its scales after its last k tile
+    // (rows and columns as the store below has them; a tile's 8 columns lie in one block).
+    float part[KT_TM][KT_TN][4];
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) part[i][j][e] = 0.0f;
+    auto promote = [&](int group) {
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i) {
+            float sa[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                sa[h] = KT_A_GROUP_SCALE(min(row0 + wm + 16 * i + g + 8 * h, m - 1), group);
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j) {
+                const float sb = KT_B_GROUP_SCALE(min(col0 + wn + 8 * j, n - 1), group);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc[i][j][e] = fmaf(part[i][j][e], sa[e / 2] * sb, acc[i][j][e]);
+                    part[i][j][e] = 0.0f;
+                }
+            }
+        }
+    };
+#define KT_MMA_ACC part
+#else
+#define KT_MMA_ACC acc
+#endif
 
 #if KT_STAGES == 1
     for (int k0 = kb; k0 < ke; k0 += KT_BK) {
@@ -532,8 +611,11 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
 #pragma unroll
-                for (int j = 0; j < KT_TN; ++j) kt_mma(acc[i][j], af[i], bf[j]);
+                for (int j = 0; j < KT_TN; ++j) kt_mma(KT_MMA_ACC[i][j], af[i], bf[j]);
         }
+#if KT_BLOCK
+        if ((k0 + KT_BK) % KT_BLOCK == 0 || k0 + KT_BK >= ke) promote(k0 / KT_BLOCK);
+#endif
         KT_SYNC();
     }
 #else
@@ -627,8 +709,15 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #pragma unroll
             for (int i = 0; i < KT_TM; ++i)
 #pragma unroll
-                for (int j = 0; j < KT_TN; ++j) KT_MMA_STEP(acc[i][j], af[i], bf[j]);
+                for (int j = 0; j < KT_TN; ++j) KT_MMA_STEP(KT_MMA_ACC[i][j], af[i], bf[j]);
         }
+#if KT_BLOCK
+        {
+            // This k tile's first value (the split starts on a whole tile).
+            const int kv = kb + tile * KT_BK;
+            if ((kv + KT_BK) % KT_BLOCK == 0 || tile + 1 == tiles) promote(kv / KT_BLOCK);
+        }
+#endif
     }
 #endif
     // Accumulator e of lane (g, t): row g + 8·(e / 2), column 2t + e % 2. A lane's two

@@ -422,12 +422,13 @@ fn devices_resolve_by_name_and_alias() {
     );
 }
 
-/// Block-scaled fp8 runs on the GPU variants that scale each group of k as they read it
-/// (tiled, skinny): every GPU's candidates, default and guess are of them, and a matrix-core
-/// config is refused by name, by the space and by `KernelBuild::new` (through which every GPU
-/// backend and the plan build), so no device run reads the scales as per-channel ones.
+/// Block-scaled fp8 runs on the GPU configs that scale each group of k apart (tiled, skinny,
+/// and mma and MFMA tiles no deeper than a group): every GPU's candidates, default and guess
+/// are of them, and a wgmma config or a k tile across groups is refused by name, by the space
+/// and by `KernelBuild::new` (through which every GPU backend and the plan build), so no
+/// device run reads the scales as per-channel ones.
 #[test]
-fn block_scaled_fp8_runs_only_on_the_variants_that_read_its_scales() {
+fn block_scaled_fp8_runs_only_on_configs_that_scale_each_group() {
     use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
     use kerntune_kernels::gpu::KernelBuild;
     use kerntune_kernels::{Config, GpuSpace};
@@ -443,25 +444,52 @@ fn block_scaled_fp8_runs_only_on_the_variants_that_read_its_scales() {
             configs.push(GpuSpace.heuristic(&p, &device));
             for c in &configs {
                 let Config::GpuGemm(g) = c else { panic!("{c}") };
+                assert!(g.variant != GpuGemmVariant::Wgmma, "{name} {p}: {c}");
                 assert!(
-                    matches!(g.variant, GpuGemmVariant::Tiled | GpuGemmVariant::Skinny),
-                    "{name} {p}: {c}"
+                    128 % g.bk == 0
+                        || !matches!(g.variant, GpuGemmVariant::Mma | GpuGemmVariant::Mfma),
+                    "{c}"
                 );
                 GpuSpace.validate(c, &p, &device).unwrap();
                 KernelBuild::new(&p, c).unwrap();
             }
         }
     }
-    // Decode of one token: the skinny kernel on NVIDIA (as for per-channel fp8), the split
-    // tiled one on AMD, where the skinny one was never measured against it.
-    let one: Problem = "gemm:m=1,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
+    // The guesses are the per-channel ones (the skinny kernel for one token on NVIDIA, the
+    // pipelined MFMA tile on the bytes for MI300X's prompts), but for NVIDIA's prompts, whose
+    // 128x256 mma tile has no room for a group's products beside its sums: 128x128 there.
+    let h200 = Device::lookup("h200").unwrap();
+    let prompt: Problem = "gemm:m=2048,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
         .parse()
         .unwrap();
-    for (name, variant) in [
-        ("h200", GpuGemmVariant::Skinny),
-        ("mi300x", GpuGemmVariant::Tiled),
+    assert_eq!(
+        GpuSpace.heuristic(&prompt, &h200),
+        Config::GpuGemm(GpuGemmConfig::tile(
+            GpuGemmVariant::Mma,
+            (128, 128, 128),
+            (4, 4),
+            3,
+            1
+        ))
+    );
+    for (m, name, variant) in [
+        (1, "h200", GpuGemmVariant::Skinny),
+        (2048, "mi300x", GpuGemmVariant::Mfma),
     ] {
-        let guess = GpuSpace.heuristic(&one, &Device::lookup(name).unwrap());
+        let dtype = if name == "mi300x" {
+            "fp8_e4m3fnuz"
+        } else {
+            "fp8_e4m3"
+        };
+        let blocks: Problem = format!("gemm:m={m},n=4608,k=7168,dtype={dtype},b=nk,block=128")
+            .parse()
+            .unwrap();
+        let plain: Problem = format!("gemm:m={m},n=4608,k=7168,dtype={dtype},b=nk")
+            .parse()
+            .unwrap();
+        let device = Device::lookup(name).unwrap();
+        let guess = GpuSpace.heuristic(&blocks, &device);
+        assert_eq!(guess, GpuSpace.heuristic(&plain, &device), "{name}");
         assert!(
             matches!(guess, Config::GpuGemm(g) if g.variant == variant),
             "{name}: {guess}"
@@ -470,20 +498,38 @@ fn block_scaled_fp8_runs_only_on_the_variants_that_read_its_scales() {
     let p: Problem = "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
         .parse()
         .unwrap();
-    let h200 = Device::lookup("h200").unwrap();
-    let mma = Config::GpuGemm(GpuGemmConfig::tile(
-        GpuGemmVariant::Mma,
-        (64, 128, 64),
-        (2, 4),
-        4,
+    let wgmma = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Wgmma,
+        (64, 128, 128),
+        (1, 128),
+        3,
         1,
     ));
-    let e = GpuSpace.validate(&mma, &p, &h200).unwrap_err().to_string();
+    let e = GpuSpace
+        .validate(&wgmma, &p, &h200)
+        .unwrap_err()
+        .to_string();
     assert!(
-        e.contains("block-scaled fp8 (block = 128)")
-            && e.contains("take variant = tiled or skinny"),
+        e.contains("block-scaled fp8 (block = 128)") && e.contains("take variant = mma"),
         "{e}"
     );
-    let e = KernelBuild::new(&p, &mma).unwrap_err().to_string();
-    assert!(e.contains("the mma tiles scale C once"), "{e}");
+    let e = KernelBuild::new(&p, &wgmma).unwrap_err().to_string();
+    assert!(e.contains("wgmma tiles"), "{e}");
+    // Blocks of 32 under k tiles of 128 bytes: a tile would straddle four groups.
+    let small: Problem = "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=32"
+        .parse()
+        .unwrap();
+    let deep = Config::GpuGemm(GpuGemmConfig::tile(
+        GpuGemmVariant::Mma,
+        (16, 64, 128),
+        (1, 2),
+        3,
+        1,
+    ));
+    assert!(GpuSpace.validate(&deep, &p, &h200).is_ok());
+    let e = GpuSpace
+        .validate(&deep, &small, &h200)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bk = 128 must divide the block"), "{e}");
 }

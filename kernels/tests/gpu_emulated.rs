@@ -220,30 +220,42 @@ fn fp8_gemm_candidates_match_the_reference() {
     }
 }
 
-// Block-scaled fp8 (DeepSeek-V3's FP8 checkpoints, on the tiled and skinny variants): k of a
-// partial last group, n crossing weight blocks and of no tile, prompts and decode sharing
-// their tiled builds; blocks of 32 and 64 (a skinny piece of 16 bytes still in one group).
+// Block-scaled fp8 (DeepSeek-V3's FP8 checkpoints): k of a partial last group, n crossing
+// weight blocks and of no tile, prompts and decode sharing their tiled builds; blocks of 32
+// and 64 (a skinny piece of 16 bytes still in one group). k of 16-byte rows takes the
+// pipelined mma and MFMA tiles on the bytes, each k tile inside a group.
 const GEMM_E4M3_BLOCKS: &str = "gemm:m=37,n=100,k=300,dtype=fp8_e4m3,b=nk,block=128";
+const GEMM_E5M2_BLOCKS_PIPELINED: &str = "gemm:m=67,n=130,k=400,dtype=fp8_e5m2,b=nk,block=128";
+const GEMM_FNUZ_BLOCKS_PIPELINED: &str = "gemm:m=67,n=130,k=400,dtype=fp8_e4m3fnuz,b=nk,block=128";
 const GEMM_E4M3_BLOCKS_DECODE: &str = "gemm:m=5,n=161,k=1040,dtype=fp8_e4m3,b=nk,block=128";
 const GEMM_E5M2_BLOCKS_GEMV: &str = "gemm:m=1,n=67,k=96,dtype=fp8_e5m2,b=nk,block=32";
 const GEMM_FNUZ_BLOCKS_DECODE: &str = "gemm:m=3,n=40,k=528,dtype=fp8_e4m3fnuz,b=nk,block=64";
 
 #[test]
 fn block_scaled_fp8_candidates_match_the_reference() {
-    assert_eq!(variants("h200", GEMM_E4M3_BLOCKS), ["Tiled"]);
+    assert_eq!(variants("h200", GEMM_E4M3_BLOCKS), ["Mma", "Tiled"]);
     assert_eq!(
         variants("h200", GEMM_E4M3_BLOCKS_DECODE),
-        ["Skinny", "Tiled"]
+        ["Mma", "Skinny", "Tiled"]
+    );
+    assert_eq!(
+        variants("h200", GEMM_E5M2_BLOCKS_PIPELINED),
+        ["Mma", "Tiled"]
     );
     assert_eq!(
         variants("mi300x", GEMM_FNUZ_BLOCKS_DECODE),
-        ["Skinny", "Tiled"]
+        ["Mfma", "Skinny", "Tiled"]
     );
-    for spec in [GEMM_E4M3_BLOCKS, GEMM_E4M3_BLOCKS_DECODE] {
+    for spec in [
+        GEMM_E4M3_BLOCKS,
+        GEMM_E4M3_BLOCKS_DECODE,
+        GEMM_E5M2_BLOCKS_PIPELINED,
+    ] {
         every_candidate("h200", spec, None);
     }
     every_candidate_of("h200", GEMM_E5M2_BLOCKS_GEMV, GpuGemmVariant::Skinny);
     every_candidate_of("mi300x", GEMM_FNUZ_BLOCKS_DECODE, GpuGemmVariant::Skinny);
+    every_candidate_of("mi300x", GEMM_FNUZ_BLOCKS_PIPELINED, GpuGemmVariant::Mfma);
 }
 
 /// Each variant's scales are its group's and block's: a mistake in either shows on a problem
@@ -294,6 +306,101 @@ fn block_scaled_fp8_kernels_take_each_groups_scales() {
                 ),
             ],
         );
+    }
+}
+
+/// The mma and MFMA tiles' promotion: a group's products added once its last k tile is
+/// multiplied, with that group's scales. Each mistake shows on k of one group and a partial
+/// second ending inside a k tile's reach, split in two (the second split starting at group
+/// 1), n of two weight blocks, on the pipelined tiles that
+/// multiply the bytes (NVIDIA's m16n8k32, CDNA3's fp8 MFMA) and the one-stage ones that widen
+/// them.
+#[test]
+fn block_scaled_matrix_core_tiles_promote_each_group() {
+    let tile = |variant, bmnk, t, stages| {
+        Config::GpuGemm(GpuGemmConfig::tile(variant, bmnk, t, stages, 2))
+    };
+    for (model, spec, configs) in [
+        (
+            "h200",
+            "gemm:m=20,n=150,k=176,dtype=fp8_e4m3,b=nk,block=128",
+            [
+                tile(GpuGemmVariant::Mma, (16, 64, 64), (1, 2), 3),
+                tile(GpuGemmVariant::Mma, (32, 32, 32), (1, 2), 1),
+            ],
+        ),
+        (
+            "mi300x",
+            "gemm:m=20,n=150,k=176,dtype=fp8_e4m3fnuz,b=nk,block=128",
+            [
+                tile(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 2),
+                tile(GpuGemmVariant::Mfma, (32, 64, 32), (1, 1), 1),
+            ],
+        ),
+    ] {
+        let (device, emu) = emulator(model);
+        let problem: Problem = spec.parse().unwrap();
+        let data = ProblemData::random(&problem, 9);
+        let source = include_str!("../hip/gemm.hip");
+        for config in configs {
+            GpuSpace
+                .validate(&config, &problem, &device)
+                .unwrap_or_else(|e| panic!("{config}: {e}"));
+            let Config::GpuGemm(g) = config else {
+                unreachable!()
+            };
+            let edits: Vec<(&str, &str)> = match (g.variant, g.stages) {
+                (GpuGemmVariant::Mma, 1) => vec![
+                    (
+                        "if ((k0 + KT_BK) % KT_BLOCK == 0 || k0 + KT_BK >= ke) promote",
+                        "if ((k0 + KT_BK) % KT_BLOCK == 0) promote",
+                    ),
+                    (
+                        "kt_mma(KT_MMA_ACC[i][j], af[i], bf[j])",
+                        "kt_mma(acc[i][j], af[i], bf[j])",
+                    ),
+                    (
+                        "sa[e / 2] * sb, acc[i][j][e]",
+                        "sa[e % 2] * sb, acc[i][j][e]",
+                    ),
+                ],
+                (GpuGemmVariant::Mma, _) => vec![
+                    (
+                        "if ((kv + KT_BK) % KT_BLOCK == 0 || tile + 1 == tiles)",
+                        "if ((kv + KT_BK) % KT_BLOCK == 0)",
+                    ),
+                    (
+                        "const int kv = kb + tile * KT_BK;",
+                        "const int kv = tile * KT_BK;",
+                    ),
+                    (
+                        "KT_MMA_STEP(KT_MMA_ACC[i][j], af[i], bf[j])",
+                        "KT_MMA_STEP(acc[i][j], af[i], bf[j])",
+                    ),
+                ],
+                (_, stages) => {
+                    let mut edits = vec![
+                        (
+                            "if ((kv + KT_BK) % KT_BLOCK == 0 || k0 + KT_BKW >= kel)",
+                            "if ((kv + KT_BK) % KT_BLOCK == 0)",
+                        ),
+                        (
+                            "const float sa = KT_A_GROUP_SCALE(min(gr, m - 1), group);",
+                            "const float sa = KT_A_GROUP_SCALE(min(gr - e % 4, m - 1), group);",
+                        ),
+                    ];
+                    if stages == 2 {
+                        // Words where the tiles hold bytes: the groups of half the k.
+                        edits.push((
+                            "const int kv = k0 * (KT_BK / KT_BKW);",
+                            "const int kv = k0;",
+                        ));
+                    }
+                    edits
+                }
+            };
+            source_edits_show(&emu, &data, &config, source, &edits);
+        }
     }
 }
 

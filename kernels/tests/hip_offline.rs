@@ -512,8 +512,9 @@ fn fp8_gemm_candidates_compile_for_mi300x_without_spills() {
 }
 
 /// Block-scaled fp8 (KT_BLOCK, MI300X's fnuz) GEMMs of DeepSeek-V3 at TP8, gate and up: every
-/// skinny candidate of a decode step and the tiled prompt tiles 16 of k deep (the others
-/// differ in depth only), none spilling.
+/// skinny candidate of a decode step, the tiled prompt tiles 16 of k deep (the others differ
+/// in depth only) and every pipelined MFMA tile (a group's products held apart until
+/// promoted), none spilling.
 #[test]
 fn block_scaled_fp8_candidates_compile_for_mi300x_without_spills() {
     use kerntune_kernels::config::GpuGemmVariant;
@@ -537,6 +538,15 @@ fn block_scaled_fp8_candidates_compile_for_mi300x_without_spills() {
             19,
         )],
         |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Tiled && c.bk == 16),
+    );
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi300x",
+            "gemm:m=2048,n=4608,k=7168,dtype=fp8_e4m3fnuz,b=nk,block=128",
+            19,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.stages == 2),
     );
 }
 

@@ -209,10 +209,13 @@ fn check_candidates(
             kerntune_kernels::space::lds_bytes(&c, p, g),
             "{name} {c}"
         );
-        // The heuristic, and every candidate of the variants whose registers have room.
+        // The heuristic, and every candidate of the variants whose registers have room (the
+        // block-scaled space keeps only tiles with room for a group's products beside the
+        // sums).
+        let blocks = matches!(p, Problem::Gemm(q) if q.block.is_some());
         let roomy = match c {
             Config::GpuGemm(g) => {
-                matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
+                blocks || matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
             }
             Config::GpuPaged(g) => g.lanes > 1 || g.heads > 1,
             // Warps of 32 rows: the plain 32-key tiles, which the space leads with.
@@ -734,8 +737,9 @@ fn fp8_gemm_builds_compile_for_sm80_and_sm90() {
 
 /// Block-scaled fp8 GEMMs (KT_BLOCK) of DeepSeek-V3 at TP8, gate and up: every skinny
 /// candidate of a decode step (16-byte weight loads, each piece's products scaled by its
-/// group's scales) and the tiled prompt tiles 16 of k deep (the others differ in depth only)
-/// for sm_90, none of the skinny spilling.
+/// group's scales), the tiled prompt tiles 16 of k deep (the others differ in depth only) and
+/// the pipelined mma tiles 128 bytes deep and the guess (m16n8k32 on the bytes, a group's
+/// products held apart until promoted) for sm_90, none of the skinny nor the guess spilling.
 #[test]
 fn block_scaled_fp8_builds_compile_for_sm90() {
     let Some(nvrtc) = compiler("block_scaled_fp8_builds_compile_for_sm90") else {
@@ -761,6 +765,20 @@ fn block_scaled_fp8_builds_compile_for_sm90() {
     );
     assert_eq!(tiled.len(), 21, "{tiled:?}");
     check_candidates(&nvrtc, "h200", &prefill, &tiled, "fma.rn.f32");
+    let heuristic = GpuSpace.heuristic(&prefill, &Device::lookup("h200").unwrap());
+    let native = candidates_where(
+        "h200",
+        &prefill,
+        |c| matches!(c, Config::GpuGemm(g) if g.variant == GpuGemmVariant::Mma && (g.bk == 128 || *c == heuristic)),
+    );
+    assert_eq!(native.len(), 11, "{native:?}");
+    check_candidates(
+        &nvrtc,
+        "h200",
+        &prefill,
+        &native,
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32",
+    );
 }
 
 /// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an

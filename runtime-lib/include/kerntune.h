@@ -577,8 +577,9 @@ enum KtStatus kt_gpu_gemm_scaled(const struct KtGpuDispatcher *d,
  A block-scaled fp8 GEMM on the device, as kt_gemm_block_scaled() on the host (DeepSeek-V3's
  scales: `a_scales` m rows of ⌈k / block⌉ floats, `b_scales` ⌈n / block⌉ rows of as many, B
  `[n, k]`), both device memory of `a_scales_len` and `b_scales_len` floats, read by the
- kernel as it reads each group of k. Its winners are the block-scaled ones (tiled or skinny
- kernels), never a per-channel GEMM's. Scratch from kt_gpu_gemm_block_scratch_bytes().
+ kernel as it reads each group of k. Its winners are the block-scaled ones (kernels that
+ scale each group of k), never a per-channel GEMM's. Scratch from
+ kt_gpu_gemm_block_scratch_bytes().
 
  # Safety
  As kt_gpu_gemm_scaled().

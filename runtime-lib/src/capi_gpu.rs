@@ -233,17 +233,7 @@ pub unsafe extern "C" fn kt_gpu_gemm_scaled(
     guard(|| {
         let d = gpu(d)?;
         let p = gemm_problem(m, n, k, dtype_, b_is_nk)?;
-        let ptrs = DevicePtrs {
-            inputs: [addr("a", a)?, addr("b", b)?, 0],
-            out: addr("c", c.cast_const().cast())?,
-            gemm_scales: GemmScalePtrs {
-                a: a_scales as u64,
-                a_len: a_scales_len,
-                b: b_scales as u64,
-                b_len: b_scales_len,
-            },
-            ..DevicePtrs::default()
-        };
+        let ptrs = scaled_ptrs(a, (a_scales, a_scales_len), b, (b_scales, b_scales_len), c)?;
         let scratch = (scratch, scratch_bytes);
         // SAFETY: caller contract.
         unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
@@ -253,8 +243,9 @@ pub unsafe extern "C" fn kt_gpu_gemm_scaled(
 /// A block-scaled fp8 GEMM on the device, as kt_gemm_block_scaled() on the host (DeepSeek-V3's
 /// scales: `a_scales` m rows of ⌈k / block⌉ floats, `b_scales` ⌈n / block⌉ rows of as many, B
 /// `[n, k]`), both device memory of `a_scales_len` and `b_scales_len` floats, read by the
-/// kernel as it reads each group of k. Its winners are the block-scaled ones (tiled or skinny
-/// kernels), never a per-channel GEMM's. Scratch from kt_gpu_gemm_block_scratch_bytes().
+/// kernel as it reads each group of k. Its winners are the block-scaled ones (kernels that
+/// scale each group of k), never a per-channel GEMM's. Scratch from
+/// kt_gpu_gemm_block_scratch_bytes().
 ///
 /// # Safety
 /// As kt_gpu_gemm_scaled().
@@ -282,20 +273,32 @@ pub unsafe extern "C" fn kt_gpu_gemm_block_scaled(
     guard(|| {
         let d = gpu(d)?;
         let p = block_problem(m, n, k, dtype_, block)?;
-        let ptrs = DevicePtrs {
-            inputs: [addr("a", a)?, addr("b", b)?, 0],
-            out: addr("c", c.cast_const().cast())?,
-            gemm_scales: GemmScalePtrs {
-                a: a_scales as u64,
-                a_len: a_scales_len,
-                b: b_scales as u64,
-                b_len: b_scales_len,
-            },
-            ..DevicePtrs::default()
-        };
+        let ptrs = scaled_ptrs(a, (a_scales, a_scales_len), b, (b_scales, b_scales_len), c)?;
         let scratch = (scratch, scratch_bytes);
         // SAFETY: caller contract.
         unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
+    })
+}
+
+/// The device addresses of a scaled GEMM's operands and scales (their counts are checked
+/// against the problem as the launch's arguments are made).
+fn scaled_ptrs(
+    a: *const c_void,
+    (a_scales, a_len): (*const f32, usize),
+    b: *const c_void,
+    (b_scales, b_len): (*const f32, usize),
+    c: *mut f32,
+) -> Result<DevicePtrs, (KtStatus, String)> {
+    Ok(DevicePtrs {
+        inputs: [addr("a", a)?, addr("b", b)?, 0],
+        out: addr("c", c.cast_const().cast())?,
+        gemm_scales: GemmScalePtrs {
+            a: a_scales as u64,
+            a_len,
+            b: b_scales as u64,
+            b_len,
+        },
+        ..DevicePtrs::default()
     })
 }
 

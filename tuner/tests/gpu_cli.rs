@@ -260,8 +260,8 @@ fn plan_for_h100_with_nvrtc() {
         "--emulate",
     ];
     args.extend(SHAPES);
-    // An FP8 checkpoint's decode GEMM (W8A8) beside them, and a block-scaled one, which only
-    // the tiled and skinny variants compute.
+    // An FP8 checkpoint's decode GEMM (W8A8) beside them, and a block-scaled one, which the
+    // wgmma tiles do not compute.
     args.extend(["--shapes", "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3"]);
     let blocked = "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3,b=nk,block=128";
     args.extend(["--shapes", blocked]);
@@ -283,8 +283,8 @@ fn plan_for_h100_with_nvrtc() {
     assert!(plan["compiler"].as_str().unwrap().starts_with("NVRTC 13"));
     let mut problems = plan["problems"].as_array().unwrap().clone();
     assert_eq!(problems.len(), 5);
-    // The block-scaled problem: builds of its blocks on the tiled (0) and skinny (4)
-    // variants alone.
+    // The block-scaled problem: builds of its blocks, none on the wgmma tiles (3), some on
+    // the mma tiles (2).
     let at = problems
         .iter()
         .position(|p| p["problem"] == blocked)
@@ -294,11 +294,18 @@ fn plan_for_h100_with_nvrtc() {
     for c in blocks["candidates"].as_array().unwrap() {
         let build = c["build"].as_str().unwrap();
         assert!(
-            build.contains("KT_BLOCK=128")
-                && (build.contains("KT_VARIANT=0") || build.contains("KT_VARIANT=4")),
+            build.contains("KT_BLOCK=128") && !build.contains("KT_VARIANT=3"),
             "{c}"
         );
     }
+    assert!(
+        blocks["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["build"].as_str().unwrap().contains("KT_VARIANT=2")),
+        "{blocks}"
+    );
     assert!(
         problems.iter().any(|p| p["problem"]
             .as_str()

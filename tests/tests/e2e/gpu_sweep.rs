@@ -26,7 +26,7 @@ use kerntune::capi_gpu::{
 use kerntune::{GpuDispatcher, RuntimeError};
 use kerntune_db::Db;
 use kerntune_e2e::job;
-use kerntune_kernels::config::{GpuGemmVariant, RocblasConfig};
+use kerntune_kernels::config::RocblasConfig;
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::device::GpuModel;
 use kerntune_kernels::gpu::device::{GpuDevice, GpuProblem, LoadedBuild};
@@ -34,6 +34,7 @@ use kerntune_kernels::gpu::emulator::Emulator;
 use kerntune_kernels::gpu::launch::{launches, partial_floats, Arg, DevicePtrs, Launch};
 use kerntune_kernels::gpu::{KernelBuild, GPU_SOURCE_HASH};
 use kerntune_kernels::kernel::Scratch;
+use kerntune_kernels::space::gemm_kernel_for;
 use kerntune_kernels::{
     Backend, Config, CpuBackend, CpuSpace, Device, Family, GpuSpace, KernelError, Problem, Space,
 };
@@ -823,15 +824,15 @@ async fn an_fp8_gemm_is_tuned_and_launched_with_its_scales() {
 }
 
 /// A block-scaled fp8 GEMM (DeepSeek-V3's scheme) beside a per-channel one on the stand-in
-/// MI250: the block-scaled one is tuned on the variants that read its scales (tiled, skinny),
-/// compiled by the HIP compiler and verified against its reference by the emulator, its
-/// matrix-core configs never planned nor run; the per-channel one is tuned as before. The
+/// MI250: the block-scaled one is tuned on the configs that scale each group of k apart
+/// (tiled, skinny, MFMA tiles no deeper than a group), compiled by the HIP compiler and
+/// verified against its reference by the emulator; the per-channel one is tuned as before. The
 /// runtime serves it through kt_gpu_gemm_block_scaled(), launching its own winner with the
 /// scale rows' length (the groups of k) after each scale buffer; per-channel scale counts are
 /// refused by name with nothing launched.
 #[tokio::test]
-async fn a_block_scaled_gemm_is_tuned_on_the_variants_that_read_its_scales() {
-    if !hip_compiler("a_block_scaled_gemm_is_tuned_on_the_variants_that_read_its_scales") {
+async fn a_block_scaled_gemm_is_tuned_on_the_configs_that_scale_each_group() {
+    if !hip_compiler("a_block_scaled_gemm_is_tuned_on_the_configs_that_scale_each_group") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -858,12 +859,16 @@ async fn a_block_scaled_gemm_is_tuned_on_the_variants_that_read_its_scales() {
     assert_eq!(out[1].status, "tuned", "{out:#?}");
     drop(sweep);
     let blocks = problems[0].problem.key();
+    let Problem::Gemm(blocked) = problems[0].problem else {
+        unreachable!("a GEMM")
+    };
     let rows = db.measurements(&blocks).await.unwrap();
     assert!(
         rows.iter().any(|(_, status, ..)| status == "ok"),
         "{rows:#?}"
     );
-    let reads_blocks = |c: &Config| matches!(c, Config::GpuGemm(g) if matches!(g.variant, GpuGemmVariant::Tiled | GpuGemmVariant::Skinny));
+    let reads_blocks =
+        |c: &Config| matches!(c, Config::GpuGemm(g) if gemm_kernel_for(g, &blocked).is_ok());
     for (config, ..) in &rows {
         let config = Config::from_json(config).unwrap();
         assert!(reads_blocks(&config), "{config}");

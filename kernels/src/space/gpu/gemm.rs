@@ -76,27 +76,34 @@ fn instruction_tiles(
     Ok(())
 }
 
-/// Whether variant `c` computes `p`: block-scaled fp8's scales enter every group of k, which
-/// the tiled and skinny variants apply as they read k (gemm.hip's `KT_BLOCK`); the
-/// matrix-core variants scale C once per tensor, token or channel and would misread them.
+/// Whether config `c` computes `p`: block-scaled fp8's scales enter every group of k
+/// (gemm.hip's `KT_BLOCK`). The tiled and skinny variants apply them as they read k; the mma
+/// and MFMA tiles add each group's products to the sums times its scales after the group's
+/// last k tile, so a k tile must not straddle two groups (`bk` divides the block); the wgmma
+/// tiles, whose products stay in flight across k tiles, take none.
 pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
-    match p.block {
-        Some(block) if !block_scaled_variant(c.variant) => Err(invalid(
+    let Some(block) = p.block else {
+        return Ok(());
+    };
+    match c.variant {
+        GpuGemmVariant::Wgmma => Err(invalid(
             Family::Gemm,
             format!(
-                "block-scaled fp8 (block = {block}) runs on the tiled and skinny variants, \
-                 which scale each group of k as they read it; the {} tiles scale C once per \
-                 tensor, token or channel: take variant = tiled or skinny",
-                c.variant
+                "block-scaled fp8 (block = {block}) does not run on the wgmma tiles, whose \
+                 products stay in flight across k tiles where each group's must be scaled \
+                 apart: take variant = mma, tiled or skinny"
+            ),
+        )),
+        GpuGemmVariant::Mma | GpuGemmVariant::Mfma if !block.is_multiple_of(c.bk) => Err(invalid(
+            Family::Gemm,
+            format!(
+                "block-scaled fp8 (block = {block}): the {} tiles scale each group of k \
+                     after its last k tile, so bk = {} must divide the block",
+                c.variant, c.bk
             ),
         )),
         _ => Ok(()),
     }
-}
-
-/// The variants that take block-scaled fp8 ([`gemm_kernel_for`]).
-fn block_scaled_variant(v: GpuGemmVariant) -> bool {
-    matches!(v, GpuGemmVariant::Tiled | GpuGemmVariant::Skinny)
 }
 
 pub(super) fn validate(
@@ -826,9 +833,9 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     if p.m <= SKINNY_FIRST_ROWS {
         out.sort_by_key(|c| c.variant != skinny);
     }
-    // Block-scaled fp8: the variants that scale each group of k as they read it.
+    // Block-scaled fp8: the configs that scale each group of k apart, with room for it.
     if p.block.is_some() {
-        out.retain(|c| block_scaled_variant(c.variant));
+        out.retain(|c| gemm_kernel_for(c, p).is_ok() && group_sums_fit(c));
     }
     out
 }
@@ -919,18 +926,37 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
     }
 }
 
-/// The guess for block-scaled fp8, which the tiled and skinny variants take: as for other
-/// GEMMs, the skinny kernel for decode of a few rows on NVIDIA (on AMD it was never measured
-/// against the tiled one), the narrow split tile for other decode, the default otherwise.
+/// Whether a thread of `c` has room for a group's products beside its sums: the mma and MFMA
+/// tiles keep both, so at most 64 sums a thread (mma `tm·tn` ≤ 16, MFMA ≤ 4) in blocks of at
+/// most 256 threads, whose threads have the most registers. For DeepSeek-V3's gate and up
+/// at 2048 tokens NVRTC 13.5 built the mma 128×256 tile of 4×8 (128 sums) spilling 240
+/// registers for sm_90 and the tiles of 512 and 1024 threads spilling 2 to 30; of those kept,
+/// only 128×128 of 4×4 at 4 stages of 64 bytes spilled (1 register). The HIP compiler built
+/// the MFMA 256×128 tile of 2×2 (512 threads) spilling 4 for gfx942, every kept one none.
+fn group_sums_fit(c: &GpuGemmConfig) -> bool {
+    let room = c.threads() <= 256;
+    match c.variant {
+        GpuGemmVariant::Mma => room && c.tm * c.tn <= 16,
+        GpuGemmVariant::Mfma => room && c.tm * c.tn <= 4,
+        _ => true,
+    }
+}
+
+/// The guess for block-scaled fp8: the per-channel guess of the same shape where it computes
+/// blocks (every guess but a wgmma one, with k tiles inside a group: the blocks of 128 of the
+/// checkpoints take every one) with room for a group's products; in place of the mma
+/// 128×256 tile, 128×128 at 3 stages of twice the depth (at 4 it spilled a register), else
+/// the narrow split tile for decode, the default otherwise.
 fn block_scaled_heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
-    let nvidia = gpu.is_some_and(has_mma);
-    if nvidia && p.m <= SKINNY_FIRST_ROWS && validate_skinny(&skinny_guess(p), p).is_ok() {
-        let guess = skinny_guess(p);
-        let split = gpu.map_or(1, |g| decode_split(p, guess.bm, guess.bn, g));
-        GpuGemmConfig {
-            split_k: split,
-            ..guess
-        }
+    let plain = heuristic(&GemmProblem { block: None, ..*p }, gpu);
+    let smaller = GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 2 * plain.bk), (4, 4), 3, 1);
+    if gemm_kernel_for(&plain, p).is_ok() && group_sums_fit(&plain) {
+        plain
+    } else if plain.variant == GpuGemmVariant::Mma
+        && plain.stages > 1
+        && gemm_kernel_for(&smaller, p).is_ok()
+    {
+        smaller
     } else if p.m <= 64 {
         let split = gpu.map_or(1, |g| decode_split(p, 32, 32, g));
         GpuGemmConfig::tile(GpuGemmVariant::Tiled, (32, 32, 32), (2, 2), 1, split)
