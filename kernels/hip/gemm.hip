@@ -47,11 +47,11 @@
 // b_step = groups), which enter as k is read, not once on C: the tiled variant folds both into
 // the values it stages (as the CPU's stream kernel folds them into its rows), the skinny
 // variant scales each 16-byte piece's products (a piece lies in one group: KT_BLOCK is a
-// multiple of 32), and the mma and MFMA tiles (each k tile inside one group: KT_BK divides
-// KT_BLOCK) accumulate a group's products apart and add them to the sums times the group's
-// scales once its last k tile is multiplied (DeepGEMM's promotion). C is then stored times the
-// readings' factor only (none for the tiles that multiply the bytes themselves). The wgmma
-// tiles, whose products are in flight across k tiles, take no blocks.
+// multiple of 32), and the mma, MFMA and (not warp-specialized) wgmma tiles (each k tile
+// inside one group: KT_BK divides KT_BLOCK) accumulate a group's products apart and add them
+// to the sums times the group's scales once its last k tile is multiplied (DeepGEMM's
+// promotion; wgmma waits for the group's products first). C is then stored times the
+// readings' factor only (none for the tiles that multiply the bytes themselves).
 //
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
@@ -80,11 +80,14 @@
 #ifndef KT_BLOCK
 #define KT_BLOCK 0
 #endif
-#if KT_BLOCK && !(KT_FP8_IN && KT_B_NK && KT_VARIANT != 3)
-#error "block-scaled fp8 (KT_BLOCK) runs on the tiled, MFMA, mma and skinny variants, B as [N, K]"
+#if KT_BLOCK && !(KT_FP8_IN && KT_B_NK)
+#error "block-scaled fp8 (KT_BLOCK) takes fp8 inputs and B as [N, K]"
 #endif
-#if KT_BLOCK && (KT_VARIANT == 1 || KT_VARIANT == 2) && KT_BLOCK % KT_BK != 0
+#if KT_BLOCK && KT_VARIANT != 0 && KT_VARIANT != 4 && KT_BLOCK % KT_BK != 0
 #error "the matrix-core tiles promote whole k tiles: KT_BK must divide KT_BLOCK"
+#endif
+#if KT_BLOCK && KT_VARIANT == 3 && defined(KT_SPECIALIZED) && KT_SPECIALIZED
+#error "the warp-specialized wgmma tiles take no blocks: their products run across k tiles"
 #endif
 
 #if KT_FP8_IN
@@ -1134,6 +1137,43 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         if (st < tiles) load(st, kb + st * KT_BKW, tid, row0, col0);
         kt_cp_async_commit();
     }
+#if KT_BLOCK
+    // Block-scaled: the products of a group's k tiles go to `part`; once its last tile is
+    // issued, the warpgroup waits for them and adds them to `acc` times the group's scales
+    // (rows and columns as kt_store_acc has them; 8 columns lie in one block).
+    float part[KT_TM][KT_TN / 2];
+#pragma unroll
+    for (int i = 0; i < KT_TM; ++i) {
+#pragma unroll
+        for (int e = 0; e < KT_TN / 2; ++e) part[i][e] = 0.0f;
+        kt_wgmma_fence_operand(part[i]);
+    }
+    auto promote = [&](int group) {
+        const int wm = (wg / KT_WG_N) * 64 * KT_TM;
+        const int wn = (wg % KT_WG_N) * KT_TN;
+        const int w = (ctid / 32) % 4, g = (ctid % 32) / 4, t = ctid % 4;
+#pragma unroll
+        for (int i = 0; i < KT_TM; ++i) {
+            kt_wgmma_fence_operand(part[i]);
+            const int r0 = row0 + wm + 64 * i + 16 * w + g;
+            const float sa[2] = {KT_A_GROUP_SCALE(min(r0, m - 1), group),
+                                 KT_A_GROUP_SCALE(min(r0 + 8, m - 1), group)};
+#pragma unroll
+            for (int j = 0; j < KT_TN / 8; ++j) {
+                const float sb = KT_B_GROUP_SCALE(min(col0 + wn + 8 * j + 2 * t, n - 1), group);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc[i][4 * j + e] = fmaf(part[i][4 * j + e], sa[e / 2] * sb, acc[i][4 * j + e]);
+                    part[i][4 * j + e] = 0.0f;
+                }
+            }
+            kt_wgmma_fence_operand(part[i]);
+        }
+    };
+#define KT_WGMMA_ACC part
+#else
+#define KT_WGMMA_ACC acc
+#endif
     for (int tile = 0; tile < tiles; ++tile) {
         // This thread's copies of `tile` have landed; the proxy fence hands them to wgmma's
         // reads (the async proxy); after the barrier everyone's have, and every warpgroup has
@@ -1145,7 +1185,16 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         const int next = tile + KT_STAGES - 2;
         if (next < tiles) load(next % KT_STAGES, kb + next * KT_BKW, tid, row0, col0);
         kt_cp_async_commit();
-        kt_issue(acc, as, bs, tile % KT_STAGES, wg);
+        kt_issue(KT_WGMMA_ACC, as, bs, tile % KT_STAGES, wg);
+#if KT_BLOCK
+        // This tile's first value (kb and the tiles count words where they hold bytes).
+        const int kv = (kb + tile * KT_BKW) * (KT_BK / KT_BKW);
+        if ((kv + KT_BK) % KT_BLOCK == 0 || tile + 1 == tiles) {
+            kt_wgmma_wait<0>();
+            promote(kv / KT_BLOCK);
+            continue;
+        }
+#endif
         // This tile's products stay in flight while the next tile is prepared and issued.
         kt_wgmma_wait<1>();
     }

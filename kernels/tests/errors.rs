@@ -423,10 +423,10 @@ fn devices_resolve_by_name_and_alias() {
 }
 
 /// Block-scaled fp8 runs on the GPU configs that scale each group of k apart (tiled, skinny,
-/// and mma and MFMA tiles no deeper than a group): every GPU's candidates, default and guess
-/// are of them, and a wgmma config or a k tile across groups is refused by name, by the space
-/// and by `KernelBuild::new` (through which every GPU backend and the plan build), so no
-/// device run reads the scales as per-channel ones.
+/// and mma, MFMA and wgmma tiles no deeper than a group): every GPU's candidates, default and
+/// guess are of them, and a warp-specialized wgmma config or a k tile across groups is refused
+/// by name, by the space and by `KernelBuild::new` (through which every GPU backend and the
+/// plan build), so no device run reads the scales as per-channel ones.
 #[test]
 fn block_scaled_fp8_runs_only_on_configs_that_scale_each_group() {
     use kerntune_kernels::config::{GpuGemmConfig, GpuGemmVariant};
@@ -444,7 +444,7 @@ fn block_scaled_fp8_runs_only_on_configs_that_scale_each_group() {
             configs.push(GpuSpace.heuristic(&p, &device));
             for c in &configs {
                 let Config::GpuGemm(g) = c else { panic!("{c}") };
-                assert!(g.variant != GpuGemmVariant::Wgmma, "{name} {p}: {c}");
+                assert!(!g.specialized, "{name} {p}: {c}");
                 assert!(
                     128 % g.bk == 0
                         || !matches!(g.variant, GpuGemmVariant::Mma | GpuGemmVariant::Mfma),
@@ -498,23 +498,25 @@ fn block_scaled_fp8_runs_only_on_configs_that_scale_each_group() {
     let p: Problem = "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128"
         .parse()
         .unwrap();
-    let wgmma = Config::GpuGemm(GpuGemmConfig::tile(
-        GpuGemmVariant::Wgmma,
-        (64, 128, 128),
-        (1, 128),
-        3,
-        1,
-    ));
+    let wgmma = GpuGemmConfig::tile(GpuGemmVariant::Wgmma, (128, 128, 128), (1, 128), 4, 1);
+    assert!(GpuSpace
+        .validate(&Config::GpuGemm(wgmma), &p, &h200)
+        .is_ok());
+    let specialized = Config::GpuGemm(GpuGemmConfig {
+        specialized: true,
+        swizzle: 128,
+        ..wgmma
+    });
     let e = GpuSpace
-        .validate(&wgmma, &p, &h200)
+        .validate(&specialized, &p, &h200)
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("block-scaled fp8 (block = 128)") && e.contains("take variant = mma"),
+        e.contains("block-scaled fp8 (block = 128)") && e.contains("take specialized = false"),
         "{e}"
     );
-    let e = KernelBuild::new(&p, &wgmma).unwrap_err().to_string();
-    assert!(e.contains("wgmma tiles"), "{e}");
+    let e = KernelBuild::new(&p, &specialized).unwrap_err().to_string();
+    assert!(e.contains("warp-specialized wgmma"), "{e}");
     // Blocks of 32 under k tiles of 128 bytes: a tile would straddle four groups.
     let small: Problem = "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=32"
         .parse()

@@ -236,11 +236,11 @@ fn block_scaled_fp8_candidates_match_the_reference() {
     assert_eq!(variants("h200", GEMM_E4M3_BLOCKS), ["Mma", "Tiled"]);
     assert_eq!(
         variants("h200", GEMM_E4M3_BLOCKS_DECODE),
-        ["Mma", "Skinny", "Tiled"]
+        ["Mma", "Skinny", "Tiled", "Wgmma"]
     );
     assert_eq!(
         variants("h200", GEMM_E5M2_BLOCKS_PIPELINED),
-        ["Mma", "Tiled"]
+        ["Mma", "Tiled", "Wgmma"]
     );
     assert_eq!(
         variants("mi300x", GEMM_FNUZ_BLOCKS_DECODE),
@@ -313,8 +313,8 @@ fn block_scaled_fp8_kernels_take_each_groups_scales() {
 /// multiplied, with that group's scales. Each mistake shows on k of one group and a partial
 /// second ending inside a k tile's reach, split in two (the second split starting at group
 /// 1), n of two weight blocks, on the pipelined tiles that
-/// multiply the bytes (NVIDIA's m16n8k32, CDNA3's fp8 MFMA) and the one-stage ones that widen
-/// them.
+/// multiply the bytes (NVIDIA's m16n8k32 and m64nNk32, CDNA3's fp8 MFMA) and the one-stage
+/// ones that widen them.
 #[test]
 fn block_scaled_matrix_core_tiles_promote_each_group() {
     let tile = |variant, bmnk, t, stages| {
@@ -324,7 +324,7 @@ fn block_scaled_matrix_core_tiles_promote_each_group() {
         (
             "h200",
             "gemm:m=20,n=150,k=176,dtype=fp8_e4m3,b=nk,block=128",
-            [
+            vec![
                 tile(GpuGemmVariant::Mma, (16, 64, 64), (1, 2), 3),
                 tile(GpuGemmVariant::Mma, (32, 32, 32), (1, 2), 1),
             ],
@@ -332,10 +332,16 @@ fn block_scaled_matrix_core_tiles_promote_each_group() {
         (
             "mi300x",
             "gemm:m=20,n=150,k=176,dtype=fp8_e4m3fnuz,b=nk,block=128",
-            [
+            vec![
                 tile(GpuGemmVariant::Mfma, (32, 64, 64), (1, 1), 2),
                 tile(GpuGemmVariant::Mfma, (32, 64, 32), (1, 1), 1),
             ],
+        ),
+        // wgmma's k tiles are a group of 128 bytes each: blocks of 256 for a group of two.
+        (
+            "h200",
+            "gemm:m=20,n=300,k=304,dtype=fp8_e4m3,b=nk,block=256",
+            vec![tile(GpuGemmVariant::Wgmma, (64, 64, 128), (1, 64), 3)],
         ),
     ] {
         let (device, emu) = emulator(model);
@@ -362,6 +368,21 @@ fn block_scaled_matrix_core_tiles_promote_each_group() {
                     (
                         "sa[e / 2] * sb, acc[i][j][e]",
                         "sa[e % 2] * sb, acc[i][j][e]",
+                    ),
+                ],
+                (GpuGemmVariant::Wgmma, _) => vec![
+                    (
+                        "if ((kv + KT_BK) % KT_BLOCK == 0 || tile + 1 == tiles) {",
+                        "if ((kv + KT_BK) % KT_BLOCK == 0) {",
+                    ),
+                    (
+                        "const int kv = (kb + tile * KT_BKW) * (KT_BK / KT_BKW);",
+                        "const int kv = tile * KT_BK;",
+                    ),
+                    ("kt_issue(KT_WGMMA_ACC, as, bs", "kt_issue(acc, as, bs"),
+                    (
+                        "KT_A_GROUP_SCALE(min(r0 + 8, m - 1), group)",
+                        "KT_A_GROUP_SCALE(min(r0, m - 1), group)",
                     ),
                 ],
                 (GpuGemmVariant::Mma, _) => vec![

@@ -514,7 +514,7 @@ fn fp8_gemm_candidates_compile_for_mi300x_without_spills() {
 /// Block-scaled fp8 (KT_BLOCK, MI300X's fnuz) GEMMs of DeepSeek-V3 at TP8, gate and up: every
 /// skinny candidate of a decode step, the tiled prompt tiles 16 of k deep (the others differ
 /// in depth only) and every pipelined MFMA tile (a group's products held apart until
-/// promoted), none spilling.
+/// promoted), and for MI250 the one-stage MFMA tiles 32 deep, none spilling.
 #[test]
 fn block_scaled_fp8_candidates_compile_for_mi300x_without_spills() {
     use kerntune_kernels::config::GpuGemmVariant;
@@ -547,6 +547,16 @@ fn block_scaled_fp8_candidates_compile_for_mi300x_without_spills() {
             19,
         )],
         |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.stages == 2),
+    );
+    // MI250, whose MFMA takes no fp8: the one-stage tiles 32 deep on the bytes' f16 readings.
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi250",
+            "gemm:m=2048,n=4608,k=7168,dtype=fp8_e4m3fnuz,b=nk,block=128",
+            11,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.bk == 32),
     );
 }
 

@@ -739,7 +739,9 @@ fn fp8_gemm_builds_compile_for_sm80_and_sm90() {
 /// candidate of a decode step (16-byte weight loads, each piece's products scaled by its
 /// group's scales), the tiled prompt tiles 16 of k deep (the others differ in depth only) and
 /// the pipelined mma tiles 128 bytes deep and the guess (m16n8k32 on the bytes, a group's
-/// products held apart until promoted) for sm_90, none of the skinny nor the guess spilling.
+/// products held apart until promoted) for sm_90 and the wgmma tiles for sm_90a (each k tile a
+/// group, waited for before it is promoted, every other wgmma still asynchronous), none
+/// spilling.
 #[test]
 fn block_scaled_fp8_builds_compile_for_sm90() {
     let Some(nvrtc) = compiler("block_scaled_fp8_builds_compile_for_sm90") else {
@@ -779,6 +781,14 @@ fn block_scaled_fp8_builds_compile_for_sm90() {
         &native,
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32",
     );
+    // Hopper's m64nNk32, each k tile a group: not warp-specialized, 64 sums a thread at most.
+    let wgmma = candidates_where(
+        "h200",
+        &prefill,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Wgmma),
+    );
+    assert_eq!(wgmma.len(), 12, "{wgmma:?}");
+    check_candidates(&nvrtc, "h200", &prefill, &wgmma, "k32.f32.e4m3.e4m3");
 }
 
 /// Fp8-cache builds (KT_KV_FP8): every paged candidate of Llama-3.1-70B's TP8 decode on an

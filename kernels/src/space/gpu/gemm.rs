@@ -77,33 +77,40 @@ fn instruction_tiles(
 }
 
 /// Whether config `c` computes `p`: block-scaled fp8's scales enter every group of k
-/// (gemm.hip's `KT_BLOCK`). The tiled and skinny variants apply them as they read k; the mma
-/// and MFMA tiles add each group's products to the sums times its scales after the group's
-/// last k tile, so a k tile must not straddle two groups (`bk` divides the block); the wgmma
-/// tiles, whose products stay in flight across k tiles, take none.
+/// (gemm.hip's `KT_BLOCK`). The tiled and skinny variants apply them as they read k; the mma,
+/// MFMA and wgmma tiles add each group's products to the sums times its scales after the
+/// group's last k tile, so a k tile must not straddle two groups (`bk` divides the block);
+/// the warp-specialized wgmma tiles, whose multiplying warpgroups keep products in flight
+/// across k tiles and C tiles, take none.
 pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
     let Some(block) = p.block else {
         return Ok(());
     };
-    match c.variant {
-        GpuGemmVariant::Wgmma => Err(invalid(
+    let promoted = matches!(
+        c.variant,
+        GpuGemmVariant::Mma | GpuGemmVariant::Mfma | GpuGemmVariant::Wgmma
+    );
+    if c.specialized {
+        return Err(invalid(
             Family::Gemm,
             format!(
-                "block-scaled fp8 (block = {block}) does not run on the wgmma tiles, whose \
-                 products stay in flight across k tiles where each group's must be scaled \
-                 apart: take variant = mma, tiled or skinny"
+                "block-scaled fp8 (block = {block}) does not run on the warp-specialized wgmma \
+                 tiles, whose products stay in flight across k tiles where each group's must \
+                 be scaled apart: take specialized = false"
             ),
-        )),
-        GpuGemmVariant::Mma | GpuGemmVariant::Mfma if !block.is_multiple_of(c.bk) => Err(invalid(
+        ));
+    }
+    if promoted && !block.is_multiple_of(c.bk) {
+        return Err(invalid(
             Family::Gemm,
             format!(
-                "block-scaled fp8 (block = {block}): the {} tiles scale each group of k \
-                     after its last k tile, so bk = {} must divide the block",
+                "block-scaled fp8 (block = {block}): the {} tiles scale each group of k after \
+                 its last k tile, so bk = {} must divide the block",
                 c.variant, c.bk
             ),
-        )),
-        _ => Ok(()),
+        ));
     }
+    Ok(())
 }
 
 pub(super) fn validate(
@@ -926,9 +933,9 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
     }
 }
 
-/// Whether a thread of `c` has room for a group's products beside its sums: the mma and MFMA
-/// tiles keep both, so at most 64 sums a thread (mma `tm·tn` ≤ 16, MFMA ≤ 4) in blocks of at
-/// most 256 threads, whose threads have the most registers. For DeepSeek-V3's gate and up
+/// Whether a thread of `c` has room for a group's products beside its sums: the mma, MFMA and
+/// wgmma tiles keep both, so at most 64 sums a thread (mma `tm·tn` ≤ 16, MFMA ≤ 4, wgmma
+/// `tm·tn` ≤ 128) in blocks of at most 256 threads, whose threads have the most registers. For DeepSeek-V3's gate and up
 /// at 2048 tokens NVRTC 13.5 built the mma 128×256 tile of 4×8 (128 sums) spilling 240
 /// registers for sm_90 and the tiles of 512 and 1024 threads spilling 2 to 30; of those kept,
 /// only 128×128 of 4×4 at 4 stages of 64 bytes spilled (1 register). The HIP compiler built
@@ -938,6 +945,7 @@ fn group_sums_fit(c: &GpuGemmConfig) -> bool {
     match c.variant {
         GpuGemmVariant::Mma => room && c.tm * c.tn <= 16,
         GpuGemmVariant::Mfma => room && c.tm * c.tn <= 4,
+        GpuGemmVariant::Wgmma => room && c.tm * c.tn <= 128,
         _ => true,
     }
 }
