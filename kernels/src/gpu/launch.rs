@@ -332,8 +332,7 @@ fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, Kerne
         return Ok(Vec::new());
     };
     let mut args = Vec::with_capacity(5);
-    if let Some((a_len, b_len)) = p.block_scale_lens() {
-        let block = p.block.unwrap_or_default();
+    if let (Some(block), Some((a_len, b_len))) = (p.block, p.block_scale_lens()) {
         for (name, address, len, want, per) in [
             ("a_scales", s.a, s.a_len, a_len, "row of A and group"),
             ("b_scales", s.b, s.b_len, b_len, "block of B"),

@@ -968,6 +968,14 @@ async fn a_block_scaled_gemm_is_tuned_on_the_configs_that_scale_each_group() {
         "{msg}"
     );
     assert_eq!(launched.lock().unwrap().len(), before);
+    // A block of no multiple of 32: no scratch size, the reason named.
+    // SAFETY: a live handle.
+    let none =
+        unsafe { kt_gpu_gemm_block_scratch_bytes(handle, g.m, g.n, g.k, KtDtype::Fp8E4m3Fnuz, 48) };
+    assert_eq!(none, 0);
+    // SAFETY: the library's own NUL-terminated message.
+    let msg = unsafe { CStr::from_ptr(kerntune::capi::kt_last_error()) };
+    assert!(msg.to_str().unwrap().contains("block"), "{msg:?}");
     // SAFETY: a live handle, freed once.
     unsafe { kt_gpu_free(handle) };
 }

@@ -935,11 +935,12 @@ pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfi
 
 /// Whether a thread of `c` has room for a group's products beside its sums: the mma, MFMA and
 /// wgmma tiles keep both, so at most 64 sums a thread (mma `tm·tn` ≤ 16, MFMA ≤ 4, wgmma
-/// `tm·tn` ≤ 128) in blocks of at most 256 threads, whose threads have the most registers. For DeepSeek-V3's gate and up
-/// at 2048 tokens NVRTC 13.5 built the mma 128×256 tile of 4×8 (128 sums) spilling 240
-/// registers for sm_90 and the tiles of 512 and 1024 threads spilling 2 to 30; of those kept,
-/// only 128×128 of 4×4 at 4 stages of 64 bytes spilled (1 register). The HIP compiler built
-/// the MFMA 256×128 tile of 2×2 (512 threads) spilling 4 for gfx942, every kept one none.
+/// `tm·tn` ≤ 128) in blocks of at most 256 threads, whose threads have the most registers.
+/// For DeepSeek-V3's gate and up at 2048 tokens NVRTC 13.5 built the mma 128×256 tile of 4×8
+/// (128 sums) spilling 240 registers for sm_90 and the tiles of 512 and 1024 threads spilling
+/// 2 to 30; of those kept, only 128×128 of 4×4 at 4 stages of 64 bytes spilled (1 register).
+/// The HIP compiler built the MFMA 256×128 tile of 2×2 (512 threads) spilling 4 for gfx942,
+/// every kept one none.
 fn group_sums_fit(c: &GpuGemmConfig) -> bool {
     let room = c.threads() <= 256;
     match c.variant {
@@ -951,10 +952,10 @@ fn group_sums_fit(c: &GpuGemmConfig) -> bool {
 }
 
 /// The guess for block-scaled fp8: the per-channel guess of the same shape where it computes
-/// blocks (every guess but a wgmma one, with k tiles inside a group: the blocks of 128 of the
-/// checkpoints take every one) with room for a group's products; in place of the mma
-/// 128×256 tile, 128×128 at 3 stages of twice the depth (at 4 it spilled a register), else
-/// the narrow split tile for decode, the default otherwise.
+/// blocks (its k tiles inside a group: the checkpoints' blocks of 128 take every guess) with
+/// room for a group's products; in place of the mma 128×256 tile, 128×128 at 3 stages of
+/// twice the depth (at 4 stages of 64 bytes it spilled a register); else the narrow split
+/// tile for decode, the default otherwise.
 fn block_scaled_heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
     let plain = heuristic(&GemmProblem { block: None, ..*p }, gpu);
     let smaller = GpuGemmConfig::tile(GpuGemmVariant::Mma, (128, 128, 2 * plain.bk), (4, 4), 3, 1);
