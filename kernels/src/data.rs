@@ -32,11 +32,21 @@ impl SplitMix {
         gain: f32,
     ) -> TensorBuf {
         match spare {
-            Some(mut t) if t.view().dtype() == dtype => {
+            Some(mut t) if t.view().dtype() == Some(dtype) => {
                 t.refill(len, || self.unit() * gain);
                 t
             }
             _ => TensorBuf::from_fn(dtype, len, || self.unit() * gain),
+        }
+    }
+    /// `words` int4 words of uniform values, in `spare`'s buffer when it holds words.
+    fn int4(&mut self, spare: Option<TensorBuf>, words: usize) -> TensorBuf {
+        match spare {
+            Some(mut t @ TensorBuf::Int4(_)) => {
+                t.refill(words, || self.unit());
+                t
+            }
+            _ => TensorBuf::int4_from_fn(words, || self.unit()),
         }
     }
 }
@@ -57,9 +67,12 @@ pub struct ProblemData {
     /// Paged attention on fp8 caches: their scales ([`ProblemData::FP8_SCALES`]; one
     /// otherwise).
     pub kv_scales: KvScales,
-    /// An fp8 GEMM's scales, one per row of A and one per column of B (empty otherwise).
+    /// An fp8 GEMM's scales, one per row of A and one per column of B, or an int4 GEMM's
+    /// group scales as `b_scales` (empty otherwise).
     pub a_scales: Vec<f32>,
     pub b_scales: Vec<f32>,
+    /// An int4 GEMM's zero points, one per group and column (empty otherwise).
+    pub zeros: Vec<f32>,
     pub out: Vec<f32>,
 }
 
@@ -103,6 +116,7 @@ impl ProblemData {
             kv_scales: KvScales::ONE,
             a_scales: Vec::new(),
             b_scales: Vec::new(),
+            zeros: Vec::new(),
             out: Vec::new(),
         });
         data.problem = *problem;
@@ -114,6 +128,10 @@ impl ProblemData {
             |rng: &mut SplitMix, dtype, len, gain| rng.tensor(spares.next(), dtype, len, gain);
         data.kv_scales = KvScales::ONE;
         let (inputs, out) = match problem {
+            Problem::Gemm(p) if p.int4.is_some() => {
+                let a = tensor(&mut rng, dt, p.a_len(), 1.0);
+                (vec![a, rng.int4(spares.next(), p.b_len())], p.c_len())
+            }
             Problem::Gemm(p) => {
                 let gain = match p.fp8() {
                     Some(_) => Self::FP8_GEMM_GAIN,
@@ -181,8 +199,18 @@ impl ProblemData {
         data.slopes = crate::problem::alibi_slopes(problem.slopes_len());
         data.a_scales.clear();
         data.b_scales.clear();
+        data.zeros.clear();
         if let Problem::Gemm(p) = problem {
-            if p.fp8().is_some() {
+            if let Some((_, groups)) = p.int4_lens() {
+                // Scales of 1/16 to 3/16, so that each weight, up to 15 steps from its zero
+                // point, is within about ±2; zero points anywhere in 0..=15, so a kernel that
+                // takes another group's or column's, or none, is off by whole steps.
+                for _ in 0..groups {
+                    data.b_scales.push((2.0 + rng.unit()) / 16.0);
+                    data.zeros
+                        .push(((rng.unit() + 1.0) * 8.0).floor().min(15.0));
+                }
+            } else if p.fp8().is_some() {
                 let mut scale = || (1.0 + 0.5 * rng.unit()) / Self::FP8_GEMM_GAIN;
                 let (a, b) = p.block_scale_lens().unwrap_or((p.m, p.n));
                 data.a_scales.extend((0..a).map(|_| scale()));
@@ -220,17 +248,19 @@ impl ProblemData {
             GemmScales {
                 a: &self.a_scales,
                 b: &self.b_scales,
+                zeros: &self.zeros,
             },
             &mut self.out,
         )
         .expect("random() makes every input of the family")
     }
 
-    /// An fp8 GEMM's scales ([`GemmScales::NONE`] for any other problem).
+    /// An fp8 or int4 GEMM's scales ([`GemmScales::NONE`] for any other problem).
     pub fn gemm_scales(&self) -> GemmScales<'_> {
         GemmScales {
             a: &self.a_scales,
             b: &self.b_scales,
+            zeros: &self.zeros,
         }
     }
 
@@ -252,12 +282,12 @@ impl ProblemData {
     pub fn bytes(&self) -> usize {
         self.inputs
             .iter()
-            .map(|t| t.len() * t.view().dtype().size())
+            .map(|t| t.view().as_bytes().len())
             .sum::<usize>()
             + self.out.len() * 4
             + self.block_tables.len() * 4
             + (self.sinks.len() + self.slopes.len()) * 4
-            + (self.a_scales.len() + self.b_scales.len()) * 4
+            + (self.a_scales.len() + self.b_scales.len() + self.zeros.len()) * 4
     }
 }
 
@@ -345,16 +375,12 @@ mod tests {
             "gemm:m=3,n=5,k=7,dtype=f32",
             "gemm:m=3,n=5,k=7,dtype=f16",
             "gemm:m=3,n=5,k=7,dtype=bf16",
+            "gemm:m=3,n=5,k=16,dtype=f16,b=kn,int4=8",
         ] {
             let problem: Problem = spec.parse().unwrap();
             let data = ProblemData::random(&problem, 1);
             for (i, t) in data.inputs.iter().enumerate() {
-                let at = match t.view() {
-                    crate::Tensor::F32(s) => s.as_ptr() as usize,
-                    crate::Tensor::F16(s) => s.as_ptr() as usize,
-                    crate::Tensor::Bf16(s) => s.as_ptr() as usize,
-                    crate::Tensor::Fp8(_, s) => s.as_ptr() as usize,
-                };
+                let at = t.view().as_bytes().as_ptr() as usize;
                 assert_eq!(at % 64, 0, "{spec} input {i} at {at:#x}");
             }
         }
@@ -373,6 +399,8 @@ mod tests {
             "flash:q_len=3,q_heads=2,head_dim=8,sinks=true",
             "paged:num_seqs=2,context_len=9,q_heads=4,kv_heads=1,head_dim=64,sinks=true",
             "gemm:m=5,n=11,k=17,dtype=fp8_e4m3",
+            "gemm:m=3,n=9,k=32,dtype=bf16,b=kn,int4=16",
+            "gemm:m=2,n=5,k=16,dtype=f32,b=kn,int4=8",
         ];
         for before in specs {
             for spec in specs {
@@ -389,6 +417,7 @@ mod tests {
                 assert_eq!(got.sinks, want.sinks, "{what}");
                 assert_eq!(got.a_scales, want.a_scales, "{what}");
                 assert_eq!(got.b_scales, want.b_scales, "{what}");
+                assert_eq!(got.zeros, want.zeros, "{what}");
                 assert_eq!(got.out, want.out, "{what}");
             }
         }

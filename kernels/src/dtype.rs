@@ -207,16 +207,27 @@ pub enum Tensor<'a> {
     F16(&'a [f16]),
     Bf16(&'a [bf16]),
     Fp8(Fp8, &'a [u8]),
+    /// An int4 GEMM's weights: unsigned 4-bit values eight to a word, the lowest bits first
+    /// ([`crate::GemmProblem::with_int4`]).
+    Int4(&'a [u32]),
 }
 
 impl<'a> Tensor<'a> {
-    pub fn dtype(&self) -> DType {
+    /// The element type; `None` for int4 words, which no problem's dtype names.
+    pub fn dtype(&self) -> Option<DType> {
         match self {
-            Tensor::F32(_) => DType::F32,
-            Tensor::F16(_) => DType::F16,
-            Tensor::Bf16(_) => DType::Bf16,
-            Tensor::Fp8(f, _) => DType::Fp8(*f),
+            Tensor::F32(_) => Some(DType::F32),
+            Tensor::F16(_) => Some(DType::F16),
+            Tensor::Bf16(_) => Some(DType::Bf16),
+            Tensor::Fp8(f, _) => Some(DType::Fp8(*f)),
+            Tensor::Int4(_) => None,
         }
+    }
+
+    /// What the elements are, for messages: a dtype or `int4 words`.
+    pub fn describe(&self) -> String {
+        self.dtype()
+            .map_or_else(|| "int4 words".to_string(), |d| d.to_string())
     }
 
     pub fn len(&self) -> usize {
@@ -225,6 +236,7 @@ impl<'a> Tensor<'a> {
             Tensor::F16(s) => s.len(),
             Tensor::Bf16(s) => s.len(),
             Tensor::Fp8(_, s) => s.len(),
+            Tensor::Int4(s) => s.len(),
         }
     }
 
@@ -239,21 +251,24 @@ impl<'a> Tensor<'a> {
             Tensor::F16(s) => bytemuck::cast_slice(s),
             Tensor::Bf16(s) => bytemuck::cast_slice(s),
             Tensor::Fp8(_, s) => s,
+            Tensor::Int4(s) => bytemuck::cast_slice(s),
         }
     }
 
-    /// The tensor of `dtype` elements whose bytes are `bytes`; `None` when they do not start
-    /// on the element's alignment or are not a whole number of elements.
-    pub fn from_bytes(dtype: DType, bytes: &'a [u8]) -> Option<Tensor<'a>> {
+    /// The tensor of `dtype` elements (as [`Tensor::dtype`] names them: `None` for int4
+    /// words) whose bytes are `bytes`; `None` when they do not start on the element's
+    /// alignment or are not a whole number of elements.
+    pub fn from_bytes(dtype: Option<DType>, bytes: &'a [u8]) -> Option<Tensor<'a>> {
         Some(match dtype {
-            DType::F32 => Tensor::F32(bytemuck::try_cast_slice(bytes).ok()?),
-            DType::F16 => Tensor::F16(bytemuck::try_cast_slice(bytes).ok()?),
-            DType::Bf16 => Tensor::Bf16(bytemuck::try_cast_slice(bytes).ok()?),
-            DType::Fp8(f) => Tensor::Fp8(f, bytes),
+            Some(DType::F32) => Tensor::F32(bytemuck::try_cast_slice(bytes).ok()?),
+            Some(DType::F16) => Tensor::F16(bytemuck::try_cast_slice(bytes).ok()?),
+            Some(DType::Bf16) => Tensor::Bf16(bytemuck::try_cast_slice(bytes).ok()?),
+            Some(DType::Fp8(f)) => Tensor::Fp8(f, bytes),
+            None => Tensor::Int4(bytemuck::try_cast_slice(bytes).ok()?),
         })
     }
 
-    /// Element `i` widened to f32.
+    /// Element `i` widened to f32 (int4 words: the `i`-th 4-bit value in memory order).
     #[inline(always)]
     pub fn get(&self, i: usize) -> f32 {
         match self {
@@ -261,6 +276,7 @@ impl<'a> Tensor<'a> {
             Tensor::F16(s) => s[i].to_f32(),
             Tensor::Bf16(s) => s[i].to_f32(),
             Tensor::Fp8(f, s) => f.decode(s[i]),
+            Tensor::Int4(s) => ((s[i / 8] >> (4 * (i % 8))) & 15) as f32,
         }
     }
 
@@ -285,6 +301,11 @@ impl<'a> Tensor<'a> {
                     *o = f.decode(v);
                 }
             }
+            Tensor::Int4(_) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self.get(start + i);
+                }
+            }
         }
     }
 }
@@ -302,6 +323,16 @@ pub enum TensorBuf {
     F16(AVec<f16>),
     Bf16(AVec<bf16>),
     Fp8(Fp8, AVec<u8>),
+    Int4(AVec<u32>),
+}
+
+/// Eight values of `next` (drawn in [-1, 1)) mapped onto 0..=15 and packed, the first in the
+/// lowest bits.
+fn int4_word(next: &mut impl FnMut() -> f32) -> u32 {
+    (0..8).fold(0, |w, i| {
+        let q = ((next() + 1.0) * 8.0).clamp(0.0, 15.0) as u32;
+        w | (q << (4 * i))
+    })
 }
 
 /// A 64-byte aligned buffer: `aligned-vec`, since `Vec` cannot carry an alignment above its
@@ -365,7 +396,21 @@ impl TensorBuf {
                 v.resize(len, 0);
                 v.iter_mut().for_each(|x| *x = f.encode(next()));
             }
+            // Words of eight values drawn in [-1, 1), each mapped onto 0..=15.
+            TensorBuf::Int4(v) => {
+                v.resize(len, 0);
+                v.iter_mut().for_each(|x| *x = int4_word(&mut next));
+            }
         }
+    }
+
+    /// `words` int4 words, each of eight values of `next` (drawn in [-1, 1)) mapped onto
+    /// 0..=15.
+    pub fn int4_from_fn(words: usize, mut next: impl FnMut() -> f32) -> Self {
+        TensorBuf::Int4(AVec::from_iter(
+            64,
+            (0..words).map(|_| int4_word(&mut next)),
+        ))
     }
 
     pub fn view(&self) -> Tensor<'_> {
@@ -374,6 +419,7 @@ impl TensorBuf {
             TensorBuf::F16(v) => Tensor::F16(v),
             TensorBuf::Bf16(v) => Tensor::Bf16(v),
             TensorBuf::Fp8(f, v) => Tensor::Fp8(*f, v),
+            TensorBuf::Int4(v) => Tensor::Int4(v),
         }
     }
 
@@ -388,7 +434,11 @@ impl TensorBuf {
     /// The values widened to f64, for the references.
     pub fn to_f64(&self) -> Vec<f64> {
         let t = self.view();
-        (0..t.len()).map(|i| t.get(i) as f64).collect()
+        let values = match t {
+            Tensor::Int4(words) => 8 * words.len(),
+            _ => t.len(),
+        };
+        (0..values).map(|i| t.get(i) as f64).collect()
     }
 }
 

@@ -45,24 +45,105 @@ impl<'a> GemmArgs<'a> {
 /// per-token-group quantization hold them: A's `[M, ⌈K / block⌉]`, one per token and group
 /// of k, and B's `[⌈N / block⌉, ⌈K / block⌉]` (`weight_scale_inv`), one per block of the
 /// weights, both row-major.
+///
+/// An int4 problem ([`crate::GemmProblem::with_int4`]) takes no `a`, its group scales as `b`
+/// and its zero points as `zeros`, both `[K / group, N]` row-major (GPTQ's `scales` and its
+/// `qzeros` unpacked, widened to f32; AWQ's repacked with its weights); `zeros` empty for
+/// symmetric checkpoints (GPTQ's `sym = true`, compressed-tensors' signed int4 stored offset
+/// by 8), whose zero point is 8.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GemmScales<'a> {
     /// `[1]` (per tensor) or `[M]` (per token); block-scaled, `[M, ⌈K / block⌉]`.
     pub a: &'a [f32],
     /// `[1]` (per tensor) or `[N]` (per output channel); block-scaled, `[⌈N / block⌉, ⌈K /
-    /// block⌉]`.
+    /// block⌉]`; int4, `[K / group, N]`.
     pub b: &'a [f32],
+    /// int4 only: zero points, `[K / group, N]`, or empty for 8 throughout.
+    pub zeros: &'a [f32],
 }
 
 impl<'a> GemmScales<'a> {
     /// What a GEMM of f32, f16 or bf16 inputs takes.
-    pub const NONE: GemmScales<'static> = GemmScales { a: &[], b: &[] };
+    pub const NONE: GemmScales<'static> = GemmScales {
+        a: &[],
+        b: &[],
+        zeros: &[],
+    };
+
+    /// An fp8 GEMM's scales: A's and B's.
+    pub fn fp8(a: &'a [f32], b: &'a [f32]) -> Self {
+        GemmScales { a, b, zeros: &[] }
+    }
+
+    /// An int4 GEMM's group scales and zero points (empty: 8 throughout).
+    pub fn int4(scales: &'a [f32], zeros: &'a [f32]) -> Self {
+        GemmScales {
+            a: &[],
+            b: scales,
+            zeros,
+        }
+    }
+
+    /// [`GemmScales::check`] for an int4 problem.
+    fn check_int4(self, p: &crate::GemmProblem, groups: usize) -> Result<()> {
+        let group = p.int4.unwrap_or(p.k);
+        let shape = format!(
+            "[{}, {}]: one per {group} values of k and column",
+            p.k / group,
+            p.n
+        );
+        for (name, values, empty_ok) in [
+            ("a_scales", self.a, None),
+            ("b_scales", self.b, Some(false)),
+            ("zeros", self.zeros, Some(true)),
+        ] {
+            let reason = match empty_ok {
+                None => (!values.is_empty()).then(|| {
+                    format!(
+                        "holds {} values; an int4 GEMM's activations are {}, unscaled: pass none",
+                        values.len(),
+                        p.dtype
+                    )
+                }),
+                Some(true) if values.is_empty() => None,
+                Some(_) if values.len() != groups => Some(format!(
+                    "holds {} values; this int4 GEMM takes {groups}, {shape}{}",
+                    values.len(),
+                    if name == "zeros" {
+                        " (or none, for a zero point of 8 throughout)"
+                    } else {
+                        ""
+                    }
+                )),
+                Some(_) => values
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|at| format!("[{at}] is {}; must be finite", values[at])),
+            };
+            if let Some(reason) = reason {
+                return Err(KernelError::BadArgument { name, reason });
+            }
+        }
+        Ok(())
+    }
 
     /// Checks these scales against a problem: for fp8 each of one value or one per row of A
     /// (column of B), or for a block-scaled problem the counts above, every value finite and
     /// positive; empty for the other dtypes (a scale
     /// there would be ignored, and a caller who passes one expects it applied).
     pub fn check(self, p: &crate::GemmProblem) -> Result<()> {
+        if let Some((_, groups)) = p.int4_lens() {
+            return self.check_int4(p, groups);
+        }
+        if !self.zeros.is_empty() {
+            return Err(KernelError::BadArgument {
+                name: "zeros",
+                reason: format!(
+                    "holds {} values; zero points belong to int4 GEMMs: pass none",
+                    self.zeros.len()
+                ),
+            });
+        }
         let blocks = p.block_scale_lens();
         for (name, values, per, count) in [
             ("a_scales", self.a, "row of A (token)", p.m),
@@ -381,10 +462,10 @@ pub(crate) fn check_len(name: &'static str, got: usize, want: usize) -> Result<(
 }
 
 pub(crate) fn check_dtype(name: &'static str, t: &Tensor<'_>, want: DType) -> Result<()> {
-    if t.dtype() != want {
+    if t.dtype() != Some(want) {
         return Err(KernelError::BadBuffer {
             name,
-            reason: format!("is {}, the problem's dtype is {want}", t.dtype()),
+            reason: format!("is {}, the problem's dtype is {want}", t.describe()),
         });
     }
     Ok(())

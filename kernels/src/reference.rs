@@ -49,7 +49,9 @@ pub fn gemm_row(
 /// spread over the cores: a decode GEMM's 64 rows against a 112 MiB weight took 8.6 s one
 /// element at a time, most of a 2 s tuning budget's problem. An fp8 GEMM's values are the
 /// bytes' decoded values times their row's and column's `scales`; a block-scaled one's sums
-/// over each group of k times its token's and weight block's scales.
+/// over each group of k times its token's and weight block's scales. An int4 GEMM's weights
+/// are each 4-bit value less its group's zero point (8 where there are none) times its group's
+/// scale.
 pub fn gemm_rows(
     p: &GemmProblem,
     a: Tensor<'_>,
@@ -76,9 +78,19 @@ pub fn gemm_rows(
         .map_init(
             || vec![0.0; p.k],
             |col, j| {
-                match p.b_layout {
-                    BLayout::Kn => widen(&b, &|q| q * p.n + j, col),
-                    BLayout::Nk => widen(&b, &|q| j * p.k + q, col),
+                match (p.int4, p.b_layout) {
+                    (Some(group), _) => {
+                        // Value q of column j: nibble q % 8 of word (q / 8, j).
+                        widen(&b, &|q| ((q / 8) * p.n + j) * 8 + q % 8, col);
+                        for (q, v) in col.iter_mut().enumerate() {
+                            let at = q / group * p.n + j;
+                            let zero = scales.zeros.get(at).map_or(8.0, |&z| z as f64);
+                            *v = (*v - zero) * scales.b[at] as f64;
+                        }
+                        return a_rows.iter().map(|row| dot(row, col)).collect();
+                    }
+                    (None, BLayout::Kn) => widen(&b, &|q| q * p.n + j, col),
+                    (None, BLayout::Nk) => widen(&b, &|q| j * p.k + q, col),
                 }
                 if let Some(block) = p.block {
                     let groups = p.k_groups();

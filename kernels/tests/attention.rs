@@ -1393,6 +1393,7 @@ fn poison_before_windows(data: &mut ProblemData, p: &PagedProblem) {
                     // NaN in E5M2; E4M3's NaN byte, which the kernels read as 480 (they
                     // take caches to hold values), or fnuz's largest value: a read shows.
                     TensorBuf::Fp8(_, c) => c[rows].fill(0x7f),
+                    TensorBuf::Int4(_) => unreachable!("caches hold no int4 words"),
                 }
             }
         }

@@ -278,6 +278,7 @@ fn fp8_gemm_scales_are_checked_by_name_and_applied() {
         let scales = GemmScales {
             a: a_scales,
             b: b_scales,
+            zeros: &[],
         };
         let args = Args::Gemm(GemmArgs::scaled(a.view(), b.view(), scales, &mut out));
         CpuBackend.run(&p, &c, args, &mut scratch).map(|()| out)
@@ -317,6 +318,7 @@ fn fp8_gemm_scales_are_checked_by_name_and_applied() {
     let scales = GemmScales {
         a: &[1.0],
         b: &[1.0],
+        zeros: &[],
     };
     let args = Args::Gemm(GemmArgs::scaled(x.view(), x.view(), scales, &mut out));
     let err = CpuBackend.run(&q, &c, args, &mut scratch).unwrap_err();
@@ -336,6 +338,7 @@ fn fp8_gemm_scales_are_checked_by_name_and_applied() {
         let scales = GemmScales {
             a: a_scales,
             b: b_scales,
+            zeros: &[],
         };
         let (a, b) = (Tensor::Fp8(Fp8::E4m3, &a), Tensor::Fp8(Fp8::E4m3, &b));
         let args = Args::Gemm(GemmArgs::scaled(a, b, scales, &mut out));
@@ -534,4 +537,186 @@ fn block_scaled_fp8_runs_only_on_configs_that_scale_each_group() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("bk = 128 must divide the block"), "{e}");
+}
+
+/// Int4 problems: what the group, the dtype and the layout must be, the buffers an int4 call
+/// takes (words for B; scales and zero points one per group and column, A's scales none),
+/// zero points refused elsewhere, the configs that compute it (the stream variant) and the
+/// GPUs that do not, each by name; and a small product computed by hand.
+#[test]
+fn int4_gemms_are_checked_by_name_and_computed() {
+    for (spec, needle) in [
+        ("m=1,n=4,k=16,dtype=bf16,int4=8", "use b=kn"),
+        (
+            "m=1,n=4,k=16,dtype=fp8_e4m3,b=kn,int4=8",
+            "take activations in f32, f16 or bf16",
+        ),
+        (
+            "m=1,n=4,k=16,dtype=f16,b=kn,int4=12",
+            "positive multiple of 8",
+        ),
+        (
+            "m=1,n=4,k=16,dtype=f16,b=kn,int4=0",
+            "positive multiple of 8",
+        ),
+        ("m=1,n=4,k=20,dtype=f16,b=kn,int4=8", "must divide k = 20"),
+        (
+            "m=1,n=4,k=64,dtype=fp8_e4m3,b=nk,block=32,int4=8",
+            "scale blocks are fp8's",
+        ),
+    ] {
+        let msg = parse_err(&format!("gemm:{spec}")).to_string();
+        assert!(
+            msg.contains("int4") && msg.contains(needle),
+            "{spec}: {msg}"
+        );
+    }
+    // A 2 × 16 of f32, B's values q[p][j] = (p + 3j) % 16 for 3 columns, groups of 8.
+    let p: Problem = "gemm:m=2,n=3,k=16,dtype=f32,b=kn,int4=8".parse().unwrap();
+    let c = CpuSpace.default_config(&p, &Device::host());
+    let mut scratch = vec![0.0; CpuBackend.scratch_len(&p, &c)];
+    let a: Vec<f32> = (0..32).map(|i| (i % 5) as f32 - 2.0).collect();
+    let mut words = vec![0u32; 2 * 3];
+    for k in 0..16 {
+        for j in 0..3 {
+            words[k / 8 * 3 + j] |= (((k + 3 * j) % 16) as u32) << (4 * (k % 8));
+        }
+    }
+    let scales = [0.5, 0.25, 2.0, 1.0, 0.5, 0.25];
+    let zeros = [8.0, 7.0, 0.0, 15.0, 3.0, 9.0];
+    let want = |zeros: &[f32]| -> Vec<f32> {
+        (0..6)
+            .map(|o| {
+                let (i, j) = (o / 3, o % 3);
+                (0..16)
+                    .map(|k| {
+                        let at = k / 8 * 3 + j;
+                        let zero = zeros.get(at).copied().unwrap_or(8.0);
+                        a[i * 16 + k] * scales[at] * (((k + 3 * j) % 16) as f32 - zero)
+                    })
+                    .sum()
+            })
+            .collect()
+    };
+    let mut run = |b: Tensor<'_>, given: GemmScales<'_>| {
+        let mut out = vec![f32::NAN; 6];
+        let args = Args::Gemm(GemmArgs::scaled(Tensor::F32(&a), b, given, &mut out));
+        CpuBackend.run(&p, &c, args, &mut scratch).map(|()| out)
+    };
+    let b = Tensor::Int4(&words);
+    assert_eq!(
+        run(b, GemmScales::int4(&scales, &zeros)).unwrap(),
+        want(&zeros)
+    );
+    // Symmetric: no zero points, 8 throughout.
+    assert_eq!(run(b, GemmScales::int4(&scales, &[])).unwrap(), want(&[]));
+    let f32_b = [0.0f32; 48];
+    for (b, given, name, needle) in [
+        (
+            Tensor::F32(&f32_b),
+            GemmScales::int4(&scales, &zeros),
+            "b",
+            "weights are int4, [K / 8, N] words",
+        ),
+        (
+            b,
+            GemmScales::int4(&scales[..3], &zeros),
+            "b_scales",
+            "takes 6, [2, 3]: one per 8 values of k and column",
+        ),
+        (
+            b,
+            GemmScales::int4(&scales, &zeros[..5]),
+            "zeros",
+            "or none, for a zero point of 8",
+        ),
+        (
+            b,
+            GemmScales {
+                a: &[1.0],
+                b: &scales,
+                zeros: &zeros,
+            },
+            "a_scales",
+            "unscaled: pass none",
+        ),
+        (
+            b,
+            GemmScales::int4(&[0.5, 0.25, f32::INFINITY, 1.0, 0.5, 0.25], &zeros),
+            "b_scales",
+            "[2] is inf",
+        ),
+    ] {
+        match run(b, given) {
+            Err(KernelError::BadArgument { name: got, reason })
+            | Err(KernelError::BadBuffer { name: got, reason }) => {
+                assert_eq!(got, name, "{reason}");
+                assert!(reason.contains(needle), "{name}: {reason}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // Zero points belong to int4 GEMMs.
+    let q: Problem = "gemm:m=2,n=2,k=2,dtype=f32,b=nk".parse().unwrap();
+    let cq = CpuSpace.default_config(&q, &Device::host());
+    let x = [1.0f32; 4];
+    let mut out = [0.0f32; 4];
+    let args = Args::Gemm(GemmArgs::scaled(
+        Tensor::F32(&x),
+        Tensor::F32(&x),
+        GemmScales::int4(&[], &[8.0]),
+        &mut out,
+    ));
+    let mut scratch = vec![0.0; CpuBackend.scratch_len(&q, &cq)];
+    let err = CpuBackend.run(&q, &cq, args, &mut scratch).unwrap_err();
+    assert!(
+        matches!(&err, KernelError::BadArgument { name: "zeros", reason } if reason.contains("belong to int4")),
+        "{err}"
+    );
+    // The stream variant reads the words; the others run after the dequantizing pass, as
+    // the dense problem's (the same product here, every value exact); stream-dpbf16, which
+    // reads bf16 or fp8 weights, not at all; no GPU computes int4 weights.
+    let packed = CpuSpace.default_config(&q, &Device::host());
+    CpuSpace.validate(&packed, &p, &Device::host()).unwrap();
+    let mut scratch = vec![0.0; CpuBackend.scratch_len(&p, &packed)];
+    let mut out = vec![f32::NAN; 6];
+    let args = Args::Gemm(GemmArgs::scaled(
+        Tensor::F32(&a),
+        Tensor::Int4(&words),
+        GemmScales::int4(&scales, &zeros),
+        &mut out,
+    ));
+    CpuBackend.run(&p, &packed, args, &mut scratch).unwrap();
+    assert_eq!(out, want(&zeros));
+    let Config::Gemm(g) = packed else {
+        unreachable!()
+    };
+    let pairs = Config::Gemm(GemmConfig {
+        variant: GemmVariant::StreamDpbf16,
+        ..g
+    });
+    let err = CpuSpace.validate(&pairs, &p, &Device::host()).unwrap_err();
+    assert!(
+        err.to_string().contains("stream-dpbf16 reads bf16 or fp8"),
+        "{err}"
+    );
+    for gpu in ["h200", "mi300x", "mi250"] {
+        let device = Device::lookup(gpu).unwrap();
+        assert!(kerntune_kernels::GpuSpace
+            .candidates(&p, &device)
+            .is_empty());
+        let guess = kerntune_kernels::GpuSpace.heuristic(&p, &device);
+        let err = kerntune_kernels::GpuSpace
+            .validate(&guess, &p, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("run on the CPU kernels only") && err.contains("--device cpu"),
+            "{gpu}: {err}"
+        );
+        assert!(
+            kerntune_kernels::gpu::KernelBuild::new(&p, &guess).is_err(),
+            "{gpu}: {guess}"
+        );
+    }
 }

@@ -1034,3 +1034,77 @@ fn block_scales_change_the_product() {
     );
     assert!(err > 10.0 * p.tolerance(), "{err:e}");
 }
+
+/// Int4 weights (W4A16) on awkward sizes: one row and primes of rows, one column and primes
+/// of columns (strips of the kernel's width and short ones), one word of k, groups of 8 to
+/// all of k, every activation dtype; every candidate (the stream kernel on the words, the
+/// dense kernels after the dequantizing pass), the untuned configs and the stream kernel at
+/// every ISA level the host runs, with zero points and without (8 throughout).
+#[test]
+fn int4_candidates_match_reference() {
+    use kerntune_kernels::data::ProblemData;
+    let device = Device::host();
+    let host = kerntune_kernels::CpuInfo::detect();
+    let mut ran = 0;
+    for (m, n, k, group) in [
+        (1, 67, 8, 8),
+        (3, 1, 40, 8),
+        (7, 129, 96, 32),
+        (2, 33, 264, 264),
+        (37, 31, 256, 128),
+    ] {
+        for dtype in DType::ALL {
+            let spec = format!("gemm:m={m},n={n},k={k},dtype={dtype},b=kn,int4={group}");
+            let p = problem(&spec);
+            let mut configs = CpuSpace.candidates(&p, &device);
+            assert!(!configs.is_empty(), "{p}: no candidates");
+            // The stream kernel on the words; from two tokens, the dense problem's kernels
+            // after the dequantizing pass too.
+            let dense = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b=kn"));
+            for c in &configs {
+                let Config::Gemm(g) = c else { unreachable!() };
+                assert!(
+                    g.variant == GemmVariant::Stream
+                        || (m > 1
+                            && g.variant != GemmVariant::StreamDpbf16
+                            && CpuSpace.validate(c, &dense, &device).is_ok()),
+                    "{p}: {c}"
+                );
+            }
+            let dequantizing = configs
+                .iter()
+                .filter(|c| !matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Stream));
+            assert_eq!(dequantizing.count() > 0, m > 1, "{p}");
+            configs.push(CpuSpace.default_config(&p, &device));
+            configs.push(CpuSpace.heuristic(&p, &device));
+            for isa in Isa::supported_by(host.isa) {
+                for (mr, nc) in [(1, 4), (2, 32), (4, 1024)] {
+                    configs.push(Config::Gemm(GemmConfig {
+                        variant: GemmVariant::Stream,
+                        isa,
+                        mr,
+                        nr: 8,
+                        mc: mr,
+                        kc: k,
+                        nc,
+                        split: Split::N,
+                        threads: host.threads,
+                        prefetch: true,
+                        inner: Inner::M,
+                    }));
+                }
+            }
+            for c in &configs {
+                CpuSpace
+                    .validate(c, &p, &device)
+                    .unwrap_or_else(|e| panic!("{p} {c}: {e}"));
+            }
+            ran += common::check_all(&p, &configs);
+            // Symmetric checkpoints: no zero points, 8 throughout.
+            let mut data = ProblemData::random(&p, 7);
+            data.zeros.clear();
+            ran += common::check_all_on(&mut data, &configs);
+        }
+    }
+    eprintln!("verified {ran} int4 GEMM configs");
+}

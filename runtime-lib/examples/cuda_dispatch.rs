@@ -29,12 +29,7 @@ struct OnDevice {
 }
 
 fn bytes_of(t: &TensorBuf) -> Vec<u8> {
-    match t {
-        TensorBuf::F32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
-        TensorBuf::F16(v) => v.iter().flat_map(|x| x.to_bits().to_ne_bytes()).collect(),
-        TensorBuf::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_ne_bytes()).collect(),
-        TensorBuf::Fp8(_, v) => v.to_vec(),
-    }
+    t.view().as_bytes().to_vec()
 }
 
 fn upload(

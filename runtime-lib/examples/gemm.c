@@ -8,8 +8,10 @@
  * B[j][p] = j - p, so C[i][j] = sum_p (i + p)(j - p). The same product in fp8 (W8A8, as an
  * FP8 checkpoint's Linear layers run it): A's and B's values stored as E4M3 bytes divided
  * by per-token and per-channel scales, which kt_gemm_scaled() multiplies back, and as a
- * block-scaled GEMM (kt_gemm_block_scaled(), DeepSeek-V3's FP8 scheme). Then it asks
- * for an MI250 through the GPU entry points. */
+ * block-scaled GEMM (kt_gemm_block_scaled(), DeepSeek-V3's FP8 scheme). Then an int4 GEMM
+ * (kt_gemm_int4(), a GPTQ checkpoint's weights: 4-bit values packed eight to a word, a scale
+ * and a zero point per group of k and column) against the same sum in plain loops. Then it
+ * asks for an MI250 through the GPU entry points. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -118,6 +120,53 @@ int main(int argc, char **argv) {
     /* One scale per output channel is not a block's. */
     if (kt_gemm_block_scaled(d, M, N, K, KT_DTYPE_FP8_E4M3, 32, a8, a_scales, M, b8, b_scales, N,
                              c8, NULL) != KT_STATUS_INVALID_ARGUMENT)
+        return 1;
+    printf("error: %s\n", kt_last_error());
+
+    /* int4: A 3x16 (A[i][p] = i - p), values q[p][j] = (3p + j) % 16 packed as GPTQ packs
+     * them (word (p / 8, j), bits 4 (p % 8) up), groups of 8: scales of 1/2 and 1/4, zero
+     * points 7 and 9, so every product is exact in float. */
+    enum { QK = 16, GROUP = 8 };
+    float a4[M * QK], scales4[(QK / GROUP) * N], zeros4[(QK / GROUP) * N], c4[M * N], want[M * N];
+    unsigned words[(QK / 8) * N] = {0};
+    for (int i = 0; i < M; i++)
+        for (int p = 0; p < QK; p++) a4[i * QK + p] = (float)(i - p);
+    for (int p = 0; p < QK; p++)
+        for (int j = 0; j < N; j++) words[(p / 8) * N + j] |= (unsigned)((3 * p + j) % 16) << (4 * (p % 8));
+    for (int g = 0; g < QK / GROUP; g++)
+        for (int j = 0; j < N; j++) {
+            scales4[g * N + j] = g == 0 ? 0.5f : 0.25f;
+            zeros4[g * N + j] = g == 0 ? 7.0f : 9.0f;
+        }
+    for (int sym = 0; sym < 2; sym++) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float sum = 0;
+                for (int p = 0; p < QK; p++) {
+                    float zero = sym ? 8.0f : zeros4[(p / GROUP) * N + j];
+                    float q = (float)((3 * p + j) % 16);
+                    sum += a4[i * QK + p] * scales4[(p / GROUP) * N + j] * (q - zero);
+                }
+                want[i * N + j] = sum;
+            }
+        /* Symmetric checkpoints pass no zero points: 8 throughout. */
+        if (kt_gemm_int4(d, M, N, QK, KT_DTYPE_F32, GROUP, a4, words, scales4, (QK / GROUP) * N,
+                         sym ? NULL : zeros4, sym ? 0 : (QK / GROUP) * N, c4, NULL) != KT_STATUS_OK) {
+            fprintf(stderr, "kt_gemm_int4: %s\n", kt_last_error());
+            kt_free(d);
+            return 1;
+        }
+        for (int i = 0; i < M * N; i++)
+            if (c4[i] != want[i]) {
+                fprintf(stderr, "int4 C[%d] = %g, not %g\n", i, c4[i], want[i]);
+                kt_free(d);
+                return 1;
+            }
+    }
+    printf("int4: matches\n");
+    /* One scale per column is not one per group and column. */
+    if (kt_gemm_int4(d, M, N, QK, KT_DTYPE_F32, GROUP, a4, words, scales4, N, NULL, 0, c4, NULL) !=
+        KT_STATUS_INVALID_ARGUMENT)
         return 1;
     printf("error: %s\n", kt_last_error());
 

@@ -424,6 +424,36 @@ enum KtStatus kt_gemm_block_scaled(const struct KtDispatcher *d,
                                    KtMatch *matched);
 
 /*
+ An int4 GEMM (W4A16: GPTQ's, AWQ's and compressed-tensors' 4-bit weights): `C[i, j] =
+ Σ_p A[i, p] · scales[p / group][j] · (q[p, j] − zeros[p / group][j])`, A `[m, k]` of `dtype`
+ (f32, f16 or bf16), the weights `b_words` GPTQ's `qweight`: `[k / 8, n]` 32-bit words,
+ word `(r, j)` holding `q[8r + i, j]` in bits `4i..4i + 4`, unsigned (AWQ's `[k, n / 8]`
+ words, whose values are interleaved, are repacked to it once as the model loads, as vLLM
+ repacks them for its own kernels). `scales` and `zeros` are `[k / group, n]` floats
+ (`scales_len`, `zeros_len`: GPTQ's `scales` and unpacked `qzeros` widened; `zeros` NULL
+ with a length of 0 for symmetric checkpoints, whose zero point is 8); `group` a multiple of
+ 8 that divides `k` (`k` itself for one group).
+
+ # Safety
+ Buffers must hold m·k elements, k / 8 · n words and m·n floats, the scales and zero points
+ their lengths in floats.
+ */
+enum KtStatus kt_gemm_int4(const struct KtDispatcher *d,
+                           size_t m,
+                           size_t n,
+                           size_t k,
+                           enum KtDtype dtype_,
+                           size_t group,
+                           const void *a,
+                           const uint32_t *b_words,
+                           const float *scales,
+                           size_t scales_len,
+                           const float *zeros,
+                           size_t zeros_len,
+                           float *c,
+                           KtMatch *matched);
+
+/*
  Flash attention prefill: Q `[batch, q_len, q_heads, head_dim]`, K `[batch, kv_len,
  kv_heads, head_dim]`, V `[batch, kv_len, kv_heads, v_head_dim]`, O `[batch, q_len,
  q_heads, v_head_dim]`.

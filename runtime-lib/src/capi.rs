@@ -344,6 +344,7 @@ unsafe fn gemm_scales<'a>(
         Ok(GemmScales {
             a: floats("a_scales", a, a_len)?,
             b: floats("b_scales", b, b_len)?,
+            zeros: &[],
         })
     }
 }
@@ -605,6 +606,54 @@ pub unsafe extern "C" fn kt_gemm_block_scaled(
     })
 }
 
+/// An int4 GEMM (W4A16: GPTQ's, AWQ's and compressed-tensors' 4-bit weights): `C[i, j] =
+/// Σ_p A[i, p] · scales[p / group][j] · (q[p, j] − zeros[p / group][j])`, A `[m, k]` of `dtype`
+/// (f32, f16 or bf16), the weights `b_words` GPTQ's `qweight`: `[k / 8, n]` 32-bit words,
+/// word `(r, j)` holding `q[8r + i, j]` in bits `4i..4i + 4`, unsigned (AWQ's `[k, n / 8]`
+/// words, whose values are interleaved, are repacked to it once as the model loads, as vLLM
+/// repacks them for its own kernels). `scales` and `zeros` are `[k / group, n]` floats
+/// (`scales_len`, `zeros_len`: GPTQ's `scales` and unpacked `qzeros` widened; `zeros` NULL
+/// with a length of 0 for symmetric checkpoints, whose zero point is 8); `group` a multiple of
+/// 8 that divides `k` (`k` itself for one group).
+///
+/// # Safety
+/// Buffers must hold m·k elements, k / 8 · n words and m·n floats, the scales and zero points
+/// their lengths in floats.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gemm_int4(
+    d: *const KtDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    group: usize,
+    a: *const c_void,
+    b_words: *const u32,
+    scales: *const f32,
+    scales_len: usize,
+    zeros: *const f32,
+    zeros_len: usize,
+    c: *mut f32,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = dispatcher(d)?;
+        let p = gemm_problem(m, n, k, dtype_, false)?
+            .with_int4(group)
+            .map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: caller contract on lengths.
+        let given = unsafe {
+            GemmScales::int4(
+                floats("scales", scales, scales_len)?,
+                floats("zeros", zeros, zeros_len)?,
+            )
+        };
+        // SAFETY: caller contract on sizes.
+        unsafe { run_gemm(d, p, a, b_words.cast(), given, c, matched) }
+    })
+}
+
 pub(crate) fn gemm_problem(
     m: usize,
     n: usize,
@@ -617,7 +666,8 @@ pub(crate) fn gemm_problem(
 }
 
 /// # Safety
-/// `a`, `b` and `c` hold the problem's m·k, k·n and m·n elements.
+/// `a`, `b` and `c` hold the problem's m·k, k·n (an int4 problem's k / 8 · n words) and m·n
+/// elements.
 unsafe fn run_gemm(
     d: &Dispatcher,
     p: GemmProblem,
@@ -634,7 +684,11 @@ unsafe fn run_gemm(
     let args = unsafe {
         GemmArgs {
             a: tensor("a", a, m * k, p.dtype)?,
-            b: tensor("b", b, k * n, p.dtype)?,
+            b: match p.int4 {
+                Some(_) if b.is_null() => return Err(invalid("`b_words` is NULL".to_string())),
+                Some(_) => Tensor::Int4(std::slice::from_raw_parts(b.cast(), p.b_len())),
+                None => tensor("b", b, k * n, p.dtype)?,
+            },
             scales,
             c: out("c", c, m * n)?,
         }

@@ -45,6 +45,8 @@ pub enum StaticKey {
         layout: BLayout,
         /// Block-scaled fp8's block: such a call runs on its own kernels' configs only.
         block: Option<usize>,
+        /// Int4 weights' group: likewise.
+        int4: Option<usize>,
     },
     Flash {
         q_heads: usize,
@@ -86,6 +88,7 @@ pub fn split(p: &Problem) -> (StaticKey, Dims) {
                 dtype: g.dtype,
                 layout: g.b_layout,
                 block: g.block,
+                int4: g.int4,
             },
             [g.m, 1, 1],
         ),

@@ -234,11 +234,13 @@ impl Snapshot {
         let (key, dims) = split(problem);
         let list = self.buckets.get(&key)?;
         let fits = |c: &Config| match (c, problem) {
-            // The streaming GEMMs only run decode shapes (block-scaled fp8's, any).
+            // The streaming GEMMs only run decode shapes (block-scaled fp8's and int4's,
+            // any).
             (Config::Gemm(g), Problem::Gemm(p)) => {
                 !matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16)
                     || p.m <= STREAM_MAX_M
                     || p.block.is_some()
+                    || p.int4.is_some()
             }
             _ => true,
         };

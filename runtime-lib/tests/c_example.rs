@@ -106,13 +106,21 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         "{}",
         lines[m + 5]
     );
+    // int4 weights, with zero points and without, the same as the example's loops; scales
+    // per column only, refused by name.
+    assert_eq!(lines[m + 6], "int4: matches");
+    assert!(
+        lines[m + 7].contains("b_scales") && lines[m + 7].contains("takes 8, [2, 4]"),
+        "{}",
+        lines[m + 7]
+    );
     assert_eq!(
-        lines[m + 6],
-        "match=3 exact=0 bucket=0 nearest=0 defaults=3 loaded=0"
+        lines[m + 8],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=5 loaded=0"
     );
     // Without the `rocm` feature the GPU entry point answers KT_STATUS_NO_DEVICE and names the
     // feature; with it, the HIP runtime answers: opened on an MI250, no device elsewhere.
-    let gpu = &lines[m + 7];
+    let gpu = &lines[m + 9];
     if cfg!(feature = "rocm") {
         assert!(
             gpu == "gpu: opened" || gpu.starts_with("gpu: status=5 "),
@@ -147,6 +155,8 @@ fn c_example_runs_a_gemm_and_reports_stats() {
     assert_eq!(
         rows,
         [
+            // Two int4 calls a process: with zero points and without.
+            "gemm:m=3,n=4,k=16,dtype=f32,b=kn,int4=8\t8",
             "gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4",
             "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk\t4",
             "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk,block=32\t4",

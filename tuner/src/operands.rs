@@ -29,8 +29,9 @@ pub struct Operands {
     /// Bytes from one copy to the next.
     stride: usize,
     copies: usize,
-    /// Offset in a copy, element type and length in bytes of each input.
-    inputs: Vec<(usize, DType, usize)>,
+    /// Offset in a copy, element type ([`Tensor::dtype`]'s) and length in bytes of each
+    /// input.
+    inputs: Vec<(usize, Option<DType>, usize)>,
     /// Offset in a copy and length in bytes of the paged block tables, the context lengths
     /// and the output.
     tables: (usize, usize),

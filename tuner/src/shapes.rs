@@ -306,15 +306,32 @@ pub fn derive(model: &Model, tp: usize, b: &Buckets) -> Result<Vec<Derived>> {
             Fp8::E5m2 => Fp8::E5m2,
         }),
     };
+    // A 4-bit checkpoint's projections likewise take int4 weights under `dtype` activations
+    // (GPTQ's packing, `[K / 8, N]`), unless --dtype asks for unquantized ones.
+    let int4 = model.int4_group.filter(|_| b.dtype.is_none());
     let gemm = |role: &str, m: usize, n: usize, k: usize, prefill: bool| -> Result<Derived> {
-        let dtype = match (fp8, role) {
-            (Some(f), role) if !matches!(role, "lm_head" | "router" | "shared_expert_gate") => {
-                DType::Fp8(f)
-            }
+        let quantized = !matches!(role, "lm_head" | "router" | "shared_expert_gate");
+        let dtype = match fp8 {
+            Some(f) if quantized => DType::Fp8(f),
             _ => dtype,
         };
-        let mut problem = GemmProblem::new(m, n, k, dtype, BLayout::Nk)
+        let group = int4
+            .filter(|_| quantized)
+            .map(|g| if g == 0 { k } else { g });
+        let layout = if group.is_some() {
+            BLayout::Kn
+        } else {
+            BLayout::Nk
+        };
+        let mut problem = GemmProblem::new(m, n, k, dtype, layout)
             .map_err(|e| blame(e, &[("m", gemm_tokens(prefill))]))?;
+        if let Some(group) = group {
+            problem = problem.with_int4(group).map_err(|e| {
+                TuneError::Usage(format!(
+                    "{tag} {role}: {e}; its 4-bit weights are grouped so that this shard's k does not hold whole groups: another --tp, or --dtype for unquantized GEMMs of the same shapes"
+                ))
+            })?;
+        }
         // A block-scaled checkpoint's fp8 projections scale per block of its weights.
         if let (Some(block), Some(_)) = (model.fp8_block, problem.fp8()) {
             problem = problem.with_block(block)?;

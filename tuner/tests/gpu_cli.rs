@@ -238,6 +238,17 @@ fn tune_on_an_absent_gpu_says_why_and_writes_nothing() {
         }
     }
     assert!(files_in(d).is_empty(), "{:?}", files_in(d));
+    // Int4 weights, which no GPU kernel computes, are refused by name before any device is
+    // looked for, with the way to tune them.
+    for device in ["mi250", "h200"] {
+        let int4 = "gemm:m=1,n=1280,k=8192,dtype=f16,b=kn,int4=128";
+        let out = tune(&["--device", device, "--shapes", int4], d);
+        assert_eq!(out.status.code(), Some(2), "{device}: {}", text(&out));
+        for needle in [int4, "run on the CPU kernels only", "--device cpu"] {
+            assert!(text(&out).contains(needle), "{device}: {}", text(&out));
+        }
+    }
+    assert!(files_in(d).is_empty(), "{:?}", files_in(d));
     let out = tune(&["plan", "--shapes", "llama8b"], d);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("needs --device"), "{}", text(&out));

@@ -585,26 +585,107 @@ fn fp8_checkpoints_derive_fp8_gemms_for_their_projections() {
     );
 }
 
+/// 4-bit checkpoints (AWQ, GPTQ, compressed-tensors W4A16) derive int4 GEMMs: the
+/// projections' weights in GPTQ's packing (`b=kn`) in groups of the config's `group_size`
+/// (all of k for -1 or per channel), the activations at the model's dtype; the LM head stays
+/// unquantized. Act-order, other bit widths and grouping no shard's k holds whole are refused
+/// by name, as are the schemes kerntune does not compute, unless the flags leave their GEMMs
+/// out.
 #[test]
-fn quantized_weights_are_refused_unless_the_flags_leave_their_gemms_out() {
-    let config = format!(
-        r#"{{{LLAMA8B}, "torch_dtype": "float16",
-        "quantization_config": {{"quant_method": "awq", "bits": 4, "group_size": 128}}}}"#
+fn four_bit_checkpoints_derive_int4_gemms() {
+    let with = |quantization: &str| {
+        format!(r#"{{{LLAMA8B}, "torch_dtype": "float16", "quantization_config": {quantization}}}"#)
+    };
+    let args = ["--tp", "2", "--kernels", "gemm", "--batch-sizes", "1"];
+    let awq = with(
+        r#"{"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm"}"#,
     );
+    let rows = derive(&awq, &args);
+    for (role, key) in [
+        ("qkv", "gemm:m=1,n=3072,k=4096,dtype=f16,b=kn,int4=128"),
+        ("o", "gemm:m=1,n=4096,k=2048,dtype=f16,b=kn,int4=128"),
+        ("gate_up", "gemm:m=1,n=14336,k=4096,dtype=f16,b=kn,int4=128"),
+        ("down", "gemm:m=1,n=4096,k=7168,dtype=f16,b=kn,int4=128"),
+        ("lm_head", "gemm:m=1,n=64128,k=4096,dtype=f16,b=nk"),
+    ] {
+        assert_eq!(keys_of(&rows, role)[0], key, "{role}: {rows:?}");
+    }
+    // GPTQ (sym or not: zero points are the call's), one group per column for -1; AWQ's own
+    // field names; compressed-tensors' W4A16 by group and by channel.
+    let packed = |strategy: &str| {
+        with(&format!(
+            r#"{{"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {{"group_0": {{"targets": ["Linear"], "input_activations": null, "weights": {{"num_bits": 4, "type": "int", "symmetric": true, {strategy}, "actorder": null}}}}}}, "ignore": ["lm_head"]}}"#
+        ))
+    };
+    for (config, o) in [
+        (
+            with(
+                r#"{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "sym": true}"#,
+            ),
+            "gemm:m=1,n=4096,k=2048,dtype=f16,b=kn,int4=128",
+        ),
+        (
+            with(r#"{"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": false}"#),
+            "gemm:m=1,n=4096,k=2048,dtype=f16,b=kn,int4=2048",
+        ),
+        (
+            with(r#"{"quant_method": "awq", "w_bit": 4, "q_group_size": 64}"#),
+            "gemm:m=1,n=4096,k=2048,dtype=f16,b=kn,int4=64",
+        ),
+        (
+            packed(r#""strategy": "group", "group_size": 32"#),
+            "gemm:m=1,n=4096,k=2048,dtype=f16,b=kn,int4=32",
+        ),
+        (
+            packed(r#""strategy": "channel""#),
+            "gemm:m=1,n=4096,k=2048,dtype=f16,b=kn,int4=2048",
+        ),
+    ] {
+        assert_eq!(keys_of(&derive(&config, &args), "o")[0], o, "{config}");
+    }
+    // --dtype asks for unquantized GEMMs of the same shapes.
+    let dense = derive(&awq, &[&args[..], &["--dtype", "bf16"]].concat());
+    assert!(dense.iter().all(|(_, key)| key.contains("dtype=bf16,b=nk")));
+    // What the int4 GEMMs do not compute is named, with the flags that leave it out.
+    for (config, needle) in [
+        (
+            with(r#"{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": true}"#),
+            "desc_act = true",
+        ),
+        (
+            with(r#"{"quant_method": "gptq", "bits": 8, "group_size": 128}"#),
+            "8-bit gptq",
+        ),
+        (
+            with(r#"{"quant_method": "awq", "bits": 4, "group_size": 100}"#),
+            "grouped by 100",
+        ),
+        (
+            with(r#"{"quant_method": "bitsandbytes", "load_in_4bit": true}"#),
+            "quant_method = \"bitsandbytes\"",
+        ),
+        (
+            packed(r#""strategy": "group", "group_size": 128, "actorder": "group""#)
+                .replace(r#", "actorder": null"#, ""),
+            "act-order",
+        ),
+    ] {
+        refused(
+            &config,
+            &["--tp", "1"],
+            &[needle, "--kernels flash,paged", "--dtype bf16"],
+        );
+    }
+    // Groups of 1024 at TP 8: the o projection's shard holds 512 values of k.
     refused(
-        &config,
-        &["--tp", "1"],
-        &[
-            "quant_method = \"awq\"",
-            "--kernels flash,paged",
-            "--dtype bf16",
-        ],
+        &with(r#"{"quant_method": "awq", "bits": 4, "group_size": 1024}"#),
+        &["--tp", "8", "--kernels", "gemm"],
+        &["tp8 o", "must divide k = 512", "another --tp"],
     );
-    let attention = derive(&config, &["--tp", "1", "--kernels", "flash,paged"]);
+    let bnb = with(r#"{"quant_method": "bitsandbytes", "load_in_4bit": true}"#);
+    let attention = derive(&bnb, &["--tp", "1", "--kernels", "flash,paged"]);
     assert!(!attention.is_empty());
     assert!(attention.iter().all(|(_, key)| !key.starts_with("gemm:")));
-    let dense = derive(&config, &["--tp", "1", "--dtype", "bf16"]);
-    assert!(dense.iter().any(|(_, key)| key.starts_with("gemm:")));
 }
 
 /// Gemma 2 soft-caps its attention scores at 50: every attention problem carries the cap;

@@ -497,6 +497,7 @@ pub(super) mod tests {
         let scales = crate::kernel::GemmScales {
             a: &data.a_scales,
             b: &data.b_scales,
+            zeros: &[],
         };
         crate::cpu::gemm::scale(p, c, scales, &mut data.out);
         let err = crate::reference::relative_error(&data.out, reference);

@@ -556,6 +556,7 @@ mod tests {
             let scales = crate::kernel::GemmScales {
                 a: &data.a_scales.clone(),
                 b: &data.b_scales.clone(),
+                zeros: &[],
             };
             // Slices of one group and of three (the last group of a slice, or of K, short).
             for (mut c, groups) in blockings(&p).into_iter().flat_map(|c| [(c, 1), (c, 3)]) {

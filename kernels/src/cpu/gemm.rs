@@ -488,7 +488,7 @@ pub fn stream_blocks<T: TableElem>(
 }
 
 /// Splits `m` rows into passes of at most `max_rows`, each a size some kernel has.
-fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn row_groups(m: usize, max_rows: usize) -> impl Iterator<Item = (usize, usize)> {
     let rows_at = move |i: usize| {
         STREAM_ROWS
             .iter()

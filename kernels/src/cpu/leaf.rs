@@ -269,6 +269,133 @@ pub unsafe fn stream_kn<S: Simd, T: Elem, const R: usize, const NV: usize>(
     }
 }
 
+/// Rows of words ahead of the int4 kernel's reads that it prefetches.
+const INT4_AHEAD: usize = 16;
+
+/// One strip of an int4 GEMM (see [`stream_int4`]): pointers at the strip's first row of A
+/// and of its group sums, and at its first column of the words, scales, zero points and C.
+#[derive(Debug, Clone, Copy)]
+pub struct Int4Strip {
+    pub k: usize,
+    pub group: usize,
+    /// Rows of A widened to f32, `lda` apart.
+    pub a: *const f32,
+    pub lda: usize,
+    /// Each row's sum of A over each group of k, `lds` apart.
+    pub asum: *const f32,
+    pub lds: usize,
+    /// `[K / 8, N]` words; the scales and zero points are `[K / group, N]`: all `n` apart.
+    pub words: *const u32,
+    pub n: usize,
+    pub scales: *const f32,
+    /// Null for a zero point of 8 throughout.
+    pub zeros: *const f32,
+    /// Columns of the strip.
+    pub width: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+}
+
+/// Int4 weights: `R` rows of C over a strip of `width <= NV·LANES` columns, streaming the
+/// strip's words a row of eight values of k at a time. Each group's products of A with the
+/// 4-bit values are summed apart, then its zero point times the group's sum of A taken off
+/// and the rest scaled: `C += s · (Σ a·q − z · Σ a)`, one subtraction and one multiply a
+/// group instead of one a weight. A short strip is finished in scalar code, so no read runs
+/// past the row.
+///
+/// # Safety
+/// Every pointer valid for its rows as [`Int4Strip`] lays them out, `k` a multiple of
+/// `group`, itself a multiple of 8.
+#[inline(always)]
+pub unsafe fn stream_int4<S: Simd, const R: usize, const NV: usize>(s: Int4Strip) {
+    let l = S::LANES;
+    let groups = s.k / s.group;
+    // SAFETY (whole body): the caller's contract on every pointer.
+    unsafe {
+        if s.width / l >= NV {
+            let mut acc = [[S::zero(); NV]; R];
+            for g in 0..groups {
+                // Even and odd values of k summed apart: twice the independent multiply-add
+                // chains (one row of two vectors had two, each waiting on the last).
+                let mut part = [[[S::zero(); NV]; R]; 2];
+                for r in g * s.group / 8..(g + 1) * s.group / 8 {
+                    let row = s.words.add(r * s.n);
+                    // Rows of a strip lie `n` words apart, a page or more on a model's
+                    // layers, where the hardware prefetchers do not follow: each row's lines
+                    // are asked for `INT4_AHEAD` rows before they are read.
+                    prefetch::<_, false>(
+                        row.wrapping_add(INT4_AHEAD * s.n),
+                        NV * l * std::mem::size_of::<u32>(),
+                    );
+                    // The word's eight values in turn, each its own instance (its shift an
+                    // immediate).
+                    macro_rules! value {
+                        ($i:literal) => {
+                            let q: [S::V; NV] =
+                                std::array::from_fn(|v| S::load_u4::<$i>(row.add(v * l)));
+                            for (x, part_row) in part[$i % 2].iter_mut().enumerate() {
+                                let av = S::splat(*s.a.add(x * s.lda + 8 * r + $i));
+                                for (pv, qv) in part_row.iter_mut().zip(&q) {
+                                    *pv = S::fma(av, *qv, *pv);
+                                }
+                            }
+                        };
+                    }
+                    value!(0);
+                    value!(1);
+                    value!(2);
+                    value!(3);
+                    value!(4);
+                    value!(5);
+                    value!(6);
+                    value!(7);
+                }
+                for v in 0..NV {
+                    let at = g * s.n + v * l;
+                    let scale = S::load(s.scales.add(at));
+                    let zero = if s.zeros.is_null() {
+                        S::splat(8.0)
+                    } else {
+                        S::load(s.zeros.add(at))
+                    };
+                    for (x, acc_row) in acc.iter_mut().enumerate() {
+                        let minus_sum = S::splat(-*s.asum.add(x * s.lds + g));
+                        let t = S::fma(zero, minus_sum, S::add(part[0][x][v], part[1][x][v]));
+                        acc_row[v] = S::fma(scale, t, acc_row[v]);
+                    }
+                }
+            }
+            for (x, acc_row) in acc.iter().enumerate() {
+                for (v, accv) in acc_row.iter().enumerate() {
+                    S::store(s.c.add(x * s.ldc + v * l), *accv);
+                }
+            }
+        } else {
+            for x in 0..R {
+                for j in 0..s.width {
+                    let mut sum = 0f32;
+                    for g in 0..groups {
+                        let mut part = 0f32;
+                        for q in g * s.group..(g + 1) * s.group {
+                            let w = *s.words.add(q / 8 * s.n + j);
+                            let v = ((w >> (4 * (q % 8))) & 15) as f32;
+                            part += *s.a.add(x * s.lda + q) * v;
+                        }
+                        let at = g * s.n + j;
+                        let zero = if s.zeros.is_null() {
+                            8.0
+                        } else {
+                            *s.zeros.add(at)
+                        };
+                        sum += *s.scales.add(at) * (part - zero * *s.asum.add(x * s.lds + g));
+                    }
+                    *s.c.add(x * s.ldc + j) = sum;
+                }
+            }
+        }
+    }
+}
+
 /// `x · y` over `n` values, y widened from its element type.
 ///
 /// # Safety

@@ -19,6 +19,7 @@ mod flash;
 mod flash_amx;
 mod fp8_bf16;
 mod gemm;
+mod int4;
 mod leaf;
 mod paged;
 #[cfg(target_arch = "x86_64")]
@@ -58,6 +59,14 @@ impl Backend for CpuBackend {
 
     fn scratch_len(&self, problem: &Problem, config: &Config) -> usize {
         let len = match (problem, config) {
+            (Problem::Gemm(p), Config::Gemm(c)) if p.int4.is_some() => match p.dequantized() {
+                // Dequantized first: the weights and the dense kernel's scratch.
+                Some(dense) if c.variant != GemmVariant::Stream => {
+                    int4::dequantize_scratch_len(p, c.threads)
+                        + self.scratch_len(&Problem::Gemm(dense), config)
+                }
+                _ => int4::scratch_len(p),
+            },
             (Problem::Gemm(p), Config::Gemm(c)) => gemm::scratch_len(p, c),
             (Problem::Flash(p), Config::Flash(c)) if c.amx => flash_amx::scratch_len(p, c),
             (Problem::Flash(p), Config::Flash(c)) => flash::scratch_len(p, c),
@@ -100,13 +109,57 @@ impl Backend for CpuBackend {
                     c: out,
                 } = args;
                 check_dtype("a", &a, p.dtype)?;
-                check_dtype("b", &b, p.dtype)?;
+                if p.int4.is_some() {
+                    if !matches!(b, Tensor::Int4(_)) {
+                        return Err(KernelError::BadBuffer {
+                            name: "b",
+                            reason: format!(
+                                "is {}; this GEMM's weights are int4, [K / 8, N] words",
+                                b.describe()
+                            ),
+                        });
+                    }
+                } else {
+                    check_dtype("b", &b, p.dtype)?;
+                }
                 check_len("a", a.len(), p.a_len())?;
                 check_len("b", b.len(), p.b_len())?;
                 check_len("c", out.len(), p.c_len())?;
                 scales.check(p)?;
                 use simd::{E4m3Bits, E5m2Bits};
+                if let (Some(dense), Tensor::Int4(words)) = (p.dequantized(), b) {
+                    if c.variant != GemmVariant::Stream {
+                        let dense = Problem::Gemm(dense);
+                        let s = scratch;
+                        let (b, rest) = match a {
+                            Tensor::F32(_) => {
+                                let (w, rest) = int4::dequantize::<f32>(p, c, words, scales, s);
+                                (Tensor::F32(w), rest)
+                            }
+                            Tensor::F16(_) => {
+                                let (w, rest) = int4::dequantize::<f16>(p, c, words, scales, s);
+                                (Tensor::F16(w), rest)
+                            }
+                            Tensor::Bf16(_) => {
+                                let (w, rest) = int4::dequantize::<bf16>(p, c, words, scales, s);
+                                (Tensor::Bf16(w), rest)
+                            }
+                            Tensor::Fp8(..) | Tensor::Int4(_) => unreachable!("dtype checked"),
+                        };
+                        let args = Args::Gemm(GemmArgs::new(a, b, out));
+                        return self.run(&dense, config, args, rest);
+                    }
+                }
                 match (a, b) {
+                    (Tensor::F32(a), Tensor::Int4(w)) => {
+                        int4::run(p, c, a, w, scales, out, scratch)
+                    }
+                    (Tensor::F16(a), Tensor::Int4(w)) => {
+                        int4::run(p, c, a, w, scales, out, scratch)
+                    }
+                    (Tensor::Bf16(a), Tensor::Int4(w)) => {
+                        int4::run(p, c, a, w, scales, out, scratch)
+                    }
                     (Tensor::F32(a), Tensor::F32(b)) if c.variant == GemmVariant::Direct => {
                         direct::run_f32(p, c, a, b, out, scratch)
                     }

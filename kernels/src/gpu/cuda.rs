@@ -381,6 +381,10 @@ fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
             DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)
         }
         TensorBuf::Fp8(_, v) => DeviceBuf::Bytes(gpu.stream.memcpy_stod(&v[..]).map_err(err)?),
+        // As their bytes (no GPU kernel reads int4 words yet: the space refuses the problem).
+        TensorBuf::Int4(_) => {
+            DeviceBuf::Bytes(gpu.stream.memcpy_stod(t.view().as_bytes()).map_err(err)?)
+        }
     })
 }
 

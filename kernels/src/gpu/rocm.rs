@@ -393,6 +393,8 @@ impl<'g> HipProblem<'g> {
                     gpu.upload(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
                 }
                 TensorBuf::Fp8(_, v) => gpu.upload(&v[..]),
+                // As their bytes (no GPU kernel reads int4 words yet).
+                TensorBuf::Int4(v) => gpu.upload(&v[..]),
             })
             .collect::<Result<_, _>>()?;
         let (tables, partials) = match &data.problem {

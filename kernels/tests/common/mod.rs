@@ -24,12 +24,17 @@ pub fn error_of(
 /// Asserts every config matches the reference within the dtype's tolerance; returns how many
 /// configs ran.
 pub fn check_all(problem: &Problem, configs: &[Config]) -> usize {
-    let mut data = ProblemData::random(problem, 7);
+    check_all_on(&mut ProblemData::random(problem, 7), configs)
+}
+
+/// [`check_all`] on given data (an int4 problem's without zero points, say).
+pub fn check_all_on(data: &mut ProblemData, configs: &[Config]) -> usize {
+    let problem = data.problem;
     let reference = data.reference();
     let tol = problem.tolerance();
     let mut scratch = Scratch::new();
     for config in configs {
-        let err = error_of(&mut data, config, &reference, &mut scratch);
+        let err = error_of(data, config, &reference, &mut scratch);
         assert!(
             err <= tol,
             "{problem} with {config}: relative error {err:e} exceeds {tol:e}"

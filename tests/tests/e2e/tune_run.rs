@@ -145,6 +145,18 @@ async fn a_block_scaled_fp8_gemm_is_tuned_shared_and_served_apart() {
     .await;
 }
 
+/// A 4-bit checkpoint's GEMM (W4A16, GPTQ's packing, groups of 64 over 5 tokens) beside the
+/// same shape in f16: both tuned (every int4 candidate verified on the words, scales and zero
+/// points), shared, each served its own winner, the int4 call matching the reference.
+#[tokio::test]
+async fn an_int4_gemm_is_tuned_shared_and_served_apart() {
+    tuned_shared_and_served_apart(
+        "gemm:m=5,n=100,k=192,dtype=f16,b=kn",
+        "gemm:m=5,n=100,k=192,dtype=f16,b=kn,int4=64",
+    )
+    .await;
+}
+
 /// Tunes `plain` and `other` into one database on the CPU, exports its winners and imports
 /// them into another, and checks each problem is served its own winner there, and that a
 /// call of `other` through the dispatcher matches the reference.

@@ -326,10 +326,11 @@ impl Model {
             ),
         };
         let quantized = quantization(&top).or_else(|| quantization(&f));
-        let (fp8_weights, fp8_block, gemm_refusal) = match quantized {
-            None => (None, None, None),
-            Some(Ok((format, block))) => (Some(format), block, None),
-            Some(Err(why)) => (None, None, Some(why)),
+        let (fp8_weights, fp8_block, int4_group, gemm_refusal) = match quantized {
+            None => (None, None, None, None),
+            Some(Ok(Quant::Fp8(format, block))) => (Some(format), block, None, None),
+            Some(Ok(Quant::Int4(group))) => (None, None, Some(group), None),
+            Some(Err(why)) => (None, None, None, Some(why)),
         };
         let unsupported = Unsupported {
             dtype: dtype_refusal,
@@ -394,6 +395,7 @@ impl Model {
             dtype,
             fp8_weights,
             fp8_block,
+            int4_group,
             unsupported,
         })
     }
@@ -703,14 +705,27 @@ fn narrow_embeddings(f: &Fields<'_>, family: Option<&str>, hidden: usize) -> Opt
     })
 }
 
+/// How a checkpoint's projections are quantized, where kerntune's GEMMs compute it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quant {
+    /// W8A8 in this fp8 format, scaled per tensor, token or channel, or per square block of
+    /// this edge.
+    Fp8(Fp8, Option<usize>),
+    /// W4A16: 4-bit weights in groups of this many values of k (0: one group of all of k,
+    /// GPTQ's and AWQ's `group_size = -1`).
+    Int4(usize),
+}
+
 /// What `quantization_config` says of the weights: the fp8 format of an FP8 W8A8
 /// checkpoint whose scales are per tensor, token or channel (`fp8` without
 /// `weight_block_size`, as AutoFP8 and vLLM write it; `fbgemm_fp8`; `compressed-tensors` with
 /// 8-bit float weights and activations) or per square block (`fp8` with `weight_block_size`
 /// = [b, b], DeepSeek-V3's, its activations scaled per token and b values of k as vLLM
-/// quantizes them), else why the server's GEMMs are not the ones derived (GPTQ, AWQ, int8,
-/// weight-only FP8, MXFP4, blocks that are not square).
-fn quantization(f: &Fields<'_>) -> Option<Result<(Fp8, Option<usize>), String>> {
+/// quantizes them); the group of 4-bit weights under 16-bit activations (GPTQ and AWQ of 4
+/// bits, compressed-tensors' `pack-quantized` W4A16), else why the server's GEMMs are not the
+/// ones derived (GPTQ with act-order, other bit widths, int8, bitsandbytes, weight-only FP8,
+/// MXFP4, blocks that are not square).
+fn quantization(f: &Fields<'_>) -> Option<Result<Quant, String>> {
     let q = f.map.get("quantization_config")?.as_object()?;
     let method = q
         .get("quant_method")
@@ -723,17 +738,44 @@ fn quantization(f: &Fields<'_>) -> Option<Result<(Fp8, Option<usize>), String>> 
                 _ => Fp8::E4m3,
             };
             match q.get("weight_block_size").filter(|b| !b.is_null()) {
-                Some(block) => square_block(block).map(|b| (format, Some(b))),
-                None => Ok((format, None)),
+                Some(block) => square_block(block).map(|b| Quant::Fp8(format, Some(b))),
+                None => Ok(Quant::Fp8(format, None)),
             }
         }
-        "fbgemm_fp8" => Ok((Fp8::E4m3, None)),
-        "compressed-tensors" => compressed_tensors(q).map(|f| (f, None)),
+        "fbgemm_fp8" => Ok(Quant::Fp8(Fp8::E4m3, None)),
+        "gptq" | "awq" => int4_group(method, q),
+        "compressed-tensors" => compressed_tensors(q),
         _ => Err(format!(
-            "its weights are quantized (quantization_config.quant_method = \"{method}\"), and kerntune's GEMMs take f32, f16, bf16 or fp8 (W8A8) weights"
+            "its weights are quantized (quantization_config.quant_method = \"{method}\"), and kerntune's GEMMs take f32, f16, bf16, fp8 (W8A8) or 4-bit GPTQ, AWQ and compressed-tensors (W4A16) weights"
         )),
     };
     Some(scheme.map_err(|why| format!("{}: {why}", f.path.display())))
+}
+
+/// The group of a GPTQ or AWQ checkpoint of 4-bit weights (`bits`, AWQ's `w_bit`; `group_size`,
+/// AWQ's `q_group_size`; -1 for one group of all of k), else why its GEMMs are not int4 ones:
+/// another bit width, or GPTQ's act-order (`desc_act`), whose groups gather values of k out
+/// of order through `g_idx`.
+fn int4_group(method: &str, q: &Map<String, Value>) -> Result<Quant, String> {
+    let int = |keys: &[&str]| keys.iter().find_map(|k| q.get(*k).and_then(Value::as_i64));
+    let bits = int(&["bits", "w_bit"]).unwrap_or(4);
+    if bits != 4 {
+        return Err(format!(
+            "its weights are {bits}-bit {method} (quantization_config.bits), and kerntune's quantized-weight GEMMs take 4-bit ones (W4A16)"
+        ));
+    }
+    if q.get("desc_act") == Some(&Value::Bool(true)) {
+        return Err(format!(
+            "its {method} weights use act-order (quantization_config.desc_act = true): each group gathers values of k through g_idx, and kerntune's int4 GEMMs take groups of consecutive values"
+        ));
+    }
+    match int(&["group_size", "q_group_size"]).unwrap_or(128) {
+        -1 => Ok(Quant::Int4(0)),
+        g if g > 0 && g % 8 == 0 => Ok(Quant::Int4(g as usize)),
+        g => Err(format!(
+            "its {method} weights are grouped by {g} values of k (quantization_config.group_size), and kerntune's int4 GEMMs take groups of a multiple of 8 (or -1, one group)"
+        )),
+    }
 }
 
 /// The edge of a `weight_block_size` of square blocks that the block-scaled GEMMs take
@@ -752,8 +794,10 @@ fn square_block(block: &Value) -> Result<usize, String> {
 
 /// The fp8 format of a `compressed-tensors` config whose every group quantizes weights and
 /// input activations to 8-bit floats, weights per tensor or channel (the FP8 checkpoints of
-/// llm-compressor: `FP8`, `FP8_DYNAMIC`), else why its GEMMs are other ones.
-fn compressed_tensors(q: &Map<String, Value>) -> Result<Fp8, String> {
+/// llm-compressor: `FP8`, `FP8_DYNAMIC`), or the group of one whose every group quantizes
+/// weights alone to 4-bit integers per group or channel (`W4A16`, packed), else why its GEMMs
+/// are other ones.
+fn compressed_tensors(q: &Map<String, Value>) -> Result<Quant, String> {
     let groups = q
         .get("config_groups")
         .and_then(Value::as_object)
@@ -761,7 +805,41 @@ fn compressed_tensors(q: &Map<String, Value>) -> Result<Fp8, String> {
         .ok_or(
             "its weights are quantized by compressed-tensors, and its config_groups are missing",
         )?;
+    let mut found = None;
     for (name, group) in groups {
+        let int4 = group
+            .get("weights")
+            .filter(|w| {
+                w.get("num_bits").and_then(Value::as_u64) == Some(4)
+                    && w.get("type").and_then(Value::as_str) == Some("int")
+            })
+            .filter(|_| group.get("input_activations").is_none_or(Value::is_null));
+        if let Some(w) = int4 {
+            let size = w.get("group_size").and_then(Value::as_i64);
+            let scheme = match (w.get("strategy").and_then(Value::as_str), size) {
+                (Some("channel"), _) => Quant::Int4(0),
+                (Some("group"), Some(g)) if g > 0 && g % 8 == 0 => Quant::Int4(g as usize),
+                (strategy, _) => {
+                    return Err(format!(
+                        "its 4-bit weights are quantized per {} (compressed-tensors config_groups.{name}.weights: strategy, group_size {}), and kerntune's int4 GEMMs take groups of a multiple of 8 values of k, or channels",
+                        strategy.unwrap_or("tensor"),
+                        size.map_or("none".into(), |g| g.to_string())
+                    ))
+                }
+            };
+            if w.get("actorder")
+                .is_some_and(|a| !a.is_null() && a != &Value::Bool(false))
+            {
+                return Err(format!(
+                    "its 4-bit weights use act-order (compressed-tensors config_groups.{name}.weights.actorder): each group gathers values of k out of order, and kerntune's int4 GEMMs take groups of consecutive values"
+                ));
+            }
+            if found.is_some_and(|f| f != scheme) {
+                return Err("its compressed-tensors config_groups quantize layers differently, and kerntune derives one scheme for every projection".into());
+            }
+            found = Some(scheme);
+            continue;
+        }
         let fp8 = |role: &str| {
             let args = group.get(role).filter(|a| !a.is_null())?;
             let bits = args.get("num_bits").and_then(Value::as_u64);
@@ -783,7 +861,7 @@ fn compressed_tensors(q: &Map<String, Value>) -> Result<Fp8, String> {
         };
         let (Some(weights), Some(_)) = (fp8("weights"), fp8("input_activations")) else {
             return Err(format!(
-                "its weights are quantized by compressed-tensors (config_groups.{name}: {} weights, {} activations), and kerntune's GEMMs take f32, f16, bf16 or fp8 weights with fp8 activations (W8A8)",
+                "its weights are quantized by compressed-tensors (config_groups.{name}: {} weights, {} activations), and kerntune's GEMMs take f32, f16, bf16 or fp8 weights with fp8 activations (W8A8), or 4-bit integer weights under unquantized activations (W4A16)",
                 scheme("weights"),
                 scheme("input_activations")
             ));
@@ -796,8 +874,12 @@ fn compressed_tensors(q: &Map<String, Value>) -> Result<Fp8, String> {
                 ))
             }
         }
+        if found.is_some_and(|f| f != Quant::Fp8(Fp8::E4m3, None)) {
+            return Err("its compressed-tensors config_groups quantize layers differently, and kerntune derives one scheme for every projection".into());
+        }
+        found = Some(Quant::Fp8(Fp8::E4m3, None));
     }
-    Ok(Fp8::E4m3)
+    Ok(found.unwrap_or(Quant::Fp8(Fp8::E4m3, None)))
 }
 
 /// Decoder families whose MLP is one up projection, an activation and a down projection,

@@ -90,6 +90,9 @@ pub struct Model {
     /// A block-scaled FP8 checkpoint's block edge (`weight_block_size = [128, 128]`:
     /// DeepSeek-V3, Qwen3's and Kimi K2's FP8 releases): its fp8 GEMMs are block-scaled ones.
     pub fp8_block: Option<usize>,
+    /// A 4-bit checkpoint's group of k (GPTQ, AWQ, compressed-tensors W4A16; 0: one group of
+    /// all of k): its projections are int4 GEMMs under `dtype` activations.
+    pub int4_group: Option<usize>,
     /// What the config asks for that the kernels do not compute; `shapes::derive` refuses
     /// the families concerned unless the command's flags leave them out.
     pub unsupported: Unsupported,
@@ -233,6 +236,7 @@ impl Model {
             dtype: DType::Bf16,
             fp8_weights: None,
             fp8_block: None,
+            int4_group: None,
             unsupported: Unsupported::default(),
         };
         Some(match name.to_ascii_lowercase().as_str() {

@@ -51,6 +51,7 @@ impl Guarded {
             TensorBuf::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
             TensorBuf::Bf16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
             TensorBuf::Fp8(_, v) => v.to_vec(),
+            TensorBuf::Int4(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         };
         Guarded::input_bytes(&bytes)
     }

@@ -314,7 +314,8 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
                 BLayout::Nk => &[true, false],
                 BLayout::Kn => &[true],
             };
-            for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M || p.block.is_some()) {
+            let every_m = p.block.is_some() || p.int4.is_some();
+            for (variant, nr) in streams.filter(|_| p.m <= STREAM_MAX_M || every_m) {
                 for &rows in &STREAM_ROWS {
                     for &nc in &widths {
                         for &prefetch in prefetches {
@@ -429,15 +430,41 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
             }
         }
     }
-    // Block-scaled fp8: the stream kernel at every M, and amx-direct (see `validate`).
+    // Block-scaled fp8: the stream kernel at every M, and amx-direct (see `validate`);
+    // int4 weights: the stream kernel at every M.
     if p.block.is_some() {
         out.retain(|c| matches!(c.variant, GemmVariant::Stream | GemmVariant::AmxDirect));
+    }
+    // Int4 weights: the stream kernel (which widens each word as it multiplies it) at
+    // every M, and from two tokens the dense problem's kernels, run after a pass that
+    // dequantizes the weights to the dtype, [N, K] (see `validate`).
+    if let Some(dense) = p.dequantized() {
+        out.retain(|c| c.variant == GemmVariant::Stream);
+        if p.m > 1 {
+            out.extend(
+                candidates(&dense, host).into_iter().filter(|c| {
+                    !matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16)
+                }),
+            );
+        }
     }
     out
 }
 
 pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
+    if let (Some(dense), false) = (p.dequantized(), c.variant == GemmVariant::Stream) {
+        // The other variants run after the weights are dequantized, on the dense problem.
+        if c.variant == GemmVariant::StreamDpbf16 {
+            return Err(invalid(
+                f,
+                "int4 weights stream on the stream variant, which widens each word's eight \
+                 values in registers as it multiplies them; stream-dpbf16 reads bf16 or fp8 \
+                 weights",
+            ));
+        }
+        return validate(c, &dense, host);
+    }
     if let Some(block) = p.block {
         match c.variant {
             GemmVariant::Stream => {}
@@ -512,7 +539,7 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
             } else if c.variant == GemmVariant::StreamDpbf16 {
                 bf16_pairs(c, p, host)?;
             }
-            if p.m > STREAM_MAX_M && p.block.is_none() {
+            if p.m > STREAM_MAX_M && p.block.is_none() && p.int4.is_none() {
                 return Err(invalid(
                     f,
                     format!(
@@ -606,9 +633,12 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
     Ok(())
 }
 
-/// The default config of a block-scaled fp8 problem: the stream variant, which runs it on
-/// every host, four rows a pass, about four 256-column chunks a thread; also its guess,
-/// except from 5 tokens on AMX hosts ([`heuristic`]).
+/// The most tokens the int4 guess streams (measured in [`heuristic`]).
+const INT4_STREAM_MAX_M: usize = 32;
+
+/// The default config of a block-scaled fp8 or int4 problem: the stream variant, which runs
+/// it on every host, four rows a pass, about four 256-column chunks a thread; also its guess
+/// (a block-scaled one's except from 5 tokens on AMX hosts, [`heuristic`]).
 pub(super) fn block_stream(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
     let chunks = p.n.div_ceil(256 * threads).max(1) * threads;
@@ -689,6 +719,18 @@ fn amx_direct(p: &GemmProblem, host: &CpuInfo, threads: usize, kc: usize) -> Gem
 
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
+    // Int4 weights: streamed to 32 tokens; past them the dense problem's guess, after the
+    // dequantizing pass, which prompts amortize. Two Zen 4 threads (session 62), cold,
+    // medians, `tune bench`, Llama-70B TP8 qkv (N 1280, K 8192) / gate_up (7168, 8192), ms,
+    // the stream kernel against the pass and the dense guess: M = 32 5.2 / 23.2 against 6.0
+    // / 34.2, M = 64 9.7 / 45.3 against 6.0 / 41.0; at 128 tokens the stream kernel took
+    // 18.4 / 88.7, at 2048 271 / 1405 against 108 / 617.
+    if let Some(dense) = p.dequantized() {
+        return match p.m <= INT4_STREAM_MAX_M {
+            true => block_stream(p, host),
+            false => heuristic(&dense, host),
+        };
+    }
     if let Some(block) = p.block {
         // Block-scaled fp8 from 5 tokens on AMX tiles, in slices of whole groups of about
         // 512 values; the stream kernel below them. Two threads of an AMX Xeon (session 60),

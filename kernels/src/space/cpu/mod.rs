@@ -177,7 +177,9 @@ impl Space for CpuSpace {
         let host = cpu_of(device);
         match problem {
             // Block-scaled fp8 runs on one variant, so its default is that variant's.
-            Problem::Gemm(p) if p.block.is_some() => Config::Gemm(gemm::block_stream(p, host)),
+            Problem::Gemm(p) if p.block.is_some() || p.int4.is_some() => {
+                Config::Gemm(gemm::block_stream(p, host))
+            }
             Problem::Gemm(_) => Config::Gemm(gemm::default(host)),
             Problem::Flash(_) => Config::Flash(flash::default(host)),
             Problem::Paged(_) => Config::Paged(paged::default(host)),

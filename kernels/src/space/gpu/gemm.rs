@@ -83,6 +83,9 @@ fn instruction_tiles(
 /// the warp-specialized wgmma tiles, whose multiplying warpgroups keep products in flight
 /// across k tiles and C tiles, take none.
 pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
+    if let Some(group) = p.int4 {
+        return Err(int4_refusal(group, "a GPU"));
+    }
     let Some(block) = p.block else {
         return Ok(());
     };
@@ -111,6 +114,26 @@ pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelE
         ));
     }
     Ok(())
+}
+
+/// Int4 weights run on the CPU kernels only (no GPU source of kerntune unpacks them): an int4
+/// problem is refused on every GPU, by name.
+pub(super) fn int4_on_gpu(p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
+    match p.int4 {
+        Some(group) => Err(int4_refusal(group, g.name)),
+        None => Ok(()),
+    }
+}
+
+fn int4_refusal(group: usize, on: &str) -> KernelError {
+    invalid(
+        Family::Gemm,
+        format!(
+            "int4 weights (int4 = {group}) run on the CPU kernels only: no GPU kernel of \
+             kerntune unpacks them yet, so {on} takes none; tune them with --device cpu, or \
+             the same shapes in f16 or bf16 (drop int4) on {on}"
+        ),
+    )
 }
 
 pub(super) fn validate(

@@ -283,6 +283,9 @@ impl Space for GpuSpace {
         device: &Device,
     ) -> Result<(), KernelError> {
         let g = gpu_of(device, problem.family())?;
+        if let (Problem::Gemm(p), true) = (problem, config.is_gpu()) {
+            gemm::int4_on_gpu(p, g)?;
+        }
         match (config, problem) {
             (Config::GpuGemm(c), Problem::Gemm(p)) => gemm::validate(c, p, g)?,
             (Config::GpuFlash(c), Problem::Flash(p)) => flash::validate(c, p, g)?,
