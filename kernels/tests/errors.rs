@@ -674,8 +674,9 @@ fn int4_gemms_are_checked_by_name_and_computed() {
         "{err}"
     );
     // The stream variant reads the words; the others run after the dequantizing pass, as
-    // the dense problem's (the same product here, every value exact); stream-dpbf16, which
-    // reads bf16 or fp8 weights, not at all; no GPU computes int4 weights.
+    // the dense problem's (the same product here, every value exact), but stream-dpbf16,
+    // which reads the words as bf16 pairs, so bf16 activations only; no GPU computes int4
+    // weights.
     let packed = CpuSpace.default_config(&q, &Device::host());
     CpuSpace.validate(&packed, &p, &Device::host()).unwrap();
     let mut scratch = vec![0.0; CpuBackend.scratch_len(&p, &packed)];
@@ -697,7 +698,7 @@ fn int4_gemms_are_checked_by_name_and_computed() {
     });
     let err = CpuSpace.validate(&pairs, &p, &Device::host()).unwrap_err();
     assert!(
-        err.to_string().contains("stream-dpbf16 reads bf16 or fp8"),
+        err.to_string().contains("takes bf16 inputs") && err.to_string().contains("int4"),
         "{err}"
     );
     for gpu in ["h200", "mi300x", "mi250"] {

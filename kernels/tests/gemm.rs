@@ -1058,29 +1058,40 @@ fn int4_candidates_match_reference() {
             let p = problem(&spec);
             let mut configs = CpuSpace.candidates(&p, &device);
             assert!(!configs.is_empty(), "{p}: no candidates");
-            // The stream kernel on the words; from two tokens, the dense problem's kernels
-            // after the dequantizing pass too.
+            // The stream kernels on the words (widened to f32, or to bf16 pairs); from two
+            // tokens, the dense problem's kernels after the dequantizing pass too.
             let dense = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b=kn"));
             for c in &configs {
                 let Config::Gemm(g) = c else { unreachable!() };
+                let streams = [GemmVariant::Stream, GemmVariant::StreamDpbf16];
                 assert!(
-                    g.variant == GemmVariant::Stream
+                    streams.contains(&g.variant)
                         || (m > 1
                             && g.variant != GemmVariant::StreamDpbf16
                             && CpuSpace.validate(c, &dense, &device).is_ok()),
                     "{p}: {c}"
                 );
             }
-            let dequantizing = configs
-                .iter()
-                .filter(|c| !matches!(c, Config::Gemm(g) if g.variant == GemmVariant::Stream));
+            let dequantizing = configs.iter().filter(|c| {
+                !matches!(c, Config::Gemm(g)
+                    if matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16))
+            });
             assert_eq!(dequantizing.count() > 0, m > 1, "{p}");
             configs.push(CpuSpace.default_config(&p, &device));
             configs.push(CpuSpace.heuristic(&p, &device));
+            // The bf16 pairs' kernel wherever the host runs it: strips of 32 columns, short
+            // ones masked.
+            let pairs = dtype == DType::Bf16 && host.avx512_bf16;
             for isa in Isa::supported_by(host.isa) {
-                for (mr, nc) in [(1, 4), (2, 32), (4, 1024)] {
+                let variants = [GemmVariant::Stream, GemmVariant::StreamDpbf16];
+                let kinds = if pairs && isa >= Isa::Avx512 { 2 } else { 1 };
+                let shapes = [(1, 4), (2, 32), (4, 1024)];
+                for (&variant, (mr, nc)) in variants[..kinds]
+                    .iter()
+                    .flat_map(|v| shapes.iter().map(move |&s| (v, s)))
+                {
                     configs.push(Config::Gemm(GemmConfig {
-                        variant: GemmVariant::Stream,
+                        variant,
                         isa,
                         mr,
                         nr: 8,
@@ -1107,4 +1118,48 @@ fn int4_candidates_match_reference() {
         }
     }
     eprintln!("verified {ran} int4 GEMM configs");
+}
+
+/// The untuned int4 configs: the bf16 pairs' stream kernel to 128 tokens where the host has
+/// AVX-512-BF16 and the activations are bf16, the widening one to 32 tokens elsewhere, the
+/// dense guess after the dequantizing pass beyond; the default is the widening stream kernel,
+/// which runs everywhere.
+#[test]
+fn int4_untuned_configs_follow_the_host_and_the_tokens() {
+    let pairs = described_avx512_host("AMD EPYC 9654");
+    let mut info = kerntune_kernels::CpuInfo::detect().clone();
+    info.model = "Intel Core i7-8700".into();
+    info.isa = Isa::Avx2Fma;
+    info.avx512_bf16 = false;
+    info.threads = 2;
+    let avx2 = Device::Cpu(info);
+    for (host, dtype, m, want) in [
+        (&pairs, "bf16", 1, Some(GemmVariant::StreamDpbf16)),
+        (&pairs, "bf16", 128, Some(GemmVariant::StreamDpbf16)),
+        (&pairs, "bf16", 256, None),
+        (&pairs, "f16", 32, Some(GemmVariant::Stream)),
+        (&pairs, "f16", 64, None),
+        (&avx2, "bf16", 32, Some(GemmVariant::Stream)),
+        (&avx2, "bf16", 64, None),
+    ] {
+        let p = problem(&format!(
+            "gemm:m={m},n=1280,k=8192,dtype={dtype},b=kn,int4=128"
+        ));
+        let h = CpuSpace.heuristic(&p, host);
+        let Config::Gemm(g) = h else { unreachable!() };
+        match want {
+            Some(variant) => assert_eq!(g.variant, variant, "{p}: {h}"),
+            None => assert!(
+                !matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16),
+                "{p}: {h}"
+            ),
+        }
+        let d = CpuSpace.default_config(&p, host);
+        assert!(matches!(d, Config::Gemm(g) if g.variant == GemmVariant::Stream));
+        for c in [h, d] {
+            CpuSpace
+                .validate(&c, &p, host)
+                .unwrap_or_else(|e| panic!("{p} {c}: {e}"));
+        }
+    }
 }

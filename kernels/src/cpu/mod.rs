@@ -20,6 +20,7 @@ mod flash_amx;
 mod fp8_bf16;
 mod gemm;
 mod int4;
+mod int4_dpbf16;
 mod leaf;
 mod paged;
 #[cfg(target_arch = "x86_64")]
@@ -61,6 +62,7 @@ impl Backend for CpuBackend {
         let len = match (problem, config) {
             (Problem::Gemm(p), Config::Gemm(c)) if p.int4.is_some() => match p.dequantized() {
                 // Dequantized first: the weights and the dense kernel's scratch.
+                Some(_) if c.variant == GemmVariant::StreamDpbf16 => int4_dpbf16::scratch_len(p),
                 Some(dense) if c.variant != GemmVariant::Stream => {
                     int4::dequantize_scratch_len(p, c.threads)
                         + self.scratch_len(&Problem::Gemm(dense), config)
@@ -128,7 +130,8 @@ impl Backend for CpuBackend {
                 scales.check(p)?;
                 use simd::{E4m3Bits, E5m2Bits};
                 if let (Some(dense), Tensor::Int4(words)) = (p.dequantized(), b) {
-                    if c.variant != GemmVariant::Stream {
+                    let streams = [GemmVariant::Stream, GemmVariant::StreamDpbf16];
+                    if !streams.contains(&c.variant) {
                         let dense = Problem::Gemm(dense);
                         let s = scratch;
                         let (b, rest) = match a {
@@ -151,6 +154,11 @@ impl Backend for CpuBackend {
                     }
                 }
                 match (a, b) {
+                    (Tensor::Bf16(a), Tensor::Int4(w))
+                        if c.variant == GemmVariant::StreamDpbf16 =>
+                    {
+                        int4_dpbf16::run(p, c, a, w, scales, out, scratch)
+                    }
                     (Tensor::F32(a), Tensor::Int4(w)) => {
                         int4::run(p, c, a, w, scales, out, scratch)
                     }

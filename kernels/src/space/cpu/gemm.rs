@@ -44,7 +44,7 @@ fn bf16_pairs(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), Ker
     let name = c.variant.name();
     if p.dtype != DType::Bf16 {
         let or_fp8 = match c.variant {
-            GemmVariant::StreamDpbf16 => " (or fp8 weights stored [N, K])",
+            GemmVariant::StreamDpbf16 => " (or fp8 weights stored [N, K], or int4 weights)",
             _ => "",
         };
         return Err(invalid(
@@ -430,16 +430,15 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
             }
         }
     }
-    // Block-scaled fp8: the stream kernel at every M, and amx-direct (see `validate`);
-    // int4 weights: the stream kernel at every M.
+    // Block-scaled fp8: the stream kernel at every M, and amx-direct (see `validate`).
     if p.block.is_some() {
         out.retain(|c| matches!(c.variant, GemmVariant::Stream | GemmVariant::AmxDirect));
     }
-    // Int4 weights: the stream kernel (which widens each word as it multiplies it) at
-    // every M, and from two tokens the dense problem's kernels, run after a pass that
-    // dequantizes the weights to the dtype, [N, K] (see `validate`).
+    // Int4 weights: the stream kernels (which widen each word as they multiply it: to f32,
+    // or to bf16 pairs for `vdpbf16ps`) at every M, and from two tokens the dense problem's kernels, run after a pass that
+    // dequantizes the weights to the dtype, [K, N] (see `validate`).
     if let Some(dense) = p.dequantized() {
-        out.retain(|c| c.variant == GemmVariant::Stream);
+        out.retain(|c| matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16));
         if p.m > 1 {
             out.extend(
                 candidates(&dense, host).into_iter().filter(|c| {
@@ -453,16 +452,9 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
 
 pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
-    if let (Some(dense), false) = (p.dequantized(), c.variant == GemmVariant::Stream) {
+    let streams = matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16);
+    if let (Some(dense), false) = (p.dequantized(), streams) {
         // The other variants run after the weights are dequantized, on the dense problem.
-        if c.variant == GemmVariant::StreamDpbf16 {
-            return Err(invalid(
-                f,
-                "int4 weights stream on the stream variant, which widens each word's eight \
-                 values in registers as it multiplies them; stream-dpbf16 reads bf16 or fp8 \
-                 weights",
-            ));
-        }
         return validate(c, &dense, host);
     }
     if let Some(block) = p.block {
@@ -633,8 +625,10 @@ pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Resul
     Ok(())
 }
 
-/// The most tokens the int4 guess streams (measured in [`heuristic`]).
+/// The most tokens the int4 guess streams, widening the words to f32 and to bf16 pairs
+/// (measured in [`heuristic`]).
 const INT4_STREAM_MAX_M: usize = 32;
+const INT4_PAIRS_MAX_M: usize = 128;
 
 /// The default config of a block-scaled fp8 or int4 problem: the stream variant, which runs
 /// it on every host, four rows a pass, about four 256-column chunks a thread; also its guess
@@ -719,16 +713,30 @@ fn amx_direct(p: &GemmProblem, host: &CpuInfo, threads: usize, kc: usize) -> Gem
 
 pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     let threads = host.threads.max(1);
-    // Int4 weights: streamed to 32 tokens; past them the dense problem's guess, after the
-    // dequantizing pass, which prompts amortize. Two Zen 4 threads (session 62), cold,
-    // medians, `tune bench`, Llama-70B TP8 qkv (N 1280, K 8192) / gate_up (7168, 8192), ms,
-    // the stream kernel against the pass and the dense guess: M = 32 5.2 / 23.2 against 6.0
-    // / 34.2, M = 64 9.7 / 45.3 against 6.0 / 41.0; at 128 tokens the stream kernel took
-    // 18.4 / 88.7, at 2048 271 / 1405 against 108 / 617.
+    // Int4 weights: streamed (on bf16 pairs to 128 tokens where the host has AVX-512-BF16
+    // and the activations are bf16, else widened to f32 to 32 tokens); past that the dense
+    // problem's guess, after the dequantizing pass, which prompts amortize. Two Zen 4
+    // threads (session 62), cold, medians, `tune bench`, Llama-70B TP8 gate_up (N 7168, K
+    // 8192) / qkv (1280, 8192), ms, widened / pairs / the pass and the dense guess: M = 16
+    // 11.4-12.3 / 6.3-6.5 / - and 2.5-2.7 / 1.4-2.2 / -, M = 32 23.2 / 11.8 / 34.2 and 5.2 /
+    // 2.3-2.4 / 6.0, M = 64 45.0-45.3 / 22.8-22.9 / 41.0 and 9.8-10.4 / 5.1-5.5 / 6.0-6.5,
+    // M = 128 88.7 / 44.5-44.7 / 59.5-60.3 and 18.4 / 10.7 / 10.5-10.7, M = 256 - / 89.0-89.3
+    // / 96.6-98.4 and - / 21.1-21.2 / 17.4-17.6.
     if let Some(dense) = p.dequantized() {
-        return match p.m <= INT4_STREAM_MAX_M {
-            true => block_stream(p, host),
-            false => heuristic(&dense, host),
+        let after_pass = heuristic(&dense, host);
+        let streams = matches!(
+            after_pass.variant,
+            GemmVariant::Stream | GemmVariant::StreamDpbf16
+        );
+        let pairs = p.dtype == DType::Bf16 && host.avx512_bf16 && host.isa >= Isa::Avx512;
+        return match (pairs, p.m) {
+            (true, m) if m <= INT4_PAIRS_MAX_M || streams => GemmConfig {
+                variant: GemmVariant::StreamDpbf16,
+                nr: 32,
+                ..block_stream(p, host)
+            },
+            (false, m) if m <= INT4_STREAM_MAX_M || streams => block_stream(p, host),
+            _ => after_pass,
         };
     }
     if let Some(block) = p.block {
