@@ -8,7 +8,8 @@
 //! each multiplies 32 weights in one `vdpbf16ps`, where the widening kernel spends a shift, a
 //! look-up and a multiply-add on 16. The pairs meet A's `(a[8r + i], a[8r + i + 4])`, laid out
 //! so once a call; a group's sum is then `Σ a·q + 128 Σ a`, and its zero point's correction
-//! takes `(z + 128)` times the group's sum of A.
+//! takes `(z + 128)` times the group's sum of A. x86-64 only (the module is gated): AVX-512-BF16
+//! hosts are.
 
 use half::bf16;
 
@@ -83,7 +84,6 @@ pub fn run(
                 // SAFETY: rows i0..i0 + r of the pairs, sums and C, columns j0..j0 + width of
                 // the words, scales, zero points and C exist; tasks write disjoint columns;
                 // validation checked the host has AVX-512-BF16.
-                #[cfg(target_arch = "x86_64")]
                 unsafe {
                     match r {
                         4 => x86::strip::<4>(strip),
@@ -91,10 +91,6 @@ pub fn run(
                         _ => x86::strip::<1>(strip),
                     }
                 }
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!(
-                    "stream-dpbf16 is validated on AVX-512-BF16 hosts only: {strip:?} {r}"
-                );
             }
         }
     });
@@ -116,7 +112,6 @@ struct Strip {
     c: *mut f32,
 }
 
-#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Strip;
     use std::arch::x86_64::*;

@@ -20,6 +20,7 @@ mod flash_amx;
 mod fp8_bf16;
 mod gemm;
 mod int4;
+#[cfg(target_arch = "x86_64")]
 mod int4_dpbf16;
 mod leaf;
 mod paged;
@@ -62,6 +63,7 @@ impl Backend for CpuBackend {
         let len = match (problem, config) {
             (Problem::Gemm(p), Config::Gemm(c)) if p.int4.is_some() => match p.dequantized() {
                 // Dequantized first: the weights and the dense kernel's scratch.
+                #[cfg(target_arch = "x86_64")]
                 Some(_) if c.variant == GemmVariant::StreamDpbf16 => int4_dpbf16::scratch_len(p),
                 Some(dense) if c.variant != GemmVariant::Stream => {
                     int4::dequantize_scratch_len(p, c.threads)
@@ -154,6 +156,8 @@ impl Backend for CpuBackend {
                     }
                 }
                 match (a, b) {
+                    // Validated on AVX-512-BF16 hosts only, which are x86-64.
+                    #[cfg(target_arch = "x86_64")]
                     (Tensor::Bf16(a), Tensor::Int4(w))
                         if c.variant == GemmVariant::StreamDpbf16 =>
                     {
