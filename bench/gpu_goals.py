@@ -13,6 +13,7 @@ Needs nothing beyond Python; a file the run did not write is reported missing, n
 import glob
 import json
 import os
+import re
 import sys
 
 PEER_GOAL = 0.7
@@ -167,6 +168,18 @@ def main():
                 f"  {problem}: tuned vs cuBLASLt fp8 {m['cublaslt_ns'] / m['best_ns']:.2f}x"
                 f" ({scales})"
             )
+    # A 4-bit checkpoint's GEMM beside the same shape in bf16 (information, no goal; cuBLAS
+    # takes no int4 words): what reading a quarter of the weight bytes bought.
+    for problem, m in merged.items():
+        if ",int4=" not in problem or m["best_ns"] is None:
+            continue
+        bf16 = merged.get(re.sub(r",b=kn,int4=\d+", ",b=nk", problem))
+        if bf16 is None:
+            continue
+        if bf16["best_ns"] is not None:
+            print(f"  {problem}: tuned int4 vs tuned bf16 {bf16['best_ns'] / m['best_ns']:.2f}x")
+        if bf16.get("cublas_ns") is not None:
+            print(f"  {problem}: tuned int4 vs cuBLAS bf16 {bf16['cublas_ns'] / m['best_ns']:.2f}x")
     print(f"{missed} goals missed")
     return 1 if missed else 0
 

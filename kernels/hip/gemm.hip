@@ -53,6 +53,16 @@
 // promotion; wgmma waits for the group's products first). C is then stored times the
 // readings' factor only (none for the tiles that multiply the bytes themselves).
 //
+// Int4 weights (KT_INT4 = the group, W4A16: GPTQ's, AWQ's and compressed-tensors' 4-bit
+// checkpoints; f32, f16 or bf16 A): B is GPTQ's `qweight`, [K/8, N] words, value i of word
+// (r, j) being q[8r + i, j] in bits 4i..4i+3, with f32 scales and zero points [K/group, N]
+// (b_zeros NULL: 8 throughout), weight (q - z)·s. The tiled, one-stage mma and one-stage
+// MFMA variants unpack a word a thread as they stage B's k tile (f32, or rounded to A's
+// 16-bit type for the matrix cores, as the CPU's dequantizing pass rounds them); the skinny
+// variant reads the words in place for decode: each group of 32 lanes owns KT_TN columns and
+// every lane a word row of them a step, TN consecutive words, each group of k's products
+// summed apart and scaled once, s·(Σ a·q − z·Σ a).
+//
 // Split-K (KT_SPLIT > 1, every variant): block z of the grid takes the z-th of KT_SPLIT runs
 // of whole k tiles and writes its partial C to slice z of `c`, a workspace of KT_SPLIT·M·N
 // floats; kt_gemm_reduce then adds the slices into C in order z = 0, 1, ..., so results do not
@@ -90,6 +100,24 @@
 #error "the warp-specialized wgmma tiles take no blocks: their products run across k tiles"
 #endif
 
+#ifndef KT_INT4
+#define KT_INT4 0
+#endif
+#if KT_INT4
+#if KT_FP8_IN || KT_B_NK || KT_BLOCK
+#error "int4 weights (KT_INT4) take f32, f16 or bf16 A and GPTQ's [K/8, N] words as B"
+#endif
+#if KT_STAGES != 1 || KT_VARIANT == 3 || KT_INT4 % 8 != 0
+#error "int4 weights: one stage of the tiled, mma, MFMA or skinny variant; a group of whole words"
+#endif
+#if KT_VARIANT != 4 && KT_BK % 8 != 0
+#error "int4 weights are staged a word (8 values of k) at a time: KT_BK must be a multiple of 8"
+#endif
+typedef unsigned kt_b;
+#else
+typedef kt_in kt_b;
+#endif
+
 #if KT_FP8_IN
 #define KT_SCALE_PARAMS                                                                      \
     , const float* __restrict__ a_scales, int a_step, const float* __restrict__ b_scales,    \
@@ -125,8 +153,15 @@
 #define KT_ROW_SCALE_IN(row, end) ((row) < (end) ? KT_ROW_SCALE(row) : 0.0f)
 #define KT_COL_SCALE_IN(col, end) ((col) < (end) ? KT_COL_SCALE(col) : 0.0f)
 #else
+#if KT_INT4
+// The groups' scales and zero points, [K/group, N] each (zero points NULL: 8); they enter as
+// B is unpacked, so C is stored as summed.
+#define KT_SCALE_PARAMS , const float* __restrict__ b_scales, const float* __restrict__ b_zeros
+#define KT_SCALE_ARGS , b_scales, b_zeros
+#else
 #define KT_SCALE_PARAMS
 #define KT_SCALE_ARGS
+#endif
 #define KT_ROW_SCALE(row) 1.0f
 #define KT_COL_SCALE(col) 1.0f
 #define KT_ROW_SCALE_IN(row, end) 1.0f
@@ -142,6 +177,63 @@ KT_DEVICE void kt_split_range(int k, int* begin, int* end) {
     *end = min(k, *begin + per * KT_BK);
 }
 
+#if KT_INT4
+// Weight row k's group's scale and zero point of column `col`, as (q − z)·s takes them.
+#define KT_INT4_AT(k, col) ((long)((k) / KT_INT4) * n + (col))
+#define KT_INT4_ZERO(at) (b_zeros ? b_zeros[at] : 8.0f)
+// Value `e` of a word as a float: the bits or'ed into the mantissa of 2^23, minus 2^23 (exact),
+// where an int-to-float conversion runs at a quarter of the rate on NVIDIA.
+KT_DEVICE float kt_nibble(unsigned w, int e) {
+    return KT_BITS_F32(0x4b000000u | ((w >> (4 * e)) & 15u)) - 8388608.0f;
+}
+
+// B's k tile at k0 (KT_BK deep, KT_BN wide from col0), unpacked: `threads` threads a word
+// each, consecutive ones on consecutive columns (one coalesced row of words), every value
+// handed to `store(col, kk, weight)`; zeros past n or the split's end `ke` (a multiple of 8,
+// so a word is wholly in or out).
+template <class Store>
+KT_DEVICE void kt_int4_stage(const unsigned* __restrict__ b, const float* __restrict__ b_scales,
+                             const float* __restrict__ b_zeros, int n, int k0, int ke, int col0,
+                             int tid, int threads, Store store) {
+    for (int i = tid; i < (KT_BK / 8) * KT_BN; i += threads) {
+        const int w = i / KT_BN, col = i % KT_BN;
+        const int gc = col0 + col, gk = k0 + 8 * w;
+        const bool in = gc < n && gk < ke;
+        const unsigned word = in ? b[(long)(gk / 8) * n + gc] : 0u;
+        const long at = KT_INT4_AT(gk, min(gc, n - 1));
+        const float s = in ? b_scales[at] : 0.0f;
+        const float z = in ? KT_INT4_ZERO(at) : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) store(col, 8 * w + e, (kt_nibble(word, e) - z) * s);
+    }
+}
+
+#if KT_DTYPE != 0
+// A weight rounded to A's 16-bit type (to nearest even) for the matrix cores: bf16 in integer
+// arithmetic on every vendor (the weights are finite), f16 by the vendor's conversion.
+KT_DEVICE unsigned short kt_narrow(float x) {
+#if KT_DTYPE == 2
+    unsigned u;
+#if defined(KT_HOST)
+    __builtin_memcpy(&u, &x, sizeof u);
+#else
+    u = __float_as_uint(x);
+#endif
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+#elif defined(KT_HOST)
+    return kt_host::f32_f16(x);
+#elif defined(KT_HIP)
+    return __half_as_ushort(__float2half(x));
+#else
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#endif
+}
+#endif
+#endif
+
 #if KT_VARIANT == 0
 
 #define KT_THREADS ((KT_BM / KT_TM) * (KT_BN / KT_TN))
@@ -149,7 +241,7 @@ KT_DEVICE void kt_split_range(int k, int* begin, int* end) {
 #define KT_PAD 1
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
-kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+kt_gemm(const kt_in* __restrict__ a, const kt_b* __restrict__ b, float* __restrict__ c,
         int m, int n, int k KT_SCALE_PARAMS) {
     KT_SHARED float as[KT_BK][KT_BM + KT_PAD];
     KT_SHARED float bs[KT_BK][KT_BN + KT_PAD];
@@ -180,6 +272,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             as[kk][r] = (gr < m && gk < ke) ? kt_load(a, (long)gr * k + gk) : 0.0f;
 #endif
         }
+#if KT_INT4
+        kt_int4_stage(b, b_scales, b_zeros, n, k0, ke, col0, tid, KT_THREADS,
+                      [&](int col, int kk, float w) { bs[kk][col] = w; });
+#else
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
@@ -197,6 +293,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             bs[kk][col] = (gc < n && gk < ke) ? kt_load(b, (long)gk * n + gc) : 0.0f;
 #endif
         }
+#endif
         KT_SYNC();
 #pragma unroll 4
         for (int kk = 0; kk < KT_BK; ++kk) {
@@ -298,7 +395,7 @@ KT_DEVICE void kt_mfma_stage(unsigned short (*dst)[KT_LDK], const kt_u32x4 (&r)[
 #endif
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
-kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+kt_gemm(const kt_in* __restrict__ a, const kt_b* __restrict__ b, float* __restrict__ c,
         int m, int n, int k KT_SCALE_PARAMS) {
 #if KT_STAGES == 1
     // k contiguous for both operands; 4 halves of padding keep 8-byte reads aligned and
@@ -387,6 +484,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             as[r][kk] =
                 (gr < m && gk < ke) ? kt_core_bits(a[(long)gr * k + gk]) : (unsigned short)0;
         }
+#if KT_INT4
+        kt_int4_stage(b, b_scales, b_zeros, n, k0, ke, col0, tid, KT_THREADS,
+                      [&](int col, int kk, float w) { bs[col][kk] = kt_narrow(w); });
+#else
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
@@ -400,6 +501,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
                 (gc < n && gk < ke) ? kt_core_bits(b[(long)gk * n + gc]) : (unsigned short)0;
 #endif
         }
+#endif
         KT_SYNC();
 #else
         // The next tile's loads go out before this tile's products, and land in the other
@@ -506,7 +608,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 #endif
 
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
-kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+kt_gemm(const kt_in* __restrict__ a, const kt_b* __restrict__ b, float* __restrict__ c,
         int m, int n, int k KT_SCALE_PARAMS) {
 #if KT_STAGES == 1
     KT_SHARED __attribute__((aligned(16))) unsigned short as[KT_BM][KT_LDK];
@@ -578,6 +680,10 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
             as[r][kk] =
                 (gr < m && gk < ke) ? kt_core_bits(a[(long)gr * k + gk]) : (unsigned short)0;
         }
+#if KT_INT4
+        kt_int4_stage(b, b_scales, b_zeros, n, k0, ke, col0, tid, KT_THREADS,
+                      [&](int col, int kk, float w) { bs[col][kk] = kt_narrow(w); });
+#else
         for (int i = tid; i < KT_BN * KT_BK; i += KT_THREADS) {
 #if KT_B_NK
             const int col = i / KT_BK, kk = i % KT_BK;
@@ -591,6 +697,7 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
                 (gc < n && gk < ke) ? kt_core_bits(b[(long)gk * n + gc]) : (unsigned short)0;
 #endif
         }
+#endif
         KT_SYNC();
 #pragma unroll
         for (int kk = 0; kk < KT_BK; kk += 16) {
@@ -961,7 +1068,7 @@ KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS) KT_CLUSTER_DIMS(KT_CLUSTER)
 #else
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
 #endif
-kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+kt_gemm(const kt_in* __restrict__ a, const kt_b* __restrict__ b, float* __restrict__ c,
         int m, int n, int k KT_SCALE_PARAMS
 #if KT_TMA
         , const KT_GRID_CONSTANT kt_tmap a_map, const KT_GRID_CONSTANT kt_tmap b_map
@@ -1207,17 +1314,13 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
 
 #elif KT_VARIANT == 4
 
-#if !KT_B_NK || KT_TM != 1
-#error "the skinny variant reads B as [N, K] and takes KT_TM 1"
+#if KT_TM != 1
+#error "the skinny variant takes KT_TM 1"
 #endif
 // Lane groups of 32 on every vendor (half a CDNA wave): shuffles with masks below 32 stay
 // inside a group on 64-wide waves too.
 #define KT_GROUPS (KT_BN / KT_TN)
 #define KT_THREADS (32 * KT_GROUPS)
-#define KT_UNROLL (KT_BK / (32 * KT_VEC))
-#if KT_UNROLL < 1 || KT_UNROLL * 32 * KT_VEC != KT_BK
-#error "the skinny variant's KT_BK must be 32 lanes times 16 bytes times a whole unroll"
-#endif
 
 KT_DEVICE float kt_group_sum(float v) {
 #pragma unroll
@@ -1225,8 +1328,124 @@ KT_DEVICE float kt_group_sum(float v) {
     return v;
 }
 
+// Every lane of a group ends with the group's sums; lane i·TN + j (BM·TN is at most 32) writes
+// element (i, j) times `scale`.
+KT_DEVICE void kt_skinny_store(float (&acc)[KT_BM][KT_TN], float* __restrict__ c, int m, int n,
+                               int row0, int col0, int lane, float scale) {
+#pragma unroll
+    for (int i = 0; i < KT_BM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) {
+            const float sum = kt_group_sum(acc[i][j]);
+            if (lane == i * KT_TN + j && row0 + i < m && col0 + j < n)
+                c[(long)(row0 + i) * n + col0 + j] = sum * scale;
+        }
+}
+
+#if KT_INT4
+// Int4 decode: each group of 32 lanes owns KT_TN consecutive columns; lane l takes word rows
+// l, l + 32, ... of each k tile (KT_BK / 8 rows), TN consecutive words of each (one 32-byte
+// sector at TN 8), and the 8 values of A's rows under it in one or two 16-byte loads.
+#define KT_UNROLL (KT_BK / 256)
+#if KT_UNROLL < 1 || KT_UNROLL * 256 != KT_BK
+#error "the int4 skinny variant's KT_BK must be 32 lanes times a word's 8 values times a whole unroll"
+#endif
+
+// The 8 values of A at `p` (16-byte aligned), widened.
+KT_DEVICE void kt_load8(const kt_in* p, float (&x)[8]) {
+#if KT_DTYPE == 0
+    float lo[4], hi[4];
+    kt_widen16(kt_load16(p), lo);
+    kt_widen16(kt_load16(p + 4), hi);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        x[e] = lo[e];
+        x[e + 4] = hi[e];
+    }
+#else
+    kt_widen16(kt_load16(p), x);
+#endif
+}
+
 KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
-kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restrict__ c,
+kt_gemm(const kt_in* __restrict__ a, const kt_b* __restrict__ b, float* __restrict__ c,
+        int m, int n, int k KT_SCALE_PARAMS) {
+    const int lane = KT_TID % 32;
+    const int row0 = KT_BID_Y * KT_BM;
+    const int col0 = KT_BID_X * KT_BN + (KT_TID / 32) * KT_TN;
+    int kb, ke;
+    kt_split_range(k, &kb, &ke);
+    c += (long)KT_BID_Z * m * n;
+    // Columns past n read the last one and are not written (every load unconditional).
+    int col[KT_TN];
+#pragma unroll
+    for (int j = 0; j < KT_TN; ++j) col[j] = min(col0 + j, n - 1);
+    float acc[KT_BM][KT_TN];
+#pragma unroll
+    for (int i = 0; i < KT_BM; ++i)
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) acc[i][j] = 0.0f;
+    // One word row `r` of this lane's columns (k = 8r .. 8r + 7, inside one group): the sums
+    // of a·q and of a over its 8 values, then s·(Σ a·q − z·Σ a) into each column's sums.
+    auto step = [&](const unsigned (&w)[KT_TN], int r) {
+        float s[KT_TN], z[KT_TN], q[KT_TN][8];
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) {
+            const long at = KT_INT4_AT(8 * r, col[j]);
+            s[j] = b_scales[at];
+            z[j] = KT_INT4_ZERO(at);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) q[j][e] = kt_nibble(w[j], e);
+        }
+#pragma unroll
+        for (int i = 0; i < KT_BM; ++i) {
+            float av[8];
+            kt_load8(a + (long)min(row0 + i, m - 1) * k + 8 * r, av);
+            float sa = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sa += av[e];
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j) {
+                float t = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) t = fmaf(av[e], q[j][e], t);
+                acc[i][j] = fmaf(s[j], t - z[j] * sa, acc[i][j]);
+            }
+        }
+    };
+    // Whole tiles: KT_UNROLL · KT_TN word loads a lane issued before their products.
+    const int re = ke / 8;
+    int r0 = kb / 8;
+    for (; r0 + KT_BK / 8 <= re; r0 += KT_BK / 8) {
+        unsigned w[KT_UNROLL][KT_TN];
+#pragma unroll
+        for (int u = 0; u < KT_UNROLL; ++u)
+#pragma unroll
+            for (int j = 0; j < KT_TN; ++j) w[u][j] = b[(long)(r0 + 32 * u + lane) * n + col[j]];
+#pragma unroll
+        for (int u = 0; u < KT_UNROLL; ++u) step(w[u], r0 + 32 * u + lane);
+    }
+    // The split's last partial tile.
+    for (int r = r0 + lane; r < re; r += 32) {
+        unsigned w[KT_TN];
+#pragma unroll
+        for (int j = 0; j < KT_TN; ++j) w[j] = b[(long)r * n + col[j]];
+        step(w, r);
+    }
+    kt_skinny_store(acc, c, m, n, row0, col0, lane, 1.0f);
+}
+
+#else
+#if !KT_B_NK
+#error "the skinny variant reads B as [N, K] (int4 weights: GPTQ's words)"
+#endif
+#define KT_UNROLL (KT_BK / (32 * KT_VEC))
+#if KT_UNROLL < 1 || KT_UNROLL * 32 * KT_VEC != KT_BK
+#error "the skinny variant's KT_BK must be 32 lanes times 16 bytes times a whole unroll"
+#endif
+
+KT_GLOBAL void KT_LAUNCH_BOUNDS(KT_THREADS)
+kt_gemm(const kt_in* __restrict__ a, const kt_b* __restrict__ b, float* __restrict__ c,
         int m, int n, int k KT_SCALE_PARAMS) {
     const int lane = KT_TID % 32;
     const int row0 = KT_BID_Y * KT_BM;
@@ -1299,20 +1518,13 @@ kt_gemm(const kt_in* __restrict__ a, const kt_in* __restrict__ b, float* __restr
         for (int j = 0; j < KT_TN; ++j) bw[j] = kt_load16(brow[j] + x);
         step(bw, x);
     }
-    // Every lane ends with the group's sums; lane i·TN + j (BM·TN is at most 32) writes
-    // element (i, j), and for fp8 scales it by that row's and column's scales (a lane past
-    // the block's elements reads the last ones, unused).
+    // For fp8, the lane writing element (i, j) scales it by that row's and column's scales (a
+    // lane past the block's elements reads the last ones, unused).
     const float scale = KT_ROW_SCALE(min(row0 + lane / KT_TN, m - 1)) *
                         KT_COL_SCALE(min(col0 + lane % KT_TN, n - 1));
-#pragma unroll
-    for (int i = 0; i < KT_BM; ++i)
-#pragma unroll
-        for (int j = 0; j < KT_TN; ++j) {
-            const float sum = kt_group_sum(acc[i][j]);
-            if (lane == i * KT_TN + j && row0 + i < m && col0 + j < n)
-                c[(long)(row0 + i) * n + col0 + j] = sum * scale;
-        }
+    kt_skinny_store(acc, c, m, n, row0, col0, lane, scale);
 }
+#endif
 
 #else
 #error "KT_VARIANT must be 0 (tiled), 1 (MFMA), 2 (mma), 3 (wgmma) or 4 (skinny)"

@@ -1,6 +1,6 @@
 //! Invalid problems, specs, configs and buffers give typed errors, never panics.
 
-use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, PagedConfig, Split};
+use kerntune_kernels::config::{GemmConfig, GemmVariant, Inner, PagedConfig, RocblasConfig, Split};
 use kerntune_kernels::data::ProblemData;
 use kerntune_kernels::kernel::{Args, GemmArgs, GemmScales, Scratch};
 use kerntune_kernels::{
@@ -701,23 +701,49 @@ fn int4_gemms_are_checked_by_name_and_computed() {
         err.to_string().contains("takes bf16 inputs") && err.to_string().contains("int4"),
         "{err}"
     );
+    // On GPUs: every candidate, guess and default builds; the tiles that copy B's rows as they
+    // lie (wgmma, pipelined mma and MFMA) and rocBLAS's dense solutions are refused by name.
+    let gpus = kerntune_kernels::GpuSpace;
     for gpu in ["h200", "mi300x", "mi250"] {
         let device = Device::lookup(gpu).unwrap();
-        assert!(kerntune_kernels::GpuSpace
-            .candidates(&p, &device)
-            .is_empty());
-        let guess = kerntune_kernels::GpuSpace.heuristic(&p, &device);
-        let err = kerntune_kernels::GpuSpace
-            .validate(&guess, &p, &device)
+        let mut configs = gpus.candidates(&p, &device);
+        assert!(!configs.is_empty(), "{gpu}");
+        configs.push(gpus.heuristic(&p, &device));
+        configs.push(gpus.default_config(&p, &device));
+        for c in &configs {
+            gpus.validate(c, &p, &device)
+                .unwrap_or_else(|e| panic!("{gpu} {c}: {e}"));
+            assert!(
+                kerntune_kernels::gpu::KernelBuild::new(&p, c).is_ok(),
+                "{gpu}: {c}"
+            );
+        }
+        // Decode: the words read in place.
+        assert!(
+            gpus.heuristic(&p, &device).to_string().contains("skinny"),
+            "{gpu}"
+        );
+    }
+    let dense: Problem = "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=nk".parse().unwrap();
+    for gpu in ["h200", "mi300x"] {
+        let device = Device::lookup(gpu).unwrap();
+        let pipelined = gpus.heuristic(&dense, &device);
+        let err = gpus
+            .validate(&pipelined, &p, &device)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("run on the CPU kernels only") && err.contains("--device cpu"),
-            "{gpu}: {err}"
-        );
-        assert!(
-            kerntune_kernels::gpu::KernelBuild::new(&p, &guess).is_err(),
-            "{gpu}: {guess}"
+            err.contains("int4 = 8") && err.contains("unpacked as staged"),
+            "{gpu} {pipelined}: {err}"
         );
     }
+    let rocblas = Config::Rocblas(RocblasConfig {
+        solution: 3,
+        version: 40200,
+    });
+    let err = gpus
+        .validate(&rocblas, &p, &Device::lookup("mi300x").unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rocBLAS multiplies dense matrices"), "{err}");
 }

@@ -258,6 +258,77 @@ fn block_scaled_fp8_candidates_match_the_reference() {
     every_candidate_of("mi300x", GEMM_FNUZ_BLOCKS_PIPELINED, GpuGemmVariant::Mfma);
 }
 
+// Int4 weights (GPTQ's words, W4A16): n of no tile size; k of several groups and a partial k
+// tile; groups of one word (8), of 16 and 32, and the whole of k (per channel); A in f32, f16
+// and bf16; prompt rows and decode.
+const GEMM_INT4_BF16: &str = "gemm:m=37,n=67,k=96,dtype=bf16,b=kn,int4=32";
+const GEMM_INT4_F16_DECODE: &str = "gemm:m=5,n=33,k=1040,dtype=f16,b=kn,int4=16";
+const GEMM_INT4_F32_GEMV: &str = "gemm:m=1,n=13,k=264,dtype=f32,b=kn,int4=8";
+const GEMM_INT4_BF16_CHANNEL: &str = "gemm:m=3,n=40,k=520,dtype=bf16,b=kn,int4=520";
+
+#[test]
+fn int4_gemm_candidates_match_the_reference() {
+    // The words are unpacked as staged (tiled, one-stage mma and MFMA) or read in place
+    // (skinny, decode); the wgmma and pipelined tiles take none.
+    assert_eq!(variants("h200", GEMM_INT4_BF16), ["Mma", "Tiled"]);
+    assert_eq!(
+        variants("h200", GEMM_INT4_F16_DECODE),
+        ["Mma", "Skinny", "Tiled"]
+    );
+    assert_eq!(
+        variants("mi300x", GEMM_INT4_BF16_CHANNEL),
+        ["Mfma", "Skinny", "Tiled"]
+    );
+    assert_eq!(
+        variants("rx7900xtx", GEMM_INT4_F32_GEMV),
+        ["Skinny", "Tiled"]
+    );
+    every_candidate("h200", GEMM_INT4_BF16, None);
+    every_candidate_of("h200", GEMM_INT4_F16_DECODE, GpuGemmVariant::Skinny);
+    every_candidate_of("rx7900xtx", GEMM_INT4_F32_GEMV, GpuGemmVariant::Skinny);
+    every_candidate("mi300x", GEMM_INT4_BF16_CHANNEL, None);
+}
+
+/// Each int4 kernel unpacks value `e` of a word from its own bits and takes its group's scale
+/// and zero point (8 where the checkpoint has none); the skinny variant's correction for the
+/// zero point counts. Each mistake shows on k of three groups, n of no tile size.
+#[test]
+fn int4_kernels_take_each_values_bits_group_and_zero_point() {
+    let (device, emu) = emulator("h200");
+    let problem: Problem = "gemm:m=3,n=70,k=96,dtype=bf16,b=kn,int4=32"
+        .parse()
+        .unwrap();
+    let with_zeros = ProblemData::random(&problem, 5);
+    let mut symmetric = with_zeros.clone();
+    symmetric.zeros.clear();
+    let source = include_str!("../hip/gemm.hip");
+    let tile = |variant, bmnk, t| Config::GpuGemm(GpuGemmConfig::tile(variant, bmnk, t, 1, 1));
+    let tiled = tile(GpuGemmVariant::Tiled, (32, 32, 16), (2, 2));
+    let mma = tile(GpuGemmVariant::Mma, (64, 64, 32), (2, 4));
+    let skinny = tile(GpuGemmVariant::Skinny, (4, 32, 256), (1, 8));
+    let common = [
+        // Value e from value 7 − e's bits; every group's scale and zero point group 0's.
+        ("((w >> (4 * e)) & 15u)", "((w >> (4 * (7 - e))) & 15u)"),
+        ("((long)((k) / KT_INT4) * n + (col))", "((long)(col))"),
+    ];
+    for config in [tiled, mma, skinny] {
+        assert!(GpuSpace.validate(&config, &problem, &device).is_ok());
+        let mut edits = common.to_vec();
+        if config == skinny {
+            edits.push(("t - z[j] * sa", "t - 8.0f * sa"));
+        }
+        source_edits_show(&emu, &with_zeros, &config, source, &edits);
+        // No zero points: 8 throughout.
+        source_edits_show(
+            &emu,
+            &symmetric,
+            &config,
+            source,
+            &[("b_zeros[at] : 8.0f)", "b_zeros[at] : 0.0f)")],
+        );
+    }
+}
+
 /// Each variant's scales are its group's and block's: a mistake in either shows on a problem
 /// whose scales differ by group and block (k of three groups, n of three blocks).
 #[test]

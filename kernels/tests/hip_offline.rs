@@ -560,6 +560,36 @@ fn block_scaled_fp8_candidates_compile_for_mi300x_without_spills() {
     );
 }
 
+/// Int4 GEMMs (KT_INT4, GPTQ's words) of Llama-3.1-70B at TP8, qkv: every unsplit skinny
+/// candidate of a decode step for MI300X (the words read in place) and the one-stage MFMA
+/// tiles 32 deep of a prompt for MI250 (each word unpacked as staged, rounded to bf16), none
+/// spilling, their LDS as the space counts it.
+#[test]
+fn int4_gemm_candidates_compile_for_mi250_and_mi300x_without_spills() {
+    use kerntune_kernels::config::GpuGemmVariant;
+    let Some(hip) = compiler("int4_gemm_candidates_compile_for_mi250_and_mi300x") else {
+        return;
+    };
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi300x",
+            "gemm:m=1,n=1280,k=8192,dtype=bf16,b=kn,int4=128",
+            10,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny && c.split_k == 1),
+    );
+    every_candidate_compiles_without_spills(
+        &hip,
+        &[(
+            "mi250",
+            "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=kn,int4=128",
+            19,
+        )],
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mfma && c.bk == 32),
+    );
+}
+
 #[test]
 fn every_pipelined_mfma_gemm_candidate_compiles_for_mi250_and_mi300x_without_spills() {
     use kerntune_kernels::config::GpuGemmVariant;

@@ -212,7 +212,7 @@ fn check_candidates(
         // The heuristic, and every candidate of the variants whose registers have room (the
         // block-scaled space keeps only tiles with room for a group's products beside the
         // sums).
-        let blocks = matches!(p, Problem::Gemm(q) if q.block.is_some());
+        let blocks = matches!(p, Problem::Gemm(q) if q.block.is_some() || q.int4.is_some());
         let roomy = match c {
             Config::GpuGemm(g) => {
                 blocks || matches!(g.variant, GpuGemmVariant::Wgmma | GpuGemmVariant::Skinny)
@@ -733,6 +733,41 @@ fn fp8_gemm_builds_compile_for_sm80_and_sm90() {
         &widened,
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
     );
+}
+
+/// Int4 GEMMs (KT_INT4, GPTQ's words) of Llama-3.1-70B at TP8, qkv: every skinny candidate
+/// of a decode step unsplit (the words read in place, A in 16-byte loads), and of a prompt
+/// the one-stage mma tiles 32 deep, the guess among them, and the default tiled tile (each
+/// word unpacked as staged; f16 rounded by the conversion instruction), none spilling.
+#[test]
+fn int4_gemm_builds_compile_for_sm80_and_sm90() {
+    let Some(nvrtc) = compiler("int4_gemm_builds_compile_for_sm80_and_sm90") else {
+        return;
+    };
+    let h200 = Device::lookup("h200").unwrap();
+    let decode: Problem = "gemm:m=1,n=1280,k=8192,dtype=bf16,b=kn,int4=128"
+        .parse()
+        .unwrap();
+    let skinny = candidates_where(
+        "h200",
+        &decode,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Skinny && c.split_k == 1),
+    );
+    assert_eq!(skinny.len(), 10, "{skinny:?}");
+    check_candidates(&nvrtc, "h200", &decode, &skinny, "ld.global.nc.v4.u32");
+    let prefill: Problem = "gemm:m=2048,n=1280,k=8192,dtype=f16,b=kn,int4=128"
+        .parse()
+        .unwrap();
+    let staged = candidates_where(
+        "h200",
+        &prefill,
+        |c| matches!(c, Config::GpuGemm(c) if c.variant == GpuGemmVariant::Mma && c.bk == 32),
+    );
+    assert_eq!(staged.len(), 19, "{staged:?}");
+    assert!(staged.contains(&GpuSpace.heuristic(&prefill, &h200)));
+    check_candidates(&nvrtc, "h200", &prefill, &staged, "cvt.rn.f16.f32");
+    let tiled = [GpuSpace.default_config(&prefill, &h200)];
+    check_candidates(&nvrtc, "a100", &prefill, &tiled, "fma.rn.f32");
 }
 
 /// Block-scaled fp8 GEMMs (KT_BLOCK) of DeepSeek-V3 at TP8, gate and up: every skinny

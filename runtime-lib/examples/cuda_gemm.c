@@ -8,7 +8,9 @@
  * checkpoint's layer runs it (W8A8, E4M3 bytes, scales per token and per channel in device
  * memory) through kt_gpu_gemm_scaled() at m = 16, and kt_gpu_gemm() refusing fp8; and once
  * more block-scaled (DeepSeek-V3's scheme: a scale a token and 128 of k, one a 128 × 128
- * block of B) through kt_gpu_gemm_block_scaled() at m = 16, also tuned by the script.
+ * block of B) through kt_gpu_gemm_block_scaled() at m = 16, also tuned by the script; and
+ * as a 4-bit GPTQ checkpoint holds it (W4A16, GPTQ's words, a scale a group of 128 of k)
+ * through kt_gpu_gemm_int4() at m = 1 and m = 100, untuned (the library's guesses).
  *
  *   cc runtime-lib/examples/cuda_gemm.c -I runtime-lib/include -L DIR -lkerntune -ldl \
  *       -o cuda-gemm
@@ -23,7 +25,7 @@
  * them, within f32's 24 bits), so any order of summation in f32, split-K included, gives
  * the exact result: the check is equality. In fp8 the bytes hold 8 A[i][p] and 8 B[j][p],
  * whole numbers of at most 3 bits, and every scale is 1/8: exact again (block-scaled, each
- * group's sum too). */
+ * group's sum too; int4, each word's too). */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -287,6 +289,87 @@ static long gemm_fp8_on_device(const KtGpuDispatcher *g, void *stream, size_t m,
     return plain == KT_STATUS_INVALID_ARGUMENT ? wrong : -1;
 }
 
+/* The product of gemm_on_device() as a 4-bit GPTQ checkpoint holds it (W4A16): B[j][p] =
+ * (q - 8) / 8 with q = (j + 2p) % 7 + 5, GPTQ's words ([k / 8, n], value i of word (r, j) in
+ * bits 4i..4i + 3), a scale of 1/8 for each group of 128 of k and column, zero points of 8
+ * given (`zeros` > 0) or left to the library's 8 (NULL), all in device memory, through
+ * kt_gpu_gemm_int4(); a scale count of one a column is refused first. Every weight is exact
+ * in bf16 and every partial sum as before: the check is equality. Returns the number of
+ * wrong values, or -1 when the library refused a call it should take or took one it should
+ * refuse. */
+static long gemm_int4_on_device(const KtGpuDispatcher *g, void *stream, size_t m, size_t n,
+                                size_t k, int zeros) {
+    const size_t group = 128, groups = k / group * n;
+    uint16_t *a = malloc(m * k * sizeof *a);
+    uint32_t *w = calloc(k / 8 * n, sizeof *w);
+    float *c = malloc(m * n * sizeof *c), *s = malloc(groups * sizeof *s),
+          *z = malloc(groups * sizeof *z);
+    if (a == NULL || w == NULL || c == NULL || s == NULL || z == NULL) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
+    for (size_t i = 0; i < m; i++)
+        for (size_t p = 0; p < k; p++) a[i * k + p] = bf16(a_at(i, p));
+    for (size_t p = 0; p < k; p++)
+        for (size_t j = 0; j < n; j++)
+            w[p / 8 * n + j] |= (uint32_t)((j + 2 * p) % 7 + 5) << (4 * (p % 8));
+    for (size_t i = 0; i < groups; i++) {
+        s[i] = 0.125f;
+        z[i] = 8.0f;
+    }
+    uint64_t da, dw, dc, dsc, dz, ds = 0;
+    CU(cu.alloc(&da, m * k * sizeof *a));
+    CU(cu.alloc(&dw, k / 8 * n * sizeof *w));
+    CU(cu.alloc(&dc, m * n * sizeof *c));
+    CU(cu.alloc(&dsc, groups * sizeof *s));
+    CU(cu.alloc(&dz, groups * sizeof *z));
+    CU(cu.htod(da, a, m * k * sizeof *a));
+    CU(cu.htod(dw, w, k / 8 * n * sizeof *w));
+    CU(cu.htod(dsc, s, groups * sizeof *s));
+    CU(cu.htod(dz, z, groups * sizeof *z));
+    size_t scratch = kt_gpu_gemm_int4_scratch_bytes(g, m, n, k, KT_DTYPE_BF16, group);
+    if (scratch > 0) CU(cu.alloc(&ds, scratch));
+    KtMatch how = KT_MATCH_DEFAULT;
+    const float *zp = zeros ? (const float *)(uintptr_t)dz : NULL;
+    size_t zeros_len = zeros ? groups : 0;
+    /* One scale a column is a per-channel checkpoint's count, not this group's: refused. */
+    KtStatus refused = kt_gpu_gemm_int4(
+        g, m, n, k, KT_DTYPE_BF16, group, (const void *)(uintptr_t)da,
+        (const uint32_t *)(uintptr_t)dw, (const float *)(uintptr_t)dsc, n, zp, zeros_len,
+        (float *)(uintptr_t)dc, (void *)(uintptr_t)ds, scratch, stream, &how);
+    printf("int4 gemm with %zu scales: status %d: %s\n", n, (int)refused, kt_last_error());
+    KtStatus st = kt_gpu_gemm_int4(
+        g, m, n, k, KT_DTYPE_BF16, group, (const void *)(uintptr_t)da,
+        (const uint32_t *)(uintptr_t)dw, (const float *)(uintptr_t)dsc, groups, zp, zeros_len,
+        (float *)(uintptr_t)dc, (void *)(uintptr_t)ds, scratch, stream, &how);
+    long wrong = -1;
+    if (st != KT_STATUS_OK) {
+        printf("int4 gemm m=%zu n=%zu k=%zu: status %d: %s\n", m, n, k, (int)st,
+               kt_last_error());
+    } else {
+        CU(cu.stream_sync(stream));
+        CU(cu.dtoh(c, dc, m * n * sizeof *c));
+        double worst = 0.0;
+        wrong = count_wrong(c, m, n, k, &worst);
+        printf("int4 gemm m=%zu n=%zu k=%zu (group %zu, zero points %s): match=%s, scratch %zu "
+               "bytes, %ld of %zu values wrong (largest error %g)\n",
+               m, n, k, group, zeros ? "given" : "8", match_name(how), scratch, wrong, m * n,
+               worst);
+    }
+    if (ds != 0) CU(cu.free(ds));
+    CU(cu.free(dz));
+    CU(cu.free(dsc));
+    CU(cu.free(dc));
+    CU(cu.free(dw));
+    CU(cu.free(da));
+    free(z);
+    free(s);
+    free(c);
+    free(w);
+    free(a);
+    return refused == KT_STATUS_INVALID_ARGUMENT ? wrong : -1;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s DB DEVICE (a database `tune --device DEVICE` wrote)\n",
@@ -347,6 +430,10 @@ int main(int argc, char **argv) {
     }
     if (gemm_fp8_on_device(g, stream, 16, 1280, 8192, 0) != 0) failed = 1;
     if (gemm_fp8_on_device(g, stream, 16, 1280, 8192, 128) != 0) failed = 1;
+    /* Int4 weights: a decode step (the skinny kernel on the words) with zero points, a prompt's
+     * rows (tiles unpacking them as staged) without. */
+    if (gemm_int4_on_device(g, stream, 1, 1280, 8192, 1) != 0) failed = 1;
+    if (gemm_int4_on_device(g, stream, 100, 1280, 8192, 0) != 0) failed = 1;
     /* A bad call is an error naming the input, not a crash. */
     KtStatus st = kt_gpu_gemm(g, 0, 1280, 8192, KT_DTYPE_BF16, true, NULL, NULL, NULL, NULL,
                               0, stream, NULL);

@@ -633,6 +633,49 @@ enum KtStatus kt_gpu_gemm_block_scaled(const struct KtGpuDispatcher *d,
                                        KtMatch *matched);
 
 /*
+ An int4 GEMM (W4A16) on the device, as kt_gemm_int4() on the host: `b_words` GPTQ's
+ `[k / 8, n]` words, `scales` and `zeros` `[k / group, n]` floats (`zeros` NULL with a
+ length of 0 for symmetric checkpoints, whose zero point is 8), all device memory, read by
+ the kernel as it unpacks the words. Its winners are int4 ones (kernels that unpack the
+ words), never a dense GEMM's. Scratch from kt_gpu_gemm_int4_scratch_bytes().
+
+ # Safety
+ As kt_gpu_gemm(); `b_words` holds k / 8 · n words, `scales` and `zeros` their lengths in
+ floats, on the same GPU.
+ */
+enum KtStatus kt_gpu_gemm_int4(const struct KtGpuDispatcher *d,
+                               size_t m,
+                               size_t n,
+                               size_t k,
+                               enum KtDtype dtype_,
+                               size_t group,
+                               const void *a,
+                               const uint32_t *b_words,
+                               const float *scales,
+                               size_t scales_len,
+                               const float *zeros,
+                               size_t zeros_len,
+                               float *c,
+                               void *scratch,
+                               size_t scratch_bytes,
+                               void *stream,
+                               KtMatch *matched);
+
+/*
+ Device scratch bytes a kt_gpu_gemm_int4() call needs, as kt_gpu_gemm_scratch_bytes() for
+ other GEMMs (int4 winners are their own). 0 on error.
+
+ # Safety
+ `d` is a live handle.
+ */
+size_t kt_gpu_gemm_int4_scratch_bytes(const struct KtGpuDispatcher *d,
+                                      size_t m,
+                                      size_t n,
+                                      size_t k,
+                                      enum KtDtype dtype_,
+                                      size_t group);
+
+/*
  Device scratch bytes a kt_gpu_gemm_block_scaled() call needs, as
  kt_gpu_gemm_scratch_bytes() for other GEMMs (block-scaled winners are their own). 0 on
  error.

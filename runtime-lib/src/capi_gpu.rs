@@ -280,6 +280,103 @@ pub unsafe extern "C" fn kt_gpu_gemm_block_scaled(
     })
 }
 
+/// An int4 GEMM (W4A16) on the device, as kt_gemm_int4() on the host: `b_words` GPTQ's
+/// `[k / 8, n]` words, `scales` and `zeros` `[k / group, n]` floats (`zeros` NULL with a
+/// length of 0 for symmetric checkpoints, whose zero point is 8), all device memory, read by
+/// the kernel as it unpacks the words. Its winners are int4 ones (kernels that unpack the
+/// words), never a dense GEMM's. Scratch from kt_gpu_gemm_int4_scratch_bytes().
+///
+/// # Safety
+/// As kt_gpu_gemm(); `b_words` holds k / 8 · n words, `scales` and `zeros` their lengths in
+/// floats, on the same GPU.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kt_gpu_gemm_int4(
+    d: *const KtGpuDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    group: usize,
+    a: *const c_void,
+    b_words: *const u32,
+    scales: *const f32,
+    scales_len: usize,
+    zeros: *const f32,
+    zeros_len: usize,
+    c: *mut f32,
+    scratch: *mut c_void,
+    scratch_bytes: usize,
+    stream: *mut c_void,
+    matched: *mut KtMatch,
+) -> KtStatus {
+    guard(|| {
+        let d = gpu(d)?;
+        let p = int4_problem(m, n, k, dtype_, group)?;
+        let ptrs = DevicePtrs {
+            inputs: [addr("a", a)?, addr("b_words", b_words.cast())?, 0],
+            out: addr("c", c.cast_const().cast())?,
+            gemm_scales: GemmScalePtrs {
+                b: scales as u64,
+                b_len: scales_len,
+                zeros: zeros as u64,
+                zeros_len,
+                ..GemmScalePtrs::default()
+            },
+            ..DevicePtrs::default()
+        };
+        let scratch = (scratch, scratch_bytes);
+        // SAFETY: caller contract.
+        unsafe { launch(d, &Problem::Gemm(p), &ptrs, scratch, stream, matched) }
+    })
+}
+
+/// Device scratch bytes `d`'s winner for `problem` needs; 0 on error, the reason kept for
+/// kt_last_error().
+fn scratch_bytes(
+    d: *const KtGpuDispatcher,
+    problem: impl FnOnce() -> Result<Problem, (KtStatus, String)>,
+) -> usize {
+    let mut bytes = 0;
+    guard(|| {
+        bytes = gpu(d)?.scratch_bytes(&problem()?);
+        Ok(())
+    });
+    bytes
+}
+
+/// An int4 GEMM problem from the C arguments (B GPTQ's `[k / 8, n]` words).
+fn int4_problem(
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    group: usize,
+) -> Result<GemmProblem, (KtStatus, String)> {
+    gemm_problem(m, n, k, dtype_, false)?
+        .with_int4(group)
+        .map_err(|e| invalid(e.to_string()))
+}
+
+/// Device scratch bytes a kt_gpu_gemm_int4() call needs, as kt_gpu_gemm_scratch_bytes() for
+/// other GEMMs (int4 winners are their own). 0 on error.
+///
+/// # Safety
+/// `d` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn kt_gpu_gemm_int4_scratch_bytes(
+    d: *const KtGpuDispatcher,
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype_: KtDtype,
+    group: usize,
+) -> usize {
+    scratch_bytes(d, || {
+        Ok(Problem::Gemm(int4_problem(m, n, k, dtype_, group)?))
+    })
+}
+
 /// The device addresses of a scaled GEMM's operands and scales (their counts are checked
 /// against the problem as the launch's arguments are made).
 fn scaled_ptrs(
@@ -297,6 +394,7 @@ fn scaled_ptrs(
             a_len,
             b: b_scales as u64,
             b_len,
+            ..GemmScalePtrs::default()
         },
         ..DevicePtrs::default()
     })
@@ -330,13 +428,9 @@ pub unsafe extern "C" fn kt_gpu_gemm_block_scratch_bytes(
     dtype_: KtDtype,
     block: usize,
 ) -> usize {
-    let mut bytes = 0;
-    guard(|| {
-        let d = gpu(d)?;
-        bytes = d.scratch_bytes(&Problem::Gemm(block_problem(m, n, k, dtype_, block)?));
-        Ok(())
-    });
-    bytes
+    scratch_bytes(d, || {
+        Ok(Problem::Gemm(block_problem(m, n, k, dtype_, block)?))
+    })
 }
 
 /// Device scratch bytes a kt_gpu_gemm() call needs: the partial products of a split-K
@@ -356,13 +450,9 @@ pub unsafe extern "C" fn kt_gpu_gemm_scratch_bytes(
     dtype_: KtDtype,
     b_is_nk: bool,
 ) -> usize {
-    let mut bytes = 0;
-    guard(|| {
-        let d = gpu(d)?;
-        bytes = d.scratch_bytes(&Problem::Gemm(gemm_problem(m, n, k, dtype_, b_is_nk)?));
-        Ok(())
-    });
-    bytes
+    scratch_bytes(d, || {
+        Ok(Problem::Gemm(gemm_problem(m, n, k, dtype_, b_is_nk)?))
+    })
 }
 
 /// Device scratch bytes a kt_gpu_flash_attention() call of `problem` needs: the partial
@@ -377,15 +467,11 @@ pub unsafe extern "C" fn kt_gpu_flash_scratch_bytes(
     d: *const KtGpuDispatcher,
     problem: *const KtFlashProblem,
 ) -> usize {
-    let mut bytes = 0;
-    guard(|| {
-        let d = gpu(d)?;
+    scratch_bytes(d, || {
         // SAFETY: caller contract.
         let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
-        bytes = d.scratch_bytes(&Problem::Flash(flash_problem(f)?));
-        Ok(())
-    });
-    bytes
+        Ok(Problem::Flash(flash_problem(f)?))
+    })
 }
 
 /// Flash attention prefill on the device (layouts as kt_flash_attention()); `scratch` is
@@ -440,15 +526,11 @@ pub unsafe extern "C" fn kt_gpu_paged_scratch_bytes(
     d: *const KtGpuDispatcher,
     problem: *const KtPagedProblem,
 ) -> usize {
-    let mut bytes = 0;
-    guard(|| {
-        let d = gpu(d)?;
+    scratch_bytes(d, || {
         // SAFETY: caller contract.
         let f = unsafe { problem.as_ref() }.ok_or_else(|| invalid("problem is NULL"))?;
-        bytes = d.scratch_bytes(&Problem::Paged(paged_problem(f)?));
-        Ok(())
-    });
-    bytes
+        Ok(Problem::Paged(paged_problem(f)?))
+    })
 }
 
 /// Paged attention decode on the device (layouts as kt_paged_attention()); `scratch` is

@@ -245,29 +245,9 @@ async fn tune_main(args: &TuneArgs) -> anyhow::Result<()> {
     print_summary(&outcomes, args.budget, args.json)
 }
 
-/// A problem no GPU kernel computes on `g` (int4 weights) is a usage error before the device
-/// is opened: the run would tune nothing for it, and the kernels' reason is the fix.
-fn refuse_uncomputed(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
-    let device = Device::Gpu(g);
-    for d in derive(&args.shapes, &device)? {
-        if !kerntune_kernels::GpuSpace
-            .candidates(&d.problem, &device)
-            .is_empty()
-        {
-            continue;
-        }
-        let guess = kerntune_kernels::GpuSpace.heuristic(&d.problem, &device);
-        if let Err(why) = kerntune_kernels::GpuSpace.validate(&guess, &d.problem, &device) {
-            return Err(usage(format!("{}: {why}. Nothing was written.", d.problem)).into());
-        }
-    }
-    Ok(())
-}
-
 /// Tunes on a GPU: open it (or say why it cannot be used, writing nothing), plan and compile
 /// the candidates offline, then verify and time the kept ones on the device.
 async fn tune_gpu(args: &TuneArgs, g: &'static GpuModel) -> anyhow::Result<()> {
-    refuse_uncomputed(args, g)?;
     let ordinal = args.gpu.unwrap_or(0);
     let gpu = match kerntune_kernels::gpu::device::open(g.vendor, ordinal) {
         Ok(gpu) => gpu,

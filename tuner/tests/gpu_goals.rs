@@ -121,9 +121,17 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
         r#""cublaslt_ns": 6000.0, "cublaslt_scales": "per-token and per-channel scales", "timed""#,
         1,
     );
+    // And as a 4-bit checkpoint runs it: no peer of its own (cuBLAS takes no int4 words), its
+    // speed over bf16's and over cuBLAS's bf16 shown beside the goals.
+    let int4_decode = row(
+        "gemm:m=1,n=1280,k=8192,dtype=bf16,b=kn,int4=128",
+        50.0,
+        None,
+        &[("gpu skinny 1x32x512 tile 1x8 split-k=8", 4.0)],
+    );
     std::fs::write(
         d.join("gpu-check-gemm.json"),
-        format!("[{mma}, {bf16_decode}, {fp8_decode}]"),
+        format!("[{mma}, {bf16_decode}, {fp8_decode}, {int4_decode}]"),
     )
     .unwrap();
     std::fs::write(d.join("gpu-check-flash.json"), format!("[{flash}]")).unwrap();
@@ -249,6 +257,20 @@ fn a_run_folder_is_judged_form_by_form_and_goal_by_goal() {
     assert!(
         line("dtype=fp8_e4m3,b=nk: tuned vs cuBLASLt fp8")
             .contains("1.20x (per-token and per-channel scales)"),
+        "{out}"
+    );
+    // Int4: 8 / 4 over both bf16 timings, no goal against a peer of its own.
+    assert!(
+        line("int4=128: tuned int4 vs tuned bf16").contains("2.00x"),
+        "{out}"
+    );
+    assert!(
+        line("int4=128: tuned int4 vs cuBLAS bf16").contains("2.00x"),
+        "{out}"
+    );
+    assert!(!out.contains("int4=128: tuned vs cuBLAS"), "{out}");
+    assert!(
+        line("int4=128: tuned vs default").contains("12.50x (goal >= 1): met"),
         "{out}"
     );
     assert!(out.contains("0 goals missed"), "{out}");

@@ -352,7 +352,8 @@ pub struct DeviceProblem {
     /// Paged attention on fp8 caches: their scales.
     kv_scales: KvScales,
     /// fp8 GEMMs: A's and B's scales.
-    gemm_scales: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    /// A GEMM's A scales, B scales and int4 zero points, each where the problem has them.
+    gemm_scales: Vec<Option<CudaSlice<f32>>>,
     out: CudaSlice<f32>,
     /// Paged attention: partial outputs, maxima and sums of every partition.
     partials: Option<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)>,
@@ -381,7 +382,7 @@ fn upload(gpu: &CudaGpu, t: &TensorBuf) -> Result<DeviceBuf, KernelError> {
             DeviceBuf::Half(gpu.stream.memcpy_stod(&bits).map_err(err)?)
         }
         TensorBuf::Fp8(_, v) => DeviceBuf::Bytes(gpu.stream.memcpy_stod(&v[..]).map_err(err)?),
-        // As their bytes (no GPU kernel reads int4 words yet: the space refuses the problem).
+        // The words as their bytes (little-endian, as the kernels read them).
         TensorBuf::Int4(_) => {
             DeviceBuf::Bytes(gpu.stream.memcpy_stod(t.view().as_bytes()).map_err(err)?)
         }
@@ -450,13 +451,13 @@ impl DeviceProblem {
                 false => Some(gpu.stream.memcpy_stod(&data.slopes).map_err(err)?),
             },
             kv_scales: data.kv_scales,
-            gemm_scales: match data.a_scales.is_empty() {
-                true => None,
-                false => Some((
-                    gpu.stream.memcpy_stod(&data.a_scales).map_err(err)?,
-                    gpu.stream.memcpy_stod(&data.b_scales).map_err(err)?,
-                )),
-            },
+            gemm_scales: [&data.a_scales, &data.b_scales, &data.zeros]
+                .into_iter()
+                .map(|v| match v.is_empty() {
+                    true => Ok(None),
+                    false => gpu.stream.memcpy_stod(v).map(Some).map_err(err),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
             out: gpu.stream.alloc_zeros::<f32>(data.out.len()).map_err(err)?,
             partials,
             workspace: match &data.problem {
@@ -509,14 +510,13 @@ impl DeviceProblem {
         if let Some(slopes) = &self.slopes {
             ptrs.slopes = addr(slopes.device_ptr(stream));
         }
-        if let Some((a, b)) = &self.gemm_scales {
-            ptrs.gemm_scales = GemmScalePtrs {
-                a: addr(a.device_ptr(stream)),
-                a_len: a.len(),
-                b: addr(b.device_ptr(stream)),
-                b_len: b.len(),
-            };
+        let mut scales = [(0, 0); 3];
+        for (slot, buf) in scales.iter_mut().zip(&self.gemm_scales) {
+            if let Some(buf) = buf {
+                *slot = (addr(buf.device_ptr(stream)), buf.len());
+            }
         }
+        ptrs.gemm_scales = GemmScalePtrs::of(scales);
         if let Some((o, m, s)) = &mut self.partials {
             ptrs.partials = [
                 addr(o.device_ptr_mut(stream)),
@@ -606,6 +606,12 @@ impl DeviceProblem {
         let Problem::Gemm(p) = self.problem else {
             return Err(unavailable("cuBLAS is the GEMM peer only"));
         };
+        // B holds words, a quarter of the bytes cuBLAS would read.
+        if p.int4.is_some() {
+            return Err(unavailable(
+                "cuBLAS multiplies dense matrices, not int4 words: time the same shape in bf16",
+            ));
+        }
         let blas = CudaBlas::new(gpu.stream.clone()).map_err(|e| driver("starting cuBLAS", e))?;
         // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: cuBLAS's first operand is B.
         let (transa, lda) = match p.b_layout {

@@ -149,13 +149,32 @@ pub struct Launch {
 }
 
 /// An fp8 GEMM's scales in device memory, f32: `a_len` of them at `a` (1 for the tensor, or
-/// one per row of A) and `b_len` at `b` (1, or one per column of C); nothing for other GEMMs.
+/// one per row of A) and `b_len` at `b` (1, or one per column of C); an int4 GEMM's group
+/// scales at `b` and zero points at `zeros` (`zeros_len` 0: none, 8 throughout); nothing
+/// for other GEMMs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GemmScalePtrs {
     pub a: u64,
     pub a_len: usize,
     pub b: u64,
     pub b_len: usize,
+    pub zeros: u64,
+    pub zeros_len: usize,
+}
+
+impl GemmScalePtrs {
+    /// From A's scales, B's and the zero points as (address, count) pairs, in that order, as a
+    /// device path holds its buffers ((0, 0) for one the problem lacks).
+    pub fn of([(a, a_len), (b, b_len), (zeros, zeros_len)]: [(u64, usize); 3]) -> Self {
+        GemmScalePtrs {
+            a,
+            a_len,
+            b,
+            b_len,
+            zeros,
+            zeros_len,
+        }
+    }
 }
 
 /// Device addresses of one call's operands, and its fp8 caches' or GEMM's scales.
@@ -248,6 +267,15 @@ pub fn input_alignment(problem: &Problem, config: &Config) -> usize {
     }
 }
 
+/// Bytes B's address must be a multiple of for its elements: an int4 GEMM's are 32-bit words
+/// (1 otherwise: [`input_alignment`] covers the elements).
+fn b_word_alignment(problem: &Problem) -> usize {
+    match problem {
+        Problem::Gemm(p) if p.int4.is_some() => 4,
+        _ => 1,
+    }
+}
+
 /// Whether the product kernel stores pairs of f32 results in one 8-byte store: the `mma`
 /// and `wgmma` GEMMs with N even, into C, or split along k into the partial products.
 fn stores_pairs(problem: &Problem, config: &Config) -> bool {
@@ -317,6 +345,18 @@ fn too_large(problem: &Problem, field: &'static str, v: usize) -> KernelError {
 /// each scale row's length), then the product of the two operands' reading factors. Nothing
 /// for other GEMMs, which take no scales.
 fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, KernelError> {
+    if let Some(group) = p.int4 {
+        return int4_scale_args(p, group, s);
+    }
+    if s.zeros_len > 0 {
+        return Err(KernelError::BadArgument {
+            name: "zeros",
+            reason: format!(
+                "holds {} values; zero points apply to int4 GEMMs, and this one's weights are {}: pass none",
+                s.zeros_len, p.dtype
+            ),
+        });
+    }
     let Some(format) = p.fp8() else {
         for (name, len) in [("a_scales", s.a_len), ("b_scales", s.b_len)] {
             if len > 0 {
@@ -376,14 +416,69 @@ fn gemm_scale_args(p: &GemmProblem, s: &GemmScalePtrs) -> Result<Vec<Arg>, Kerne
     Ok(args)
 }
 
+/// An int4 GEMM's arguments after the sizes: its group scales and zero points, `[K / group,
+/// N]` each (zero points absent: a null address, which the kernels read as 8 throughout).
+fn int4_scale_args(
+    p: &GemmProblem,
+    group: usize,
+    s: &GemmScalePtrs,
+) -> Result<Vec<Arg>, KernelError> {
+    let want = p.k / group * p.n;
+    let shape = format!(
+        "[{}, {}]: one per {group} values of k and column",
+        p.k / group,
+        p.n
+    );
+    if s.a_len > 0 {
+        return Err(KernelError::BadArgument {
+            name: "a_scales",
+            reason: format!(
+                "holds {} values; an int4 GEMM's activations take no scales: pass none",
+                s.a_len
+            ),
+        });
+    }
+    if s.b_len != want {
+        return Err(KernelError::BadArgument {
+            name: "scales",
+            reason: format!(
+                "holds {} values; this int4 GEMM takes {want}, {shape}",
+                s.b_len
+            ),
+        });
+    }
+    if s.zeros_len != 0 && s.zeros_len != want {
+        return Err(KernelError::BadArgument {
+            name: "zeros",
+            reason: format!(
+                "holds {} values; this int4 GEMM takes none (8 throughout) or {want}, {shape}",
+                s.zeros_len
+            ),
+        });
+    }
+    for (name, address, len) in [("scales", s.b, s.b_len), ("zeros", s.zeros, s.zeros_len)] {
+        if len > 0 && (address == 0 || !address.is_multiple_of(4)) {
+            return Err(KernelError::BadBuffer {
+                name,
+                reason: format!(
+                    "device address {address:#x}: an int4 GEMM reads its {len} f32 {name} from device memory, 4-byte aligned"
+                ),
+            });
+        }
+    }
+    let zeros = if s.zeros_len > 0 { s.zeros } else { 0 };
+    Ok(vec![Arg::Ptr(s.b), Arg::Ptr(zeros)])
+}
+
 /// The launches of `config` on `problem` over `ptrs`.
 pub fn launches(
     problem: &Problem,
     config: &Config,
     ptrs: &DevicePtrs,
 ) -> Result<Vec<Launch>, KernelError> {
-    let align = input_alignment(problem, config);
-    for (&name, &address) in input_names(problem).iter().zip(&ptrs.inputs) {
+    for (i, (&name, &address)) in input_names(problem).iter().zip(&ptrs.inputs).enumerate() {
+        let words = if i == 1 { b_word_alignment(problem) } else { 1 };
+        let align = input_alignment(problem, config).max(words);
         if !address.is_multiple_of(align as u64) {
             return Err(KernelError::BadBuffer {
                 name,
@@ -1309,7 +1404,13 @@ mod tests {
             inputs: [0x100, 0x200, 0],
             out: 0x400,
             partials: [0x1000, 0, 0],
-            gemm_scales: GemmScalePtrs { a, a_len, b, b_len },
+            gemm_scales: GemmScalePtrs {
+                a,
+                a_len,
+                b,
+                b_len,
+                ..GemmScalePtrs::default()
+            },
             ..DevicePtrs::default()
         };
         for config in GpuSpace.candidates(&p, &h200) {
@@ -1369,5 +1470,82 @@ mod tests {
         let e = launches(&bf16, &config, &scales(0x700, 1, 0x800, 1)).unwrap_err();
         assert!(e.to_string().contains("pass none"), "{e}");
         launches(&bf16, &config, &scales(0, 0, 0, 0)).unwrap();
+    }
+
+    /// An int4 GEMM's scales and zero points go after the sizes (no zero points: a null
+    /// address, 8 in the kernels); counts other than `[K / group, N]`, A scales, misaligned
+    /// scales and words at an address off 4 bytes are refused by name before any launch, and
+    /// zero points given to a dense GEMM too.
+    #[test]
+    fn int4_scales_and_zero_points_follow_the_sizes_and_are_checked_by_name() {
+        let h200 = Device::lookup("h200").unwrap();
+        let p: Problem = "gemm:m=2048,n=1280,k=8192,dtype=f16,b=kn,int4=128"
+            .parse()
+            .unwrap();
+        let tiled = GpuSpace.default_config(&p, &h200);
+        let at = |b: u64, scales: (u64, usize), zeros: (u64, usize)| DevicePtrs {
+            inputs: [0x100, b, 0],
+            out: 0x400,
+            gemm_scales: GemmScalePtrs {
+                b: scales.0,
+                b_len: scales.1,
+                zeros: zeros.0,
+                zeros_len: zeros.1,
+                ..GemmScalePtrs::default()
+            },
+            ..DevicePtrs::default()
+        };
+        let groups = 64 * 1280;
+        let args = |ptrs| launches(&p, &tiled, &ptrs).map(|l| l[0].args[6..].to_vec());
+        assert_eq!(
+            args(at(0x200, (0x800, groups), (0x900, groups))).unwrap(),
+            [Arg::Ptr(0x800), Arg::Ptr(0x900)]
+        );
+        assert_eq!(
+            args(at(0x200, (0x800, groups), (0, 0))).unwrap(),
+            [Arg::Ptr(0x800), Arg::Ptr(0)]
+        );
+        for (ptrs, name, needle) in [
+            (
+                at(0x200, (0x800, 1280), (0, 0)),
+                "scales",
+                "takes 81920, [64, 1280]",
+            ),
+            (
+                at(0x200, (0x800, groups), (0x900, 5)),
+                "zeros",
+                "none (8 throughout) or 81920",
+            ),
+            (
+                at(0x200, (0x802, groups), (0, 0)),
+                "scales",
+                "4-byte aligned",
+            ),
+            (
+                at(0x202, (0x800, groups), (0, 0)),
+                "B",
+                "multiple of 4 bytes",
+            ),
+        ] {
+            let e = launches(&p, &tiled, &ptrs).unwrap_err();
+            let named = match &e {
+                KernelError::BadArgument { name, .. } | KernelError::BadBuffer { name, .. } => {
+                    *name
+                }
+                _ => "",
+            };
+            assert_eq!(named, name, "{e}");
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+        let mut a_scaled = at(0x200, (0x800, groups), (0, 0));
+        a_scaled.gemm_scales.a_len = 1;
+        let e = launches(&p, &tiled, &a_scaled).unwrap_err();
+        assert!(e.to_string().contains("take no scales"), "{e}");
+        let dense: Problem = "gemm:m=2048,n=1280,k=8192,dtype=f16,b=kn".parse().unwrap();
+        let e = launches(&dense, &tiled, &at(0x200, (0, 0), (0x900, groups))).unwrap_err();
+        assert!(
+            e.to_string().contains("zero points apply to int4 GEMMs"),
+            "{e}"
+        );
     }
 }

@@ -366,7 +366,8 @@ pub struct HipProblem<'g> {
     /// Paged attention on fp8 caches: their scales.
     kv_scales: KvScales,
     /// fp8 GEMMs: A's and B's scales, with how many each holds.
-    gemm_scales: Option<((DeviceMem<'g>, usize), (DeviceMem<'g>, usize))>,
+    /// A GEMM's A scales, B scales and int4 zero points, each where the problem has them.
+    gemm_scales: Vec<Option<(DeviceMem<'g>, usize)>>,
     partials: Option<(DeviceMem<'g>, DeviceMem<'g>, DeviceMem<'g>)>,
     /// GEMM: split-K partial products, as many as any valid config needs.
     workspace: Option<DeviceMem<'g>>,
@@ -393,7 +394,6 @@ impl<'g> HipProblem<'g> {
                     gpu.upload(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
                 }
                 TensorBuf::Fp8(_, v) => gpu.upload(&v[..]),
-                // As their bytes (no GPU kernel reads int4 words yet).
                 TensorBuf::Int4(v) => gpu.upload(&v[..]),
             })
             .collect::<Result<_, _>>()?;
@@ -429,13 +429,13 @@ impl<'g> HipProblem<'g> {
                 false => Some(gpu.upload(&data.slopes)?),
             },
             kv_scales: data.kv_scales,
-            gemm_scales: match data.a_scales.is_empty() {
-                true => None,
-                false => Some((
-                    (gpu.upload(&data.a_scales)?, data.a_scales.len()),
-                    (gpu.upload(&data.b_scales)?, data.b_scales.len()),
-                )),
-            },
+            gemm_scales: [&data.a_scales, &data.b_scales, &data.zeros]
+                .into_iter()
+                .map(|v| match v.is_empty() {
+                    true => Ok(None),
+                    false => gpu.upload(v).map(|m| Some((m, v.len()))),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
             partials,
             workspace: match &data.problem {
                 Problem::Gemm(p) => Some(gpu.alloc(4 * split_k_workspace(p).max(1))?),
@@ -470,14 +470,13 @@ impl<'g> HipProblem<'g> {
         if let Some(slopes) = &self.slopes {
             ptrs.slopes = addr(slopes);
         }
-        if let Some(((a, a_len), (b, b_len))) = &self.gemm_scales {
-            ptrs.gemm_scales = GemmScalePtrs {
-                a: addr(a),
-                a_len: *a_len,
-                b: addr(b),
-                b_len: *b_len,
-            };
+        let mut scales = [(0, 0); 3];
+        for (slot, buf) in scales.iter_mut().zip(&self.gemm_scales) {
+            if let Some((mem, len)) = buf {
+                *slot = (addr(mem), *len);
+            }
         }
+        ptrs.gemm_scales = GemmScalePtrs::of(scales);
         if let Some((o, m, s)) = &self.partials {
             ptrs.partials = [addr(o), addr(m), addr(s)];
         }
@@ -662,6 +661,10 @@ impl super::device::GpuProblem for Loaded<'_> {
         let Problem::Gemm(p) = self.problem.problem else {
             return Ok(Vec::new());
         };
+        // rocBLAS multiplies dense matrices: int4 words are kerntune's kernels' alone.
+        if p.int4.is_some() {
+            return Ok(Vec::new());
+        }
         let ptrs = self.problem.ptrs();
         // SAFETY: the problem's own buffers.
         unsafe { self.blas()?.solutions(&p, &ptrs) }

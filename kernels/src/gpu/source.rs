@@ -113,6 +113,7 @@ impl KernelBuild {
                 .chain((c.block_tiles > 1).then_some(("KT_BLOCK_TILES", c.block_tiles)))
                 .chain((c.cluster > 1).then_some(("KT_CLUSTER", c.cluster)))
                 .chain(p.block.map(|b| ("KT_BLOCK", b)))
+                .chain(p.int4.map(|g| ("KT_INT4", g)))
                 .collect(),
                 entries: if c.split_k > 1 {
                     &["kt_gemm", "kt_gemm_reduce"]

@@ -20,8 +20,9 @@ use std::ffi::CStr;
 use kerntune::capi::{KtDtype, KtMatch, KtStats, KtStatus};
 use kerntune::capi_gpu::{
     kt_gpu_free, kt_gpu_gemm, kt_gpu_gemm_block_scaled, kt_gpu_gemm_block_scratch_bytes,
-    kt_gpu_gemm_scaled, kt_gpu_gemm_scratch_bytes, kt_gpu_note, kt_gpu_reload, kt_gpu_stats,
-    kt_gpu_write_untuned, KtGpuDispatcher, KtGpuStats,
+    kt_gpu_gemm_int4, kt_gpu_gemm_int4_scratch_bytes, kt_gpu_gemm_scaled,
+    kt_gpu_gemm_scratch_bytes, kt_gpu_note, kt_gpu_reload, kt_gpu_stats, kt_gpu_write_untuned,
+    KtGpuDispatcher, KtGpuStats,
 };
 use kerntune::{GpuDispatcher, RuntimeError};
 use kerntune_db::Db;
@@ -976,6 +977,125 @@ async fn a_block_scaled_gemm_is_tuned_on_the_configs_that_scale_each_group() {
     // SAFETY: the library's own NUL-terminated message.
     let msg = unsafe { CStr::from_ptr(kerntune::capi::kt_last_error()) };
     assert!(msg.to_str().unwrap().contains("block"), "{msg:?}");
+    // SAFETY: a live handle, freed once.
+    unsafe { kt_gpu_free(handle) };
+}
+
+/// An int4 GEMM (GPTQ's words) beside the same shape in f16 on the stand-in MI250: the int4 one
+/// is tuned on the configs that unpack its words (tiled, one-stage MFMA, skinny), compiled by
+/// the HIP compiler and verified by the emulator against its reference with random zero
+/// points; the dense one as before. The runtime serves it through kt_gpu_gemm_int4(),
+/// launching its own winner with the scales and zero points after the sizes (no zero points:
+/// a null address); a scale count of another group is refused by name, nothing launched.
+#[tokio::test]
+async fn an_int4_gemm_is_tuned_on_the_configs_that_unpack_its_words() {
+    if !hip_compiler("an_int4_gemm_is_tuned_on_the_configs_that_unpack_its_words") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(&dir.path().join("gpu.db")).await.unwrap();
+    let device = Device::lookup("mi250").unwrap();
+    let problems: Vec<Derived> = [
+        "gemm:m=5,n=96,k=512,dtype=f16,b=kn,int4=64",
+        "gemm:m=5,n=96,k=512,dtype=f16,b=kn",
+    ]
+    .iter()
+    .map(|s| Derived {
+        problem: s.parse().unwrap(),
+        origin: "test".into(),
+    })
+    .collect();
+    let gpu = StandIn::default();
+    let (mut sweep, _) = GpuSweep::prepare(&db, &device, &gpu, &problems, &eight_candidates())
+        .await
+        .unwrap();
+    let mut job = job(&db, &device);
+    job.max_configs = 8;
+    let out = tune::run(&job, &mut sweep, &problems).await.unwrap();
+    assert_eq!(out[0].status, "tuned", "{out:#?}");
+    assert_eq!(out[1].status, "tuned", "{out:#?}");
+    drop(sweep);
+    let int4 = &problems[0].problem;
+    let Problem::Gemm(g) = *int4 else {
+        unreachable!("a GEMM")
+    };
+    let rows = db.measurements(&int4.key()).await.unwrap();
+    assert!(
+        rows.iter().any(|(_, status, ..)| status == "ok"),
+        "{rows:#?}"
+    );
+    let unpacks = |c: &Config| matches!(c, Config::GpuGemm(c) if gemm_kernel_for(c, &g).is_ok());
+    for (config, ..) in &rows {
+        assert!(unpacks(&Config::from_json(config).unwrap()), "{config}");
+    }
+    let winners = db.winners(Some(&device.identity())).await.unwrap();
+    let winner = winners.iter().find(|w| w.problem == int4.key()).unwrap();
+    let winner = Config::from_json(&winner.config).unwrap();
+    assert!(unpacks(&winner), "{winner}");
+    db.close().await;
+
+    let launched = gpu.launched.clone();
+    let Device::Gpu(model) = device else {
+        unreachable!()
+    };
+    let runtime =
+        GpuDispatcher::with_device(dir.path().join("gpu.db"), model, Box::new(gpu)).unwrap();
+    let handle = KtGpuDispatcher::into_raw(runtime);
+    // SAFETY: a live handle.
+    let scratch =
+        unsafe { kt_gpu_gemm_int4_scratch_bytes(handle, g.m, g.n, g.k, KtDtype::F16, 64) };
+    let groups = g.k / 64 * g.n;
+    let mut how = KtMatch::Default;
+    // SAFETY: the stand-in dereferences nothing.
+    let call = |scales: usize, zeros: usize, how: &mut KtMatch| unsafe {
+        kt_gpu_gemm_int4(
+            handle,
+            g.m,
+            g.n,
+            g.k,
+            KtDtype::F16,
+            64,
+            0x1000 as *const std::ffi::c_void,
+            0x2000 as *const u32,
+            0x7000 as *const f32,
+            scales,
+            0x8000 as *const f32,
+            zeros,
+            0x4000 as *mut f32,
+            0x9000 as *mut std::ffi::c_void,
+            scratch.max(1),
+            std::ptr::null_mut(),
+            how,
+        )
+    };
+    for (zeros, address) in [(groups, 0x8000), (0, 0)] {
+        assert_eq!(call(groups, zeros, &mut how), KtStatus::Ok);
+        assert_eq!(how, KtMatch::Exact);
+        let (key, list, _) = launched.lock().unwrap().pop().unwrap();
+        assert_eq!(key, KernelBuild::new(int4, &winner).unwrap().key());
+        assert!(key.contains("KT_INT4=64"), "{key}");
+        assert_eq!(
+            list[0].args[3..8],
+            [
+                Arg::Int(5),
+                Arg::Int(96),
+                Arg::Int(512),
+                Arg::Ptr(0x7000),
+                Arg::Ptr(address),
+            ]
+        );
+    }
+    // One scale per column (a per-channel checkpoint's count) is another group's: named.
+    let before = launched.lock().unwrap().len();
+    assert_eq!(call(g.n, 0, &mut how), KtStatus::InvalidArgument);
+    // SAFETY: the library's own NUL-terminated message.
+    let msg = unsafe { CStr::from_ptr(kerntune::capi::kt_last_error()) };
+    let msg = msg.to_str().unwrap();
+    assert!(
+        msg.contains("scales") && msg.contains("takes 768, [8, 96]"),
+        "{msg}"
+    );
+    assert_eq!(launched.lock().unwrap().len(), before);
     // SAFETY: a live handle, freed once.
     unsafe { kt_gpu_free(handle) };
 }

@@ -49,6 +49,9 @@ const AWKWARD: &[&str] = &[
     // Block-scaled (DeepSeek-V3's FP8 checkpoints): k of a partial last group, n crossing
     // weight blocks.
     "gemm:m=37,n=101,k=300,dtype=fp8_e4m3,block=128",
+    // Int4 (GPTQ's words, W4A16): groups of one word, a prompt's rows and a decode step's.
+    "gemm:m=37,n=101,k=264,dtype=bf16,b=kn,int4=8",
+    "gemm:m=3,n=1280,k=8192,dtype=f16,b=kn,int4=128",
     "flash:q_len=1,q_heads=1,kv_heads=1,head_dim=64",
     "flash:q_len=37,kv_len=101,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
     "flash:q_len=65,q_heads=4,kv_heads=2,head_dim=80,dtype=f16,causal=false",
@@ -88,6 +91,8 @@ const LLAMA70B_TP8: &[&str] = &[
     "gemm:m=2048,n=7168,k=8192,dtype=bf16",
     // The first decode GEMM again as an FP8 checkpoint runs it (W8A8): half the weight bytes.
     "gemm:m=1,n=1280,k=8192,dtype=fp8_e4m3",
+    // And as a 4-bit GPTQ or AWQ checkpoint runs it (W4A16): a quarter of the bytes.
+    "gemm:m=1,n=1280,k=8192,dtype=bf16,b=kn,int4=128",
     "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
     "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
 ];
@@ -349,6 +354,8 @@ impl Check<'_> {
                     Err(e) => row.cublaslt_note = Some(e.to_string()),
                 }
             }
+            // cuBLAS takes no int4 words: the bf16 row of the same shape is the peer.
+            Problem::Gemm(g) if g.int4.is_some() => {}
             Problem::Gemm(g) if timing => {
                 row.cublas_ns = Some(median(on_device.time_cublas(self.gpu, reps, false)?));
                 if g.dtype != DType::F32 {

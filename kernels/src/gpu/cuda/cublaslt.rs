@@ -201,7 +201,9 @@ impl DeviceProblem {
                 "cuBLASLt's fp8 GEMMs take both operands k-major: B as [N, K]",
             ));
         }
-        let Some((a_scales, b_scales)) = &self.gemm_scales else {
+        let (Some(Some(a_scales)), Some(Some(b_scales))) =
+            (self.gemm_scales.first(), self.gemm_scales.get(1))
+        else {
             return Err(unavailable("the problem's data has no fp8 scales"));
         };
         // SAFETY: only checks whether the library can be loaded; cudarc panics on first use

@@ -495,6 +495,7 @@ impl Emulator {
         let mut slopes = Guarded::floats_input(&data.slopes);
         let mut a_scales = Guarded::floats_input(&data.a_scales);
         let mut b_scales = Guarded::floats_input(&data.b_scales);
+        let mut zeros = Guarded::floats_input(&data.zeros);
         let mut out = Guarded::output(data.out.len());
         let mut partials = partial_floats(problem, config).map(Guarded::output);
         let mut ptrs = DevicePtrs {
@@ -518,6 +519,8 @@ impl Emulator {
                 a_len: data.a_scales.len(),
                 b: b_scales.addr(),
                 b_len: data.b_scales.len(),
+                zeros: zeros.addr(),
+                zeros_len: data.zeros.len(),
             },
             ..DevicePtrs::default()
         };

@@ -84,7 +84,7 @@ fn instruction_tiles(
 /// across k tiles and C tiles, take none.
 pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelError> {
     if let Some(group) = p.int4 {
-        return Err(int4_refusal(group, "a GPU"));
+        return int4_kernel_for(c, group);
     }
     let Some(block) = p.block else {
         return Ok(());
@@ -116,24 +116,48 @@ pub fn gemm_kernel_for(c: &GpuGemmConfig, p: &GemmProblem) -> Result<(), KernelE
     Ok(())
 }
 
-/// Int4 weights run on the CPU kernels only (no GPU source of kerntune unpacks them): an int4
-/// problem is refused on every GPU, by name.
-pub(super) fn int4_on_gpu(p: &GemmProblem, g: &GpuModel) -> Result<(), KernelError> {
-    match p.int4 {
-        Some(group) => Err(int4_refusal(group, g.name)),
+/// Int4 weights (GPTQ's words, gemm.hip's `KT_INT4`) are unpacked as a k tile is staged (the
+/// tiled variant, and the one-stage mma and MFMA tiles, whose copies of whole 16-byte pieces
+/// would carry the words, not the values) or read in place by the skinny variant; the wgmma
+/// tiles read B as `[N, K]` 16-bit values straight from shared memory and take none. A word
+/// holds 8 values of k: the staged variants' k tiles are whole words, the skinny variant's
+/// steps 32 lanes of a word row each.
+fn int4_kernel_for(c: &GpuGemmConfig, group: usize) -> Result<(), KernelError> {
+    let why = if c.variant == GpuGemmVariant::Wgmma || c.stages > 1 {
+        Some(format!(
+            "the {} variant at {} stages copies B's rows as they lie in memory, where int4 words must be unpacked as staged: take the tiled, skinny, or one-stage mma or MFMA variant",
+            c.variant, c.stages
+        ))
+    } else if c.variant == GpuGemmVariant::Skinny {
+        let rules = c.tm == 1
+            && c.bn.is_multiple_of(c.tn)
+            && c.bm * c.tn <= SKINNY_MAX_ACCUMULATORS
+            && c.bk.is_multiple_of(256);
+        (!rules).then(|| {
+            format!(
+                "int4 skinny tiles: tm = {} must be 1, tn = {} must divide bn = {}, bm·tn = {} at most {SKINNY_MAX_ACCUMULATORS} accumulators, bk = {} a multiple of 256 (32 lanes · a word's 8 values)",
+                c.tm,
+                c.tn,
+                c.bn,
+                c.bm * c.tn,
+                c.bk
+            )
+        })
+    } else {
+        (!c.bk.is_multiple_of(8)).then(|| {
+            format!(
+                "bk = {}: int4 weights are staged a word (8 values of k) at a time, so bk must be a multiple of 8",
+                c.bk
+            )
+        })
+    };
+    match why {
+        Some(why) => Err(invalid(
+            Family::Gemm,
+            format!("int4 weights (int4 = {group}): {why}"),
+        )),
         None => Ok(()),
     }
-}
-
-fn int4_refusal(group: usize, on: &str) -> KernelError {
-    invalid(
-        Family::Gemm,
-        format!(
-            "int4 weights (int4 = {group}) run on the CPU kernels only: no GPU kernel of \
-             kerntune unpacks them yet, so {on} takes none; tune them with --device cpu, or \
-             the same shapes in f16 or bf16 (drop int4) on {on}"
-        ),
-    )
 }
 
 pub(super) fn validate(
@@ -190,6 +214,8 @@ pub(super) fn validate(
             instruction_tiles(c, "mma", (16, 8, 16))?;
         }
         GpuGemmVariant::Wgmma => validate_wgmma(c, p, g)?,
+        // Int4's skinny tiles follow their own rules (`int4_kernel_for`).
+        GpuGemmVariant::Skinny if p.int4.is_some() => {}
         GpuGemmVariant::Skinny => validate_skinny(c, p)?,
     }
     if !(1..=4).contains(&c.stages) {
@@ -820,7 +846,24 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     // before the tiled variant, and first of all for the fewest rows (below).
     let skinny = GpuGemmVariant::Skinny;
     let vec = vec_of(p.dtype);
-    if p.m <= SKINNY_MAX_ROWS && p.b_layout == BLayout::Nk && p.k.is_multiple_of(vec) {
+    if p.m <= SKINNY_MAX_ROWS && p.int4.is_some() {
+        // Int4 words in place: 8 consecutive columns a group of lanes (one 32-byte sector of
+        // each word row a lane), then 16, 4 and 2 (as many rows of A as the sums allow).
+        let bm = p.m.next_power_of_two();
+        for &split in splits.iter().rev() {
+            for (groups, tn) in [(4, 8), (8, 8), (4, 16), (8, 4), (16, 2)] {
+                for steps in [2, 1] {
+                    push(GpuGemmConfig::tile(
+                        skinny,
+                        (bm, groups * tn, 256 * steps),
+                        (1, tn),
+                        1,
+                        split,
+                    ));
+                }
+            }
+        }
+    } else if p.m <= SKINNY_MAX_ROWS && p.b_layout == BLayout::Nk && p.k.is_multiple_of(vec) {
         let bm = p.m.next_power_of_two();
         for &split in splits.iter().rev() {
             for (groups, tn) in [(8, 2), (4, 4), (8, 1)] {
@@ -867,6 +910,10 @@ pub(super) fn candidates(p: &GemmProblem, g: &GpuModel) -> Vec<GpuGemmConfig> {
     if p.block.is_some() {
         out.retain(|c| gemm_kernel_for(c, p).is_ok() && group_sums_fit(c));
     }
+    // Int4: the configs that unpack its words.
+    if p.int4.is_some() {
+        out.retain(|c| gemm_kernel_for(c, p).is_ok());
+    }
     out
 }
 
@@ -881,6 +928,16 @@ pub(super) fn default() -> GpuGemmConfig {
 pub(super) fn heuristic(p: &GemmProblem, gpu: Option<&GpuModel>) -> GpuGemmConfig {
     if p.block.is_some() {
         return block_scaled_heuristic(p, gpu);
+    }
+    if p.int4.is_some() && p.m <= SKINNY_FIRST_ROWS {
+        // Int4 decode on every vendor: the words read once, in place, where the staged tiles
+        // would be mostly padding; split-K until every SM has two blocks.
+        let guess = int4_skinny_guess(p);
+        let split = gpu.map_or(1, |g| decode_split(p, guess.bm, guess.bn, g));
+        return GpuGemmConfig {
+            split_k: split,
+            ..guess
+        };
     }
     // fp8 included: the matrix cores multiply its readings as f16.
     let sixteen_bit = p.dtype != DType::F32;
@@ -1010,6 +1067,15 @@ fn skinny_guess(p: &GemmProblem) -> GpuGemmConfig {
     )
 }
 
+/// The int4 skinny guess before its split: A's rows rounded up to a power of two, 4 groups of
+/// 8 columns (a lane's word row one 32-byte sector; fewer where the rows' sums need the
+/// room), two word rows a lane in flight.
+fn int4_skinny_guess(p: &GemmProblem) -> GpuGemmConfig {
+    let bm = p.m.next_power_of_two();
+    let tn = (SKINNY_MAX_ACCUMULATORS / bm).min(8);
+    GpuGemmConfig::tile(GpuGemmVariant::Skinny, (bm, 4 * tn, 512), (1, tn), 1, 1)
+}
+
 /// Rows of A up to which the skinny variant is a candidate: beyond them a weight byte feeds
 /// more multiply-adds than the vector units keep up with at full memory bandwidth.
 const SKINNY_MAX_ROWS: usize = 16;
@@ -1018,10 +1084,11 @@ const SKINNY_MAX_ROWS: usize = 16;
 const SKINNY_FIRST_ROWS: usize = 8;
 
 /// Whether the pipelined mma variant's 16-byte copies apply: 16-bit inputs (fp8 bytes are
-/// widened as they are staged), rows of A and B (k, and n for a K×N B) multiples of 8
+/// widened as they are staged, int4 words unpacked), rows of A and B (k, and n for a K×N B) multiples of 8
 /// elements.
 fn pipelines(p: &GemmProblem) -> bool {
     p.fp8().is_none()
+        && p.int4.is_none()
         && p.k.is_multiple_of(8)
         && (p.b_layout == BLayout::Nk || p.n.is_multiple_of(8))
 }

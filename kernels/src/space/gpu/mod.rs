@@ -283,8 +283,13 @@ impl Space for GpuSpace {
         device: &Device,
     ) -> Result<(), KernelError> {
         let g = gpu_of(device, problem.family())?;
-        if let (Problem::Gemm(p), true) = (problem, config.is_gpu()) {
-            gemm::int4_on_gpu(p, g)?;
+        if let (Problem::Gemm(p), Config::Rocblas(_)) = (problem, config) {
+            if let Some(group) = p.int4 {
+                return Err(invalid(
+                    Family::Gemm,
+                    format!("int4 weights (int4 = {group}): rocBLAS multiplies dense matrices; kerntune's GPU GEMMs unpack the words"),
+                ));
+            }
         }
         match (config, problem) {
             (Config::GpuGemm(c), Problem::Gemm(p)) => gemm::validate(c, p, g)?,
