@@ -1067,13 +1067,13 @@ fn skinny_guess(p: &GemmProblem) -> GpuGemmConfig {
     )
 }
 
-/// The int4 skinny guess before its split: A's rows rounded up to a power of two, 4 groups of
-/// 8 columns (a lane's word row one 32-byte sector; fewer where the rows' sums need the
-/// room), two word rows a lane in flight.
+/// The int4 skinny guess before its split: A's rows rounded up to a power of two, 32 columns a
+/// block in 4 groups of 8 (a lane's word row one 32-byte sector; 8 groups of 4 where the rows'
+/// sums need the room), two word rows a lane in flight.
 fn int4_skinny_guess(p: &GemmProblem) -> GpuGemmConfig {
     let bm = p.m.next_power_of_two();
     let tn = (SKINNY_MAX_ACCUMULATORS / bm).min(8);
-    GpuGemmConfig::tile(GpuGemmVariant::Skinny, (bm, 4 * tn, 512), (1, tn), 1, 1)
+    GpuGemmConfig::tile(GpuGemmVariant::Skinny, (bm, 32, 512), (1, tn), 1, 1)
 }
 
 /// Rows of A up to which the skinny variant is a candidate: beyond them a weight byte feeds
@@ -1187,6 +1187,55 @@ mod tests {
             let h = heuristic(&gemm(spec), Some(g));
             assert_ne!(h.variant, GpuGemmVariant::Skinny, "{model} {spec}: {h}");
         }
+    }
+
+    /// Int4 GEMMs (GPTQ's words) take the skinny kernel for decode on every vendor, narrower
+    /// where more rows' sums need the registers, split to fill the SMs or CUs; beyond 8 rows
+    /// the one-stage tiles that unpack the words as staged, or the tiled default without
+    /// matrix cores.
+    #[test]
+    fn int4_gemms_take_the_skinny_kernel_for_decode_and_staged_tiles_beyond() {
+        let qkv = "gemm:m=1,n=1280,k=8192,dtype=bf16,b=kn,int4=128";
+        for (model, spec, want) in [
+            // 40 blocks of 32 columns: 8 splits for two a SM on 132, 16 on MI300X's 304 CUs.
+            ("h200", qkv, "gpu skinny 1x32x512 tile 1x8 split-k=8"),
+            ("mi300x", qkv, "gpu skinny 1x32x512 tile 1x8 split-k=16"),
+            (
+                "rx7900xtx",
+                "gemm:m=1,n=1280,k=8192,dtype=f16,b=kn,int4=128",
+                "gpu skinny 1x32x512 tile 1x8 split-k=8",
+            ),
+            (
+                "h200",
+                "gemm:m=5,n=7168,k=8192,dtype=bf16,b=kn,int4=128",
+                "gpu skinny 8x32x512 tile 1x4 split-k=2",
+            ),
+            (
+                "h200",
+                "gemm:m=2048,n=1280,k=8192,dtype=f16,b=kn,int4=128",
+                "gpu mma 128x128x32 tile 4x4",
+            ),
+            (
+                "mi250",
+                "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=kn,int4=128",
+                "gpu mfma 128x128x32 tile 2x2",
+            ),
+            (
+                "rx7900xtx",
+                "gemm:m=2048,n=1280,k=8192,dtype=bf16,b=kn,int4=128",
+                "gpu tiled 64x64x16 tile 4x4",
+            ),
+        ] {
+            assert_eq!(guess(model, spec), want, "{model} {spec}");
+        }
+        // Never the tiles that copy B's rows as they lie.
+        let Ok(Device::Gpu(h200)) = Device::lookup("h200") else {
+            unreachable!()
+        };
+        let prefill = gemm("gemm:m=2048,n=7168,k=8192,dtype=bf16,b=kn,int4=128");
+        assert!(candidates(&prefill, h200)
+            .iter()
+            .all(|c| c.stages == 1 && c.variant != GpuGemmVariant::Wgmma));
     }
 
     /// fp8 GEMMs (W8A8) take the tiled and skinny variants, the one-stage matrix-core tiles
