@@ -10,6 +10,7 @@
 //! - [`Backend`]: one interface to run a problem with a config on caller buffers; the CPU
 //!   backend ([`CpuBackend`]) runs everywhere.
 //! - [`reference`]: plain f64 implementations every config is verified against.
+//! - [`checkpoint`]: 4-bit checkpoints' tensors (GPTQ's, AWQ's) as the int4 GEMMs take them.
 //!
 //! ```
 //! use kerntune_kernels::{Backend, CpuBackend, CpuSpace, Device, Problem, Space, TensorBuf};
@@ -28,6 +29,7 @@
 //! assert!(c.iter().all(|&x| x == 14.0));
 //! ```
 
+pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod data;

@@ -10,8 +10,9 @@
  * by per-token and per-channel scales, which kt_gemm_scaled() multiplies back, and as a
  * block-scaled GEMM (kt_gemm_block_scaled(), DeepSeek-V3's FP8 scheme). Then an int4 GEMM
  * (kt_gemm_int4(), a GPTQ checkpoint's weights: 4-bit values packed eight to a word, a scale
- * and a zero point per group of k and column) against the same sum in plain loops. Then it
- * asks for an MI250 through the GPU entry points. */
+ * and a zero point per group of k and column) against the same sum in plain loops, and the
+ * same values as an AWQ checkpoint packs them, converted by kt_int4_words() and
+ * kt_int4_zeros(). Then it asks for an MI250 through the GPU entry points. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -169,6 +170,44 @@ int main(int argc, char **argv) {
         KT_STATUS_INVALID_ARGUMENT)
         return 1;
     printf("error: %s\n", kt_last_error());
+    /* The same values as an AWQ checkpoint holds them, eight columns (n = 8) a word in the
+     * order 0, 2, 4, 6, 1, 3, 5, 7: qweight [k, n / 8], qzeros [k / group, n / 8] with zero
+     * points (5g + 3j) % 16, made the words and zero points kt_gemm_int4() takes once, as a
+     * server loads the model. */
+    enum { AN = 8 };
+    static const int awq_order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    unsigned qweight[QK * (AN / 8)] = {0}, qzeros[(QK / GROUP) * (AN / 8)] = {0};
+    unsigned awq_words[(QK / 8) * AN];
+    float awq_zeros[(QK / GROUP) * AN], awq_scales[(QK / GROUP) * AN], c_awq[M * AN];
+    for (int p = 0; p < QK; p++)
+        for (int i = 0; i < 8; i++) qweight[p] |= (unsigned)((3 * p + awq_order[i]) % 16) << (4 * i);
+    for (int g = 0; g < QK / GROUP; g++) {
+        for (int i = 0; i < 8; i++) qzeros[g] |= (unsigned)((5 * g + 3 * awq_order[i]) % 16) << (4 * i);
+        for (int j = 0; j < AN; j++) awq_scales[g * AN + j] = g == 0 ? 0.5f : 0.25f;
+    }
+    if (kt_int4_words(KT_INT4_FORMAT_AWQ, qweight, QK * (AN / 8), QK, AN, awq_words,
+                      (QK / 8) * AN) != KT_STATUS_OK ||
+        kt_int4_zeros(KT_INT4_FORMAT_AWQ, qzeros, (QK / GROUP) * (AN / 8), QK / GROUP, AN,
+                      awq_zeros, (QK / GROUP) * AN) != KT_STATUS_OK ||
+        kt_gemm_int4(d, M, AN, QK, KT_DTYPE_F32, GROUP, a4, awq_words, awq_scales,
+                     (QK / GROUP) * AN, awq_zeros, (QK / GROUP) * AN, c_awq, NULL) != KT_STATUS_OK) {
+        fprintf(stderr, "awq: %s\n", kt_last_error());
+        kt_free(d);
+        return 1;
+    }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < AN; j++) {
+            float sum = 0;
+            for (int p = 0; p < QK; p++)
+                sum += a4[i * QK + p] * (p < GROUP ? 0.5f : 0.25f) *
+                       (float)((3 * p + j) % 16 - (5 * (p / GROUP) + 3 * j) % 16);
+            if (c_awq[i * AN + j] != sum) {
+                fprintf(stderr, "awq C[%d][%d] = %g, not %g\n", i, j, c_awq[i * AN + j], sum);
+                kt_free(d);
+                return 1;
+            }
+        }
+    printf("int4 awq: matches\n");
 
     KtStats s;
     kt_stats(d, &s);

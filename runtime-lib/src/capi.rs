@@ -342,22 +342,23 @@ unsafe fn gemm_scales<'a>(
     // SAFETY: caller contract.
     unsafe {
         Ok(GemmScales {
-            a: floats("a_scales", a, a_len)?,
-            b: floats("b_scales", b, b_len)?,
+            a: values("a_scales", a, a_len)?,
+            b: values("b_scales", b, b_len)?,
             zeros: &[],
         })
     }
 }
 
-/// `len` floats at `ptr`; NULL stands for none, and is refused where `len` is not 0.
+/// `len` values at `ptr` (scales, zero points, a checkpoint's words); NULL stands for none,
+/// and is refused where `len` is not 0.
 ///
 /// # Safety
-/// `ptr` must be NULL or valid for `len` floats.
-unsafe fn floats<'a>(
+/// `ptr` must be NULL or valid for `len` values.
+pub(crate) unsafe fn values<'a, T>(
     name: &str,
-    ptr: *const f32,
+    ptr: *const T,
     len: usize,
-) -> Result<&'a [f32], (KtStatus, String)> {
+) -> Result<&'a [T], (KtStatus, String)> {
     match (ptr.is_null(), len) {
         (_, 0) => Ok(&[]),
         (true, _) => Err(invalid(format!("`{name}` is NULL with a length of {len}"))),
@@ -610,11 +611,11 @@ pub unsafe extern "C" fn kt_gemm_block_scaled(
 /// Σ_p A[i, p] · scales[p / group][j] · (q[p, j] − zeros[p / group][j])`, A `[m, k]` of `dtype`
 /// (f32, f16 or bf16), the weights `b_words` GPTQ's `qweight`: `[k / 8, n]` 32-bit words,
 /// word `(r, j)` holding `q[8r + i, j]` in bits `4i..4i + 4`, unsigned (AWQ's `[k, n / 8]`
-/// words, whose values are interleaved, are repacked to it once as the model loads, as vLLM
-/// repacks them for its own kernels). `scales` and `zeros` are `[k / group, n]` floats
-/// (`scales_len`, `zeros_len`: GPTQ's `scales` and unpacked `qzeros` widened; `zeros` NULL
-/// with a length of 0 for symmetric checkpoints, whose zero point is 8); `group` a multiple of
-/// 8 that divides `k` (`k` itself for one group).
+/// words, whose values are interleaved, are repacked to it once as the model loads:
+/// kt_int4_words()). `scales` and `zeros` are `[k / group, n]` floats (`scales_len`,
+/// `zeros_len`: the checkpoint's `scales` widened and its `qzeros` as kt_int4_zeros() unpacks
+/// them, GPTQ's plus one; `zeros` NULL with a length of 0 for symmetric checkpoints, whose zero
+/// point is 8); `group` a multiple of 8 that divides `k` (`k` itself for one group).
 ///
 /// # Safety
 /// Buffers must hold m·k elements, k / 8 · n words and m·n floats, the scales and zero points
@@ -645,8 +646,8 @@ pub unsafe extern "C" fn kt_gemm_int4(
         // SAFETY: caller contract on lengths.
         let given = unsafe {
             GemmScales::int4(
-                floats("scales", scales, scales_len)?,
-                floats("zeros", zeros, zeros_len)?,
+                values("scales", scales, scales_len)?,
+                values("zeros", zeros, zeros_len)?,
             )
         };
         // SAFETY: caller contract on sizes.

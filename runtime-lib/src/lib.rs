@@ -27,6 +27,7 @@
 
 pub mod capi;
 pub mod capi_gpu;
+pub mod capi_int4;
 mod dispatcher;
 mod error;
 mod gpu;

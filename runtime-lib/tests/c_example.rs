@@ -114,13 +114,15 @@ fn c_example_runs_a_gemm_and_reports_stats() {
         "{}",
         lines[m + 7]
     );
+    // An AWQ checkpoint's packing, converted by the library, the same as the loops.
+    assert_eq!(lines[m + 8], "int4 awq: matches");
     assert_eq!(
-        lines[m + 8],
-        "match=3 exact=0 bucket=0 nearest=0 defaults=5 loaded=0"
+        lines[m + 9],
+        "match=3 exact=0 bucket=0 nearest=0 defaults=6 loaded=0"
     );
     // Without the `rocm` feature the GPU entry point answers KT_STATUS_NO_DEVICE and names the
     // feature; with it, the HIP runtime answers: opened on an MI250, no device elsewhere.
-    let gpu = &lines[m + 9];
+    let gpu = &lines[m + 10];
     if cfg!(feature = "rocm") {
         assert!(
             gpu == "gpu: opened" || gpu.starts_with("gpu: status=5 "),
@@ -160,6 +162,8 @@ fn c_example_runs_a_gemm_and_reports_stats() {
             "gemm:m=3,n=4,k=5,dtype=f32,b=nk\t4",
             "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk\t4",
             "gemm:m=3,n=4,k=5,dtype=fp8_e4m3,b=nk,block=32\t4",
+            // The AWQ checkpoint's, eight columns wide.
+            "gemm:m=3,n=8,k=16,dtype=f32,b=kn,int4=8\t4",
         ],
         "{text}"
     );
