@@ -286,6 +286,8 @@ fn int4_gemm_candidates_match_the_reference() {
     every_candidate("h200", GEMM_INT4_BF16, None);
     every_candidate_of("h200", GEMM_INT4_F16_DECODE, GpuGemmVariant::Skinny);
     every_candidate_of("rx7900xtx", GEMM_INT4_F32_GEMV, GpuGemmVariant::Skinny);
+    // One word of k, one column.
+    every_candidate("h200", "gemm:m=1,n=1,k=8,dtype=f16,b=kn,int4=8", None);
     every_candidate("mi300x", GEMM_INT4_BF16_CHANNEL, None);
 }
 
