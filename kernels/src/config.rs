@@ -176,6 +176,21 @@ pub enum GemmVariant {
 }
 
 impl GemmVariant {
+    /// Whether it reads B `[N, K]` where it lies (`direct`, `amx-direct`): an int4 problem's
+    /// weights are dequantized that way for it.
+    pub fn reads_b_in_place(self) -> bool {
+        matches!(self, GemmVariant::Direct | GemmVariant::AmxDirect)
+    }
+
+    /// The layout an int4 problem's weights are dequantized to for this variant.
+    pub fn int4_pass_layout(self) -> crate::BLayout {
+        if self.reads_b_in_place() {
+            crate::BLayout::Nk
+        } else {
+            crate::BLayout::Kn
+        }
+    }
+
     /// The name configs spell it with.
     pub fn name(self) -> &'static str {
         match self {

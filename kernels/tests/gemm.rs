@@ -1045,6 +1045,7 @@ fn int4_candidates_match_reference() {
     use kerntune_kernels::data::ProblemData;
     let device = Device::host();
     let host = kerntune_kernels::CpuInfo::detect();
+    let pairs_host = host.avx512_bf16 && host.isa >= Isa::Avx512;
     let mut ran = 0;
     for (m, n, k, group) in [
         (1, 67, 8, 8),
@@ -1059,8 +1060,13 @@ fn int4_candidates_match_reference() {
             let mut configs = CpuSpace.candidates(&p, &device);
             assert!(!configs.is_empty(), "{p}: no candidates");
             // The stream kernels on the words (widened to f32, or to bf16 pairs); from two
-            // tokens, the dense problem's kernels after the dequantizing pass too.
-            let dense = problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b=kn"));
+            // tokens, the dense problem's kernels after the dequantizing pass too, on the
+            // weights `[N, K]` for those that read B in place, else `[K, N]`.
+            let dense = |g: &GemmConfig| {
+                let layout = g.variant.int4_pass_layout();
+                problem(&format!("gemm:m={m},n={n},k={k},dtype={dtype},b={layout}"))
+            };
+            let mut in_place = 0;
             for c in &configs {
                 let Config::Gemm(g) = c else { unreachable!() };
                 let streams = [GemmVariant::Stream, GemmVariant::StreamDpbf16];
@@ -1068,10 +1074,14 @@ fn int4_candidates_match_reference() {
                     streams.contains(&g.variant)
                         || (m > 1
                             && g.variant != GemmVariant::StreamDpbf16
-                            && CpuSpace.validate(c, &dense, &device).is_ok()),
+                            && CpuSpace.validate(c, &dense(g), &device).is_ok()),
                     "{p}: {c}"
                 );
+                in_place += usize::from(g.variant.reads_b_in_place());
             }
+            // `direct` takes f32, and bf16 on AVX-512-BF16 hosts; no kernel reads f16 in place.
+            let direct = m > 1 && (dtype == DType::F32 || (pairs_host && dtype == DType::Bf16));
+            assert_eq!(in_place > 0, direct, "{p}: {in_place} in place");
             let dequantizing = configs.iter().filter(|c| {
                 !matches!(c, Config::Gemm(g)
                     if matches!(g.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16))

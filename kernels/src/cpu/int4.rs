@@ -9,11 +9,13 @@
 //!
 //! Prompts amortize a pass that dequantizes the weights to the dtype instead
 //! ([`dequantize`]), after which the dense problem's kernels run: widening each word once a
-//! row group costs the stream kernel more than the pass costs from a few tokens.
+//! row group costs the stream kernel more than the pass costs from a few tokens. The kernels
+//! that read B in place as a Linear layer stores it (`direct`, `amx-direct`) take the weights
+//! as `[N, K]` ([`dequantize_nk`]), the others as the words hold them, `[K, N]`.
 
 use super::leaf::Int4Strip;
 use super::parallel::{for_each_task, SharedMut};
-use super::table::{table, Table, TableElem, INT4_VECTORS, STREAM_ROWS};
+use super::table::{table, Int4Cols, Table, TableElem, INT4_VECTORS, STREAM_ROWS};
 use crate::config::GemmConfig;
 use crate::kernel::GemmScales;
 use crate::problem::GemmProblem;
@@ -110,6 +112,27 @@ impl Dequant for f16 {
     }
 }
 
+/// Weights the `[N, K]` pass writes: the element types of the kernels that read B in place.
+pub trait DequantCols: bytemuck::Pod {
+    fn cols(t: &Table) -> fn(&Int4Cols<'_>, &mut [Self]);
+}
+
+impl DequantCols for f32 {
+    fn cols(t: &Table) -> fn(&Int4Cols<'_>, &mut [f32]) {
+        t.dequant_cols_f32
+    }
+}
+
+impl DequantCols for bf16 {
+    fn cols(t: &Table) -> fn(&Int4Cols<'_>, &mut [bf16]) {
+        t.dequant_cols_bf16
+    }
+}
+
+/// Columns a task of the `[N, K]` pass writes: each row of words read is a few cache lines
+/// of theirs, and each of their rows of k is written in order.
+const NK_PASS_COLS: usize = 64;
+
 /// Scratch (f32 values) of the dequantizing pass, before the dense kernel's: the weights as
 /// `T`, `[K, N]`, and a row of `N` f32 values for each thread, each part on whole cache lines.
 pub fn dequantize_scratch_len(p: &GemmProblem, threads: usize) -> usize {
@@ -166,6 +189,48 @@ pub fn dequantize<'s, T: Dequant>(
             (t.dequant_row)(words, 4 * i as u32, s, z, row);
             T::from_row(t, row, out);
         }
+    });
+    (weights, rest)
+}
+
+/// [`dequantize`], the weights written `[N, K]` (a row of k a column), for the kernels that
+/// read B in place: same scratch, same rounding.
+pub fn dequantize_nk<'s, T: DequantCols>(
+    p: &GemmProblem,
+    c: &GemmConfig,
+    words: &[u32],
+    scales: GemmScales<'_>,
+    scratch: &'s mut [f32],
+) -> (&'s [T], &'s mut [f32]) {
+    let (t, threads) = (table(c.isa), c.threads);
+    let group = p.int4.expect("an int4 problem");
+    let (n, k) = (p.n, p.k);
+    let line = super::parallel::LINE_WORDS;
+    let (weights, rest) = scratch.split_at_mut(
+        (k * n * std::mem::size_of::<T>())
+            .div_ceil(4)
+            .next_multiple_of(line),
+    );
+    // The rows [`dequantize`] widens into, unused here: the dense kernel's scratch follows
+    // where [`dequantize_scratch_len`] puts it.
+    let rest = &mut rest[(threads * n).next_multiple_of(line)..];
+    let weights: &mut [T] = &mut bytemuck::cast_slice_mut(weights)[..k * n];
+    let dst = SharedMut(weights.as_mut_ptr());
+    let block = Int4Cols {
+        words,
+        scales: scales.b,
+        zeros: scales.zeros,
+        n,
+        k,
+        group,
+        first: 0,
+    };
+    for_each_task(threads, n.div_ceil(NK_PASS_COLS), |b, _| {
+        let first = b * NK_PASS_COLS;
+        let cols = NK_PASS_COLS.min(n - first);
+        // SAFETY: task `b` writes the rows of its own columns alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(first * k), cols * k) };
+        (T::cols(t))(&Int4Cols { first, ..block }, out);
     });
     (weights, rest)
 }

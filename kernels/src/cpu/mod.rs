@@ -48,7 +48,7 @@ use crate::kernel::{
     check_dtype, check_len, Args, Backend, FlashArgs, GemmArgs, HeadValues, PagedArgs,
 };
 use crate::space::{CpuSpace, Space};
-use crate::{Config, Device, Fp8, KernelError, Problem, Result, Tensor};
+use crate::{BLayout, Config, Device, Fp8, KernelError, Problem, Result, Tensor};
 
 /// Runs kernels on the host CPU.
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,7 +61,9 @@ impl Backend for CpuBackend {
 
     fn scratch_len(&self, problem: &Problem, config: &Config) -> usize {
         let len = match (problem, config) {
-            (Problem::Gemm(p), Config::Gemm(c)) if p.int4.is_some() => match p.dequantized() {
+            (Problem::Gemm(p), Config::Gemm(c)) if p.int4.is_some() => match p
+                .dequantized_as(c.variant.int4_pass_layout())
+            {
                 // Dequantized first: the weights and the dense kernel's scratch.
                 #[cfg(target_arch = "x86_64")]
                 Some(_) if c.variant == GemmVariant::StreamDpbf16 => int4_dpbf16::scratch_len(p),
@@ -131,12 +133,23 @@ impl Backend for CpuBackend {
                 check_len("c", out.len(), p.c_len())?;
                 scales.check(p)?;
                 use simd::{E4m3Bits, E5m2Bits};
-                if let (Some(dense), Tensor::Int4(words)) = (p.dequantized(), b) {
+                let layout = c.variant.int4_pass_layout();
+                if let (Some(dense), Tensor::Int4(words)) = (p.dequantized_as(layout), b) {
                     let streams = [GemmVariant::Stream, GemmVariant::StreamDpbf16];
                     if !streams.contains(&c.variant) {
                         let dense = Problem::Gemm(dense);
                         let s = scratch;
+                        let nk = layout == BLayout::Nk;
                         let (b, rest) = match a {
+                            // The kernels reading B in place take f32 and bf16 (validated).
+                            Tensor::F32(_) if nk => {
+                                let (w, rest) = int4::dequantize_nk::<f32>(p, c, words, scales, s);
+                                (Tensor::F32(w), rest)
+                            }
+                            Tensor::Bf16(_) if nk => {
+                                let (w, rest) = int4::dequantize_nk::<bf16>(p, c, words, scales, s);
+                                (Tensor::Bf16(w), rest)
+                            }
                             Tensor::F32(_) => {
                                 let (w, rest) = int4::dequantize::<f32>(p, c, words, scales, s);
                                 (Tensor::F32(w), rest)

@@ -56,6 +56,22 @@ pub type Int4Fn = unsafe fn(leaf::Int4Strip);
 /// See [`Table::dequant_row`]: words, shift, scales, zero points (or none), the row.
 pub type DequantRowFn = fn(&[u32], u32, &[f32], &[f32], &mut [f32]);
 
+/// A block of an int4 problem's columns, whose weights [`Table::dequant_cols_f32`] and
+/// [`Table::dequant_cols_bf16`] write as rows of `k` (the `[N, K]` a Linear layer stores).
+#[derive(Debug, Clone, Copy)]
+pub struct Int4Cols<'a> {
+    /// The problem's words, `[k / 8, n]`, its scales and zero points (or none: 8), `[k /
+    /// group, n]`.
+    pub words: &'a [u32],
+    pub scales: &'a [f32],
+    pub zeros: &'a [f32],
+    pub n: usize,
+    pub k: usize,
+    pub group: usize,
+    /// The block: columns `first..first + out.len() / k`.
+    pub first: usize,
+}
+
 /// The leaf kernels of one input element type.
 #[derive(Debug)]
 pub struct ElemFns<T: 'static> {
@@ -97,6 +113,9 @@ pub struct Table {
     pub dequant_row: DequantRowFn,
     /// f32 values rounded to bf16, to nearest (ties to even); the values are finite.
     pub round_bf16: fn(&[f32], &mut [bf16]),
+    /// A block of int4 columns dequantized as rows of k: f32, and rounded to bf16.
+    pub dequant_cols_f32: fn(&Int4Cols<'_>, &mut [f32]),
+    pub dequant_cols_bf16: fn(&Int4Cols<'_>, &mut [bf16]),
 }
 
 impl Table {
@@ -354,6 +373,43 @@ macro_rules! isa_table {
                 unsafe { round_bf16_tf(src, dst) }
             }
 
+            // A word's eight values at a time, as eight lanes the compiler vectorizes (a
+            // variable shift each), each column's values of k stored together; the rows of
+            // words are read in order, a block's columns a cache line of each.
+            $(#[target_feature(enable = $feature)])?
+            unsafe fn dequant_cols_tf<T: Copy>(
+                b: &Int4Cols<'_>, out: &mut [T], store: impl Fn([f32; 8], &mut [T]),
+            ) {
+                let cols = out.len() / b.k;
+                for r in 0..b.k / 8 {
+                    let at = 8 * r / b.group * b.n + b.first;
+                    let words = &b.words[r * b.n + b.first..][..cols];
+                    let scales = &b.scales[at..][..cols];
+                    for (j, (&w, &s)) in words.iter().zip(scales).enumerate() {
+                        let z = b.zeros.get(at + j).copied().unwrap_or(8.0);
+                        let v: [f32; 8] =
+                            std::array::from_fn(|i| (((w >> (4 * i)) & 15) as f32 - z) * s);
+                        store(v, &mut out[j * b.k + 8 * r..][..8]);
+                    }
+                }
+            }
+
+            fn dequant_cols_f32(b: &Int4Cols<'_>, out: &mut [f32]) {
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { dequant_cols_tf(b, out, |v, o| o.copy_from_slice(&v)) }
+            }
+
+            fn dequant_cols_bf16(b: &Int4Cols<'_>, out: &mut [bf16]) {
+                let round = |v: [f32; 8], o: &mut [bf16]| {
+                    for (d, x) in o.iter_mut().zip(v) {
+                        let u = x.to_bits();
+                        *d = bf16::from_bits((u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16);
+                    }
+                };
+                // SAFETY: the table is only reachable when the host supports this ISA.
+                unsafe { dequant_cols_tf(b, out, round) }
+            }
+
             fn row_max(row: &[f32]) -> f32 {
                 // SAFETY: the table is only reachable when the host supports this ISA.
                 unsafe { row_max_tf(row) }
@@ -392,6 +448,8 @@ macro_rules! isa_table {
                 stream_int4: [stream_int4::<1>, stream_int4::<2>, stream_int4::<4>],
                 dequant_row,
                 round_bf16,
+                dequant_cols_f32,
+                dequant_cols_bf16,
             };
         }
     };

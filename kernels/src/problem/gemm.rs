@@ -199,8 +199,15 @@ impl GemmProblem {
     /// N]` as the words hold them: what the CPU's prompt kernels run after the dequantizing
     /// pass. `None` for other problems.
     pub fn dequantized(&self) -> Option<GemmProblem> {
+        self.dequantized_as(BLayout::Kn)
+    }
+
+    /// [`GemmProblem::dequantized`] with the weights stored as `layout` (`[N, K]` for the
+    /// kernels that read B in place).
+    pub fn dequantized_as(&self, layout: BLayout) -> Option<GemmProblem> {
         self.int4.map(|_| GemmProblem {
             int4: None,
+            b_layout: layout,
             ..*self
         })
     }

@@ -435,16 +435,22 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
         out.retain(|c| matches!(c.variant, GemmVariant::Stream | GemmVariant::AmxDirect));
     }
     // Int4 weights: the stream kernels (which widen each word as they multiply it: to f32,
-    // or to bf16 pairs for `vdpbf16ps`) at every M, and from two tokens the dense problem's kernels, run after a pass that
-    // dequantizes the weights to the dtype, [K, N] (see `validate`).
-    if let Some(dense) = p.dequantized() {
+    // or to bf16 pairs for `vdpbf16ps`) at every M, and from two tokens the dense problem's
+    // kernels, run after a pass that dequantizes the weights to the dtype: `[N, K]` for those
+    // that read B in place, `[K, N]` for the others (see `validate`).
+    if let (Some(kn), Some(nk)) = (p.dequantized(), p.dequantized_as(BLayout::Nk)) {
         out.retain(|c| matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16));
         if p.m > 1 {
-            out.extend(
-                candidates(&dense, host).into_iter().filter(|c| {
-                    !matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16)
-                }),
-            );
+            let streams = |c: &GemmConfig| {
+                matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16)
+            };
+            let in_place = candidates(&nk, host)
+                .into_iter()
+                .filter(|c| c.variant.reads_b_in_place());
+            let packing = candidates(&kn, host)
+                .into_iter()
+                .filter(|c| !streams(c) && !c.variant.reads_b_in_place());
+            out.extend(in_place.chain(packing));
         }
     }
     out
@@ -453,7 +459,7 @@ pub(super) fn candidates(p: &GemmProblem, host: &CpuInfo) -> Vec<GemmConfig> {
 pub(super) fn validate(c: &GemmConfig, p: &GemmProblem, host: &CpuInfo) -> Result<(), KernelError> {
     let f = Family::Gemm;
     let streams = matches!(c.variant, GemmVariant::Stream | GemmVariant::StreamDpbf16);
-    if let (Some(dense), false) = (p.dequantized(), streams) {
+    if let (Some(dense), false) = (p.dequantized_as(c.variant.int4_pass_layout()), streams) {
         // The other variants run after the weights are dequantized, on the dense problem.
         return validate(c, &dense, host);
     }
@@ -722,8 +728,14 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // 2.3-2.4 / 6.0, M = 64 45.0-45.3 / 22.8-22.9 / 41.0 and 9.8-10.4 / 5.1-5.5 / 6.0-6.5,
     // M = 128 88.7 / 44.5-44.7 / 59.5-60.3 and 18.4 / 10.7 / 10.5-10.7, M = 256 - / 89.0-89.3
     // / 96.6-98.4 and - / 21.1-21.2 / 17.4-17.6.
-    if let Some(dense) = p.dequantized() {
-        let after_pass = heuristic(&dense, host);
+    if let (Some(kn), Some(nk)) = (p.dequantized(), p.dequantized_as(BLayout::Nk)) {
+        // After the pass, the guess for weights stored as a Linear layer stores them where
+        // it reads them in place, else the guess for `[K, N]`.
+        let in_place = heuristic(&nk, host);
+        let after_pass = match in_place.variant.reads_b_in_place() {
+            true => in_place,
+            false => heuristic(&kn, host),
+        };
         let streams = matches!(
             after_pass.variant,
             GemmVariant::Stream | GemmVariant::StreamDpbf16
