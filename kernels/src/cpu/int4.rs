@@ -15,7 +15,7 @@
 
 use super::leaf::Int4Strip;
 use super::parallel::{for_each_task, SharedMut};
-use super::table::{table, Int4Cols, Table, TableElem, INT4_VECTORS, STREAM_ROWS};
+use super::table::{table, Int4Cols, Table, TableElem, INT4_COLS, INT4_VECTORS, STREAM_ROWS};
 use crate::config::GemmConfig;
 use crate::kernel::GemmScales;
 use crate::problem::GemmProblem;
@@ -129,10 +129,6 @@ impl DequantCols for bf16 {
     }
 }
 
-/// Columns a task of the `[N, K]` pass writes: each row of words read is a few cache lines
-/// of theirs, and each of their rows of k is written in order.
-const NK_PASS_COLS: usize = 64;
-
 /// Scratch (f32 values) of the dequantizing pass, before the dense kernel's: the weights as
 /// `T`, `[K, N]`, and a row of `N` f32 values for each thread, each part on whole cache lines.
 pub fn dequantize_scratch_len(p: &GemmProblem, threads: usize) -> usize {
@@ -225,9 +221,9 @@ pub fn dequantize_nk<'s, T: DequantCols>(
         group,
         first: 0,
     };
-    for_each_task(threads, n.div_ceil(NK_PASS_COLS), |b, _| {
-        let first = b * NK_PASS_COLS;
-        let cols = NK_PASS_COLS.min(n - first);
+    for_each_task(threads, n.div_ceil(INT4_COLS), |b, _| {
+        let first = b * INT4_COLS;
+        let cols = INT4_COLS.min(n - first);
         // SAFETY: task `b` writes the rows of its own columns alone.
         let out = unsafe { std::slice::from_raw_parts_mut(dst.get().add(first * k), cols * k) };
         (T::cols(t))(&Int4Cols { first, ..block }, out);

@@ -56,6 +56,14 @@ pub type Int4Fn = unsafe fn(leaf::Int4Strip);
 /// See [`Table::dequant_row`]: words, shift, scales, zero points (or none), the row.
 pub type DequantRowFn = fn(&[u32], u32, &[f32], &[f32], &mut [f32]);
 
+/// Columns of a block [`Table::dequant_cols_f32`] and [`Table::dequant_cols_bf16`] take at
+/// most: each row of words read is a few cache lines of theirs, and each of their rows of k
+/// is written in order.
+pub const INT4_COLS: usize = 64;
+
+/// Words down k a column of a block takes in turn: two cache lines of its bf16 row.
+const INT4_ROWS: usize = 16;
+
 /// A block of an int4 problem's columns, whose weights [`Table::dequant_cols_f32`] and
 /// [`Table::dequant_cols_bf16`] write as rows of `k` (the `[N, K]` a Linear layer stores).
 #[derive(Debug, Clone, Copy)]
@@ -374,22 +382,27 @@ macro_rules! isa_table {
             }
 
             // A word's eight values at a time, as eight lanes the compiler vectorizes (a
-            // variable shift each), each column's values of k stored together; the rows of
-            // words are read in order, a block's columns a cache line of each.
+            // variable shift each), each column's values of k stored together. Rows of k of
+            // a block's columns lie `k` values apart, a multiple of 4 KiB in the LLMs' shapes,
+            // which puts the lines being written of every column in one L1 set: each column
+            // takes `INT4_ROWS` words down k (whole lines of its row) before the next.
             $(#[target_feature(enable = $feature)])?
             unsafe fn dequant_cols_tf<T: Copy>(
                 b: &Int4Cols<'_>, out: &mut [T], store: impl Fn([f32; 8], &mut [T]),
             ) {
-                let cols = out.len() / b.k;
-                for r in 0..b.k / 8 {
-                    let at = 8 * r / b.group * b.n + b.first;
-                    let words = &b.words[r * b.n + b.first..][..cols];
-                    let scales = &b.scales[at..][..cols];
-                    for (j, (&w, &s)) in words.iter().zip(scales).enumerate() {
-                        let z = b.zeros.get(at + j).copied().unwrap_or(8.0);
-                        let v: [f32; 8] =
-                            std::array::from_fn(|i| (((w >> (4 * i)) & 15) as f32 - z) * s);
-                        store(v, &mut out[j * b.k + 8 * r..][..8]);
+                let words_down = b.k / 8;
+                for r0 in (0..words_down).step_by(INT4_ROWS) {
+                    let r1 = (r0 + INT4_ROWS).min(words_down);
+                    for (j, row) in out.chunks_exact_mut(b.k).enumerate() {
+                        let col = b.first + j;
+                        for r in r0..r1 {
+                            let w = b.words[r * b.n + col];
+                            let at = 8 * r / b.group * b.n + col;
+                            let (s, z) = (b.scales[at], b.zeros.get(at).copied().unwrap_or(8.0));
+                            let v: [f32; 8] =
+                                std::array::from_fn(|i| (((w >> (4 * i)) & 15) as f32 - z) * s);
+                            store(v, &mut row[8 * r..8 * r + 8]);
+                        }
                     }
                 }
             }

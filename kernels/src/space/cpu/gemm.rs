@@ -727,7 +727,9 @@ pub(super) fn heuristic(p: &GemmProblem, host: &CpuInfo) -> GemmConfig {
     // 11.4-12.3 / 6.3-6.5 / - and 2.5-2.7 / 1.4-2.2 / -, M = 32 23.2 / 11.8 / 34.2 and 5.2 /
     // 2.3-2.4 / 6.0, M = 64 45.0-45.3 / 22.8-22.9 / 41.0 and 9.8-10.4 / 5.1-5.5 / 6.0-6.5,
     // M = 128 88.7 / 44.5-44.7 / 59.5-60.3 and 18.4 / 10.7 / 10.5-10.7, M = 256 - / 89.0-89.3
-    // / 96.6-98.4 and - / 21.1-21.2 / 17.4-17.6.
+    // / 96.6-98.4 and - / 21.1-21.2 / 17.4-17.6. Session 63, the `[N, K]` pass and `direct`
+    // (in place): M = 128 50.4-50.8 and 8.4-8.5 against pairs' 44.1-45.9 and 9.7, M = 256
+    // 83.0-84.2 and 14.8-15.5 against the `[K, N]` pass's 93.8-105 and 15.7-17.7.
     if let (Some(kn), Some(nk)) = (p.dequantized(), p.dequantized_as(BLayout::Nk)) {
         // After the pass, the guess for weights stored as a Linear layer stores them where
         // it reads them in place, else the guess for `[K, N]`.
