@@ -278,6 +278,9 @@ fn plan_for_h100_with_nvrtc() {
     args.extend(["--shapes", "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3"]);
     let blocked = "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3,b=nk,block=128";
     args.extend(["--shapes", blocked]);
+    // And a GPTQ checkpoint's (int4 words), which the wgmma and pipelined tiles do not read.
+    let int4 = "gemm:m=16,n=1280,k=8192,dtype=f16,b=kn,int4=128";
+    args.extend(["--shapes", int4]);
     let out = tune(&args, d);
     if let Err(e) = kerntune_kernels::gpu::nvrtc::NvrtcCompiler::find() {
         assert!(
@@ -295,7 +298,19 @@ fn plan_for_h100_with_nvrtc() {
     assert_eq!(plan["target"], "sm_90");
     assert!(plan["compiler"].as_str().unwrap().starts_with("NVRTC 13"));
     let mut problems = plan["problems"].as_array().unwrap().clone();
-    assert_eq!(problems.len(), 5);
+    assert_eq!(problems.len(), 6);
+    let at = problems.iter().position(|p| p["problem"] == int4).unwrap();
+    let words = problems.remove(at);
+    assert!(words["kept"].as_u64().unwrap() >= 1, "{words}");
+    for c in words["candidates"].as_array().unwrap() {
+        let build = c["build"].as_str().unwrap();
+        assert!(
+            build.contains("KT_INT4=128")
+                && build.contains("KT_STAGES=1")
+                && !build.contains("KT_VARIANT=3"),
+            "{c}"
+        );
+    }
     // The block-scaled problem: builds of its blocks, none on the wgmma tiles (3), some on
     // the mma tiles (2).
     let at = problems

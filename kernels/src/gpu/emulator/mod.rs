@@ -121,13 +121,21 @@ pub fn reduced(problem: &Problem, config: &Config) -> Problem {
             let piece = (16 / p.dtype.size()).max(8);
             let pieces = input_alignment(problem, config) == 16;
             let (dn, dk) = if pieces { (piece, piece) } else { (3, 5) };
+            // An int4 problem's k stays whole groups (its build's group is the problem's).
+            let k = match p.int4 {
+                Some(group) => (c.bk + dk).next_multiple_of(group).min(p.k),
+                None => p.k.min(c.bk + dk),
+            };
             GemmProblem::new(
                 p.m.min(c.bm + 1),
                 p.n.min(c.bn + dn),
-                p.k.min(c.bk + dk),
+                k,
                 p.dtype,
                 p.b_layout,
             )
+            // Scale blocks and int4 groups are the build's: kept.
+            .and_then(|g| p.block.map_or(Ok(g), |b| g.with_block(b)))
+            .and_then(|g| p.int4.map_or(Ok(g), |group| g.with_int4(group)))
             .map(Problem::Gemm)
         }
         (Problem::Flash(p), Config::GpuFlash(c)) => {
@@ -598,8 +606,8 @@ mod tests {
 
     /// The plan emulates each candidate on its reduced problem: every candidate must be valid
     /// there, or the plan would prune it as failing on the emulator, and the same build (an
-    /// fp8 or latent cache, narrow values, a window, sinks, a cap or ALiBi kept), or the plan would
-    /// judge another kernel.
+    /// fp8 or latent cache, narrow values, a window, sinks, a cap or ALiBi, fp8 scale blocks
+    /// and int4 groups kept), or the plan would judge another kernel.
     #[test]
     fn every_candidate_is_valid_on_its_reduced_problem() {
         for model in ["h200", "a100", "mi250", "mi300x", "rx7900xtx"] {
@@ -610,6 +618,10 @@ mod tests {
                 "gemm:m=3,n=5000,k=1000,dtype=f32,b=nk",
                 "gemm:m=2048,n=7168,k=8192,dtype=bf16,b=nk",
                 "gemm:m=512,n=1000,k=4104,dtype=f16,b=kn",
+                "gemm:m=16,n=1280,k=8192,dtype=fp8_e4m3,b=nk",
+                "gemm:m=16,n=4608,k=7168,dtype=fp8_e4m3,b=nk,block=128",
+                "gemm:m=16,n=1280,k=8192,dtype=f16,b=kn,int4=128",
+                "gemm:m=300,n=1000,k=4104,dtype=bf16,b=kn,int4=4104",
                 "flash:q_len=2048,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
                 "paged:num_seqs=32,context_len=4096,q_heads=8,kv_heads=1,head_dim=128,dtype=bf16",
                 "flash:q_len=2048,q_heads=16,head_dim=192,v_head_dim=128,dtype=bf16,window=300,sinks=true",
