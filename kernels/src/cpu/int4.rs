@@ -27,6 +27,22 @@ pub fn scratch_len(p: &GemmProblem) -> usize {
     p.m * p.k + p.m * (p.k / group)
 }
 
+/// Each row of `a` (rows of `k`) summed over each group of k, `k / group` sums a row: what
+/// the zero points multiply.
+pub(super) fn group_sums<T: Copy>(
+    a: &[T],
+    k: usize,
+    group: usize,
+    sums: &mut [f32],
+    value: impl Fn(T) -> f32,
+) {
+    for (row, sums) in a.chunks_exact(k).zip(sums.chunks_exact_mut(k / group)) {
+        for (g, s) in row.chunks_exact(group).zip(sums) {
+            *s = g.iter().map(|&v| value(v)).sum();
+        }
+    }
+}
+
 /// Runs a validated config of an int4 problem; buffers and scratch were checked by the caller.
 pub fn run<T: TableElem>(
     p: &GemmProblem,
@@ -45,11 +61,7 @@ pub fn run<T: TableElem>(
     // SAFETY: both hold m·k values.
     unsafe { (T::fns(t).widen)(a.as_ptr(), a32.as_mut_ptr(), m * k, 1.0) };
     let asum = &mut rest[..m * groups];
-    for (row, sums) in a32.chunks_exact(k).zip(asum.chunks_exact_mut(groups)) {
-        for (g, s) in row.chunks_exact(group).zip(sums) {
-            *s = g.iter().sum();
-        }
-    }
+    group_sums(a32, k, group, asum, |v| v);
     let (a32, asum): (&[f32], &[f32]) = (a32, asum);
     let strip = INT4_VECTORS * t.lanes;
     let chunk = c.nc.next_multiple_of(strip);
@@ -139,6 +151,24 @@ pub fn dequantize_scratch_len(p: &GemmProblem, threads: usize) -> usize {
     weights + (threads * p.n).next_multiple_of(line)
 }
 
+/// The pass's scratch as [`dequantize_scratch_len`] lays it out: the weights as `T` (`k · n`),
+/// a row of `n` f32 values for each of `threads` threads, then the rest, for the dense kernel.
+fn pass_scratch<'s, T: bytemuck::Pod>(
+    p: &GemmProblem,
+    threads: usize,
+    scratch: &'s mut [f32],
+) -> (&'s mut [T], &'s mut [f32], &'s mut [f32]) {
+    let (n, k) = (p.n, p.k);
+    let line = super::parallel::LINE_WORDS;
+    let (weights, rest) = scratch.split_at_mut(
+        (k * n * std::mem::size_of::<T>())
+            .div_ceil(4)
+            .next_multiple_of(line),
+    );
+    let (rows, rest) = rest.split_at_mut((threads * n).next_multiple_of(line));
+    (&mut bytemuck::cast_slice_mut(weights)[..k * n], rows, rest)
+}
+
 /// Writes an int4 problem's weights as `T` (`[K, N]`: `(q − z) · s` rounded once) into the
 /// front of `scratch` and returns them, on `threads` threads; the rest of `scratch` after
 /// [`dequantize_scratch_len`] is left for the dense kernel. `c` is the dense kernel's config,
@@ -153,14 +183,7 @@ pub fn dequantize<'s, T: Dequant>(
     let (t, threads) = (table(c.isa), c.threads);
     let group = p.int4.expect("an int4 problem");
     let (n, k) = (p.n, p.k);
-    let line = super::parallel::LINE_WORDS;
-    let (weights, rest) = scratch.split_at_mut(
-        (k * n * std::mem::size_of::<T>())
-            .div_ceil(4)
-            .next_multiple_of(line),
-    );
-    let (rows, rest) = rest.split_at_mut((threads * n).next_multiple_of(line));
-    let weights: &mut [T] = &mut bytemuck::cast_slice_mut(weights)[..k * n];
+    let (weights, rows, rest) = pass_scratch::<T>(p, threads, scratch);
     let (dst, rows) = (
         SharedMut(weights.as_mut_ptr()),
         SharedMut(rows.as_mut_ptr()),
@@ -201,16 +224,9 @@ pub fn dequantize_nk<'s, T: DequantCols>(
     let (t, threads) = (table(c.isa), c.threads);
     let group = p.int4.expect("an int4 problem");
     let (n, k) = (p.n, p.k);
-    let line = super::parallel::LINE_WORDS;
-    let (weights, rest) = scratch.split_at_mut(
-        (k * n * std::mem::size_of::<T>())
-            .div_ceil(4)
-            .next_multiple_of(line),
-    );
-    // The rows [`dequantize`] widens into, unused here: the dense kernel's scratch follows
-    // where [`dequantize_scratch_len`] puts it.
-    let rest = &mut rest[(threads * n).next_multiple_of(line)..];
-    let weights: &mut [T] = &mut bytemuck::cast_slice_mut(weights)[..k * n];
+    // The rows [`dequantize`] widens into go unused: the dense kernel's scratch follows where
+    // [`dequantize_scratch_len`] puts it.
+    let (weights, _, rest) = pass_scratch::<T>(p, threads, scratch);
     let dst = SharedMut(weights.as_mut_ptr());
     let block = Int4Cols {
         words,

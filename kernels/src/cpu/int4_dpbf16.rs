@@ -43,14 +43,8 @@ pub fn run(
     let groups = k / group;
     let (pairs, rest) = scratch.split_at_mut(m * k / 2);
     let asum = &mut rest[..m * groups];
-    for ((row, sums), dst) in a
-        .chunks_exact(k)
-        .zip(asum.chunks_exact_mut(groups))
-        .zip(pairs.chunks_exact_mut(k / 2))
-    {
-        for (g, s) in row.chunks_exact(group).zip(sums.iter_mut()) {
-            *s = g.iter().map(|v| v.to_f32()).sum();
-        }
+    super::int4::group_sums(a, k, group, asum, bf16::to_f32);
+    for (row, dst) in a.chunks_exact(k).zip(pairs.chunks_exact_mut(k / 2)) {
         for (eight, four) in row.chunks_exact(8).zip(dst.chunks_exact_mut(4)) {
             for (i, d) in four.iter_mut().enumerate() {
                 let pair = eight[i].to_bits() as u32 | (eight[i + 4].to_bits() as u32) << 16;
