@@ -10,6 +10,25 @@
 //! them once, as a server loads a model (vLLM repacks both for its own kernels too).
 //!
 //! Written here: no maintained crate reads these packings; each is a few shifts.
+//!
+//! ```
+//! use kerntune_kernels::checkpoint::{int4_words, int4_zeros, Int4Format};
+//!
+//! // AWQ's qweight for k = 8, n = 8: each row of k one word, column j's value j packed in
+//! // AWQ's order 0, 2, 4, 6, 1, 3, 5, 7.
+//! let k = 8;
+//! let awq_row: u32 = [0u32, 2, 4, 6, 1, 3, 5, 7]
+//!     .iter()
+//!     .enumerate()
+//!     .fold(0, |w, (i, &col)| w | col << (4 * i));
+//! let qweight = vec![awq_row; k];
+//! let words = int4_words(Int4Format::Awq, &qweight, k, 8).unwrap();
+//! // GPTQ's words: column j's 8 values of k in word (0, j), all equal to j.
+//! assert_eq!(words[3], 0x3333_3333);
+//! // GPTQ's qzeros store 7 for a zero point of 8.
+//! let zeros = int4_zeros(Int4Format::Gptq, &[0x7777_7777], 1, 8).unwrap();
+//! assert_eq!(zeros, [8.0; 8]);
+//! ```
 
 use crate::{KernelError, Result};
 

@@ -7,6 +7,9 @@
 //! the selected kernel on the caller's buffers. The same API is exported to C (`kerntune.h`,
 //! see [`capi`]).
 //!
+//! A 4-bit checkpoint's tensors become what the int4 GEMMs take once, as the model loads
+//! ([`checkpoint`]: AWQ's words repacked, GPTQ's zero points unpacked plus one).
+//!
 //! On a GPU, [`GpuDispatcher`] does the same with device memory: it loads the device's
 //! winners and their compiled kernels from the database and launches each call's tuned kernel
 //! on the caller's stream (Cargo features `rocm` and `cuda`; without them it says so).
@@ -38,5 +41,6 @@ mod untuned;
 pub use dispatcher::{Dispatcher, Selection, Stats};
 pub use error::RuntimeError;
 pub use gpu::{GpuDispatcher, GpuStats};
+pub use kerntune_kernels::checkpoint;
 pub use kerntune_kernels::gpu::launch::DevicePtrs;
 pub use select::Match;
