@@ -124,6 +124,36 @@ struct Wgmma {
     float a_rows[2][kWgK];
 };
 
+// Rows of A and columns of B of the wgmma operands a wait computes, each decoded from shared
+// memory once: every row of A feeds the 4 threads of a warp's quad and every column of B the
+// 32 threads of 8 groups in 4 warps, and decoding each element for each of them (its
+// descriptor, swizzle and bounds) was most of the wgmma tests' emulated time. `layout` 0 is
+// wgmma_elem's k-major reading, 1 wgmma_elem_mn's n-major one; `have[i]` marks line i
+// decoded, so only lines some thread reads are read, as each thread would read them. A slot
+// for each operand of each operation a thread may have in flight.
+constexpr int kWgLines = 256, kWgSlots = 2 * kMaxWgmma;
+struct WgDecoded {
+    unsigned long long desc;
+    int layout;
+    bool have[kWgLines];
+    float v[kWgLines][kWgK];
+};
+
+// A warp's mma.sync operands as values: A's 16 rows and B's 8 columns, K (up to 32) each.
+struct MmaOperands {
+    float a[16][32];
+    float b[8][32];
+};
+
+// A block's decoded wgmma operand lines, followed by its wgmma operations in flight
+// (kMaxWgmma a thread: wg_op). Allocated at the block's first wgmma and never cleared (the
+// block's counts say which entries hold something): inside the block they were 5 to 10 MB
+// that every launch's calloc cleared, kernels without wgmma too (memset was 1.4% of the GPU
+// emulator tests' time, 0.6% since).
+struct WgState {
+    WgDecoded decoded[kWgSlots];
+};
+
 // An mbarrier object, by its shared-window address: arrivals a phase expects, those still
 // missing from the current one, and the phases completed so far (the current one's parity is
 // `completed & 1`).
@@ -258,12 +288,14 @@ struct Block {
     // thread's wgmma operations not yet waited for, commit groups and fence.
     unsigned char* shared_base;
     size_t shared_bytes;
-    Wgmma wgmma[kMaxThreads][kMaxWgmma];
+    WgState* wg;
     int wg_pending[kMaxThreads];
     int wg_groups[kMaxThreads];
     bool wg_fenced[kMaxThreads];
     // The groups a thread parked at kWgmmaWait waits for: those numbered below this.
     int wg_target[kMaxThreads];
+    // Operand lines decoded by the running wait so far (slots of wg, taken in turn).
+    int wg_decoded_count;
     // The block's mbarriers, and what each thread parked at kMbarrier waits for: a phase of
     // the parity given completed on the mbarrier at that address.
     Mbar mbar[kMaxMbarriers];
@@ -272,6 +304,10 @@ struct Block {
     int tma_count;
     unsigned mbar_addr[kMaxThreads];
     int mbar_parity[kMaxThreads];
+    // Each warp's mma.sync operands, decoded by its first lane to resume (mma_16x8), and
+    // whether they are for the running instruction. Allocated at the block's first mma.
+    MmaOperands* mma;
+    bool mma_decoded[kMaxThreads / 32];
 };
 
 inline thread_local Block* tl_block = nullptr;
@@ -583,6 +619,8 @@ inline int launch(const Entry* entries, int count, int entry, const unsigned gri
     for (unsigned r = 0; r < size; ++r) {
         if (cl.blocks[r] == nullptr) continue;
         free(cl.blocks[r]->copies);
+        free(cl.blocks[r]->wg);
+        free(cl.blocks[r]->mma);
         free(cl.blocks[r]->stacks);
         free(cl.blocks[r]->dyn);
         free(cl.blocks[r]);
@@ -741,28 +779,41 @@ inline float shfl(float v, int src) {
 template <int K, class Value>
 inline void mma_16x8(float (&d)[4], const unsigned (&a)[4], const unsigned (&bv)[2], Value value) {
     constexpr int per = K / 8, half = K / 2;
+    static_assert(K <= 32, "MmaOperands holds 32 values of k");
     Block& b = block();
     const int me = b.current;
     const int base = wave_base("an mma.sync in a warp the block does not fill");
+    if (b.mma == nullptr) {
+        b.mma = static_cast<MmaOperands*>(malloc(sizeof(MmaOperands) * (size_t)(b.threads / 32)));
+        if (b.mma == nullptr) fail("out of memory for the block's mma.sync operands");
+    }
     for (int r = 0; r < 4; ++r) b.xa[me][r] = a[r];
     for (int r = 0; r < 2; ++r) b.xb[me][r] = bv[r];
+    const int warp = base / 32;
+    b.mma_decoded[warp] = false;
     wait(kMma);
+    // The warp's rows of A and columns of B, read from its registers by the first lane to
+    // resume: each row feeds the 4 lanes of a group, each column 8 groups' lanes (decoding
+    // them in every lane was most of the mma.sync tests' emulated time). The second wait
+    // keeps them, as the registers, until every lane has read them.
+    MmaOperands& o = b.mma[warp];
+    if (!b.mma_decoded[warp]) {
+        for (int row = 0; row < 16; ++row)
+            for (int k = 0; k < K; ++k)
+                o.a[row][k] = value(b.xa[base + 4 * (row % 8) + (k % half) / per][row / 8 + 2 * (k / half)],
+                                    k % per);
+        for (int col = 0; col < 8; ++col)
+            for (int k = 0; k < K; ++k)
+                o.b[col][k] = value(b.xb[base + 4 * col + (k % half) / per][k / half], k % per);
+        b.mma_decoded[warp] = true;
+    }
     const int lane = me - base, g = lane / 4, t = lane % 4;
-    // The lane's two rows of A and two columns of B, read from the warp's registers once
-    // (each feeds two of its four sums).
-    float av[2][K], bvals[2][K];
-    for (int h = 0; h < 2; ++h)
-        for (int k = 0; k < K; ++k) {
-            const int row = g + 8 * h, col = 2 * t + h;
-            const int a_lane = 4 * (row % 8) + (k % half) / per, a_reg = row / 8 + 2 * (k / half);
-            const int b_lane = 4 * col + (k % half) / per, b_reg = k / half;
-            av[h][k] = value(b.xa[base + a_lane][a_reg], k % per);
-            bvals[h][k] = value(b.xb[base + b_lane][b_reg], k % per);
-        }
     float out[4];
     for (int e = 0; e < 4; ++e) {
+        const float* av = o.a[g + 8 * (e / 2)];
+        const float* bcol = o.b[2 * t + e % 2];
         float acc = d[e];
-        for (int k = 0; k < K; ++k) acc = fmaf(av[e / 2][k], bvals[e % 2][k], acc);
+        for (int k = 0; k < K; ++k) acc = fmaf(av[k], bcol[k], acc);
         out[e] = acc;
     }
     wait(kMma);
@@ -995,6 +1046,29 @@ inline float wgmma_elem_mn(Block& b, unsigned long long desc, int k, int col) {
                       d.w);
 }
 
+// Line `i` (a row of A or k-major B, a column of n-major B) of the operand at `desc`, its
+// kWgK values decoded by the first thread of the running wait to read it (see WgDecoded).
+// The pointer holds until the next call, which may take its slot.
+inline const float* wgmma_line(Block& b, unsigned long long desc, int layout, int i) {
+    if (i < 0 || i >= kWgLines) fail("a wgmma with N over 256, more than the instruction takes");
+    WgDecoded* s = nullptr;
+    const int used = b.wg_decoded_count < kWgSlots ? b.wg_decoded_count : kWgSlots;
+    for (int n = 0; n < used && s == nullptr; ++n)
+        if (b.wg->decoded[n].desc == desc && b.wg->decoded[n].layout == layout) s = &b.wg->decoded[n];
+    if (s == nullptr) {
+        s = &b.wg->decoded[b.wg_decoded_count++ % kWgSlots];
+        s->desc = desc;
+        s->layout = layout;
+        for (bool& h : s->have) h = false;
+    }
+    if (!s->have[i]) {
+        for (int k = 0; k < kWgK; ++k)
+            s->v[i][k] = layout == 0 ? wgmma_elem(b, desc, i, k) : wgmma_elem_mn(b, desc, k, i);
+        s->have[i] = true;
+    }
+    return s->v[i];
+}
+
 // The checks every wgmma.mma_async passes at its issue: whole warpgroups, a wgmma.fence
 // before it, a full warp. Returns the warp's first thread.
 inline int wgmma_issue(Block& b, int me) {
@@ -1002,7 +1076,17 @@ inline int wgmma_issue(Block& b, int me) {
     if (!b.wg_fenced[me]) fail("a wgmma without a wgmma.fence before it");
     const int base = wave_base("a wgmma in a warp the block does not fill");
     if (b.wg_pending[me] == kMaxWgmma) fail("too many wgmma operations in flight");
+    if (b.wg == nullptr) {
+        b.wg = static_cast<WgState*>(
+            malloc(sizeof(WgState) + sizeof(Wgmma) * (size_t)b.threads * kMaxWgmma));
+        if (b.wg == nullptr) fail("out of memory for the block's wgmma operations");
+    }
     return base;
+}
+
+// Operation `i` in flight of thread `t` (the block's wg is allocated: it has issued one).
+inline Wgmma& wg_op(Block& b, int t, int i) {
+    return reinterpret_cast<Wgmma*>(b.wg + 1)[t * kMaxWgmma + i];
 }
 
 // Every lane of the warp passed the same two 64-bit words (descriptors).
@@ -1027,7 +1111,7 @@ inline void wgmma(float* d, int n, unsigned long long da, unsigned long long db)
     const int base = wgmma_issue(b, me);
     wgmma_same(b, me, base, da, db);
     Wgmma op{d, n, da, db, b.wg_groups[me], false, false, {}};
-    b.wgmma[me][b.wg_pending[me]++] = op;
+    wg_op(b, me, b.wg_pending[me]++) = op;
 }
 
 // The same with A from registers: each thread's four registers of two 16-bit values, the
@@ -1049,7 +1133,7 @@ inline void wgmma_rs(float* d, int n, const unsigned (&a)[4], unsigned long long
         for (int k = 0; k < 16; ++k)
             op.a_rows[h][k] = pair_elem(b.xa[base + 4 * g + (k % 8) / 2][h + 2 * (k / 8)], k % 2);
     wait(kWgmma);
-    b.wgmma[me][b.wg_pending[me]++] = op;
+    wg_op(b, me, b.wg_pending[me]++) = op;
 }
 
 // Whether every thread of thread i's warpgroup has committed the groups i waits for.
@@ -1066,24 +1150,24 @@ inline void wgmma_complete(Block& b, int j, int target) {
     const int w = (j / 32) % 4, g = (j % 32) / 4, t = j % 4;
     int kept = 0;
     for (int i = 0; i < b.wg_pending[j]; ++i) {
-        const Wgmma op = b.wgmma[j][i];
+        const Wgmma op = wg_op(b, j, i);
         if (op.group >= target) {
-            b.wgmma[j][kept++] = op;
+            wg_op(b, j, kept++) = op;
             continue;
         }
         // The thread's two rows of A, then each pair of its columns of B, read once (a row
         // feeds every column, a column both rows).
         float a_rows[2][kWgK];
-        for (int h = 0; h < 2; ++h)
-            for (int k = 0; k < kWgK; ++k)
-                a_rows[h][k] = op.reg_a ? op.a_rows[h][k] : wgmma_elem(b, op.a, 16 * w + g + 8 * h, k);
+        for (int h = 0; h < 2; ++h) {
+            const float* row = op.reg_a ? op.a_rows[h] : wgmma_line(b, op.a, 0, 16 * w + g + 8 * h);
+            for (int k = 0; k < kWgK; ++k) a_rows[h][k] = row[k];
+        }
         for (int c = 0; c < op.n / 8; ++c) {
             float cols[2][kWgK];
-            for (int h = 0; h < 2; ++h)
-                for (int k = 0; k < kWgK; ++k) {
-                    const int col = 8 * c + 2 * t + h;
-                    cols[h][k] = op.trans_b ? wgmma_elem_mn(b, op.b, k, col) : wgmma_elem(b, op.b, col, k);
-                }
+            for (int h = 0; h < 2; ++h) {
+                const float* col = wgmma_line(b, op.b, op.trans_b ? 1 : 0, 8 * c + 2 * t + h);
+                for (int k = 0; k < kWgK; ++k) cols[h][k] = col[k];
+            }
             for (int e = 0; e < 4; ++e) {
                 float acc = op.d[4 * c + e];
                 for (int k = 0; k < kWgK; ++k) acc = fmaf(a_rows[e / 2][k], cols[e % 2][k], acc);
@@ -1107,6 +1191,8 @@ inline void wgmma_wait(int n) {
     const int me = b.current;
     b.wg_target[me] = b.wg_groups[me] - n;
     if (!wg_committed(b, me)) wait(kWgmmaWait);
+    // Shared memory changes between waits, never during one.
+    b.wg_decoded_count = 0;
     const int base = me / 128 * 128;
     for (int j = base; j < base + 128; ++j) wgmma_complete(b, j, b.wg_target[me]);
 }
@@ -1376,16 +1462,22 @@ inline Acc mfma(frag4 a, frag4 bv, Acc acc, Value value) {
     __builtin_memcpy(b.xa[me], &a, sizeof a);
     __builtin_memcpy(b.xb[me], &bv, sizeof bv);
     wait(kMfma);
-    const int lane = me - base;
+    const int lane = me - base, col = lane % N;
+    // The lane's column of B, read once: it feeds every one of the lane's N·N / 64 sums.
+    float bcol[K];
+    for (int k = 0; k < K; ++k) {
+        unsigned char y[8];
+        __builtin_memcpy(y, b.xb[base + N * (k / per) + col], sizeof y);
+        bcol[k] = value(y, k % per);
+    }
     Acc out;
     for (int e = 0; e < N * N / 64; ++e) {
-        const int row = 4 * (lane / N) + (256 / N) * (e / 4) + e % 4, col = lane % N;
+        const int row = 4 * (lane / N) + (256 / N) * (e / 4) + e % 4;
         float sum = acc[e];
         for (int k = 0; k < K; ++k) {
-            unsigned char x[8], y[8];
+            unsigned char x[8];
             __builtin_memcpy(x, b.xa[base + N * (k / per) + row], sizeof x);
-            __builtin_memcpy(y, b.xb[base + N * (k / per) + col], sizeof y);
-            sum = fmaf(value(x, k % per), value(y, k % per), sum);
+            sum = fmaf(value(x, k % per), bcol[k], sum);
         }
         out[e] = sum;
     }
