@@ -17,6 +17,13 @@
 // (forward, then backward), so a read of shared memory that misses a barrier sees a different
 // writer in some phase.
 //
+// Compiled two ways. With KT_HOST_RUNTIME, once for each set of the macros a unit shares, it
+// is the runtime: `launch` and the scheduler under it (running blocks, switching fibers,
+// completing barriers, copies and asynchronous products), its other symbols hidden. Without
+// it, at the head of every unit of kernels, which links that runtime's object: the unit
+// compiles the operations its kernels call and none of the scheduler, which was most of a
+// small unit's compile (0.2 of 0.25 s for a unit of one build).
+//
 // Hand-written rather than a library: no maintained crate or C++ package runs CUDA/HIP-style
 // kernel source on a CPU with warp collectives; ucontext (in every glibc) or a few lines of
 // assembly switch the fibers.
@@ -143,15 +150,6 @@ struct WgDecoded {
 struct MmaOperands {
     float a[16][32];
     float b[8][32];
-};
-
-// A block's decoded wgmma operand lines, followed by its wgmma operations in flight
-// (kMaxWgmma a thread: wg_op). Allocated at the block's first wgmma and never cleared (the
-// block's counts say which entries hold something): inside the block they were 5 to 10 MB
-// that every launch's calloc cleared, kernels without wgmma too (memset was 1.4% of the GPU
-// emulator tests' time, 0.6% since).
-struct WgState {
-    WgDecoded decoded[kWgSlots];
 };
 
 // An mbarrier object, by its shared-window address: arrivals a phase expects, those still
@@ -288,13 +286,19 @@ struct Block {
     // thread's wgmma operations not yet waited for, commit groups and fence.
     unsigned char* shared_base;
     size_t shared_bytes;
-    WgState* wg;
+    // Its decoded operand lines (kWgSlots) and operations in flight (kMaxWgmma a thread:
+    // wg_op), allocated at the block's first wgmma and never cleared (the counts say which
+    // entries hold something): inside the block they were 5 to 10 MB that every launch's
+    // calloc cleared, kernels without wgmma too (memset was 1.4% of the GPU emulator tests'
+    // time, 0.6% since).
+    WgDecoded* wg_decoded;
+    Wgmma* wg_ops;
     int wg_pending[kMaxThreads];
     int wg_groups[kMaxThreads];
     bool wg_fenced[kMaxThreads];
     // The groups a thread parked at kWgmmaWait waits for: those numbered below this.
     int wg_target[kMaxThreads];
-    // Operand lines decoded by the running wait so far (slots of wg, taken in turn).
+    // Operand lines decoded by the running wait so far (slots of wg_decoded, taken in turn).
     int wg_decoded_count;
     // The block's mbarriers, and what each thread parked at kMbarrier waits for: a phase of
     // the parity given completed on the mbarrier at that address.
@@ -310,7 +314,14 @@ struct Block {
     bool mma_decoded[kMaxThreads / 32];
 };
 
-inline thread_local Block* tl_block = nullptr;
+// The running block of this OS thread: set by the runtime's launch, read by the kernels'
+// operations in every unit. `__thread` (no dynamic initialisation) so that a unit reads it
+// directly, not through the call C++ makes for an extern `thread_local`.
+#ifdef KT_HOST_RUNTIME
+__attribute__((visibility("default"))) __thread Block* tl_block = nullptr;
+#else
+extern __thread Block* tl_block;
+#endif
 
 inline Block& block() { return *tl_block; }
 
@@ -567,8 +578,15 @@ inline bool run_cluster(Cluster& cl) {
     }
 }
 
-inline int launch(const Entry* entries, int count, int entry, const unsigned grid[4],
-                  unsigned threads, void** params, char* err, size_t err_len) {
+// Runs a launch of `entries[entry]` over the grid; 0, or 1 with the error in `err`. Defined in
+// the runtime's own object only: a unit declares it, so none of the scheduler is compiled there.
+#ifndef KT_HOST_RUNTIME
+int launch(const Entry* entries, int count, int entry, const unsigned grid[4], unsigned threads,
+           void** params, char* err, size_t err_len);
+#else
+__attribute__((visibility("default"))) int launch(const Entry* entries, int count, int entry,
+                                                  const unsigned grid[4], unsigned threads,
+                                                  void** params, char* err, size_t err_len) {
     auto refuse = [&](const char* what) {
         snprintf(err, err_len, "%s", what);
         return 1;
@@ -619,7 +637,8 @@ inline int launch(const Entry* entries, int count, int entry, const unsigned gri
     for (unsigned r = 0; r < size; ++r) {
         if (cl.blocks[r] == nullptr) continue;
         free(cl.blocks[r]->copies);
-        free(cl.blocks[r]->wg);
+        free(cl.blocks[r]->wg_decoded);
+        free(cl.blocks[r]->wg_ops);
         free(cl.blocks[r]->mma);
         free(cl.blocks[r]->stacks);
         free(cl.blocks[r]->dyn);
@@ -627,6 +646,7 @@ inline int launch(const Entry* entries, int count, int entry, const unsigned gri
     }
     return ok ? 0 : 1;
 }
+#endif
 
 // Calls a kernel with its arguments unpacked from `params`, as cuLaunchKernel and
 // hipModuleLaunchKernel take them: one pointer to each argument's value.
@@ -1054,9 +1074,9 @@ inline const float* wgmma_line(Block& b, unsigned long long desc, int layout, in
     WgDecoded* s = nullptr;
     const int used = b.wg_decoded_count < kWgSlots ? b.wg_decoded_count : kWgSlots;
     for (int n = 0; n < used && s == nullptr; ++n)
-        if (b.wg->decoded[n].desc == desc && b.wg->decoded[n].layout == layout) s = &b.wg->decoded[n];
+        if (b.wg_decoded[n].desc == desc && b.wg_decoded[n].layout == layout) s = &b.wg_decoded[n];
     if (s == nullptr) {
-        s = &b.wg->decoded[b.wg_decoded_count++ % kWgSlots];
+        s = &b.wg_decoded[b.wg_decoded_count++ % kWgSlots];
         s->desc = desc;
         s->layout = layout;
         for (bool& h : s->have) h = false;
@@ -1076,18 +1096,17 @@ inline int wgmma_issue(Block& b, int me) {
     if (!b.wg_fenced[me]) fail("a wgmma without a wgmma.fence before it");
     const int base = wave_base("a wgmma in a warp the block does not fill");
     if (b.wg_pending[me] == kMaxWgmma) fail("too many wgmma operations in flight");
-    if (b.wg == nullptr) {
-        b.wg = static_cast<WgState*>(
-            malloc(sizeof(WgState) + sizeof(Wgmma) * (size_t)b.threads * kMaxWgmma));
-        if (b.wg == nullptr) fail("out of memory for the block's wgmma operations");
+    if (b.wg_ops == nullptr) {
+        b.wg_decoded = static_cast<WgDecoded*>(malloc(sizeof(WgDecoded) * kWgSlots));
+        b.wg_ops = static_cast<Wgmma*>(malloc(sizeof(Wgmma) * (size_t)b.threads * kMaxWgmma));
+        if (b.wg_decoded == nullptr || b.wg_ops == nullptr)
+            fail("out of memory for the block's wgmma operations");
     }
     return base;
 }
 
-// Operation `i` in flight of thread `t` (the block's wg is allocated: it has issued one).
-inline Wgmma& wg_op(Block& b, int t, int i) {
-    return reinterpret_cast<Wgmma*>(b.wg + 1)[t * kMaxWgmma + i];
-}
+// Operation `i` in flight of thread `t` (the block has issued one, so wg_ops is allocated).
+inline Wgmma& wg_op(Block& b, int t, int i) { return b.wg_ops[t * kMaxWgmma + i]; }
 
 // Every lane of the warp passed the same two 64-bit words (descriptors).
 inline void wgmma_same(Block& b, int me, int base, unsigned long long x, unsigned long long y) {

@@ -1424,10 +1424,14 @@ fn prepared_builds_share_an_object_and_each_runs_its_own_kernel() {
         .unwrap()
         .install(|| emu.prepare(configs.iter().map(|c| (&problem, c))));
     let prepared = objects();
-    assert_eq!(prepared.len(), configs.len(), "a build each: {prepared:?}");
     // wgmma builds emulate the arch-specific target (a macro of the whole unit): a unit of
-    // their own.
-    let mut inodes: Vec<u64> = prepared.iter().map(|(_, ino)| *ino).collect();
+    // their own, and a runtime of their own beside the other units'.
+    let (runtimes, builds): (Vec<_>, Vec<_>) = prepared
+        .iter()
+        .partition(|(name, _)| name.starts_with("kt-runtime-"));
+    assert_eq!(runtimes.len(), 2, "two runtimes: {prepared:?}");
+    assert_eq!(builds.len(), configs.len(), "a build each: {prepared:?}");
+    let mut inodes: Vec<u64> = builds.iter().map(|(_, ino)| *ino).collect();
     inodes.sort();
     inodes.dedup();
     assert_eq!(inodes.len(), 2, "two objects: {prepared:?}");
@@ -1439,6 +1443,38 @@ fn prepared_builds_share_an_object_and_each_runs_its_own_kernel() {
         assert!(err <= problem.tolerance(), "{config}: error {err:e}");
     }
     assert_eq!(objects(), prepared, "running compiled nothing more");
+}
+
+/// A unit links the runtime of its macros from the cache; a cache that kept the unit and lost
+/// the runtime (cleaned by hand, say) gets it compiled again at the unit's first load.
+#[test]
+fn a_cache_that_lost_a_runtime_compiles_it_again() {
+    let cache = tempfile::tempdir().unwrap();
+    let (device, emu) = emulator("mi250");
+    let emu = emu.with_cache(cache.path());
+    let problem: Problem = GEMM_F32.parse().unwrap();
+    let config = GpuSpace.default_config(&problem, &device);
+    emu.prepare([(&problem, &config)]);
+    let runtimes = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("kt-runtime-")
+            })
+            .collect()
+    };
+    let lost = runtimes();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    std::fs::remove_file(&lost[0]).unwrap();
+    let data = ProblemData::random(&problem, 2);
+    let out = emu.run(&data, &config).unwrap();
+    let err = relative_error(&out, &data.reference());
+    assert!(err <= problem.tolerance(), "{config}: error {err:e}");
+    assert_eq!(runtimes(), lost);
 }
 
 #[test]

@@ -20,9 +20,10 @@ mod guarded;
 mod unit;
 
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use libloading::Library;
 use rayon::prelude::*;
@@ -39,7 +40,7 @@ use crate::reference::relative_error;
 use crate::space::{has_mfma, has_mma, has_wgmma};
 use crate::{Config, Device, GpuSpace, KernelError, Problem, Space};
 use guarded::Guarded;
-use unit::{loaded, EmulatedBuild, LaunchFn, Part};
+use unit::{loaded, runtime_name, EmulatedBuild, LaunchFn, Part};
 
 /// Compilers tried in order when `$KERNTUNE_HOST_CXX` is not set.
 const COMPILERS: &[&str] = &["c++", "g++", "clang++", "clang++-19", "clang++-15"];
@@ -363,6 +364,10 @@ impl Emulator {
             .into_values()
             .map(|parts| parts.into_values().collect())
             .collect();
+        // Each group's runtime first, so that the units compiled in parallel find it.
+        for parts in &groups {
+            let _ = self.runtime(&parts[0].unit_flags());
+        }
         let threads = rayon::current_num_threads().max(1);
         let units: Vec<&[Part<'_>]> = groups
             .iter()
@@ -386,12 +391,15 @@ impl Emulator {
         {
             return Ok(*b);
         }
-        if !path.exists() {
-            self.compile(std::slice::from_ref(&part))
-                .map_err(|e| match e {
-                    Compile::Unavailable(reason) => unavailable(reason),
-                    Compile::Fails(reason) => fault(build, reason),
-                })?;
+        let failed = |e| match e {
+            Compile::Unavailable(reason) => unavailable(reason),
+            Compile::Fails(reason) => fault(build, reason),
+        };
+        if path.exists() {
+            // The runtime it links, should the cache have lost it since.
+            self.runtime(&part.unit_flags()).map_err(failed)?;
+        } else {
+            self.compile(std::slice::from_ref(&part)).map_err(failed)?;
         }
         // SAFETY: the library is our own build of kernels/emulator/simt.h and kernels; its
         // initialisers only set up thread-local storage.
@@ -413,43 +421,99 @@ impl Emulator {
         Ok(b)
     }
 
-    /// Compiles the unit of `parts` and stores it under each one's key.
-    fn compile(&self, parts: &[Part<'_>]) -> Result<(), Compile> {
+    /// The runtime object that units of `flags` link, compiled into the cache if it is not
+    /// there yet.
+    fn runtime(&self, flags: &[String]) -> Result<PathBuf, Compile> {
+        // One compile of a runtime at a time in this process: the threads that find it
+        // missing together would each compile it.
+        static COMPILING: Mutex<()> = Mutex::new(());
+        let name = runtime_name(flags, &self.identity);
+        let path = self.cache.join(&name);
+        let _one = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
+        if path.exists() {
+            return Ok(path);
+        }
+        self.create_cache()?;
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        let mut args: Vec<OsString> = flags.iter().map(OsString::from).collect();
+        args.extend(
+            [
+                "-DKT_HOST_RUNTIME=1",
+                "-fvisibility=hidden",
+                "-x",
+                "c++",
+                "-",
+            ]
+            .map(OsString::from),
+        );
+        args.push(format!("-Wl,-soname,{name}").into());
+        self.run_cxx(&args, unit::SIMT, &tmp).map_err(|e| match e {
+            Compile::Fails(reason) => Compile::Fails(format!("the emulator's runtime {reason}")),
+            unavailable => unavailable,
+        })?;
+        std::fs::rename(&tmp, &path).map_err(|e| {
+            Compile::Unavailable(format!(
+                "cannot store the emulator's runtime in {}: {e}",
+                self.cache.display()
+            ))
+        })?;
+        Ok(path)
+    }
+
+    /// Compiles `source` (the compiler's standard input) with every unit's options and
+    /// `args` into `out`, which is removed when the compiler refuses it.
+    fn run_cxx(&self, args: &[OsString], source: &str, out: &Path) -> Result<(), Compile> {
+        let run = run_with_input(
+            Command::new(&self.cxx)
+                .args(OPTIONS)
+                .args(host_options())
+                .args(args)
+                .arg("-o")
+                .arg(out),
+            source,
+        )
+        .map_err(Compile::Unavailable)?;
+        if run.status.success() {
+            return Ok(());
+        }
+        let _ = std::fs::remove_file(out);
+        let errors = first_errors(&String::from_utf8_lossy(&run.stderr), || {
+            run.status.to_string()
+        });
+        Err(Compile::Fails(format!(
+            "does not compile for the host with {}: {errors}",
+            self.cxx.display()
+        )))
+    }
+
+    fn create_cache(&self) -> Result<(), Compile> {
         std::fs::create_dir_all(&self.cache).map_err(|e| {
             Compile::Unavailable(format!(
                 "cannot create the build cache {}: {e}",
                 self.cache.display()
             ))
-        })?;
+        })
+    }
+
+    /// Compiles the unit of `parts` and stores it under each one's key.
+    fn compile(&self, parts: &[Part<'_>]) -> Result<(), Compile> {
+        self.create_cache()?;
         let Some(first) = parts.first() else {
             return Ok(());
         };
+        let runtime = self.runtime(&first.unit_flags())?;
         // A private name, then renames: concurrent tests and tuners share the cache.
         let tmp = first.path(&self.cache).with_extension(format!(
             "{}.{:?}.tmp",
             std::process::id(),
             std::thread::current().id()
         ));
-        let out = run_with_input(
-            Command::new(&self.cxx)
-                .args(OPTIONS)
-                .args(host_options())
-                .args(first.unit_flags())
-                .args(["-x", "c++", "-", "-o"])
-                .arg(&tmp),
-            &unit::source(parts),
-        )
-        .map_err(Compile::Unavailable)?;
-        if !out.status.success() {
-            let _ = std::fs::remove_file(&tmp);
-            let errors = first_errors(&String::from_utf8_lossy(&out.stderr), || {
-                out.status.to_string()
-            });
-            return Err(Compile::Fails(format!(
-                "does not compile for the host with {}: {errors}",
-                self.cxx.display()
-            )));
-        }
+        let mut args: Vec<OsString> = first.unit_flags().into_iter().map(OsString::from).collect();
+        args.extend(["-x", "c++", "-", "-x", "none"].map(OsString::from));
+        args.push(runtime.into_os_string());
+        // The runtime is found beside the unit when the unit is loaded.
+        args.push("-Wl,-rpath,$ORIGIN".into());
+        self.run_cxx(&args, &unit::source(parts), &tmp)?;
         unit::store(&tmp, parts, &self.cache).map_err(|e| {
             Compile::Unavailable(format!(
                 "cannot store the build in {}: {e}",
