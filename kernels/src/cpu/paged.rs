@@ -35,7 +35,11 @@ const PREFETCH: usize = 32;
 /// query heads on 8 KV heads, d = 128: f32 12.5–12.8 ms at 16 tokens against 16.0–17.0 at 32
 /// and 18.4–18.7 at 64 (a KV head a task: 19.6–19.7); f16 11.1–12.3 at 32 against 12.2–13.1
 /// at 16 and 13.3–13.5 at 64, bf16 12.8–13.6 at 32 against 13.6–13.8 at 16 and 21.3–21.6 at
-/// 64; at d = 256 (4 sequences) bf16 7.8–8.3 at 16 against 12.0–13.2 at 32.
+/// 64; at d = 256 (4 sequences) bf16 7.8–8.3 at 16 against 12.0–13.2 at 32. Those turns
+/// prefetched nothing (a turn is shorter than the tile kernels' prefetch distance); since
+/// they prefetch the turns after theirs (`Task::ahead`), on two Zen 4 cores, same shape,
+/// bf16 7.1–8.4 ms at 32 against 8.5–9.6 at 128, 9.0–9.8 at 256 and 7.7–11.2 a KV head a
+/// task; f32 11.8–14.6 at 16 against 12.2–14.7 at 128, 12.6–15.5 at 256 and 14.9–16.1.
 const TURN_BYTES: usize = 8192;
 
 /// Values in a token row (every KV head) up to which a turn is [`LONG_TURN`] tokens. The same
@@ -333,6 +337,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                         scratch: stats_at(0).add(2 * lay.rows).cast::<u32>(),
                         acc: base,
                         q_ready: false,
+                        ahead: 0,
                     },
                     q: lay.rows * d * std::mem::size_of::<Q>(),
                     cache: d * csize,
@@ -449,6 +454,7 @@ pub(super) fn run_with<Q: TableElem, C: CacheElem>(
                             scratch: stats.add(2 * lay.rows).cast::<u32>(),
                             acc,
                             q_ready: c0 > 0,
+                            ahead: n - c0 - len,
                         };
                         run(task, move |s: *mut f32| {
                             online_softmax(

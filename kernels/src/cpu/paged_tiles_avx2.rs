@@ -184,7 +184,8 @@ unsafe fn broadcast<const U: usize>(p: *const f32) -> __m256 {
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `q` holds `rows` rows of `d` values; `key.at(i)` points at
-/// `d` readable values for `i < n`; `scores` is writable for `rows` rows of `n` at `ld`
+/// `d` readable values for `i < n` and names a row of the cache for `i < reach` (`reach >=
+/// n`: those rows are prefetched); `scores` is writable for `rows` rows of `n` at `ld`
 /// apart; `qs` holds [`q_words`]`(d, rows)` words.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -192,7 +193,7 @@ unsafe fn scores<E: Elem8>(
     q: *const u8,
     rows: usize,
     d: usize,
-    n: usize,
+    (n, reach): (usize, usize),
     key: Rows,
     scale: f32,
     scores: *mut f32,
@@ -234,7 +235,7 @@ unsafe fn scores<E: Elem8>(
                     let v = load_part::<E>(row.add(x * E::BYTES), d.saturating_sub(x));
                     _mm256_storeu_ps(dst.add(x), v);
                 }
-                if i0 + AHEAD + t < n {
+                if i0 + AHEAD + t < reach {
                     prefetch::<_, true>(key.at(i0 + AHEAD + t), d * E::BYTES);
                 }
             }
@@ -303,15 +304,15 @@ unsafe fn score_tile<const U: usize>(
 /// `acc[r · d + x] += Σ_i p[r · ld + i] · v_i[x]` for `rows` rows, `x < dv` and `n` tokens.
 ///
 /// # Safety
-/// As [`scores`]; `value.at(i)` points at `dv` readable values for `i < n`; `p` holds `rows`
-/// rows of `n` weights at `ld` apart; `acc` holds `rows × d`, `dv <= d`.
+/// As [`scores`]; `value.at(i)` points at `dv` readable values for `i < n`, at a row of the
+/// cache for `i < reach`; `p` holds `rows` rows of `n` weights at `ld` apart; `acc` holds `rows × d`, `dv <= d`.
 #[inline(always)]
 unsafe fn accumulate<E: Elem8>(
     p: *const f32,
     ld: usize,
     rows: usize,
     (d, dv): (usize, usize),
-    n: usize,
+    (n, reach): (usize, usize),
     value: Rows,
     acc: *mut f32,
 ) {
@@ -325,7 +326,7 @@ unsafe fn accumulate<E: Elem8>(
             for (t, row) in vrows.iter_mut().enumerate().take(live) {
                 *row = value.at(c0 + t);
             }
-            let next_live = chunk.min(n.saturating_sub(c0 + chunk));
+            let next_live = chunk.min(reach.saturating_sub(c0 + chunk));
             for (t, row) in next.iter_mut().enumerate().take(next_live) {
                 *row = value.at(c0 + chunk + t);
             }
@@ -414,11 +415,24 @@ pub unsafe fn task<E: Elem8>(t: Task, softmax: impl FnOnce(*mut f32)) {
         scratch,
         acc,
         q_ready,
+        ahead,
     } = t;
+    let reach = n + ahead;
     // SAFETY: the caller's contract.
     unsafe {
-        scores::<E>(q, rows, d, n, key, scale, s, ld, scratch.cast(), q_ready);
+        scores::<E>(
+            q,
+            rows,
+            d,
+            (n, reach),
+            key,
+            scale,
+            s,
+            ld,
+            scratch.cast(),
+            q_ready,
+        );
         softmax(s);
-        accumulate::<E>(s, ld, rows, (d, dv), n, value, acc);
+        accumulate::<E>(s, ld, rows, (d, dv), (n, reach), value, acc);
     }
 }
