@@ -314,7 +314,8 @@ unsafe fn score_tile<E: TileElem, const U: usize>(
 ///
 /// # Safety
 /// As [`scores`]; `value.at(i)` points at `dv` readable values for `i < n`, at a row of the
-/// cache for `i < reach`; `p` holds `rows` rows of packed weights at `ld` words apart; `acc` holds `rows × d`, `dv <= d`.
+/// cache for `i < reach`; `p` holds `rows` rows of packed weights at `ld` words apart; `acc`
+/// holds `rows × d`, `dv <= d`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn accumulate<E: TileElem>(
