@@ -305,7 +305,8 @@ unsafe fn score_tile<const U: usize>(
 ///
 /// # Safety
 /// As [`scores`]; `value.at(i)` points at `dv` readable values for `i < n`, at a row of the
-/// cache for `i < reach`; `p` holds `rows` rows of `n` weights at `ld` apart; `acc` holds `rows × d`, `dv <= d`.
+/// cache for `i < reach`; `p` holds `rows` rows of `n` weights at `ld` apart; `acc` holds
+/// `rows × d`, `dv <= d`.
 #[inline(always)]
 unsafe fn accumulate<E: Elem8>(
     p: *const f32,
