@@ -109,9 +109,10 @@ impl fmt::Display for Config {
             },
             Config::Flash(c) => write!(
                 f,
-                "{}{} br={} bc={} group={} split={} t={}",
+                "{}{}{} br={} bc={} group={} split={} t={}",
                 c.isa,
                 if c.amx { " amx" } else { "" },
+                if c.dpbf16 { " dpbf16" } else { "" },
                 c.br,
                 c.bc,
                 c.group_heads,
@@ -350,6 +351,12 @@ pub struct FlashConfig {
     /// and left out when false, so those configs keep their text: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub amx: bool,
+    /// Both products as `vdpbf16ps` on bf16 pairs (bf16 with an even head dimension, on a host
+    /// with AVX-512-BF16), the softmax weights rounded to bf16 for `P·V` as on the tiles: twice
+    /// the multiply-adds of an f32 FMA an instruction. At most one of `amx` and `dpbf16`. Absent
+    /// in results stored before it existed, and left out when false: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dpbf16: bool,
 }
 
 /// Paged attention decode on the CPU. `partition` is the number of context tokens one task

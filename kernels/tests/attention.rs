@@ -578,10 +578,14 @@ fn every_isa_runs_attention_correctly() {
                         split,
                         threads: host.threads,
                         amx: false,
+                        dpbf16: false,
                     };
                     flash.push(Config::Flash(c));
                     if isa == Isa::Avx512Amx {
                         flash.push(Config::Flash(FlashConfig { amx: true, ..c }));
+                    }
+                    if isa >= Isa::Avx512 && host.avx512_bf16 {
+                        flash.push(Config::Flash(FlashConfig { dpbf16: true, ..c }));
                     }
                 }
             }
@@ -1542,4 +1546,141 @@ fn amx_flash_matches_reference_or_is_refused() {
     }
 
     on_tiles_or_refused("flash", &bf16, &amx, tiles);
+}
+
+/// Flash attention on `vdpbf16ps`: offered for bf16 with an even head dimension on hosts with
+/// AVX-512-BF16 (described ones here: a Zen 4, an Intel core, one with AMX) and taken by the
+/// heuristic where it issues at the f32 FMA's rate (not on Intel cores, whose AMX hosts take
+/// the tiles); refused with the reason for f32, an odd head dimension, beside `amx`, below
+/// AVX-512 and on hosts without the instructions (tests/without_bf16.rs hides them here).
+/// Where this host has them, the heuristic runs against the reference on awkward shapes (the
+/// kernel's unit test runs every case of the tiles' on it too).
+#[test]
+fn dpbf16_flash_matches_reference_or_is_refused() {
+    let zen4 = described_avx512_host("AMD EPYC 9654 96-Core Processor");
+    let intel = described_avx512_host("Intel Xeon Gold 6348H");
+    let spec = "batch=1,q_len=70,kv_len=70,q_heads=8,kv_heads=2,head_dim=64,causal=true";
+    let bf16 = problem(&format!("flash:{spec},dtype=bf16"));
+    let pairs = |c: &Config| matches!(c, Config::Flash(f) if f.dpbf16);
+    for host in [&zen4, &intel, &described_amx_host()] {
+        let offered: Vec<Config> = CpuSpace
+            .candidates(&bf16, host)
+            .into_iter()
+            .filter(pairs)
+            .collect();
+        // br 16 to 256 (at most 512 rows: 256 with the group of 4 is out) × bc 128 to 512 ×
+        // heads grouped or not × both splits, on each thread count.
+        let threads = if host == &zen4 || host == &intel {
+            2
+        } else {
+            3
+        };
+        assert_eq!(offered.len(), (5 * 3 * 2 - 3) * 2 * threads, "{host}");
+        for c in &offered {
+            CpuSpace
+                .validate(c, &bf16, host)
+                .unwrap_or_else(|e| panic!("{c}: {e}"));
+        }
+    }
+    let heuristic = |p: &Problem, host: &Device| match CpuSpace.heuristic(p, host) {
+        Config::Flash(c) => c,
+        other => panic!("{p}: {other}"),
+    };
+    let zen4_pick = heuristic(&bf16, &zen4);
+    assert!(zen4_pick.dpbf16 && !zen4_pick.amx, "{zen4_pick:?}");
+    // 256 rows: 64 positions of the group of 4.
+    assert_eq!((zen4_pick.br, zen4_pick.bc), (64, 256), "{zen4_pick:?}");
+    assert!(!heuristic(&bf16, &intel).dpbf16);
+    assert!(heuristic(&bf16, &described_amx_host()).amx);
+    let f32 = problem(&format!("flash:{spec},dtype=f32"));
+    let odd = problem(&format!("flash:{},dtype=bf16", spec.replace("64", "63")));
+    for p in [&f32, &odd] {
+        assert!(!heuristic(p, &zen4).dpbf16, "{p}");
+        assert!(!CpuSpace.candidates(p, &zen4).iter().any(pairs), "{p}");
+        let err = CpuSpace
+            .validate(&Config::Flash(zen4_pick), p, &zen4)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("needs bf16 inputs and an even head_dim"),
+            "{p}: {err}"
+        );
+    }
+    for (bad, why) in [
+        (
+            FlashConfig {
+                amx: true,
+                ..zen4_pick
+            },
+            "at most one",
+        ),
+        (
+            FlashConfig {
+                isa: Isa::Avx2Fma,
+                ..zen4_pick
+            },
+            "AVX-512-BF16",
+        ),
+    ] {
+        let host = if bad.amx {
+            described_amx_host()
+        } else {
+            zen4.clone()
+        };
+        let bad = FlashConfig {
+            isa: if bad.amx { Isa::Avx512Amx } else { bad.isa },
+            ..bad
+        };
+        let err = CpuSpace
+            .validate(&Config::Flash(bad), &bf16, &host)
+            .unwrap_err();
+        assert!(err.to_string().contains(why), "{bad:?}: {err}");
+    }
+    // The config's text and JSON name the kernel; configs stored before it keep theirs.
+    let text = serde_json::to_string(&Config::Flash(zen4_pick)).unwrap();
+    assert!(text.contains(r#""dpbf16":true"#), "{text}");
+    assert!(Config::Flash(zen4_pick).to_string().contains(" dpbf16 "));
+    let plain = serde_json::to_string(&Config::Flash(heuristic(&f32, &zen4))).unwrap();
+    assert!(!plain.contains("dpbf16"), "{plain}");
+
+    let host = kerntune_kernels::CpuInfo::detect();
+    if !(host.avx512_bf16 && host.isa >= Isa::Avx512) {
+        eprintln!(
+            "dpbf16 flash not run: {} ({}) lacks AVX-512-BF16 (its configs are refused there: \
+             tests/without_bf16.rs)",
+            host.model, host.isa
+        );
+        return;
+    }
+    let device = Device::host();
+    let mut ran = 0;
+    for spec in [
+        "batch=2,q_len=1,kv_len=1,q_heads=8,kv_heads=8,head_dim=2,causal=true",
+        "batch=1,q_len=37,kv_len=131,q_heads=8,kv_heads=1,head_dim=128,causal=true",
+        "batch=3,q_len=17,kv_len=17,q_heads=3,kv_heads=3,head_dim=80,causal=false",
+        "batch=1,q_len=97,kv_len=300,q_heads=4,kv_heads=2,head_dim=192,v_head_dim=128,causal=true,window=41",
+    ] {
+        let p = problem(&format!("flash:{spec},dtype=bf16"));
+        let pick = CpuSpace.heuristic(&p, &device);
+        if !host.intel() {
+            assert!(pairs(&pick), "{p}: {pick}");
+        }
+        let mut configs = vec![Config::Flash(FlashConfig {
+            isa: Isa::Avx512,
+            dpbf16: true,
+            amx: false,
+            ..match pick {
+                Config::Flash(c) => c,
+                other => panic!("{p}: {other}"),
+            }
+        })];
+        configs.extend(
+            [(1, 128), (5, 256)].map(|(br, bc)| match configs[0] {
+                Config::Flash(c) => Config::Flash(FlashConfig { br, bc, ..c }),
+                ref other => panic!("{p}: {other}"),
+            }),
+        );
+        ran += check_all(&p, &configs);
+    }
+    eprintln!("verified {ran} dpbf16 flash configs");
 }

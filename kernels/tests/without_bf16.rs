@@ -5,6 +5,7 @@
 mod common;
 
 use common::check_all;
+use kerntune_kernels::config::FlashConfig;
 use kerntune_kernels::{Config, CpuInfo, CpuSpace, Device, Isa, PagedConfig, Problem, Space};
 
 fn problem(spec: &str) -> Problem {
@@ -39,6 +40,30 @@ fn bf16_without_avx512_bf16_widens_or_refuses() {
             "{text} offered without AVX-512-BF16"
         );
     }
+    // ...flash attention on them too, a tuned one carried here refused by name...
+    let flash = problem(
+        "flash:batch=1,q_len=64,kv_len=64,q_heads=8,kv_heads=1,head_dim=128,causal=true,dtype=bf16",
+    );
+    let candidates = CpuSpace.candidates(&flash, &device);
+    assert!(!candidates.is_empty());
+    assert!(
+        !candidates
+            .iter()
+            .any(|c| matches!(c, Config::Flash(f) if f.dpbf16)),
+        "dpbf16 flash offered without AVX-512-BF16"
+    );
+    let Config::Flash(untuned) = CpuSpace.heuristic(&flash, &device) else {
+        unreachable!("a flash heuristic")
+    };
+    assert!(!untuned.dpbf16, "{untuned:?}");
+    let carried = Config::Flash(FlashConfig {
+        isa: Isa::Avx512,
+        dpbf16: true,
+        amx: false,
+        ..untuned
+    });
+    let err = CpuSpace.validate(&carried, &flash, &device).unwrap_err();
+    assert!(err.to_string().contains("no AVX-512-BF16"), "{err}");
     // ...while paged key tiles widen bf16 to f32 and match the reference.
     let mut ran = 0;
     for (ctx, hq, d, bs) in [

@@ -287,7 +287,7 @@ pub fn microkernel(mr: usize, nr: usize) -> Option<Ukr> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     /// `MR` rows × `NV` vectors of 16 columns, A packed.
@@ -307,8 +307,8 @@ mod x86 {
         nr: usize,
         accumulate: bool,
     ) {
-        // SAFETY: the caller's contract; packed A is `[kp][MR]`.
-        unsafe { body::<MR, NV>(kp, a, 1, MR, b, c, ldc, mr, nr, accumulate) }
+        // SAFETY: the caller's contract; packed A is `[kp][MR]`, packed B `[kp][NV · 16]`.
+        unsafe { body::<MR, NV>(kp, a, 1, MR, b, NV * 16, c, ldc, mr, nr, accumulate) }
     }
 
     /// [`ukr`] with A's `MR` rows in place, `rsa` words apart.
@@ -329,10 +329,34 @@ mod x86 {
         accumulate: bool,
     ) {
         // SAFETY: the caller's contract.
-        unsafe { body::<MR, NV>(kp, a, rsa, 1, b, c, ldc, mr, nr, accumulate) }
+        unsafe { body::<MR, NV>(kp, a, rsa, 1, b, NV * 16, c, ldc, mr, nr, accumulate) }
     }
 
-    /// A's pair `q` of row `i` at `a + i · rsa + q · csa` words.
+    /// [`ukr_rows`] on whole tiles with B's pair rows `ldb` words apart: C[MR × NV · 16]
+    /// (+)= A · B, as flash attention's pair products take their operands.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX-512-BF16; A's `MR` rows (`rsa` words apart) hold `kp`
+    /// words, B's `kp` rows (`ldb` apart) `NV · 16`; C is writable for `MR` rows of
+    /// `NV · 16` values, `ldc` apart.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn ukr_tiles<const MR: usize, const NV: usize>(
+        kp: usize,
+        a: *const u32,
+        rsa: usize,
+        b: *const u32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { body::<MR, NV>(kp, a, rsa, 1, b, ldb, c, ldc, MR, NV * 16, accumulate) }
+    }
+
+    /// A's pair `q` of row `i` at `a + i · rsa + q · csa` words, B's pair row `q` at `b + q ·
+    /// ldb`.
     ///
     /// Requesting each in-place row's line 1 KiB ahead (once per line read) measured no
     /// faster: Llama-70B gate_up M = 16 and 128, 8×32 and 16×16.
@@ -344,6 +368,7 @@ mod x86 {
         rsa: usize,
         csa: usize,
         b: *const u32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         mr: usize,
@@ -357,7 +382,7 @@ mod x86 {
             unsafe {
                 let bv: [__m512bh; NV] = std::array::from_fn(|v| {
                     std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                        b.add((q * NV + v) * 16).cast(),
+                        b.add(q * ldb + v * 16).cast(),
                     ))
                 });
                 for (i, row) in acc.iter_mut().enumerate() {

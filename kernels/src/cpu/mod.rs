@@ -6,8 +6,8 @@
 //! [`dpbf16`] and [`dpbf16_stream`] on AVX-512-BF16, [`amx`] on AMX tiles (whose instructions, and
 //! a software model of them for the tests, are in [`amx_tiles`]). [`direct`] reads a Linear layer's
 //! weights in place, on the f32 tables or the AVX-512-BF16 pair kernels, and [`amx_direct`] on AMX
-//! tiles. [`flash_amx`] and [`paged_amx`] are flash and paged attention with both products on AMX
-//! tiles.
+//! tiles. [`flash_pairs`] is flash attention with both products on bf16 pairs (AMX tiles or
+//! AVX-512-BF16), [`paged_amx`] paged attention on AMX tiles.
 
 mod amx;
 mod amx_direct;
@@ -16,7 +16,7 @@ mod direct;
 pub(crate) mod dpbf16;
 mod dpbf16_stream;
 mod flash;
-mod flash_amx;
+mod flash_pairs;
 mod fp8_bf16;
 mod gemm;
 mod int4;
@@ -74,7 +74,9 @@ impl Backend for CpuBackend {
                 _ => int4::scratch_len(p),
             },
             (Problem::Gemm(p), Config::Gemm(c)) => gemm::scratch_len(p, c),
-            (Problem::Flash(p), Config::Flash(c)) if c.amx => flash_amx::scratch_len(p, c),
+            (Problem::Flash(p), Config::Flash(c)) if c.amx || c.dpbf16 => {
+                flash_pairs::scratch_len(p, c)
+            }
             (Problem::Flash(p), Config::Flash(c)) => flash::scratch_len(p, c),
             (Problem::Paged(p), Config::Paged(c)) => paged::scratch_len(p, c),
             _ => 0,
@@ -286,8 +288,8 @@ impl Backend for CpuBackend {
                     (Tensor::F16(q), Tensor::F16(k), Tensor::F16(v)) => {
                         flash::run(p, c, q, k, v, heads, out, scratch)
                     }
-                    (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) if c.amx => {
-                        flash_amx::run(p, c, q, k, v, heads, out, scratch)
+                    (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) if c.amx || c.dpbf16 => {
+                        flash_pairs::run(p, c, q, k, v, heads, out, scratch)
                     }
                     (Tensor::Bf16(q), Tensor::Bf16(k), Tensor::Bf16(v)) => {
                         flash::run(p, c, q, k, v, heads, out, scratch)

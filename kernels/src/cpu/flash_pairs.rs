@@ -1,21 +1,28 @@
-//! Flash attention forward on AMX tiles: bf16 Q, K and V, both products as `tdpbf16ps` on
-//! 32 × 32 blocks of four f32 accumulator tiles, the online softmax in f32 between them.
+//! Flash attention forward with both products on bf16 pairs: on AMX tiles (`tdpbf16ps` on
+//! 32 × 32 blocks of four f32 accumulator tiles) or by AVX-512-BF16's `vdpbf16ps` (the same
+//! blocks as 8-row strips of register accumulators), the online softmax in f32 between them.
+//! Both take their operands alike (A rows of pair words, B rows of pairs interleaved per
+//! column), so one driver serves both through [`Products`].
 //!
 //! A task owns the query tiles of [`super::flash::Span`] (with `group_heads`, the positions ×
 //! query heads sharing a KV head) and walks the key tiles in order, as [`super::flash`] does:
 //!
-//! - `S = Q·Kᵀ`: the tile's Q rows, copied once per query tile, are the A tiles; each key tile
-//!   is packed as B tiles, the pair words of each key's row transposed into `[d pair][key]`
+//! - `S = Q·Kᵀ`: the tile's Q rows, copied once per query tile, are the A operand; each key
+//!   tile is packed as B, the pair words of each key's row transposed into `[d pair][key]`
 //!   rows (16 × 16 word transposes in registers);
-//! - the softmax runs along each row of S: scale by `scale·log2(e)`, causal and window masks, running max
-//!   and sum, `exp2`, and the weights rounded to bf16 into P, whose rows are the A tiles of the
-//!   second product (PyTorch's CPU flash attention rounds them the same way);
-//! - `O += P·V`: V packed as B tiles, each pair of consecutive keys interleaved per column; the
-//!   accumulators O live in the scratch as f32, a tile load and store per key tile.
+//! - the softmax runs along each row of S: scale by `scale·log2(e)`, causal and window masks,
+//!   running max and sum, `exp2`, and the weights rounded to bf16 into P, whose rows are the A
+//!   operand of the second product (PyTorch's CPU flash attention rounds them the same way);
+//! - `O += P·V`: V packed as B, each pair of consecutive keys interleaved per column; the
+//!   accumulators O live in the scratch as f32, loaded and stored per key tile.
 //!
 //! Every buffer is padded to whole 32 × 32 blocks (query rows, keys, head dimension), zero
-//! past the live part, so the microkernel has no edges: padded keys get weight 0, padded head
+//! past the live part, so the products have no edges: padded keys get weight 0, padded head
 //! columns produce zeros that are never written out.
+//!
+//! `vdpbf16ps` does two multiply-adds a lane, so where a core issues it as fast as an f32 FMA
+//! (Zen 4) the products take half the instructions of [`super::flash`]'s f32 microkernels,
+//! which widen bf16 inputs to f32.
 
 use half::bf16;
 
@@ -73,8 +80,8 @@ pub fn scratch_len(p: &FlashProblem, c: &FlashConfig) -> usize {
     shares_len(c.threads, Layout::new(p, c).parts().iter().sum())
 }
 
-/// Runs a config validated against the detected host (bf16, an even head dimension, `amx`
-/// on a host whose level is `avx512-amx`).
+/// Runs a config validated against the detected host (bf16, an even head dimension, and
+/// `amx` on a host whose level is `avx512-amx` or `dpbf16` on one with AVX-512-BF16).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     p: &FlashProblem,
@@ -86,10 +93,139 @@ pub fn run(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
-    // Every AMX host has AVX-512.
+    // Every AMX host, and every host with AVX-512-BF16, has AVX-512.
     let passes = passes(Level::best());
-    run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, heads, out, scratch, passes);
+    if c.amx {
+        debug_assert_eq!(crate::CpuInfo::detect().isa, crate::Isa::Avx512Amx);
+        run_on::<super::amx_tiles::Hardware>(p, c, q, k, v, heads, out, scratch, passes);
+        return;
+    }
+    debug_assert!(c.dpbf16 && crate::CpuInfo::detect().avx512_bf16);
+    #[cfg(target_arch = "x86_64")]
+    run_on::<Dpbf16>(p, c, q, k, v, heads, out, scratch, passes);
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("validation refuses dpbf16 configs off x86-64");
+}
+
+/// The two products of a key tile on some hardware: `C[32 × 32] (+)= A · B` over whole
+/// blocks of 16 pairs, between `start` and `finish` (one query tile's work).
+trait Products {
+    /// # Safety
+    /// The host runs this engine.
+    unsafe fn start(&mut self);
+    /// `C[32 × 32] (+)= A · B` over `blocks` k blocks: A rows at `a`, `lda` words apart, B
+    /// pair rows at `b`, `ldb` words apart; C at `c`, `ldc` f32 apart, loaded first when
+    /// accumulating.
+    ///
+    /// # Safety
+    /// Between `start` and `finish`; A holds 32 rows of `blocks · 16` words, B `blocks · 16`
+    /// pair rows of 32 words, C 32 rows of 32 values.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn product(
+        &mut self,
+        blocks: usize,
+        a: *const u32,
+        lda: usize,
+        b: *const u32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    );
+    /// # Safety
+    /// After `start`.
+    unsafe fn finish(&mut self);
+}
+
+/// AMX tiles, or their software model: configured for blocks of 2 × 2 tiles while a query
+/// tile lasts.
+impl<T: Tiles> Products for T {
+    unsafe fn start(&mut self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.configure(&TileConfig::full(2, 2)) }
+    }
+
+    unsafe fn product(
+        &mut self,
+        blocks: usize,
+        a: *const u32,
+        lda: usize,
+        b: *const u32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let corner = |i: usize, j: usize| c.add(i * ROWS * ldc + j * ROWS);
+            for i in 0..2 {
+                for j in 0..2 {
+                    if accumulate {
+                        self.load(c_tile(i, j), corner(i, j).cast(), 4 * ldc);
+                    } else {
+                        self.zero(c_tile(i, j));
+                    }
+                }
+            }
+            for kb in 0..blocks {
+                block::<T, 2, 2>(self, a.add(kb * ROWS), lda, b.add(kb * ROWS * ldb), ldb);
+            }
+            for i in 0..2 {
+                for j in 0..2 {
+                    self.store(c_tile(i, j), corner(i, j).cast(), 4 * ldc);
+                }
+            }
+        }
+    }
+
+    unsafe fn finish(&mut self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.release() }
+    }
+}
+
+/// `vdpbf16ps` (AVX-512-BF16): a block as four strips of 8 rows × 32 columns, each strip's 16
+/// accumulators in registers over all of k (two B vectors and eight A broadcasts for its 16
+/// instructions a pair).
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Default)]
+struct Dpbf16;
+
+#[cfg(target_arch = "x86_64")]
+impl Products for Dpbf16 {
+    unsafe fn start(&mut self) {}
+
+    unsafe fn product(
+        &mut self,
+        blocks: usize,
+        a: *const u32,
+        lda: usize,
+        b: *const u32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        const STRIP: usize = 8;
+        for r in (0..BLOCK).step_by(STRIP) {
+            // SAFETY: the caller's contract; this engine runs where AVX-512-BF16 is.
+            unsafe {
+                super::dpbf16::x86::ukr_tiles::<STRIP, 2>(
+                    blocks * ROWS,
+                    a.add(r * lda),
+                    lda,
+                    b,
+                    ldb,
+                    c.add(r * ldc),
+                    ldc,
+                    accumulate,
+                )
+            };
+        }
+    }
+
+    unsafe fn finish(&mut self) {}
 }
 
 /// [`pack_v`]'s arguments: values, first row, row stride, live keys, columns, row width,
@@ -175,9 +311,9 @@ fn passes(level: Level) -> Passes {
     }
 }
 
-/// The kernel on a given implementation of the tile operations.
+/// The kernel on a given implementation of the products.
 #[allow(clippy::too_many_arguments)]
-fn run_on<T: Tiles + Default>(
+fn run_on<T: Products + Default>(
     p: &FlashProblem,
     c: &FlashConfig,
     q: &[bf16],
@@ -207,7 +343,7 @@ fn run_on<T: Tiles + Default>(
         let mut tiles = T::default();
         for blk in span.blocks.clone() {
             // SAFETY: query blocks of distinct tasks write disjoint rows of `out`; validation
-            // checked the host runs AMX, or T is the software model.
+            // checked the host runs T (AMX, AVX-512-BF16), or T is the software model.
             unsafe {
                 query_tile(
                     &mut tiles,
@@ -548,54 +684,12 @@ unsafe fn pack_kt_portable(
     }
 }
 
-/// `C[32 × 32] (+)= A · B` over `blocks` k blocks: A rows at `a`, `lda` words apart, B pair
-/// rows at `b`, `ldb` words apart; C at `c`, `ldc` f32 apart, loaded first when accumulating.
-///
-/// # Safety
-/// The tiles are configured for 2 × 2; A holds 32 rows of `blocks · 16` words, B
-/// `blocks · 16` pair rows of 32 words, C 32 rows of 32 values.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn product<T: Tiles>(
-    tiles: &mut T,
-    blocks: usize,
-    a: *const u32,
-    lda: usize,
-    b: *const u32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let corner = |i: usize, j: usize| c.add(i * ROWS * ldc + j * ROWS);
-        for i in 0..2 {
-            for j in 0..2 {
-                if accumulate {
-                    tiles.load(c_tile(i, j), corner(i, j).cast(), 4 * ldc);
-                } else {
-                    tiles.zero(c_tile(i, j));
-                }
-            }
-        }
-        for kb in 0..blocks {
-            block::<T, 2, 2>(tiles, a.add(kb * ROWS), lda, b.add(kb * ROWS * ldb), ldb);
-        }
-        for i in 0..2 {
-            for j in 0..2 {
-                tiles.store(c_tile(i, j), corner(i, j).cast(), 4 * ldc);
-            }
-        }
-    }
-}
-
 /// Query tile `blk` of a task: every key tile it sees, then its rows of the output.
 ///
 /// # Safety
 /// `out` is the whole output; no other task writes these rows; `T` runs on this host.
 #[allow(clippy::too_many_arguments)]
-unsafe fn query_tile<T: Tiles>(
+unsafe fn query_tile<T: Products>(
     tiles: &mut T,
     p: &FlashProblem,
     c: &FlashConfig,
@@ -669,7 +763,7 @@ unsafe fn query_tile<T: Tiles>(
     // SAFETY (whole block): the tiles' operands are the padded buffers above, every product
     // within their blocks; the caller's contract on T.
     unsafe {
-        tiles.configure(&TileConfig::full(2, 2));
+        tiles.start();
         for j0 in (p.first_key(i0)..kv_end).step_by(c.bc) {
             let w = c.bc.min(kv_end - j0);
             let wp = w.next_multiple_of(BLOCK);
@@ -684,8 +778,7 @@ unsafe fn query_tile<T: Tiles>(
             // S = Q·Kᵀ, [live rows][wp].
             for r0 in (0..live_rows).step_by(BLOCK) {
                 for j in (0..wp).step_by(BLOCK) {
-                    product(
-                        tiles,
+                    tiles.product(
                         dp / BLOCK,
                         qp.as_ptr().add(r0 * dp / 2),
                         dp / 2,
@@ -748,8 +841,7 @@ unsafe fn query_tile<T: Tiles>(
             // value heads leave the rest zero).
             for r0 in (0..live_rows).step_by(BLOCK) {
                 for x in (0..dv.next_multiple_of(BLOCK)).step_by(BLOCK) {
-                    product(
-                        tiles,
+                    tiles.product(
                         wp / BLOCK,
                         pm.as_ptr().cast::<u32>().add(r0 * bcp / 2),
                         bcp / 2,
@@ -762,7 +854,7 @@ unsafe fn query_tile<T: Tiles>(
                 }
             }
         }
-        tiles.release();
+        tiles.finish();
     }
 
     for r in 0..rows {
@@ -783,18 +875,23 @@ mod tests {
     use crate::data::ProblemData;
     use crate::{Isa, Problem, TensorBuf};
 
-    /// The kernel on the software model of the tiles, against the f64 reference: head
+    /// The kernel on the software model of the tiles and, where the host has AVX-512-BF16, on
+    /// `vdpbf16ps`, against the f64 reference: head
     /// dimensions below, at and past a block, GQA 1, 8 and 64, one query, more queries than
     /// keys, causal with fewer queries than keys, key tiles shorter than query tiles (rows
     /// that start seeing keys mid-tile), tiles shorter than a block, both splits, one and two
-    /// threads, every build of the passes the host runs; sliding windows of 1, 5 and 40 keys
+    /// threads, every build of the passes the host runs (`vdpbf16ps` with its best); sliding
+    /// windows of 1, 5 and 40 keys
     /// (rows whose window has passed keys mid-tile, tiles some rows see nothing of); sinks,
     /// on grouped heads and within a window; a soft-cap; value heads narrower than the keys
     /// (latent attention's 192 and 128, and 80 and 47: an odd width, short of a block);
     /// ALiBi, grouped, chunked (queries after cached keys) and capped within a window.
     #[test]
-    fn flash_matches_the_reference_on_the_tile_model() {
+    fn flash_matches_the_reference_on_the_tile_model_and_dpbf16() {
         let builds = Level::supported();
+        // Where the host lacks AVX-512-BF16 the second engine is not run, and the count at
+        // the end says so.
+        let dpbf16 = cfg!(target_arch = "x86_64") && Level::best() == Level::Avx512Bf16;
         let mut ran = 0;
         for spec in [
             "flash:batch=2,q_len=37,kv_len=37,q_heads=2,kv_heads=2,head_dim=64,causal=true",
@@ -833,28 +930,35 @@ mod tests {
                             split,
                             threads,
                             amx: true,
+                            dpbf16: false,
                         };
-                        for &level in &builds {
+                        let engines = builds
+                            .iter()
+                            .map(|&level| (level, false))
+                            .chain(dpbf16.then_some((Level::best(), true)));
+                        for (level, on_dpbf16) in engines {
                             let mut scratch = vec![0f32; scratch_len(&p, &c) + 16];
                             let mut out = std::mem::take(&mut data.out);
                             out.fill(f32::NAN);
-                            run_on::<Model>(
-                                &p,
-                                &c,
-                                &q,
-                                &k,
-                                &v,
-                                data.heads(),
-                                &mut out,
-                                &mut scratch,
-                                passes(level),
-                            );
+                            let heads = data.heads();
+                            let passes = passes(level);
+                            if on_dpbf16 {
+                                #[cfg(target_arch = "x86_64")]
+                                run_on::<Dpbf16>(
+                                    &p, &c, &q, &k, &v, heads, &mut out, &mut scratch, passes,
+                                );
+                            } else {
+                                run_on::<Model>(
+                                    &p, &c, &q, &k, &v, heads, &mut out, &mut scratch, passes,
+                                );
+                            }
                             data.out = out;
                             let err = crate::reference::relative_error(&data.out, &reference);
+                            let engine = if on_dpbf16 { "vdpbf16ps" } else { "tile model" };
                             assert!(
                                 err <= problem.tolerance(),
-                                "{problem} with {c:?} ({level:?} passes): relative error \
-                                 {err:e}"
+                                "{problem} with {c:?} ({engine}, {level:?} passes): relative \
+                                 error {err:e}"
                             );
                             ran += 1;
                         }
@@ -862,6 +966,13 @@ mod tests {
                 }
             }
         }
-        assert_eq!(ran, 13 * 4 * 2 * 2 * builds.len());
+        let engines = builds.len() + usize::from(dpbf16);
+        assert_eq!(ran, 13 * 4 * 2 * 2 * engines);
+        if !dpbf16 {
+            eprintln!(
+                "the vdpbf16ps engine did not run: this host lacks AVX-512-BF16 (the tile \
+                 model ran every case)"
+            );
+        }
     }
 }
